@@ -1,0 +1,9 @@
+//! Backends: one module per engine, each with the same shape — a public
+//! backend type with a config, its [`BackendCapabilities`](crate::BackendCapabilities),
+//! and an implementation of [`Backend`](crate::Backend).
+
+#[cfg(feature = "js")]
+pub mod boa;
+
+#[cfg(feature = "js")]
+pub use boa::{BoaJs, BoaJsConfig, WorkerGauge};

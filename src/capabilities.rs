@@ -1,0 +1,205 @@
+//! [`BackendCapabilities`]: what a backend can run and which controls it enforces.
+//!
+//! A backend declares a control enforced only if the control holds against
+//! hostile code; anything weaker is `NotEnforced` with the reason, so the
+//! executor fails closed instead of trusting a best effort.
+
+use std::borrow::Cow;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// A language (or payload family) a request is written in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Language {
+    /// JavaScript source: a function body, `input` in scope, `return` gives `output`.
+    JavaScript,
+    /// Python source.
+    Python,
+    /// Rust source.
+    Rust,
+    /// POSIX shell script.
+    Shell,
+    /// A WebAssembly module.
+    Wasm,
+}
+
+impl Language {
+    /// The identifier used by the CLI and in JSON (`javascript`, `python`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Language::JavaScript => "javascript",
+            Language::Python => "python",
+            Language::Rust => "rust",
+            Language::Shell => "shell",
+            Language::Wasm => "wasm",
+        }
+    }
+
+    /// Parses a language id, accepting common aliases (`js`, `py`, `sh`, `rs`).
+    pub fn from_id(id: &str) -> Option<Self> {
+        Some(match id.to_ascii_lowercase().as_str() {
+            "javascript" | "js" => Language::JavaScript,
+            "python" | "py" | "python3" => Language::Python,
+            "rust" | "rs" => Language::Rust,
+            "shell" | "sh" | "bash" => Language::Shell,
+            "wasm" | "webassembly" => Language::Wasm,
+            _ => return None,
+        })
+    }
+}
+
+impl fmt::Display for Language {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The form of a request's code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum PayloadKind {
+    /// UTF-8 source text.
+    Source,
+    /// Binary (or WAT) WebAssembly module bytes.
+    WasmModule,
+}
+
+/// How strongly a backend isolates code from the host.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IsolationKind {
+    /// Inside the caller's process (an interpreter or wasm runtime).
+    InProcess,
+    /// A fresh container per call, removed afterwards.
+    ContainerEphemeral,
+    /// A container kept across calls.
+    ContainerPersistent,
+    /// A plain host process: no isolation beyond the OS user.
+    HostProcess,
+}
+
+/// Relative start-up cost; the executor prefers the cheapest satisfying backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CostClass {
+    /// Microseconds to a few milliseconds per call (in-process engines).
+    Low,
+    /// Tens of milliseconds (warm processes, large interpreters in wasm).
+    Medium,
+    /// Hundreds of milliseconds or more (containers).
+    High,
+}
+
+/// Whether and how a backend enforces one control.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "level")]
+pub enum Enforcement {
+    /// Enforced against hostile code, by the mechanism in `how`.
+    Enforced {
+        /// The mechanism, for people reading `execbox backends`.
+        how: Cow<'static, str>,
+    },
+    /// The backend has no such surface at all (e.g. no network API exists),
+    /// which is real enforcement of a deny and of any limit on that surface.
+    ByOmission {
+        /// Why the surface does not exist.
+        why: Cow<'static, str>,
+    },
+    /// Not enforced: a request that states this control is refused.
+    NotEnforced {
+        /// Why not.
+        why: Cow<'static, str>,
+    },
+}
+
+impl Enforcement {
+    /// Enforced by a mechanism.
+    pub fn enforced(how: impl Into<Cow<'static, str>>) -> Self {
+        Enforcement::Enforced { how: how.into() }
+    }
+
+    /// Enforced because the surface does not exist.
+    pub fn by_omission(why: impl Into<Cow<'static, str>>) -> Self {
+        Enforcement::ByOmission { why: why.into() }
+    }
+
+    /// Not enforced.
+    pub fn not_enforced(why: impl Into<Cow<'static, str>>) -> Self {
+        Enforcement::NotEnforced { why: why.into() }
+    }
+
+    /// True for `Enforced` and `ByOmission`.
+    pub fn holds(&self) -> bool {
+        !matches!(self, Enforcement::NotEnforced { .. })
+    }
+
+    /// The explanation text, whatever the level.
+    pub fn detail(&self) -> &str {
+        match self {
+            Enforcement::Enforced { how } => how,
+            Enforcement::ByOmission { why } | Enforcement::NotEnforced { why } => why,
+        }
+    }
+}
+
+/// An access surface (network, filesystem, environment): can the backend deny
+/// it, and can it grant an explicit allow-list?
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SurfaceCapability {
+    /// How a `Deny` is enforced.
+    pub deny: Enforcement,
+    /// How an `Allow(list)` is enforced: granting exactly the list and nothing
+    /// more. `NotEnforced` if the backend cannot grant this surface at all, or
+    /// only all-or-nothing.
+    pub allow_list: Enforcement,
+}
+
+/// Request features beyond code and policy.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestFeatures {
+    /// Structured JSON `input` reaches the code.
+    pub json_input: bool,
+    /// Bytes on standard input.
+    pub stdin: bool,
+    /// Command-line arguments.
+    pub args: bool,
+    /// Files staged for the code to read.
+    pub input_files: bool,
+}
+
+/// Everything the executor needs to decide whether a backend may run a request.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackendCapabilities {
+    /// Isolation from the host.
+    pub isolation: IsolationKind,
+    /// Relative start-up cost.
+    pub cost: CostClass,
+    /// Languages accepted.
+    pub languages: Vec<Language>,
+    /// Payload forms accepted.
+    pub payloads: Vec<PayloadKind>,
+    /// Request features supported.
+    pub features: RequestFeatures,
+    /// Outbound network.
+    pub network: SurfaceCapability,
+    /// Host filesystem.
+    pub filesystem: SurfaceCapability,
+    /// Environment variables.
+    pub environment: SurfaceCapability,
+    /// Wall-clock deadline.
+    pub timeout: Enforcement,
+    /// Memory cap.
+    pub memory: Enforcement,
+    /// Instruction / fuel budget.
+    pub fuel: Enforcement,
+    /// Stdout byte cap.
+    pub stdout_cap: Enforcement,
+    /// Stderr byte cap.
+    pub stderr_cap: Enforcement,
+    /// Process/thread count cap.
+    pub processes: Enforcement,
+}

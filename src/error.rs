@@ -1,0 +1,160 @@
+//! [`ExecError`]: refusals and executor faults (never a program's own failure).
+
+use std::fmt;
+
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use crate::capabilities::Language;
+use crate::matching::Violation;
+
+/// Why one backend was not chosen.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct BackendRejection {
+    /// Backend name.
+    pub backend: String,
+    /// Every unmet control, not just the first.
+    pub violations: Vec<Violation>,
+}
+
+/// A request that is wrong whichever backend would run it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum InvalidRequest {
+    /// The payload exceeds the policy's `max_code_bytes`.
+    #[error("code is {size} bytes, over the policy's max_code_bytes of {max}")]
+    CodeTooLarge {
+        /// Payload size.
+        size: u64,
+        /// The limit.
+        max: u64,
+    },
+    /// Code or input nests deeper than the backend can parse without risking
+    /// its native stack.
+    #[error("{what} nests {depth} levels deep, over the limit of {max}")]
+    TooDeep {
+        /// What was too deep (`code`, `input`).
+        what: &'static str,
+        /// Depth found (at least this much).
+        depth: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// The request sets environment variables the policy does not allow.
+    #[error("environment variables not allowed by the policy: {}", names.join(", "))]
+    EnvNotAllowed {
+        /// The offending names.
+        names: Vec<String>,
+    },
+}
+
+/// Why a request was not run, or an executor fault.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ExecError {
+    /// No backend can enforce everything the request needs; no code ran.
+    #[error("refused: {}", RejectionList(rejections))]
+    Refused {
+        /// Per backend considered, every unmet control.
+        rejections: Vec<BackendRejection>,
+    },
+    /// No registered backend runs this language at all.
+    #[error("no registered backend runs {language} (registered: {})", available.join(", "))]
+    UnsupportedLanguage {
+        /// The language asked for.
+        language: Language,
+        /// Names of the registered backends.
+        available: Vec<String>,
+    },
+    /// The request pinned a backend name that is not registered.
+    #[error("no backend named {name:?} (registered: {})", available.join(", "))]
+    UnknownBackend {
+        /// The name asked for.
+        name: String,
+        /// Names of the registered backends.
+        available: Vec<String>,
+    },
+    /// The request itself is invalid; no code ran.
+    #[error("invalid request: {0}")]
+    InvalidRequest(#[from] InvalidRequest),
+    /// The backend exists but cannot run now (engine missing, image missing...).
+    #[error("backend {backend} is unavailable: {reason}")]
+    BackendUnavailable {
+        /// Backend name.
+        backend: String,
+        /// What is missing and how to fix it.
+        reason: String,
+    },
+    /// A fault inside execbox or the engine, not caused by the program.
+    #[error("internal error in backend {backend}: {message}")]
+    Internal {
+        /// Backend name.
+        backend: String,
+        /// What went wrong.
+        message: String,
+    },
+}
+
+struct RejectionList<'a>(&'a [BackendRejection]);
+
+impl fmt::Display for RejectionList<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.is_empty() {
+            return f.write_str("no backends are registered");
+        }
+        for (i, r) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{}: ", r.backend)?;
+            for (j, v) in r.violations.iter().enumerate() {
+                if j > 0 {
+                    f.write_str(", ")?;
+                }
+                write!(f, "{v}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl ExecError {
+    /// Stable snake_case kind used in JSON (`refused`, `invalid_request`, ...).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ExecError::Refused { .. } => "refused",
+            ExecError::UnsupportedLanguage { .. } => "unsupported_language",
+            ExecError::UnknownBackend { .. } => "unknown_backend",
+            ExecError::InvalidRequest(_) => "invalid_request",
+            ExecError::BackendUnavailable { .. } => "backend_unavailable",
+            ExecError::Internal { .. } => "internal",
+        }
+    }
+
+    /// Every violation, each tagged with its backend (empty unless `Refused`).
+    pub fn violations(&self) -> Vec<(String, Violation)> {
+        match self {
+            ExecError::Refused { rejections } => {
+                rejections.iter().flat_map(|r| r.violations.iter().map(|v| (r.backend.clone(), v.clone()))).collect()
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// The stable JSON shape printed by `execbox run --json` on refusal.
+    pub fn to_json(&self) -> Value {
+        let violations: Vec<Value> = self
+            .violations()
+            .into_iter()
+            .map(|(backend, v)| {
+                json!({
+                    "backend": backend,
+                    "control": v.control,
+                    "requested": v.requested,
+                    "reason": v.reason,
+                })
+            })
+            .collect();
+        json!({"error": {"kind": self.kind(), "message": self.to_string(), "violations": violations}})
+    }
+}

@@ -1,0 +1,204 @@
+//! [`Executor`]: the backend matrix. Picks, per request, the cheapest
+//! registered backend that enforces everything the request states, or refuses
+//! before any code runs.
+
+use std::sync::Arc;
+
+use crate::capabilities::BackendCapabilities;
+use crate::error::{BackendRejection, ExecError, InvalidRequest};
+use crate::limits::nesting;
+use crate::matching;
+use crate::policy::Access;
+use crate::request::ExecRequest;
+use crate::result::ExecResult;
+
+/// One way of running code. Implementations must be honest: a control is
+/// declared enforced in [`BackendCapabilities`] only if it holds against
+/// hostile code.
+pub trait Backend: Send + Sync + 'static {
+    /// Unique, stable name (used for pinning and in results).
+    fn name(&self) -> &str;
+
+    /// What this backend runs and enforces.
+    fn capabilities(&self) -> &BackendCapabilities;
+
+    /// `Err(reason)` if the backend cannot run anything right now (engine or
+    /// image missing); the reason should say how to fix it.
+    fn availability(&self) -> Result<(), String> {
+        Ok(())
+    }
+
+    /// Runs a request that has already passed matching. Blocks until the run
+    /// ends or its deadline passes. A program's failure is an `Ok` result.
+    fn execute(&self, request: ExecRequest) -> Result<ExecResult, ExecError>;
+}
+
+/// Registers backends for an [`Executor`].
+#[derive(Default)]
+pub struct ExecutorBuilder {
+    backends: Vec<Arc<dyn Backend>>,
+}
+
+impl ExecutorBuilder {
+    /// Adds a backend. Among backends that satisfy a request, the lowest cost
+    /// class wins, then the earliest registered.
+    pub fn backend(mut self, backend: impl Backend) -> Self {
+        self.backends.push(Arc::new(backend));
+        self
+    }
+
+    /// Adds a shared backend.
+    pub fn shared_backend(mut self, backend: Arc<dyn Backend>) -> Self {
+        self.backends.push(backend);
+        self
+    }
+
+    /// Finishes the matrix.
+    pub fn build(self) -> Executor {
+        let mut backends = self.backends;
+        // Stable: registration order breaks ties within a cost class.
+        backends.sort_by_key(|b| b.capabilities().cost);
+        Executor { backends: backends.into() }
+    }
+}
+
+/// The backend matrix. Cheap to clone; safe to share between threads.
+#[derive(Clone)]
+pub struct Executor {
+    backends: Arc<[Arc<dyn Backend>]>,
+}
+
+impl std::fmt::Debug for Executor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.backends.iter().map(|b| b.name())).finish()
+    }
+}
+
+impl Executor {
+    /// Starts an empty matrix.
+    pub fn builder() -> ExecutorBuilder {
+        ExecutorBuilder::default()
+    }
+
+    /// Every backend compiled in with its default configuration
+    /// (today: [`crate::backends::BoaJs`] with the `js` feature).
+    pub fn with_default_backends() -> Self {
+        #[allow(unused_mut)]
+        let mut builder = Self::builder();
+        #[cfg(feature = "js")]
+        {
+            builder = builder.backend(crate::backends::BoaJs::default());
+        }
+        builder.build()
+    }
+
+    /// The registered backends, in selection order.
+    pub fn backends(&self) -> impl Iterator<Item = &dyn Backend> {
+        self.backends.iter().map(|b| b.as_ref())
+    }
+
+    /// Decides which backend would run `request`, without running anything.
+    pub fn select(&self, request: &ExecRequest) -> Result<&Arc<dyn Backend>, ExecError> {
+        validate(request)?;
+        let names = || self.backends.iter().map(|b| b.name().to_string()).collect();
+
+        let pinned = match &request.backend {
+            Some(name) => match self.backends.iter().find(|b| b.name() == name) {
+                Some(b) => Some(b),
+                None => return Err(ExecError::UnknownBackend { name: name.clone(), available: names() }),
+            },
+            None => {
+                if !self.backends.iter().any(|b| b.capabilities().languages.contains(&request.language)) {
+                    return Err(ExecError::UnsupportedLanguage { language: request.language, available: names() });
+                }
+                None
+            }
+        };
+
+        let mut rejections = Vec::new();
+        let mut unavailable = None;
+        for backend in pinned.into_iter().chain(self.backends.iter().filter(|_| pinned.is_none())) {
+            match matching::check(backend.capabilities(), request) {
+                Ok(()) => match backend.availability() {
+                    Ok(()) => return Ok(backend),
+                    Err(reason) => {
+                        unavailable.get_or_insert(ExecError::BackendUnavailable {
+                            backend: backend.name().to_string(),
+                            reason,
+                        });
+                    }
+                },
+                Err(violations) => {
+                    rejections.push(BackendRejection { backend: backend.name().to_string(), violations })
+                }
+            }
+        }
+        Err(unavailable.unwrap_or(ExecError::Refused { rejections }))
+    }
+
+    /// Runs `request` on the calling thread (blocks until the result or the
+    /// deadline). Refusals return before any code runs.
+    pub fn execute_blocking(&self, request: ExecRequest) -> Result<ExecResult, ExecError> {
+        match self.select(&request) {
+            Ok(backend) => backend.execute(request),
+            Err(err) => {
+                discard(request);
+                Err(err)
+            }
+        }
+    }
+
+    /// Runs `request` without blocking the async caller: inside a tokio
+    /// runtime the run happens on its blocking pool; elsewhere, inline.
+    pub async fn execute(&self, request: ExecRequest) -> Result<ExecResult, ExecError> {
+        let backend = match self.select(&request) {
+            Ok(backend) => Arc::clone(backend),
+            Err(err) => {
+                discard(request);
+                return Err(err);
+            }
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                let name = backend.name().to_string();
+                handle.spawn_blocking(move || backend.execute(request)).await.unwrap_or_else(|join_err| {
+                    Err(ExecError::Internal { backend: name, message: format!("worker task failed: {join_err}") })
+                })
+            }
+            Err(_) => backend.execute(request),
+        }
+    }
+}
+
+/// Checks that hold whichever backend runs the request.
+fn validate(request: &ExecRequest) -> Result<(), InvalidRequest> {
+    let policy = &request.policy;
+    if let Some(max) = policy.max_code_bytes {
+        let size = request.payload.len() as u64;
+        if size > max {
+            return Err(InvalidRequest::CodeTooLarge { size, max });
+        }
+    }
+    if !request.env.is_empty() {
+        let allowed: &[String] = match &policy.environment {
+            Access::Allow(names) => names,
+            Access::Deny => &[],
+            // Not asked: the request's own values are the grant; matching
+            // still requires a backend that can pass exactly those.
+            Access::NotAsked => return Ok(()),
+        };
+        let names: Vec<String> = request.env.keys().filter(|k| !allowed.contains(k)).cloned().collect();
+        if !names.is_empty() {
+            return Err(InvalidRequest::EnvNotAllowed { names });
+        }
+    }
+    Ok(())
+}
+
+/// Drops a refused request without letting a hostile, deeply nested input
+/// overflow the caller's stack in serde_json's recursive `Drop`.
+fn discard(mut request: ExecRequest) {
+    if let Some(input) = request.input.take() {
+        nesting::drop_deep(input);
+    }
+}

@@ -1,0 +1,46 @@
+//! execbox runs untrusted, model-written code for LLM agents behind a
+//! **backend matrix** that fails closed.
+//!
+//! A request ([`ExecRequest`]) carries code, inputs and a [`SandboxPolicy`].
+//! Each backend declares its [`BackendCapabilities`]. The [`Executor`] picks
+//! the cheapest backend that enforces *everything* the policy states, or
+//! refuses before any code runs with every unmet control named
+//! ([`ExecError::Refused`]). A program's own failure — exception, timeout,
+//! budget — is an [`ExecResult`] with an [`Outcome`], not an error.
+//!
+//! ```
+//! use execbox::{ExecRequest, Executor, Outcome, SandboxPolicy};
+//! use serde_json::json;
+//!
+//! let exec = Executor::with_default_backends();
+//! let out = exec
+//!     .execute_blocking(
+//!         ExecRequest::javascript("return input.items.map(x => x * 2);")
+//!             .input(json!({"items": [1, 2, 3]}))
+//!             .policy(SandboxPolicy::strict()),
+//!     )
+//!     .unwrap();
+//! assert_eq!(out.outcome, Outcome::Ok);
+//! assert_eq!(out.output, Some(json!([2, 4, 6])));
+//! ```
+
+pub mod backends;
+pub mod capabilities;
+pub mod error;
+pub mod executor;
+pub mod limits;
+pub mod matching;
+pub mod policy;
+pub mod request;
+pub mod result;
+
+pub use capabilities::{
+    BackendCapabilities, CostClass, Enforcement, IsolationKind, Language, PayloadKind, RequestFeatures,
+    SurfaceCapability,
+};
+pub use error::{BackendRejection, ExecError, InvalidRequest};
+pub use executor::{Backend, Executor, ExecutorBuilder};
+pub use matching::{Control, Violation, check};
+pub use policy::{Access, PathGrants, SandboxPolicy};
+pub use request::{ExecFile, ExecRequest, Payload};
+pub use result::{CapturedStream, ExecResult, Outcome, Usage};

@@ -1,0 +1,205 @@
+//! [`SandboxPolicy`]: what a request needs from whichever backend runs it.
+//!
+//! Every access control has three states ([`Access`]): *not asked* (the caller
+//! states no requirement), *deny*, or *allow* an explicit list. Every numeric
+//! limit is `Option`: `None` means "not asked". A backend that cannot enforce a
+//! stated requirement is never chosen (see [`crate::matching`]).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// One access control: not asked, denied, or allowed for an explicit list.
+///
+/// `Allow` grants exactly the listed items (hosts, paths, variable names) and
+/// nothing else; an empty list grants nothing and behaves like `Deny`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "mode", content = "allow")]
+pub enum Access<T> {
+    /// The caller states no requirement; the backend's own behaviour applies.
+    #[default]
+    NotAsked,
+    /// The code must not be able to use this surface at all.
+    Deny,
+    /// The code may use exactly these items.
+    Allow(T),
+}
+
+impl<T> Access<T> {
+    /// True when the caller has stated a requirement (deny or allow).
+    pub fn is_asked(&self) -> bool {
+        !matches!(self, Access::NotAsked)
+    }
+}
+
+/// Host paths the code may see, split by access mode.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PathGrants {
+    /// Readable, never writable.
+    pub read_only: Vec<PathBuf>,
+    /// Readable and writable.
+    pub read_write: Vec<PathBuf>,
+}
+
+/// What a request needs: access controls plus resource limits.
+///
+/// `Default` is [`SandboxPolicy::strict`], and so is any field missing from a
+/// serialized policy: a partial policy never loosens a control by omission.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SandboxPolicy {
+    /// Outbound network: hosts (`host` or `host:port`) the code may reach.
+    pub network: Access<Vec<String>>,
+    /// Host filesystem paths the code may see.
+    pub filesystem: Access<PathGrants>,
+    /// Environment variable names the code may see (values come from the request).
+    pub environment: Access<Vec<String>>,
+    /// Wall-clock limit for the whole run, in milliseconds.
+    pub timeout_ms: Option<u64>,
+    /// Memory cap in bytes (heap / linear memory / cgroup, per backend).
+    pub memory_bytes: Option<u64>,
+    /// Instruction budget: VM instructions (boa) or fuel units (wasmtime).
+    pub fuel: Option<u64>,
+    /// Bytes of stdout kept; the rest is counted and dropped.
+    pub max_stdout_bytes: Option<u64>,
+    /// Bytes of stderr kept; the rest is counted and dropped.
+    pub max_stderr_bytes: Option<u64>,
+    /// Largest accepted payload (source text or module bytes).
+    pub max_code_bytes: Option<u64>,
+    /// Largest number of processes/threads the code may create.
+    pub max_processes: Option<u64>,
+}
+
+impl Default for SandboxPolicy {
+    fn default() -> Self {
+        Self::strict()
+    }
+}
+
+impl SandboxPolicy {
+    /// Deny network, filesystem and environment; 5 s wall clock; 1 MiB per
+    /// output stream; 1 MiB of code. No memory or fuel requirement, so that
+    /// every isolating backend (including boa, which has no heap cap) qualifies.
+    pub fn strict() -> Self {
+        Self {
+            network: Access::Deny,
+            filesystem: Access::Deny,
+            environment: Access::Deny,
+            timeout_ms: Some(5_000),
+            memory_bytes: None,
+            fuel: None,
+            max_stdout_bytes: Some(1 << 20),
+            max_stderr_bytes: Some(1 << 20),
+            max_code_bytes: Some(1 << 20),
+            max_processes: None,
+        }
+    }
+
+    /// For trusted code on the caller's own machine: no access requirements,
+    /// 30 s wall clock, 16 MiB per output stream, 16 MiB of code.
+    pub fn host_local() -> Self {
+        Self {
+            network: Access::NotAsked,
+            filesystem: Access::NotAsked,
+            environment: Access::NotAsked,
+            timeout_ms: Some(30_000),
+            memory_bytes: None,
+            fuel: None,
+            max_stdout_bytes: Some(16 << 20),
+            max_stderr_bytes: Some(16 << 20),
+            max_code_bytes: Some(16 << 20),
+            max_processes: None,
+        }
+    }
+
+    /// Sets the wall-clock limit.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout_ms = Some(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX));
+        self
+    }
+
+    /// Requires a memory cap of `bytes`.
+    pub fn memory_bytes(mut self, bytes: u64) -> Self {
+        self.memory_bytes = Some(bytes);
+        self
+    }
+
+    /// Requires an instruction/fuel budget.
+    pub fn fuel(mut self, fuel: u64) -> Self {
+        self.fuel = Some(fuel);
+        self
+    }
+
+    /// Caps both stdout and stderr at `bytes`.
+    pub fn max_output_bytes(mut self, bytes: u64) -> Self {
+        self.max_stdout_bytes = Some(bytes);
+        self.max_stderr_bytes = Some(bytes);
+        self
+    }
+
+    /// Caps the payload size.
+    pub fn max_code_bytes(mut self, bytes: u64) -> Self {
+        self.max_code_bytes = Some(bytes);
+        self
+    }
+
+    /// Caps the number of processes/threads.
+    pub fn max_processes(mut self, n: u64) -> Self {
+        self.max_processes = Some(n);
+        self
+    }
+
+    /// Sets the network control.
+    pub fn network(mut self, access: Access<Vec<String>>) -> Self {
+        self.network = access;
+        self
+    }
+
+    /// Sets the filesystem control.
+    pub fn filesystem(mut self, access: Access<PathGrants>) -> Self {
+        self.filesystem = access;
+        self
+    }
+
+    /// Sets the environment control.
+    pub fn environment(mut self, access: Access<Vec<String>>) -> Self {
+        self.environment = access;
+        self
+    }
+
+    /// The wall-clock limit as a `Duration`.
+    pub fn timeout_duration(&self) -> Option<Duration> {
+        self.timeout_ms.map(Duration::from_millis)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partial_json_policy_keeps_strict_defaults() {
+        let p: SandboxPolicy = serde_json::from_str(r#"{"timeout_ms": 100}"#).unwrap();
+        assert_eq!(p.timeout_ms, Some(100));
+        assert_eq!(p.network, Access::Deny);
+        assert_eq!(p.max_stdout_bytes, Some(1 << 20));
+    }
+
+    #[test]
+    fn access_serializes_with_mode_tag() {
+        let a: Access<Vec<String>> = Access::Allow(vec!["PATH".into()]);
+        let s = serde_json::to_string(&a).unwrap();
+        assert_eq!(s, r#"{"mode":"allow","allow":["PATH"]}"#);
+        let back: Access<Vec<String>> = serde_json::from_str(&s).unwrap();
+        assert_eq!(back, a);
+        let d: Access<Vec<String>> = serde_json::from_str(r#"{"mode":"deny"}"#).unwrap();
+        assert_eq!(d, Access::Deny);
+    }
+
+    #[test]
+    fn unknown_policy_fields_are_rejected() {
+        assert!(serde_json::from_str::<SandboxPolicy>(r#"{"netwrok": {"mode":"deny"}}"#).is_err());
+    }
+}

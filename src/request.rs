@@ -1,0 +1,156 @@
+//! [`ExecRequest`]: code, its inputs, and the policy it must run under.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::capabilities::{Language, PayloadKind};
+use crate::policy::SandboxPolicy;
+
+/// The code to run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Payload {
+    /// Source text.
+    Source(String),
+    /// WebAssembly module bytes (binary or WAT text).
+    WasmModule(Vec<u8>),
+}
+
+impl Payload {
+    /// The payload's form.
+    pub fn kind(&self) -> PayloadKind {
+        match self {
+            Payload::Source(_) => PayloadKind::Source,
+            Payload::WasmModule(_) => PayloadKind::WasmModule,
+        }
+    }
+
+    /// Size in bytes, the quantity `max_code_bytes` limits.
+    pub fn len(&self) -> usize {
+        match self {
+            Payload::Source(s) => s.len(),
+            Payload::WasmModule(b) => b.len(),
+        }
+    }
+
+    /// True for an empty payload.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A named file handed to or produced by the code.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecFile {
+    /// Path relative to the working directory; never absolute, never `..`.
+    pub name: String,
+    /// File contents.
+    pub content: Vec<u8>,
+    /// MIME type, if known.
+    pub mime_type: Option<String>,
+}
+
+/// One execution request. Build with a language constructor and chain setters:
+///
+/// ```
+/// use execbox::{ExecRequest, SandboxPolicy};
+/// let req = ExecRequest::javascript("return input.x + 1;")
+///     .input(serde_json::json!({"x": 41}))
+///     .policy(SandboxPolicy::strict());
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub struct ExecRequest {
+    /// Language of the payload.
+    pub language: Language,
+    /// The code.
+    pub payload: Payload,
+    /// Structured input, visible to the code (JS: the `input` binding).
+    pub input: Option<Value>,
+    /// Standard input bytes.
+    pub stdin: Option<Vec<u8>>,
+    /// Command-line arguments (after the program name).
+    pub args: Vec<String>,
+    /// Environment values; names must be in the policy's environment allow-list.
+    pub env: BTreeMap<String, String>,
+    /// Files staged for the code.
+    pub input_files: Vec<ExecFile>,
+    /// What the run must be held to.
+    pub policy: SandboxPolicy,
+    /// Run on this backend only (by name), instead of letting the executor pick.
+    pub backend: Option<String>,
+}
+
+impl ExecRequest {
+    /// A request with the strict policy and no inputs.
+    pub fn new(language: Language, payload: Payload) -> Self {
+        Self {
+            language,
+            payload,
+            input: None,
+            stdin: None,
+            args: Vec::new(),
+            env: BTreeMap::new(),
+            input_files: Vec::new(),
+            policy: SandboxPolicy::strict(),
+            backend: None,
+        }
+    }
+
+    /// JavaScript source: a function body where `input` is bound and `return` sets the output.
+    pub fn javascript(source: impl Into<String>) -> Self {
+        Self::new(Language::JavaScript, Payload::Source(source.into()))
+    }
+
+    /// Source code in `language`.
+    pub fn source(language: Language, source: impl Into<String>) -> Self {
+        Self::new(language, Payload::Source(source.into()))
+    }
+
+    /// A WebAssembly module (binary or WAT).
+    pub fn wasm(module: impl Into<Vec<u8>>) -> Self {
+        Self::new(Language::Wasm, Payload::WasmModule(module.into()))
+    }
+
+    /// Sets the structured input.
+    pub fn input(mut self, input: Value) -> Self {
+        self.input = Some(input);
+        self
+    }
+
+    /// Sets standard input.
+    pub fn stdin(mut self, bytes: impl Into<Vec<u8>>) -> Self {
+        self.stdin = Some(bytes.into());
+        self
+    }
+
+    /// Appends a command-line argument.
+    pub fn arg(mut self, arg: impl Into<String>) -> Self {
+        self.args.push(arg.into());
+        self
+    }
+
+    /// Sets an environment variable (its name must be allowed by the policy).
+    pub fn env(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.env.insert(name.into(), value.into());
+        self
+    }
+
+    /// Stages an input file.
+    pub fn input_file(mut self, file: ExecFile) -> Self {
+        self.input_files.push(file);
+        self
+    }
+
+    /// Sets the policy.
+    pub fn policy(mut self, policy: SandboxPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Pins the request to the backend called `name`.
+    pub fn on_backend(mut self, name: impl Into<String>) -> Self {
+        self.backend = Some(name.into());
+        self
+    }
+}

@@ -1,0 +1,127 @@
+//! [`ExecResult`]: what happened when code ran.
+//!
+//! A program's own failure (exception, trap, non-zero exit, timeout) is a
+//! result with an [`Outcome`], not an error: errors are for refusals and
+//! executor faults.
+
+use std::borrow::Cow;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::request::ExecFile;
+
+/// How a run ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// Finished normally (exit code 0 where there is one).
+    Ok,
+    /// Uncaught exception, trap, compile error or non-zero exit.
+    Failed,
+    /// The wall-clock deadline passed first.
+    TimedOut,
+    /// The memory cap was hit.
+    OutOfMemory,
+    /// The instruction / fuel budget ran out.
+    OutOfFuel,
+    /// Stopped by a signal or by the backend for another reason.
+    Killed,
+}
+
+impl Outcome {
+    /// The stable snake_case name used in JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::Failed => "failed",
+            Outcome::TimedOut => "timed_out",
+            Outcome::OutOfMemory => "out_of_memory",
+            Outcome::OutOfFuel => "out_of_fuel",
+            Outcome::Killed => "killed",
+        }
+    }
+}
+
+/// One captured output stream: the kept prefix and how much was produced.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CapturedStream {
+    /// The bytes kept (at most the policy's cap).
+    pub bytes: Vec<u8>,
+    /// Total bytes the program wrote, kept or not.
+    pub total_bytes: u64,
+    /// True if bytes were dropped because of the cap.
+    pub truncated: bool,
+}
+
+impl CapturedStream {
+    /// The kept bytes as text (invalid UTF-8 replaced with U+FFFD).
+    pub fn text(&self) -> Cow<'_, str> {
+        String::from_utf8_lossy(&self.bytes)
+    }
+}
+
+/// Resources a run used, where the backend can tell.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Wall-clock time inside the backend.
+    pub duration: Duration,
+    /// VM instructions executed (boa).
+    pub instructions: Option<u64>,
+    /// Fuel consumed (wasmtime).
+    pub fuel: Option<u64>,
+    /// Peak memory, in bytes.
+    pub peak_memory_bytes: Option<u64>,
+}
+
+/// The result of one run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ExecResult {
+    /// Name of the backend that ran the code.
+    pub backend: String,
+    /// How the run ended.
+    pub outcome: Outcome,
+    /// Process exit code; `None` for in-process engines, which have no process.
+    pub exit_code: Option<i32>,
+    /// Standard output (JS: `console.log`/`info`/`debug`).
+    pub stdout: CapturedStream,
+    /// Standard error (JS: `console.warn`/`error`, and the uncaught exception).
+    pub stderr: CapturedStream,
+    /// Structured output (JS: the returned value as JSON).
+    pub output: Option<Value>,
+    /// One line saying why the outcome is not `Ok` (exception, trap, limit).
+    pub message: Option<String>,
+    /// Files the program produced.
+    pub output_files: Vec<ExecFile>,
+    /// Resources used.
+    pub usage: Usage,
+}
+
+impl ExecResult {
+    /// True when the outcome is `Ok`.
+    pub fn is_ok(&self) -> bool {
+        self.outcome == Outcome::Ok
+    }
+
+    /// The stable JSON shape printed by `execbox run --json` (see README).
+    pub fn to_json(&self) -> Value {
+        json!({
+            "backend": self.backend,
+            "outcome": self.outcome.as_str(),
+            "exit_code": self.exit_code,
+            "stdout": self.stdout.text(),
+            "stderr": self.stderr.text(),
+            "stdout_truncated": self.stdout.truncated,
+            "stderr_truncated": self.stderr.truncated,
+            "stdout_total_bytes": self.stdout.total_bytes,
+            "stderr_total_bytes": self.stderr.total_bytes,
+            "output": self.output,
+            "message": self.message,
+            "duration_ms": self.usage.duration.as_secs_f64() * 1e3,
+            "instructions": self.usage.instructions,
+            "fuel": self.usage.fuel,
+            "peak_memory_bytes": self.usage.peak_memory_bytes,
+        })
+    }
+}

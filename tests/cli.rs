@@ -1,0 +1,133 @@
+//! The `execbox` CLI contract: JSON fields, outcomes and exit codes.
+
+use std::process::{Command, Output};
+
+use serde_json::{Value, json};
+
+fn execbox(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_execbox")).args(args).output().expect("execbox runs")
+}
+
+fn json_out(out: &Output) -> Value {
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut lines = text.lines();
+    let value = serde_json::from_str(lines.next().expect("one line")).expect("valid JSON");
+    assert_eq!(lines.next(), None, "exactly one JSON object on stdout");
+    value
+}
+
+#[test]
+fn run_json_ok_has_the_documented_fields() {
+    let out = execbox(&[
+        "run",
+        "--lang",
+        "js",
+        "--code",
+        "console.log('hi'); return input.items.map(x => x * 2)",
+        "--input",
+        r#"{"items":[1,2,3]}"#,
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    let v = json_out(&out);
+    for key in [
+        "backend",
+        "outcome",
+        "exit_code",
+        "stdout",
+        "stderr",
+        "stdout_truncated",
+        "stderr_truncated",
+        "stdout_total_bytes",
+        "stderr_total_bytes",
+        "output",
+        "message",
+        "duration_ms",
+        "instructions",
+    ] {
+        assert!(v.get(key).is_some(), "missing {key}: {v}");
+    }
+    assert_eq!(v["backend"], "boa-js");
+    assert_eq!(v["outcome"], "ok");
+    assert_eq!(v["output"], json!([2, 4, 6]));
+    assert_eq!(v["stdout"], "hi\n");
+    assert_eq!(v["exit_code"], Value::Null);
+}
+
+#[test]
+fn program_failure_exits_1_with_outcome() {
+    let out = execbox(&["run", "--code", "throw new Error('boom')", "--json"]);
+    assert_eq!(out.status.code(), Some(1));
+    let v = json_out(&out);
+    assert_eq!(v["outcome"], "failed");
+    assert_eq!(v["message"], "Error: boom");
+
+    let out = execbox(&["run", "--code", "while(true){}", "--timeout-ms", "200", "--json"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(json_out(&out)["outcome"], "timed_out");
+
+    let out = execbox(&["run", "--code", "while(true){}", "--fuel", "10000", "--json"]);
+    assert_eq!(json_out(&out)["outcome"], "out_of_fuel");
+
+    let out = execbox(&["run", "--code", "console.log('x'.repeat(100))", "--max-output-bytes", "10", "--json"]);
+    let v = json_out(&out);
+    assert_eq!((v["stdout"].as_str(), v["stdout_truncated"].as_bool()), (Some("xxxxxxxxxx"), Some(true)));
+    assert_eq!(v["stdout_total_bytes"], 101);
+}
+
+#[test]
+fn refusal_exits_2_with_violations() {
+    let out = execbox(&["run", "--code", "return 1", "--memory-mb", "64", "--json"]);
+    assert_eq!(out.status.code(), Some(2));
+    let v = json_out(&out);
+    assert_eq!(v["error"]["kind"], "refused");
+    assert_eq!(v["error"]["violations"][0]["control"], "memory");
+    assert_eq!(v["error"]["violations"][0]["backend"], "boa-js");
+    assert!(v["error"]["message"].as_str().unwrap().contains("heap"));
+
+    let out = execbox(&["run", "--code", "return 1", "--backend", "nope", "--json"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(json_out(&out)["error"]["kind"], "unknown_backend");
+
+    let out = execbox(&["run", "--code", "return 1", "--input", "{not json", "--json"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(json_out(&out)["error"]["kind"], "invalid_request");
+}
+
+#[test]
+fn file_input_and_invalid_utf8_are_handled() {
+    let dir = std::env::temp_dir().join(format!("execbox-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let good = dir.join("t.js");
+    std::fs::write(&good, "return input * 3 // trailing").unwrap();
+    let out = execbox(&["run", "--file", good.to_str().unwrap(), "--input", "5", "--json"]);
+    assert_eq!(json_out(&out)["output"], 15);
+    let bad = dir.join("bad.js");
+    std::fs::write(&bad, [0xff, 0xfe, b'1']).unwrap();
+    let out = execbox(&["run", "--file", bad.to_str().unwrap(), "--json"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(json_out(&out)["error"]["message"].as_str().unwrap().contains("UTF-8"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn human_output_is_readable() {
+    let out = execbox(&["run", "--code", "console.log('hello'); return {a: 1}"]);
+    assert_eq!(out.status.code(), Some(0));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.starts_with("hello\n{\n  \"a\": 1\n}"), "{stdout}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("[boa-js] ok"));
+}
+
+#[test]
+fn backends_lists_capabilities() {
+    let out = execbox(&["backends", "--json"]);
+    assert_eq!(out.status.code(), Some(0));
+    let v = json_out(&out);
+    assert_eq!(v[0]["name"], "boa-js");
+    assert_eq!(v[0]["available"], true);
+    assert_eq!(v[0]["capabilities"]["memory"]["level"], "not_enforced");
+    assert_eq!(v[0]["capabilities"]["network"]["deny"]["level"], "by_omission");
+    let text = execbox(&["backends"]);
+    assert!(String::from_utf8_lossy(&text.stdout).contains("NOT enforced"));
+}

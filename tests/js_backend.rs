@@ -1,0 +1,345 @@
+//! The boa JavaScript backend: request semantics, limits, hostile code.
+
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use execbox::backends::{BoaJs, BoaJsConfig};
+use execbox::{Control, ExecError, ExecRequest, ExecResult, Executor, InvalidRequest, Outcome, SandboxPolicy};
+use serde_json::{Value, json};
+
+fn exec() -> &'static Executor {
+    static EXEC: OnceLock<Executor> = OnceLock::new();
+    EXEC.get_or_init(Executor::with_default_backends)
+}
+
+fn run(code: &str) -> ExecResult {
+    run_with(ExecRequest::javascript(code))
+}
+
+fn run_with(req: ExecRequest) -> ExecResult {
+    exec().execute_blocking(req).expect("request should run")
+}
+
+fn quick() -> SandboxPolicy {
+    SandboxPolicy::strict().timeout(Duration::from_millis(300))
+}
+
+#[test]
+fn transform_returns_json_output() {
+    let r = run_with(
+        ExecRequest::javascript("return input.items.filter(x => x % 2).map(x => x * 10).reduce((a, b) => a + b, 0);")
+            .input(json!({"items": [1, 2, 3, 4, 5]})),
+    );
+    assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
+    assert_eq!(r.output, Some(json!(90)));
+    assert_eq!(r.backend, "boa-js");
+    assert_eq!(r.exit_code, None);
+    assert!(r.usage.instructions.unwrap() > 0);
+}
+
+#[test]
+fn console_is_captured_and_trailing_comment_is_harmless() {
+    let r =
+        run("console.log('a', 1, [2]); console.info('b'); console.warn('w'); console.error('e');\nreturn 7 // done");
+    assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
+    assert_eq!(r.stdout.text(), "a 1 [ 2 ]\nb\n");
+    assert_eq!(r.stderr.text(), "w\ne\n");
+    assert_eq!(r.output, Some(json!(7)));
+}
+
+#[test]
+fn uncaught_exception_is_failed_with_name_and_message() {
+    let r = run("function g() { throw new TypeError('bad thing'); }\ng();");
+    assert_eq!(r.outcome, Outcome::Failed);
+    assert_eq!(r.message.as_deref(), Some("TypeError: bad thing"));
+    assert!(r.stderr.text().contains("Uncaught TypeError: bad thing"), "{:?}", r.stderr.text());
+    let thrown = run("throw 'plain string'");
+    assert_eq!(thrown.message.as_deref(), Some("plain string"));
+}
+
+#[test]
+fn syntax_error_reports_user_line_and_column() {
+    let r = run("let ok = 1;\nlet x = ;");
+    assert_eq!(r.outcome, Outcome::Failed);
+    let m = r.message.unwrap();
+    assert!(m.starts_with("SyntaxError"), "{m}");
+    assert!(m.contains("line 2, col 9"), "{m}");
+    let first = run("let x = ;").message.unwrap();
+    assert!(first.contains("line 1, col 9"), "{first}");
+}
+
+#[test]
+fn promises_are_awaited() {
+    assert_eq!(run("return Promise.resolve(41).then(x => x + 1)").output, Some(json!(42)));
+    assert_eq!(run("const v = await Promise.resolve(5); return v * 2").output, Some(json!(10)));
+    let rejected = run("return Promise.reject(new RangeError('nope'))");
+    assert_eq!(rejected.outcome, Outcome::Failed);
+    assert_eq!(rejected.message.as_deref(), Some("RangeError: nope"));
+    let pending = run("return new Promise(() => {})");
+    assert_eq!(pending.outcome, Outcome::Failed);
+    assert!(pending.message.unwrap().contains("never settled"));
+}
+
+#[test]
+fn values_without_json_form_have_defined_results() {
+    assert_eq!(run("return undefined").output, None);
+    assert_eq!(run("let x = 1").output, None);
+    assert_eq!(run("return () => 1").output, None);
+    assert_eq!(run("return null").output, Some(Value::Null));
+    assert_eq!(
+        run("return [undefined, () => 1, NaN, Infinity, new Date(0), {f() {}, u: undefined, k: 1}]").output,
+        Some(json!([null, null, null, null, "1970-01-01T00:00:00.000Z", {"k": 1}]))
+    );
+    let bigint = run("return 10n");
+    assert_eq!(bigint.outcome, Outcome::Failed);
+    assert!(bigint.message.unwrap().contains("bigint"));
+    let cycle = run("const a = {}; a.self = a; return a");
+    assert_eq!(cycle.outcome, Outcome::Failed);
+    assert!(cycle.message.unwrap().contains("cyclic"));
+}
+
+#[test]
+fn host_apis_do_not_exist() {
+    let r = run("return ['require', 'process', 'fetch', 'Deno', 'setTimeout', 'XMLHttpRequest', 'WebSocket', 'Bun']\
+         .map(n => typeof globalThis[n])");
+    assert_eq!(r.output, Some(json!(vec!["undefined"; 8])));
+}
+
+#[test]
+fn infinite_loop_times_out_near_the_deadline() {
+    let start = Instant::now();
+    let r = run_with(ExecRequest::javascript("while (true) {}").policy(quick()));
+    assert_eq!(r.outcome, Outcome::TimedOut, "{r:?}");
+    assert!(start.elapsed() < Duration::from_secs(3), "took {:?}", start.elapsed());
+    assert_eq!(r.message.as_deref(), Some("deadline of 300 ms exceeded"));
+}
+
+#[test]
+fn loop_inside_native_callback_still_times_out_for_the_caller() {
+    let start = Instant::now();
+    let r = run_with(
+        ExecRequest::javascript("console.log('before'); [1].map(() => { while (true) {} })")
+            .policy(quick().fuel(2_000_000_000)),
+    );
+    assert_eq!(r.outcome, Outcome::TimedOut, "{r:?}");
+    assert!(start.elapsed() < Duration::from_secs(3), "took {:?}", start.elapsed());
+    assert_eq!(r.stdout.text(), "before\n", "output before the deadline is kept");
+}
+
+#[test]
+fn promise_job_loop_times_out() {
+    let r = run_with(
+        ExecRequest::javascript("function spin() { return Promise.resolve().then(spin); } spin(); return 1")
+            .policy(quick()),
+    );
+    assert_eq!(r.outcome, Outcome::TimedOut, "{r:?}");
+}
+
+#[test]
+fn instruction_budget_gives_out_of_fuel() {
+    let r = run_with(
+        ExecRequest::javascript("let i = 0; while (true) { i++ }").policy(SandboxPolicy::strict().fuel(50_000)),
+    );
+    assert_eq!(r.outcome, Outcome::OutOfFuel, "{r:?}");
+    assert_eq!(r.usage.instructions, Some(50_000));
+    assert!(r.message.unwrap().contains("50000"));
+    // The budget also stops JS called from native code.
+    let r = run_with(
+        ExecRequest::javascript("[1].map(() => { let i = 0; while (true) { i++ } })")
+            .policy(SandboxPolicy::strict().fuel(50_000)),
+    );
+    assert_eq!(r.outcome, Outcome::OutOfFuel, "{r:?}");
+    // It is not catchable.
+    let r = run_with(
+        ExecRequest::javascript("try { while (true) {} } catch (e) { return 'caught' }")
+            .policy(SandboxPolicy::strict().fuel(10_000)),
+    );
+    assert_eq!(r.outcome, Outcome::OutOfFuel, "{r:?}");
+}
+
+#[test]
+fn small_programs_fit_a_small_budget() {
+    let r =
+        run_with(ExecRequest::javascript("return [1,2,3].map(x => x + 1)").policy(SandboxPolicy::strict().fuel(1_000)));
+    assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
+    assert!(r.usage.instructions.unwrap() < 1_000);
+}
+
+#[test]
+fn deep_recursion_fails_without_crashing() {
+    let r = run("function f(n) { return f(n + 1) + 1 } return f(0)");
+    assert_eq!(r.outcome, Outcome::Failed);
+    assert!(r.message.unwrap().contains("recursive"), "uncatchable runtime limit");
+    let r = run("function f(n) { return f(n + 1) } try { f(0) } catch (e) { return 'caught' }");
+    assert_eq!(r.outcome, Outcome::Failed, "runtime limits are not catchable: {r:?}");
+}
+
+#[test]
+fn deeply_nested_text_given_to_parsers_fails_without_crashing() {
+    for code in [
+        r#"eval("(".repeat(200000))"#,
+        r#"return JSON.parse("[".repeat(200000))"#,
+        r#"new Function("return " + "[".repeat(200000))"#,
+        r#"Function("(".repeat(200000))"#,
+        r#"(function(){}).constructor("[".repeat(200000))"#,
+        r#"(async function(){}).constructor("[".repeat(200000))"#,
+        r#"(function*(){}).constructor("[".repeat(200000))"#,
+        r#"eval("a=".repeat(100000) + "1")"#,
+    ] {
+        let r = run(code);
+        assert_eq!(r.outcome, Outcome::Failed, "{code}: {r:?}");
+        assert!(r.message.as_deref().unwrap_or("").contains("nests"), "{code}: {:?}", r.message);
+    }
+    // Shallow dynamic code still works.
+    assert_eq!(
+        run("return eval('[[1]]')[0][0] + JSON.parse('[2]')[0] + Function('return 3')()").output,
+        Some(json!(6))
+    );
+}
+
+#[test]
+fn deeply_nested_code_or_input_is_refused_before_parsing() {
+    let deep_code = format!("return {}1{}", "[".repeat(100_000), "]".repeat(100_000));
+    let err = exec().execute_blocking(ExecRequest::javascript(deep_code)).unwrap_err();
+    assert!(matches!(err, ExecError::InvalidRequest(InvalidRequest::TooDeep { what: "code", .. })), "{err}");
+
+    let mut deep = json!(1);
+    for _ in 0..50_000 {
+        deep = Value::Array(vec![deep]);
+    }
+    let err = exec().execute_blocking(ExecRequest::javascript("return 1").input(deep)).unwrap_err();
+    assert!(matches!(err, ExecError::InvalidRequest(InvalidRequest::TooDeep { what: "input", .. })), "{err}");
+}
+
+#[test]
+fn deep_values_built_at_runtime_fail_without_crashing() {
+    let build = "let a = [1]; for (let i = 0; i < 5000; i++) a = [a];";
+    for tail in ["return String(a)", "return JSON.stringify(a)", "return a", "return a.join()"] {
+        let r = run(&format!("{build} {tail}"));
+        assert_eq!(r.outcome, Outcome::Failed, "{tail}: {r:?}");
+        assert!(r.message.unwrap().contains("nests deeper"), "{tail}");
+    }
+    let r = run(&format!("{build} console.log(a); return 1"));
+    assert_eq!(r.outcome, Outcome::Ok);
+    assert!(r.stdout.text().contains("too deep"));
+    // Shared sub-values cannot blow up a walk exponentially.
+    let r = run_with(
+        ExecRequest::javascript("let a = [1]; for (let i = 0; i < 40; i++) a = [a, a]; return a.toString().length")
+            .policy(SandboxPolicy::strict().timeout(Duration::from_secs(60))),
+    );
+    assert_eq!(r.outcome, Outcome::Failed, "{r:?}");
+}
+
+#[test]
+fn huge_builtin_allocations_are_refused() {
+    for code in [
+        "return 'x'.repeat(1 << 28).length",
+        "return ''.padStart(1 << 30).length",
+        "return 'a'.padEnd(1e12).length",
+        "return new Array(1e9).fill(0).length",
+    ] {
+        let r = run(code);
+        assert_eq!(r.outcome, Outcome::Failed, "{code}: {r:?}");
+        assert!(r.message.as_deref().unwrap_or("").starts_with("RangeError"), "{code}: {:?}", r.message);
+    }
+    assert_eq!(run("return 'ab'.repeat(3) + '7'.padStart(3, '0')").output, Some(json!("ababab007")));
+}
+
+#[test]
+fn output_flood_is_truncated_with_totals() {
+    let r = run_with(
+        ExecRequest::javascript("for (let i = 0; i < 2000; i++) console.log('0123456789'); return 'done'")
+            .policy(SandboxPolicy::strict().max_output_bytes(1000)),
+    );
+    assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
+    assert_eq!(r.stdout.bytes.len(), 1000);
+    assert!(r.stdout.truncated);
+    assert_eq!(r.stdout.total_bytes, 2000 * 11);
+    assert!(!r.stderr.truncated);
+    assert_eq!(r.output, Some(json!("done")));
+}
+
+#[test]
+fn code_over_the_size_limit_is_refused() {
+    let err = exec()
+        .execute_blocking(
+            ExecRequest::javascript("x".repeat(2000)).policy(SandboxPolicy::strict().max_code_bytes(1000)),
+        )
+        .unwrap_err();
+    assert_eq!(err, ExecError::InvalidRequest(InvalidRequest::CodeTooLarge { size: 2000, max: 1000 }));
+}
+
+#[test]
+fn no_state_leaks_between_requests() {
+    for _ in 0..6 {
+        let r = run("const seen = [typeof globalThis.leak, typeof Array.prototype.evil, typeof input];\
+             globalThis.leak = 1; Array.prototype.evil = 1; JSON.stringify = () => 'hijacked';\
+             return seen");
+        assert_eq!(r.output, Some(json!(["undefined", "undefined", "undefined"])), "{r:?}");
+    }
+}
+
+#[test]
+fn memory_cap_is_refused_with_only_boa() {
+    let err = exec()
+        .execute_blocking(ExecRequest::javascript("return 1").policy(SandboxPolicy::strict().memory_bytes(64 << 20)))
+        .unwrap_err();
+    let ExecError::Refused { rejections } = &err else { panic!("{err}") };
+    assert_eq!(rejections.len(), 1);
+    assert_eq!(rejections[0].backend, "boa-js");
+    assert_eq!(rejections[0].violations.len(), 1);
+    assert_eq!(rejections[0].violations[0].control, Control::Memory);
+}
+
+#[test]
+fn concurrent_runs_do_not_mix_output() {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..24)
+            .map(|i| {
+                s.spawn(move || {
+                    let r = run_with(
+                        ExecRequest::javascript("console.log('id', input.id); return input.id * 2")
+                            .input(json!({"id": i})),
+                    );
+                    (i, r)
+                })
+            })
+            .collect();
+        for h in handles {
+            let (i, r) = h.join().unwrap();
+            assert_eq!(r.output, Some(json!(i * 2)));
+            assert_eq!(r.stdout.text(), format!("id {i}\n"));
+        }
+    });
+}
+
+#[test]
+fn dropping_the_backend_ends_its_threads() {
+    let backend = BoaJs::new(BoaJsConfig { idle_workers: 2, ..BoaJsConfig::default() });
+    let gauge = backend.worker_gauge();
+    let exec = Executor::builder().backend(backend).build();
+    for _ in 0..3 {
+        assert!(exec.execute_blocking(ExecRequest::javascript("return 1")).unwrap().is_ok());
+    }
+    let timed_out = exec.execute_blocking(ExecRequest::javascript("while (true) {}").policy(quick())).unwrap();
+    assert_eq!(timed_out.outcome, Outcome::TimedOut);
+    assert!(gauge.live() >= 1);
+    drop(exec);
+    let start = Instant::now();
+    while gauge.live() > 0 && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(gauge.live(), 0, "worker threads outlived the backend");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn async_execute_works_inside_tokio() {
+    let r = exec().execute(ExecRequest::javascript("return input + 1").input(json!(1))).await.unwrap();
+    assert_eq!(r.output, Some(json!(2)));
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn async_execute_on_a_current_thread_runtime() {
+    let r = exec().execute(ExecRequest::javascript("return 'x'")).await.unwrap();
+    assert_eq!(r.output, Some(json!("x")));
+}
