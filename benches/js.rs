@@ -6,7 +6,7 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use boa_engine::{Context, JsValue, Source, js_string, property::Attribute};
+use boa_engine::{JsValue, Source, context::ContextBuilder, js_string, property::Attribute};
 use criterion::{Criterion, criterion_group, criterion_main};
 use execbox::backends::BoaJs;
 use execbox::{Backend, ExecRequest, Executor, SandboxPolicy, check};
@@ -22,6 +22,20 @@ fn request() -> ExecRequest {
     ExecRequest::javascript(TRANSFORM).input(input()).policy(SandboxPolicy::strict())
 }
 
+/// Times `iters` calls with 2 ms of untimed idle before each, as in an agent
+/// loop where the model thinks between calls.
+fn paced<T, E: std::fmt::Debug>(iters: u64, mut call: impl FnMut(ExecRequest) -> Result<T, E>) -> Duration {
+    let mut total = Duration::ZERO;
+    for _ in 0..iters {
+        std::thread::sleep(Duration::from_millis(2));
+        let req = request();
+        let start = Instant::now();
+        black_box(call(req).unwrap());
+        total += start.elapsed();
+    }
+    total
+}
+
 fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("js");
 
@@ -29,7 +43,7 @@ fn bench(c: &mut Criterion) {
     g.bench_function("raw_boa_fresh_context", |b| {
         let input = input();
         b.iter(|| {
-            let mut ctx = Context::default();
+            let mut ctx = ContextBuilder::new().instructions_remaining(usize::MAX).build().unwrap();
             let v = JsValue::from_json(&input, &mut ctx).unwrap();
             ctx.register_global_property(js_string!("input"), v, Attribute::all()).unwrap();
             let src = format!("(function () {{{TRANSFORM}\n}})()");
@@ -38,44 +52,36 @@ fn bench(c: &mut Criterion) {
         })
     });
 
+    // The floor under any pool: the same work on an already-built context.
+    g.bench_function("raw_boa_prebuilt_context", |b| {
+        let input = input();
+        let src = format!("(function () {{{TRANSFORM}\n}})()");
+        b.iter_batched(
+            || ContextBuilder::new().instructions_remaining(usize::MAX).build().unwrap(),
+            |mut ctx| {
+                let v = JsValue::from_json(&input, &mut ctx).unwrap();
+                ctx.register_global_property(js_string!("input"), v, Attribute::all()).unwrap();
+                let out = ctx.eval(Source::from_bytes(src.as_bytes())).unwrap();
+                black_box(out.to_json(&mut ctx).unwrap())
+            },
+            criterion::BatchSize::SmallInput,
+        )
+    });
+
     let exec = Executor::with_default_backends();
     std::thread::sleep(Duration::from_millis(200)); // let the idle workers warm up
     assert_eq!(exec.execute_blocking(request()).unwrap().output, Some(json!(6534)));
 
     // Agent-loop pacing: requests arrive with idle time between them (the
     // model is thinking), so a prebuilt context is always waiting.
-    g.bench_function("executor_paced", |b| {
-        b.iter_custom(|iters| {
-            let mut total = Duration::ZERO;
-            for _ in 0..iters {
-                std::thread::sleep(Duration::from_millis(2));
-                let req = request();
-                let start = Instant::now();
-                black_box(exec.execute_blocking(req).unwrap());
-                total += start.elapsed();
-            }
-            total
-        })
-    });
+    g.bench_function("executor_paced", |b| b.iter_custom(|iters| paced(iters, |req| exec.execute_blocking(req))));
 
     // Back to back: bounded by building a fresh context per call on 2 cores.
     g.bench_function("executor_back_to_back", |b| b.iter(|| black_box(exec.execute_blocking(request()).unwrap())));
 
     let backend = BoaJs::default();
     std::thread::sleep(Duration::from_millis(200));
-    g.bench_function("backend_paced", |b| {
-        b.iter_custom(|iters| {
-            let mut total = Duration::ZERO;
-            for _ in 0..iters {
-                std::thread::sleep(Duration::from_millis(2));
-                let req = request();
-                let start = Instant::now();
-                black_box(backend.execute(req).unwrap());
-                total += start.elapsed();
-            }
-            total
-        })
-    });
+    g.bench_function("backend_paced", |b| b.iter_custom(|iters| paced(iters, |req| backend.execute(req))));
 
     let caps = backend.capabilities().clone();
     let req = request();

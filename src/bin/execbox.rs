@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use execbox::{ExecError, ExecRequest, ExecResult, Executor, Language, Outcome, SandboxPolicy};
+use execbox::{CapturedStream, ExecError, ExecRequest, ExecResult, Executor, Language, Outcome, SandboxPolicy};
 use serde_json::{Value, json};
 
 #[derive(Parser)]
@@ -156,31 +156,9 @@ fn describe(err: &ExecError) -> String {
 }
 
 fn print_human(result: &ExecResult) {
-    let mut out = std::io::stdout().lock();
-    let _ = out.write_all(&result.stdout.bytes);
-    if result.stdout.truncated {
-        let _ = writeln!(
-            out,
-            "[stdout truncated: {} of {} bytes kept]",
-            result.stdout.bytes.len(),
-            result.stdout.total_bytes
-        );
-    }
-    if let Some(output) = &result.output {
-        let pretty = serde_json::to_string_pretty(output).unwrap_or_default();
-        let _ = writeln!(out, "{pretty}");
-    }
-    let _ = out.flush();
+    write_stream(&mut std::io::stdout().lock(), "stdout", &result.stdout, result.output.as_ref());
     let mut err = std::io::stderr().lock();
-    let _ = err.write_all(&result.stderr.bytes);
-    if result.stderr.truncated {
-        let _ = writeln!(
-            err,
-            "[stderr truncated: {} of {} bytes kept]",
-            result.stderr.bytes.len(),
-            result.stderr.total_bytes
-        );
-    }
+    write_stream(&mut err, "stderr", &result.stderr, None);
     let ms = result.usage.duration.as_secs_f64() * 1e3;
     match &result.message {
         Some(message) if result.outcome != Outcome::Failed => {
@@ -190,6 +168,18 @@ fn print_human(result: &ExecResult) {
             let _ = writeln!(err, "[{}] {} in {ms:.2} ms", result.backend, result.outcome.as_str());
         }
     }
+}
+
+/// Writes a captured stream, a note if it was truncated, then `extra` as pretty JSON.
+fn write_stream(out: &mut impl Write, name: &str, stream: &CapturedStream, extra: Option<&Value>) {
+    let _ = out.write_all(&stream.bytes);
+    if stream.truncated {
+        let _ = writeln!(out, "[{name} truncated: {} of {} bytes kept]", stream.bytes.len(), stream.total_bytes);
+    }
+    if let Some(value) = extra {
+        let _ = writeln!(out, "{}", serde_json::to_string_pretty(value).unwrap_or_default());
+    }
+    let _ = out.flush();
 }
 
 fn backends(exec: &Executor, as_json: bool) -> ExitCode {
