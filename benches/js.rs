@@ -6,7 +6,7 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use boa_engine::{JsValue, Source, context::ContextBuilder, js_string, property::Attribute};
+use boa_engine::{Context, JsValue, Source, context::ContextBuilder, js_string, property::Attribute};
 use criterion::{Criterion, criterion_group, criterion_main};
 use execbox::backends::BoaJs;
 use execbox::{Backend, ExecRequest, Executor, SandboxPolicy, check};
@@ -36,34 +36,33 @@ fn paced<T, E: std::fmt::Debug>(iters: u64, mut call: impl FnMut(ExecRequest) ->
     total
 }
 
+/// What boa alone costs for one call on `ctx`: input in, eval, JSON out.
+fn raw_boa_call(mut ctx: Context, input: &Value, src: &str) -> Option<Value> {
+    let v = JsValue::from_json(input, &mut ctx).unwrap();
+    ctx.register_global_property(js_string!("input"), v, Attribute::all()).unwrap();
+    let out = ctx.eval(Source::from_bytes(src.as_bytes())).unwrap();
+    out.to_json(&mut ctx).unwrap()
+}
+
+fn raw_boa_context() -> Context {
+    ContextBuilder::new().instructions_remaining(usize::MAX).build().unwrap()
+}
+
 fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("js");
 
     // Baseline: what boa itself costs for one fresh call on this thread.
+    let raw_input = input();
+    let raw_src = format!("(function () {{{TRANSFORM}\n}})()");
     g.bench_function("raw_boa_fresh_context", |b| {
-        let input = input();
-        b.iter(|| {
-            let mut ctx = ContextBuilder::new().instructions_remaining(usize::MAX).build().unwrap();
-            let v = JsValue::from_json(&input, &mut ctx).unwrap();
-            ctx.register_global_property(js_string!("input"), v, Attribute::all()).unwrap();
-            let src = format!("(function () {{{TRANSFORM}\n}})()");
-            let out = ctx.eval(Source::from_bytes(src.as_bytes())).unwrap();
-            black_box(out.to_json(&mut ctx).unwrap())
-        })
+        b.iter(|| black_box(raw_boa_call(raw_boa_context(), &raw_input, &raw_src)))
     });
 
     // The floor under any pool: the same work on an already-built context.
     g.bench_function("raw_boa_prebuilt_context", |b| {
-        let input = input();
-        let src = format!("(function () {{{TRANSFORM}\n}})()");
         b.iter_batched(
-            || ContextBuilder::new().instructions_remaining(usize::MAX).build().unwrap(),
-            |mut ctx| {
-                let v = JsValue::from_json(&input, &mut ctx).unwrap();
-                ctx.register_global_property(js_string!("input"), v, Attribute::all()).unwrap();
-                let out = ctx.eval(Source::from_bytes(src.as_bytes())).unwrap();
-                black_box(out.to_json(&mut ctx).unwrap())
-            },
+            raw_boa_context,
+            |ctx| black_box(raw_boa_call(ctx, &raw_input, &raw_src)),
             criterion::BatchSize::SmallInput,
         )
     });

@@ -53,10 +53,7 @@ impl Prepared {
             .build()?;
         let limits = ctx.runtime_limits_mut();
         limits.set_recursion_limit(cfg.recursion_limit);
-        let realm = realm::install(
-            &mut ctx,
-            GuardLimits { max_nesting: cfg.max_nesting, max_len: cfg.max_builtin_len, max_walk: cfg.max_walk_nodes },
-        )?;
+        let realm = realm::install(&mut ctx, GuardLimits::from(cfg))?;
         Ok(Self { ctx, realm, queue, budget })
     }
 

@@ -81,6 +81,14 @@ pub struct BoaJsConfig {
     pub abandon_grace: Duration,
 }
 
+impl BoaJsConfig {
+    /// The instruction backstop for a run without a policy `fuel`.
+    pub fn backstop_budget(&self, timeout_ms: Option<u64>) -> u64 {
+        timeout_ms
+            .map_or(self.backstop_without_timeout, |ms| ms.saturating_mul(self.backstop_instructions_per_ms).max(1))
+    }
+}
+
 impl Default for BoaJsConfig {
     fn default() -> Self {
         Self {
@@ -145,11 +153,9 @@ impl BoaJs {
 
     /// The instruction budget a run under `policy` gets.
     fn budget_for(&self, request: &ExecRequest) -> (u64, bool) {
-        let cfg = self.pool.config();
-        match (request.policy.fuel, request.policy.timeout_ms) {
-            (Some(fuel), _) => (fuel, true),
-            (None, Some(ms)) => (ms.saturating_mul(cfg.backstop_instructions_per_ms).max(1), false),
-            (None, None) => (cfg.backstop_without_timeout, false),
+        match request.policy.fuel {
+            Some(fuel) => (fuel, true),
+            None => (self.pool.config().backstop_budget(request.policy.timeout_ms), false),
         }
     }
 }

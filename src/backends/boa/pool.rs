@@ -53,9 +53,7 @@ impl Pool {
             me: me.clone(),
         });
         // Prewarm for the default policy's budget, the common case.
-        let budget = SandboxPolicy::default()
-            .timeout_ms
-            .map_or(pool.cfg.backstop_without_timeout, |ms| ms.saturating_mul(pool.cfg.backstop_instructions_per_ms));
+        let budget = pool.cfg.backstop_budget(SandboxPolicy::default().timeout_ms);
         for _ in 0..pool.cfg.idle_workers {
             // A failed prewarm spawn is retried on demand by `run`.
             let _ = pool.spawn(budget, None);

@@ -12,6 +12,7 @@ use boa_engine::property::{Attribute, PropertyDescriptor};
 use boa_engine::value::IntegerOrInfinity;
 use boa_engine::{Context, JsNativeError, JsObject, JsResult, JsValue, NativeFunction, js_string};
 
+use super::BoaJsConfig;
 use crate::limits::BoundedBuffer;
 use crate::limits::nesting;
 
@@ -32,6 +33,12 @@ pub(super) struct GuardLimits {
     pub max_nesting: usize,
     pub max_len: u64,
     pub max_walk: u64,
+}
+
+impl From<&BoaJsConfig> for GuardLimits {
+    fn from(cfg: &BoaJsConfig) -> Self {
+        Self { max_nesting: cfg.max_nesting, max_len: cfg.max_builtin_len, max_walk: cfg.max_walk_nodes }
+    }
 }
 
 /// Context data: the current run's deadline, for long native walks.
@@ -150,11 +157,8 @@ fn object(value: JsValue) -> JsResult<JsObject> {
 }
 
 fn limits(ctx: &Context) -> GuardLimits {
-    ctx.get_data::<GuardLimits>().copied().unwrap_or(GuardLimits {
-        max_nesting: 128,
-        max_len: 1 << 24,
-        max_walk: 1 << 20,
-    })
+    // Always inserted by `install`; the fallback only keeps this total.
+    ctx.get_data::<GuardLimits>().copied().unwrap_or_else(|| GuardLimits::from(&BoaJsConfig::default()))
 }
 
 fn range_error(message: String) -> boa_engine::JsError {
