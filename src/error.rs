@@ -40,6 +40,25 @@ pub enum InvalidRequest {
         /// The limit.
         max: usize,
     },
+    /// The payload is not a usable module: malformed, invalid, an import the
+    /// host does not provide, or exports matching no supported guest ABI.
+    #[error("invalid module: {reason}")]
+    InvalidModule {
+        /// What is wrong, in the engine's words where it has them.
+        reason: String,
+    },
+    /// A granted path or staged file cannot be used as asked.
+    #[error("path {path:?} cannot be used: {reason}")]
+    BadPath {
+        /// The path as given.
+        path: String,
+        /// Why not.
+        reason: String,
+    },
+    /// Both `stdin` and a JSON `input` were given to a backend that delivers
+    /// `input` on standard input.
+    #[error("{0}")]
+    Conflict(&'static str),
     /// The request sets environment variables the policy does not allow.
     #[error("environment variables not allowed by the policy: {}", names.join(", "))]
     EnvNotAllowed {

@@ -89,6 +89,12 @@ impl Executor {
         {
             builder = builder.backend(crate::backends::BoaJs::default());
         }
+        // Engine creation only fails when even on-demand allocation is
+        // refused; the executor then runs without wasm (`backends` shows it).
+        #[cfg(feature = "wasm")]
+        if let Ok(wasm) = crate::backends::WasmGuest::new() {
+            builder = builder.backend(wasm);
+        }
         builder.build()
     }
 
@@ -161,13 +167,46 @@ impl Executor {
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
                 let name = backend.name().to_string();
-                handle.spawn_blocking(move || backend.execute(request)).await.unwrap_or_else(|join_err| {
+                let run = move || {
+                    let _marked = BlockingPoolMark::set();
+                    backend.execute(request)
+                };
+                handle.spawn_blocking(run).await.unwrap_or_else(|join_err| {
                     Err(ExecError::Internal { backend: name, message: format!("worker task failed: {join_err}") })
                 })
             }
             Err(_) => backend.execute(request),
         }
     }
+}
+
+thread_local! {
+    static ON_BLOCKING_POOL: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Marks the current thread as a tokio blocking-pool thread running one request.
+struct BlockingPoolMark;
+
+impl BlockingPoolMark {
+    fn set() -> Self {
+        ON_BLOCKING_POOL.set(true);
+        BlockingPoolMark
+    }
+}
+
+impl Drop for BlockingPoolMark {
+    fn drop(&mut self) {
+        ON_BLOCKING_POOL.set(false);
+    }
+}
+
+/// True when the current thread may block on a nested runtime: no tokio
+/// runtime is entered here, or [`Executor::execute`] moved the run onto
+/// tokio's blocking pool. False on an async worker thread, where a backend
+/// that blocks (e.g. sync WASI) must move to a thread of its own.
+#[cfg_attr(not(feature = "wasm"), allow(dead_code))]
+pub(crate) fn may_block_here() -> bool {
+    ON_BLOCKING_POOL.get() || tokio::runtime::Handle::try_current().is_err()
 }
 
 /// Checks that hold whichever backend runs the request.

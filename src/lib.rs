@@ -41,6 +41,6 @@ pub use capabilities::{
 pub use error::{BackendRejection, ExecError, InvalidRequest};
 pub use executor::{Backend, Executor, ExecutorBuilder};
 pub use matching::{Control, Violation, check};
-pub use policy::{Access, PathGrants, SandboxPolicy};
+pub use policy::{Access, PathGrant, PathGrants, SandboxPolicy};
 pub use request::{ExecFile, ExecRequest, Payload};
 pub use result::{CapturedStream, ExecResult, Outcome, Usage};

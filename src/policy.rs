@@ -5,7 +5,7 @@
 //! limit is `Option`: `None` means "not asked". A backend that cannot enforce a
 //! stated requirement is never chosen (see [`crate::matching`]).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -33,14 +33,115 @@ impl<T> Access<T> {
     }
 }
 
-/// Host paths the code may see, split by access mode.
+/// Host directories the code may see, split by access mode.
+///
+/// ```
+/// use execbox::PathGrants;
+/// let grants = PathGrants::new().read_only("/srv/data").read_write_at("/tmp/job-7", "/work");
+/// assert_eq!(grants.read_write[0].guest_path(), std::path::Path::new("/work"));
+/// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct PathGrants {
     /// Readable, never writable.
-    pub read_only: Vec<PathBuf>,
+    pub read_only: Vec<PathGrant>,
     /// Readable and writable.
-    pub read_write: Vec<PathBuf>,
+    pub read_write: Vec<PathGrant>,
+}
+
+impl PathGrants {
+    /// No paths.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Grants `host` read-only, seen by the code at the same path.
+    pub fn read_only(mut self, host: impl Into<PathBuf>) -> Self {
+        self.read_only.push(PathGrant::new(host));
+        self
+    }
+
+    /// Grants `host` read-only, seen by the code at `guest`.
+    pub fn read_only_at(mut self, host: impl Into<PathBuf>, guest: impl Into<PathBuf>) -> Self {
+        self.read_only.push(PathGrant::new(host).at(guest));
+        self
+    }
+
+    /// Grants `host` read-write, seen by the code at the same path.
+    pub fn read_write(mut self, host: impl Into<PathBuf>) -> Self {
+        self.read_write.push(PathGrant::new(host));
+        self
+    }
+
+    /// Grants `host` read-write, seen by the code at `guest`.
+    pub fn read_write_at(mut self, host: impl Into<PathBuf>, guest: impl Into<PathBuf>) -> Self {
+        self.read_write.push(PathGrant::new(host).at(guest));
+        self
+    }
+}
+
+/// One granted host directory and where the code sees it.
+///
+/// Serialized as a plain path string (seen at the same path) or as
+/// `{"host": ..., "guest": ...}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "PathGrantRepr")]
+pub struct PathGrant {
+    /// The directory on the host.
+    pub host: PathBuf,
+    /// Where the code sees it; `None`: at `host`'s own path.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub guest: Option<PathBuf>,
+}
+
+impl PathGrant {
+    /// `host`, seen at its own path.
+    pub fn new(host: impl Into<PathBuf>) -> Self {
+        Self { host: host.into(), guest: None }
+    }
+
+    /// Seen by the code at `guest` instead.
+    pub fn at(mut self, guest: impl Into<PathBuf>) -> Self {
+        self.guest = Some(guest.into());
+        self
+    }
+
+    /// The path the code uses.
+    pub fn guest_path(&self) -> &Path {
+        self.guest.as_deref().unwrap_or(&self.host)
+    }
+}
+
+impl From<&str> for PathGrant {
+    fn from(host: &str) -> Self {
+        Self::new(host)
+    }
+}
+
+impl From<PathBuf> for PathGrant {
+    fn from(host: PathBuf) -> Self {
+        Self::new(host)
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum PathGrantRepr {
+    Path(PathBuf),
+    Mapped {
+        host: PathBuf,
+        #[serde(default)]
+        guest: Option<PathBuf>,
+    },
+}
+
+impl From<PathGrantRepr> for PathGrant {
+    fn from(repr: PathGrantRepr) -> Self {
+        match repr {
+            PathGrantRepr::Path(host) => Self { host, guest: None },
+            PathGrantRepr::Mapped { host, guest } => Self { host, guest },
+        }
+    }
 }
 
 /// What a request needs: access controls plus resource limits.
@@ -196,6 +297,16 @@ mod tests {
         assert_eq!(back, a);
         let d: Access<Vec<String>> = serde_json::from_str(r#"{"mode":"deny"}"#).unwrap();
         assert_eq!(d, Access::Deny);
+    }
+
+    #[test]
+    fn path_grants_accept_plain_and_mapped_paths() {
+        let g: PathGrants =
+            serde_json::from_str(r#"{"read_only": ["/data", {"host": "/tmp/x", "guest": "/work"}]}"#).unwrap();
+        assert_eq!(g.read_only[0], PathGrant::new("/data"));
+        assert_eq!(g.read_only[1].guest_path(), Path::new("/work"));
+        let back: PathGrants = serde_json::from_str(&serde_json::to_string(&g).unwrap()).unwrap();
+        assert_eq!(back, g);
     }
 
     #[test]

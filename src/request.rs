@@ -1,11 +1,13 @@
 //! [`ExecRequest`]: code, its inputs, and the policy it must run under.
 
 use std::collections::BTreeMap;
+use std::path::{Component, Path};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::capabilities::{Language, PayloadKind};
+use crate::error::InvalidRequest;
 use crate::policy::SandboxPolicy;
 
 /// The code to run.
@@ -49,6 +51,25 @@ pub struct ExecFile {
     pub content: Vec<u8>,
     /// MIME type, if known.
     pub mime_type: Option<String>,
+}
+
+impl ExecFile {
+    /// The file's name as a path under a staging directory: relative, no
+    /// `..`, no root or prefix components, not empty.
+    pub fn relative_path(&self) -> Result<&Path, InvalidRequest> {
+        let path = Path::new(&self.name);
+        let bad = |reason: &str| InvalidRequest::BadPath { path: self.name.clone(), reason: reason.into() };
+        if self.name.is_empty() {
+            return Err(bad("file name is empty"));
+        }
+        if !path.components().all(|c| matches!(c, Component::Normal(_) | Component::CurDir)) {
+            return Err(bad("file names must be relative, without `..`"));
+        }
+        if path.components().all(|c| matches!(c, Component::CurDir)) {
+            return Err(bad("file name names no file"));
+        }
+        Ok(path)
+    }
 }
 
 /// One execution request. Build with a language constructor and chain setters:

@@ -131,3 +131,63 @@ fn backends_lists_capabilities() {
     let text = execbox(&["backends"]);
     assert!(String::from_utf8_lossy(&text.stdout).contains("NOT enforced"));
 }
+
+#[cfg(feature = "wasm")]
+mod wasm {
+    use super::*;
+
+    const GUESTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/guests");
+
+    #[test]
+    fn json_abi_guest_from_a_file() {
+        let file = format!("{GUESTS}/prebuilt/json_transform.wasm");
+        let out = execbox(&["run", "--lang", "wasm", "--file", &file, "--input", r#"{"items":[1,2]}"#, "--json"]);
+        assert_eq!(out.status.code(), Some(0));
+        let v = json_out(&out);
+        assert_eq!(v["backend"], "wasm");
+        assert_eq!(v["output"], json!({"items": [2, 4], "sum": 3, "count": 2}));
+    }
+
+    #[test]
+    fn command_with_args_env_preopen_and_exit_code() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a.txt"), "from host").unwrap();
+        let tool = format!("{GUESTS}/prebuilt/wasi_tool.wasm");
+        let preopen = format!("{}:/data:ro", dir.path().display());
+        let out = execbox(&[
+            "run",
+            "--lang",
+            "wasm",
+            "--file",
+            &tool,
+            "--arg",
+            "read",
+            "--arg",
+            "/data/a.txt",
+            "--preopen",
+            &preopen,
+            "--json",
+        ]);
+        assert_eq!(json_out(&out)["stdout"], "from host");
+
+        let out = execbox(&["run", "--lang", "wasm", "--file", &tool, "--arg", "env", "--env", "K=v", "--json"]);
+        assert_eq!(json_out(&out)["stdout"], "K=v\n");
+
+        let out = execbox(&["run", "--lang", "wasm", "--file", &tool, "--arg", "exit", "--arg", "7", "--json"]);
+        assert_eq!(out.status.code(), Some(1));
+        let v = json_out(&out);
+        assert_eq!((v["outcome"].as_str(), v["exit_code"].as_i64()), (Some("failed"), Some(7)));
+    }
+
+    #[test]
+    fn wat_code_and_bad_modules() {
+        let out =
+            execbox(&["run", "--lang", "wasm", "--code", "(module (func (export \"_start\") unreachable))", "--json"]);
+        assert_eq!(out.status.code(), Some(1));
+        assert!(json_out(&out)["message"].as_str().unwrap().contains("unreachable"));
+
+        let out = execbox(&["run", "--lang", "wasm", "--code", "(module)", "--json"]);
+        assert_eq!(out.status.code(), Some(2));
+        assert_eq!(json_out(&out)["error"]["kind"], "invalid_request");
+    }
+}

@@ -333,3 +333,73 @@ fn boa_satisfies_strict_and_fuel_and_process_limits() {
     let r = exec.execute_blocking(ExecRequest::javascript("return 1").policy(policy)).unwrap();
     assert_eq!(r.outcome, Outcome::Ok);
 }
+
+#[cfg(feature = "wasm")]
+mod wasm_routing {
+    use super::*;
+    use execbox::backends::{WasmGuest, WasmGuestConfig};
+
+    const HELLO: &[u8] = include_bytes!("../guests/wat/hello.wat");
+
+    #[test]
+    fn wasm_requests_route_to_the_wasm_backend() {
+        let exec = Executor::with_default_backends();
+        let r = exec.execute_blocking(ExecRequest::wasm(HELLO)).unwrap();
+        assert_eq!((r.backend.as_str(), r.outcome), ("wasm", Outcome::Ok));
+        // JavaScript still goes to boa.
+        assert_eq!(exec.select(&ExecRequest::javascript("1")).unwrap().name(), "boa-js");
+    }
+
+    #[test]
+    fn wasm_enforces_everything_but_network() {
+        let exec = Executor::with_default_backends();
+        let dir = std::env::temp_dir();
+        let everything = SandboxPolicy::strict()
+            .memory_bytes(1 << 26)
+            .fuel(1 << 30)
+            .max_processes(1)
+            .environment(Access::Allow(vec!["A".into()]))
+            .filesystem(Access::Allow(PathGrants::new().read_only(&dir).read_write_at(&dir, "/w")));
+        let request = ExecRequest::wasm(HELLO)
+            .policy(everything.clone())
+            .stdin("x")
+            .arg("a")
+            .env("A", "1")
+            .input_file(execbox::ExecFile { name: "f".into(), content: vec![], mime_type: None });
+        assert_eq!(exec.select(&request).unwrap().name(), "wasm");
+
+        let err = exec
+            .execute_blocking(
+                ExecRequest::wasm(HELLO).policy(everything.network(Access::Allow(vec!["example.org".into()]))),
+            )
+            .unwrap_err();
+        let ExecError::Refused { rejections } = &err else { panic!("{err}") };
+        let wasm = rejections.iter().find(|r| r.backend == "wasm").unwrap();
+        let controls: Vec<Control> = wasm.violations.iter().map(|v| v.control).collect();
+        assert_eq!(controls, vec![Control::Network]);
+        let boa = rejections.iter().find(|r| r.backend == "boa-js").unwrap();
+        assert_eq!(boa.violations[0].control, Control::Language);
+    }
+
+    #[test]
+    fn fuel_is_refused_when_metering_is_off() {
+        let unmetered = WasmGuest::with_config(WasmGuestConfig { consume_fuel: false, ..Default::default() }).unwrap();
+        let exec = Executor::builder().backend(unmetered).build();
+        let err =
+            exec.execute_blocking(ExecRequest::wasm(HELLO).policy(SandboxPolicy::strict().fuel(1000))).unwrap_err();
+        let controls: Vec<Control> = err.violations().into_iter().map(|(_, v)| v.control).collect();
+        assert_eq!(controls, vec![Control::Fuel]);
+        // Without a fuel requirement it runs, unmetered.
+        let r = exec.execute_blocking(ExecRequest::wasm(HELLO)).unwrap();
+        assert_eq!((r.outcome, r.usage.fuel), (Outcome::Ok, None));
+    }
+
+    #[test]
+    fn oversized_modules_are_invalid_before_compiling() {
+        let exec = Executor::with_default_backends();
+        let err = exec
+            .execute_blocking(ExecRequest::wasm(HELLO).policy(SandboxPolicy::strict().max_code_bytes(16)))
+            .unwrap_err();
+        assert_eq!(err.kind(), "invalid_request");
+    }
+}

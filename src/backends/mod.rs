@@ -7,3 +7,9 @@ pub mod boa;
 
 #[cfg(feature = "js")]
 pub use boa::{BoaJs, BoaJsConfig, WorkerGauge};
+
+#[cfg(feature = "wasm")]
+pub mod wasm;
+
+#[cfg(feature = "wasm")]
+pub use wasm::{CacheStats, WasmGuest, WasmGuestConfig};

@@ -3,13 +3,16 @@
 //! Exit codes: 0 the program ran and its outcome is `ok`; 1 it ran and the
 //! outcome is anything else; 2 nothing ran (refusal, invalid request, usage).
 
-use std::io::Write;
-use std::path::PathBuf;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use execbox::{CapturedStream, ExecError, ExecRequest, ExecResult, Executor, Language, Outcome, SandboxPolicy};
+use execbox::{
+    Access, CapturedStream, ExecError, ExecRequest, ExecResult, Executor, Language, Outcome, PathGrants, Payload,
+    SandboxPolicy,
+};
 use serde_json::{Value, json};
 
 #[derive(Parser)]
@@ -22,7 +25,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run code once and report the result.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// List the registered backends and what they enforce.
     Backends {
         /// Print JSON instead of a table.
@@ -33,7 +36,7 @@ enum Command {
 
 #[derive(clap::Args)]
 struct RunArgs {
-    /// Language id: js/javascript (more with other backends).
+    /// Language id: js/javascript, wasm (`--code` is WAT text, `--file` a .wasm or .wat file).
     #[arg(long, default_value = "js")]
     lang: String,
     /// The code itself.
@@ -42,7 +45,7 @@ struct RunArgs {
     /// Read the code from a file.
     #[arg(long)]
     file: Option<PathBuf>,
-    /// JSON input (JS: the `input` binding).
+    /// JSON input (JS: the `input` binding; wasm: the JSON-ABI argument, or stdin of a WASI command).
     #[arg(long)]
     input: Option<String>,
     /// Wall-clock limit in milliseconds (default: the strict policy's 5000).
@@ -57,6 +60,24 @@ struct RunArgs {
     /// Cap on each of stdout and stderr, in bytes.
     #[arg(long)]
     max_output_bytes: Option<u64>,
+    /// Standard input for the program, from a file (`-`: this process's stdin).
+    #[arg(long, value_name = "FILE")]
+    stdin_file: Option<PathBuf>,
+    /// A command-line argument for the program (repeatable).
+    #[arg(long = "arg", value_name = "ARG", allow_hyphen_values = true)]
+    args: Vec<String>,
+    /// Pass this variable from execbox's own environment (repeatable).
+    #[arg(long = "allow-env", value_name = "NAME")]
+    allow_env: Vec<String>,
+    /// Pass NAME=VALUE explicitly (repeatable).
+    #[arg(long = "env", value_name = "NAME=VALUE")]
+    env: Vec<String>,
+    /// Grant a host directory as HOST:GUEST[:ro|rw] (repeatable; default ro).
+    #[arg(long = "preopen", value_name = "HOST:GUEST[:ro|rw]")]
+    preopens: Vec<String>,
+    /// Keep compiled wasm modules in this directory across runs.
+    #[arg(long, value_name = "DIR", env = "EXECBOX_WASM_CACHE_DIR")]
+    wasm_cache_dir: Option<PathBuf>,
     /// Run on this backend only.
     #[arg(long)]
     backend: Option<String>,
@@ -67,11 +88,24 @@ struct RunArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let exec = Executor::with_default_backends();
     match cli.command {
-        Command::Run(args) => run(&exec, args),
-        Command::Backends { json } => backends(&exec, json),
+        Command::Run(args) => match executor(args.wasm_cache_dir.clone()) {
+            Ok(exec) => run(&exec, *args),
+            Err(err) => refuse(args.json, err.to_json(), &describe(&err)),
+        },
+        Command::Backends { json } => backends(&Executor::with_default_backends(), json),
     }
+}
+
+/// The default backends; with a cache directory, the wasm backend keeps
+/// compiled modules there.
+fn executor(wasm_cache_dir: Option<PathBuf>) -> Result<Executor, ExecError> {
+    let Some(dir) = wasm_cache_dir else { return Ok(Executor::with_default_backends()) };
+    let wasm = execbox::backends::WasmGuest::with_config(execbox::backends::WasmGuestConfig {
+        disk_cache_dir: Some(dir),
+        ..Default::default()
+    })?;
+    Ok(Executor::builder().backend(execbox::backends::BoaJs::default()).backend(wasm).build())
 }
 
 fn run(exec: &Executor, args: RunArgs) -> ExitCode {
@@ -101,13 +135,16 @@ fn run(exec: &Executor, args: RunArgs) -> ExitCode {
 
 fn build_request(args: RunArgs) -> Result<ExecRequest, String> {
     let language = Language::from_id(&args.lang).ok_or_else(|| format!("unknown language {:?}", args.lang))?;
-    let code = match (args.code, args.file) {
-        (Some(code), _) => code,
-        (None, Some(path)) => {
-            let bytes = std::fs::read(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-            String::from_utf8(bytes).map_err(|_| format!("{} is not valid UTF-8", path.display()))?
-        }
+    let code = match (args.code, &args.file) {
+        (Some(code), _) => code.into_bytes(),
+        (None, Some(path)) => read(path)?,
         (None, None) => return Err("give --code or --file".into()),
+    };
+    let payload = if language == Language::Wasm {
+        Payload::WasmModule(code)
+    } else {
+        let name = args.file.as_ref().map_or("--code".to_string(), |p| p.display().to_string());
+        Payload::Source(String::from_utf8(code).map_err(|_| format!("{name} is not valid UTF-8"))?)
     };
     let mut policy = SandboxPolicy::strict();
     if let Some(ms) = args.timeout_ms {
@@ -122,7 +159,39 @@ fn build_request(args: RunArgs) -> Result<ExecRequest, String> {
     if let Some(bytes) = args.max_output_bytes {
         policy = policy.max_output_bytes(bytes);
     }
-    let mut request = ExecRequest::source(language, code).policy(policy);
+    let mut env_names = Vec::new();
+    let mut request = ExecRequest::new(language, payload);
+    for name in args.allow_env {
+        let value = std::env::var(&name).map_err(|_| format!("--allow-env {name}: not set in this environment"))?;
+        env_names.push(name.clone());
+        request = request.env(name, value);
+    }
+    for pair in args.env {
+        let (name, value) = pair.split_once('=').ok_or_else(|| format!("--env {pair:?}: expected NAME=VALUE"))?;
+        env_names.push(name.to_string());
+        request = request.env(name, value);
+    }
+    if !env_names.is_empty() {
+        policy = policy.environment(Access::Allow(env_names));
+    }
+    if !args.preopens.is_empty() {
+        let mut grants = PathGrants::new();
+        for spec in &args.preopens {
+            grants = match spec.split(':').collect::<Vec<_>>()[..] {
+                [host, guest] | [host, guest, "ro"] => grants.read_only_at(host, guest),
+                [host, guest, "rw"] => grants.read_write_at(host, guest),
+                _ => return Err(format!("--preopen {spec:?}: expected HOST:GUEST[:ro|rw]")),
+            };
+        }
+        policy = policy.filesystem(Access::Allow(grants));
+    }
+    request = request.policy(policy);
+    for arg in args.args {
+        request = request.arg(arg);
+    }
+    if let Some(path) = &args.stdin_file {
+        request = request.stdin(read(path)?);
+    }
     if let Some(text) = args.input {
         let value: Value = serde_json::from_str(&text).map_err(|e| format!("--input is not valid JSON: {e}"))?;
         request = request.input(value);
@@ -131,6 +200,16 @@ fn build_request(args: RunArgs) -> Result<ExecRequest, String> {
         request = request.on_backend(name);
     }
     Ok(request)
+}
+
+/// Reads a file, or this process's stdin for `-`.
+fn read(path: &Path) -> Result<Vec<u8>, String> {
+    if path == Path::new("-") {
+        let mut bytes = Vec::new();
+        std::io::stdin().read_to_end(&mut bytes).map_err(|e| format!("cannot read stdin: {e}"))?;
+        return Ok(bytes);
+    }
+    std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
 }
 
 fn refuse(as_json: bool, body: Value, text: &str) -> ExitCode {
@@ -165,7 +244,8 @@ fn print_human(result: &ExecResult) {
             let _ = writeln!(err, "[{}] {} in {ms:.2} ms: {message}", result.backend, result.outcome.as_str());
         }
         _ => {
-            let _ = writeln!(err, "[{}] {} in {ms:.2} ms", result.backend, result.outcome.as_str());
+            let code = result.exit_code.filter(|c| *c != 0).map(|c| format!(" with exit code {c}")).unwrap_or_default();
+            let _ = writeln!(err, "[{}] {}{code} in {ms:.2} ms", result.backend, result.outcome.as_str());
         }
     }
 }

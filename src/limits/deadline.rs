@@ -35,6 +35,14 @@ impl Deadline {
     pub fn limit(&self) -> Option<Duration> {
         self.at.map(|at| at - self.start)
     }
+
+    /// The `message` of a `timed_out` result, the same on every backend.
+    pub fn exceeded_message(&self) -> String {
+        match self.limit() {
+            Some(limit) => format!("deadline of {} ms exceeded", limit.as_millis()),
+            None => "deadline exceeded".to_string(),
+        }
+    }
 }
 
 #[cfg(test)]

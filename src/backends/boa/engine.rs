@@ -74,7 +74,7 @@ impl Prepared {
 
         let (outcome, output, message) = match self.evaluate(job, deadline, cfg) {
             Ok(output) => (Outcome::Ok, output, None),
-            Err(Stop::Deadline) => (Outcome::TimedOut, None, Some(timeout_message(deadline))),
+            Err(Stop::Deadline) => (Outcome::TimedOut, None, Some(deadline.exceeded_message())),
             Err(Stop::Thrown(err)) => {
                 let (outcome, message) = classify(err, &mut self.ctx, fuel_asked, budget);
                 (outcome, None, Some(message))
@@ -186,13 +186,6 @@ fn poll_until<F: Future>(fut: F, deadline: &Deadline) -> Option<F::Output> {
         if deadline.expired() {
             return None;
         }
-    }
-}
-
-pub(super) fn timeout_message(deadline: &Deadline) -> String {
-    match deadline.limit() {
-        Some(limit) => format!("deadline of {} ms exceeded", limit.as_millis()),
-        None => "deadline exceeded".to_string(),
     }
 }
 

@@ -14,7 +14,7 @@ use std::sync::mpsc::{self, RecvTimeoutError, SyncSender};
 use std::sync::{Arc, Mutex, Weak};
 
 use super::BoaJsConfig;
-use super::engine::{self, Job, Prepared};
+use super::engine::{Job, Prepared};
 use super::realm::Streams;
 use crate::SandboxPolicy;
 use crate::error::ExecError;
@@ -197,7 +197,7 @@ fn abandoned(deadline: &Deadline, streams: &Arc<Mutex<Streams>>) -> ExecResult {
         stdout: s.stdout.snapshot(),
         stderr: s.stderr.snapshot(),
         output: None,
-        message: Some(engine::timeout_message(deadline)),
+        message: Some(deadline.exceeded_message()),
         output_files: Vec::new(),
         usage: Usage { duration: deadline.elapsed(), ..Usage::default() },
     }

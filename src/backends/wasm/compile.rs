@@ -1,0 +1,280 @@
+//! [`ModuleCache`]: compiled modules keyed by the payload's sha256, kept in
+//! memory (least recently used evicted) and optionally on disk as serialized
+//! artifacts, so a repeated module is never compiled twice.
+//!
+//! Each entry holds an [`InstancePre`]: imports resolved and type-checked once,
+//! so a call only instantiates. The guest ABI is decided here too, so a
+//! module that fits none is refused before anything runs.
+
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+use wasmtime::{Engine, ExternType, InstancePre, Linker, Module, ValType};
+
+use super::run::GuestState;
+use crate::error::InvalidRequest;
+
+/// The wasmtime release this crate pins; part of the on-disk cache key
+/// (wasmtime's own compatibility hash covers it too).
+const WASMTIME_VERSION: &str = "48.0.8";
+
+/// How execbox talks to a guest, decided from its exports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum GuestAbi {
+    /// A WASI preview-1 command: `_start`, stdio, argv, env, exit code.
+    Command,
+    /// The JSON ABI: `memory`, `alloc(len) -> ptr`, `run(ptr, len) -> (ptr << 32 | len)`;
+    /// `_initialize` runs first when exported (wasi-libc reactors).
+    JsonAbi {
+        /// The module exports `_initialize`.
+        initialize: bool,
+    },
+}
+
+/// A module ready to instantiate.
+pub(super) struct Compiled {
+    pub pre: InstancePre<GuestState>,
+    pub abi: GuestAbi,
+}
+
+/// Where a module came from, for [`CacheStats`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Source {
+    Memory,
+    Disk,
+    Compiled,
+}
+
+/// Counters of the module cache since the backend was built.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct CacheStats {
+    /// Modules compiled from their bytes.
+    pub compiled: u64,
+    /// Calls served from the in-memory cache.
+    pub memory_hits: u64,
+    /// Modules loaded from the on-disk cache instead of compiled.
+    pub disk_hits: u64,
+    /// Entries currently held in memory.
+    pub entries: u64,
+}
+
+type Key = [u8; 32];
+
+pub(super) struct ModuleCache {
+    engine: Engine,
+    linker: Arc<Linker<GuestState>>,
+    capacity: usize,
+    entries: Mutex<Entries>,
+    disk: Option<DiskCache>,
+    compiled: AtomicU64,
+    memory_hits: AtomicU64,
+    disk_hits: AtomicU64,
+}
+
+#[derive(Default)]
+struct Entries {
+    map: HashMap<Key, (Arc<Compiled>, u64)>,
+    clock: u64,
+}
+
+impl ModuleCache {
+    pub fn new(
+        engine: Engine,
+        linker: Arc<Linker<GuestState>>,
+        capacity: usize,
+        disk_dir: Option<PathBuf>,
+    ) -> std::io::Result<Self> {
+        let disk = disk_dir.map(|dir| DiskCache::open(dir, &engine)).transpose()?;
+        Ok(Self {
+            engine,
+            linker,
+            capacity: capacity.max(1),
+            entries: Mutex::default(),
+            disk,
+            compiled: AtomicU64::new(0),
+            memory_hits: AtomicU64::new(0),
+            disk_hits: AtomicU64::new(0),
+        })
+    }
+
+    pub fn stats(&self) -> CacheStats {
+        CacheStats {
+            compiled: self.compiled.load(Ordering::Relaxed),
+            memory_hits: self.memory_hits.load(Ordering::Relaxed),
+            disk_hits: self.disk_hits.load(Ordering::Relaxed),
+            entries: self.lock().map.len() as u64,
+        }
+    }
+
+    /// The ready module for `bytes` (binary or WAT), compiling at most once.
+    pub fn get(&self, bytes: &[u8]) -> Result<(Arc<Compiled>, Source), InvalidRequest> {
+        let key: Key = Sha256::digest(bytes).into();
+        if let Some(hit) = self.lookup(&key) {
+            self.memory_hits.fetch_add(1, Ordering::Relaxed);
+            return Ok((hit, Source::Memory));
+        }
+        let (module, source) = match self.disk.as_ref().and_then(|d| d.load(&self.engine, &key)) {
+            Some(module) => {
+                self.disk_hits.fetch_add(1, Ordering::Relaxed);
+                (module, Source::Disk)
+            }
+            None => {
+                let module = Module::new(&self.engine, bytes)
+                    .map_err(|e| InvalidRequest::InvalidModule { reason: format!("{e:#}") })?;
+                self.compiled.fetch_add(1, Ordering::Relaxed);
+                if let Some(disk) = &self.disk {
+                    // Best effort: a full disk only costs the next process a compile.
+                    let _ = disk.store(&module, &key);
+                }
+                (module, Source::Compiled)
+            }
+        };
+        let abi = guest_abi(&module)?;
+        let pre = self.linker.instantiate_pre(&module).map_err(|e| InvalidRequest::InvalidModule {
+            reason: format!("{e:#} (execbox provides only wasi_snapshot_preview1)"),
+        })?;
+        let compiled = Arc::new(Compiled { pre, abi });
+        self.insert(key, compiled.clone());
+        Ok((compiled, source))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {
+        self.entries.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn lookup(&self, key: &Key) -> Option<Arc<Compiled>> {
+        let mut entries = self.lock();
+        entries.clock += 1;
+        let now = entries.clock;
+        entries.map.get_mut(key).map(|(compiled, used)| {
+            *used = now;
+            compiled.clone()
+        })
+    }
+
+    fn insert(&self, key: Key, compiled: Arc<Compiled>) {
+        let mut entries = self.lock();
+        entries.clock += 1;
+        let now = entries.clock;
+        if entries.map.len() >= self.capacity
+            && !entries.map.contains_key(&key)
+            && let Some(oldest) = entries.map.iter().min_by_key(|(_, (_, used))| *used).map(|(k, _)| *k)
+        {
+            entries.map.remove(&oldest);
+        }
+        entries.map.insert(key, (compiled, now));
+    }
+}
+
+/// Decides the ABI from the exports; refuses a module that fits neither.
+fn guest_abi(module: &Module) -> Result<GuestAbi, InvalidRequest> {
+    let func = |name: &str| match module.get_export(name) {
+        Some(ExternType::Func(f)) => Some(f),
+        _ => None,
+    };
+    let bad = |reason: String| InvalidRequest::InvalidModule { reason };
+    if let Some(start) = func("_start") {
+        if start.params().len() != 0 || start.results().len() != 0 {
+            return Err(bad("export `_start` must take and return nothing".into()));
+        }
+        return Ok(GuestAbi::Command);
+    }
+    let (Some(alloc), Some(run)) = (func("alloc"), func("run")) else {
+        return Err(bad("module exports neither `_start` (WASI command) nor `alloc` and `run` (JSON ABI)".into()));
+    };
+    let is = |ty: &[ValType], want: &[ValType]| {
+        ty.len() == want.len() && ty.iter().zip(want).all(|(a, b)| ValType::eq(a, b))
+    };
+    let sig = |f: &wasmtime::FuncType| (f.params().collect::<Vec<_>>(), f.results().collect::<Vec<_>>());
+    let (alloc_params, alloc_results) = sig(&alloc);
+    if !is(&alloc_params, &[ValType::I32]) || !is(&alloc_results, &[ValType::I32]) {
+        return Err(bad("JSON ABI: `alloc` must be (i32) -> i32".into()));
+    }
+    let (run_params, run_results) = sig(&run);
+    if !is(&run_params, &[ValType::I32, ValType::I32]) || !is(&run_results, &[ValType::I64]) {
+        return Err(bad("JSON ABI: `run` must be (i32, i32) -> i64".into()));
+    }
+    if !matches!(module.get_export("memory"), Some(ExternType::Memory(_))) {
+        return Err(bad("JSON ABI: the module must export its `memory`".into()));
+    }
+    Ok(GuestAbi::JsonAbi { initialize: func("_initialize").is_some() })
+}
+
+/// Serialized modules in one directory, named by module hash and engine key.
+///
+/// Loading a serialized module runs its machine code, so files are only ever
+/// read from this directory, which execbox creates owner-only; point it at a
+/// directory no untrusted user can write.
+struct DiskCache {
+    dir: PathBuf,
+    engine_key: String,
+}
+
+impl DiskCache {
+    fn open(dir: PathBuf, engine: &Engine) -> std::io::Result<Self> {
+        std::fs::create_dir_all(&dir)?;
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+        }
+        let mut hasher = Sha256Hasher(Sha256::new());
+        WASMTIME_VERSION.hash(&mut hasher);
+        engine.precompile_compatibility_hash().hash(&mut hasher);
+        let engine_key = hex(&hasher.0.finalize()[..8]);
+        Ok(Self { dir, engine_key })
+    }
+
+    fn path(&self, key: &Key) -> PathBuf {
+        self.dir.join(format!("{}-{}.cwasm", hex(key), self.engine_key))
+    }
+
+    fn load(&self, engine: &Engine, key: &Key) -> Option<Module> {
+        let path = self.path(key);
+        // Read, not mmap (`deserialize_file`): a mapped artifact that someone
+        // truncates later would kill the process with SIGBUS.
+        let bytes = std::fs::read(&path).ok()?;
+        // SAFETY: the file was written by `store` below into the cache's own
+        // owner-only directory (see the type's docs); wasmtime checks the
+        // header, version and engine config and errors on any mismatch.
+        match unsafe { Module::deserialize(engine, &bytes) } {
+            Ok(module) => Some(module),
+            Err(_) => {
+                let _ = std::fs::remove_file(&path);
+                None
+            }
+        }
+    }
+
+    fn store(&self, module: &Module, key: &Key) -> std::io::Result<()> {
+        let bytes = module.serialize().map_err(|e| std::io::Error::other(format!("{e:#}")))?;
+        let mut file = tempfile::NamedTempFile::new_in(&self.dir)?;
+        file.write_all(&bytes)?;
+        file.persist(self.path(key)).map_err(|e| e.error)?;
+        Ok(())
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Feeds `Hash` output into sha256, so the key is stable across Rust releases
+/// (unlike `DefaultHasher`).
+struct Sha256Hasher(Sha256);
+
+impl Hasher for Sha256Hasher {
+    fn finish(&self) -> u64 {
+        0 // unused: the digest is read from `.0`
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        self.0.update(bytes);
+    }
+}

@@ -1,0 +1,403 @@
+//! One guest run: a fresh WASI context and store around a cached
+//! [`InstancePre`](wasmtime::InstancePre), the policy's limits applied to the
+//! store, and the engine's verdict mapped to an [`Outcome`].
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use wasmtime::{Caller, Engine, Linker, ResourceLimiter, Store, Trap};
+use wasmtime_wasi::p1::WasiP1Ctx;
+use wasmtime_wasi::p2::pipe::MemoryInputPipe;
+use wasmtime_wasi::{FsPerms, HostMonotonicClock, I32Exit, WasiCtxBuilder};
+
+use super::WasmGuest;
+use super::compile::{Compiled, GuestAbi};
+use super::stdio::CappedPipe;
+use crate::error::{ExecError, InvalidRequest};
+use crate::limits::Deadline;
+use crate::result::{ExecResult, Outcome, Usage};
+
+/// Everything one run needs, taken from the request.
+pub(super) struct Job {
+    /// Bytes on the guest's stdin (commands) or the JSON input (JSON ABI).
+    pub stdin: Vec<u8>,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub preopens: Vec<Preopen>,
+    pub fuel: Option<u64>,
+    pub timeout: Option<Duration>,
+    pub memory_cap: usize,
+    pub max_stdout: Option<u64>,
+    pub max_stderr: Option<u64>,
+}
+
+/// A host directory the guest sees at `guest`.
+pub(super) struct Preopen {
+    pub host: PathBuf,
+    pub guest: String,
+    pub perms: FsPerms,
+}
+
+/// The store's data: the WASI context and the per-run limits.
+pub(crate) struct GuestState {
+    wasi: WasiP1Ctx,
+    limits: MemoryLimits,
+    deadline: Deadline,
+    clock_start: Instant,
+}
+
+/// Caps linear memory and tables per store and remembers whether the guest
+/// was refused memory, so a failure after that reads as `out_of_memory`.
+struct MemoryLimits {
+    memory_cap: usize,
+    table_elements: usize,
+    peak: usize,
+    denied: bool,
+}
+
+impl ResourceLimiter for MemoryLimits {
+    fn memory_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        if desired > self.memory_cap {
+            self.denied = true;
+            return Ok(false); // the guest's memory.grow returns -1
+        }
+        self.peak = self.peak.max(desired);
+        Ok(true)
+    }
+
+    fn table_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        if desired > self.table_elements {
+            self.denied = true;
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    fn instances(&self) -> usize {
+        1
+    }
+
+    fn memories(&self) -> usize {
+        1
+    }
+
+    fn tables(&self) -> usize {
+        8
+    }
+}
+
+/// The guest's monotonic clock, started with the run, so the poll guard can
+/// turn an absolute guest time into a wait.
+struct GuestClock(Instant);
+
+impl HostMonotonicClock for GuestClock {
+    fn resolution(&self) -> u64 {
+        1
+    }
+
+    fn now(&self) -> u64 {
+        u64::try_from(self.0.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+}
+
+/// The host error that ends a run whose guest sleeps past its deadline.
+#[derive(Debug)]
+struct DeadlineReached;
+
+impl std::fmt::Display for DeadlineReached {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("deadline reached while the guest slept")
+    }
+}
+
+impl std::error::Error for DeadlineReached {}
+
+/// WASI preview 1, with execbox's own `poll_oneoff`.
+///
+/// Epoch interruption only fires in wasm code, and wasmtime-wasi's
+/// `poll_oneoff` sleeps on the host thread: `sleep(3600)` would hold the
+/// caller for an hour. This replacement never sleeps past the deadline (it
+/// sleeps until the deadline and stops the run as `timed_out`). Every file
+/// descriptor here is always ready (stdin is in memory, files are local,
+/// output is buffered), so a poll with any fd subscription returns at once,
+/// reporting the fds and any clock already due, as wasmtime-wasi would.
+pub(super) fn linker(engine: &Engine) -> wasmtime::Result<Linker<GuestState>> {
+    let mut linker = Linker::new(engine);
+    wasmtime_wasi::p1::add_to_linker_sync(&mut linker, |s: &mut GuestState| &mut s.wasi)?;
+    linker.allow_shadowing(true);
+    linker.func_wrap("wasi_snapshot_preview1", "poll_oneoff", poll_oneoff)?;
+    linker.allow_shadowing(false);
+    Ok(linker)
+}
+
+/// WASI preview-1 errno values used here.
+const ERRNO_SUCCESS: i32 = 0;
+const ERRNO_FAULT: i32 = 21;
+const ERRNO_INVAL: i32 = 28;
+
+fn poll_oneoff(
+    mut caller: Caller<'_, GuestState>,
+    subs: i32,
+    events: i32,
+    n: i32,
+    nevents: i32,
+) -> wasmtime::Result<i32> {
+    const SUB_SIZE: usize = 48; // sizeof(subscription)
+    const EVENT_SIZE: usize = 32; // sizeof(event)
+    const ABSTIME: u16 = 1;
+    let Some(memory) = caller.get_export("memory").and_then(|e| e.into_memory()) else {
+        return Ok(ERRNO_FAULT);
+    };
+    let n = n as u32 as usize;
+    if n == 0 {
+        return Ok(ERRNO_INVAL);
+    }
+    let mut raw = vec![0u8; n.saturating_mul(SUB_SIZE).min(1 << 20)];
+    if raw.len() != n * SUB_SIZE || memory.read(&caller, subs as u32 as usize, &mut raw).is_err() {
+        return Ok(ERRNO_FAULT);
+    }
+
+    // Each subscription: (userdata, event type, time until due; fds are due now).
+    let guest_now = caller.data().clock_start.elapsed();
+    let wall_now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    let mut pending = Vec::with_capacity(n);
+    for sub in raw.chunks_exact(SUB_SIZE) {
+        let le_u64 = |at: usize| u64::from_le_bytes(sub[at..at + 8].try_into().unwrap_or([0; 8]));
+        let userdata = le_u64(0);
+        let tag = sub[8];
+        let due = if tag == 0 {
+            let clock_id = u32::from_le_bytes(sub[16..20].try_into().unwrap_or([0; 4]));
+            let timeout = Duration::from_nanos(le_u64(24));
+            let flags = u16::from_le_bytes([sub[40], sub[41]]);
+            match (flags & ABSTIME != 0, clock_id) {
+                (false, _) => timeout,
+                (true, 0) => timeout.saturating_sub(wall_now),
+                (true, 1) => timeout.saturating_sub(guest_now),
+                (true, _) => Duration::ZERO,
+            }
+        } else {
+            Duration::ZERO
+        };
+        pending.push((userdata, tag, due));
+    }
+
+    let wait = pending.iter().map(|&(_, _, due)| due).min().unwrap_or_default();
+    if !wait.is_zero() {
+        if let Some(remaining) = caller.data().deadline.remaining()
+            && wait >= remaining
+        {
+            std::thread::sleep(remaining);
+            return Err(wasmtime::Error::new(DeadlineReached));
+        }
+        std::thread::sleep(wait);
+    }
+
+    let mut count = 0u32;
+    for &(userdata, tag, due) in &pending {
+        if due > wait {
+            continue;
+        }
+        let mut event = [0u8; EVENT_SIZE];
+        event[0..8].copy_from_slice(&userdata.to_le_bytes());
+        event[10] = tag; // event type mirrors the subscription tag
+        if tag != 0 {
+            event[16..24].copy_from_slice(&1u64.to_le_bytes()); // nbytes, as wasmtime-wasi reports
+        }
+        let at = (events as u32 as usize).saturating_add(count as usize * EVENT_SIZE);
+        if memory.write(&mut caller, at, &event).is_err() {
+            return Ok(ERRNO_FAULT);
+        }
+        count += 1;
+    }
+    if memory.write(&mut caller, nevents as u32 as usize, &count.to_le_bytes()).is_err() {
+        return Ok(ERRNO_FAULT);
+    }
+    Ok(ERRNO_SUCCESS)
+}
+
+/// Runs `compiled` under `job`'s limits.
+pub(super) fn run(backend: &WasmGuest, compiled: &Compiled, mut job: Job) -> Result<ExecResult, ExecError> {
+    let deadline = Deadline::start(job.timeout);
+    let stdout = CappedPipe::new(job.max_stdout);
+    let stderr = CappedPipe::new(job.max_stderr);
+    let clock_start = Instant::now();
+
+    let mut wasi = WasiCtxBuilder::new();
+    wasi.stdout(stdout.clone())
+        .stderr(stderr.clone())
+        .allow_blocking_current_thread(true)
+        .monotonic_clock(GuestClock(clock_start));
+    let abi = compiled.abi;
+    if abi == GuestAbi::Command {
+        wasi.stdin(MemoryInputPipe::new(std::mem::take(&mut job.stdin)));
+    }
+    let argv: Vec<&str> = std::iter::once("guest.wasm").chain(job.args.iter().map(String::as_str)).collect();
+    wasi.args(&argv);
+    for (name, value) in &job.env {
+        wasi.env(name, value);
+    }
+    for p in &job.preopens {
+        wasi.preopened_dir(&p.host, &p.guest, p.perms)
+            .map_err(|e| InvalidRequest::BadPath { path: p.host.display().to_string(), reason: format!("{e:#}") })?;
+    }
+
+    let cfg = backend.config();
+    let state = GuestState {
+        wasi: wasi.build_p1(),
+        limits: MemoryLimits {
+            memory_cap: job.memory_cap,
+            table_elements: cfg.max_table_elements,
+            peak: 0,
+            denied: false,
+        },
+        deadline,
+        clock_start,
+    };
+    let mut store = Store::new(backend.engine(), state);
+    store.limiter(|s| &mut s.limits);
+    let fuel_budget = job.fuel.unwrap_or(u64::MAX);
+    if cfg.consume_fuel {
+        store.set_fuel(fuel_budget).map_err(|e| backend.internal(&e))?;
+    }
+    let ticker = backend.ticker();
+    store.set_epoch_deadline(job.timeout.map_or(u64::MAX / 2, |t| ticker.ticks_for(t)));
+    store.epoch_deadline_trap();
+    let _ticking = job.timeout.map(|_| ticker.run_guard());
+
+    let verdict = match compiled.pre.instantiate(&mut store) {
+        Err(err) if err.is::<wasmtime::PoolConcurrencyLimitError>() => {
+            return Err(ExecError::BackendUnavailable {
+                backend: WasmGuest::NAME.into(),
+                reason: format!(
+                    "all {} pooled instance slots are busy; raise WasmGuestConfig::pooled_instances",
+                    cfg.pooled_instances
+                ),
+            });
+        }
+        Err(err) => Err(err),
+        Ok(instance) => match abi {
+            GuestAbi::Command => call_start(&mut store, instance),
+            GuestAbi::JsonAbi { initialize } => call_json_abi(&mut store, instance, initialize, &job),
+        },
+    };
+
+    let state = store.data();
+    let (outcome, exit_code, output, message) = match verdict {
+        Ok(Finished::Exited(code)) => (Outcome::Ok, Some(code), None, None),
+        Ok(Finished::Returned(value)) => (Outcome::Ok, None, Some(value), None),
+        Ok(Finished::Refused(why)) => (Outcome::Failed, None, None, Some(why)),
+        Err(err) => classify(&err, state, &deadline),
+    };
+    // Compiled code keeps the fuel counter in a register and an interrupt
+    // does not write it back: after a timeout the store's figure is stale.
+    let fuel = (cfg.consume_fuel && outcome != Outcome::TimedOut)
+        .then(|| fuel_budget.saturating_sub(store.get_fuel().unwrap_or(0)));
+    Ok(ExecResult {
+        backend: WasmGuest::NAME.into(),
+        outcome,
+        exit_code,
+        stdout: stdout.captured(),
+        stderr: stderr.captured(),
+        output,
+        message,
+        output_files: Vec::new(),
+        usage: Usage {
+            duration: deadline.elapsed(),
+            instructions: None,
+            fuel,
+            peak_memory_bytes: Some(state.limits.peak as u64),
+        },
+    })
+}
+
+/// How a guest finished without a trap.
+enum Finished {
+    /// A command returned from `_start` (0) or called `proc_exit(0)`.
+    Exited(i32),
+    /// A JSON-ABI guest returned this document.
+    Returned(serde_json::Value),
+    /// A JSON-ABI guest broke the ABI (bad pointer, invalid JSON...).
+    Refused(String),
+}
+
+fn call_start(store: &mut Store<GuestState>, instance: wasmtime::Instance) -> wasmtime::Result<Finished> {
+    let start = instance.get_typed_func::<(), ()>(&mut *store, "_start")?;
+    match start.call(&mut *store, ()) {
+        Ok(()) => Ok(Finished::Exited(0)),
+        Err(err) => match err.downcast_ref::<I32Exit>() {
+            Some(I32Exit(0)) => Ok(Finished::Exited(0)),
+            _ => Err(err),
+        },
+    }
+}
+
+/// The JSON ABI: `ptr = alloc(len)`, the input written at `ptr`, then
+/// `run(ptr, len)` returns `(out_ptr << 32) | out_len` of UTF-8 JSON.
+fn call_json_abi(
+    store: &mut Store<GuestState>,
+    instance: wasmtime::Instance,
+    initialize: bool,
+    job: &Job,
+) -> wasmtime::Result<Finished> {
+    if initialize {
+        instance.get_typed_func::<(), ()>(&mut *store, "_initialize")?.call(&mut *store, ())?;
+    }
+    let alloc = instance.get_typed_func::<i32, i32>(&mut *store, "alloc")?;
+    let run = instance.get_typed_func::<(i32, i32), i64>(&mut *store, "run")?;
+    let memory =
+        instance.get_memory(&mut *store, "memory").ok_or_else(|| wasmtime::format_err!("no exported memory"))?;
+    let input = &job.stdin;
+    let Ok(len) = i32::try_from(input.len()) else {
+        return Ok(Finished::Refused(format!("input of {} bytes is too large for a 32-bit guest", input.len())));
+    };
+    let ptr = alloc.call(&mut *store, len)?;
+    if memory.write(&mut *store, ptr as u32 as usize, input).is_err() {
+        return Ok(Finished::Refused(format!("alloc({len}) returned {ptr:#x}, outside the guest's memory")));
+    }
+    let packed = run.call(&mut *store, (ptr, len))? as u64;
+    let (out_ptr, out_len) = ((packed >> 32) as usize, (packed & 0xffff_ffff) as usize);
+    if let Some(max) = job.max_stdout
+        && out_len as u64 > max
+    {
+        return Ok(Finished::Refused(format!(
+            "output is {out_len} bytes, over the policy's max_stdout_bytes of {max}"
+        )));
+    }
+    let Some(bytes) = memory.data(&*store).get(out_ptr..out_ptr.saturating_add(out_len)) else {
+        return Ok(Finished::Refused(format!(
+            "run returned {out_len} bytes at {out_ptr:#x}, outside the guest's memory"
+        )));
+    };
+    Ok(match serde_json::from_slice(bytes) {
+        Ok(value) => Finished::Returned(value),
+        Err(e) => Finished::Refused(format!("output is not valid JSON: {e}")),
+    })
+}
+
+/// Maps the engine's error to an outcome, exit code and message.
+fn classify(
+    err: &wasmtime::Error,
+    state: &GuestState,
+    deadline: &Deadline,
+) -> (Outcome, Option<i32>, Option<serde_json::Value>, Option<String>) {
+    let exit_code = err.downcast_ref::<I32Exit>().map(|e| e.0);
+    let trap = err.downcast_ref::<Trap>();
+    if err.is::<DeadlineReached>() || trap == Some(&Trap::Interrupt) {
+        return (Outcome::TimedOut, None, None, Some(deadline.exceeded_message()));
+    }
+    if trap == Some(&Trap::OutOfFuel) {
+        return (Outcome::OutOfFuel, None, None, Some("fuel budget exhausted".into()));
+    }
+    let what = match (exit_code, trap) {
+        (Some(code), _) => format!("exited with code {code}"),
+        (None, Some(Trap::StackOverflow)) => "call stack exhausted (recursion too deep)".to_string(),
+        (None, Some(trap)) => format!("wasm trap: {trap}"),
+        // Not a trap: an instantiation or host error; its root cause is the message.
+        (None, None) => err.root_cause().to_string(),
+    };
+    if state.limits.denied {
+        let message = format!("memory limit of {} bytes reached, then {what}", state.limits.memory_cap);
+        return (Outcome::OutOfMemory, exit_code, None, Some(message));
+    }
+    (Outcome::Failed, exit_code, None, Some(what))
+}

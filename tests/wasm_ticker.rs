@@ -1,0 +1,21 @@
+//! The ticker thread's lifetime, alone in its own test binary so no other
+//! test's backend changes the thread count while it looks.
+#![cfg(feature = "wasm")]
+
+use execbox::backends::WasmGuest;
+
+#[test]
+fn dropping_the_backend_stops_its_ticker_thread() {
+    fn threads_named(name: &str) -> usize {
+        std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .filter_map(Result::ok)
+            .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name))
+            .count()
+    }
+    let before = threads_named("execbox-epoch");
+    let wasm = WasmGuest::new().unwrap();
+    assert_eq!(threads_named("execbox-epoch"), before + 1);
+    drop(wasm);
+    assert_eq!(threads_named("execbox-epoch"), before);
+}
