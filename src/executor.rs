@@ -80,8 +80,9 @@ impl Executor {
         ExecutorBuilder::default()
     }
 
-    /// Every backend compiled in with its default configuration
-    /// (today: [`crate::backends::BoaJs`] with the `js` feature).
+    /// Every backend compiled in with its default configuration: today
+    /// [`crate::backends::BoaJs`] (feature `js`) and
+    /// [`crate::backends::WasmGuest`] (feature `wasm`).
     pub fn with_default_backends() -> Self {
         #[allow(unused_mut)]
         let mut builder = Self::builder();

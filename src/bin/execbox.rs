@@ -100,12 +100,20 @@ fn main() -> ExitCode {
 /// The default backends; with a cache directory, the wasm backend keeps
 /// compiled modules there.
 fn executor(wasm_cache_dir: Option<PathBuf>) -> Result<Executor, ExecError> {
-    let Some(dir) = wasm_cache_dir else { return Ok(Executor::with_default_backends()) };
-    let wasm = execbox::backends::WasmGuest::with_config(execbox::backends::WasmGuestConfig {
-        disk_cache_dir: Some(dir),
-        ..Default::default()
-    })?;
-    Ok(Executor::builder().backend(execbox::backends::BoaJs::default()).backend(wasm).build())
+    #[cfg(feature = "wasm")]
+    if let Some(dir) = wasm_cache_dir {
+        use execbox::backends::{WasmGuest, WasmGuestConfig};
+        let wasm = WasmGuest::with_config(WasmGuestConfig { disk_cache_dir: Some(dir), ..Default::default() })?;
+        #[allow(unused_mut)]
+        let mut builder = Executor::builder();
+        #[cfg(feature = "js")]
+        {
+            builder = builder.backend(execbox::backends::BoaJs::default());
+        }
+        return Ok(builder.backend(wasm).build());
+    }
+    let _ = wasm_cache_dir;
+    Ok(Executor::with_default_backends())
 }
 
 fn run(exec: &Executor, args: RunArgs) -> ExitCode {
