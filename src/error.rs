@@ -138,6 +138,11 @@ impl fmt::Display for RejectionList<'_> {
 }
 
 impl ExecError {
+    /// An [`ExecError::Internal`] of `backend`.
+    pub fn internal(backend: &str, message: impl Into<String>) -> Self {
+        ExecError::Internal { backend: backend.to_string(), message: message.into() }
+    }
+
     /// Stable snake_case kind used in JSON (`refused`, `invalid_request`, ...).
     pub fn kind(&self) -> &'static str {
         match self {

@@ -173,7 +173,7 @@ impl Executor {
                     backend.execute(request)
                 };
                 handle.spawn_blocking(run).await.unwrap_or_else(|join_err| {
-                    Err(ExecError::Internal { backend: name, message: format!("worker task failed: {join_err}") })
+                    Err(ExecError::internal(&name, format!("worker task failed: {join_err}")))
                 })
             }
             Err(_) => backend.execute(request),

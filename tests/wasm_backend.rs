@@ -78,27 +78,24 @@ fn c_json_transform_doubles_items() {
 }
 
 #[test]
-fn json_abi_guest_that_returns_garbage_fails_cleanly() {
-    let not_json = r#"(module (memory (export "memory") 1) (data (i32.const 0) "{oops")
-        (func (export "alloc") (param i32) (result i32) (i32.const 64))
-        (func (export "run") (param i32 i32) (result i64) (i64.const 5)))"#;
-    let r = run(ExecRequest::wasm(not_json.as_bytes().to_vec()));
-    assert_eq!(r.outcome, Outcome::Failed);
-    assert!(r.message.as_deref().unwrap().contains("not valid JSON"), "{r:?}");
-
-    let out_of_bounds = r#"(module (memory (export "memory") 1)
-        (func (export "alloc") (param i32) (result i32) (i32.const 64))
-        (func (export "run") (param i32 i32) (result i64) (i64.const 0x7fff000000000010)))"#;
-    let r = run(ExecRequest::wasm(out_of_bounds.as_bytes().to_vec()));
-    assert_eq!(r.outcome, Outcome::Failed);
-    assert!(r.message.as_deref().unwrap().contains("outside the guest's memory"), "{r:?}");
-
-    let bad_alloc = r#"(module (memory (export "memory") 1)
-        (func (export "alloc") (param i32) (result i32) (i32.const -8))
-        (func (export "run") (param i32 i32) (result i64) (i64.const 0)))"#;
-    let r = run(ExecRequest::wasm(bad_alloc.as_bytes().to_vec()).input(json!([1, 2, 3])));
-    assert_eq!(r.outcome, Outcome::Failed);
-    assert!(r.message.as_deref().unwrap().contains("outside the guest's memory"), "{r:?}");
+fn json_abi_guest_that_breaks_the_abi_fails_cleanly() {
+    let guest = |data: &str, alloc: &str, run: &str| {
+        format!(
+            r#"(module (memory (export "memory") 1) (data (i32.const 0) "{data}")
+                (func (export "alloc") (param i32) (result i32) (i32.const {alloc}))
+                (func (export "run") (param i32 i32) (result i64) (i64.const {run})))"#
+        )
+    };
+    let cases = [
+        ("returns garbage", guest("{oops", "64", "5"), "not valid JSON"),
+        ("returns an out-of-bounds result", guest("", "64", "0x7fff000000000010"), "outside the guest's memory"),
+        ("allocates out of bounds", guest("", "-8", "0"), "outside the guest's memory"),
+    ];
+    for (what, module, expected) in cases {
+        let r = run(ExecRequest::wasm(module.into_bytes()).input(json!([1, 2, 3])));
+        assert_eq!(r.outcome, Outcome::Failed, "{what}");
+        assert!(r.message.as_deref().unwrap().contains(expected), "{what}: {r:?}");
+    }
 }
 
 #[test]

@@ -7,6 +7,21 @@
 
 use serde_json::Value;
 
+use crate::error::InvalidRequest;
+
+/// Takes the request's JSON input out of `slot` if it nests at most `max`
+/// levels; a deeper one is dropped without recursion and refused.
+pub fn take_bounded_input(slot: &mut Option<Value>, max: usize) -> Result<Option<Value>, InvalidRequest> {
+    let Some(input) = slot.take() else { return Ok(None) };
+    match json_depth_exceeds(&input, max) {
+        None => Ok(Some(input)),
+        Some(depth) => {
+            drop_deep(input);
+            Err(InvalidRequest::TooDeep { what: "input", depth, max })
+        }
+    }
+}
+
 /// Returns the nesting depth of `value` if it exceeds `max` (containers count
 /// one level each), without recursion.
 pub fn json_depth_exceeds(value: &Value, max: usize) -> Option<usize> {

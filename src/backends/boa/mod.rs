@@ -206,27 +206,17 @@ impl Backend for BoaJs {
         let source = match std::mem::replace(&mut request.payload, Payload::Source(String::new())) {
             Payload::Source(s) => s,
             Payload::WasmModule(_) => {
-                return Err(ExecError::Internal {
-                    backend: Self::NAME.into(),
-                    message: "matching let a non-source payload through".into(),
-                });
+                return Err(ExecError::internal(Self::NAME, "matching let a non-source payload through"));
             }
         };
         if let Some(depth) = nesting::source_nesting_exceeds(&source, max) {
             return Err(InvalidRequest::TooDeep { what: "code", depth, max }.into());
         }
-        if let Some(input) = &request.input
-            && let Some(depth) = nesting::json_depth_exceeds(input, max)
-        {
-            if let Some(input) = request.input.take() {
-                nesting::drop_deep(input);
-            }
-            return Err(InvalidRequest::TooDeep { what: "input", depth, max }.into());
-        }
+        let input = nesting::take_bounded_input(&mut request.input, max)?;
         let (budget, fuel_asked) = self.budget_for(&request);
         let job = engine::Job {
             source,
-            input: request.input.take(),
+            input,
             budget,
             fuel_asked,
             timeout: request.policy.timeout_duration(),

@@ -204,7 +204,7 @@ fn abandoned(deadline: &Deadline, streams: &Arc<Mutex<Streams>>) -> ExecResult {
 }
 
 fn internal(message: &str) -> ExecError {
-    ExecError::Internal { backend: super::BoaJs::NAME.to_string(), message: message.to_string() }
+    ExecError::internal(super::BoaJs::NAME, message)
 }
 
 fn panic_text(panic: &Box<dyn std::any::Any + Send>) -> String {

@@ -43,14 +43,6 @@ pub(super) struct Compiled {
     pub abi: GuestAbi,
 }
 
-/// Where a module came from, for [`CacheStats`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Source {
-    Memory,
-    Disk,
-    Compiled,
-}
-
 /// Counters of the module cache since the backend was built.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct CacheStats {
@@ -113,16 +105,16 @@ impl ModuleCache {
     }
 
     /// The ready module for `bytes` (binary or WAT), compiling at most once.
-    pub fn get(&self, bytes: &[u8]) -> Result<(Arc<Compiled>, Source), InvalidRequest> {
+    pub fn get(&self, bytes: &[u8]) -> Result<Arc<Compiled>, InvalidRequest> {
         let key: Key = Sha256::digest(bytes).into();
         if let Some(hit) = self.lookup(&key) {
             self.memory_hits.fetch_add(1, Ordering::Relaxed);
-            return Ok((hit, Source::Memory));
+            return Ok(hit);
         }
-        let (module, source) = match self.disk.as_ref().and_then(|d| d.load(&self.engine, &key)) {
+        let module = match self.disk.as_ref().and_then(|d| d.load(&self.engine, &key)) {
             Some(module) => {
                 self.disk_hits.fetch_add(1, Ordering::Relaxed);
-                (module, Source::Disk)
+                module
             }
             None => {
                 let module = Module::new(&self.engine, bytes)
@@ -132,7 +124,7 @@ impl ModuleCache {
                     // Best effort: a full disk only costs the next process a compile.
                     let _ = disk.store(&module, &key);
                 }
-                (module, Source::Compiled)
+                module
             }
         };
         let abi = guest_abi(&module)?;
@@ -141,7 +133,7 @@ impl ModuleCache {
         })?;
         let compiled = Arc::new(Compiled { pre, abi });
         self.insert(key, compiled.clone());
-        Ok((compiled, source))
+        Ok(compiled)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {

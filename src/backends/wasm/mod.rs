@@ -124,10 +124,7 @@ impl WasmGuest {
 
     /// A backend with `cfg`. Builds the engine (≈5 ms): do it once.
     pub fn with_config(cfg: WasmGuestConfig) -> Result<Self, ExecError> {
-        let fault = |what: &str, e: &dyn std::fmt::Display| ExecError::Internal {
-            backend: Self::NAME.into(),
-            message: format!("{what}: {e:#}"),
-        };
+        let fault = |what: &str, e: &dyn std::fmt::Display| ExecError::internal(Self::NAME, format!("{what}: {e:#}"));
         let engine = build_engine(&cfg).map_err(|e| fault("cannot create the wasmtime engine", &e))?;
         let linker = run::linker(&engine).map_err(|e| fault("cannot link WASI", &e))?;
         let cache = compile::ModuleCache::new(
@@ -156,7 +153,7 @@ impl WasmGuest {
     /// Compiles (or finds) a module without running it, e.g. to warm the
     /// cache at start-up; fails like `execute` would on a bad module.
     pub fn precompile(&self, module: &[u8]) -> Result<(), ExecError> {
-        self.cache.get(module).map(|_| ()).map_err(ExecError::from)
+        self.cache.get(module).map(drop).map_err(ExecError::from)
     }
 
     fn engine(&self) -> &Engine {
@@ -167,34 +164,30 @@ impl WasmGuest {
         &self.ticker
     }
 
-    fn internal(&self, err: &wasmtime::Error) -> ExecError {
-        ExecError::Internal { backend: Self::NAME.into(), message: format!("{err:#}") }
-    }
-
     /// Runs on the current thread, which may block.
     fn execute_here(&self, mut request: ExecRequest) -> Result<ExecResult, ExecError> {
         let Payload::WasmModule(module) = std::mem::replace(&mut request.payload, Payload::WasmModule(Vec::new()))
         else {
-            return Err(ExecError::Internal {
-                backend: Self::NAME.into(),
-                message: "matching let a source payload through".into(),
-            });
+            return Err(ExecError::internal(Self::NAME, "matching let a source payload through"));
         };
-        let input = take_input(&mut request, self.cfg.max_input_nesting)?;
-        let (compiled, _) = self.cache.get(&module)?;
+        let input = nesting::take_bounded_input(&mut request.input, self.cfg.max_input_nesting)?
+            .map(|value| serde_json::to_vec(&value))
+            .transpose()
+            .map_err(|e| ExecError::internal(Self::NAME, format!("cannot serialize input: {e}")))?;
+        let compiled = self.cache.get(&module)?;
         drop(module);
 
-        let stdin = match (request.stdin.take(), input) {
-            (Some(_), Some(_)) if compiled.abi == compile::GuestAbi::Command => {
-                return Err(InvalidRequest::Conflict(
-                    "a WASI command gets `input` as JSON on stdin: give either stdin or input, not both",
-                )
-                .into());
-            }
-            (_, Some(json)) => json,
-            (Some(bytes), None) if compiled.abi == compile::GuestAbi::Command => bytes,
-            (_, None) if compiled.abi == compile::GuestAbi::Command => Vec::new(),
-            (_, None) => b"null".to_vec(),
+        let guest_input = match compiled.abi {
+            compile::GuestAbi::Command => match (request.stdin.take(), input) {
+                (Some(_), Some(_)) => {
+                    return Err(InvalidRequest::Conflict(
+                        "a WASI command gets `input` as JSON on stdin: give either stdin or input, not both",
+                    )
+                    .into());
+                }
+                (stdin, input) => input.or(stdin).unwrap_or_default(),
+            },
+            compile::GuestAbi::JsonAbi { .. } => input.unwrap_or_else(|| b"null".to_vec()),
         };
 
         let policy = &request.policy;
@@ -224,7 +217,7 @@ impl WasmGuest {
 
         let memory_cap = policy.memory_bytes.map_or(self.cfg.max_memory_bytes, |m| m.min(self.cfg.max_memory_bytes));
         let job = run::Job {
-            stdin,
+            guest_input,
             args: std::mem::take(&mut request.args),
             env: std::mem::take(&mut request.env).into_iter().collect(),
             preopens,
@@ -262,19 +255,6 @@ fn build_engine(cfg: &WasmGuestConfig) -> wasmtime::Result<Engine> {
     Engine::new(&pooled).or_else(|_| Engine::new(&config))
 }
 
-/// Serializes the JSON `input` (if any) after checking its depth.
-fn take_input(request: &mut ExecRequest, max: usize) -> Result<Option<Vec<u8>>, ExecError> {
-    let Some(input) = request.input.take() else { return Ok(None) };
-    if let Some(depth) = nesting::json_depth_exceeds(&input, max) {
-        nesting::drop_deep(input);
-        return Err(InvalidRequest::TooDeep { what: "input", depth, max }.into());
-    }
-    serde_json::to_vec(&input).map(Some).map_err(|e| ExecError::Internal {
-        backend: WasmGuest::NAME.into(),
-        message: format!("cannot serialize input: {e}"),
-    })
-}
-
 /// Writes the request's input files into a fresh temporary directory.
 fn stage_input_files(request: &ExecRequest) -> Result<Option<tempfile::TempDir>, ExecError> {
     if request.input_files.is_empty() {
@@ -294,9 +274,7 @@ fn stage_input_files(request: &ExecRequest) -> Result<Option<tempfile::TempDir>,
 }
 
 fn capabilities(cfg: &WasmGuestConfig) -> BackendCapabilities {
-    fn enforced(how: impl Into<std::borrow::Cow<'static, str>>) -> Enforcement {
-        Enforcement::enforced(how)
-    }
+    use Enforcement as E;
     BackendCapabilities {
         isolation: IsolationKind::InProcess,
         cost: CostClass::Low,
@@ -304,36 +282,36 @@ fn capabilities(cfg: &WasmGuestConfig) -> BackendCapabilities {
         payloads: vec![PayloadKind::WasmModule],
         features: RequestFeatures { json_input: true, stdin: true, args: true, input_files: true },
         network: SurfaceCapability {
-            deny: Enforcement::by_omission("WASI preview 1 has no call that opens a socket, and none is preopened"),
-            allow_list: Enforcement::not_enforced("WASI preview 1 cannot grant network access"),
+            deny: E::by_omission("WASI preview 1 has no call that opens a socket, and none is preopened"),
+            allow_list: E::not_enforced("WASI preview 1 cannot grant network access"),
         },
         filesystem: SurfaceCapability {
-            deny: enforced("no directory is preopened; WASI preview 1 reaches files only through preopens"),
-            allow_list: enforced(
+            deny: E::enforced("no directory is preopened; WASI preview 1 reaches files only through preopens"),
+            allow_list: E::enforced(
                 "each granted directory is a cap-std preopen (read-only grants refuse writes); \
                  `..` and symlinks cannot leave it",
             ),
         },
         environment: SurfaceCapability {
-            deny: enforced("the guest's environment is empty"),
-            allow_list: enforced("only the request's values for allow-listed names; nothing is inherited"),
+            deny: E::enforced("the guest's environment is empty"),
+            allow_list: E::enforced("only the request's values for allow-listed names; nothing is inherited"),
         },
-        timeout: enforced(format!(
+        timeout: E::enforced(format!(
             "preemptive: epoch interruption every {} µs in wasm code; sleeps in poll_oneoff end at the deadline",
             cfg.epoch_tick.as_micros()
         )),
-        memory: enforced(format!(
+        memory: E::enforced(format!(
             "per-store limiter on linear memory and tables (ceiling {} bytes); memory.grow past it returns -1",
             cfg.max_memory_bytes
         )),
         fuel: if cfg.consume_fuel {
-            enforced("wasmtime fuel metering, uncatchable by the guest")
+            E::enforced("wasmtime fuel metering, uncatchable by the guest")
         } else {
-            Enforcement::not_enforced("fuel metering is off in this backend's config")
+            E::not_enforced("fuel metering is off in this backend's config")
         },
-        stdout_cap: enforced("guest writes go through a bounded buffer; the rest is counted and dropped"),
-        stderr_cap: enforced("guest writes go through a bounded buffer; the rest is counted and dropped"),
-        processes: Enforcement::by_omission("WASI preview 1 cannot create processes or threads"),
+        stdout_cap: E::enforced("guest writes go through a bounded buffer; the rest is counted and dropped"),
+        stderr_cap: E::enforced("guest writes go through a bounded buffer; the rest is counted and dropped"),
+        processes: E::by_omission("WASI preview 1 cannot create processes or threads"),
     }
 }
 
@@ -357,11 +335,9 @@ impl Backend for WasmGuest {
                 .name("execbox-wasm".into())
                 .stack_size(self.cfg.max_wasm_stack + (2 << 20))
                 .spawn_scoped(scope, || self.execute_here(request))
-                .map_err(|e| ExecError::Internal { backend: Self::NAME.into(), message: format!("cannot spawn: {e}") })?
+                .map_err(|e| ExecError::internal(Self::NAME, format!("cannot spawn: {e}")))?
                 .join()
-                .unwrap_or_else(|_| {
-                    Err(ExecError::Internal { backend: Self::NAME.into(), message: "guest thread panicked".into() })
-                })
+                .unwrap_or_else(|_| Err(ExecError::internal(Self::NAME, "guest thread panicked")))
         })
     }
 }

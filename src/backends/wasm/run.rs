@@ -20,7 +20,7 @@ use crate::result::{ExecResult, Outcome, Usage};
 /// Everything one run needs, taken from the request.
 pub(super) struct Job {
     /// Bytes on the guest's stdin (commands) or the JSON input (JSON ABI).
-    pub stdin: Vec<u8>,
+    pub guest_input: Vec<u8>,
     pub args: Vec<String>,
     pub env: Vec<(String, String)>,
     pub preopens: Vec<Preopen>,
@@ -229,7 +229,7 @@ pub(super) fn run(backend: &WasmGuest, compiled: &Compiled, mut job: Job) -> Res
         .monotonic_clock(GuestClock(clock_start));
     let abi = compiled.abi;
     if abi == GuestAbi::Command {
-        wasi.stdin(MemoryInputPipe::new(std::mem::take(&mut job.stdin)));
+        wasi.stdin(MemoryInputPipe::new(std::mem::take(&mut job.guest_input)));
     }
     let argv: Vec<&str> = std::iter::once("guest.wasm").chain(job.args.iter().map(String::as_str)).collect();
     wasi.args(&argv);
@@ -257,7 +257,7 @@ pub(super) fn run(backend: &WasmGuest, compiled: &Compiled, mut job: Job) -> Res
     store.limiter(|s| &mut s.limits);
     let fuel_budget = job.fuel.unwrap_or(u64::MAX);
     if cfg.consume_fuel {
-        store.set_fuel(fuel_budget).map_err(|e| backend.internal(&e))?;
+        store.set_fuel(fuel_budget).map_err(|e| ExecError::internal(WasmGuest::NAME, format!("{e:#}")))?;
     }
     let ticker = backend.ticker();
     store.set_epoch_deadline(job.timeout.map_or(u64::MAX / 2, |t| ticker.ticks_for(t)));
@@ -296,8 +296,8 @@ pub(super) fn run(backend: &WasmGuest, compiled: &Compiled, mut job: Job) -> Res
         backend: WasmGuest::NAME.into(),
         outcome,
         exit_code,
-        stdout: stdout.captured(),
-        stderr: stderr.captured(),
+        stdout: stdout.take_captured(),
+        stderr: stderr.take_captured(),
         output,
         message,
         output_files: Vec::new(),
@@ -346,7 +346,7 @@ fn call_json_abi(
     let run = instance.get_typed_func::<(i32, i32), i64>(&mut *store, "run")?;
     let memory =
         instance.get_memory(&mut *store, "memory").ok_or_else(|| wasmtime::format_err!("no exported memory"))?;
-    let input = &job.stdin;
+    let input = &job.guest_input;
     let Ok(len) = i32::try_from(input.len()) else {
         return Ok(Finished::Refused(format!("input of {} bytes is too large for a 32-bit guest", input.len())));
     };

@@ -33,9 +33,11 @@ impl CappedPipe {
         self.0.lock().unwrap_or_else(PoisonError::into_inner).write(bytes);
     }
 
-    /// What was kept and how much was written in all.
-    pub fn captured(&self) -> CapturedStream {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner).snapshot()
+    /// What was kept and how much was written in all; call once, after the
+    /// run (the buffer is moved out, not copied).
+    pub fn take_captured(&self) -> CapturedStream {
+        let mut buffer = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        std::mem::replace(&mut *buffer, BoundedBuffer::new(Some(0))).into_captured()
     }
 }
 
