@@ -169,6 +169,8 @@ pub struct RequestFeatures {
     pub args: bool,
     /// Files staged for the code to read.
     pub input_files: bool,
+    /// Files the code writes returned with the result.
+    pub output_files: bool,
 }
 
 /// Everything the executor needs to decide whether a backend may run a request.

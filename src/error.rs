@@ -59,6 +59,24 @@ pub enum InvalidRequest {
     /// `input` on standard input.
     #[error("{0}")]
     Conflict(&'static str),
+    /// An environment variable cannot be passed as given.
+    #[error("environment variable {name:?} cannot be passed: {reason}")]
+    BadEnv {
+        /// The variable's name.
+        name: String,
+        /// Why not.
+        reason: String,
+    },
+    /// A policy limit is outside what the chosen backend can apply.
+    #[error("{limit} of {value} is out of range: {reason}")]
+    LimitOutOfRange {
+        /// Which limit (`memory_bytes`, ...).
+        limit: &'static str,
+        /// The value asked for.
+        value: u64,
+        /// The accepted range.
+        reason: String,
+    },
     /// The request sets environment variables the policy does not allow.
     #[error("environment variables not allowed by the policy: {}", names.join(", "))]
     EnvNotAllowed {

@@ -80,9 +80,11 @@ impl Executor {
         ExecutorBuilder::default()
     }
 
-    /// Every backend compiled in with its default configuration: today
-    /// [`crate::backends::BoaJs`] (feature `js`) and
-    /// [`crate::backends::WasmGuest`] (feature `wasm`).
+    /// Every backend compiled in with its default configuration:
+    /// [`crate::backends::BoaJs`] (feature `js`),
+    /// [`crate::backends::WasmGuest`] (feature `wasm`) and
+    /// [`crate::backends::Container`] on docker (feature `container`; it
+    /// reports itself unavailable until an engine and its images exist).
     pub fn with_default_backends() -> Self {
         #[allow(unused_mut)]
         let mut builder = Self::builder();
@@ -95,6 +97,10 @@ impl Executor {
         #[cfg(feature = "wasm")]
         if let Ok(wasm) = crate::backends::WasmGuest::new() {
             builder = builder.backend(wasm);
+        }
+        #[cfg(feature = "container")]
+        {
+            builder = builder.backend(crate::backends::Container::docker());
         }
         builder.build()
     }

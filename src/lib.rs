@@ -43,4 +43,4 @@ pub use executor::{Backend, Executor, ExecutorBuilder};
 pub use matching::{Control, Violation, check};
 pub use policy::{Access, PathGrant, PathGrants, SandboxPolicy};
 pub use request::{ExecFile, ExecRequest, Payload};
-pub use result::{CapturedStream, ExecResult, Outcome, Usage};
+pub use result::{CapturedStream, Diagnostic, ExecResult, FailureKind, Outcome, Usage};

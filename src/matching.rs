@@ -29,6 +29,8 @@ pub enum Control {
     Args,
     /// Input files.
     InputFiles,
+    /// Returned output files.
+    OutputFiles,
     /// Network access.
     Network,
     /// Filesystem access.
@@ -59,6 +61,7 @@ impl Control {
             Control::Stdin => "stdin",
             Control::Args => "args",
             Control::InputFiles => "input_files",
+            Control::OutputFiles => "output_files",
             Control::Network => "network",
             Control::Filesystem => "filesystem",
             Control::Environment => "environment",
@@ -116,6 +119,12 @@ pub fn check(caps: &BackendCapabilities, request: &ExecRequest) -> Result<(), Ve
         f.input_files || request.input_files.is_empty(),
         Control::InputFiles,
         || format!("{} files", request.input_files.len()),
+        unsupported,
+    );
+    r.require(
+        f.output_files || !request.collect_output_files,
+        Control::OutputFiles,
+        || "collect output files".into(),
         unsupported,
     );
 

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::path::{Component, Path};
 
+use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -42,18 +43,34 @@ impl Payload {
     }
 }
 
-/// A named file handed to or produced by the code.
+/// A named file handed to or produced by the code. In JSON, `content` is base64.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExecFile {
     /// Path relative to the working directory; never absolute, never `..`.
     pub name: String,
     /// File contents.
+    #[serde(with = "base64_bytes")]
     pub content: Vec<u8>,
     /// MIME type, if known.
     pub mime_type: Option<String>,
 }
 
 impl ExecFile {
+    /// A file with no MIME type.
+    pub fn new(name: impl Into<String>, content: impl Into<Vec<u8>>) -> Self {
+        Self { name: name.into(), content: content.into(), mime_type: None }
+    }
+
+    /// The JSON shape used in results: name, MIME type, size, base64 content.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "name": self.name,
+            "mime_type": self.mime_type,
+            "size": self.content.len(),
+            "content": base64::engine::general_purpose::STANDARD.encode(&self.content),
+        })
+    }
+
     /// The file's name as a path under a staging directory: relative, no
     /// `..`, no root or prefix components, not empty.
     pub fn relative_path(&self) -> Result<&Path, InvalidRequest> {
@@ -69,6 +86,22 @@ impl ExecFile {
             return Err(bad("file name names no file"));
         }
         Ok(path)
+    }
+}
+
+/// Serde for byte contents as standard base64 text.
+mod base64_bytes {
+    use base64::Engine as _;
+    use base64::engine::general_purpose::STANDARD;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(bytes: &[u8], serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&STANDARD.encode(bytes))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<u8>, D::Error> {
+        let text = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
+        STANDARD.decode(text.as_bytes()).map_err(serde::de::Error::custom)
     }
 }
 
@@ -96,6 +129,9 @@ pub struct ExecRequest {
     pub env: BTreeMap<String, String>,
     /// Files staged for the code.
     pub input_files: Vec<ExecFile>,
+    /// Return the files the code writes to its output directory as
+    /// [`ExecResult::output_files`](crate::ExecResult::output_files).
+    pub collect_output_files: bool,
     /// What the run must be held to.
     pub policy: SandboxPolicy,
     /// Run on this backend only (by name), instead of letting the executor pick.
@@ -113,6 +149,7 @@ impl ExecRequest {
             args: Vec::new(),
             env: BTreeMap::new(),
             input_files: Vec::new(),
+            collect_output_files: false,
             policy: SandboxPolicy::strict(),
             backend: None,
         }
@@ -163,6 +200,12 @@ impl ExecRequest {
         self
     }
 
+    /// Asks for the files the code writes to its output directory.
+    pub fn collect_output_files(mut self) -> Self {
+        self.collect_output_files = true;
+        self
+    }
+
     /// Sets the policy.
     pub fn policy(mut self, policy: SandboxPolicy) -> Self {
         self.policy = policy;
@@ -173,5 +216,19 @@ impl ExecRequest {
     pub fn on_backend(mut self, name: impl Into<String>) -> Self {
         self.backend = Some(name.into());
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exec_file_content_is_base64_in_json() {
+        let file = ExecFile { name: "a.bin".into(), content: vec![0, 255, 10], mime_type: None };
+        let text = serde_json::to_string(&file).unwrap();
+        assert_eq!(text, r#"{"name":"a.bin","content":"AP8K","mime_type":null}"#);
+        assert_eq!(serde_json::from_str::<ExecFile>(&text).unwrap(), file);
+        assert!(serde_json::from_str::<ExecFile>(r#"{"name":"a","content":"%%","mime_type":null}"#).is_err());
     }
 }

@@ -44,6 +44,40 @@ impl Outcome {
     }
 }
 
+/// Why a `Failed` run failed, where the backend can tell more than "non-zero exit".
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum FailureKind {
+    /// The code did not compile; [`ExecResult::diagnostics`] says where.
+    CompileError,
+}
+
+impl FailureKind {
+    /// The stable snake_case name used in JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureKind::CompileError => "compile_error",
+        }
+    }
+}
+
+/// One compiler message, located in the caller's code.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Diagnostic {
+    /// `error` or `warning`.
+    pub level: String,
+    /// The compiler's code for it (e.g. `E0308`), if any.
+    pub code: Option<String>,
+    /// The message's first line.
+    pub message: String,
+    /// 1-based line in the caller's code; `None` when the compiler points
+    /// outside it (e.g. at execbox's harness: a missing or mistyped `run`).
+    pub line: Option<u32>,
+    /// 1-based column, with `line`.
+    pub column: Option<u32>,
+}
+
 /// One captured output stream: the kept prefix and how much was produced.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CapturedStream {
@@ -94,6 +128,10 @@ pub struct ExecResult {
     pub message: Option<String>,
     /// Files the program produced.
     pub output_files: Vec<ExecFile>,
+    /// What kind of failure, when the backend can tell (e.g. a compile error).
+    pub failure_kind: Option<FailureKind>,
+    /// Compiler errors and warnings (compiled languages only).
+    pub diagnostics: Vec<Diagnostic>,
     /// Resources used.
     pub usage: Usage,
 }
@@ -122,6 +160,9 @@ impl ExecResult {
             "instructions": self.usage.instructions,
             "fuel": self.usage.fuel,
             "peak_memory_bytes": self.usage.peak_memory_bytes,
+            "failure_kind": self.failure_kind.map(FailureKind::as_str),
+            "diagnostics": self.diagnostics,
+            "output_files": self.output_files.iter().map(ExecFile::to_json).collect::<Vec<_>>(),
         })
     }
 }

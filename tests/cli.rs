@@ -191,3 +191,93 @@ mod wasm {
         assert_eq!(json_out(&out)["error"]["kind"], "invalid_request");
     }
 }
+
+/// Python, shell and Rust through the CLI; skipped (with the reason) only
+/// when no container engine answers.
+#[cfg(feature = "container")]
+mod containers {
+    use super::*;
+
+    fn engine_answers() -> bool {
+        let ok = Command::new("docker").arg("info").output().is_ok_and(|o| o.status.success());
+        if !ok {
+            assert!(std::env::var_os("EXECBOX_REQUIRE_CONTAINERS").is_none(), "no engine but one is required");
+            eprintln!("skipping: no container engine answers (docker info failed)");
+        }
+        ok
+    }
+
+    #[test]
+    fn python_runs_and_the_host_environment_does_not_leak() {
+        if !engine_answers() {
+            return;
+        }
+        let out = Command::new(env!("CARGO_BIN_EXE_execbox"))
+            .args([
+                "run",
+                "--lang",
+                "python",
+                "--code",
+                "import os, json\nprint(json.dumps(dict(os.environ)))",
+                "--json",
+            ])
+            .env("EXECBOX_CANARY", "canary-4c1d")
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+        let v = json_out(&out);
+        assert_eq!(v["backend"], "container");
+        assert!(v["output"].is_object());
+        assert!(!v["stdout"].as_str().unwrap().contains("canary-4c1d"), "host env leaked");
+
+        let out = Command::new(env!("CARGO_BIN_EXE_execbox"))
+            .args(["run", "--lang", "python", "--code", "import os\nprint(os.environ['EXECBOX_CANARY'])"])
+            .args(["--allow-env", "EXECBOX_CANARY"])
+            .env("EXECBOX_CANARY", "canary-4c1d")
+            .output()
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "canary-4c1d\n", "an explicit grant passes the value");
+    }
+
+    #[test]
+    fn input_and_output_files_round_trip_through_the_cli() {
+        if !engine_answers() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let input = dir.path().join("numbers.txt");
+        std::fs::write(&input, "1\n2\n3\n").unwrap();
+        let out_dir = dir.path().join("results");
+        let code =
+            "total = sum(int(l) for l in open('/work/n.txt'))\nopen('/work/out/total.txt', 'w').write(str(total))";
+        let out = execbox(&[
+            "run",
+            "--lang",
+            "python",
+            "--code",
+            code,
+            "--input-file",
+            &format!("{}:n.txt", input.display()),
+            "--output-dir",
+            out_dir.to_str().unwrap(),
+            "--json",
+        ]);
+        assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stdout));
+        assert_eq!(json_out(&out)["output_files"][0]["name"], "total.txt");
+        assert_eq!(std::fs::read_to_string(out_dir.join("total.txt")).unwrap(), "6");
+    }
+
+    #[test]
+    fn shell_exit_codes_map_to_cli_exit_codes() {
+        if !engine_answers() {
+            return;
+        }
+        let out = execbox(&["run", "--lang", "shell", "--code", "echo hi; exit 4", "--json"]);
+        assert_eq!(out.status.code(), Some(1));
+        let v = json_out(&out);
+        assert_eq!(
+            (v["outcome"].as_str(), v["exit_code"].as_i64(), v["stdout"].as_str()),
+            (Some("failed"), Some(4), Some("hi\n"))
+        );
+    }
+}

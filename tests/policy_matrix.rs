@@ -35,7 +35,7 @@ fn caps(level: Level) -> BackendCapabilities {
         cost: CostClass::Low,
         languages: vec![Language::JavaScript, Language::Python],
         payloads: vec![PayloadKind::Source],
-        features: RequestFeatures { json_input: true, stdin: true, args: true, input_files: true },
+        features: RequestFeatures { json_input: true, stdin: true, args: true, input_files: true, output_files: false },
         network: surface(),
         filesystem: surface(),
         environment: surface(),
@@ -215,6 +215,8 @@ impl Backend for Fake {
             output: None,
             message: None,
             output_files: vec![],
+            failure_kind: None,
+            diagnostics: Vec::new(),
             usage: Usage::default(),
         })
     }
@@ -401,5 +403,39 @@ mod wasm_routing {
             .execute_blocking(ExecRequest::wasm(HELLO).policy(SandboxPolicy::strict().max_code_bytes(16)))
             .unwrap_err();
         assert_eq!(err.kind(), "invalid_request");
+    }
+}
+
+#[cfg(feature = "container")]
+mod container_routing {
+    use super::*;
+    use execbox::Language;
+
+    #[test]
+    fn in_process_backends_refuse_output_files_and_containers_take_python() {
+        let exec = Executor::with_default_backends();
+        let Err(err) = exec.select(&ExecRequest::javascript("return 1").collect_output_files()) else {
+            panic!("selected")
+        };
+        let ExecError::Refused { rejections } = &err else { panic!("{err}") };
+        let boa = rejections.iter().find(|r| r.backend == "boa-js").unwrap();
+        assert_eq!(boa.violations.iter().map(|v| v.control).collect::<Vec<_>>(), vec![Control::OutputFiles]);
+
+        // Python has only the container; a pin to it is honoured whatever its availability says.
+        let python = ExecRequest::source(Language::Python, "print(1)").collect_output_files();
+        assert!(execbox::check(exec.backends().last().unwrap().capabilities(), &python).is_ok());
+        assert_eq!(exec.backends().last().unwrap().name(), "container", "the high-cost backend is tried last");
+    }
+
+    #[test]
+    fn containers_refuse_what_they_cannot_enforce_with_every_control_named() {
+        let exec = Executor::with_default_backends();
+        let policy = SandboxPolicy::strict().fuel(10).network(Access::Allow(vec!["example.org:443".into()]));
+        let request = ExecRequest::source(Language::Rust, "fn run() {}").policy(policy).stdin("x");
+        let Err(err) = exec.select(&request) else { panic!("selected") };
+        let ExecError::Refused { rejections } = &err else { panic!("{err}") };
+        let container = rejections.iter().find(|r| r.backend == "container").unwrap();
+        let controls: Vec<Control> = container.violations.iter().map(|v| v.control).collect();
+        assert_eq!(controls, vec![Control::Stdin, Control::Network, Control::Fuel]);
     }
 }

@@ -13,3 +13,9 @@ pub mod wasm;
 
 #[cfg(feature = "wasm")]
 pub use wasm::{CacheStats, WasmGuest, WasmGuestConfig};
+
+#[cfg(feature = "container")]
+pub mod container;
+
+#[cfg(feature = "container")]
+pub use container::{Container, ContainerConfig};

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use execbox::{
-    Access, CapturedStream, ExecError, ExecRequest, ExecResult, Executor, Language, Outcome, PathGrants, Payload,
-    SandboxPolicy,
+    Access, CapturedStream, ExecError, ExecFile, ExecRequest, ExecResult, Executor, Language, Outcome, PathGrants,
+    Payload, SandboxPolicy,
 };
 use serde_json::{Value, json};
 
@@ -36,7 +36,7 @@ enum Command {
 
 #[derive(clap::Args)]
 struct RunArgs {
-    /// Language id: js/javascript, wasm (`--code` is WAT text, `--file` a .wasm or .wat file).
+    /// Language id: js/javascript, python, shell, rust, wasm (`--code` is WAT text, `--file` a .wasm or .wat file).
     #[arg(long, default_value = "js")]
     lang: String,
     /// The code itself.
@@ -45,7 +45,8 @@ struct RunArgs {
     /// Read the code from a file.
     #[arg(long)]
     file: Option<PathBuf>,
-    /// JSON input (JS: the `input` binding; wasm: the JSON-ABI argument, or stdin of a WASI command).
+    /// JSON input (JS and Python: the `input` binding; Rust: `run`'s argument; wasm: the JSON-ABI
+    /// argument, or stdin of a WASI command; containers also get it as /work/input.json).
     #[arg(long)]
     input: Option<String>,
     /// Wall-clock limit in milliseconds (default: the strict policy's 5000).
@@ -75,6 +76,16 @@ struct RunArgs {
     /// Grant a host directory as HOST:GUEST[:ro|rw] (repeatable; default ro).
     #[arg(long = "preopen", value_name = "HOST:GUEST[:ro|rw]")]
     preopens: Vec<String>,
+    /// Stage a host file for the program as PATH[:NAME] (repeatable; NAME defaults to the file
+    /// name). Containers see it under /work, wasm guests under /input.
+    #[arg(long = "input-file", value_name = "PATH[:NAME]")]
+    input_files: Vec<String>,
+    /// Collect the files the program writes to /work/out and save them here.
+    #[arg(long, value_name = "DIR")]
+    output_dir: Option<PathBuf>,
+    /// Container engine CLI for python, shell and rust.
+    #[arg(long, value_name = "docker|podman", env = "EXECBOX_ENGINE", default_value = "docker")]
+    engine: PathBuf,
     /// Keep compiled wasm modules in this directory across runs.
     #[arg(long, value_name = "DIR", env = "EXECBOX_WASM_CACHE_DIR")]
     wasm_cache_dir: Option<PathBuf>,
@@ -89,7 +100,7 @@ struct RunArgs {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Run(args) => match executor(args.wasm_cache_dir.clone()) {
+        Command::Run(args) => match executor(&args) {
             Ok(exec) => run(&exec, *args),
             Err(err) => refuse(args.json, err.to_json(), &describe(&err)),
         },
@@ -97,27 +108,35 @@ fn main() -> ExitCode {
     }
 }
 
-/// The default backends; with a cache directory, the wasm backend keeps
-/// compiled modules there.
-fn executor(wasm_cache_dir: Option<PathBuf>) -> Result<Executor, ExecError> {
-    #[cfg(feature = "wasm")]
-    if let Some(dir) = wasm_cache_dir {
-        use execbox::backends::{WasmGuest, WasmGuestConfig};
-        let wasm = WasmGuest::with_config(WasmGuestConfig { disk_cache_dir: Some(dir), ..Default::default() })?;
-        #[allow(unused_mut)]
-        let mut builder = Executor::builder();
-        #[cfg(feature = "js")]
-        {
-            builder = builder.backend(execbox::backends::BoaJs::default());
-        }
-        return Ok(builder.backend(wasm).build());
+/// The default backends, configured by the run's flags: a wasm module cache
+/// directory, the container engine.
+fn executor(args: &RunArgs) -> Result<Executor, ExecError> {
+    #[allow(unused_mut)]
+    let mut builder = Executor::builder();
+    #[cfg(feature = "js")]
+    {
+        builder = builder.backend(execbox::backends::BoaJs::default());
     }
-    let _ = wasm_cache_dir;
-    Ok(Executor::with_default_backends())
+    #[cfg(feature = "wasm")]
+    {
+        use execbox::backends::{WasmGuest, WasmGuestConfig};
+        let cfg = WasmGuestConfig { disk_cache_dir: args.wasm_cache_dir.clone(), ..Default::default() };
+        builder = builder.backend(WasmGuest::with_config(cfg)?);
+    }
+    #[cfg(feature = "container")]
+    {
+        use execbox::backends::{Container, ContainerConfig};
+        let cfg = ContainerConfig { engine: args.engine.clone(), ..Default::default() };
+        let container = Container::with_config(cfg).map_err(|e| ExecError::internal(Container::NAME, e.to_string()))?;
+        builder = builder.backend(container);
+    }
+    let _ = args;
+    Ok(builder.build())
 }
 
 fn run(exec: &Executor, args: RunArgs) -> ExitCode {
     let as_json = args.json;
+    let output_dir = args.output_dir.clone();
     let request = match build_request(args) {
         Ok(r) => r,
         Err(message) => {
@@ -130,10 +149,22 @@ fn run(exec: &Executor, args: RunArgs) -> ExitCode {
     };
     match exec.execute_blocking(request) {
         Ok(result) => {
+            if let Some(dir) = &output_dir
+                && let Err(message) = save_outputs(dir, &result)
+            {
+                return refuse(
+                    as_json,
+                    json!({"error": {"kind": "output_files", "message": message, "violations": []}}),
+                    &message,
+                );
+            }
             if as_json {
                 println!("{}", result.to_json());
             } else {
                 print_human(&result);
+                if let Some(dir) = &output_dir {
+                    eprintln!("[{} output files saved to {}]", result.output_files.len(), dir.display());
+                }
             }
             if result.outcome == Outcome::Ok { ExitCode::SUCCESS } else { ExitCode::from(1) }
         }
@@ -204,6 +235,20 @@ fn build_request(args: RunArgs) -> Result<ExecRequest, String> {
         let value: Value = serde_json::from_str(&text).map_err(|e| format!("--input is not valid JSON: {e}"))?;
         request = request.input(value);
     }
+    for spec in &args.input_files {
+        let (path, name) = match spec.rsplit_once(':') {
+            Some((path, name)) => (Path::new(path), name.to_string()),
+            None => {
+                let path = Path::new(spec);
+                let name = path.file_name().ok_or_else(|| format!("--input-file {spec:?}: names no file"))?;
+                (path, name.to_string_lossy().into_owned())
+            }
+        };
+        request = request.input_file(ExecFile::new(name, read(path)?));
+    }
+    if args.output_dir.is_some() {
+        request = request.collect_output_files();
+    }
     if let Some(name) = args.backend {
         request = request.on_backend(name);
     }
@@ -218,6 +263,20 @@ fn read(path: &Path) -> Result<Vec<u8>, String> {
         return Ok(bytes);
     }
     std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+}
+
+/// Writes the returned files under `dir`. Names were checked by the backend;
+/// they are checked again here because this writes to the host.
+fn save_outputs(dir: &Path, result: &ExecResult) -> Result<(), String> {
+    for file in &result.output_files {
+        let relative = file.relative_path().map_err(|e| e.to_string())?;
+        let path = dir.join(relative);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
+        }
+        std::fs::write(&path, &file.content).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    }
+    Ok(())
 }
 
 fn refuse(as_json: bool, body: Value, text: &str) -> ExitCode {
@@ -243,7 +302,13 @@ fn describe(err: &ExecError) -> String {
 }
 
 fn print_human(result: &ExecResult) {
-    write_stream(&mut std::io::stdout().lock(), "stdout", &result.stdout, result.output.as_ref());
+    // Container programs' `output` is their stdout parsed as JSON: don't print it twice.
+    let from_stdout = std::str::from_utf8(&result.stdout.bytes)
+        .ok()
+        .and_then(|text| serde_json::from_str::<Value>(text.trim()).ok())
+        .is_some_and(|value| Some(&value) == result.output.as_ref());
+    let extra = if from_stdout { None } else { result.output.as_ref() };
+    write_stream(&mut std::io::stdout().lock(), "stdout", &result.stdout, extra);
     let mut err = std::io::stderr().lock();
     write_stream(&mut err, "stderr", &result.stderr, None);
     let ms = result.usage.duration.as_secs_f64() * 1e3;

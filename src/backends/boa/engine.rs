@@ -99,6 +99,8 @@ impl Prepared {
             output,
             message,
             output_files: Vec::new(),
+            failure_kind: None,
+            diagnostics: Vec::new(),
             usage: Usage {
                 duration: deadline.elapsed(),
                 instructions: Some(used),

@@ -167,7 +167,13 @@ fn capabilities() -> BackendCapabilities {
         cost: CostClass::Low,
         languages: vec![Language::JavaScript],
         payloads: vec![PayloadKind::Source],
-        features: RequestFeatures { json_input: true, stdin: false, args: false, input_files: false },
+        features: RequestFeatures {
+            json_input: true,
+            stdin: false,
+            args: false,
+            input_files: false,
+            output_files: false,
+        },
         network: SurfaceCapability {
             deny: none("the realm has no network API (no fetch, XMLHttpRequest, sockets)"),
             allow_list: Enforcement::not_enforced("boa has no network API to grant"),

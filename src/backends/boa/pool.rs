@@ -199,6 +199,8 @@ fn abandoned(deadline: &Deadline, streams: &Arc<Mutex<Streams>>) -> ExecResult {
         output: None,
         message: Some(deadline.exceeded_message()),
         output_files: Vec::new(),
+        failure_kind: None,
+        diagnostics: Vec::new(),
         usage: Usage { duration: deadline.elapsed(), ..Usage::default() },
     }
 }

@@ -280,7 +280,7 @@ fn capabilities(cfg: &WasmGuestConfig) -> BackendCapabilities {
         cost: CostClass::Low,
         languages: vec![Language::Wasm],
         payloads: vec![PayloadKind::WasmModule],
-        features: RequestFeatures { json_input: true, stdin: true, args: true, input_files: true },
+        features: RequestFeatures { json_input: true, stdin: true, args: true, input_files: true, output_files: false },
         network: SurfaceCapability {
             deny: E::by_omission("WASI preview 1 has no call that opens a socket, and none is preopened"),
             allow_list: E::not_enforced("WASI preview 1 cannot grant network access"),

@@ -301,6 +301,8 @@ pub(super) fn run(backend: &WasmGuest, compiled: &Compiled, mut job: Job) -> Res
         output,
         message,
         output_files: Vec::new(),
+        failure_kind: None,
+        diagnostics: Vec::new(),
         usage: Usage {
             duration: deadline.elapsed(),
             instructions: None,

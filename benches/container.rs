@@ -1,0 +1,102 @@
+//! Container latency: Python `print(1+1)` through execbox vs the identical
+//! `docker run` argv spawned directly (execbox's own overhead), and the Rust
+//! pipeline cached vs compiling.
+//!
+//! `cargo bench --bench container`. Skipped, with a message, when no engine
+//! answers or the images are missing (`scripts/build-images.sh`).
+
+use std::hint::black_box;
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use execbox::backends::Container;
+use execbox::backends::container::run_argv;
+use execbox::{Backend, ExecRequest, Language, SandboxPolicy};
+use serde_json::json;
+
+const RUST_TRANSFORM: &str = "\
+use serde_json::{json, Value};
+
+fn run(input: Value) -> Value {
+    let items = input[\"items\"].as_array().cloned().unwrap_or_default();
+    json!(items.iter().map(|x| x.as_i64().unwrap_or(0) * 2).collect::<Vec<_>>())
+}
+";
+
+fn python_print() -> ExecRequest {
+    ExecRequest::source(Language::Python, "print(1+1)")
+}
+
+fn bench(c: &mut Criterion) {
+    let container = Container::docker();
+    if let Err(reason) = container.availability() {
+        eprintln!("skipping the container bench: {reason}");
+        return;
+    }
+    let mut g = c.benchmark_group("container");
+    g.sample_size(20).measurement_time(Duration::from_secs(15)).warm_up_time(Duration::from_secs(2));
+
+    g.bench_function("python_print_execbox", |b| {
+        b.iter(|| {
+            let r = container.execute(python_print()).expect("runs");
+            assert_eq!(r.output, Some(json!(2)), "{r:?}");
+            black_box(r);
+        })
+    });
+
+    // The same argv execbox would build (same flags, mounts, bootstrap), plus
+    // `--rm` so the daemon removes each container, spawned directly.
+    let work = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(work.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let counter = AtomicU64::new(0);
+    g.bench_function("python_print_raw_docker_run", |b| {
+        b.iter(|| {
+            let mut spec = container.plan(&python_print()).expect("plan");
+            spec.name = format!("execbox-bench-raw-{}-{}", std::process::id(), counter.fetch_add(1, Ordering::Relaxed));
+            spec.mounts[0].host = work.path().to_path_buf();
+            let mut argv = run_argv(&spec);
+            argv.insert(1, "--rm".into());
+            let mut child = Command::new("docker")
+                .args(&argv)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("docker");
+            child.stdin.take().unwrap().write_all(b"print(1+1)").unwrap();
+            let out = child.wait_with_output().unwrap();
+            assert_eq!(out.stdout, b"2\n", "{}", String::from_utf8_lossy(&out.stderr));
+        })
+    });
+
+    let rust = |code: &str| {
+        ExecRequest::source(Language::Rust, code)
+            .input(json!({"items": [1, 2, 3]}))
+            .policy(SandboxPolicy::strict().timeout(Duration::from_secs(30)))
+    };
+    match container.execute(rust(RUST_TRANSFORM)) {
+        Ok(r) if r.is_ok() => {
+            g.bench_function("rust_transform_cached", |b| {
+                b.iter(|| black_box(container.execute(rust(RUST_TRANSFORM)).expect("runs")))
+            });
+            let unseen = AtomicU64::new(0);
+            g.sample_size(10).measurement_time(Duration::from_secs(40));
+            g.bench_function("rust_transform_compiles", |b| {
+                b.iter(|| {
+                    let n = unseen.fetch_add(1, Ordering::Relaxed);
+                    let code = format!("// bench {} {n}\n{RUST_TRANSFORM}", std::process::id());
+                    let r = container.execute(rust(&code)).expect("runs");
+                    assert!(r.is_ok(), "{r:?}");
+                })
+            });
+        }
+        other => eprintln!("skipping the Rust benches: {other:?}"),
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

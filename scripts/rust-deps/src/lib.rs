@@ -1,0 +1,1 @@
+//! Empty: this crate exists so cargo builds its dependencies' rlibs.

@@ -1,0 +1,151 @@
+//! The locked-down `run` command line, built in one place so tests can assert
+//! exactly what a policy turns into.
+
+use std::path::PathBuf;
+
+/// Caller-supplied extra `run` arguments that cannot weaken isolation. Each
+/// must be one `--flag=value` token (or a bare flag listed with no value), so
+/// nothing can smuggle a second flag in as a "value".
+const ALLOWED_EXTRA_FLAGS: &[(&str, bool)] = &[
+    // (flag, takes a value)
+    ("--runtime", true), // e.g. runsc (gVisor): stronger, never weaker
+    ("--label", true),
+    ("--cpu-shares", true),
+    ("--cpuset-cpus", true),
+    ("--cpuset-mems", true),
+    ("--hostname", true),
+    ("--init", false),
+];
+
+/// An extra argument that [`ContainerConfig::extra_run_args`](super::ContainerConfig::extra_run_args) may not hold.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("extra container argument {arg:?} refused: {reason}")]
+pub struct UnsafeExtraArg {
+    /// The argument as given.
+    pub arg: String,
+    /// Why it is refused.
+    pub reason: String,
+}
+
+/// Checks extra `run` arguments against the allow-list. Anything that could
+/// loosen a locked flag (`--network`, `--privileged`, `-v`, `--cap-add`,
+/// `--security-opt`, `--user`, `--env`, ...) is refused, not reordered.
+pub fn check_extra_args(args: &[String]) -> Result<(), UnsafeExtraArg> {
+    for arg in args {
+        let (flag, value) = match arg.split_once('=') {
+            Some((flag, value)) => (flag, Some(value)),
+            None => (arg.as_str(), None),
+        };
+        let refuse = |reason: &str| UnsafeExtraArg { arg: arg.clone(), reason: reason.into() };
+        match ALLOWED_EXTRA_FLAGS.iter().find(|(name, _)| *name == flag) {
+            None => {
+                let allowed: Vec<&str> = ALLOWED_EXTRA_FLAGS.iter().map(|(n, _)| *n).collect();
+                return Err(refuse(&format!("only these flags may be added: {}", allowed.join(", "))));
+            }
+            Some((_, true)) if value.is_none_or(str::is_empty) => {
+                return Err(refuse("give the value in the same argument: --flag=value"));
+            }
+            Some((_, false)) if value.is_some() => return Err(refuse("this flag takes no value")),
+            Some(_) => {}
+        }
+    }
+    Ok(())
+}
+
+/// A host path made visible inside the container.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mount {
+    /// Host file or directory (must exist).
+    pub host: PathBuf,
+    /// Absolute path inside the container.
+    pub guest: String,
+    /// Read-write instead of read-only.
+    pub writable: bool,
+}
+
+/// Everything one `run` needs. [`run_argv`] turns it into arguments.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunSpec {
+    /// The container's name, unique per run: timeouts kill it by name on the daemon side.
+    pub name: String,
+    /// Image reference.
+    pub image: String,
+    /// `--memory` and `--memory-swap` (equal: no swap).
+    pub memory_bytes: u64,
+    /// `--cpus`.
+    pub cpus: f64,
+    /// `--pids-limit`.
+    pub pids: u64,
+    /// Size of the `/tmp` tmpfs.
+    pub tmp_bytes: u64,
+    /// `uid:gid` the code runs as.
+    pub user: String,
+    /// Largest file the code may write (`--ulimit fsize`), if limited.
+    pub max_file_bytes: Option<u64>,
+    /// A private `NAME=VALUE` file holding exactly the request's variables
+    /// (values never appear in argv, and never reach the CLI's own environment).
+    pub env_file: Option<PathBuf>,
+    /// Bind mounts.
+    pub mounts: Vec<Mount>,
+    /// Working directory inside the container.
+    pub workdir: String,
+    /// Allow-listed extra arguments (see [`check_extra_args`]).
+    pub extra_args: Vec<String>,
+    /// Command and arguments inside the container.
+    pub command: Vec<String>,
+}
+
+/// The arguments after the engine program (`docker`/`podman`).
+///
+/// Extra arguments come first and the locked flags after them, so even a flag
+/// that slipped past [`check_extra_args`] would be overridden by the locked
+/// value (for single-valued flags the last one wins).
+pub fn run_argv(spec: &RunSpec) -> Vec<String> {
+    let mut argv: Vec<String> = vec!["run".into(), "--interactive".into(), format!("--name={}", spec.name)];
+    argv.extend(spec.extra_args.iter().cloned());
+    argv.extend([
+        "--pull=never".to_string(),
+        "--network=none".into(),
+        "--read-only".into(),
+        format!("--tmpfs=/tmp:rw,nosuid,nodev,noexec,size={},mode=1777", spec.tmp_bytes),
+        format!("--memory={}", spec.memory_bytes),
+        format!("--memory-swap={}", spec.memory_bytes),
+        format!("--cpus={}", spec.cpus),
+        format!("--pids-limit={}", spec.pids),
+        format!("--user={}", spec.user),
+        "--cap-drop=ALL".into(),
+        "--security-opt=no-new-privileges".into(),
+        "--ipc=none".into(),
+        "--log-driver=none".into(),
+        "--label=execbox=1".into(),
+    ]);
+    if let Some(bytes) = spec.max_file_bytes {
+        argv.push(format!("--ulimit=fsize={bytes}"));
+    }
+    for mount in &spec.mounts {
+        let mode = if mount.writable { "" } else { ",readonly" };
+        argv.push(format!("--mount=type=bind,src={},dst={}{mode}", mount.host.display(), mount.guest));
+    }
+    if let Some(file) = &spec.env_file {
+        argv.push(format!("--env-file={}", file.display()));
+    }
+    argv.push(format!("--workdir={}", spec.workdir));
+    argv.push(spec.image.clone());
+    argv.extend(spec.command.iter().cloned());
+    argv
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn extra_args_allow_list() {
+        let ok = |a: &[&str]| check_extra_args(&a.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        assert!(ok(&["--runtime=runsc", "--label=team=a", "--init"]).is_ok());
+        for bad in ["--network=host", "--privileged", "-v=/:/host", "--cap-add=SYS_ADMIN", "--runtime", "--init=1"] {
+            assert!(ok(&[bad]).is_err(), "{bad} must be refused");
+        }
+        assert!(ok(&["--security-opt=seccomp=unconfined"]).is_err());
+    }
+}

@@ -1,0 +1,498 @@
+//! The `container` backend: Python, shell and Rust in a fresh, locked-down
+//! container per call, through the `docker` or `podman` CLI (no SDK).
+//!
+//! Every run gets the flags of [`run_argv`]: no network, read-only root
+//! filesystem with a size-capped `/tmp` tmpfs, `--memory` = `--memory-swap`,
+//! `--cpus`, `--pids-limit`, an unprivileged user, no capabilities,
+//! `no-new-privileges`, no IPC namespace sharing, no log driver, and an
+//! explicit name so a timeout kills the container on the daemon side.
+//!
+//! What the code sees:
+//! - `/work` (read-only, the working directory): `input.json` holding the
+//!   request's JSON `input`, and the staged input files;
+//! - `/work/out` (read-write, only when the request collects output files):
+//!   regular files left there come back as `output_files`;
+//! - `/tmp`: a private tmpfs; nothing else is writable.
+//!
+//! Per language:
+//! - **Python**: the code arrives on stdin and runs as `__main__` with the
+//!   global `input` bound to the JSON input (`None` without one).
+//! - **Shell**: the script arrives on stdin to `sh -s`.
+//! - **Rust**: `fn run(input: serde_json::Value) -> serde_json::Value`,
+//!   compiled inside a sandbox (see [`RustConfig`]), then run with the input
+//!   as JSON on stdin; its result is printed as JSON.
+//!
+//! **Structured output** (every language): when the whole stdout is one JSON
+//! value and was not truncated, it becomes `output`.
+
+mod argv;
+mod process;
+mod reaper;
+mod rust;
+mod staging;
+
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+pub use argv::{Mount, RunSpec, UnsafeExtraArg, check_extra_args, run_argv};
+pub use rust::{RustCacheStats, RustConfig};
+pub use staging::{INPUT_JSON, OUTPUT_DIR, WORKDIR};
+
+use crate::capabilities::{
+    BackendCapabilities, CostClass, Enforcement, IsolationKind, Language, PayloadKind, RequestFeatures,
+    SurfaceCapability,
+};
+use crate::error::{ExecError, InvalidRequest};
+use crate::executor::Backend;
+use crate::limits::{Deadline, nesting};
+use crate::policy::Access;
+use crate::request::{ExecRequest, Payload};
+use crate::result::{ExecResult, Outcome, Usage};
+
+/// Runs the code read from stdin as `__main__`, with `input` bound to
+/// `/work/input.json` (or `None`); frames show the code as `<code>`.
+const PYTHON_BOOTSTRAP: &str = "\
+import json, sys
+def load_input():
+    try:
+        with open('/work/input.json', encoding='utf-8') as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return None
+data = load_input()
+source = sys.stdin.read()
+sys.argv = ['<code>'] + sys.argv[1:]
+exec(compile(source, '<code>', 'exec'), {'__name__': '__main__', '__builtins__': __builtins__, 'input': data})
+";
+
+/// Settings of a [`Container`] backend.
+#[derive(Clone, Debug)]
+pub struct ContainerConfig {
+    /// The engine CLI: `docker` or `podman` (a name on `PATH` or a path).
+    pub engine: PathBuf,
+    /// Image for Python and shell (`scripts/build-images.sh` builds it offline).
+    pub python_image: String,
+    /// Image that links and runs Rust programs (gcc + libc6-dev).
+    pub rust_image: String,
+    /// `--memory` when the policy states no memory cap.
+    pub default_memory_bytes: u64,
+    /// `--cpus`.
+    pub cpus: f64,
+    /// `--pids-limit` when the policy states no process cap.
+    pub default_pids: u64,
+    /// Size of the `/tmp` tmpfs (it also counts against the memory cap).
+    pub tmp_bytes: u64,
+    /// `uid:gid` the code runs as.
+    pub user: String,
+    /// Extra `run` arguments, from a fixed allow-list (see [`check_extra_args`]):
+    /// e.g. `--runtime=runsc`.
+    pub extra_run_args: Vec<String>,
+    /// Most output files returned.
+    pub max_output_files: usize,
+    /// Largest file the code may write anywhere (`--ulimit fsize`, enforced by
+    /// the kernel) and so the largest output file.
+    pub max_output_file_bytes: u64,
+    /// Most output bytes returned in all.
+    pub max_output_total_bytes: u64,
+    /// Deepest JSON `input` accepted (serialization recurses).
+    pub max_input_nesting: usize,
+    /// How long a positive availability check is trusted.
+    pub availability_ttl: Duration,
+    /// Deadline of a run whose policy states none: no container runs unbounded.
+    pub default_timeout: Duration,
+    /// The Rust pipeline.
+    pub rust: RustConfig,
+}
+
+impl Default for ContainerConfig {
+    fn default() -> Self {
+        Self {
+            engine: "docker".into(),
+            python_image: "localhost/execbox-python:3.11".into(),
+            rust_image: "localhost/execbox-rust:bookworm".into(),
+            default_memory_bytes: 512 << 20,
+            cpus: 1.0,
+            default_pids: 128,
+            tmp_bytes: 64 << 20,
+            user: "65534:65534".into(),
+            extra_run_args: Vec::new(),
+            max_output_files: 64,
+            max_output_file_bytes: 8 << 20,
+            max_output_total_bytes: 32 << 20,
+            max_input_nesting: 128,
+            availability_ttl: Duration::from_secs(30),
+            default_timeout: Duration::from_secs(300),
+            rust: RustConfig::default(),
+        }
+    }
+}
+
+/// Smallest `--memory` docker accepts.
+const MIN_MEMORY_BYTES: u64 = 6 << 20;
+
+/// Python, shell and Rust in ephemeral containers. See the module docs.
+pub struct Container {
+    cfg: ContainerConfig,
+    caps: BackendCapabilities,
+    reaper: reaper::Reaper,
+    /// Last availability check: when, and its result.
+    availability: Mutex<Option<(Instant, Result<(), String>)>>,
+    rust: rust::Pipeline,
+}
+
+static RUN_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+impl Container {
+    /// The backend's name in results and refusals.
+    pub const NAME: &'static str = "container";
+
+    /// The docker CLI with default settings.
+    pub fn docker() -> Self {
+        Self::build(ContainerConfig::default())
+    }
+
+    /// The podman CLI with default settings.
+    pub fn podman() -> Self {
+        Self::build(ContainerConfig { engine: "podman".into(), ..Default::default() })
+    }
+
+    /// A backend with `cfg`; refuses extra arguments outside the allow-list.
+    /// Nothing is spawned until the first run or availability check.
+    pub fn with_config(cfg: ContainerConfig) -> Result<Self, UnsafeExtraArg> {
+        check_extra_args(&cfg.extra_run_args)?;
+        Ok(Self::build(cfg))
+    }
+
+    fn build(cfg: ContainerConfig) -> Self {
+        Self {
+            caps: capabilities(&cfg),
+            reaper: reaper::Reaper::new(cfg.engine.clone()),
+            availability: Mutex::new(None),
+            rust: rust::Pipeline::new(cfg.rust.clone()),
+            cfg,
+        }
+    }
+
+    /// The settings in use.
+    pub fn config(&self) -> &ContainerConfig {
+        &self.cfg
+    }
+
+    /// Rust pipeline counters: a repeated program is a hit, not a compile.
+    pub fn rust_cache_stats(&self) -> RustCacheStats {
+        self.rust.stats()
+    }
+
+    /// The exact `run` arguments a request would get (after the engine
+    /// program), with placeholder staging paths; for audits and tests.
+    pub fn plan(&self, request: &ExecRequest) -> Result<RunSpec, ExecError> {
+        let staging = staging::Staging::new(request, request.input.as_ref().map(|_| b"null".as_slice()))?;
+        let (image, command) = match request.language {
+            Language::Rust => (self.cfg.rust_image.clone(), rust::command(request)),
+            _ => (self.cfg.python_image.clone(), self.script_command(request)?),
+        };
+        self.spec(request, &staging, image, command)
+    }
+
+    /// Builds the run spec of `request` with its staged files.
+    fn spec(
+        &self,
+        request: &ExecRequest,
+        staging: &staging::Staging,
+        image: String,
+        command: Vec<String>,
+    ) -> Result<RunSpec, ExecError> {
+        let policy = &request.policy;
+        let memory_bytes = policy.memory_bytes.unwrap_or(self.cfg.default_memory_bytes);
+        if memory_bytes < MIN_MEMORY_BYTES {
+            return Err(InvalidRequest::LimitOutOfRange {
+                limit: "memory_bytes",
+                value: memory_bytes,
+                reason: format!("containers need at least {MIN_MEMORY_BYTES} bytes"),
+            }
+            .into());
+        }
+        let pids = policy.max_processes.unwrap_or(self.cfg.default_pids);
+        if pids == 0 {
+            return Err(InvalidRequest::LimitOutOfRange {
+                limit: "max_processes",
+                value: 0,
+                reason: "the program itself is one process".into(),
+            }
+            .into());
+        }
+        let mut mounts = staging.mounts();
+        if let Access::Allow(grants) = &policy.filesystem {
+            for (list, writable) in [(&grants.read_only, false), (&grants.read_write, true)] {
+                for grant in list {
+                    mounts.push(staging::grant_mount(&grant.host, grant.guest_path(), writable)?);
+                }
+            }
+        }
+        let n = RUN_COUNTER.fetch_add(1, Ordering::Relaxed);
+        Ok(RunSpec {
+            name: format!("execbox-{}-{n}-{:08x}", std::process::id(), random_u32()),
+            image,
+            memory_bytes,
+            cpus: self.cfg.cpus,
+            pids,
+            tmp_bytes: self.cfg.tmp_bytes,
+            user: self.cfg.user.clone(),
+            max_file_bytes: Some(self.cfg.max_output_file_bytes),
+            env_file: staging.env_file(),
+            mounts,
+            workdir: WORKDIR.into(),
+            extra_args: self.cfg.extra_run_args.clone(),
+            command,
+        })
+    }
+
+    /// The in-container command of a Python or shell request.
+    fn script_command(&self, request: &ExecRequest) -> Result<Vec<String>, ExecError> {
+        let mut command: Vec<String> = match request.language {
+            Language::Python => vec!["python3".into(), "-c".into(), PYTHON_BOOTSTRAP.into()],
+            Language::Shell => vec!["sh".into(), "-s".into(), "--".into()],
+            other => return Err(ExecError::internal(Self::NAME, format!("no script command for {other}"))),
+        };
+        command.extend(request.args.iter().cloned());
+        Ok(command)
+    }
+
+    /// Runs one container for `spec`, capturing at most `caps` (stdout, stderr) bytes.
+    fn run_spec(&self, spec: &RunSpec, stdin: Vec<u8>, caps: (Option<u64>, Option<u64>), deadline: Deadline) -> RunEnd {
+        let invocation = process::Invocation {
+            engine: &self.cfg.engine,
+            argv: run_argv(spec),
+            name: &spec.name,
+            stdin,
+            deadline,
+            max_stdout: caps.0,
+            max_stderr: caps.1,
+        };
+        match process::run(invocation, &self.reaper) {
+            Ok(finished) => RunEnd::Finished(finished),
+            Err(e) => RunEnd::SpawnFailed(format!("cannot run {}: {e}", self.cfg.engine.display())),
+        }
+    }
+
+    /// A result from a finished container; engine errors become `ExecError`s.
+    fn result(&self, end: RunEnd, deadline: &Deadline, staging: &staging::Staging) -> Result<ExecResult, ExecError> {
+        let finished = match end {
+            RunEnd::Finished(f) => f,
+            RunEnd::SpawnFailed(reason) => return Err(self.unavailable(reason)),
+        };
+        let (outcome, exit_code, mut message) = match finished.ended {
+            process::Ended::Exited { exit_code: 0, .. } => (Outcome::Ok, Some(0), None),
+            process::Ended::Exited { exit_code, oom_killed: true } => (
+                Outcome::OutOfMemory,
+                Some(exit_code),
+                Some("killed by the kernel's OOM killer at the memory cap".to_string()),
+            ),
+            process::Ended::Exited { exit_code, .. } => {
+                (Outcome::Failed, Some(exit_code), Some(format!("exited with code {exit_code}")))
+            }
+            process::Ended::TimedOut => (Outcome::TimedOut, None, Some(deadline.exceeded_message())),
+            process::Ended::EngineError(text) => return Err(self.engine_error(text)),
+        };
+        let (output_files, note) = staging.collect_outputs(self.output_limits());
+        if let Some(note) = note {
+            message = Some(match message {
+                Some(m) => format!("{m}; {note}"),
+                None => note,
+            });
+        }
+        Ok(ExecResult {
+            backend: Self::NAME.into(),
+            outcome,
+            exit_code,
+            output: json_stdout(&finished.stdout),
+            stdout: finished.stdout,
+            stderr: finished.stderr,
+            message,
+            output_files,
+            failure_kind: None,
+            diagnostics: Vec::new(),
+            usage: Usage { duration: deadline.elapsed(), ..Usage::default() },
+        })
+    }
+
+    /// The run's deadline: the policy's, else `default_timeout`.
+    fn deadline(&self, request: &ExecRequest) -> Deadline {
+        Deadline::start(Some(request.policy.timeout_duration().unwrap_or(self.cfg.default_timeout)))
+    }
+
+    fn output_limits(&self) -> staging::OutputLimits {
+        staging::OutputLimits {
+            max_files: self.cfg.max_output_files,
+            max_file_bytes: self.cfg.max_output_file_bytes,
+            max_total_bytes: self.cfg.max_output_total_bytes,
+        }
+    }
+
+    fn unavailable(&self, reason: String) -> ExecError {
+        ExecError::BackendUnavailable { backend: Self::NAME.into(), reason }
+    }
+
+    /// An engine failure: unavailable if it names a missing daemon or image
+    /// (with the fix), internal otherwise.
+    fn engine_error(&self, text: String) -> ExecError {
+        self.forget_availability();
+        let lower = text.to_ascii_lowercase();
+        if lower.contains("no such image") || lower.contains("unable to find image") {
+            self.unavailable(format!("{text} — build the images with scripts/build-images.sh"))
+        } else if lower.contains("cannot connect") || lower.contains("is the docker daemon running") {
+            self.unavailable(format!("{text} — start an engine with scripts/start-container-engine.sh"))
+        } else {
+            ExecError::internal(Self::NAME, format!("the container engine failed: {text}"))
+        }
+    }
+
+    fn forget_availability(&self) {
+        *self.availability.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    /// Asks the engine whether the images exist (which also proves the
+    /// daemon answers).
+    fn check_availability(&self) -> Result<(), String> {
+        let images = [&self.cfg.python_image, &self.cfg.rust_image];
+        let output = process::bounded_output(
+            process::engine_command(&self.cfg.engine).args(["image", "inspect", "--format={{.Id}}"]).args(images),
+        )
+        .map_err(|e| {
+            format!(
+                "cannot run the container engine {:?}: {e} — install and start one with \
+                     scripts/start-container-engine.sh",
+                self.cfg.engine
+            )
+        })?;
+        if output.status.success() {
+            return Ok(());
+        }
+        let text = String::from_utf8_lossy(&output.stderr).trim().to_string();
+        if text.to_ascii_lowercase().contains("no such image") {
+            Err(format!("{text} — build the images with scripts/build-images.sh"))
+        } else {
+            Err(format!("the engine does not answer: {text} — start one with scripts/start-container-engine.sh"))
+        }
+    }
+
+    fn execute_script(&self, mut request: ExecRequest, deadline: Deadline) -> Result<ExecResult, ExecError> {
+        let Payload::Source(source) = std::mem::replace(&mut request.payload, Payload::Source(String::new())) else {
+            return Err(ExecError::internal(Self::NAME, "matching let a module payload through"));
+        };
+        let input = self.input_json(&mut request)?;
+        let staging = staging::Staging::new(&request, input.as_deref())?;
+        let command = self.script_command(&request)?;
+        let spec = self.spec(&request, &staging, self.cfg.python_image.clone(), command)?;
+        let caps = (request.policy.max_stdout_bytes, request.policy.max_stderr_bytes);
+        let end = self.run_spec(&spec, source.into_bytes(), caps, deadline);
+        self.result(end, &deadline, &staging)
+    }
+
+    /// The request's JSON input, serialized (bounded in depth first).
+    fn input_json(&self, request: &mut ExecRequest) -> Result<Option<Vec<u8>>, ExecError> {
+        nesting::take_bounded_input(&mut request.input, self.cfg.max_input_nesting)?
+            .map(|value| serde_json::to_vec(&value))
+            .transpose()
+            .map_err(|e| ExecError::internal(Self::NAME, format!("cannot serialize input: {e}")))
+    }
+}
+
+/// How a `run_spec` ended.
+enum RunEnd {
+    Finished(process::Finished),
+    SpawnFailed(String),
+}
+
+/// The whole stdout as one JSON value, if it is one and nothing was cut.
+fn json_stdout(stdout: &crate::result::CapturedStream) -> Option<serde_json::Value> {
+    if stdout.truncated || stdout.bytes.is_empty() {
+        return None;
+    }
+    let text = std::str::from_utf8(&stdout.bytes).ok()?.trim();
+    // serde_json stops at 128 levels of nesting: a hostile stdout cannot
+    // exhaust the stack here.
+    serde_json::from_str(text).ok()
+}
+
+/// A random suffix for container names: two runs never share a name, even
+/// across processes with reused pids.
+fn random_u32() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+    hasher.finish() as u32
+}
+
+fn capabilities(cfg: &ContainerConfig) -> BackendCapabilities {
+    use Enforcement as E;
+    let cap = "read by execbox through a bounded buffer while the container runs; the rest is counted and dropped";
+    BackendCapabilities {
+        isolation: IsolationKind::ContainerEphemeral,
+        cost: CostClass::High,
+        languages: vec![Language::Python, Language::Shell, Language::Rust],
+        payloads: vec![PayloadKind::Source],
+        // stdin carries the code (Python, shell) or the JSON input (Rust).
+        features: RequestFeatures { json_input: true, stdin: false, args: true, input_files: true, output_files: true },
+        network: SurfaceCapability {
+            deny: E::enforced("--network=none: the container has only a loopback interface"),
+            allow_list: E::not_enforced("the engine cannot restrict a container's network to a host allow-list"),
+        },
+        filesystem: SurfaceCapability {
+            deny: E::enforced(
+                "read-only root filesystem; no host path is mounted but execbox's own staging \
+                 (/work read-only, /work/out only when output files are collected); /tmp is a private tmpfs",
+            ),
+            allow_list: E::enforced("each granted path is a bind mount, read-only or read-write as granted"),
+        },
+        environment: SurfaceCapability {
+            deny: E::enforced("only the image's own variables; nothing from the host"),
+            allow_list: E::enforced("exactly the request's values for allow-listed names, via a private env file"),
+        },
+        timeout: E::enforced("at the deadline the named container is killed on the daemon side (SIGKILL)"),
+        memory: E::enforced(format!(
+            "cgroup --memory = --memory-swap (default {} MiB); the OOM killer ends the run",
+            cfg.default_memory_bytes >> 20
+        )),
+        fuel: E::not_enforced("containers have no instruction budget; use the timeout"),
+        stdout_cap: E::enforced(cap),
+        stderr_cap: E::enforced(cap),
+        processes: E::enforced(format!("cgroup --pids-limit (default {})", cfg.default_pids)),
+    }
+}
+
+impl Backend for Container {
+    fn name(&self) -> &str {
+        Self::NAME
+    }
+
+    fn capabilities(&self) -> &BackendCapabilities {
+        &self.caps
+    }
+
+    /// Cached: a positive answer for `availability_ttl`, a negative one for 2 s.
+    fn availability(&self) -> Result<(), String> {
+        let mut cached = self.availability.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((at, result)) = cached.as_ref() {
+            let ttl = if result.is_ok() { self.cfg.availability_ttl } else { Duration::from_secs(2) };
+            if at.elapsed() < ttl {
+                return result.clone();
+            }
+        }
+        let result = self.check_availability();
+        *cached = Some((Instant::now(), result.clone()));
+        result
+    }
+
+    fn execute(&self, request: ExecRequest) -> Result<ExecResult, ExecError> {
+        let deadline = self.deadline(&request);
+        self.availability().map_err(|reason| self.unavailable(reason))?;
+        match request.language {
+            Language::Python | Language::Shell => self.execute_script(request, deadline),
+            Language::Rust => rust::execute(self, request, deadline),
+            other => Err(ExecError::internal(Self::NAME, format!("matching let {other} through"))),
+        }
+    }
+}

@@ -1,0 +1,539 @@
+//! The container backend against a real engine: every locked flag, limit and
+//! escape with the exact outcome, and the Rust pipeline.
+//!
+//! Tests that need an engine skip (with a printed reason) only when no engine
+//! answers at all; with `EXECBOX_REQUIRE_CONTAINERS=1` (set by `.ci/run`) they
+//! fail instead. An engine without execbox's images is a failure: run
+//! `scripts/build-images.sh`.
+#![cfg(feature = "container")]
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use execbox::backends::container::{ContainerConfig, RustConfig, check_extra_args, run_argv};
+use execbox::backends::{Container, WasmGuest};
+use execbox::{
+    Access, Backend, ExecError, ExecFile, ExecRequest, ExecResult, Executor, FailureKind, InvalidRequest, Language,
+    Outcome, PathGrants, SandboxPolicy,
+};
+use serde_json::json;
+
+/// A backend whose containers carry a label unique to this test, so the test
+/// can check afterwards that none is left.
+fn backend(label: &str) -> Option<Container> {
+    backend_with(label, ContainerConfig::default())
+}
+
+fn backend_with(label: &str, cfg: ContainerConfig) -> Option<Container> {
+    let engine = cfg.engine.clone();
+    let answers = Command::new(&engine).arg("info").output().is_ok_and(|o| o.status.success());
+    if !answers {
+        assert!(
+            std::env::var_os("EXECBOX_REQUIRE_CONTAINERS").is_none(),
+            "EXECBOX_REQUIRE_CONTAINERS is set but {} does not answer",
+            engine.display()
+        );
+        eprintln!("skipping: no container engine answers ({} info failed)", engine.display());
+        return None;
+    }
+    let mut cfg = cfg;
+    cfg.extra_run_args.push(format!("--label=execbox.test={label}"));
+    let container = Container::with_config(cfg).expect("config");
+    if let Err(reason) = container.availability() {
+        panic!("an engine answers but the backend is unavailable: {reason}");
+    }
+    Some(container)
+}
+
+/// Containers (running or not) carrying this test's label.
+fn leftovers(label: &str) -> Vec<String> {
+    let out = Command::new("docker")
+        .args(["ps", "--all", "--quiet", "--filter", &format!("label=execbox.test={label}")])
+        .output()
+        .expect("docker ps");
+    String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect()
+}
+
+fn python(code: &str) -> ExecRequest {
+    ExecRequest::source(Language::Python, code)
+}
+
+fn run(backend: &Container, request: ExecRequest) -> ExecResult {
+    backend.execute(request).expect("execute")
+}
+
+fn stdout(r: &ExecResult) -> String {
+    r.stdout.text().into_owned()
+}
+
+// ---- argv: what a policy turns into (no engine needed) ----------------------
+
+#[test]
+fn argv_carries_every_locked_flag_and_the_policy_limits() {
+    let data = tempfile::tempdir().unwrap();
+    let container =
+        Container::with_config(ContainerConfig { extra_run_args: vec!["--runtime=runc".into()], ..Default::default() })
+            .unwrap();
+    let policy = SandboxPolicy::strict()
+        .memory_bytes(64 << 20)
+        .max_processes(16)
+        .environment(Access::Allow(vec!["GREETING".into()]))
+        .filesystem(Access::Allow(PathGrants::new().read_only_at(data.path(), "/data")));
+    let request = python("print(1)").env("GREETING", "secret-value").policy(policy);
+    let argv = run_argv(&container.plan(&request).unwrap());
+    for flag in [
+        "--network=none",
+        "--read-only",
+        "--memory=67108864",
+        "--memory-swap=67108864",
+        "--cpus=1",
+        "--pids-limit=16",
+        "--user=65534:65534",
+        "--cap-drop=ALL",
+        "--security-opt=no-new-privileges",
+        "--ipc=none",
+        "--log-driver=none",
+        "--pull=never",
+    ] {
+        assert!(argv.iter().any(|a| a == flag), "{flag} missing from {argv:?}");
+    }
+    assert!(argv.iter().any(|a| a.starts_with("--tmpfs=/tmp:") && a.contains("size=")));
+    assert!(argv.iter().any(|a| a.starts_with("--name=execbox-")));
+    let data_mount = format!("--mount=type=bind,src={},dst=/data,readonly", data.path().display());
+    assert!(argv.contains(&data_mount), "{argv:?}");
+    assert!(argv.iter().any(|a| a.starts_with("--env-file=")));
+    assert!(!argv.iter().any(|a| a.contains("secret-value")), "env values never appear in argv");
+    // Extra arguments come before every locked flag: a locked value wins.
+    let extra = argv.iter().position(|a| a == "--runtime=runc").unwrap();
+    let locked = argv.iter().position(|a| a == "--network=none").unwrap();
+    assert!(extra < locked);
+}
+
+#[test]
+fn extra_args_that_could_weaken_isolation_are_refused() {
+    for bad in ["--network=host", "--privileged", "--cap-add=ALL", "-v=/:/host", "--security-opt=seccomp=unconfined"] {
+        let cfg = ContainerConfig { extra_run_args: vec![bad.into()], ..Default::default() };
+        let err = Container::with_config(cfg).err().unwrap_or_else(|| panic!("{bad} accepted"));
+        assert_eq!(err.arg, bad);
+    }
+    assert!(check_extra_args(&["--runtime=runsc".into(), "--init".into()]).is_ok());
+}
+
+#[test]
+fn bad_grants_and_env_are_typed_errors() {
+    let container = Container::docker();
+    let grant = |guest: &str| {
+        let policy = SandboxPolicy::strict().filesystem(Access::Allow(PathGrants::new().read_only_at("/tmp", guest)));
+        container.plan(&python("").policy(policy)).unwrap_err()
+    };
+    for guest in ["/work", "/work/x", "/tmp", "relative", "/a,b"] {
+        assert!(matches!(grant(guest), ExecError::InvalidRequest(InvalidRequest::BadPath { .. })), "{guest}");
+    }
+    let policy = SandboxPolicy::strict().environment(Access::Allow(vec!["X".into()]));
+    let err = container.plan(&python("").env("X", "a\nb").policy(policy)).unwrap_err();
+    assert!(matches!(err, ExecError::InvalidRequest(InvalidRequest::BadEnv { .. })), "{err}");
+    let err = container.plan(&python("").policy(SandboxPolicy::strict().memory_bytes(1024))).unwrap_err();
+    assert!(matches!(err, ExecError::InvalidRequest(InvalidRequest::LimitOutOfRange { .. })), "{err}");
+    let traversal = python("").input_file(ExecFile::new("../escape", "x"));
+    let err = container.plan(&traversal).unwrap_err();
+    assert!(matches!(err, ExecError::InvalidRequest(InvalidRequest::BadPath { .. })), "{err}");
+}
+
+#[test]
+fn missing_engine_is_unavailable_with_the_fix() {
+    let container =
+        Container::with_config(ContainerConfig { engine: "/nonexistent/docker".into(), ..Default::default() }).unwrap();
+    let reason = container.availability().unwrap_err();
+    assert!(reason.contains("scripts/start-container-engine.sh"), "{reason}");
+    let exec = Executor::builder().backend(container).build();
+    match exec.execute_blocking(python("print(1)")) {
+        Err(ExecError::BackendUnavailable { backend, reason }) => {
+            assert_eq!(backend, "container");
+            assert!(reason.contains("start-container-engine"), "{reason}");
+        }
+        other => panic!("expected BackendUnavailable, got {other:?}"),
+    }
+}
+
+#[test]
+fn requests_the_backend_cannot_carry_are_refused_before_running() {
+    let exec = Executor::builder().backend(Container::docker()).build();
+    let refused = |r: ExecRequest| -> Vec<execbox::Control> {
+        match exec.select(&r) {
+            Err(ExecError::Refused { rejections }) => rejections[0].violations.iter().map(|v| v.control).collect(),
+            other => panic!("expected a refusal, got {:?}", other.map(|b| b.name().to_string())),
+        }
+    };
+    use execbox::Control;
+    assert_eq!(refused(python("").stdin(b"x".to_vec())), vec![Control::Stdin]);
+    assert_eq!(refused(python("").policy(SandboxPolicy::strict().fuel(1000))), vec![Control::Fuel]);
+    let net = SandboxPolicy::strict().network(Access::Allow(vec!["example.org".into()]));
+    assert_eq!(refused(python("").policy(net)), vec![Control::Network]);
+}
+
+// ---- Python and shell ----------------------------------------------------------
+
+#[test]
+fn python_gets_json_input_and_stdout_json_becomes_output() {
+    let Some(c) = backend("json") else { return };
+    let code = "import json, sys\nprint(json.dumps({'sum': sum(input['items']), 'argv': sys.argv[1:]}))";
+    let r = run(&c, python(code).input(json!({"items": [1, 2, 3]})).arg("--flag"));
+    assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
+    assert_eq!(r.exit_code, Some(0));
+    assert_eq!(r.output, Some(json!({"sum": 6, "argv": ["--flag"]})));
+    assert_eq!(r.backend, "container");
+    let r = run(&c, python("print(open('/work/input.json').read())").input(json!([1])));
+    assert_eq!(stdout(&r).trim(), "[1]");
+    let r = run(&c, python("print('not json', input)"));
+    assert_eq!((r.output.clone(), stdout(&r).trim()), (None, "not json None"));
+    drop(c); // joins the reaper: finished containers are removed off the request path
+    assert!(leftovers("json").is_empty());
+}
+
+#[test]
+fn python_errors_point_at_the_callers_lines() {
+    let Some(c) = backend("traceback") else { return };
+    let r = run(&c, python("x = 1\ny = x / 0\n"));
+    assert_eq!(r.outcome, Outcome::Failed);
+    assert_eq!(r.exit_code, Some(1));
+    let stderr = r.stderr.text();
+    assert!(stderr.contains("File \"<code>\", line 2"), "{stderr}");
+    assert!(stderr.contains("ZeroDivisionError"), "{stderr}");
+}
+
+#[test]
+fn python_stdlib_modules_import() {
+    let Some(c) = backend("stdlib") else { return };
+    let code = "import json, re, statistics, datetime, decimal, csv, sqlite3, collections, math\n\
+                print(json.dumps(statistics.mean([1, 2, 3])))";
+    let r = run(&c, python(code));
+    assert_eq!((r.outcome, r.output.clone()), (Outcome::Ok, Some(json!(2))), "{r:?}");
+}
+
+#[test]
+fn shell_scripts_run_with_args() {
+    let Some(c) = backend("shell") else { return };
+    let r = run(&c, ExecRequest::source(Language::Shell, "echo \"$1-$2\"; exit 3").arg("a").arg("b"));
+    assert_eq!((r.outcome, r.exit_code, stdout(&r).as_str()), (Outcome::Failed, Some(3), "a-b\n"));
+}
+
+#[test]
+fn network_is_unreachable() {
+    let Some(c) = backend("network") else { return };
+    let code = "\
+import socket, os
+try:
+    socket.create_connection(('1.1.1.1', 53), timeout=2)
+    print('connected')
+except OSError as e:
+    print('blocked', e.errno)
+print(sorted(os.listdir('/sys/class/net')))
+";
+    let r = run(&c, python(code));
+    assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
+    let out = stdout(&r);
+    assert!(out.starts_with("blocked"), "{out}");
+    assert!(out.contains("['lo']"), "only loopback: {out}");
+}
+
+#[test]
+fn root_filesystem_and_work_are_read_only_tmp_is_writable() {
+    let Some(c) = backend("readonly") else { return };
+    let code = "\
+import errno
+for path in ['/etc/x', '/usr/x', '/work/x', '/x']:
+    try:
+        open(path, 'w')
+        print(path, 'writable')
+    except OSError as e:
+        print(path, errno.errorcode[e.errno])
+open('/tmp/ok', 'w').write('fine')
+print(open('/tmp/ok').read())
+";
+    let r = run(&c, python(code));
+    assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
+    let out = stdout(&r);
+    for path in ["/etc/x", "/usr/x", "/work/x", "/x"] {
+        assert!(out.contains(&format!("{path} EROFS")) || out.contains(&format!("{path} EACCES")), "{out}");
+    }
+    assert!(out.contains("fine"));
+}
+
+#[test]
+fn memory_bomb_is_out_of_memory() {
+    let Some(c) = backend("oom") else { return };
+    let policy = SandboxPolicy::strict().memory_bytes(64 << 20).timeout(Duration::from_secs(20));
+    let r =
+        run(&c, python("x = bytearray(1 << 30)\nx[::4096] = b'1' * len(x[::4096])\nprint('survived')").policy(policy));
+    assert_eq!(r.outcome, Outcome::OutOfMemory, "{r:?}");
+    assert_eq!(r.exit_code, Some(137));
+    assert!(!stdout(&r).contains("survived"));
+    drop(c); // joins the reaper: finished containers are removed off the request path
+    assert!(leftovers("oom").is_empty());
+}
+
+#[test]
+fn fork_bomb_is_contained_and_cleaned_up() {
+    let Some(c) = backend("forkbomb") else { return };
+    let policy = SandboxPolicy::strict().max_processes(32).timeout(Duration::from_secs(3));
+    let started = Instant::now();
+    let r = run(&c, ExecRequest::source(Language::Shell, "bomb() { bomb | bomb & }; bomb; sleep 60").policy(policy));
+    assert!(matches!(r.outcome, Outcome::TimedOut | Outcome::Failed), "{r:?}");
+    assert!(started.elapsed() < Duration::from_secs(20), "took {:?}", started.elapsed());
+    assert!(leftovers("forkbomb").is_empty(), "container left behind");
+    // The engine and host are fine afterwards.
+    assert_eq!(run(&c, python("print(7)")).output, Some(json!(7)));
+}
+
+#[test]
+fn busy_loop_times_out_keeps_earlier_output_and_leaves_no_container() {
+    let Some(c) = backend("busy") else { return };
+    let policy = SandboxPolicy::strict().timeout(Duration::from_millis(1500));
+    let started = Instant::now();
+    let r = run(&c, python("print('started', flush=True)\nwhile True: pass").policy(policy));
+    let took = started.elapsed();
+    assert_eq!(r.outcome, Outcome::TimedOut, "{r:?}");
+    assert_eq!(r.exit_code, None);
+    assert_eq!(stdout(&r), "started\n");
+    assert!(took >= Duration::from_millis(1500) && took < Duration::from_secs(10), "took {took:?}");
+    assert!(leftovers("busy").is_empty(), "container left behind after a timeout");
+}
+
+#[test]
+fn output_flood_is_truncated_while_read() {
+    let Some(c) = backend("flood") else { return };
+    let policy = SandboxPolicy::strict().max_output_bytes(1024).timeout(Duration::from_secs(20));
+    let code =
+        "import sys\nchunk = 'x' * 65536\nfor _ in range(800): sys.stdout.write(chunk)\nsys.stderr.write('e' * 5000)";
+    let r = run(&c, python(code).policy(policy));
+    assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
+    assert_eq!(r.stdout.bytes.len(), 1024);
+    assert_eq!(r.stdout.total_bytes, 800 * 65536);
+    assert!(r.stdout.truncated && r.stderr.truncated);
+    assert_eq!(r.stderr.total_bytes, 5000);
+    assert_eq!(r.output, None);
+}
+
+#[test]
+fn env_is_exactly_the_allow_listed_values() {
+    let Some(c) = backend("env") else { return };
+    let policy = SandboxPolicy::strict().environment(Access::Allow(vec!["GREETING".into()]));
+    let r = run(
+        &c,
+        python("import os, json\nprint(json.dumps(dict(os.environ)))").env("GREETING", "hi there").policy(policy),
+    );
+    let env = r.output.expect("env as JSON");
+    assert_eq!(env["GREETING"], "hi there");
+    let host_only: Vec<&String> = env
+        .as_object()
+        .unwrap()
+        .keys()
+        .filter(|k| !["GREETING", "PATH", "LANG", "PYTHONDONTWRITEBYTECODE", "HOSTNAME", "HOME"].contains(&k.as_str()))
+        .collect();
+    assert!(host_only.is_empty(), "unexpected variables: {host_only:?}");
+    assert_ne!(env["HOME"], std::env::var("HOME").unwrap_or_default(), "HOME is not the host's");
+}
+
+#[test]
+fn granted_paths_are_mounted_with_their_mode() {
+    let Some(c) = backend("grants") else { return };
+    let ro = tempfile::tempdir().unwrap();
+    let rw = tempfile::tempdir().unwrap();
+    std::fs::write(ro.path().join("data.txt"), "from host").unwrap();
+    std::fs::set_permissions(rw.path(), std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let grants = PathGrants::new().read_only_at(ro.path(), "/data").read_write_at(rw.path(), "/scratch");
+    let code = "\
+print(open('/data/data.txt').read())
+try:
+    open('/data/new', 'w')
+except OSError as e:
+    print('ro', e.errno)
+open('/scratch/out.txt', 'w').write('to host')
+";
+    let r = run(&c, python(code).policy(SandboxPolicy::strict().filesystem(Access::Allow(grants))));
+    assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
+    assert_eq!(stdout(&r), "from host\nro 30\n");
+    assert_eq!(std::fs::read_to_string(rw.path().join("out.txt")).unwrap(), "to host");
+    assert!(!ro.path().join("new").exists());
+}
+
+#[test]
+fn input_files_are_staged_and_output_files_come_back() {
+    let Some(c) = backend("files") else { return };
+    let code = "\
+import os
+rows = open('/work/data/in.csv').read().splitlines()
+os.makedirs('/work/out/nested', exist_ok=True)
+open('/work/out/report.json', 'w').write('{\"rows\": %d}' % len(rows))
+open('/work/out/nested/copy.csv', 'w').write('\\n'.join(rows))
+os.symlink('/etc/passwd', '/work/out/passwd-link')
+os.symlink('..', '/work/out/up')
+";
+    let request = python(code).input_file(ExecFile::new("data/in.csv", "a,b\n1,2\n")).collect_output_files();
+    let r = run(&c, request);
+    assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
+    let names: Vec<&str> = r.output_files.iter().map(|f| f.name.as_str()).collect();
+    assert_eq!(names, ["nested/copy.csv", "report.json"], "symlinks are never followed");
+    assert_eq!(r.output_files[1].content, br#"{"rows": 2}"#);
+    assert_eq!(r.output_files[1].mime_type.as_deref(), Some("application/json"));
+    let message = r.message.unwrap_or_default();
+    assert!(message.contains("passwd-link (symlink)") && message.contains("up (symlink)"), "{message}");
+}
+
+#[test]
+fn oversized_output_files_are_cut_by_the_kernel_and_left_out() {
+    let cfg = ContainerConfig { max_output_file_bytes: 4096, ..Default::default() };
+    let Some(c) = backend_with("bigfile", cfg) else { return };
+    let code = "\
+try:
+    open('/work/out/big.bin', 'wb').write(b'x' * 100000)
+except OSError as e:
+    print('refused', e.errno)
+open('/work/out/small.txt', 'w').write('ok')
+";
+    let r = run(&c, python(code).collect_output_files());
+    assert_eq!(stdout(&r), "refused 27\n", "EFBIG from --ulimit fsize: {r:?}");
+    let names: Vec<&str> = r.output_files.iter().map(|f| f.name.as_str()).collect();
+    assert!(names.contains(&"small.txt"), "{names:?}");
+    if let Some(big) = r.output_files.iter().find(|f| f.name == "big.bin") {
+        assert!(big.content.len() <= 4096);
+    }
+}
+
+#[test]
+fn executor_routes_python_to_the_container_and_js_in_process() {
+    let Some(c) = backend("routing") else { return };
+    let exec = Executor::builder()
+        .backend(c)
+        .backend(execbox::backends::BoaJs::default())
+        .backend(WasmGuest::new().unwrap())
+        .build();
+    assert_eq!(exec.select(&python("print(1)")).unwrap().name(), "container");
+    assert_eq!(exec.select(&ExecRequest::javascript("return 1")).unwrap().name(), "boa-js");
+    let r = exec.execute_blocking(python("print(40 + 2)")).unwrap();
+    assert_eq!(r.output, Some(json!(42)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn async_execute_runs_containers_concurrently_off_the_runtime() {
+    let Some(c) = backend("async") else { return };
+    let exec = Executor::builder().backend(c).build();
+    let tasks: Vec<_> = (0..3)
+        .map(|i| {
+            let exec = exec.clone();
+            tokio::spawn(async move { exec.execute(python(&format!("print({i} * 10)"))).await })
+        })
+        .collect();
+    let mut outputs = Vec::new();
+    for task in tasks {
+        outputs.push(task.await.unwrap().unwrap().output);
+    }
+    assert_eq!(outputs, [Some(json!(0)), Some(json!(10)), Some(json!(20))]);
+}
+
+// ---- Rust pipeline ------------------------------------------------------------
+
+fn rust(code: &str) -> ExecRequest {
+    ExecRequest::source(Language::Rust, code).policy(SandboxPolicy::strict().timeout(Duration::from_secs(20)))
+}
+
+/// A backend with its own Rust binary cache, so compile counts are this test's.
+fn rust_backend(label: &str, cache: &Path) -> Option<Container> {
+    let shared = RustConfig::default().cache_root().expect("a cache root");
+    // The prebuilt crates live in the shared cache; link them into this one.
+    for entry in std::fs::read_dir(&shared).ok()?.flatten() {
+        if entry.file_name().to_string_lossy().starts_with("deps-") {
+            std::os::unix::fs::symlink(entry.path(), cache.join(entry.file_name())).unwrap();
+        }
+    }
+    let cfg = ContainerConfig {
+        rust: RustConfig { cache_dir: Some(cache.to_path_buf()), ..Default::default() },
+        ..Default::default()
+    };
+    backend_with(label, cfg)
+}
+
+#[test]
+fn rust_runs_compiled_in_the_sandbox_and_is_cached() {
+    let cache = tempfile::tempdir().unwrap();
+    let Some(c) = rust_backend("rust-ok", cache.path()) else { return };
+    let code = "\
+use serde_json::{json, Value};
+
+fn run(input: Value) -> Value {
+    let items = input[\"items\"].as_array().cloned().unwrap_or_default();
+    json!(items.iter().map(|x| x.as_i64().unwrap_or(0) * 2).collect::<Vec<_>>())
+}
+";
+    let r = run(&c, rust(code).input(json!({"items": [1, 2, 3]})));
+    assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
+    assert_eq!(r.output, Some(json!([2, 4, 6])));
+    assert_eq!(c.rust_cache_stats().compiles, 1);
+    let again = run(&c, rust(code).input(json!({"items": [5]})));
+    assert_eq!(again.output, Some(json!([10])));
+    assert_eq!((c.rust_cache_stats().compiles, c.rust_cache_stats().hits), (1, 1), "the repeat is a cache hit");
+    drop(c); // joins the reaper: finished containers are removed off the request path
+    assert!(leftovers("rust-ok").is_empty());
+}
+
+#[test]
+fn rust_compile_errors_are_structured_and_located_in_the_callers_code() {
+    let cache = tempfile::tempdir().unwrap();
+    let Some(c) = rust_backend("rust-err", cache.path()) else { return };
+    let code = "use serde_json::Value;\n\nfn run(input: Value) -> Value {\n    let n: u32 = \"text\";\n    input\n}\n";
+    let r = run(&c, rust(code));
+    assert_eq!(r.outcome, Outcome::Failed, "{r:?}");
+    assert_eq!(r.failure_kind, Some(FailureKind::CompileError));
+    let error = r.diagnostics.iter().find(|d| d.level == "error").expect("an error diagnostic");
+    assert_eq!(error.code.as_deref(), Some("E0308"));
+    assert_eq!((error.line, error.column), (Some(4), Some(18)), "{error:?}");
+    assert!(r.stderr.text().contains("main.rs:4:18"), "{}", r.stderr.text());
+    assert!(r.message.unwrap().contains("line 4"));
+    // A missing `run` points at the harness: no line in the caller's code.
+    let r = run(&c, rust("fn not_run() {}\n"));
+    assert_eq!(r.failure_kind, Some(FailureKind::CompileError));
+    let error = r.diagnostics.iter().find(|d| d.level == "error").unwrap();
+    assert_eq!(error.line, None, "{error:?}");
+}
+
+#[test]
+fn rust_include_str_cannot_read_host_files() {
+    let cache = tempfile::tempdir().unwrap();
+    let Some(c) = rust_backend("rust-include", cache.path()) else { return };
+    let secret = tempfile::tempdir().unwrap();
+    let path = secret.path().join("secret.txt");
+    std::fs::write(&path, "host-secret-7f3a").unwrap();
+    let code = format!(
+        "use serde_json::Value;\nconst S: &str = include_str!({:?});\nfn run(_: Value) -> Value {{ Value::from(S) }}\n",
+        path.display().to_string()
+    );
+    let r = run(&c, rust(&code));
+    assert_eq!(r.failure_kind, Some(FailureKind::CompileError), "{r:?}");
+    assert!(r.diagnostics.iter().any(|d| d.message.contains("couldn't read") && d.line == Some(2)), "{r:?}");
+    let everything = format!("{}{}{:?}", r.stdout.text(), r.stderr.text(), r.output);
+    assert!(!everything.contains("host-secret-7f3a"));
+    let r = run(
+        &c,
+        rust(
+            "use serde_json::Value;\nconst S: &str = include_str!(\"/etc/shadow\");\nfn run(_: Value) -> Value { Value::from(S) }\n",
+        ),
+    );
+    assert_eq!(r.failure_kind, Some(FailureKind::CompileError), "{r:?}");
+}
+
+#[test]
+fn rust_panics_and_timeouts_are_outcomes() {
+    let cache = tempfile::tempdir().unwrap();
+    let Some(c) = rust_backend("rust-panic", cache.path()) else { return };
+    let r = run(&c, rust("use serde_json::Value;\nfn run(_: Value) -> Value { panic!(\"boom\") }\n"));
+    assert_eq!((r.outcome, r.exit_code), (Outcome::Failed, Some(101)), "{r:?}");
+    assert!(r.stderr.text().contains("boom"));
+    let policy = SandboxPolicy::strict().timeout(Duration::from_millis(1500));
+    let r = run(
+        &c,
+        rust("use serde_json::Value;\nfn run(_: Value) -> Value { loop { std::hint::spin_loop() } }\n").policy(policy),
+    );
+    assert_eq!(r.outcome, Outcome::TimedOut, "{r:?}");
+    assert!(leftovers("rust-panic").is_empty());
+}
