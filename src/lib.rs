@@ -24,6 +24,7 @@
 //! assert_eq!(out.output, Some(json!([2, 4, 6])));
 //! ```
 
+pub mod agent;
 pub mod backends;
 pub mod capabilities;
 pub mod error;

@@ -354,3 +354,18 @@ async fn async_execute_on_a_current_thread_runtime() {
     let r = exec().execute(ExecRequest::javascript("return 'x'")).await.unwrap();
     assert_eq!(r.output, Some(json!("x")));
 }
+
+#[test]
+fn a_session_keeps_its_realm_and_refuses_per_call_fuel() {
+    let session = BoaJs::default().open_session().unwrap();
+    let r = session.execute(ExecRequest::javascript("let total = input.n; total").input(json!({"n": 1}))).unwrap();
+    assert_eq!(r.output, Some(json!(1)));
+    let r = session.execute(ExecRequest::javascript("total += input.n; total").input(json!({"n": 5}))).unwrap();
+    assert_eq!(r.output, Some(json!(6)));
+    let r = session.execute(ExecRequest::javascript("return 1")).unwrap();
+    assert_eq!(r.outcome, Outcome::Failed, "a session runs scripts: `return` is a syntax error");
+    let fuel = session.execute(ExecRequest::javascript("1").policy(SandboxPolicy::strict().fuel(10)));
+    let Err(ExecError::Refused { rejections }) = fuel else { panic!("{fuel:?}") };
+    assert_eq!(rejections[0].violations[0].control, Control::Fuel);
+    assert!(session.is_alive());
+}

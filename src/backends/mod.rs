@@ -6,7 +6,7 @@
 pub mod boa;
 
 #[cfg(feature = "js")]
-pub use boa::{BoaJs, BoaJsConfig, WorkerGauge};
+pub use boa::{BoaJs, BoaJsConfig, JsSession, WorkerGauge};
 
 #[cfg(feature = "wasm")]
 pub mod wasm;

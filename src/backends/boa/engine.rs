@@ -22,9 +22,20 @@ use super::realm::{self, ConsoleSink, GuardLimits, Realm, RunDeadline, Streams};
 use crate::limits::Deadline;
 use crate::result::{ExecResult, Outcome, Usage};
 
+/// How the source is evaluated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Mode {
+    /// A function body: `return` sets the output; nothing outlives the call.
+    FunctionBody,
+    /// A script in a long-lived realm (sessions): top-level declarations
+    /// persist, the completion value (last expression statement) is the output.
+    Script,
+}
+
 /// What a worker needs to run one request (everything `Send`).
 pub(super) struct Job {
     pub source: String,
+    pub mode: Mode,
     pub input: Option<Value>,
     /// Instruction budget: the policy's fuel, or the backstop.
     pub budget: u64,
@@ -57,10 +68,10 @@ impl Prepared {
         Ok(Self { ctx, realm, queue, budget })
     }
 
-    /// Runs `job` to completion, a limit, or the deadline. Consumes the
-    /// context: it is dirty afterwards.
+    /// Runs `job` to completion, a limit, or the deadline. The context keeps
+    /// whatever the code left (a session reuses it; the pool drops it).
     pub fn run(
-        mut self,
+        &mut self,
         job: Job,
         deadline: &Deadline,
         streams: &Arc<Mutex<Streams>>,
@@ -71,12 +82,13 @@ impl Prepared {
         let start_remaining = self.ctx.instructions_remaining();
         let fuel_asked = job.fuel_asked;
         let budget = job.budget;
+        let wrapped = job.mode == Mode::FunctionBody;
 
         let (outcome, output, message) = match self.evaluate(job, deadline, cfg) {
             Ok(output) => (Outcome::Ok, output, None),
             Err(Stop::Deadline) => (Outcome::TimedOut, None, Some(deadline.exceeded_message())),
             Err(Stop::Thrown(err)) => {
-                let (outcome, message) = classify(err, &mut self.ctx, fuel_asked, budget);
+                let (outcome, message) = classify(err, &mut self.ctx, fuel_asked, budget, wrapped);
                 (outcome, None, Some(message))
             }
         };
@@ -118,8 +130,13 @@ impl Prepared {
         };
         ctx.register_global_property(js_string!("input"), input, Attribute::WRITABLE | Attribute::CONFIGURABLE)?;
 
-        let script = Script::parse(Source::from_bytes(wrap(&job.source).as_bytes()), None, ctx)?;
-        drop(job);
+        let source = match job.mode {
+            Mode::FunctionBody => wrap(&job.source),
+            Mode::Script => job.source,
+        };
+        drop(job.input);
+        let script = Script::parse(Source::from_bytes(source.as_bytes()), None, ctx)?;
+        drop(source);
         let value =
             poll_until(script.evaluate_async_with_budget(ctx, cfg.yield_every), deadline).ok_or(Stop::Deadline)??;
         self.queue.drain(ctx, deadline)?;
@@ -191,7 +208,7 @@ fn poll_until<F: Future>(fut: F, deadline: &Deadline) -> Option<F::Output> {
     }
 }
 
-fn classify(err: JsError, ctx: &mut Context, fuel_asked: bool, budget: u64) -> (Outcome, String) {
+fn classify(err: JsError, ctx: &mut Context, fuel_asked: bool, budget: u64, wrapped: bool) -> (Outcome, String) {
     if let Some(engine) = err.as_engine() {
         return match engine {
             EngineError::NoInstructionsRemain if fuel_asked => {
@@ -209,7 +226,7 @@ fn classify(err: JsError, ctx: &mut Context, fuel_asked: bool, budget: u64) -> (
         };
     }
     match err.try_native(ctx) {
-        Ok(native) => (Outcome::Failed, describe_native(&native)),
+        Ok(native) => (Outcome::Failed, describe_native(&native, wrapped)),
         Err(_) => {
             let thrown = err.as_opaque().cloned().unwrap_or_default();
             let text = match thrown.as_string() {
@@ -224,9 +241,9 @@ fn classify(err: JsError, ctx: &mut Context, fuel_asked: bool, budget: u64) -> (
 /// `Kind: message`, without boa's stack-position suffix: inside the wrapper
 /// it names the wrapper's call site, not the user's line. Syntax errors carry
 /// their own `at line L, col C`, which is corrected for the wrapper prefix.
-fn describe_native(native: &boa_engine::JsNativeError) -> String {
+fn describe_native(native: &boa_engine::JsNativeError, wrapped: bool) -> String {
     let message = native.message().trim();
-    let message = fix_first_line_column(message);
+    let message = if wrapped { fix_first_line_column(message) } else { message.to_string() };
     if message.is_empty() { native.kind().to_string() } else { format!("{}: {message}", native.kind()) }
 }
 

@@ -33,6 +33,9 @@
 mod engine;
 mod pool;
 mod realm;
+mod session;
+
+pub use session::JsSession;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -207,7 +210,15 @@ impl Backend for BoaJs {
         &self.caps
     }
 
-    fn execute(&self, mut request: ExecRequest) -> Result<ExecResult, ExecError> {
+    fn execute(&self, request: ExecRequest) -> Result<ExecResult, ExecError> {
+        let job = self.job(request, engine::Mode::FunctionBody)?;
+        self.pool.run(job)
+    }
+}
+
+impl BoaJs {
+    /// Checks a request's code and input and turns it into a job.
+    fn job(&self, mut request: ExecRequest, mode: engine::Mode) -> Result<engine::Job, ExecError> {
         let max = self.pool.config().max_nesting;
         let source = match std::mem::replace(&mut request.payload, Payload::Source(String::new())) {
             Payload::Source(s) => s,
@@ -220,15 +231,15 @@ impl Backend for BoaJs {
         }
         let input = nesting::take_bounded_input(&mut request.input, max)?;
         let (budget, fuel_asked) = self.budget_for(&request);
-        let job = engine::Job {
+        Ok(engine::Job {
             source,
+            mode,
             input,
             budget,
             fuel_asked,
             timeout: request.policy.timeout_duration(),
             max_stdout: request.policy.max_stdout_bytes,
             max_stderr: request.policy.max_stderr_bytes,
-        };
-        self.pool.run(job)
+        })
     }
 }

@@ -24,7 +24,7 @@ use crate::result::{ExecResult, Outcome, Usage};
 type Reply = Result<ExecResult, ExecError>;
 
 /// A job with everything the worker needs to answer it.
-struct Assignment {
+pub(super) struct Assignment {
     job: Job,
     deadline: Deadline,
     streams: Arc<Mutex<Streams>>,
@@ -71,24 +71,8 @@ impl Pool {
 
     /// Runs one job; returns by the deadline (plus grace) whatever the code does.
     pub fn run(&self, job: Job) -> Reply {
-        let deadline = Deadline::start(job.timeout);
-        let streams = Arc::new(Mutex::new(Streams {
-            stdout: BoundedBuffer::new(job.max_stdout),
-            stderr: BoundedBuffer::new(job.max_stderr),
-        }));
-        let (reply, answer) = mpsc::sync_channel(1);
         let budget = job.budget;
-        self.dispatch(Assignment { job, deadline, streams: streams.clone(), reply }, budget)?;
-
-        let outcome = match deadline.remaining() {
-            Some(left) => answer.recv_timeout(left + self.cfg.abandon_grace),
-            None => answer.recv().map_err(|_| RecvTimeoutError::Disconnected),
-        };
-        match outcome {
-            Ok(reply) => reply,
-            Err(RecvTimeoutError::Timeout) => Ok(abandoned(&deadline, &streams)),
-            Err(RecvTimeoutError::Disconnected) => Err(internal("worker ended without a result")),
-        }
+        run_with(job, self.cfg.abandon_grace, |a| self.dispatch(a, budget)).map(|(result, _)| result)
     }
 
     fn dispatch(&self, mut assignment: Assignment, budget: u64) -> Result<(), ExecError> {
@@ -136,6 +120,41 @@ impl Pool {
     }
 }
 
+/// Hands `job` to a worker through `send` and waits for its result until the
+/// deadline plus `grace`. The flag is true if the worker was abandoned (still
+/// inside native code at the deadline; its budget stops it).
+pub(super) fn run_with(
+    job: Job,
+    grace: std::time::Duration,
+    send: impl FnOnce(Assignment) -> Result<(), ExecError>,
+) -> Result<(ExecResult, bool), ExecError> {
+    let deadline = Deadline::start(job.timeout);
+    let streams = Arc::new(Mutex::new(Streams {
+        stdout: BoundedBuffer::new(job.max_stdout),
+        stderr: BoundedBuffer::new(job.max_stderr),
+    }));
+    let (reply, answer) = mpsc::sync_channel(1);
+    send(Assignment { job, deadline, streams: streams.clone(), reply })?;
+    let outcome = match deadline.remaining() {
+        Some(left) => answer.recv_timeout(left + grace),
+        None => answer.recv().map_err(|_| RecvTimeoutError::Disconnected),
+    };
+    match outcome {
+        Ok(reply) => reply.map(|result| (result, false)),
+        Err(RecvTimeoutError::Timeout) => Ok((abandoned(&deadline, &streams), true)),
+        Err(RecvTimeoutError::Disconnected) => Err(internal("worker ended without a result")),
+    }
+}
+
+/// Runs one assignment on a context, catching an engine panic.
+pub(super) fn answer(prepared: &mut Prepared, assignment: Assignment, cfg: &BoaJsConfig) {
+    let Assignment { job, deadline, streams, reply } = assignment;
+    let result = std::panic::catch_unwind(AssertUnwindSafe(|| prepared.run(job, &deadline, &streams, cfg)))
+        .map_err(|panic| internal(&format!("the JS engine panicked: {}", panic_text(&panic))));
+    // The caller may have stopped waiting (deadline): that is fine.
+    let _ = reply.send(result);
+}
+
 fn worker_main(pool: Weak<Pool>, cfg: BoaJsConfig, mut budget: u64, mut next: Option<Assignment>) {
     loop {
         let prepared = match Prepared::new(budget, &cfg) {
@@ -162,8 +181,7 @@ fn worker_main(pool: Weak<Pool>, cfg: BoaJsConfig, mut budget: u64, mut next: Op
                 }
             }
         };
-        let Assignment { job, deadline, streams, reply } = assignment;
-        let job_budget = job.budget;
+        let job_budget = assignment.job.budget;
         // A context built for another budget is rebuilt (on the request path).
         let prepared = if prepared.budget == job_budget {
             Ok(prepared)
@@ -171,13 +189,12 @@ fn worker_main(pool: Weak<Pool>, cfg: BoaJsConfig, mut budget: u64, mut next: Op
             drop(prepared);
             Prepared::new(job_budget, &cfg)
         };
-        let result = match prepared {
-            Ok(prepared) => std::panic::catch_unwind(AssertUnwindSafe(|| prepared.run(job, &deadline, &streams, &cfg)))
-                .map_err(|panic| internal(&format!("the JS engine panicked: {}", panic_text(&panic)))),
-            Err(err) => Err(internal(&format!("cannot build a JS context: {err}"))),
-        };
-        // The caller may have stopped waiting (deadline): that is fine.
-        let _ = reply.send(result);
+        match prepared {
+            Ok(mut prepared) => answer(&mut prepared, assignment, &cfg),
+            Err(err) => {
+                let _ = assignment.reply.send(Err(internal(&format!("cannot build a JS context: {err}"))));
+            }
+        }
         boa_gc::force_collect();
         budget = job_budget;
         if pool.strong_count() == 0 {
@@ -205,7 +222,7 @@ fn abandoned(deadline: &Deadline, streams: &Arc<Mutex<Streams>>) -> ExecResult {
     }
 }
 
-fn internal(message: &str) -> ExecError {
+pub(super) fn internal(message: &str) -> ExecError {
     ExecError::internal(super::BoaJs::NAME, message)
 }
 

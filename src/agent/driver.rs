@@ -1,0 +1,239 @@
+//! [`AgentLoop`]: reply → extract code → run each block → feed the results
+//! back → ask the model again, until a reply has no code or the turn bound.
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::executor::{CodeExecutor, InvocationContext};
+use super::extract::CodeBlockExtractor;
+use super::result::{CodeExecutionInput, Outcome};
+
+/// Who a message is from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// The person or system starting the loop.
+    User,
+    /// The model.
+    Model,
+    /// execbox, reporting what the code did.
+    Tool,
+}
+
+/// One part of a message.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "type")]
+pub enum Part {
+    /// Prose (and code blocks that do not run).
+    Text {
+        /// The text.
+        text: String,
+    },
+    /// A code block that ran.
+    Code {
+        /// Language id.
+        language: String,
+        /// The code.
+        code: String,
+    },
+    /// What a code block did, as the model should see it.
+    CodeResult {
+        /// How it ended.
+        outcome: Outcome,
+        /// Combined output, structured output and truncation notes, or why nothing ran.
+        output: String,
+    },
+}
+
+/// One message of the history.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Message {
+    /// Its author.
+    pub role: Role,
+    /// Its parts, in order.
+    pub parts: Vec<Part>,
+}
+
+impl Message {
+    /// A user message with one text part.
+    pub fn user(text: impl Into<String>) -> Self {
+        Self { role: Role::User, parts: vec![Part::Text { text: text.into() }] }
+    }
+
+    /// All text parts joined.
+    pub fn text(&self) -> String {
+        self.parts
+            .iter()
+            .filter_map(|p| match p {
+                Part::Text { text } => Some(text.as_str()),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+/// What one executed block did: enough to audit a loop without its outputs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TraceStep {
+    /// Model turn (0-based).
+    pub turn: usize,
+    /// Runnable block within the turn (0-based).
+    pub block: usize,
+    /// Language id.
+    pub language: String,
+    /// sha256 of the code, hex.
+    pub code_sha256: String,
+    /// The backend that ran it (`None` if nothing ran).
+    pub backend: Option<String>,
+    /// How it ended.
+    pub outcome: Outcome,
+    /// Wall-clock time of the run.
+    pub duration_ms: f64,
+    /// Bytes written to stdout and stderr (kept or not).
+    pub output_bytes: u64,
+    /// True if either stream was cut.
+    pub truncated: bool,
+    /// Why nothing ran (refusal, invalid request), if so.
+    pub error: Option<String>,
+}
+
+/// Why the loop stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    /// The model replied without runnable code.
+    NoCode,
+    /// The turn bound was reached.
+    MaxTurns,
+}
+
+/// The loop's record.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LoopReport {
+    /// Every message, the starting ones included.
+    pub history: Vec<Message>,
+    /// One step per executed block.
+    pub trace: Vec<TraceStep>,
+    /// Why it stopped.
+    pub stop: StopReason,
+}
+
+/// Drives a model and a [`CodeExecutor`] until the model stops writing code.
+pub struct AgentLoop<'a, E: CodeExecutor + ?Sized> {
+    executor: &'a E,
+    extractor: CodeBlockExtractor,
+    max_turns: usize,
+    ctx: InvocationContext,
+    execution_id: Option<String>,
+}
+
+impl<'a, E: CodeExecutor + ?Sized> AgentLoop<'a, E> {
+    /// A loop over `executor` with the default extractor and 8 turns.
+    pub fn new(executor: &'a E) -> Self {
+        Self {
+            executor,
+            extractor: CodeBlockExtractor::default(),
+            max_turns: 8,
+            ctx: InvocationContext::default(),
+            execution_id: None,
+        }
+    }
+
+    /// Which blocks run.
+    pub fn extractor(mut self, extractor: CodeBlockExtractor) -> Self {
+        self.extractor = extractor;
+        self
+    }
+
+    /// Most model turns.
+    pub fn max_turns(mut self, turns: usize) -> Self {
+        self.max_turns = turns;
+        self
+    }
+
+    /// Runs every block under this execution id (state carries over with a
+    /// stateful executor).
+    pub fn execution_id(mut self, id: impl Into<String>) -> Self {
+        self.execution_id = Some(id.into());
+        self
+    }
+
+    /// Runs the loop from `history`, asking `model` for each reply.
+    pub async fn run(&self, mut history: Vec<Message>, mut model: impl FnMut(&[Message]) -> String) -> LoopReport {
+        let mut trace = Vec::new();
+        for turn in 0..self.max_turns {
+            let reply = model(&history);
+            let extraction = self.extractor.extract(&reply);
+            history.push(Message { role: Role::Model, parts: model_parts(&reply, &extraction) });
+            let blocks: Vec<_> = extraction.runnable().collect();
+            if blocks.is_empty() {
+                return LoopReport { history, trace, stop: StopReason::NoCode };
+            }
+            let mut results = Vec::new();
+            for (index, (block, language)) in blocks.into_iter().enumerate() {
+                let input = CodeExecutionInput {
+                    code: block.code.clone(),
+                    language: language.as_str().to_string(),
+                    execution_id: self.execution_id.clone(),
+                    ..Default::default()
+                };
+                let mut step = TraceStep {
+                    turn,
+                    block: index,
+                    language: language.as_str().to_string(),
+                    code_sha256: Sha256::digest(block.code.as_bytes()).iter().map(|b| format!("{b:02x}")).collect(),
+                    backend: None,
+                    outcome: Outcome::Failed,
+                    duration_ms: 0.0,
+                    output_bytes: 0,
+                    truncated: false,
+                    error: None,
+                };
+                let part = match self.executor.execute_code(&self.ctx, input).await {
+                    Ok(result) => {
+                        step.backend = Some(result.backend.clone());
+                        step.outcome = result.outcome;
+                        step.duration_ms = result.duration_ms;
+                        step.output_bytes = result.stdout_total_bytes + result.stderr_total_bytes;
+                        step.truncated = result.stdout_truncated || result.stderr_truncated;
+                        Part::CodeResult { outcome: result.outcome, output: result.model_text() }
+                    }
+                    Err(err) => {
+                        step.error = Some(err.to_string());
+                        Part::CodeResult {
+                            outcome: Outcome::Failed,
+                            output: format!("execbox did not run this code: {err}"),
+                        }
+                    }
+                };
+                trace.push(step);
+                results.push(part);
+            }
+            history.push(Message { role: Role::Tool, parts: results });
+        }
+        LoopReport { history, trace, stop: StopReason::MaxTurns }
+    }
+}
+
+/// The reply as parts: text around the blocks, runnable blocks as code.
+fn model_parts(reply: &str, extraction: &super::extract::Extraction) -> Vec<Part> {
+    let mut parts = Vec::new();
+    let text = |t: &str, parts: &mut Vec<Part>| {
+        if !t.trim().is_empty() {
+            parts.push(Part::Text { text: t.to_string() });
+        }
+    };
+    let mut pos = 0;
+    for block in &extraction.blocks {
+        match block.language {
+            Some(language) => {
+                text(&reply[pos..block.span.start], &mut parts);
+                parts.push(Part::Code { language: language.as_str().to_string(), code: block.code.clone() });
+            }
+            None => text(&reply[pos..block.span.end], &mut parts),
+        }
+        pos = block.span.end;
+    }
+    text(&reply[pos..], &mut parts);
+    parts
+}

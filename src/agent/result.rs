@@ -1,0 +1,168 @@
+//! The input and result of one agent code execution, in the shape agent
+//! frameworks use (ADK's `CodeExecutionInput` / `CodeExecutionResult`).
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::request::ExecFile;
+use crate::result::{ExecResult, Outcome as RunOutcome};
+
+/// Code an agent wants to run.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct CodeExecutionInput {
+    /// The code.
+    pub code: String,
+    /// Language id: `python`, `javascript`/`js`, `rust`, `shell`, `wasm` (WAT text).
+    pub language: String,
+    /// Files staged for the code.
+    #[serde(default)]
+    pub input_files: Vec<ExecFile>,
+    /// With a stateful executor: runs with the same id share interpreter state.
+    #[serde(default)]
+    pub execution_id: Option<String>,
+    /// execbox extension: structured JSON input (JS/Python `input`, Rust `run`'s argument).
+    #[serde(default)]
+    pub input: Option<Value>,
+}
+
+impl CodeExecutionInput {
+    /// `code` in `language`, nothing else.
+    pub fn new(language: impl Into<String>, code: impl Into<String>) -> Self {
+        Self { code: code.into(), language: language.into(), ..Self::default() }
+    }
+}
+
+/// The outcome reported back to the model with a result.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// Not known (e.g. the result was built by hand).
+    #[default]
+    Unspecified,
+    /// The code ran to completion.
+    Ok,
+    /// The code failed: exception, non-zero exit, compile error, a limit.
+    Failed,
+    /// The deadline passed: tell the model the code was too slow, not wrong.
+    DeadlineExceeded,
+}
+
+/// What one execution produced.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct CodeExecutionResult {
+    /// Standard output (kept part; see `stdout_truncated`).
+    pub stdout: String,
+    /// Standard error; for a failure without a process (JS exception, a
+    /// limit) it ends with execbox's one-line reason.
+    pub stderr: String,
+    /// Files the code wrote to its output directory.
+    pub output_files: Vec<ExecFile>,
+    /// The process's exit code; `None` for in-process engines.
+    pub exit_code: Option<i32>,
+    /// The outcome for the model.
+    pub outcome: Outcome,
+    /// Structured output (JS return value, JSON stdout of container programs).
+    pub output: Option<Value>,
+    /// True if stdout was cut at the policy's cap.
+    pub stdout_truncated: bool,
+    /// True if stderr was cut at the policy's cap.
+    pub stderr_truncated: bool,
+    /// Bytes the code wrote to stdout, kept or not.
+    pub stdout_total_bytes: u64,
+    /// Bytes the code wrote to stderr, kept or not.
+    pub stderr_total_bytes: u64,
+    /// The backend that ran it.
+    pub backend: String,
+    /// Wall-clock time of the run.
+    pub duration_ms: f64,
+    /// Runs started for this result (more than 1 after a retried executor error).
+    pub attempts: u32,
+}
+
+impl CodeExecutionResult {
+    /// Exit code 0, or no exit code and nothing on stderr.
+    pub fn is_success(&self) -> bool {
+        self.exit_code == Some(0) || (self.exit_code.is_none() && self.stderr.is_empty())
+    }
+
+    /// stdout, then stderr under a `--- stderr ---` divider when both have text.
+    pub fn combined_output(&self) -> String {
+        match (self.stdout.is_empty(), self.stderr.is_empty()) {
+            (_, true) => self.stdout.clone(),
+            (true, false) => self.stderr.clone(),
+            (false, false) => {
+                let newline = if self.stdout.ends_with('\n') { "" } else { "\n" };
+                format!("{}{newline}--- stderr ---\n{}", self.stdout, self.stderr)
+            }
+        }
+    }
+
+    /// A line per truncated stream (`[stdout truncated: 1024 of 52428800 bytes kept]`),
+    /// so a model does not loop on silently cut output.
+    pub fn truncation_note(&self) -> Option<String> {
+        let mut notes = Vec::new();
+        for (name, cut, kept, total) in [
+            ("stdout", self.stdout_truncated, self.stdout.len(), self.stdout_total_bytes),
+            ("stderr", self.stderr_truncated, self.stderr.len(), self.stderr_total_bytes),
+        ] {
+            if cut {
+                notes.push(format!("[{name} truncated: {kept} of {total} bytes kept]"));
+            }
+        }
+        (!notes.is_empty()).then(|| notes.join("\n"))
+    }
+
+    /// The text a model sees for this result: combined output, the structured
+    /// output when stdout does not already show it, and truncation notes.
+    pub fn model_text(&self) -> String {
+        let mut text = self.combined_output();
+        let stdout_is_output = serde_json::from_str::<Value>(self.stdout.trim()).ok() == self.output;
+        if let Some(output) = self.output.as_ref().filter(|_| !stdout_is_output) {
+            if !text.is_empty() && !text.ends_with('\n') {
+                text.push('\n');
+            }
+            text.push_str(&format!("--- output ---\n{output}"));
+        }
+        if let Some(note) = self.truncation_note() {
+            if !text.is_empty() && !text.ends_with('\n') {
+                text.push('\n');
+            }
+            text.push_str(&note);
+        }
+        text
+    }
+}
+
+impl From<ExecResult> for CodeExecutionResult {
+    fn from(r: ExecResult) -> Self {
+        let outcome = match r.outcome {
+            RunOutcome::Ok => Outcome::Ok,
+            RunOutcome::TimedOut => Outcome::DeadlineExceeded,
+            _ => Outcome::Failed,
+        };
+        let mut stderr = r.stderr.text().into_owned();
+        // A failure must never look like a success: without a process there
+        // is no exit code, so the reason goes to stderr.
+        if outcome != Outcome::Ok
+            && stderr.is_empty()
+            && let Some(message) = &r.message
+        {
+            stderr = format!("execbox: {}: {message}\n", r.outcome.as_str());
+        }
+        Self {
+            stdout: r.stdout.text().into_owned(),
+            stderr,
+            output_files: r.output_files,
+            exit_code: r.exit_code,
+            outcome,
+            output: r.output,
+            stdout_truncated: r.stdout.truncated,
+            stderr_truncated: r.stderr.truncated,
+            stdout_total_bytes: r.stdout.total_bytes,
+            stderr_total_bytes: r.stderr.total_bytes,
+            backend: r.backend,
+            duration_ms: r.usage.duration.as_secs_f64() * 1e3,
+            attempts: 1,
+        }
+    }
+}

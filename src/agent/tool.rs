@@ -1,0 +1,113 @@
+//! execbox as one tool for function-calling LLM APIs: a JSON schema and a
+//! dispatch function whose every answer, error included, is JSON.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use super::executor::{ExecboxCodeExecutor, InvocationContext};
+use super::result::CodeExecutionInput;
+
+/// The tool's name in [`tool_schema`].
+pub const TOOL_NAME: &str = "execute_code";
+
+/// `{name, description, parameters}` with a JSON Schema for
+/// `{language, code, input, timeout_secs}`.
+pub fn tool_schema() -> Value {
+    json!({
+        "name": TOOL_NAME,
+        "description": "Run code in a sandbox with no network, no host files and no host environment. \
+            JavaScript: a function body; `input` holds the JSON input and `return` gives the output. \
+            Python: `input` holds the JSON input; print JSON to give structured output. \
+            Rust: define `fn run(input: serde_json::Value) -> serde_json::Value`. \
+            Shell: a POSIX sh script. Returns stdout, stderr, exit_code, outcome and output.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "language": {
+                    "type": "string",
+                    "enum": ["javascript", "python", "rust", "shell", "wasm"],
+                    "description": "Language of `code`."
+                },
+                "code": {"type": "string", "description": "The code to run."},
+                "input": {"description": "Optional JSON value made available to the code as `input`."},
+                "timeout_secs": {
+                    "type": "number",
+                    "exclusiveMinimum": 0,
+                    "description": "Optional wall-clock limit; it can shorten, never extend, the configured limit."
+                }
+            },
+            "required": ["language", "code"],
+            "additionalProperties": false
+        }
+    })
+}
+
+/// Runs one tool call. `arguments` is the JSON object the model produced, or
+/// that object as a JSON string (as some APIs deliver it). Always answers
+/// JSON: the result's fields, or `{"error": {"kind", "message", ...}}`.
+pub async fn dispatch(executor: &ExecboxCodeExecutor, arguments: &Value) -> Value {
+    let parsed;
+    let args = match arguments {
+        Value::String(text) => match serde_json::from_str::<Value>(text) {
+            Ok(v) => {
+                parsed = v;
+                &parsed
+            }
+            Err(e) => return invalid(format!("arguments are not JSON: {e}")),
+        },
+        other => other,
+    };
+    let Some(object) = args.as_object() else { return invalid("arguments must be a JSON object".into()) };
+    if let Some(unknown) = object.keys().find(|k| !["language", "code", "input", "timeout_secs"].contains(&k.as_str()))
+    {
+        return invalid(format!("unknown argument {unknown:?}"));
+    }
+    let (Some(language), Some(code)) =
+        (object.get("language").and_then(Value::as_str), object.get("code").and_then(Value::as_str))
+    else {
+        return invalid("`language` and `code` are required strings".into());
+    };
+    let timeout = match object.get("timeout_secs") {
+        None | Some(Value::Null) => None,
+        Some(v) => match v.as_f64().filter(|s| s.is_finite() && *s > 0.0) {
+            Some(secs) => Some(Duration::from_secs_f64(secs.min(1e9))),
+            None => return invalid("`timeout_secs` must be a positive number".into()),
+        },
+    };
+    let input = CodeExecutionInput {
+        code: code.to_string(),
+        language: language.to_string(),
+        input: object.get("input").cloned(),
+        ..Default::default()
+    };
+    match executor.run_with_timeout(&InvocationContext::default(), input, timeout).await {
+        Ok(result) => {
+            let files: Vec<Value> = result
+                .output_files
+                .iter()
+                .map(|f| json!({"name": f.name, "mime_type": f.mime_type, "size": f.content.len()}))
+                .collect();
+            json!({
+                "outcome": result.outcome,
+                "success": result.is_success(),
+                "exit_code": result.exit_code,
+                "stdout": result.stdout,
+                "stderr": result.stderr,
+                "output": result.output,
+                "stdout_truncated": result.stdout_truncated,
+                "stderr_truncated": result.stderr_truncated,
+                "stdout_total_bytes": result.stdout_total_bytes,
+                "stderr_total_bytes": result.stderr_total_bytes,
+                "output_files": files,
+                "backend": result.backend,
+                "duration_ms": result.duration_ms,
+            })
+        }
+        Err(err) => err.to_json(),
+    }
+}
+
+fn invalid(message: String) -> Value {
+    json!({"error": {"kind": "invalid_arguments", "message": message, "violations": []}})
+}

@@ -1,0 +1,377 @@
+//! The agent-loop contract: retries, outcome mapping, truncation metadata,
+//! code-block extraction, sessions, concurrency, the tool schema, the loop.
+#![cfg(feature = "js")]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use execbox::agent::{
+    AgentLoop, CodeBlockExtractor, CodeExecutionInput, CodeExecutor, CodeExecutorError, Delimiters,
+    ExecboxCodeExecutor, InvocationContext, Message, Outcome, Part, SessionConfig, StopReason, dispatch, tool_schema,
+};
+use execbox::backends::BoaJs;
+use execbox::{
+    Backend, BackendCapabilities, CapturedStream, CostClass, Enforcement, ExecError, ExecRequest, ExecResult, Executor,
+    IsolationKind, Language, Outcome as RunOutcome, PayloadKind, RequestFeatures, SandboxPolicy, SurfaceCapability,
+    Usage,
+};
+use serde_json::json;
+
+fn js_executor() -> ExecboxCodeExecutor {
+    ExecboxCodeExecutor::new(Executor::builder().backend(BoaJs::default()).build())
+}
+
+async fn run(executor: &ExecboxCodeExecutor, language: &str, code: &str) -> execbox::agent::CodeExecutionResult {
+    executor.execute_code(&InvocationContext::default(), CodeExecutionInput::new(language, code)).await.unwrap()
+}
+
+// ---- retries --------------------------------------------------------------------
+
+/// A Python "backend" that fails the first `failures` calls with `error`,
+/// then returns a result with `exit_code`.
+struct Flaky {
+    failures: u32,
+    error: fn() -> ExecError,
+    exit_code: i32,
+    calls: Arc<AtomicU32>,
+    caps: BackendCapabilities,
+}
+
+impl Flaky {
+    fn new(failures: u32, error: fn() -> ExecError, exit_code: i32) -> (Self, Arc<AtomicU32>) {
+        let calls = Arc::new(AtomicU32::new(0));
+        let any =
+            || SurfaceCapability { deny: Enforcement::enforced("test"), allow_list: Enforcement::enforced("test") };
+        let caps = BackendCapabilities {
+            isolation: IsolationKind::InProcess,
+            cost: CostClass::Low,
+            languages: vec![Language::Python],
+            payloads: vec![PayloadKind::Source],
+            features: RequestFeatures::default(),
+            network: any(),
+            filesystem: any(),
+            environment: any(),
+            timeout: Enforcement::enforced("test"),
+            memory: Enforcement::enforced("test"),
+            fuel: Enforcement::enforced("test"),
+            stdout_cap: Enforcement::enforced("test"),
+            stderr_cap: Enforcement::enforced("test"),
+            processes: Enforcement::enforced("test"),
+        };
+        (Self { failures, error, exit_code, calls: calls.clone(), caps }, calls)
+    }
+}
+
+impl Backend for Flaky {
+    fn name(&self) -> &str {
+        "flaky"
+    }
+    fn capabilities(&self) -> &BackendCapabilities {
+        &self.caps
+    }
+    fn execute(&self, _request: ExecRequest) -> Result<ExecResult, ExecError> {
+        let n = self.calls.fetch_add(1, Ordering::SeqCst);
+        if n < self.failures {
+            return Err((self.error)());
+        }
+        Ok(ExecResult {
+            backend: "flaky".into(),
+            outcome: if self.exit_code == 0 { RunOutcome::Ok } else { RunOutcome::Failed },
+            exit_code: Some(self.exit_code),
+            stdout: CapturedStream::default(),
+            stderr: CapturedStream { bytes: b"boom\n".to_vec(), total_bytes: 5, truncated: false },
+            output: None,
+            message: None,
+            output_files: vec![],
+            failure_kind: None,
+            diagnostics: vec![],
+            usage: Usage::default(),
+        })
+    }
+}
+
+fn unavailable() -> ExecError {
+    ExecError::BackendUnavailable { backend: "flaky".into(), reason: "spawn failed".into() }
+}
+
+fn internal() -> ExecError {
+    ExecError::internal("flaky", "fault after the run")
+}
+
+fn flaky_executor(backend: Flaky) -> ExecboxCodeExecutor {
+    ExecboxCodeExecutor::new(Executor::builder().backend(backend).build())
+}
+
+#[tokio::test]
+async fn an_executor_error_is_retried_once_by_default() {
+    let (backend, calls) = Flaky::new(1, unavailable, 0);
+    let executor = flaky_executor(backend);
+    assert_eq!(executor.error_retry_attempts(), 2);
+    let r = run(&executor, "python", "print(1)").await;
+    assert_eq!((calls.load(Ordering::SeqCst), r.attempts, r.outcome), (2, 2, Outcome::Ok));
+
+    let (backend, calls) = Flaky::new(u32::MAX, unavailable, 0);
+    let executor = flaky_executor(backend);
+    let err = executor.execute_code(&InvocationContext::default(), CodeExecutionInput::new("python", "x")).await;
+    assert!(matches!(err, Err(CodeExecutorError::Exec(ExecError::BackendUnavailable { .. }))));
+    assert_eq!(calls.load(Ordering::SeqCst), 2, "one retry, then the error");
+
+    let (backend, calls) = Flaky::new(u32::MAX, unavailable, 0);
+    let executor = flaky_executor(backend).with_retry_attempts(0);
+    assert_eq!(executor.error_retry_attempts(), 1, "minimum 1");
+    let _ = executor.execute_code(&InvocationContext::default(), CodeExecutionInput::new("python", "x")).await;
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn program_failures_and_possible_side_effects_are_never_retried() {
+    let (backend, calls) = Flaky::new(0, unavailable, 3);
+    let r = run(&flaky_executor(backend), "python", "exit(3)").await;
+    assert_eq!((calls.load(Ordering::SeqCst), r.outcome, r.exit_code), (1, Outcome::Failed, Some(3)));
+    assert!(!r.is_success());
+
+    let (backend, calls) = Flaky::new(1, internal, 0);
+    let executor = flaky_executor(backend);
+    let err = executor.execute_code(&InvocationContext::default(), CodeExecutionInput::new("python", "x")).await;
+    assert!(matches!(err, Err(CodeExecutorError::Exec(ExecError::Internal { .. }))));
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "an internal fault may come after side effects");
+}
+
+// ---- outcomes and results -----------------------------------------------------------
+
+#[tokio::test]
+async fn outcomes_map_for_the_model() {
+    let executor = js_executor();
+    let ok = run(&executor, "js", "console.log('hi'); return 42").await;
+    assert_eq!((ok.outcome, ok.exit_code, ok.output.clone()), (Outcome::Ok, None, Some(json!(42))));
+    assert!(ok.is_success());
+    assert_eq!(ok.model_text(), "hi\n--- output ---\n42");
+
+    let thrown = run(&executor, "javascript", "throw new TypeError('bad')").await;
+    assert_eq!(thrown.outcome, Outcome::Failed);
+    assert!(!thrown.is_success());
+    assert!(thrown.stderr.contains("TypeError: bad"));
+
+    let slow = js_executor().with_timeout(Duration::from_millis(100));
+    let timed_out = run(&slow, "js", "while (true) {}").await;
+    assert_eq!(timed_out.outcome, Outcome::DeadlineExceeded, "a timeout is not a generic failure");
+    assert!(!timed_out.is_success(), "the reason is in stderr: {:?}", timed_out.stderr);
+
+    let err = executor.execute_code(&InvocationContext::default(), CodeExecutionInput::new("cobol", "x")).await;
+    assert!(matches!(err, Err(CodeExecutorError::UnknownLanguage { .. })));
+}
+
+#[tokio::test]
+async fn truncation_is_explicit() {
+    let executor = js_executor().with_policy(SandboxPolicy::strict().max_output_bytes(100));
+    let r = run(&executor, "js", "console.log('x'.repeat(10000)); console.error('e'.repeat(50))").await;
+    assert!(r.stdout_truncated && !r.stderr_truncated);
+    assert_eq!((r.stdout.len(), r.stdout_total_bytes), (100, 10001));
+    let text = r.model_text();
+    assert!(text.contains("[stdout truncated: 100 of 10001 bytes kept]"), "{text}");
+    assert!(text.contains("--- stderr ---\neeee"), "{text}");
+}
+
+#[test]
+fn combined_output_uses_the_divider_only_when_both_streams_have_text() {
+    let mut r = execbox::agent::CodeExecutionResult { stdout: "out".into(), ..Default::default() };
+    assert_eq!(r.combined_output(), "out");
+    r.stderr = "err\n".into();
+    assert_eq!(r.combined_output(), "out\n--- stderr ---\nerr\n");
+    r.stdout.clear();
+    assert_eq!(r.combined_output(), "err\n");
+    assert!(!r.is_success());
+    r.exit_code = Some(0);
+    assert!(r.is_success());
+}
+
+#[tokio::test]
+async fn fifty_concurrent_executions_do_not_bleed() {
+    let executor = Arc::new(js_executor());
+    let tasks: Vec<_> = (0..50)
+        .map(|i| {
+            let executor = executor.clone();
+            tokio::spawn(async move {
+                let code = format!("for (let k = 0; k < 20; k++) console.log('run-{i}'); return {i}");
+                (i, run(&executor, "js", &code).await)
+            })
+        })
+        .collect();
+    for task in tasks {
+        let (i, r) = task.await.unwrap();
+        assert_eq!(r.output, Some(json!(i)));
+        assert_eq!(r.stdout, format!("run-{i}\n").repeat(20), "output of another run leaked in");
+    }
+}
+
+// ---- extraction -----------------------------------------------------------------
+
+#[test]
+fn only_tagged_runnable_blocks_run_and_the_text_before_is_kept() {
+    let reply = "Let me compute.\n```python\nprint(1)\n```\nAnd in JS:\n```js\nreturn 2\n```\n\
+                 Data:\n```json\n{\"a\": 1}\n```\n```\nuntagged\n```\n```markdown\n# x\n```\nDone.";
+    let e = CodeBlockExtractor::default().extract(reply);
+    assert_eq!(e.text_before, "Let me compute.\n");
+    assert_eq!(e.blocks.len(), 5);
+    let runnable: Vec<(String, Language)> = e.runnable().map(|(b, l)| (b.code.clone(), l)).collect();
+    assert_eq!(runnable, vec![("print(1)".into(), Language::Python), ("return 2".into(), Language::JavaScript)]);
+    assert_eq!(e.blocks[2].tag.as_deref(), Some("json"));
+
+    let untagged = CodeBlockExtractor::default().untagged_as(Some(Language::Python)).extract(reply);
+    assert_eq!(untagged.runnable().count(), 3);
+}
+
+#[test]
+fn fences_inside_code_lines_and_unclosed_blocks() {
+    let reply = "```python\ns = 'a ``` b'\nprint(s)\n```\n```js\nnever closed";
+    let e = CodeBlockExtractor::default().extract(reply);
+    assert_eq!(e.blocks.len(), 1);
+    assert_eq!(e.blocks[0].code, "s = 'a ``` b'\nprint(s)");
+    assert_eq!(e.text_before, "");
+}
+
+#[test]
+fn custom_delimiters() {
+    let extractor = CodeBlockExtractor::default().delimiters(vec![Delimiters::pair("<execute lang>", "</execute>")]);
+    let e = extractor.extract("Plan: <execute lang>python\nprint(3)</execute> then ```python\nignored\n```");
+    assert_eq!(e.text_before, "Plan: ");
+    assert_eq!(e.blocks.len(), 1);
+    assert_eq!((e.blocks[0].code.as_str(), e.blocks[0].language), ("print(3)", Some(Language::Python)));
+}
+
+#[test]
+fn large_inputs_scan_in_linear_time() {
+    // Quadratic scanning of these would take minutes; linear takes milliseconds.
+    let inputs = [
+        "no delimiters at all, just prose. ".repeat(32 * 1024),
+        "```python\n".repeat(100_000),
+        "a```".repeat(250_000),
+        format!("```python\n{}", "x```y\n".repeat(150_000)),
+    ];
+    for text in &inputs {
+        let started = Instant::now();
+        let e = CodeBlockExtractor::default().extract(text);
+        assert!(e.blocks.len() <= 50_000);
+        assert!(started.elapsed() < Duration::from_secs(3), "{} bytes took {:?}", text.len(), started.elapsed());
+    }
+}
+
+// ---- sessions -------------------------------------------------------------------------
+
+fn session_executor(cfg: SessionConfig) -> ExecboxCodeExecutor {
+    let js = BoaJs::default();
+    ExecboxCodeExecutor::new(Executor::builder().backend(js.clone()).build()).with_sessions(js, cfg)
+}
+
+async fn in_session(executor: &ExecboxCodeExecutor, id: &str, code: &str) -> execbox::agent::CodeExecutionResult {
+    let input = CodeExecutionInput { execution_id: Some(id.into()), ..CodeExecutionInput::new("js", code) };
+    executor.execute_code(&InvocationContext::default(), input).await.unwrap()
+}
+
+#[tokio::test]
+async fn sessions_keep_state_within_an_id_and_never_across_ids() {
+    let executor = session_executor(SessionConfig::default());
+    assert!(executor.stateful());
+    assert_eq!(in_session(&executor, "a", "let x = 41; function twice(n) { return 2 * n }").await.outcome, Outcome::Ok);
+    assert_eq!(in_session(&executor, "a", "x + 1").await.output, Some(json!(42)));
+    assert_eq!(in_session(&executor, "a", "twice(x)").await.output, Some(json!(82)));
+    assert_eq!(in_session(&executor, "b", "typeof x").await.output, Some(json!("undefined")));
+    // Without an id, runs stay stateless.
+    assert_eq!(run(&executor, "js", "return typeof x").await.output, Some(json!("undefined")));
+    assert_eq!(executor.session_count(), 2);
+    assert!(executor.close_session("a"));
+    assert_eq!(in_session(&executor, "a", "typeof x").await.output, Some(json!("undefined")));
+}
+
+#[tokio::test]
+async fn idle_sessions_expire_and_the_count_is_bounded() {
+    let executor = session_executor(SessionConfig { max_sessions: 2, idle_timeout: Duration::from_secs(1) });
+    in_session(&executor, "a", "var kept = 1").await;
+    in_session(&executor, "b", "1").await;
+    let third = CodeExecutionInput { execution_id: Some("c".into()), ..CodeExecutionInput::new("js", "1") };
+    let err = executor.execute_code(&InvocationContext::default(), third).await;
+    assert!(matches!(err, Err(CodeExecutorError::TooManySessions { max: 2 })));
+    std::thread::sleep(Duration::from_millis(1300));
+    assert_eq!(executor.session_count(), 0, "both went idle");
+    assert_eq!(in_session(&executor, "a", "typeof kept").await.output, Some(json!("undefined")));
+}
+
+#[tokio::test]
+async fn sessions_refuse_other_languages_and_end_after_an_abandoned_call() {
+    let executor = session_executor(SessionConfig::default()).with_timeout(Duration::from_millis(100));
+    let python = CodeExecutionInput { execution_id: Some("p".into()), ..CodeExecutionInput::new("python", "1") };
+    let err = executor.execute_code(&InvocationContext::default(), python).await;
+    assert!(matches!(err, Err(CodeExecutorError::StatefulUnsupported { language: Language::Python })));
+
+    in_session(&executor, "s", "var state = 'kept'").await;
+    // A loop in a native callback does not yield: the call is abandoned at the deadline.
+    let r = in_session(&executor, "s", "[1].map(() => { while (true) {} })").await;
+    assert_eq!(r.outcome, Outcome::DeadlineExceeded);
+    assert_eq!(in_session(&executor, "s", "typeof state").await.output, Some(json!("undefined")), "a fresh session");
+}
+
+// ---- tool ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn the_tool_schema_and_dispatch_answer_json() {
+    let schema = tool_schema();
+    assert_eq!(schema["name"], "execute_code");
+    assert_eq!(schema["parameters"]["required"], json!(["language", "code"]));
+
+    let executor = js_executor();
+    let ok =
+        dispatch(&executor, &json!({"language": "javascript", "code": "return input.n * 2", "input": {"n": 21}})).await;
+    assert_eq!(
+        (ok["outcome"].as_str(), ok["output"].as_i64(), ok["success"].as_bool()),
+        (Some("ok"), Some(42), Some(true))
+    );
+
+    let as_string = json!(r#"{"language": "js", "code": "while(true){}", "timeout_secs": 0.1}"#);
+    assert_eq!(dispatch(&executor, &as_string).await["outcome"], "deadline_exceeded");
+
+    for (args, kind) in [
+        (json!({"language": "js"}), "invalid_arguments"),
+        (json!("not json"), "invalid_arguments"),
+        (json!({"language": "js", "code": "1", "extra": 1}), "invalid_arguments"),
+        (json!({"language": "js", "code": "1", "timeout_secs": -1}), "invalid_arguments"),
+        (json!({"language": "cobol", "code": "1"}), "unknown_language"),
+        (json!({"language": "python", "code": "1"}), "unsupported_language"),
+    ] {
+        assert_eq!(dispatch(&executor, &args).await["error"]["kind"], kind, "{args}");
+    }
+}
+
+// ---- the loop ----------------------------------------------------------------------
+
+#[tokio::test]
+async fn the_loop_feeds_a_failure_back_and_stops_when_the_model_has_no_code() {
+    let executor = js_executor();
+    let mut turn = 0;
+    let model = |history: &[Message]| {
+        turn += 1;
+        match turn {
+            1 => "I'll sum it.\n```js\nreturn [1, 2, 3].sum()\n```".to_string(),
+            2 => {
+                let last = history.last().unwrap();
+                assert!(
+                    matches!(&last.parts[0], Part::CodeResult { outcome: Outcome::Failed, output } if output.contains("TypeError"))
+                );
+                "Arrays have no sum; reduce instead.\n```js\nreturn [1, 2, 3].reduce((a, b) => a + b, 0)\n```"
+                    .to_string()
+            }
+            _ => "The sum is 6.".to_string(),
+        }
+    };
+    let report = AgentLoop::new(&executor).run(vec![Message::user("Sum 1, 2, 3.")], model).await;
+    assert_eq!(report.stop, StopReason::NoCode);
+    assert_eq!(report.history.len(), 6, "user, model, tool, model, tool, model");
+    let outcomes: Vec<Outcome> = report.trace.iter().map(|s| s.outcome).collect();
+    assert_eq!(outcomes, [Outcome::Failed, Outcome::Ok]);
+    assert_eq!(report.trace[1].backend.as_deref(), Some("boa-js"));
+    assert_eq!(report.trace[0].code_sha256.len(), 64);
+    assert_eq!(report.history.last().unwrap().text(), "The sum is 6.");
+
+    let forever = AgentLoop::new(&executor).max_turns(2).run(vec![], |_| "```js\nreturn 1\n```".into()).await;
+    assert_eq!((forever.stop, forever.trace.len()), (StopReason::MaxTurns, 2));
+}
