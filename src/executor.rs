@@ -53,6 +53,22 @@ impl ExecutorBuilder {
         self
     }
 
+    /// The wasm guest backend and the interpreters in wasm (QuickJS, CPython);
+    /// an interpreter whose module is missing reports itself unavailable.
+    /// Engine creation only fails when even on-demand allocation is refused;
+    /// the matrix then runs without that backend.
+    #[cfg(feature = "wasm")]
+    pub fn wasm_backends(mut self) -> Self {
+        use crate::backends::{WasmGuest, WasmInterpreter};
+        if let Ok(wasm) = WasmGuest::new() {
+            self = self.backend(wasm);
+        }
+        for interpreter in [WasmInterpreter::quickjs(), WasmInterpreter::python()].into_iter().flatten() {
+            self = self.backend(interpreter);
+        }
+        self
+    }
+
     /// Finishes the matrix.
     pub fn build(self) -> Executor {
         let mut backends = self.backends;
@@ -82,7 +98,8 @@ impl Executor {
 
     /// Every backend compiled in with its default configuration:
     /// [`crate::backends::BoaJs`] (feature `js`),
-    /// [`crate::backends::WasmGuest`] (feature `wasm`) and
+    /// [`crate::backends::WasmGuest`] and the QuickJS and CPython
+    /// [`crate::backends::WasmInterpreter`]s (feature `wasm`) and
     /// [`crate::backends::Container`] on docker (feature `container`; it
     /// reports itself unavailable until an engine and its images exist).
     pub fn with_default_backends() -> Self {
@@ -92,11 +109,9 @@ impl Executor {
         {
             builder = builder.backend(crate::backends::BoaJs::default());
         }
-        // Engine creation only fails when even on-demand allocation is
-        // refused; the executor then runs without wasm (`backends` shows it).
         #[cfg(feature = "wasm")]
-        if let Ok(wasm) = crate::backends::WasmGuest::new() {
-            builder = builder.backend(wasm);
+        {
+            builder = builder.wasm_backends();
         }
         #[cfg(feature = "container")]
         {

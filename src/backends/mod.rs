@@ -2,6 +2,9 @@
 //! backend type with a config, its [`BackendCapabilities`](crate::BackendCapabilities),
 //! and an implementation of [`Backend`](crate::Backend).
 
+#[cfg(any(feature = "wasm", feature = "container"))]
+mod conventions;
+
 #[cfg(feature = "js")]
 pub mod boa;
 
@@ -12,7 +15,7 @@ pub use boa::{BoaJs, BoaJsConfig, JsSession, WorkerGauge};
 pub mod wasm;
 
 #[cfg(feature = "wasm")]
-pub use wasm::{CacheStats, WasmGuest, WasmGuestConfig};
+pub use wasm::{CacheStats, Interpreter, WasmGuest, WasmGuestConfig, WasmInterpreter};
 
 #[cfg(feature = "container")]
 pub mod container;

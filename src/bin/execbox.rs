@@ -61,6 +61,9 @@ struct RunArgs {
     /// Cap on each of stdout and stderr, in bytes.
     #[arg(long)]
     max_output_bytes: Option<u64>,
+    /// Largest accepted code (module) in bytes (default: the strict policy's 1 MiB).
+    #[arg(long)]
+    max_code_bytes: Option<u64>,
     /// Standard input for the program, from a file (`-`: this process's stdin).
     #[arg(long, value_name = "FILE")]
     stdin_file: Option<PathBuf>,
@@ -119,9 +122,12 @@ fn executor(args: &RunArgs) -> Result<Executor, ExecError> {
     }
     #[cfg(feature = "wasm")]
     {
-        use execbox::backends::{WasmGuest, WasmGuestConfig};
+        use execbox::backends::{WasmGuest, WasmGuestConfig, WasmInterpreter};
         let cfg = WasmGuestConfig { disk_cache_dir: args.wasm_cache_dir.clone(), ..Default::default() };
         builder = builder.backend(WasmGuest::with_config(cfg)?);
+        for interpreter in [WasmInterpreter::quickjs(), WasmInterpreter::python()] {
+            builder = builder.backend(interpreter?);
+        }
     }
     #[cfg(feature = "container")]
     {
@@ -197,6 +203,9 @@ fn build_request(args: RunArgs) -> Result<ExecRequest, String> {
     }
     if let Some(bytes) = args.max_output_bytes {
         policy = policy.max_output_bytes(bytes);
+    }
+    if let Some(bytes) = args.max_code_bytes {
+        policy = policy.max_code_bytes(bytes);
     }
     let mut env_names = Vec::new();
     let mut request = ExecRequest::new(language, payload);

@@ -40,6 +40,7 @@ pub use argv::{Mount, RunSpec, UnsafeExtraArg, check_extra_args, run_argv};
 pub use rust::{RustCacheStats, RustConfig};
 pub use staging::{INPUT_JSON, OUTPUT_DIR, WORKDIR};
 
+use super::conventions;
 use crate::capabilities::{
     BackendCapabilities, CostClass, Enforcement, IsolationKind, Language, PayloadKind, RequestFeatures,
     SurfaceCapability,
@@ -50,22 +51,6 @@ use crate::limits::{Deadline, nesting};
 use crate::policy::Access;
 use crate::request::{ExecRequest, Payload};
 use crate::result::{ExecResult, Outcome, Usage};
-
-/// Runs the code read from stdin as `__main__`, with `input` bound to
-/// `/work/input.json` (or `None`); frames show the code as `<code>`.
-const PYTHON_BOOTSTRAP: &str = "\
-import json, sys
-def load_input():
-    try:
-        with open('/work/input.json', encoding='utf-8') as f:
-            return json.load(f)
-    except FileNotFoundError:
-        return None
-data = load_input()
-source = sys.stdin.read()
-sys.argv = ['<code>'] + sys.argv[1:]
-exec(compile(source, '<code>', 'exec'), {'__name__': '__main__', '__builtins__': __builtins__, 'input': data})
-";
 
 /// Settings of a [`Container`] backend.
 #[derive(Clone, Debug)]
@@ -252,7 +237,7 @@ impl Container {
     /// The in-container command of a Python or shell request.
     fn script_command(&self, request: &ExecRequest) -> Result<Vec<String>, ExecError> {
         let mut command: Vec<String> = match request.language {
-            Language::Python => vec!["python3".into(), "-c".into(), PYTHON_BOOTSTRAP.into()],
+            Language::Python => vec!["python3".into(), "-c".into(), conventions::PYTHON_BOOTSTRAP.into()],
             Language::Shell => vec!["sh".into(), "-s".into(), "--".into()],
             other => return Err(ExecError::internal(Self::NAME, format!("no script command for {other}"))),
         };
@@ -307,7 +292,7 @@ impl Container {
             backend: Self::NAME.into(),
             outcome,
             exit_code,
-            output: json_stdout(&finished.stdout),
+            output: conventions::json_stdout(&finished.stdout),
             stdout: finished.stdout,
             stderr: finished.stderr,
             message,
@@ -404,17 +389,6 @@ impl Container {
 enum RunEnd {
     Finished(process::Finished),
     SpawnFailed(String),
-}
-
-/// The whole stdout as one JSON value, if it is one and nothing was cut.
-fn json_stdout(stdout: &crate::result::CapturedStream) -> Option<serde_json::Value> {
-    if stdout.truncated || stdout.bytes.is_empty() {
-        return None;
-    }
-    let text = std::str::from_utf8(&stdout.bytes).ok()?.trim();
-    // serde_json stops at 128 levels of nesting: a hostile stdout cannot
-    // exhaust the stack here.
-    serde_json::from_str(text).ok()
 }
 
 /// A random suffix for container names: two runs never share a name, even

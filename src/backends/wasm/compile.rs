@@ -106,7 +106,18 @@ impl ModuleCache {
 
     /// The ready module for `bytes` (binary or WAT), compiling at most once.
     pub fn get(&self, bytes: &[u8]) -> Result<Arc<Compiled>, InvalidRequest> {
-        let key: Key = Sha256::digest(bytes).into();
+        self.get_pinned(Sha256::digest(bytes).into(), || Ok(std::borrow::Cow::Borrowed(bytes)))
+    }
+
+    /// The ready module whose sha256 is `key`. `bytes` is called only when
+    /// neither cache has it; what it returns must hash to `key`. For large
+    /// pinned modules (interpreters): a warm disk cache skips reading and
+    /// hashing the module itself.
+    pub fn get_pinned<'b>(
+        &self,
+        key: Key,
+        bytes: impl FnOnce() -> Result<std::borrow::Cow<'b, [u8]>, InvalidRequest>,
+    ) -> Result<Arc<Compiled>, InvalidRequest> {
         if let Some(hit) = self.lookup(&key) {
             self.memory_hits.fetch_add(1, Ordering::Relaxed);
             return Ok(hit);
@@ -117,7 +128,13 @@ impl ModuleCache {
                 module
             }
             None => {
-                let module = Module::new(&self.engine, bytes)
+                let bytes = bytes()?;
+                if <[u8; 32]>::from(Sha256::digest(&bytes)) != key {
+                    return Err(InvalidRequest::InvalidModule {
+                        reason: "the module does not match its pinned sha256".into(),
+                    });
+                }
+                let module = Module::new(&self.engine, &bytes)
                     .map_err(|e| InvalidRequest::InvalidModule { reason: format!("{e:#}") })?;
                 self.compiled.fetch_add(1, Ordering::Relaxed);
                 if let Some(disk) = &self.disk {

@@ -26,6 +26,7 @@
 //! and kept as `InstancePre`; instances come from the pooling allocator.
 
 mod compile;
+pub mod interpreters;
 mod run;
 mod stdio;
 mod ticker;
@@ -37,6 +38,7 @@ use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConf
 use wasmtime_wasi::FsPerms;
 
 pub use compile::CacheStats;
+pub use interpreters::{Interpreter, WasmInterpreter};
 
 use crate::capabilities::{
     BackendCapabilities, CostClass, Enforcement, IsolationKind, Language, PayloadKind, RequestFeatures,
@@ -191,22 +193,10 @@ impl WasmGuest {
         };
 
         let policy = &request.policy;
-        let mut preopens = Vec::new();
-        if let Access::Allow(grants) = &policy.filesystem {
-            let modes = [(&grants.read_only, FsPerms::ReadOnly), (&grants.read_write, FsPerms::ReadWrite)];
-            for (list, perms) in modes {
-                for grant in list {
-                    let guest = grant.guest_path().to_str().ok_or_else(|| InvalidRequest::BadPath {
-                        path: grant.guest_path().display().to_string(),
-                        reason: "guest paths must be UTF-8".into(),
-                    })?;
-                    preopens.push(run::Preopen { host: grant.host.clone(), guest: guest.to_string(), perms });
-                }
-            }
-        }
+        let mut preopens = policy_preopens(policy)?;
         // Staged input files live in a temporary directory, removed when
         // this function returns whatever the outcome.
-        let staged = stage_input_files(&request)?;
+        let staged = stage_input_files(&request, None)?;
         if let Some(dir) = &staged {
             preopens.push(run::Preopen {
                 host: dir.path().to_path_buf(),
@@ -215,7 +205,6 @@ impl WasmGuest {
             });
         }
 
-        let memory_cap = policy.memory_bytes.map_or(self.cfg.max_memory_bytes, |m| m.min(self.cfg.max_memory_bytes));
         let job = run::Job {
             guest_input,
             args: std::mem::take(&mut request.args),
@@ -223,12 +212,56 @@ impl WasmGuest {
             preopens,
             fuel: policy.fuel,
             timeout: policy.timeout_duration(),
-            memory_cap: usize::try_from(memory_cap).unwrap_or(usize::MAX),
+            memory_cap: self.memory_cap(policy),
             max_stdout: policy.max_stdout_bytes,
             max_stderr: policy.max_stderr_bytes,
         };
         run::run(self, &compiled, job)
     }
+}
+
+impl WasmGuest {
+    /// The linear-memory cap of a run: the policy's, at most the ceiling.
+    fn memory_cap(&self, policy: &crate::policy::SandboxPolicy) -> usize {
+        let cap = policy.memory_bytes.map_or(self.cfg.max_memory_bytes, |m| m.min(self.cfg.max_memory_bytes));
+        usize::try_from(cap).unwrap_or(usize::MAX)
+    }
+
+    /// Runs `f` here if this thread may block, else on a scoped thread: on an
+    /// async worker thread the sync WASI layer would try to block on a nested
+    /// runtime and panic.
+    fn on_blocking_thread<R: Send>(&self, f: impl FnOnce() -> Result<R, ExecError> + Send) -> Result<R, ExecError> {
+        if may_block_here() {
+            return f();
+        }
+        std::thread::scope(|scope| {
+            std::thread::Builder::new()
+                .name("execbox-wasm".into())
+                .stack_size(self.cfg.max_wasm_stack + (2 << 20))
+                .spawn_scoped(scope, f)
+                .map_err(|e| ExecError::internal(Self::NAME, format!("cannot spawn: {e}")))?
+                .join()
+                .unwrap_or_else(|_| Err(ExecError::internal(Self::NAME, "guest thread panicked")))
+        })
+    }
+}
+
+/// The policy's granted directories as preopens (read-only or read-write).
+fn policy_preopens(policy: &crate::policy::SandboxPolicy) -> Result<Vec<run::Preopen>, InvalidRequest> {
+    let mut preopens = Vec::new();
+    if let Access::Allow(grants) = &policy.filesystem {
+        let modes = [(&grants.read_only, FsPerms::ReadOnly), (&grants.read_write, FsPerms::ReadWrite)];
+        for (list, perms) in modes {
+            for grant in list {
+                let guest = grant.guest_path().to_str().ok_or_else(|| InvalidRequest::BadPath {
+                    path: grant.guest_path().display().to_string(),
+                    reason: "guest paths must be UTF-8".into(),
+                })?;
+                preopens.push(run::Preopen { host: grant.host.clone(), guest: guest.to_string(), perms });
+            }
+        }
+    }
+    Ok(preopens)
 }
 
 fn build_engine(cfg: &WasmGuestConfig) -> wasmtime::Result<Engine> {
@@ -255,9 +288,13 @@ fn build_engine(cfg: &WasmGuestConfig) -> wasmtime::Result<Engine> {
     Engine::new(&pooled).or_else(|_| Engine::new(&config))
 }
 
-/// Writes the request's input files into a fresh temporary directory.
-fn stage_input_files(request: &ExecRequest) -> Result<Option<tempfile::TempDir>, ExecError> {
-    if request.input_files.is_empty() {
+/// Writes the request's input files (and `extra`, a named file of execbox's
+/// own such as `input.json`) into a fresh temporary directory.
+fn stage_input_files(
+    request: &ExecRequest,
+    extra: Option<(&str, &[u8])>,
+) -> Result<Option<tempfile::TempDir>, ExecError> {
+    if request.input_files.is_empty() && extra.is_none() {
         return Ok(None);
     }
     let io = |path: &str, e: std::io::Error| InvalidRequest::BadPath { path: path.into(), reason: e.to_string() };
@@ -269,6 +306,9 @@ fn stage_input_files(request: &ExecRequest) -> Result<Option<tempfile::TempDir>,
             std::fs::create_dir_all(parent).map_err(|e| io(&file.name, e))?;
         }
         std::fs::write(&path, &file.content).map_err(|e| io(&file.name, e))?;
+    }
+    if let Some((name, bytes)) = extra {
+        std::fs::write(dir.path().join(name), bytes).map_err(|e| io(name, e))?;
     }
     Ok(Some(dir))
 }
@@ -325,19 +365,6 @@ impl Backend for WasmGuest {
     }
 
     fn execute(&self, request: ExecRequest) -> Result<ExecResult, ExecError> {
-        if may_block_here() {
-            return self.execute_here(request);
-        }
-        // On an async worker thread the sync WASI layer would try to block on
-        // a nested runtime and panic: run on a scoped thread instead.
-        std::thread::scope(|scope| {
-            std::thread::Builder::new()
-                .name("execbox-wasm".into())
-                .stack_size(self.cfg.max_wasm_stack + (2 << 20))
-                .spawn_scoped(scope, || self.execute_here(request))
-                .map_err(|e| ExecError::internal(Self::NAME, format!("cannot spawn: {e}")))?
-                .join()
-                .unwrap_or_else(|_| Err(ExecError::internal(Self::NAME, "guest thread panicked")))
-        })
+        self.on_blocking_thread(|| self.execute_here(request))
     }
 }

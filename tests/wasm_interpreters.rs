@@ -1,0 +1,229 @@
+//! CPython and QuickJS inside wasmtime: semantics shared with the other
+//! backends of the same language, every wasm limit, and routing.
+//!
+//! The modules come from `scripts/fetch-interpreters.sh`. Without them the
+//! tests print why and pass, unless `EXECBOX_REQUIRE_INTERPRETERS=1` (set by
+//! `.ci/run`) makes that a failure.
+#![cfg(feature = "wasm")]
+
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use execbox::backends::{BoaJs, WasmInterpreter};
+use execbox::{Backend, ExecRequest, ExecResult, Executor, Language, Outcome, SandboxPolicy};
+use serde_json::json;
+
+fn shared(
+    slot: &'static OnceLock<Option<WasmInterpreter>>,
+    make: fn() -> WasmInterpreter,
+) -> Option<&'static WasmInterpreter> {
+    slot.get_or_init(|| {
+        let backend = make();
+        match backend.availability() {
+            Ok(()) => {
+                backend.warm_up().expect("the interpreter loads");
+                Some(backend)
+            }
+            Err(reason) => {
+                assert!(std::env::var_os("EXECBOX_REQUIRE_INTERPRETERS").is_none(), "required but {reason}");
+                eprintln!("skipping: {reason}");
+                None
+            }
+        }
+    })
+    .as_ref()
+}
+
+fn python_backend() -> Option<&'static WasmInterpreter> {
+    static SLOT: OnceLock<Option<WasmInterpreter>> = OnceLock::new();
+    shared(&SLOT, || WasmInterpreter::python().expect("engine"))
+}
+
+fn quickjs_backend() -> Option<&'static WasmInterpreter> {
+    static SLOT: OnceLock<Option<WasmInterpreter>> = OnceLock::new();
+    shared(&SLOT, || WasmInterpreter::quickjs().expect("engine"))
+}
+
+fn python(code: &str) -> ExecRequest {
+    ExecRequest::source(Language::Python, code).policy(SandboxPolicy::strict().timeout(Duration::from_secs(30)))
+}
+
+fn run(backend: &WasmInterpreter, request: ExecRequest) -> ExecResult {
+    backend.execute(request).expect("execute")
+}
+
+// ---- Python --------------------------------------------------------------------
+
+#[test]
+fn python_gets_input_and_its_json_stdout_is_output() {
+    let Some(py) = python_backend() else { return };
+    let code = "import json, sys\nprint(json.dumps({'sum': sum(input['items']), 'argv': sys.argv[1:]}))";
+    let r = run(py, python(code).input(json!({"items": [1, 2, 3]})).arg("x"));
+    assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
+    assert_eq!(r.backend, "python-wasm");
+    assert_eq!(r.output, Some(json!({"sum": 6, "argv": ["x"]})));
+    let r = run(py, python("print(open('/work/input.json').read())").input(json!([1])));
+    assert_eq!(r.stdout.text().trim(), "[1]");
+    let r = run(
+        py,
+        python("print(open('/work/data.txt').read())").input_file(execbox::ExecFile::new("data.txt", "staged")),
+    );
+    assert_eq!(r.stdout.text().trim(), "staged");
+}
+
+#[test]
+fn python_stdlib_modules_work() {
+    let Some(py) = python_backend() else { return };
+    let code = "\
+import json, re, statistics, datetime, decimal, csv, io, collections, math
+rows = list(csv.reader(io.StringIO('a,1\\nb,2')))
+print(json.dumps({
+    'mean': statistics.mean([1, 2, 3, 4]),
+    're': re.findall(r'\\d+', 'a1b22'),
+    'date': datetime.date(2026, 11, 22).isoformat(),
+    'dec': str(decimal.Decimal('0.1') + decimal.Decimal('0.2')),
+    'csv': rows,
+}))";
+    let r = run(py, python(code));
+    assert_eq!(r.outcome, Outcome::Ok, "{}", r.stderr.text());
+    assert_eq!(
+        r.output,
+        Some(
+            json!({"mean": 2.5, "re": ["1", "22"], "date": "2026-11-22", "dec": "0.3", "csv": [["a", "1"], ["b", "2"]]})
+        )
+    );
+}
+
+#[test]
+fn python_errors_point_at_the_callers_lines() {
+    let Some(py) = python_backend() else { return };
+    let r = run(py, python("x = 1\ny = x / 0\n"));
+    assert_eq!((r.outcome, r.exit_code), (Outcome::Failed, Some(1)));
+    let stderr = r.stderr.text();
+    assert!(stderr.contains("File \"<code>\", line 2") && stderr.contains("ZeroDivisionError"), "{stderr}");
+}
+
+#[test]
+fn python_sockets_and_subprocesses_fail_cleanly() {
+    let Some(py) = python_backend() else { return };
+    let code = "\
+results = []
+try:
+    import socket
+    socket.create_connection(('1.1.1.1', 53), timeout=1)
+    results.append('connected')
+except Exception as e:
+    results.append('socket: ' + type(e).__name__)
+try:
+    import subprocess
+    subprocess.run(['ls'])
+    results.append('spawned')
+except Exception as e:
+    results.append('subprocess: ' + type(e).__name__)
+print('|'.join(results))";
+    let r = run(py, python(code));
+    assert_eq!(r.outcome, Outcome::Ok, "{}", r.stderr.text());
+    let out = r.stdout.text();
+    assert!(out.starts_with("socket: ") && out.contains("|subprocess: "), "{out}");
+    assert!(!out.contains("connected") && !out.contains("spawned"));
+}
+
+#[test]
+fn python_memory_bomb_is_out_of_memory() {
+    let Some(py) = python_backend() else { return };
+    let policy = SandboxPolicy::strict().memory_bytes(64 << 20).timeout(Duration::from_secs(30));
+    let r = run(py, python("x = bytearray(1 << 30)\nprint('survived')").policy(policy));
+    // CPython turns the failed allocation into a MemoryError; the run, which
+    // hit the cap and then failed, is reported as out_of_memory.
+    assert_eq!(r.outcome, Outcome::OutOfMemory, "{r:?}");
+    assert!(r.stderr.text().contains("MemoryError"), "{}", r.stderr.text());
+    assert!(!r.stdout.text().contains("survived"));
+}
+
+#[test]
+fn python_infinite_loops_time_out_or_run_out_of_fuel() {
+    let Some(py) = python_backend() else { return };
+    let started = Instant::now();
+    let r = run(py, python("while True: pass").policy(SandboxPolicy::strict().timeout(Duration::from_millis(500))));
+    assert_eq!(r.outcome, Outcome::TimedOut, "{r:?}");
+    assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
+    let r = run(py, python("while True: pass").policy(SandboxPolicy::strict().fuel(2_000_000_000)));
+    assert_eq!(r.outcome, Outcome::OutOfFuel, "{r:?}");
+}
+
+#[test]
+fn python_runs_never_share_state() {
+    let Some(py) = python_backend() else { return };
+    let r = run(py, python("import builtins\nbuiltins.leaked = 42\nglobals()['mine'] = 1\nprint('set')"));
+    assert_eq!(r.stdout.text(), "set\n");
+    let r = run(py, python("import builtins\nprint(hasattr(builtins, 'leaked'), 'mine' in globals())"));
+    assert_eq!(r.stdout.text(), "False False\n");
+}
+
+// ---- QuickJS --------------------------------------------------------------------
+
+#[test]
+fn quickjs_has_boas_request_semantics() {
+    let Some(qjs) = quickjs_backend() else { return };
+    let code = "console.log('hi', {a: 1}); console.warn('careful'); return input.items.map(x => x * 2)";
+    let r = run(qjs, ExecRequest::javascript(code).input(json!({"items": [1, 2, 3]})));
+    assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
+    assert_eq!(r.backend, "quickjs-wasm");
+    assert_eq!(r.output, Some(json!([2, 4, 6])));
+    assert_eq!(r.stdout.text(), "hi {\"a\":1}\n", "the returned value is not in stdout");
+    assert_eq!(r.stdout.total_bytes, r.stdout.bytes.len() as u64);
+    assert_eq!(r.stderr.text(), "careful\n");
+
+    let r = run(qjs, ExecRequest::javascript("await null; return 5"));
+    assert_eq!(r.output, Some(json!(5)));
+    let r = run(qjs, ExecRequest::javascript("console.log('no return')"));
+    assert_eq!((r.outcome, r.output), (Outcome::Ok, None));
+    let r = run(qjs, ExecRequest::javascript("throw new TypeError('bad')"));
+    assert_eq!((r.outcome, r.message.as_deref()), (Outcome::Failed, Some("TypeError: bad")));
+    assert!(r.stderr.text().ends_with("Uncaught TypeError: bad\n"));
+    let r = run(qjs, ExecRequest::javascript("return 1n"));
+    assert_eq!(r.outcome, Outcome::Failed, "BigInt has no JSON form, as on boa");
+}
+
+#[test]
+fn quickjs_memory_bombs_and_loops_are_stopped() {
+    let Some(qjs) = quickjs_backend() else { return };
+    let policy = SandboxPolicy::strict().memory_bytes(64 << 20).timeout(Duration::from_secs(20));
+    let bomb = "let a = []; while (true) a.push(new Array(100000).fill(1))";
+    let r = run(qjs, ExecRequest::javascript(bomb).policy(policy));
+    assert_eq!(r.outcome, Outcome::OutOfMemory, "{r:?}");
+    let started = Instant::now();
+    let r = run(
+        qjs,
+        ExecRequest::javascript("while (true) {}").policy(SandboxPolicy::strict().timeout(Duration::from_millis(300))),
+    );
+    assert_eq!(r.outcome, Outcome::TimedOut);
+    assert!(started.elapsed() < Duration::from_secs(3));
+}
+
+// ---- routing ---------------------------------------------------------------------
+
+#[test]
+fn in_process_backends_win_and_a_memory_cap_sends_js_to_quickjs() {
+    let (Some(_), Some(_)) = (python_backend(), quickjs_backend()) else { return };
+    let exec = Executor::builder()
+        .backend(BoaJs::default())
+        .backend(WasmInterpreter::quickjs().unwrap())
+        .backend(WasmInterpreter::python().unwrap())
+        .build();
+    assert_eq!(exec.select(&ExecRequest::javascript("return 1")).unwrap().name(), "boa-js");
+    let capped = ExecRequest::javascript("return 1").policy(SandboxPolicy::strict().memory_bytes(32 << 20));
+    assert_eq!(exec.select(&capped).unwrap().name(), "quickjs-wasm");
+    assert_eq!(exec.execute_blocking(capped).unwrap().output, Some(json!(1)));
+    assert_eq!(exec.select(&python("print(1)")).unwrap().name(), "python-wasm");
+}
+
+#[test]
+#[cfg(feature = "container")]
+fn python_prefers_wasm_over_the_container_unless_pinned() {
+    let Some(_) = python_backend() else { return };
+    let exec = Executor::with_default_backends();
+    assert_eq!(exec.select(&python("print(1)")).unwrap().name(), "python-wasm");
+    let pinned = python("print(1)").on_backend("container");
+    assert_eq!(exec.select(&pinned).map(|b| b.name().to_string()).unwrap_or_default(), "container");
+}
