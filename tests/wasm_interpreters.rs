@@ -227,3 +227,41 @@ fn python_prefers_wasm_over_the_container_unless_pinned() {
     let pinned = python("print(1)").on_backend("container");
     assert_eq!(exec.select(&pinned).map(|b| b.name().to_string()).unwrap_or_default(), "container");
 }
+
+// ---- the warm pool ----------------------------------------------------------------
+
+#[test]
+fn warm_instances_serve_requests_and_are_replaced_at_once() {
+    let Some(py) = python_backend() else { return };
+    assert_eq!(py.warm_idle(), 2, "warm_up started the pool");
+    let r = run(py, python("print(6 * 7)"));
+    assert_eq!(r.output, Some(json!(42)));
+    assert_eq!(r.usage.fuel, None, "served by a warm instance (no per-request fuel figure)");
+    assert_eq!(py.warm_idle(), 2, "a replacement started");
+    let r = run(py, python("import sys\nprint(sys.argv[1:])").arg("x"));
+    assert_eq!(r.stdout.text(), "['x']\n");
+    assert!(r.usage.fuel.is_some(), "arguments are fixed at start-up: a fresh instance ran it");
+}
+
+#[test]
+fn warm_runs_keep_every_limit() {
+    let Some(py) = python_backend() else { return };
+    let started = Instant::now();
+    let r = run(py, python("while True: pass").policy(SandboxPolicy::strict().timeout(Duration::from_millis(400))));
+    assert_eq!((r.outcome, r.usage.fuel), (Outcome::TimedOut, None), "{r:?}");
+    assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
+
+    let capped = SandboxPolicy::strict().memory_bytes(64 << 20).max_output_bytes(100);
+    let r = run(py, python("x = bytearray(1 << 30)").policy(capped.clone()));
+    assert_eq!(r.outcome, Outcome::OutOfMemory, "{r:?}");
+    let r = run(py, python("print('x' * 10000)").policy(capped));
+    assert_eq!((r.stdout.bytes.len(), r.stdout.total_bytes, r.stdout.truncated), (100, 10001, true));
+    // An input file and the JSON input reach a warm instance too.
+    let r = run(
+        py,
+        python("print(open('/work/f.txt').read() + str(input['n']))")
+            .input(json!({"n": 7}))
+            .input_file(execbox::ExecFile::new("f.txt", "n=")),
+    );
+    assert_eq!(r.stdout.text(), "n=7\n");
+}

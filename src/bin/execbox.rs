@@ -125,8 +125,9 @@ fn executor(args: &RunArgs) -> Result<Executor, ExecError> {
         use execbox::backends::{WasmGuest, WasmGuestConfig, WasmInterpreter};
         let cfg = WasmGuestConfig { disk_cache_dir: args.wasm_cache_dir.clone(), ..Default::default() };
         builder = builder.backend(WasmGuest::with_config(cfg)?);
+        // One run per process: a warm pool would only cost start-ups at exit.
         for interpreter in [WasmInterpreter::quickjs(), WasmInterpreter::python()] {
-            builder = builder.backend(interpreter?);
+            builder = builder.backend(interpreter?.with_warm_pool(0));
         }
     }
     #[cfg(feature = "container")]

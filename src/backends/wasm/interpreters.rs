@@ -11,6 +11,10 @@
 //! process with a warm cache loads CPython in tens of milliseconds instead of
 //! compiling it for seconds.
 //!
+//! CPython's start-up (~100 ms here) dominates a fresh instance, so Python
+//! keeps a warm pool (see `warm.rs`): instances pre-started up to the point
+//! where they wait for their code.
+//!
 //! Request semantics match the other backends for the same language:
 //! - **Python** (`python-wasm`): as in the container — the code arrives on
 //!   stdin and runs as `__main__` with `input` bound to the JSON input, which
@@ -22,11 +26,12 @@
 //!   an uncaught exception is `failed` with `Uncaught Name: message`.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use wasmtime_wasi::FsPerms;
 
 use super::compile::Compiled;
+use super::warm::WarmPool;
 use super::{WasmGuest, WasmGuestConfig, run};
 use crate::backends::conventions;
 use crate::capabilities::{BackendCapabilities, CostClass, Language, PayloadKind, RequestFeatures};
@@ -106,17 +111,22 @@ pub fn interpreters_dir() -> Option<PathBuf> {
 /// An interpreter compiled to WebAssembly, as a backend of its own.
 pub struct WasmInterpreter {
     kind: Interpreter,
-    guest: WasmGuest,
+    guest: Arc<WasmGuest>,
     module_path: Option<PathBuf>,
     /// Loaded on first use (or by [`WasmInterpreter::warm_up`]).
     compiled: Mutex<Option<Arc<Compiled>>>,
+    /// Pre-started instances (Python only), created with the module.
+    warm_size: usize,
+    warm: OnceLock<WarmPool>,
     caps: BackendCapabilities,
 }
 
 impl WasmInterpreter {
-    /// CPython from [`interpreters_dir`], compiled modules cached in its `compiled/`.
+    /// CPython from [`interpreters_dir`], compiled modules cached in its
+    /// `compiled/`, with a warm pool of 2 instances (started on first use or
+    /// by [`WasmInterpreter::warm_up`]).
     pub fn python() -> Result<Self, ExecError> {
-        Self::new(Interpreter::Python, interpreters_dir(), WasmGuestConfig::default())
+        Ok(Self::new(Interpreter::Python, interpreters_dir(), WasmGuestConfig::default())?.with_warm_pool(2))
     }
 
     /// QuickJS from [`interpreters_dir`], compiled modules cached in its `compiled/`.
@@ -145,7 +155,38 @@ impl WasmInterpreter {
             output_files: false,
         };
         let module_path = dir.map(|d| d.join(kind.file_name()));
-        Ok(Self { kind, guest, module_path, compiled: Mutex::new(None), caps })
+        let guest = Arc::new(guest);
+        Ok(Self { kind, guest, module_path, compiled: Mutex::new(None), warm_size: 0, warm: OnceLock::new(), caps })
+    }
+
+    /// Keeps `size` instances pre-started (CPython only; 0: none). A
+    /// one-shot process (like the CLI) should keep 0: the pool only pays off
+    /// when several requests come.
+    pub fn with_warm_pool(mut self, size: usize) -> Self {
+        self.warm_size = if self.kind == Interpreter::Python { size } else { 0 };
+        self
+    }
+
+    /// Warm instances in the pool, started or still starting (0 before the
+    /// pool has started).
+    pub fn warm_idle(&self) -> usize {
+        self.warm.get().map_or(0, WarmPool::idle)
+    }
+
+    /// Warm instances done starting and waiting for code.
+    pub fn warm_ready(&self) -> usize {
+        self.warm.get().map_or(0, WarmPool::ready)
+    }
+
+    /// The warm pool, started with the module on first use.
+    fn warm_pool(&self, compiled: &Arc<Compiled>) -> Option<&WarmPool> {
+        if self.warm_size == 0 {
+            return None;
+        }
+        Some(
+            self.warm
+                .get_or_init(|| WarmPool::start(self.guest.clone(), compiled.clone(), warm_args(), self.warm_size)),
+        )
     }
 
     /// Which interpreter this is.
@@ -156,7 +197,9 @@ impl WasmInterpreter {
     /// Loads (or compiles, then caches on disk) the module now instead of on
     /// the first request.
     pub fn warm_up(&self) -> Result<(), ExecError> {
-        self.compiled().map(drop)
+        let compiled = self.compiled()?;
+        self.warm_pool(&compiled);
+        Ok(())
     }
 
     fn compiled(&self) -> Result<Arc<Compiled>, ExecError> {
@@ -201,6 +244,18 @@ impl WasmInterpreter {
             .transpose()
             .map_err(|e| ExecError::internal(self.kind.backend_name(), format!("cannot serialize input: {e}")))?;
 
+        if self.kind == Interpreter::Python
+            && WarmPool::fits(&request)
+            && let Some(pool) = self.warm_pool(&compiled)
+            && let Some(result) = pool.run(source.clone().into_bytes(), input.as_deref(), &request)
+        {
+            let mut result = result?;
+            result.backend = self.kind.backend_name().into();
+            if result.outcome == Outcome::Ok {
+                result.output = conventions::json_stdout(&result.stdout);
+            }
+            return Ok(result);
+        }
         let mut preopens = super::policy_preopens(&request.policy)?;
         let staged = super::stage_input_files(&request, input.as_deref().map(|json| ("input.json", json)))?;
         if let Some(dir) = &staged {
@@ -245,6 +300,12 @@ impl WasmInterpreter {
         }
         Ok(result)
     }
+}
+
+/// CPython's arguments in a warm instance: the shared bootstrap, with `json`
+/// imported during start-up (it costs ~100 ms in CPython-in-wasm).
+fn warm_args() -> Vec<String> {
+    vec!["-c".into(), format!("import json\n{}", conventions::PYTHON_BOOTSTRAP)]
 }
 
 /// The user's code as a function body inside a QuickJS script that sets up

@@ -30,6 +30,7 @@ pub mod interpreters;
 mod run;
 mod stdio;
 mod ticker;
+mod warm;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -297,20 +298,29 @@ fn stage_input_files(
     if request.input_files.is_empty() && extra.is_none() {
         return Ok(None);
     }
+    let dir = tempfile::Builder::new()
+        .prefix("execbox-input-")
+        .tempdir()
+        .map_err(|e| InvalidRequest::BadPath { path: "<tempdir>".into(), reason: e.to_string() })?;
+    write_staged(dir.path(), request, extra)?;
+    Ok(Some(dir))
+}
+
+/// Writes the request's input files (and `extra`) under `dir`.
+fn write_staged(dir: &std::path::Path, request: &ExecRequest, extra: Option<(&str, &[u8])>) -> Result<(), ExecError> {
     let io = |path: &str, e: std::io::Error| InvalidRequest::BadPath { path: path.into(), reason: e.to_string() };
-    let dir = tempfile::Builder::new().prefix("execbox-input-").tempdir().map_err(|e| io("<tempdir>", e))?;
     for file in &request.input_files {
         let relative = file.relative_path()?;
-        let path = dir.path().join(relative);
+        let path = dir.join(relative);
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent).map_err(|e| io(&file.name, e))?;
         }
         std::fs::write(&path, &file.content).map_err(|e| io(&file.name, e))?;
     }
     if let Some((name, bytes)) = extra {
-        std::fs::write(dir.path().join(name), bytes).map_err(|e| io(name, e))?;
+        std::fs::write(dir.join(name), bytes).map_err(|e| io(name, e))?;
     }
-    Ok(Some(dir))
+    Ok(())
 }
 
 fn capabilities(cfg: &WasmGuestConfig) -> BackendCapabilities {

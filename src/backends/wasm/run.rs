@@ -3,6 +3,8 @@
 //! store, and the engine's verdict mapped to an [`Outcome`].
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use wasmtime::{Caller, Engine, Linker, ResourceLimiter, Store, Trap};
@@ -42,26 +44,60 @@ pub(super) struct Preopen {
 pub(crate) struct GuestState {
     wasi: WasiP1Ctx,
     limits: MemoryLimits,
-    deadline: Deadline,
+    controls: Arc<RunControls>,
     clock_start: Instant,
+}
+
+/// The limits of a run that the host may set while the guest is already
+/// running: a warm instance gets its deadline and memory cap only when its
+/// code arrives.
+pub(super) struct RunControls {
+    deadline: Mutex<Deadline>,
+    memory_cap: AtomicUsize,
+    /// Largest linear memory so far.
+    peak: AtomicUsize,
+}
+
+impl RunControls {
+    pub fn new(deadline: Deadline, memory_cap: usize) -> Arc<Self> {
+        Arc::new(Self {
+            deadline: Mutex::new(deadline),
+            memory_cap: AtomicUsize::new(memory_cap),
+            peak: AtomicUsize::new(0),
+        })
+    }
+
+    pub fn deadline(&self) -> Deadline {
+        *self.deadline.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Starts the run's clock and sets its memory cap.
+    pub fn arm(&self, deadline: Deadline, memory_cap: usize) {
+        *self.deadline.lock().unwrap_or_else(PoisonError::into_inner) = deadline;
+        self.memory_cap.store(memory_cap, Ordering::SeqCst);
+    }
+
+    /// Largest linear memory so far, in bytes.
+    pub fn peak(&self) -> usize {
+        self.peak.load(Ordering::SeqCst)
+    }
 }
 
 /// Caps linear memory and tables per store and remembers whether the guest
 /// was refused memory, so a failure after that reads as `out_of_memory`.
 struct MemoryLimits {
-    memory_cap: usize,
+    controls: Arc<RunControls>,
     table_elements: usize,
-    peak: usize,
     denied: bool,
 }
 
 impl ResourceLimiter for MemoryLimits {
     fn memory_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
-        if desired > self.memory_cap {
+        if desired > self.controls.memory_cap.load(Ordering::SeqCst) {
             self.denied = true;
             return Ok(false); // the guest's memory.grow returns -1
         }
-        self.peak = self.peak.max(desired);
+        self.controls.peak.fetch_max(desired, Ordering::SeqCst);
         Ok(true)
     }
 
@@ -183,7 +219,7 @@ fn poll_oneoff(
 
     let wait = pending.iter().map(|&(_, _, due)| due).min().unwrap_or_default();
     if !wait.is_zero() {
-        if let Some(remaining) = caller.data().deadline.remaining()
+        if let Some(remaining) = caller.data().controls.deadline().remaining()
             && wait >= remaining
         {
             std::thread::sleep(remaining);
@@ -217,103 +253,162 @@ fn poll_oneoff(
 
 /// Runs `compiled` under `job`'s limits.
 pub(super) fn run(backend: &WasmGuest, compiled: &Compiled, mut job: Job) -> Result<ExecResult, ExecError> {
-    let deadline = Deadline::start(job.timeout);
-    let stdout = CappedPipe::new(job.max_stdout);
-    let stderr = CappedPipe::new(job.max_stderr);
-    let clock_start = Instant::now();
-
-    let mut wasi = WasiCtxBuilder::new();
-    wasi.stdout(stdout.clone())
-        .stderr(stderr.clone())
-        .allow_blocking_current_thread(true)
-        .monotonic_clock(GuestClock(clock_start));
-    let abi = compiled.abi;
-    if abi == GuestAbi::Command {
-        wasi.stdin(MemoryInputPipe::new(std::mem::take(&mut job.guest_input)));
-    }
-    let argv: Vec<&str> = std::iter::once("guest.wasm").chain(job.args.iter().map(String::as_str)).collect();
-    wasi.args(&argv);
-    for (name, value) in &job.env {
-        wasi.env(name, value);
-    }
-    for p in &job.preopens {
-        wasi.preopened_dir(&p.host, &p.guest, p.perms)
-            .map_err(|e| InvalidRequest::BadPath { path: p.host.display().to_string(), reason: format!("{e:#}") })?;
-    }
-
-    let cfg = backend.config();
-    let state = GuestState {
-        wasi: wasi.build_p1(),
-        limits: MemoryLimits {
-            memory_cap: job.memory_cap,
-            table_elements: cfg.max_table_elements,
-            peak: 0,
-            denied: false,
-        },
-        deadline,
-        clock_start,
+    let controls = RunControls::new(Deadline::start(job.timeout), job.memory_cap);
+    let stdio = Stdio { stdout: CappedPipe::new(job.max_stdout), stderr: CappedPipe::new(job.max_stderr) };
+    // A command reads the input on stdin; a JSON-ABI guest gets it through `alloc`/`run`.
+    let stdin = match compiled.abi {
+        GuestAbi::Command => MemoryInputPipe::new(std::mem::take(&mut job.guest_input)),
+        GuestAbi::JsonAbi { .. } => MemoryInputPipe::new(Vec::new()),
     };
-    let mut store = Store::new(backend.engine(), state);
-    store.limiter(|s| &mut s.limits);
-    let fuel_budget = job.fuel.unwrap_or(u64::MAX);
-    if cfg.consume_fuel {
-        store.set_fuel(fuel_budget).map_err(|e| ExecError::internal(WasmGuest::NAME, format!("{e:#}")))?;
-    }
+    let setup = StoreSetup { args: &job.args, env: &job.env, preopens: &job.preopens, fuel: job.fuel };
+    let mut store = new_store(backend, compiled.abi, stdin, &stdio, &setup, controls.clone())?;
     let ticker = backend.ticker();
     store.set_epoch_deadline(job.timeout.map_or(u64::MAX / 2, |t| ticker.ticks_for(t)));
     store.epoch_deadline_trap();
     let _ticking = job.timeout.map(|_| ticker.run_guard());
 
-    let verdict = match compiled.pre.instantiate(&mut store) {
-        Err(err) if err.is::<wasmtime::PoolConcurrencyLimitError>() => {
-            return Err(ExecError::BackendUnavailable {
-                backend: WasmGuest::NAME.into(),
-                reason: format!(
-                    "all {} pooled instance slots are busy; raise WasmGuestConfig::pooled_instances",
-                    cfg.pooled_instances
-                ),
-            });
-        }
+    let verdict = match instantiate(backend, compiled, &mut store)? {
         Err(err) => Err(err),
-        Ok(instance) => match abi {
+        Ok(instance) => match compiled.abi {
             GuestAbi::Command => call_start(&mut store, instance),
             GuestAbi::JsonAbi { initialize } => call_json_abi(&mut store, instance, initialize, &job),
         },
     };
+    Ok(finish(backend, &mut store, verdict, &stdio, job.fuel))
+}
 
+/// For a store whose deadline is set later ([`RunControls::arm`]): at every
+/// epoch tick, stop the guest once the armed deadline has passed.
+pub(super) fn stop_at_armed_deadline(store: &mut Store<GuestState>) {
+    store.set_epoch_deadline(1);
+    store.epoch_deadline_callback(|ctx| {
+        if ctx.data().controls.deadline().expired() {
+            Err(wasmtime::Error::new(DeadlineReached))
+        } else {
+            Ok(wasmtime::UpdateDeadline::Continue(1))
+        }
+    });
+}
+
+/// A run's capped output streams.
+pub(super) struct Stdio {
+    pub stdout: CappedPipe,
+    pub stderr: CappedPipe,
+}
+
+/// What a store is built with, besides its streams and controls.
+pub(super) struct StoreSetup<'a> {
+    pub args: &'a [String],
+    pub env: &'a [(String, String)],
+    pub preopens: &'a [Preopen],
+    /// Fuel for the store (`None`: unlimited, if the engine meters at all).
+    pub fuel: Option<u64>,
+}
+
+/// A store with the WASI context, limiter and fuel of one run. The epoch
+/// deadline is the caller's to set.
+pub(super) fn new_store(
+    backend: &WasmGuest,
+    abi: GuestAbi,
+    stdin: impl wasmtime_wasi::cli::StdinStream + 'static,
+    stdio: &Stdio,
+    setup: &StoreSetup<'_>,
+    controls: Arc<RunControls>,
+) -> Result<Store<GuestState>, ExecError> {
+    let clock_start = Instant::now();
+    let mut wasi = WasiCtxBuilder::new();
+    wasi.stdout(stdio.stdout.clone())
+        .stderr(stdio.stderr.clone())
+        .allow_blocking_current_thread(true)
+        .monotonic_clock(GuestClock(clock_start));
+    if abi == GuestAbi::Command {
+        wasi.stdin(stdin);
+    }
+    let argv: Vec<&str> = std::iter::once("guest.wasm").chain(setup.args.iter().map(String::as_str)).collect();
+    wasi.args(&argv);
+    for (name, value) in setup.env {
+        wasi.env(name, value);
+    }
+    for p in setup.preopens {
+        wasi.preopened_dir(&p.host, &p.guest, p.perms)
+            .map_err(|e| InvalidRequest::BadPath { path: p.host.display().to_string(), reason: format!("{e:#}") })?;
+    }
+    let cfg = backend.config();
+    let state = GuestState {
+        wasi: wasi.build_p1(),
+        limits: MemoryLimits { controls: controls.clone(), table_elements: cfg.max_table_elements, denied: false },
+        controls,
+        clock_start,
+    };
+    let mut store = Store::new(backend.engine(), state);
+    store.limiter(|s| &mut s.limits);
+    if cfg.consume_fuel {
+        store
+            .set_fuel(setup.fuel.unwrap_or(u64::MAX))
+            .map_err(|e| ExecError::internal(WasmGuest::NAME, format!("{e:#}")))?;
+    }
+    Ok(store)
+}
+
+/// Instantiates from the pool; a full pool is `BackendUnavailable`, any
+/// other failure is the run's (inner) error.
+pub(super) fn instantiate(
+    backend: &WasmGuest,
+    compiled: &Compiled,
+    store: &mut Store<GuestState>,
+) -> Result<wasmtime::Result<wasmtime::Instance>, ExecError> {
+    match compiled.pre.instantiate(store) {
+        Err(err) if err.is::<wasmtime::PoolConcurrencyLimitError>() => Err(ExecError::BackendUnavailable {
+            backend: WasmGuest::NAME.into(),
+            reason: format!(
+                "all {} pooled instance slots are busy; raise WasmGuestConfig::pooled_instances",
+                backend.config().pooled_instances
+            ),
+        }),
+        other => Ok(other),
+    }
+}
+
+/// The result of a finished run. `fuel` is the budget the store started
+/// with (`None`: unlimited), for the usage figure.
+pub(super) fn finish(
+    backend: &WasmGuest,
+    store: &mut Store<GuestState>,
+    verdict: wasmtime::Result<Finished>,
+    stdio: &Stdio,
+    fuel: Option<u64>,
+) -> ExecResult {
     let state = store.data();
+    let deadline = state.controls.deadline();
     let (outcome, exit_code, output, message) = match verdict {
         Ok(Finished::Exited(code)) => (Outcome::Ok, Some(code), None, None),
         Ok(Finished::Returned(value)) => (Outcome::Ok, None, Some(value), None),
         Ok(Finished::Refused(why)) => (Outcome::Failed, None, None, Some(why)),
         Err(err) => classify(&err, state, &deadline),
     };
+    let peak = state.controls.peak() as u64;
     // Compiled code keeps the fuel counter in a register and an interrupt
     // does not write it back: after a timeout the store's figure is stale.
-    let fuel = (cfg.consume_fuel && outcome != Outcome::TimedOut)
+    let fuel_budget = fuel.unwrap_or(u64::MAX);
+    let fuel = (backend.config().consume_fuel && outcome != Outcome::TimedOut)
         .then(|| fuel_budget.saturating_sub(store.get_fuel().unwrap_or(0)));
-    Ok(ExecResult {
+    ExecResult {
         backend: WasmGuest::NAME.into(),
         outcome,
         exit_code,
-        stdout: stdout.take_captured(),
-        stderr: stderr.take_captured(),
+        stdout: stdio.stdout.take_captured(),
+        stderr: stdio.stderr.take_captured(),
         output,
         message,
         output_files: Vec::new(),
         failure_kind: None,
         diagnostics: Vec::new(),
-        usage: Usage {
-            duration: deadline.elapsed(),
-            instructions: None,
-            fuel,
-            peak_memory_bytes: Some(state.limits.peak as u64),
-        },
-    })
+        usage: Usage { duration: deadline.elapsed(), instructions: None, fuel, peak_memory_bytes: Some(peak) },
+    }
 }
 
 /// How a guest finished without a trap.
-enum Finished {
+pub(super) enum Finished {
     /// A command returned from `_start` (0) or called `proc_exit(0)`.
     Exited(i32),
     /// A JSON-ABI guest returned this document.
@@ -322,7 +417,7 @@ enum Finished {
     Refused(String),
 }
 
-fn call_start(store: &mut Store<GuestState>, instance: wasmtime::Instance) -> wasmtime::Result<Finished> {
+pub(super) fn call_start(store: &mut Store<GuestState>, instance: wasmtime::Instance) -> wasmtime::Result<Finished> {
     let start = instance.get_typed_func::<(), ()>(&mut *store, "_start")?;
     match start.call(&mut *store, ()) {
         Ok(()) => Ok(Finished::Exited(0)),
@@ -398,7 +493,8 @@ fn classify(
         (None, None) => err.root_cause().to_string(),
     };
     if state.limits.denied {
-        let message = format!("memory limit of {} bytes reached, then {what}", state.limits.memory_cap);
+        let cap = state.controls.memory_cap.load(Ordering::SeqCst);
+        let message = format!("memory limit of {cap} bytes reached, then {what}");
         return (Outcome::OutOfMemory, exit_code, None, Some(message));
     }
     (Outcome::Failed, exit_code, None, Some(what))
