@@ -234,6 +234,11 @@ fn python_prefers_wasm_over_the_container_unless_pinned() {
 fn warm_instances_serve_requests_and_are_replaced_at_once() {
     let Some(py) = python_backend() else { return };
     assert_eq!(py.warm_idle(), 2, "warm_up started the pool");
+    let until = Instant::now() + Duration::from_secs(60);
+    while py.warm_ready() < 2 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(py.warm_ready(), 2, "both instances finished start-up and wait for code");
     let r = run(py, python("print(6 * 7)"));
     assert_eq!(r.output, Some(json!(42)));
     assert_eq!(r.usage.fuel, None, "served by a warm instance (no per-request fuel figure)");

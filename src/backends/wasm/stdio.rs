@@ -5,8 +5,8 @@
 //! (and counting) bytes: the guest never sees a write error, the way a pipe
 //! drained to `/dev/null` behaves, and `total_bytes` stays exact.
 
-use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 
@@ -100,22 +100,29 @@ impl AsyncWrite for CappedPipe {
 }
 
 /// Stdin that blocks until the code arrives, then yields it and ends: what a
-/// warm interpreter reads its program from.
-pub(super) struct CodeStdin(Arc<Mutex<CodeState>>, Arc<std::sync::atomic::AtomicBool>);
+/// warm interpreter reads its program from. The flag turns true when the
+/// guest first reads (start-up is over).
+pub(super) struct CodeStdin(Arc<Mutex<CodeState>>, Arc<AtomicBool>);
 
 enum CodeState {
     Waiting(tokio::sync::oneshot::Receiver<Vec<u8>>),
-    Data(Vec<u8>, usize),
+    /// A reader is awaiting the code.
+    Receiving,
+    Data(Bytes),
     Done,
 }
 
 impl CodeStdin {
     /// The stdin, the sender that delivers its one message (dropping the
-    /// sender ends the stream empty), and a flag set once the guest waits for it.
-    pub fn new() -> (Self, tokio::sync::oneshot::Sender<Vec<u8>>, Arc<std::sync::atomic::AtomicBool>) {
+    /// sender ends the stream empty), and the "guest is waiting" flag.
+    pub fn new() -> (Self, tokio::sync::oneshot::Sender<Vec<u8>>, Arc<AtomicBool>) {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let waiting = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let waiting = Arc::new(AtomicBool::new(false));
         (Self(Arc::new(Mutex::new(CodeState::Waiting(rx))), waiting.clone()), tx, waiting)
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, CodeState> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -127,38 +134,58 @@ impl IsTerminal for CodeStdin {
 
 impl wasmtime_wasi::cli::StdinStream for CodeStdin {
     fn async_stream(&self) -> Box<dyn tokio::io::AsyncRead + Send + Sync> {
+        // Only the p2 stream below is used by WASI preview 1.
+        Box::new(tokio::io::empty())
+    }
+
+    fn p2_stream(&self) -> Box<dyn wasmtime_wasi::p2::InputStream> {
         Box::new(CodeStdin(self.0.clone(), self.1.clone()))
     }
 }
 
-impl tokio::io::AsyncRead for CodeStdin {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let mut state = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        loop {
-            match &mut *state {
-                CodeState::Waiting(rx) => match Pin::new(rx).poll(cx) {
-                    Poll::Pending => {
-                        self.1.store(true, std::sync::atomic::Ordering::SeqCst);
-                        return Poll::Pending;
-                    }
-                    Poll::Ready(Ok(bytes)) => *state = CodeState::Data(bytes, 0),
-                    Poll::Ready(Err(_)) => *state = CodeState::Done,
-                },
-                CodeState::Data(bytes, at) => {
-                    let n = buf.remaining().min(bytes.len() - *at);
-                    buf.put_slice(&bytes[*at..*at + n]);
-                    *at += n;
-                    if *at == bytes.len() {
-                        *state = CodeState::Done;
-                    }
-                    return Poll::Ready(Ok(()));
-                }
-                CodeState::Done => return Poll::Ready(Ok(())),
+impl wasmtime_wasi::p2::InputStream for CodeStdin {
+    fn read(&mut self, size: usize) -> StreamResult<Bytes> {
+        let mut state = self.state();
+        if let CodeState::Waiting(rx) = &mut *state {
+            self.1.store(true, Ordering::SeqCst);
+            match rx.try_recv() {
+                Ok(code) => *state = CodeState::Data(Bytes::from(code)),
+                Err(tokio::sync::oneshot::error::TryRecvError::Empty) => return Ok(Bytes::new()),
+                Err(tokio::sync::oneshot::error::TryRecvError::Closed) => *state = CodeState::Done,
             }
         }
+        match &mut *state {
+            CodeState::Data(bytes) => {
+                let chunk = bytes.split_to(size.min(bytes.len()));
+                if bytes.is_empty() {
+                    *state = CodeState::Done;
+                }
+                Ok(chunk)
+            }
+            CodeState::Done => Err(wasmtime_wasi::p2::StreamError::Closed),
+            CodeState::Waiting(_) | CodeState::Receiving => Ok(Bytes::new()),
+        }
+    }
+}
+
+#[wasmtime_wasi::async_trait]
+impl Pollable for CodeStdin {
+    async fn ready(&mut self) {
+        let rx = {
+            let mut state = self.state();
+            match std::mem::replace(&mut *state, CodeState::Receiving) {
+                CodeState::Waiting(rx) => rx,
+                other => {
+                    *state = other;
+                    return;
+                }
+            }
+        };
+        self.1.store(true, Ordering::SeqCst);
+        let next = match rx.await {
+            Ok(code) => CodeState::Data(Bytes::from(code)),
+            Err(_) => CodeState::Done,
+        };
+        *self.state() = next;
     }
 }
