@@ -261,6 +261,10 @@ fn warm_runs_keep_every_limit() {
     assert_eq!(r.outcome, Outcome::OutOfMemory, "{r:?}");
     let r = run(py, python("print('x' * 10000)").policy(capped));
     assert_eq!((r.stdout.bytes.len(), r.stdout.total_bytes, r.stdout.truncated), (100, 10001, true));
+    let r = run(py, python("import sys\nprint('bye', flush=False)\nsys.exit(3)"));
+    assert_eq!((r.outcome, r.exit_code, r.stdout.text().as_ref()), (Outcome::Failed, Some(3), "bye\n"));
+    let r = run(py, python("import sys\nsys.exit('fatal')"));
+    assert_eq!((r.exit_code, r.stderr.text().as_ref()), (Some(1), "fatal\n"));
     // An input file and the JSON input reach a warm instance too.
     let r = run(
         py,

@@ -3,11 +3,12 @@
 
 use crate::result::CapturedStream;
 
-/// Runs the code read from stdin as `__main__`, with `input` bound to
-/// `/work/input.json` (or `None`); frames show the code as `<code>`. Stdin is
-/// read first: a warm interpreter waits there, and its input file is written
-/// before the code is sent.
-pub(crate) const PYTHON_BOOTSTRAP: &str = "\
+/// Reads the code from stdin, then binds `input` from `/work/input.json` (or
+/// `None`). Stdin is read first: a warm interpreter waits there, and its
+/// input file is written before the code is sent.
+macro_rules! python_prelude {
+    () => {
+        "\
 import sys
 def load_input():
     try:
@@ -21,8 +22,45 @@ def load_input():
 source = sys.stdin.read()
 data = load_input()
 sys.argv = ['<code>'] + sys.argv[1:]
-exec(compile(source, '<code>', 'exec'), {'__name__': '__main__', '__builtins__': __builtins__, 'input': data})
-";
+"
+    };
+}
+
+/// Runs the code as `__main__` with `input` bound; frames show it as `<code>`.
+pub(crate) const PYTHON_BOOTSTRAP: &str = concat!(
+    python_prelude!(),
+    "exec(compile(source, '<code>', 'exec'), {'__name__': '__main__', '__builtins__': __builtins__, 'input': data})\n"
+);
+
+/// The same for a warm CPython-in-wasm instance: `json` and `traceback` are
+/// imported during start-up, and the run ends with `os._exit` once stdout and
+/// stderr are flushed, skipping interpreter finalization (~40 M fuel). Safe
+/// there: a warm run has no writable directory whose files could lose
+/// buffered writes.
+#[cfg(feature = "wasm")]
+pub(crate) const PYTHON_WARM_BOOTSTRAP: &str = concat!(
+    "import json, os, traceback\n",
+    python_prelude!(),
+    "\
+status = 0
+try:
+    exec(compile(source, '<code>', 'exec'), {'__name__': '__main__', '__builtins__': __builtins__, 'input': data})
+except SystemExit as e:
+    if e.code is None:
+        status = 0
+    elif isinstance(e.code, int):
+        status = e.code
+    else:
+        print(e.code, file=sys.stderr)
+        status = 1
+except BaseException:
+    traceback.print_exc()
+    status = 1
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(status)
+"
+);
 
 /// The whole stdout as one JSON value, if it is one and nothing was cut.
 pub(crate) fn json_stdout(stdout: &CapturedStream) -> Option<serde_json::Value> {

@@ -302,10 +302,9 @@ impl WasmInterpreter {
     }
 }
 
-/// CPython's arguments in a warm instance: the shared bootstrap, with `json`
-/// imported during start-up (it costs ~100 ms in CPython-in-wasm).
+/// CPython's arguments in a warm instance.
 fn warm_args() -> Vec<String> {
-    vec!["-c".into(), format!("import json\n{}", conventions::PYTHON_BOOTSTRAP)]
+    vec!["-c".into(), conventions::PYTHON_WARM_BOOTSTRAP.into()]
 }
 
 /// The user's code as a function body inside a QuickJS script that sets up
