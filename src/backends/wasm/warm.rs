@@ -60,12 +60,21 @@ pub(super) struct WarmPool {
     args: Vec<String>,
     size: usize,
     idle: Mutex<VecDeque<Warm>>,
+    /// Threads (and work dirs) of answered runs, joined off the request path.
+    finished: Mutex<Vec<(JoinHandle<()>, tempfile::TempDir)>>,
 }
 
 impl WarmPool {
     /// A pool of `size` instances, starting now in the background.
     pub fn start(guest: Arc<WasmGuest>, compiled: Arc<Compiled>, args: Vec<String>, size: usize) -> Self {
-        let pool = Self { guest, compiled, args, size, idle: Mutex::new(VecDeque::new()) };
+        let pool = Self {
+            guest,
+            compiled,
+            args,
+            size,
+            idle: Mutex::new(VecDeque::new()),
+            finished: Mutex::new(Vec::new()),
+        };
         for _ in 0..size {
             pool.refill();
         }
@@ -118,8 +127,7 @@ impl WarmPool {
             // reported by now is stuck in the host: leave its thread.
             return Some(Ok(stuck(&deadline)));
         };
-        drop(warm.thread.join());
-        drop(warm.work);
+        self.finished.lock().unwrap_or_else(PoisonError::into_inner).push((warm.thread, warm.work));
         if let Ok(r) = &mut result {
             // The store's counter includes start-up: no per-request figure.
             r.usage.fuel = None;
@@ -130,6 +138,7 @@ impl WarmPool {
     /// Starts one instance in the background; it joins the idle list at once
     /// (a request that takes it before start-up ends waits for the rest).
     fn refill(&self) {
+        self.join_finished();
         let Ok(work) = tempfile::Builder::new().prefix("execbox-warm-").tempdir() else { return };
         let (stdin, code, waiting) = CodeStdin::new();
         let controls = RunControls::new(Deadline::start(None), self.guest.cfg.max_memory_bytes as usize);
@@ -147,17 +156,27 @@ impl WarmPool {
             .spawn(move || {
                 let preopens = [Preopen { host, guest: "/work".into(), perms: FsPerms::ReadOnly }];
                 let setup = StoreSetup { args: &args, env: &[], preopens: &preopens, fuel: None };
-                let result = (|| {
-                    let mut store =
-                        run::new_store(&guest, compiled.abi, stdin, &thread_stdio, &setup, thread_controls)?;
-                    run::stop_at_armed_deadline(&mut store);
-                    let verdict = match run::instantiate(&guest, &compiled, &mut store)? {
-                        Err(err) => Err(err),
-                        Ok(instance) => run::call_start(&mut store, instance),
+                let mut store =
+                    match run::new_store(&guest, compiled.abi, stdin, &thread_stdio, &setup, thread_controls) {
+                        Ok(store) => store,
+                        Err(e) => {
+                            let _ = done_tx.send(Err(e));
+                            return;
+                        }
                     };
-                    Ok(run::finish(&guest, &mut store, verdict, &thread_stdio, None))
-                })();
-                let _ = done_tx.send(result);
+                run::stop_at_armed_deadline(&mut store);
+                let verdict = match run::instantiate(&guest, &compiled, &mut store) {
+                    Ok(Ok(instance)) => run::call_start(&mut store, instance),
+                    Ok(Err(err)) => Err(err),
+                    Err(e) => {
+                        let _ = done_tx.send(Err(e));
+                        return;
+                    }
+                };
+                // Answer first: freeing the instance (resetting its memory
+                // slot) is not the caller's wait.
+                let _ = done_tx.send(Ok(run::finish(&guest, &mut store, verdict, &thread_stdio, None)));
+                drop(store);
             });
         if let Ok(thread) = spawned {
             let warm = Warm { code, controls, stdio, work, done, thread, waiting };
@@ -168,6 +187,15 @@ impl WarmPool {
             }
             drop(idle);
             warm.retire();
+        }
+    }
+
+    /// Joins the threads of answered runs (they end right after answering).
+    fn join_finished(&self) {
+        let finished = std::mem::take(&mut *self.finished.lock().unwrap_or_else(PoisonError::into_inner));
+        for (thread, work) in finished {
+            drop(thread.join());
+            drop(work);
         }
     }
 
@@ -189,6 +217,7 @@ impl Drop for WarmPool {
         for warm in idle {
             warm.retire();
         }
+        self.join_finished();
     }
 }
 
