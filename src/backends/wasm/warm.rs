@@ -3,8 +3,9 @@
 //! stdin), so a request pays only for its own code.
 //!
 //! Each instance serves exactly one request and is never reused: its thread
-//! ends with the run, and a replacement starts at once, off the request
-//! path. An instance gets its request's deadline, memory cap and output caps
+//! ends with the run, and a replacement starts as soon as the run has
+//! answered (not during it: on a small machine its start-up would slow the
+//! run down). An instance gets its request's deadline, memory cap and output caps
 //! when the code arrives ([`RunControls::arm`]); requests that need what is
 //! fixed at start-up (arguments, environment, granted directories, a fuel
 //! budget, or a memory cap below what start-up already used) run fresh instead.
@@ -99,7 +100,9 @@ impl WarmPool {
         request: &ExecRequest,
     ) -> Option<Result<ExecResult, ExecError>> {
         let warm = self.idle.lock().unwrap_or_else(PoisonError::into_inner).pop_front()?;
-        self.refill();
+        // The replacement starts once this run has answered: started now, its
+        // CPython start-up would compete with this run for the CPU.
+        let _refill = Refill(self);
         let policy = &request.policy;
         let memory_cap = self.guest.memory_cap(policy);
         if warm.controls.peak() > memory_cap {
@@ -138,7 +141,7 @@ impl WarmPool {
     /// Starts one instance in the background; it joins the idle list at once
     /// (a request that takes it before start-up ends waits for the rest).
     fn refill(&self) {
-        self.join_finished();
+        self.join_finished(false);
         let Ok(work) = tempfile::Builder::new().prefix("execbox-warm-").tempdir() else { return };
         let (stdin, code, waiting) = CodeStdin::new();
         let controls = RunControls::new(Deadline::start(None), self.guest.cfg.max_memory_bytes as usize);
@@ -190,10 +193,15 @@ impl WarmPool {
         }
     }
 
-    /// Joins the threads of answered runs (they end right after answering).
-    fn join_finished(&self) {
-        let finished = std::mem::take(&mut *self.finished.lock().unwrap_or_else(PoisonError::into_inner));
-        for (thread, work) in finished {
+    /// Joins the threads of answered runs: those already ended, or with
+    /// `all`, every one (they end right after answering).
+    fn join_finished(&self, all: bool) {
+        let mut finished = self.finished.lock().unwrap_or_else(PoisonError::into_inner);
+        let (done, running): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut *finished).into_iter().partition(|(thread, _)| all || thread.is_finished());
+        *finished = running;
+        drop(finished);
+        for (thread, work) in done {
             drop(thread.join());
             drop(work);
         }
@@ -217,7 +225,16 @@ impl Drop for WarmPool {
         for warm in idle {
             warm.retire();
         }
-        self.join_finished();
+        self.join_finished(true);
+    }
+}
+
+/// Starts a replacement instance when dropped (whatever path `run` returns by).
+struct Refill<'a>(&'a WarmPool);
+
+impl Drop for Refill<'_> {
+    fn drop(&mut self) {
+        self.0.refill();
     }
 }
 
