@@ -68,14 +68,8 @@ pub(super) struct WarmPool {
 impl WarmPool {
     /// A pool of `size` instances, starting now in the background.
     pub fn start(guest: Arc<WasmGuest>, compiled: Arc<Compiled>, args: Vec<String>, size: usize) -> Self {
-        let pool = Self {
-            guest,
-            compiled,
-            args,
-            size,
-            idle: Mutex::new(VecDeque::new()),
-            finished: Mutex::new(Vec::new()),
-        };
+        let pool =
+            Self { guest, compiled, args, size, idle: Mutex::new(VecDeque::new()), finished: Mutex::new(Vec::new()) };
         for _ in 0..size {
             pool.refill();
         }
