@@ -1,7 +1,32 @@
-//! Request conventions shared by every backend that runs the same language
-//! (Python in a container and in wasm), so a program behaves the same on both.
+//! Conventions shared by the backends: what a language means on every
+//! backend that runs it (Python in a container and in wasm), where execbox
+//! keeps its caches, and the nonces that keep runs apart.
+
+use std::path::PathBuf;
 
 use crate::result::CapturedStream;
+
+/// `$<env_var>` if set, else `$XDG_CACHE_HOME/execbox/<name>`, else
+/// `~/.cache/execbox/<name>` (where the setup scripts put things).
+pub(crate) fn cache_dir(env_var: &str, name: &str) -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os(env_var) {
+        return Some(dir.into());
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("execbox").join(name))
+}
+
+/// A random nonce (std's per-instance random hash keys mixed with the time):
+/// container names and output markers that no other run, in this process or
+/// another, shares.
+pub(crate) fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+    hasher.finish()
+}
 
 /// Reads the code from stdin, then binds `input` from `/work/input.json` (or
 /// `None`). Stdin is read first: a warm interpreter waits there, and its

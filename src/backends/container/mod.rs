@@ -218,7 +218,8 @@ impl Container {
         }
         let n = RUN_COUNTER.fetch_add(1, Ordering::Relaxed);
         Ok(RunSpec {
-            name: format!("execbox-{}-{n}-{:08x}", std::process::id(), random_u32()),
+            // pid + counter + nonce: unique even across processes with reused pids.
+            name: format!("execbox-{}-{n}-{:08x}", std::process::id(), conventions::random_u64() as u32),
             image,
             memory_bytes,
             cpus: self.cfg.cpus,
@@ -389,15 +390,6 @@ impl Container {
 enum RunEnd {
     Finished(process::Finished),
     SpawnFailed(String),
-}
-
-/// A random suffix for container names: two runs never share a name, even
-/// across processes with reused pids.
-fn random_u32() -> u32 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
-    hasher.finish() as u32
 }
 
 fn capabilities(cfg: &ContainerConfig) -> BackendCapabilities {

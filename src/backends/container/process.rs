@@ -155,17 +155,30 @@ fn wait_for_eof(rx: &mpsc::Receiver<()>, count: usize, limit: Option<Duration>) 
 
 /// Reaps the CLI process; a CLI that outlives its closed streams is killed.
 fn wait_child(child: &mut Child) -> Option<ExitStatus> {
-    let until = std::time::Instant::now() + KILL_GRACE;
-    loop {
-        match child.try_wait() {
-            Ok(Some(status)) => return Some(status),
-            Ok(None) if std::time::Instant::now() < until => std::thread::sleep(Duration::from_millis(1)),
-            Ok(None) => {
-                drop(child.kill());
-                return child.wait().ok();
-            }
-            Err(_) => return None,
+    match wait_within(child, KILL_GRACE) {
+        Ok(Some(status)) => Some(status),
+        Ok(None) => {
+            drop(child.kill());
+            child.wait().ok()
         }
+        Err(_) => None,
+    }
+}
+
+/// Waits up to `limit` for `child` to exit; `None` if it still runs then.
+/// Polls from 1 ms up to 20 ms apart (no signal handler in a library).
+fn wait_within(child: &mut Child, limit: Duration) -> std::io::Result<Option<ExitStatus>> {
+    let until = std::time::Instant::now() + limit;
+    let mut pause = Duration::from_millis(1);
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(Some(status));
+        }
+        if std::time::Instant::now() >= until {
+            return Ok(None);
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(20));
     }
 }
 
@@ -218,21 +231,10 @@ pub(super) fn quiet(engine: &Path, args: &[&str]) -> std::io::Result<bool> {
 /// commands with small output, which fits the pipe buffers while waiting.
 pub(super) fn bounded_output(command: &mut Command) -> std::io::Result<std::process::Output> {
     let mut child = command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
-    let until = std::time::Instant::now() + HOUSEKEEPING_TIMEOUT;
-    let mut pause = Duration::from_millis(1);
-    loop {
-        if child.try_wait()?.is_some() {
-            return child.wait_with_output();
-        }
-        if std::time::Instant::now() >= until {
-            drop(child.kill());
-            drop(child.wait());
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                "the container engine did not answer in time",
-            ));
-        }
-        std::thread::sleep(pause);
-        pause = (pause * 2).min(Duration::from_millis(20));
+    if wait_within(&mut child, HOUSEKEEPING_TIMEOUT)?.is_some() {
+        return child.wait_with_output();
     }
+    drop(child.kill());
+    drop(child.wait());
+    Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "the container engine did not answer in time"))
 }

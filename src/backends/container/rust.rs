@@ -96,16 +96,10 @@ impl Default for RustConfig {
 impl RustConfig {
     /// The cache directory in effect.
     pub fn cache_root(&self) -> Option<PathBuf> {
-        if let Some(dir) = &self.cache_dir {
-            return Some(dir.clone());
+        match &self.cache_dir {
+            Some(dir) => Some(dir.clone()),
+            None => crate::backends::conventions::cache_dir("EXECBOX_RUST_CACHE", "rust"),
         }
-        if let Some(dir) = std::env::var_os("EXECBOX_RUST_CACHE") {
-            return Some(dir.into());
-        }
-        let base = std::env::var_os("XDG_CACHE_HOME")
-            .map(PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
-        Some(base.join("execbox").join("rust"))
     }
 }
 
@@ -289,7 +283,7 @@ fn compile(
     .collect();
     let n = super::RUN_COUNTER.fetch_add(1, Ordering::Relaxed);
     let spec = RunSpec {
-        name: format!("execbox-rustc-{}-{n}-{:08x}", std::process::id(), super::random_u32()),
+        name: format!("execbox-rustc-{}-{n}-{:08x}", std::process::id(), super::conventions::random_u64() as u32),
         image: backend.cfg.rust_image.clone(),
         memory_bytes: cfg.compile_memory_bytes,
         cpus: cfg.compile_cpus,

@@ -99,13 +99,7 @@ impl Interpreter {
 /// else `~/.cache/execbox/interpreters`: where `scripts/fetch-interpreters.sh`
 /// puts the modules.
 pub fn interpreters_dir() -> Option<PathBuf> {
-    if let Some(dir) = std::env::var_os("EXECBOX_INTERPRETERS_DIR") {
-        return Some(dir.into());
-    }
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
-    Some(base.join("execbox").join("interpreters"))
+    conventions::cache_dir("EXECBOX_INTERPRETERS_DIR", "interpreters")
 }
 
 /// An interpreter compiled to WebAssembly, as a backend of its own.
@@ -247,7 +241,7 @@ impl WasmInterpreter {
         if self.kind == Interpreter::Python
             && WarmPool::fits(&request)
             && let Some(pool) = self.warm_pool(&compiled)
-            && let Some(result) = pool.run(source.clone().into_bytes(), input.as_deref(), &request)
+            && let Some(result) = pool.run(&source, input.as_deref(), &request)
         {
             let mut result = result?;
             result.backend = self.kind.backend_name().into();
@@ -265,7 +259,7 @@ impl WasmInterpreter {
                 perms: FsPerms::ReadOnly,
             });
         }
-        let marker = format!("\u{0}execbox-output-{:016x}:", random_u64());
+        let marker = format!("\u{0}execbox-output-{:016x}:", conventions::random_u64());
         let (guest_input, args) = match self.kind {
             Interpreter::Python => {
                 let mut args = vec!["-c".to_string(), conventions::PYTHON_BOOTSTRAP.to_string()];
@@ -364,15 +358,6 @@ fn take_quickjs_output(result: &mut ExecResult, marker: &str) {
     {
         result.message = Some(line);
     }
-}
-
-fn random_u64() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u64(
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64),
-    );
-    hasher.finish()
 }
 
 impl Backend for WasmInterpreter {

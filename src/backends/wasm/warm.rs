@@ -89,7 +89,7 @@ impl WarmPool {
     /// the caller runs a fresh instance.
     pub fn run(
         &self,
-        code: Vec<u8>,
+        code: &str,
         input_json: Option<&[u8]>,
         request: &ExecRequest,
     ) -> Option<Result<ExecResult, ExecError>> {
@@ -112,7 +112,7 @@ impl WarmPool {
         let deadline = Deadline::start(policy.timeout_duration());
         warm.controls.arm(deadline, memory_cap);
         let _ticking = policy.timeout_ms.map(|_| self.guest.ticker().run_guard());
-        if warm.code.send(code).is_err() {
+        if warm.code.send(code.as_bytes().to_vec()).is_err() {
             return Some(Err(ExecError::internal(WasmGuest::NAME, "a warm instance ended before its code arrived")));
         }
         let result = match deadline.remaining() {
