@@ -72,8 +72,13 @@ pub enum PayloadKind {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum IsolationKind {
-    /// Inside the caller's process (an interpreter or wasm runtime).
+    /// Inside the caller's process (an interpreter or wasm runtime): a fault
+    /// in the engine is a fault in the host.
     InProcess,
+    /// In a separate OS process of execbox's own (a worker): memory rlimit,
+    /// SIGKILL at the deadline, seccomp, killed with the host. An engine crash
+    /// ends the worker, not the host.
+    WorkerProcess,
     /// A fresh container per call, removed afterwards.
     ContainerEphemeral,
     /// A container kept across calls.
@@ -204,4 +209,15 @@ pub struct BackendCapabilities {
     pub stderr_cap: Enforcement,
     /// Process/thread count cap.
     pub processes: Enforcement,
+    /// The deadline a run gets when its policy states none, in milliseconds:
+    /// no backend runs without a limit. The executor writes it into the
+    /// request's policy before the run.
+    pub default_timeout_ms: u64,
+}
+
+impl BackendCapabilities {
+    /// The deadline of a run under `policy`: its own, else this backend's default.
+    pub fn effective_timeout(&self, policy: &crate::SandboxPolicy) -> std::time::Duration {
+        std::time::Duration::from_millis(policy.timeout_ms.unwrap_or(self.default_timeout_ms))
+    }
 }

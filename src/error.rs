@@ -122,6 +122,15 @@ pub enum ExecError {
         /// What is missing and how to fix it.
         reason: String,
     },
+    /// The backend had no free capacity (pool slot, worker) before the
+    /// request's deadline passed; no code ran. Retrying later may succeed.
+    #[error("backend {backend} is busy: {reason}")]
+    Busy {
+        /// Backend name.
+        backend: String,
+        /// What was full.
+        reason: String,
+    },
     /// A fault inside execbox or the engine, not caused by the program.
     #[error("internal error in backend {backend}: {message}")]
     Internal {
@@ -169,6 +178,7 @@ impl ExecError {
             ExecError::UnknownBackend { .. } => "unknown_backend",
             ExecError::InvalidRequest(_) => "invalid_request",
             ExecError::BackendUnavailable { .. } => "backend_unavailable",
+            ExecError::Busy { .. } => "busy",
             ExecError::Internal { .. } => "internal",
         }
     }

@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use crate::capabilities::BackendCapabilities;
 use crate::error::{BackendRejection, ExecError, InvalidRequest};
-use crate::limits::nesting;
+use crate::limits::{nesting, result_caps};
 use crate::matching;
-use crate::policy::Access;
+use crate::policy::{Access, SandboxPolicy};
 use crate::request::ExecRequest;
 use crate::result::ExecResult;
 
@@ -166,9 +166,12 @@ impl Executor {
 
     /// Runs `request` on the calling thread (blocks until the result or the
     /// deadline). Refusals return before any code runs.
-    pub fn execute_blocking(&self, request: ExecRequest) -> Result<ExecResult, ExecError> {
+    pub fn execute_blocking(&self, mut request: ExecRequest) -> Result<ExecResult, ExecError> {
         match self.select(&request) {
-            Ok(backend) => backend.execute(request),
+            Ok(backend) => {
+                let policy = prepare(&mut request, backend.capabilities());
+                finish(backend.execute(request), &policy)
+            }
             Err(err) => {
                 discard(request);
                 Err(err)
@@ -178,7 +181,7 @@ impl Executor {
 
     /// Runs `request` without blocking the async caller: inside a tokio
     /// runtime the run happens on its blocking pool; elsewhere, inline.
-    pub async fn execute(&self, request: ExecRequest) -> Result<ExecResult, ExecError> {
+    pub async fn execute(&self, mut request: ExecRequest) -> Result<ExecResult, ExecError> {
         let backend = match self.select(&request) {
             Ok(backend) => Arc::clone(backend),
             Err(err) => {
@@ -186,7 +189,8 @@ impl Executor {
                 return Err(err);
             }
         };
-        match tokio::runtime::Handle::try_current() {
+        let policy = prepare(&mut request, backend.capabilities());
+        let result = match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
                 let name = backend.name().to_string();
                 let run = move || {
@@ -198,7 +202,8 @@ impl Executor {
                 })
             }
             Err(_) => backend.execute(request),
-        }
+        };
+        finish(result, &policy)
     }
 }
 
@@ -231,8 +236,10 @@ pub(crate) fn may_block_here() -> bool {
     ON_BLOCKING_POOL.get() || tokio::runtime::Handle::try_current().is_err()
 }
 
-/// Checks that hold whichever backend runs the request.
-fn validate(request: &ExecRequest) -> Result<(), InvalidRequest> {
+/// Checks that hold whichever backend runs the request (also used by
+/// sessions, which bypass selection).
+pub(crate) fn validate(request: &ExecRequest) -> Result<(), InvalidRequest> {
+    validate_env(request)?;
     let policy = &request.policy;
     if let Some(max) = policy.max_code_bytes {
         let size = request.payload.len() as u64;
@@ -254,6 +261,48 @@ fn validate(request: &ExecRequest) -> Result<(), InvalidRequest> {
         }
     }
     Ok(())
+}
+
+/// Longest environment value accepted, in bytes (container env files are
+/// read line by line with a 64 KiB line limit).
+pub const MAX_ENV_VALUE_BYTES: usize = 32 << 10;
+
+/// Checks that every variable can reach the program exactly as given: a
+/// portable name (`[A-Za-z_][A-Za-z0-9_]*`: engines rewrite others, e.g.
+/// docker trims `\u{85}X` to `X`) and a value without NUL, at most
+/// [`MAX_ENV_VALUE_BYTES`].
+fn validate_env(request: &ExecRequest) -> Result<(), InvalidRequest> {
+    for (name, value) in &request.env {
+        let bad = |reason: String| InvalidRequest::BadEnv { name: name.clone(), reason };
+        let mut chars = name.bytes();
+        let portable = chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == b'_')
+            && chars.all(|c| c.is_ascii_alphanumeric() || c == b'_');
+        if !portable || name.len() > 256 {
+            return Err(bad("names must match [A-Za-z_][A-Za-z0-9_]* (at most 256 bytes)".into()));
+        }
+        if value.len() > MAX_ENV_VALUE_BYTES {
+            return Err(bad(format!("the value is {} bytes, over the limit of {MAX_ENV_VALUE_BYTES}", value.len())));
+        }
+        if value.contains('\0') {
+            return Err(bad("values cannot hold NUL".into()));
+        }
+    }
+    Ok(())
+}
+
+/// Completes the policy with the chosen backend's defaults (no run goes
+/// without a deadline) and returns the policy the result is capped by.
+fn prepare(request: &mut ExecRequest, caps: &BackendCapabilities) -> SandboxPolicy {
+    request.policy.timeout_ms.get_or_insert(caps.default_timeout_ms);
+    request.policy.clone()
+}
+
+/// Caps the fields of a result that are not streams (see [`result_caps`]).
+fn finish(result: Result<ExecResult, ExecError>, policy: &SandboxPolicy) -> Result<ExecResult, ExecError> {
+    result.map(|mut r| {
+        result_caps::cap_result(&mut r, policy);
+        r
+    })
 }
 
 /// Drops a refused request without letting a hostile, deeply nested input

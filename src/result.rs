@@ -124,6 +124,11 @@ pub struct ExecResult {
     pub stderr: CapturedStream,
     /// Structured output (JS: the returned value as JSON).
     pub output: Option<Value>,
+    /// True when the program produced structured output that was dropped
+    /// because its JSON text exceeds the policy's `max_stdout_bytes` (the run
+    /// is then `Failed`, and `output` is `None`): a cut value is never passed
+    /// off as a whole one.
+    pub output_truncated: bool,
     /// One line saying why the outcome is not `Ok` (exception, trap, limit).
     pub message: Option<String>,
     /// Files the program produced.
@@ -137,6 +142,25 @@ pub struct ExecResult {
 }
 
 impl ExecResult {
+    /// A result of `backend` with `outcome` and nothing else: no process, no
+    /// output, empty streams. Backends fill in what they know.
+    pub fn new(backend: impl Into<String>, outcome: Outcome) -> Self {
+        Self {
+            backend: backend.into(),
+            outcome,
+            exit_code: None,
+            stdout: CapturedStream::default(),
+            stderr: CapturedStream::default(),
+            output: None,
+            output_truncated: false,
+            message: None,
+            output_files: Vec::new(),
+            failure_kind: None,
+            diagnostics: Vec::new(),
+            usage: Usage::default(),
+        }
+    }
+
     /// True when the outcome is `Ok`.
     pub fn is_ok(&self) -> bool {
         self.outcome == Outcome::Ok
@@ -155,6 +179,7 @@ impl ExecResult {
             "stdout_total_bytes": self.stdout.total_bytes,
             "stderr_total_bytes": self.stderr.total_bytes,
             "output": self.output,
+            "output_truncated": self.output_truncated,
             "message": self.message,
             "duration_ms": self.usage.duration.as_secs_f64() * 1e3,
             "instructions": self.usage.instructions,

@@ -14,7 +14,6 @@ use execbox::backends::BoaJs;
 use execbox::{
     Backend, BackendCapabilities, CapturedStream, CostClass, Enforcement, ExecError, ExecRequest, ExecResult, Executor,
     IsolationKind, Language, Outcome as RunOutcome, PayloadKind, RequestFeatures, SandboxPolicy, SurfaceCapability,
-    Usage,
 };
 use serde_json::json;
 
@@ -44,6 +43,7 @@ impl Flaky {
         let any =
             || SurfaceCapability { deny: Enforcement::enforced("test"), allow_list: Enforcement::enforced("test") };
         let caps = BackendCapabilities {
+            default_timeout_ms: 30_000,
             isolation: IsolationKind::InProcess,
             cost: CostClass::Low,
             languages: vec![Language::Python],
@@ -75,19 +75,11 @@ impl Backend for Flaky {
         if n < self.failures {
             return Err((self.error)());
         }
-        Ok(ExecResult {
-            backend: "flaky".into(),
-            outcome: if self.exit_code == 0 { RunOutcome::Ok } else { RunOutcome::Failed },
-            exit_code: Some(self.exit_code),
-            stdout: CapturedStream::default(),
-            stderr: CapturedStream { bytes: b"boom\n".to_vec(), total_bytes: 5, truncated: false },
-            output: None,
-            message: None,
-            output_files: vec![],
-            failure_kind: None,
-            diagnostics: vec![],
-            usage: Usage::default(),
-        })
+        let mut result =
+            ExecResult::new("flaky", if self.exit_code == 0 { RunOutcome::Ok } else { RunOutcome::Failed });
+        result.exit_code = Some(self.exit_code);
+        result.stderr = CapturedStream { bytes: b"boom\n".to_vec(), total_bytes: 5, truncated: false };
+        Ok(result)
     }
 }
 

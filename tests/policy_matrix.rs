@@ -8,7 +8,7 @@ use std::time::Duration;
 use execbox::{
     Access, Backend, BackendCapabilities, Control, CostClass, Enforcement, ExecError, ExecRequest, ExecResult,
     Executor, IsolationKind, Language, Outcome, PathGrants, PayloadKind, RequestFeatures, SandboxPolicy,
-    SurfaceCapability, Usage, check,
+    SurfaceCapability, check,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -31,6 +31,7 @@ fn caps(level: Level) -> BackendCapabilities {
     let e = || enforcement(level);
     let surface = || SurfaceCapability { deny: e(), allow_list: e() };
     BackendCapabilities {
+        default_timeout_ms: 30_000,
         isolation: IsolationKind::InProcess,
         cost: CostClass::Low,
         languages: vec![Language::JavaScript, Language::Python],
@@ -206,19 +207,9 @@ impl Backend for Fake {
     }
     fn execute(&self, _request: ExecRequest) -> Result<ExecResult, ExecError> {
         self.runs.fetch_add(1, Ordering::SeqCst);
-        Ok(ExecResult {
-            backend: self.name.into(),
-            outcome: Outcome::Ok,
-            exit_code: Some(0),
-            stdout: Default::default(),
-            stderr: Default::default(),
-            output: None,
-            message: None,
-            output_files: vec![],
-            failure_kind: None,
-            diagnostics: Vec::new(),
-            usage: Usage::default(),
-        })
+        let mut result = ExecResult::new(self.name, Outcome::Ok);
+        result.exit_code = Some(0);
+        Ok(result)
     }
 }
 

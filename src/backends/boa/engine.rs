@@ -109,6 +109,7 @@ impl Prepared {
             stdout,
             stderr,
             output,
+            output_truncated: false,
             message,
             output_files: Vec::new(),
             failure_kind: None,

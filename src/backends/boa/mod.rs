@@ -52,6 +52,9 @@ use crate::result::ExecResult;
 
 use pool::Pool;
 
+/// The deadline of a run whose policy states none.
+const DEFAULT_TIMEOUT_MS: u64 = 30_000;
+
 /// Tuning for [`BoaJs`]. The defaults suit agent loops on a small machine.
 #[derive(Clone, Debug)]
 pub struct BoaJsConfig {
@@ -198,6 +201,7 @@ fn capabilities() -> BackendCapabilities {
         stdout_cap: Enforcement::enforced("console.log/info/debug written through a bounded buffer"),
         stderr_cap: Enforcement::enforced("console.warn/error written through a bounded buffer"),
         processes: none("the realm cannot create processes or threads"),
+        default_timeout_ms: DEFAULT_TIMEOUT_MS,
     }
 }
 
@@ -237,7 +241,7 @@ impl BoaJs {
             input,
             budget,
             fuel_asked,
-            timeout: request.policy.timeout_duration(),
+            timeout: Some(self.caps.effective_timeout(&request.policy)),
             max_stdout: request.policy.max_stdout_bytes,
             max_stderr: request.policy.max_stderr_bytes,
         })

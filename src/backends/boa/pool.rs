@@ -214,6 +214,7 @@ fn abandoned(deadline: &Deadline, streams: &Arc<Mutex<Streams>>) -> ExecResult {
         stdout: s.stdout.snapshot(),
         stderr: s.stderr.snapshot(),
         output: None,
+        output_truncated: false,
         message: Some(deadline.exceeded_message()),
         output_files: Vec::new(),
         failure_kind: None,

@@ -294,6 +294,7 @@ impl Container {
             outcome,
             exit_code,
             output: conventions::json_stdout(&finished.stdout),
+            output_truncated: false,
             stdout: finished.stdout,
             stderr: finished.stderr,
             message,
@@ -426,6 +427,7 @@ fn capabilities(cfg: &ContainerConfig) -> BackendCapabilities {
         stdout_cap: E::enforced(cap),
         stderr_cap: E::enforced(cap),
         processes: E::enforced(format!("cgroup --pids-limit (default {})", cfg.default_pids)),
+        default_timeout_ms: u64::try_from(cfg.default_timeout.as_millis()).unwrap_or(u64::MAX),
     }
 }
 

@@ -318,6 +318,7 @@ fn compile(
             stdout: Default::default(),
             stderr: stderr.clone().into_captured(),
             output: None,
+            output_truncated: false,
             message: Some(message),
             output_files: Vec::new(),
             failure_kind: kind,

@@ -277,7 +277,7 @@ impl WasmInterpreter {
             env: std::mem::take(&mut request.env).into_iter().collect(),
             preopens,
             fuel: policy.fuel,
-            timeout: policy.timeout_duration(),
+            timeout: Some(self.caps.effective_timeout(policy)),
             memory_cap: self.guest.memory_cap(policy),
             max_stdout: policy.max_stdout_bytes,
             max_stderr: policy.max_stderr_bytes,

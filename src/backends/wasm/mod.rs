@@ -85,6 +85,11 @@ pub struct WasmGuestConfig {
     pub disk_cache_dir: Option<PathBuf>,
     /// Deepest JSON `input` accepted (serialization recurses).
     pub max_input_nesting: usize,
+    /// Deadline of a run whose policy states none: no guest runs unbounded.
+    ///
+    /// # Default
+    /// 30 s.
+    pub default_timeout: Duration,
 }
 
 impl Default for WasmGuestConfig {
@@ -100,6 +105,7 @@ impl Default for WasmGuestConfig {
             module_cache_entries: 64,
             disk_cache_dir: None,
             max_input_nesting: 128,
+            default_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -212,7 +218,7 @@ impl WasmGuest {
             env: std::mem::take(&mut request.env).into_iter().collect(),
             preopens,
             fuel: policy.fuel,
-            timeout: policy.timeout_duration(),
+            timeout: Some(self.caps.effective_timeout(policy)),
             memory_cap: self.memory_cap(policy),
             max_stdout: policy.max_stdout_bytes,
             max_stderr: policy.max_stderr_bytes,
@@ -362,6 +368,7 @@ fn capabilities(cfg: &WasmGuestConfig) -> BackendCapabilities {
         stdout_cap: E::enforced("guest writes go through a bounded buffer; the rest is counted and dropped"),
         stderr_cap: E::enforced("guest writes go through a bounded buffer; the rest is counted and dropped"),
         processes: E::by_omission("WASI preview 1 cannot create processes or threads"),
+        default_timeout_ms: u64::try_from(cfg.default_timeout.as_millis()).unwrap_or(u64::MAX),
     }
 }
 

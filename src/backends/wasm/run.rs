@@ -399,6 +399,7 @@ pub(super) fn finish(
         stdout: stdio.stdout.take_captured(),
         stderr: stdio.stderr.take_captured(),
         output,
+        output_truncated: false,
         message,
         output_files: Vec::new(),
         failure_kind: None,

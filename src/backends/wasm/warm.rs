@@ -109,9 +109,9 @@ impl WarmPool {
         }
         warm.stdio.stdout.reset(policy.max_stdout_bytes);
         warm.stdio.stderr.reset(policy.max_stderr_bytes);
-        let deadline = Deadline::start(policy.timeout_duration());
+        let deadline = Deadline::start(Some(policy.timeout_duration().unwrap_or(self.guest.cfg.default_timeout)));
         warm.controls.arm(deadline, memory_cap);
-        let _ticking = policy.timeout_ms.map(|_| self.guest.ticker().run_guard());
+        let _ticking = self.guest.ticker().run_guard();
         if warm.code.send(code.as_bytes().to_vec()).is_err() {
             return Some(Err(ExecError::internal(WasmGuest::NAME, "a warm instance ended before its code arrived")));
         }
@@ -240,6 +240,7 @@ fn stuck(deadline: &Deadline) -> ExecResult {
         stdout: Default::default(),
         stderr: Default::default(),
         output: None,
+        output_truncated: false,
         message: Some(deadline.exceeded_message()),
         output_files: Vec::new(),
         failure_kind: None,
