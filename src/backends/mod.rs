@@ -4,6 +4,8 @@
 
 #[cfg(any(feature = "wasm", feature = "container"))]
 mod conventions;
+#[cfg(any(feature = "wasm", feature = "container"))]
+pub(crate) mod owner;
 
 #[cfg(feature = "js")]
 pub mod boa;

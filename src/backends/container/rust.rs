@@ -241,7 +241,7 @@ fn compile(
 ) -> Result<Option<ExecResult>, ExecError> {
     let cfg = &backend.rust.cfg;
     let io = |e: std::io::Error| ExecError::internal(Container::NAME, format!("cannot stage the compile: {e}"));
-    let dir = tempfile::Builder::new().prefix("execbox-rustc-").tempdir().map_err(io)?;
+    let dir = crate::backends::owner::temp_dir("rustc").map_err(io)?;
     let (src, target) = (dir.path().join("src"), dir.path().join("target"));
     for (path, mode) in [(&src, 0o755), (&src.join("target"), 0o755), (&target, 0o777)] {
         std::fs::create_dir(path).map_err(io)?;

@@ -43,7 +43,7 @@ impl Staging {
     /// environment, and an output directory if the request collects one.
     pub fn new(request: &ExecRequest, input: Option<&[u8]>) -> Result<Self, ExecError> {
         let io = |what: &str, e: std::io::Error| InvalidRequest::BadPath { path: what.into(), reason: e.to_string() };
-        let root = tempfile::Builder::new().prefix("execbox-run-").tempdir().map_err(|e| io("<staging dir>", e))?;
+        let root = crate::backends::owner::temp_dir("run").map_err(|e| io("<staging dir>", e))?;
         let work = root.path().join("work");
         create_dir(&work, 0o755).map_err(|e| io("<staging dir>", e))?;
         if let Some(json) = input {

@@ -304,9 +304,7 @@ fn stage_input_files(
     if request.input_files.is_empty() && extra.is_none() {
         return Ok(None);
     }
-    let dir = tempfile::Builder::new()
-        .prefix("execbox-input-")
-        .tempdir()
+    let dir = crate::backends::owner::temp_dir("input")
         .map_err(|e| InvalidRequest::BadPath { path: "<tempdir>".into(), reason: e.to_string() })?;
     write_staged(dir.path(), request, extra)?;
     Ok(Some(dir))

@@ -136,7 +136,7 @@ impl WarmPool {
     /// (a request that takes it before start-up ends waits for the rest).
     fn refill(&self) {
         self.join_finished(false);
-        let Ok(work) = tempfile::Builder::new().prefix("execbox-warm-").tempdir() else { return };
+        let Ok(work) = crate::backends::owner::temp_dir("warm") else { return };
         let (stdin, code, waiting) = CodeStdin::new();
         let controls = RunControls::new(Deadline::start(None), self.guest.cfg.max_memory_bytes as usize);
         let stdio = Stdio { stdout: CappedPipe::new(Some(0)), stderr: CappedPipe::new(Some(0)) };

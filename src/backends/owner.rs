@@ -1,0 +1,106 @@
+//! Who owns what execbox leaves on the host while a run is in flight, so a
+//! later process can clean up after one that was killed.
+//!
+//! Every temporary directory is named `execbox-<what>-<owner>-<random>` and
+//! every container carries the label `execbox.owner=<owner>`, where `<owner>`
+//! is [`token`]: this process's pid and its start time (so a reused pid is
+//! not mistaken for its predecessor). [`sweep_stale_temp_dirs`] removes the
+//! directories of owners that are gone.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+/// This process's owner token: `<pid>.<start time in clock ticks since boot>`.
+pub(crate) fn token() -> &'static str {
+    static TOKEN: OnceLock<String> = OnceLock::new();
+    TOKEN.get_or_init(|| {
+        let pid = std::process::id();
+        format!("{pid}.{}", start_time(pid).unwrap_or(0))
+    })
+}
+
+/// Whether the process that `token` names still runs (false for tokens
+/// this module did not make).
+pub(crate) fn is_alive(token: &str) -> bool {
+    let Some((pid, start)) = token.split_once('.') else { return false };
+    let (Ok(pid), Ok(start)) = (pid.parse::<u32>(), start.parse::<u64>()) else { return false };
+    start_time(pid).is_some_and(|now| now == start)
+}
+
+/// Field 22 of `/proc/<pid>/stat`: when the process started.
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces and parentheses: skip past its last `)`.
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    after_name.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// A new private directory `execbox-<what>-<owner>-<random>` in the system
+/// temp dir, removed when the handle drops.
+pub(crate) fn temp_dir(what: &str) -> std::io::Result<tempfile::TempDir> {
+    sweep_stale_temp_dirs();
+    tempfile::Builder::new().prefix(&format!("execbox-{what}-{}-", token())).tempdir()
+}
+
+/// Removes, once per process, the temporary directories of execbox
+/// processes that are gone (killed before they could clean up).
+pub(crate) fn sweep_stale_temp_dirs() {
+    static SWEPT: OnceLock<()> = OnceLock::new();
+    SWEPT.get_or_init(|| sweep_in(&std::env::temp_dir()));
+}
+
+/// The sweep of one directory (tests point it elsewhere).
+pub(crate) fn sweep_in(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(owner) = name.to_str().and_then(owner_of) else { continue };
+        if owner == token() || is_alive(owner) {
+            continue;
+        }
+        // Never follow a link planted under an execbox-like name.
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            let path: PathBuf = entry.path();
+            match std::fs::remove_dir_all(&path) {
+                Ok(()) => tracing::debug!(path = %path.display(), "removed a stale execbox temp dir"),
+                Err(e) => tracing::warn!(path = %path.display(), error = %e, "cannot remove a stale execbox temp dir"),
+            }
+        }
+    }
+}
+
+/// The owner token in `execbox-<what>-<pid>.<start>-<random>`.
+fn owner_of(name: &str) -> Option<&str> {
+    let rest = name.strip_prefix("execbox-")?;
+    let mut parts = rest.splitn(3, '-');
+    let (_what, owner, _random) = (parts.next()?, parts.next()?, parts.next()?);
+    owner.contains('.').then_some(owner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_token_is_alive_and_a_dead_one_is_not() {
+        assert!(is_alive(token()));
+        assert!(!is_alive("999999999.1"));
+        assert!(!is_alive("garbage"));
+    }
+
+    #[test]
+    fn sweep_removes_only_dirs_of_dead_owners() {
+        let root = tempfile::tempdir().unwrap();
+        let dead = root.path().join("execbox-run-999999999.1-abc");
+        let mine = root.path().join(format!("execbox-run-{}-abc", token()));
+        let other = root.path().join("not-execbox-run-1.1-abc");
+        for dir in [&dead, &mine, &other] {
+            std::fs::create_dir(dir).unwrap();
+            std::fs::write(dir.join("f"), b"x").unwrap();
+        }
+        sweep_in(root.path());
+        assert!(!dead.exists());
+        assert!(mine.exists());
+        assert!(other.exists());
+    }
+}
