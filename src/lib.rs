@@ -34,6 +34,8 @@ pub mod matching;
 pub mod policy;
 pub mod request;
 pub mod result;
+#[cfg(feature = "js")]
+pub mod worker;
 
 pub use capabilities::{
     BackendCapabilities, CostClass, Enforcement, IsolationKind, Language, PayloadKind, RequestFeatures,

@@ -180,16 +180,21 @@ impl Default for SandboxPolicy {
 }
 
 impl SandboxPolicy {
-    /// Deny network, filesystem and environment; 5 s wall clock; 1 MiB per
-    /// output stream; 1 MiB of code. No memory or fuel requirement, so that
-    /// every isolating backend (including boa, which has no heap cap) qualifies.
+    /// The memory cap of [`SandboxPolicy::strict`]: 256 MiB.
+    pub const STRICT_MEMORY_BYTES: u64 = 256 << 20;
+
+    /// Deny network, filesystem and environment; 5 s wall clock; a 256 MiB
+    /// memory cap ([`SandboxPolicy::STRICT_MEMORY_BYTES`]); 1 MiB per output
+    /// stream; 1 MiB of code. No fuel requirement. Every default backend can
+    /// enforce all of it; a backend without a memory cap (in-thread boa) is
+    /// never chosen for it.
     pub fn strict() -> Self {
         Self {
             network: Access::Deny,
             filesystem: Access::Deny,
             environment: Access::Deny,
             timeout_ms: Some(5_000),
-            memory_bytes: None,
+            memory_bytes: Some(Self::STRICT_MEMORY_BYTES),
             fuel: None,
             max_stdout_bytes: Some(1 << 20),
             max_stderr_bytes: Some(1 << 20),

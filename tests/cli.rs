@@ -77,14 +77,14 @@ fn program_failure_exits_1_with_outcome() {
 
 #[test]
 fn refusal_exits_2_with_violations() {
-    // boa cannot cap memory (QuickJS-in-wasm could: pin boa to see the refusal).
-    let out = execbox(&["run", "--code", "return 1", "--memory-mb", "64", "--backend", "boa-js", "--json"]);
+    // boa has no environment to grant (the wasm guests could: pin boa to see the refusal).
+    let out = execbox(&["run", "--code", "return 1", "--env", "A=1", "--backend", "boa-js", "--json"]);
     assert_eq!(out.status.code(), Some(2));
     let v = json_out(&out);
     assert_eq!(v["error"]["kind"], "refused");
-    assert_eq!(v["error"]["violations"][0]["control"], "memory");
+    assert_eq!(v["error"]["violations"][0]["control"], "environment");
     assert_eq!(v["error"]["violations"][0]["backend"], "boa-js");
-    assert!(v["error"]["message"].as_str().unwrap().contains("heap"));
+    assert!(v["error"]["message"].as_str().unwrap().contains("no environment API"));
 
     let out = execbox(&["run", "--code", "return 1", "--backend", "nope", "--json"]);
     assert_eq!(out.status.code(), Some(2));
@@ -127,7 +127,8 @@ fn backends_lists_capabilities() {
     let v = json_out(&out);
     assert_eq!(v[0]["name"], "boa-js");
     assert_eq!(v[0]["available"], true);
-    assert_eq!(v[0]["capabilities"]["memory"]["level"], "not_enforced");
+    assert_eq!(v[0]["capabilities"]["memory"]["level"], "enforced");
+    assert_eq!(v[0]["capabilities"]["isolation"], "worker_process");
     assert_eq!(v[0]["capabilities"]["network"]["deny"]["level"], "by_omission");
     let text = execbox(&["backends"]);
     assert!(String::from_utf8_lossy(&text.stdout).contains("NOT enforced"));

@@ -3,7 +3,7 @@
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use execbox::backends::{BoaJs, BoaJsConfig};
+use execbox::backends::{BoaJs, BoaJsConfig, BoaJsInThread};
 use execbox::{Control, ExecError, ExecRequest, ExecResult, Executor, InvalidRequest, Outcome, SandboxPolicy};
 use serde_json::{Value, json};
 
@@ -288,14 +288,14 @@ fn no_state_leaks_between_requests() {
 }
 
 #[test]
-fn memory_cap_is_refused_with_only_boa() {
-    // With the default backends QuickJS-in-wasm would take it (tests/wasm_interpreters.rs).
-    let only_boa = Executor::builder().backend(BoaJs::default()).build();
+fn memory_cap_is_refused_by_in_thread_boa() {
+    // The contained boa-js enforces it; the in-thread engine shares the host's heap.
+    let only_boa = Executor::builder().backend(BoaJsInThread::default()).build();
     let err = only_boa
         .execute_blocking(ExecRequest::javascript("return 1").policy(SandboxPolicy::strict().memory_bytes(64 << 20)))
         .unwrap_err();
     let ExecError::Refused { rejections } = &err else { panic!("{err}") };
-    let boa = rejections.iter().find(|r| r.backend == "boa-js").expect("boa considered");
+    let boa = rejections.iter().find(|r| r.backend == "boa-js-inthread").expect("boa considered");
     assert_eq!(boa.violations.len(), 1);
     assert_eq!(boa.violations[0].control, Control::Memory);
     assert_eq!(rejections.len(), 1);

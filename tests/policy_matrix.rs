@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use execbox::backends::{BoaJs, BoaJsInThread};
 use execbox::{
     Access, Backend, BackendCapabilities, Control, CostClass, Enforcement, ExecError, ExecRequest, ExecResult,
     Executor, IsolationKind, Language, Outcome, PathGrants, PayloadKind, RequestFeatures, SandboxPolicy,
@@ -248,12 +249,12 @@ fn refusal_names_every_backend_and_runs_nothing() {
     let ExecError::Refused { rejections } = &err else { panic!("{err}") };
     let names: Vec<&str> = rejections.iter().map(|r| r.backend.as_str()).collect();
     assert_eq!(names, vec!["x", "y"]);
-    // strict asks: network, filesystem, environment deny; timeout; stdout/stderr caps.
-    assert_eq!(rejections[0].violations.len(), 6);
+    // strict asks: network, filesystem, environment deny; timeout; memory; stdout/stderr caps.
+    assert_eq!(rejections[0].violations.len(), 7);
     assert_eq!(x_runs.load(Ordering::SeqCst) + y_runs.load(Ordering::SeqCst), 0);
     assert_eq!(err.kind(), "refused");
     let json = err.to_json();
-    assert_eq!(json["error"]["violations"].as_array().unwrap().len(), 12);
+    assert_eq!(json["error"]["violations"].as_array().unwrap().len(), 14);
     assert_eq!(json["error"]["violations"][0]["backend"], "x");
     assert_eq!(json["error"]["violations"][0]["control"], "network");
 }
@@ -308,15 +309,33 @@ fn env_values_outside_the_policy_allow_list_are_invalid() {
 
 #[test]
 fn boa_refuses_what_it_cannot_grant_listing_every_control() {
-    let exec = Executor::with_default_backends();
+    let exec = Executor::builder().backend(BoaJsInThread::default()).backend(BoaJs::default()).build();
     let policy = SandboxPolicy::strict()
         .memory_bytes(1 << 26)
         .network(Access::Allow(vec!["example.org".into()]))
         .filesystem(Access::Allow(PathGrants { read_only: vec!["/tmp".into()], read_write: vec![] }));
     let err = exec.execute_blocking(ExecRequest::javascript("1").policy(policy).stdin("x")).unwrap_err();
     let ExecError::Refused { rejections } = &err else { panic!("{err}") };
-    let controls: Vec<Control> = rejections[0].violations.iter().map(|v| v.control).collect();
-    assert_eq!(controls, vec![Control::Stdin, Control::Network, Control::Filesystem, Control::Memory]);
+    let controls = |name: &str| -> Vec<Control> {
+        let r = rejections.iter().find(|r| r.backend == name).expect(name);
+        r.violations.iter().map(|v| v.control).collect()
+    };
+    // In-thread boa also cannot cap memory; the contained one can.
+    assert_eq!(
+        controls("boa-js-inthread"),
+        vec![Control::Stdin, Control::Network, Control::Filesystem, Control::Memory]
+    );
+    assert_eq!(controls("boa-js"), vec![Control::Stdin, Control::Network, Control::Filesystem]);
+}
+
+#[test]
+fn strict_js_runs_contained_and_in_thread_boa_only_when_memory_is_not_asked() {
+    let exec = Executor::builder().backend(BoaJsInThread::default()).backend(BoaJs::default()).build();
+    let r = exec.execute_blocking(ExecRequest::javascript("return 1")).unwrap();
+    assert_eq!(r.backend, "boa-js", "strict asks for a memory cap");
+    let trusted = SandboxPolicy { memory_bytes: None, ..SandboxPolicy::host_local() };
+    let r = exec.execute_blocking(ExecRequest::javascript("return 1").policy(trusted)).unwrap();
+    assert_eq!(r.backend, "boa-js-inthread", "registered first, and nothing it cannot enforce is asked");
 }
 
 #[test]

@@ -11,7 +11,7 @@ pub(crate) mod owner;
 pub mod boa;
 
 #[cfg(feature = "js")]
-pub use boa::{BoaJs, BoaJsConfig, JsSession, WorkerGauge};
+pub use boa::{BoaJs, BoaJsConfig, BoaJsInThread, JsSession, WorkerGauge};
 
 #[cfg(feature = "wasm")]
 pub mod wasm;

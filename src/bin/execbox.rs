@@ -101,6 +101,8 @@ struct RunArgs {
 }
 
 fn main() -> ExitCode {
+    // Spawned as a worker (contained JS), serve and exit; otherwise go on.
+    execbox::worker::serve_if_worker();
     let cli = Cli::parse();
     match cli.command {
         Command::Run(args) => match executor(&args) {

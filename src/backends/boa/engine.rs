@@ -1,29 +1,34 @@
-//! One run on a worker thread: a fresh context, the wrapped code evaluated
-//! under a deadline and an instruction budget, and the result classified.
+//! One run on boa: a fresh context, the wrapped code evaluated under a
+//! deadline and an instruction budget, and the result classified. The same
+//! code runs in a worker process (the contained backend) and on a host
+//! thread (the in-thread backend); only where `console` writes differs.
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::future::Future;
 use std::rc::Rc;
-use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::Duration;
 
-use boa_engine::builtins::promise::PromiseState;
-use boa_engine::context::ContextBuilder;
+use boa_engine::builtins::promise::{OperationType, PromiseState};
+use boa_engine::context::{ContextBuilder, HostHooks};
 use boa_engine::error::EngineError;
 use boa_engine::job::{self, JobExecutor};
-use boa_engine::property::Attribute;
+use boa_engine::module::IdleModuleLoader;
+use boa_engine::object::JsObject;
+use boa_engine::property::{Attribute, PropertyKey};
 use boa_engine::{Context, JsError, JsResult, JsValue, Script, Source, js_string};
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::BoaJsConfig;
-use super::realm::{self, ConsoleSink, GuardLimits, Realm, RunDeadline, Streams};
+use super::EngineSettings;
+use super::realm::{self, Console, ConsoleSink, GuardLimits, Realm, RunDeadline};
 use crate::limits::Deadline;
-use crate::result::{ExecResult, Outcome, Usage};
+use crate::limits::result_caps::cap_message;
+use crate::result::Outcome;
 
 /// How the source is evaluated.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(super) enum Mode {
     /// A function body: `return` sets the output; nothing outlives the call.
     FunctionBody,
@@ -32,7 +37,8 @@ pub(super) enum Mode {
     Script,
 }
 
-/// What a worker needs to run one request (everything `Send`).
+/// What one run needs (sent to a worker process as a frame).
+#[derive(Debug, Serialize, Deserialize)]
 pub(super) struct Job {
     pub source: String,
     pub mode: Mode,
@@ -46,84 +52,104 @@ pub(super) struct Job {
     pub max_stderr: Option<u64>,
 }
 
+/// How a run ended, without its streams (sent back by a worker as a frame).
+#[derive(Debug, Serialize, Deserialize)]
+pub(super) struct RunReport {
+    pub outcome: Outcome,
+    /// The returned value as JSON text (what `JSON.stringify` made of it).
+    pub output: Option<String>,
+    /// The returned value's JSON was over `max_stdout_bytes` and was dropped.
+    pub output_truncated: bool,
+    pub message: Option<String>,
+    /// VM instructions executed.
+    pub instructions: u64,
+}
+
 /// A fresh context with the realm installed, waiting for one job.
 pub(super) struct Prepared {
     ctx: Context,
     realm: Realm,
     queue: Rc<JobQueue>,
+    hooks: Rc<Hooks>,
+    settings: EngineSettings,
     /// The budget this context was built with.
     pub budget: u64,
 }
 
 impl Prepared {
-    pub fn new(budget: u64, cfg: &BoaJsConfig) -> JsResult<Self> {
+    pub fn new(budget: u64, settings: &EngineSettings) -> JsResult<Self> {
         let queue = Rc::new(JobQueue::default());
+        let hooks = Rc::new(Hooks::default());
         let mut ctx = ContextBuilder::new()
             .job_executor(queue.clone())
+            .host_hooks(hooks.clone())
+            // No module loader: boa's default resolves `import()` against the
+            // working directory's files.
+            .module_loader(Rc::new(IdleModuleLoader))
             .instructions_remaining(usize::try_from(budget).unwrap_or(usize::MAX))
             .build()?;
-        let limits = ctx.runtime_limits_mut();
-        limits.set_recursion_limit(cfg.recursion_limit);
-        let realm = realm::install(&mut ctx, GuardLimits::from(cfg))?;
-        Ok(Self { ctx, realm, queue, budget })
+        ctx.runtime_limits_mut().set_recursion_limit(settings.recursion_limit);
+        let realm = realm::install(&mut ctx, GuardLimits::from(settings))?;
+        Ok(Self { ctx, realm, queue, hooks, settings: *settings, budget })
     }
 
-    /// Runs `job` to completion, a limit, or the deadline. The context keeps
-    /// whatever the code left (a session reuses it; the pool drops it).
-    pub fn run(
-        &mut self,
-        job: Job,
-        deadline: &Deadline,
-        streams: &Arc<Mutex<Streams>>,
-        cfg: &BoaJsConfig,
-    ) -> ExecResult {
-        self.ctx.insert_data(ConsoleSink(streams.clone()));
+    /// Runs `job` to completion, a limit, or the deadline, writing `console`
+    /// output to `console`. The context keeps whatever the code left (a
+    /// session reuses it; otherwise it is dropped).
+    pub fn run(&mut self, job: Job, deadline: &Deadline, console: Rc<dyn Console>) -> RunReport {
+        self.ctx.insert_data(ConsoleSink(console.clone()));
         self.ctx.insert_data(RunDeadline(*deadline));
+        self.hooks.unhandled.borrow_mut().clear();
         let start_remaining = self.ctx.instructions_remaining();
-        let fuel_asked = job.fuel_asked;
-        let budget = job.budget;
+        let (fuel_asked, budget, max_output) = (job.fuel_asked, job.budget, job.max_stdout);
         let wrapped = job.mode == Mode::FunctionBody;
 
-        let (outcome, output, message) = match self.evaluate(job, deadline, cfg) {
-            Ok(output) => (Outcome::Ok, output, None),
-            Err(Stop::Deadline) => (Outcome::TimedOut, None, Some(deadline.exceeded_message())),
+        let mut report =
+            RunReport { outcome: Outcome::Ok, output: None, output_truncated: false, message: None, instructions: 0 };
+        match self.evaluate(job, deadline) {
+            Ok(text) => match (text, max_output) {
+                (Some(text), Some(max)) if text.len() as u64 > max => {
+                    report.outcome = Outcome::Failed;
+                    report.output_truncated = true;
+                    report.message =
+                        Some(format!("the returned value is over the output cap of {max} bytes (max_stdout_bytes)"));
+                }
+                (text, _) => report.output = text,
+            },
+            Err(Stop::Deadline) => {
+                report.outcome = Outcome::TimedOut;
+                report.message = Some(deadline.exceeded_message());
+            }
+            Err(Stop::OutputTooLarge(max)) => {
+                report.outcome = Outcome::Failed;
+                report.output_truncated = true;
+                report.message =
+                    Some(format!("the returned value is over the output cap of {max} bytes (max_stdout_bytes)"));
+            }
+            Err(Stop::Unhandled(reason)) => {
+                report.outcome = Outcome::Failed;
+                report.message = Some(format!("(in promise) {reason}"));
+            }
             Err(Stop::Thrown(err)) => {
                 let (outcome, message) = classify(err, &mut self.ctx, fuel_asked, budget, wrapped);
-                (outcome, None, Some(message))
+                report.outcome = outcome;
+                report.message = Some(message);
             }
-        };
-        let used = start_remaining.saturating_sub(self.ctx.instructions_remaining()) as u64;
-        let (stdout, stderr) = {
-            let mut s = streams.lock().unwrap_or_else(|p| p.into_inner());
-            if outcome == Outcome::Failed
-                && let Some(m) = &message
-            {
-                s.stderr.write_str(&format!("Uncaught {m}\n"));
-            }
-            (s.stdout.snapshot(), s.stderr.snapshot())
-        };
-        ExecResult {
-            backend: super::BoaJs::NAME.to_string(),
-            outcome,
-            exit_code: None,
-            stdout,
-            stderr,
-            output,
-            output_truncated: false,
-            message,
-            output_files: Vec::new(),
-            failure_kind: None,
-            diagnostics: Vec::new(),
-            usage: Usage {
-                duration: deadline.elapsed(),
-                instructions: Some(used),
-                fuel: None,
-                peak_memory_bytes: None,
-            },
         }
+        if let Some(message) = report.message.take() {
+            let message = cap_message(message);
+            if report.outcome == Outcome::Failed && !report.output_truncated {
+                console.line(true, &format!("Uncaught {message}"));
+            }
+            report.message = Some(message);
+        }
+        report.instructions = start_remaining.saturating_sub(self.ctx.instructions_remaining()) as u64;
+        report
     }
 
-    fn evaluate(&mut self, job: Job, deadline: &Deadline, cfg: &BoaJsConfig) -> Result<Option<Value>, Stop> {
+    /// The returned value's JSON text, if it has one.
+    fn evaluate(&mut self, job: Job, deadline: &Deadline) -> Result<Option<String>, Stop> {
+        let yield_every = self.settings.yield_every;
         let ctx = &mut self.ctx;
         let input = match &job.input {
             Some(value) => JsValue::from_json(value, ctx)?,
@@ -139,10 +165,11 @@ impl Prepared {
         let script = Script::parse(Source::from_bytes(source.as_bytes()), None, ctx)?;
         drop(source);
         let value =
-            poll_until(script.evaluate_async_with_budget(ctx, cfg.yield_every), deadline).ok_or(Stop::Deadline)??;
+            poll_until(script.evaluate_async_with_budget(ctx, yield_every), deadline).ok_or(Stop::Deadline)??;
         self.queue.drain(ctx, deadline)?;
 
-        let value = match value.as_promise().map(|p| p.state()) {
+        let returned_promise = value.as_promise();
+        let value = match returned_promise.as_ref().map(|p| p.state()) {
             None => value,
             Some(PromiseState::Fulfilled(v)) => v,
             Some(PromiseState::Rejected(reason)) => return Err(JsError::from_opaque(reason).into()),
@@ -153,34 +180,78 @@ impl Prepared {
                 .into());
             }
         };
+        // A promise rejected with no handler, other than the returned one: an
+        // error nobody caught (Node and QuickJS fail the same way).
+        let returned: Option<JsObject> = returned_promise.map(JsObject::from);
+        let unhandled = self
+            .hooks
+            .unhandled
+            .borrow()
+            .iter()
+            .find(|p| returned.as_ref().is_none_or(|r| !JsObject::equals(p, r)))
+            .cloned();
+        if let Some(promise) = unhandled
+            && let Some(PromiseState::Rejected(reason)) = JsValue::from(promise).as_promise().map(|p| p.state())
+        {
+            return Err(Stop::Unhandled(describe_value(&reason, ctx)));
+        }
         if value.is_undefined() {
             return Ok(None);
         }
         // `output` is exactly what JSON.stringify makes of the value
         // (the guarded original, whatever the code did to `JSON`).
         let text = self.realm.stringify.call(&JsValue::undefined(), &[value], ctx)?;
-        match text.as_string() {
-            None => Ok(None), // functions, symbols: no JSON form
-            Some(s) => serde_json::from_str(&s.to_std_string_escaped()).map(Some).map_err(|e| {
-                Stop::Thrown(
-                    boa_engine::JsNativeError::typ()
-                        .with_message(format!("return value is not valid JSON: {e}"))
-                        .into(),
-                )
-            }),
+        let Some(text) = text.as_string() else { return Ok(None) }; // functions, symbols: no JSON form
+        // UTF-8 is never shorter than UTF-16 units: refuse a huge value before converting it.
+        if let Some(max) = job.max_stdout
+            && text.len() as u64 > max
+        {
+            return Err(Stop::OutputTooLarge(max));
         }
+        Ok(Some(text.to_std_string_escaped()))
     }
 }
 
 /// Why a run stopped before producing a value.
 pub(super) enum Stop {
     Deadline,
+    OutputTooLarge(u64),
+    /// A promise rejected with no handler; the rejection reason, described.
+    Unhandled(String),
     Thrown(JsError),
 }
 
 impl From<JsError> for Stop {
     fn from(err: JsError) -> Self {
         Stop::Thrown(err)
+    }
+}
+
+/// The host hooks of a run's realm: unhandled rejections are tracked, and
+/// local time is UTC (the host's time zone is not the code's business, and
+/// reading it would open `/etc/localtime`).
+#[derive(Default)]
+struct Hooks {
+    unhandled: RefCell<Vec<JsObject>>,
+}
+
+impl HostHooks for Hooks {
+    fn promise_rejection_tracker(
+        &self,
+        promise: &JsObject<boa_engine::builtins::promise::Promise>,
+        operation: OperationType,
+        _context: &mut Context,
+    ) {
+        let promise = promise.clone().upcast();
+        let mut unhandled = self.unhandled.borrow_mut();
+        match operation {
+            OperationType::Reject => unhandled.push(promise),
+            OperationType::Handle => unhandled.retain(|p| !JsObject::equals(p, &promise)),
+        }
+    }
+
+    fn local_timezone_offset_seconds(&self, _unix_time_seconds: i64) -> i32 {
+        0
     }
 }
 
@@ -226,17 +297,11 @@ fn classify(err: JsError, ctx: &mut Context, fuel_asked: bool, budget: u64, wrap
             other => (Outcome::Failed, format!("engine error: {other}")),
         };
     }
-    match err.try_native(ctx) {
-        Ok(native) => (Outcome::Failed, describe_native(&native, wrapped)),
-        Err(_) => {
-            let thrown = err.as_opaque().cloned().unwrap_or_default();
-            let text = match thrown.as_string() {
-                Some(s) => s.to_std_string_escaped(),
-                None => thrown.display().to_string(),
-            };
-            (Outcome::Failed, text)
-        }
+    if let Some(native) = err.as_native() {
+        return (Outcome::Failed, describe_native(native, wrapped));
     }
+    let thrown = err.as_opaque().cloned().unwrap_or_default();
+    (Outcome::Failed, describe_value(&thrown, ctx))
 }
 
 /// `Kind: message`, without boa's stack-position suffix: inside the wrapper
@@ -246,6 +311,54 @@ fn describe_native(native: &boa_engine::JsNativeError, wrapped: bool) -> String 
     let message = native.message().trim();
     let message = if wrapped { fix_first_line_column(message) } else { message.to_string() };
     if message.is_empty() { native.kind().to_string() } else { format!("{}: {message}", native.kind()) }
+}
+
+/// A thrown value in one line, read as plain data: strings as they are,
+/// error-like objects as `name: message` from their own or inherited *data*
+/// properties (no getter, proxy trap or `toString` of the code's runs here:
+/// an error whose message is itself, or whose `errors` list claims a huge
+/// length, is described without walking it).
+fn describe_value(value: &JsValue, ctx: &mut Context) -> String {
+    if let Some(text) = value.as_string() {
+        return cap_message(text.to_std_string_escaped());
+    }
+    let Some(object) = value.as_object() else {
+        // Primitives display without running code.
+        return cap_message(value.display().to_string());
+    };
+    let name = data_property(&object, "name", ctx);
+    let message = data_property(&object, "message", ctx);
+    match (name, message) {
+        (Some(name), Some(message)) if !message.is_empty() => cap_message(format!("{name}: {message}")),
+        (Some(name), _) => cap_message(name),
+        (None, Some(message)) => cap_message(message),
+        (None, None) if object.is_callable() => "a function was thrown".into(),
+        (None, None) => "an object was thrown".into(),
+    }
+}
+
+/// `key` found on `object` or its prototypes as a data property holding a
+/// primitive; never runs a getter or a proxy trap (proxies have no own
+/// storage, so they read as absent).
+fn data_property(object: &JsObject, key: &str, _ctx: &mut Context) -> Option<String> {
+    let key = PropertyKey::from(js_string!(key));
+    let mut current = Some(object.clone());
+    for _ in 0..32 {
+        let obj = current?;
+        let (found, proto) = {
+            let borrowed = obj.borrow();
+            (borrowed.properties().get(&key).and_then(|d| d.value().cloned()), borrowed.prototype())
+        };
+        if let Some(value) = found {
+            return match value.as_string() {
+                Some(s) => Some(cap_message(s.to_std_string_escaped())),
+                None if value.is_object() => None,
+                None => Some(value.display().to_string()),
+            };
+        }
+        current = proto;
+    }
+    None
 }
 
 fn fix_first_line_column(message: &str) -> String {
@@ -261,8 +374,9 @@ fn fix_first_line_column(message: &str) -> String {
 }
 
 /// Promise jobs, run by [`JobQueue::drain`] with the deadline checked between
-/// jobs (a job itself is bounded by the instruction budget). No timers exist
-/// in this realm, so only promise and generic jobs ever arrive.
+/// jobs (a job itself is bounded by the instruction budget, and in a worker
+/// process by the host's kill). No timers exist in this realm, so only
+/// promise and generic jobs ever arrive.
 #[derive(Default)]
 pub(super) struct JobQueue(RefCell<VecDeque<job::Job>>);
 

@@ -5,6 +5,7 @@
 //! the originals are captured in the wrappers and unreachable from JS.
 
 use std::cell::Cell;
+use std::rc::Rc;
 use std::sync::{Arc, Mutex};
 
 use boa_engine::object::ObjectInitializer;
@@ -12,9 +13,16 @@ use boa_engine::property::{Attribute, PropertyDescriptor};
 use boa_engine::value::IntegerOrInfinity;
 use boa_engine::{Context, JsNativeError, JsObject, JsResult, JsValue, NativeFunction, js_string};
 
-use super::BoaJsConfig;
+use super::EngineSettings;
 use crate::limits::BoundedBuffer;
 use crate::limits::nesting;
+
+/// Where `console.*` lines go during a run: a bounded buffer shared with a
+/// waiting host thread (in-thread), or frames to the host (worker process).
+pub(super) trait Console {
+    /// Appends `text` and a newline to stdout, or to stderr.
+    fn line(&self, to_stderr: bool, text: &str);
+}
 
 /// Captured stdout/stderr of one run, shared with the waiting caller so a run
 /// abandoned at its deadline still reports what it printed.
@@ -24,8 +32,20 @@ pub(super) struct Streams {
     pub stderr: BoundedBuffer,
 }
 
+/// [`Streams`] shared between the run's thread and its caller.
+pub(super) struct SharedStreams(pub Arc<Mutex<Streams>>);
+
+impl Console for SharedStreams {
+    fn line(&self, to_stderr: bool, text: &str) {
+        let mut streams = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let stream = if to_stderr { &mut streams.stderr } else { &mut streams.stdout };
+        stream.write_str(text);
+        stream.write_str("\n");
+    }
+}
+
 /// Context data: where `console` writes during the current run.
-pub(super) struct ConsoleSink(pub Arc<Mutex<Streams>>);
+pub(super) struct ConsoleSink(pub Rc<dyn Console>);
 
 /// Context data: bounds the guards enforce.
 #[derive(Clone, Copy)]
@@ -35,8 +55,8 @@ pub(super) struct GuardLimits {
     pub max_walk: u64,
 }
 
-impl From<&BoaJsConfig> for GuardLimits {
-    fn from(cfg: &BoaJsConfig) -> Self {
+impl From<&EngineSettings> for GuardLimits {
+    fn from(cfg: &EngineSettings) -> Self {
         Self { max_nesting: cfg.max_nesting, max_len: cfg.max_builtin_len, max_walk: cfg.max_walk_nodes }
     }
 }
@@ -158,7 +178,7 @@ fn object(value: JsValue) -> JsResult<JsObject> {
 
 fn limits(ctx: &Context) -> GuardLimits {
     // Always inserted by `install`; the fallback only keeps this total.
-    ctx.get_data::<GuardLimits>().copied().unwrap_or_else(|| GuardLimits::from(&BoaJsConfig::default()))
+    ctx.get_data::<GuardLimits>().copied().unwrap_or_else(|| GuardLimits::from(&EngineSettings::default()))
 }
 
 fn range_error(message: String) -> boa_engine::JsError {
@@ -336,11 +356,8 @@ fn write_console(args: &[JsValue], ctx: &mut Context, to_stderr: bool) -> JsResu
             },
         }
     }
-    line.push('\n');
-    if let Some(ConsoleSink(streams)) = ctx.get_data::<ConsoleSink>() {
-        let mut streams = streams.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let stream = if to_stderr { &mut streams.stderr } else { &mut streams.stdout };
-        stream.write_str(&line);
+    if let Some(ConsoleSink(console)) = ctx.get_data::<ConsoleSink>() {
+        console.line(to_stderr, &line);
     }
     Ok(JsValue::undefined())
 }

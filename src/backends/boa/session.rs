@@ -1,35 +1,41 @@
-//! [`JsSession`]: one long-lived realm on its own thread, for agents that
-//! keep interpreter state across calls.
+//! [`JsSession`]: one long-lived realm in a worker process of its own, for
+//! agents that keep interpreter state across calls.
 //!
 //! In a session the code runs as a **script**: top-level `let`, `const`,
 //! `function` and `var` declarations persist into later calls, and the value
 //! of the last expression statement is the `output` (like a REPL); `return`
-//! is a syntax error. `input` is rebound on every call. Every control of a
-//! single run still holds per call (deadline, output caps, nesting bounds),
-//! except the instruction budget: it spans the whole session
-//! ([`BoaJsConfig::backstop_without_timeout`]), so a request that asks for
-//! per-call `fuel` is refused. A call abandoned at its deadline (a loop inside
-//! a native callback) ends the session: [`JsSession::is_alive`] turns false.
+//! is a syntax error. `input` is rebound on every call.
+//!
+//! The session's worker is contained like any `boa-js` worker (seccomp, dies
+//! with the host, killed when the session drops). Per call: the deadline,
+//! output caps, nesting bounds and request validation (`max_code_bytes`,
+//! environment) hold as for a single run. The memory cap covers the whole
+//! session: the worker may grow to its size when the session opened plus the
+//! call's cap. Per-call `fuel` is refused (boa's instruction budget is set
+//! when a context is built, and the context lives as long as the session).
+//! A call that times out, runs out of memory or crashes the engine ends the
+//! session: [`JsSession::is_alive`] turns false and later calls fail.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, SyncSender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Mutex, PoisonError};
 
 use super::BoaJs;
-use super::engine::{Mode, Prepared};
-use super::pool::{self, Assignment};
+use super::contained::{Conversation, Limits, Worker, converse};
+use super::engine::Mode;
 use crate::error::{BackendRejection, ExecError};
+use crate::limits::{Deadline, result_caps};
 use crate::matching::{self, Control, Violation};
 use crate::request::ExecRequest;
 use crate::result::ExecResult;
 
-/// A JavaScript realm kept alive across calls. Dropping it ends its thread
-/// (once a call it abandoned, if any, has stopped).
+/// A JavaScript realm kept alive across calls. Dropping it kills its worker.
 pub struct JsSession {
     backend: BoaJs,
     /// Held for a whole call: calls on one session run one at a time, in order.
-    inbox: Mutex<SyncSender<Assignment>>,
-    alive: Arc<AtomicBool>,
+    worker: Mutex<Option<Worker>>,
+    /// The worker's size when the session opened: the base of its memory cap.
+    baseline: u64,
+    alive: AtomicBool,
 }
 
 impl std::fmt::Debug for JsSession {
@@ -39,36 +45,20 @@ impl std::fmt::Debug for JsSession {
 }
 
 impl BoaJs {
-    /// Opens a session: a thread with a fresh realm of its own, waiting for calls.
+    /// Opens a session: a worker process of its own with a fresh realm,
+    /// started now (tens of milliseconds).
     pub fn open_session(&self) -> Result<JsSession, ExecError> {
-        let cfg = self.pool.config().clone();
-        let budget = cfg.backstop_without_timeout;
-        let (inbox, calls) = mpsc::sync_channel::<Assignment>(0);
-        let (ready_tx, ready) = mpsc::sync_channel(1);
-        let alive = Arc::new(AtomicBool::new(true));
-        let thread_alive = alive.clone();
-        std::thread::Builder::new()
-            .name("execbox-js-session".into())
-            .stack_size(cfg.worker_stack_bytes)
-            .spawn(move || {
-                let mut prepared = match Prepared::new(budget, &cfg) {
-                    Ok(p) => p,
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(pool::internal(&format!("cannot build a JS context: {e}"))));
-                        return;
-                    }
-                };
-                let _ = ready_tx.send(Ok(()));
-                while let Ok(assignment) = calls.recv() {
-                    pool::answer(&mut prepared, assignment, &cfg);
-                }
-                thread_alive.store(false, Ordering::SeqCst);
-                drop(prepared);
-                boa_gc::force_collect();
-            })
-            .map_err(|e| pool::internal(&format!("cannot start a JS session thread: {e}")))?;
-        ready.recv().map_err(|_| pool::internal("the session thread ended before it was ready"))??;
-        Ok(JsSession { backend: self.clone(), inbox: Mutex::new(inbox), alive })
+        let core = self.core();
+        let mut worker = core
+            .start_worker(true)
+            .map_err(|reason| ExecError::BackendUnavailable { backend: JsSession::NAME.into(), reason })?;
+        let baseline = worker.process.vm_bytes().map_err(|e| ExecError::internal(JsSession::NAME, e.to_string()))?;
+        Ok(JsSession {
+            backend: self.clone(),
+            worker: Mutex::new(Some(worker)),
+            baseline,
+            alive: AtomicBool::new(true),
+        })
     }
 }
 
@@ -76,21 +66,29 @@ impl JsSession {
     /// The name sessions report in refusals.
     pub const NAME: &'static str = "boa-js-session";
 
-    /// False once a call was abandoned at its deadline or the thread ended:
-    /// the state is gone and later calls fail.
+    /// False once a call ended the session (timeout, memory, crash): the
+    /// state is gone and later calls fail.
     pub fn is_alive(&self) -> bool {
         self.alive.load(Ordering::SeqCst)
     }
 
-    /// Runs `request` in this session's realm. Refused like a run on
-    /// [`BoaJs`] would be, and also when it asks for per-call `fuel`.
-    pub fn execute(&self, request: ExecRequest) -> Result<ExecResult, ExecError> {
-        let mut violations = matching::check(&self.backend.caps, &request).err().unwrap_or_default();
+    /// The session worker's process id, while it lives (for tests and audits).
+    #[doc(hidden)]
+    pub fn worker_pid(&self) -> Option<u32> {
+        self.worker.lock().unwrap_or_else(PoisonError::into_inner).as_ref().map(|w| w.process.pid())
+    }
+
+    /// Runs `request` in this session's realm. Validated and refused like a
+    /// run on [`BoaJs`] would be, and also when it asks for per-call `fuel`.
+    pub fn execute(&self, mut request: ExecRequest) -> Result<ExecResult, ExecError> {
+        crate::executor::validate(&request)?;
+        let core = self.backend.core();
+        let mut violations = matching::check(&core.caps, &request).err().unwrap_or_default();
         if let Some(fuel) = request.policy.fuel {
             violations.push(Violation {
                 control: Control::Fuel,
                 requested: format!("{fuel} units"),
-                reason: "a session's instruction budget spans the session, not one call".into(),
+                reason: "a session's instruction budget is fixed when it opens, not per call".into(),
             });
         }
         if !violations.is_empty() {
@@ -98,25 +96,42 @@ impl JsSession {
                 rejections: vec![BackendRejection { backend: Self::NAME.into(), violations }],
             });
         }
-        let mut job = self.backend.job(request, Mode::Script)?;
-        job.budget = self.backend.pool.config().backstop_without_timeout;
-        let inbox = self.inbox.lock().unwrap_or_else(|p| p.into_inner());
-        if !self.is_alive() {
-            return Err(ended());
+        request.policy.timeout_ms.get_or_insert(core.caps.default_timeout_ms);
+        let policy = request.policy.clone();
+        let cap = policy.memory_bytes.unwrap_or(core.cfg.default_memory_bytes);
+        let mut job = super::job(&core.cfg, &core.caps, request, Mode::Script, false)?;
+        let deadline = Deadline::start(job.timeout);
+
+        let mut slot = self.worker.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(worker) = slot.as_mut() else { return Err(ended()) };
+        let size = worker.process.vm_bytes().unwrap_or(u64::MAX);
+        let limits = Limits {
+            memory: self.baseline.saturating_add(cap).saturating_sub(size),
+            idle_memory: self.baseline.saturating_add(cap).saturating_sub(size),
+            grace: core.cfg.deadline_grace,
+        };
+        match converse(&mut worker.process, &mut job, &deadline, limits) {
+            Conversation::NotStarted => {
+                *slot = None;
+                self.alive.store(false, Ordering::SeqCst);
+                Err(ended())
+            }
+            Conversation::Finished { mut result, reusable } => {
+                if !reusable {
+                    *slot = None;
+                    self.alive.store(false, Ordering::SeqCst);
+                }
+                result_caps::cap_result(&mut result, &policy);
+                Ok(*result)
+            }
         }
-        let grace = self.backend.pool.config().abandon_grace;
-        let sent = |assignment| inbox.send(assignment).map_err(|_| ended());
-        let (result, abandoned) = pool::run_with(job, grace, sent)?;
-        if abandoned {
-            self.alive.store(false, Ordering::SeqCst);
-        }
-        Ok(result)
     }
 }
 
 fn ended() -> ExecError {
     ExecError::BackendUnavailable {
         backend: JsSession::NAME.into(),
-        reason: "this session ended (a call was abandoned at its deadline); its state is gone".into(),
+        reason: "this session ended (a call timed out, ran out of memory or crashed the engine); its state is gone"
+            .into(),
     }
 }

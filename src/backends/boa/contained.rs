@@ -1,0 +1,541 @@
+//! The contained `boa-js` backend, host side: a pool of worker processes
+//! (see [`crate::worker`]), each waiting with a fresh context, and the one
+//! conversation every run (and every session call) has with its worker.
+//!
+//! The pool keeps [`BoaJsConfig::idle_workers`] workers ready and starts
+//! more, up to [`BoaJsConfig::max_workers`], while requests wait. All
+//! spawning happens on one refill thread, off the request path: a request
+//! only ever takes a ready worker (waiting for one within its own deadline)
+//! and gives it back when the run ended cleanly. A worker that timed out,
+//! crashed or misbehaved is killed and never reused.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use super::engine::{Job, Mode};
+use super::worker::{FromWorker, Init, ToWorkerRef};
+use super::{BoaJsConfig, WorkerGauge};
+use crate::capabilities::BackendCapabilities;
+use crate::error::ExecError;
+use crate::executor::Backend;
+use crate::limits::result_caps::cap_message;
+use crate::limits::{BoundedBuffer, Deadline};
+use crate::request::ExecRequest;
+use crate::result::{ExecResult, Outcome};
+use crate::worker::frame::{MAX_FRAME_BYTES, RecvError};
+use crate::worker::process::{Death, SpawnSpec, WorkerProcess};
+use crate::worker::{EXIT_PROTOCOL_MISMATCH, Role};
+
+/// JavaScript on boa in contained worker processes. Cheap to clone (clones
+/// share the pool); the pool's workers are killed when the last clone drops.
+#[derive(Clone)]
+pub struct BoaJs {
+    handle: Arc<Handle>,
+}
+
+/// Ends the pool when the last [`BoaJs`] clone drops.
+struct Handle {
+    core: Arc<Core>,
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        self.core.lock().shutdown = true;
+        self.core.changed.notify_all();
+    }
+}
+
+pub(super) struct Core {
+    pub cfg: BoaJsConfig,
+    pub caps: BackendCapabilities,
+    /// How to start a worker, or why none can be.
+    spec: Result<SpawnSpec, String>,
+    state: Mutex<State>,
+    changed: Condvar,
+    live: Arc<AtomicUsize>,
+}
+
+#[derive(Default)]
+struct State {
+    idle: Vec<Worker>,
+    starting: usize,
+    busy: usize,
+    /// Requests waiting for a worker.
+    waiting: usize,
+    shutdown: bool,
+    /// Why the last start failed (cleared by the next success).
+    spawn_error: Option<String>,
+    failures_in_a_row: u32,
+}
+
+/// A worker process, counted by the backend's [`WorkerGauge`] while it lives.
+pub(super) struct Worker {
+    pub process: WorkerProcess,
+    _live: LiveCount,
+}
+
+struct LiveCount(Arc<AtomicUsize>);
+
+impl LiveCount {
+    fn new(live: &Arc<AtomicUsize>) -> Self {
+        live.fetch_add(1, Ordering::SeqCst);
+        Self(live.clone())
+    }
+}
+
+impl Drop for LiveCount {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl std::fmt::Debug for BoaJs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BoaJs").field("config", &self.handle.core.cfg).finish_non_exhaustive()
+    }
+}
+
+impl Default for BoaJs {
+    fn default() -> Self {
+        Self::new(BoaJsConfig::default())
+    }
+}
+
+impl BoaJs {
+    /// The backend's name.
+    pub const NAME: &'static str = "boa-js";
+
+    /// Starts the pool: the refill thread begins starting
+    /// [`BoaJsConfig::idle_workers`] workers in the background.
+    pub fn new(cfg: BoaJsConfig) -> Self {
+        let spec = crate::worker::process::find_program(cfg.worker_program.as_deref()).and_then(|program| {
+            if crate::worker::lockdown_supported() {
+                Ok(SpawnSpec { program, role: Role::BoaJs, stack_bytes: cfg.worker_stack_bytes as u64 })
+            } else {
+                Err(format!("no seccomp filter for {}: workers cannot be locked down here", std::env::consts::ARCH))
+            }
+        });
+        let caps = super::contained_capabilities(&cfg);
+        let core = Arc::new(Core {
+            cfg,
+            caps,
+            spec,
+            state: Mutex::new(State::default()),
+            changed: Condvar::new(),
+            live: Arc::new(AtomicUsize::new(0)),
+        });
+        if core.spec.is_ok() {
+            let thread_core = core.clone();
+            let started = std::thread::Builder::new()
+                .name("execbox-boa-refill".into())
+                .stack_size(256 << 10)
+                .spawn(move || refill(&thread_core));
+            if let Err(e) = started {
+                core.lock().spawn_error = Some(format!("cannot start the refill thread: {e}"));
+            }
+        }
+        Self { handle: Arc::new(Handle { core }) }
+    }
+
+    pub(super) fn core(&self) -> &Arc<Core> {
+        &self.handle.core
+    }
+
+    /// Counts this backend's live worker processes without keeping the
+    /// backend alive: for leak checks.
+    pub fn worker_gauge(&self) -> WorkerGauge {
+        WorkerGauge(self.handle.core.live.clone())
+    }
+
+    /// The worker program in use, or why there is none.
+    pub fn worker_program(&self) -> Result<PathBuf, String> {
+        self.handle.core.spec.as_ref().map(|s| s.program.clone()).map_err(Clone::clone)
+    }
+
+    /// Workers started and waiting for a request.
+    pub fn ready_workers(&self) -> usize {
+        self.handle.core.lock().idle.len()
+    }
+
+    /// Process ids of this backend's idle workers (for tests and audits).
+    #[doc(hidden)]
+    pub fn idle_worker_pids(&self) -> Vec<u32> {
+        self.handle.core.lock().idle.iter().map(|w| w.process.pid()).collect()
+    }
+}
+
+impl Core {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn unavailable(&self, reason: impl Into<String>) -> ExecError {
+        ExecError::BackendUnavailable { backend: BoaJs::NAME.into(), reason: reason.into() }
+    }
+
+    /// Starts one worker: spawn, hand it its settings, wait until it is
+    /// locked down and ready. `session` workers keep their context.
+    pub fn start_worker(&self, session: bool) -> Result<Worker, String> {
+        let spec = self.spec.as_ref().map_err(Clone::clone)?;
+        let program = spec.program.display().to_string();
+        let mut process =
+            WorkerProcess::spawn(spec).map_err(|e| format!("cannot start the worker program {program}: {e}"))?;
+        let live = LiveCount::new(&self.live);
+        let init = Init { engine: self.cfg.engine(), session };
+        let sent = process.send(&init);
+        let until = Instant::now() + self.cfg.worker_start_timeout;
+        let answer = match sent {
+            Ok(()) => process.recv::<FromWorker>(Some(until), 1 << 10),
+            Err(_) => Err(RecvError::Closed),
+        };
+        match answer {
+            Ok(FromWorker::Ready) => {}
+            Ok(_) => return Err(format!("the worker program {program} answered out of turn")),
+            Err(RecvError::TimedOut) => {
+                return Err(format!(
+                    "the worker program {program} was not ready within {} ms",
+                    self.cfg.worker_start_timeout.as_millis()
+                ));
+            }
+            Err(RecvError::Invalid(why)) => return Err(format!("the worker program {program} sent {why}")),
+            Err(RecvError::Closed) => {
+                return Err(match process.death() {
+                    Death::Exited { code: EXIT_PROTOCOL_MISMATCH, .. } => format!(
+                        "{program} is another build of execbox (protocol mismatch): point EXECBOX_WORKER or \
+                         worker_program at a binary of this build"
+                    ),
+                    Death::Exited { code: 0, stderr } if stderr.is_empty() => {
+                        format!("{program} exited without serving: it does not call execbox::worker::serve_if_worker()")
+                    }
+                    death => format!("the worker program {program} failed to start: {}", describe_death(&death)),
+                });
+            }
+        }
+        // Until a run sets its own cap, an idle worker may grow only this much.
+        let _ = process.limit_memory(self.cfg.default_memory_bytes);
+        Ok(Worker { process, _live: live })
+    }
+
+    /// Takes a ready worker, waiting for one until `deadline`.
+    fn acquire(&self, deadline: &Deadline) -> Result<Worker, ExecError> {
+        if let Err(reason) = &self.spec {
+            return Err(self.unavailable(reason.clone()));
+        }
+        let mut state = self.lock();
+        loop {
+            while let Some(mut worker) = state.idle.pop() {
+                if worker.process.has_exited() {
+                    continue; // died while idle (dropping it reaps it)
+                }
+                state.busy += 1;
+                drop(state);
+                self.changed.notify_all();
+                return Ok(worker);
+            }
+            if state.shutdown {
+                return Err(self.unavailable("the backend was dropped"));
+            }
+            if let Some(error) = &state.spawn_error
+                && state.busy == 0
+            {
+                return Err(self.unavailable(error.clone()));
+            }
+            let left = deadline.remaining().unwrap_or(Duration::MAX);
+            if left.is_zero() {
+                return Err(ExecError::Busy {
+                    backend: BoaJs::NAME.into(),
+                    reason: format!(
+                        "no JS worker became free before the deadline ({} at most, all busy)",
+                        self.cfg.max_workers
+                    ),
+                });
+            }
+            state.waiting += 1;
+            self.changed.notify_all();
+            state = self
+                .changed
+                .wait_timeout(state, left.min(Duration::from_secs(3600)))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+            state.waiting -= 1;
+        }
+    }
+
+    /// Gives back a worker after a clean run (or drops a dead one).
+    fn release(&self, worker: Option<Worker>) {
+        let mut state = self.lock();
+        state.busy -= 1;
+        if let Some(worker) = worker
+            && !state.shutdown
+        {
+            state.idle.push(worker);
+        }
+        drop(state);
+        self.changed.notify_all();
+    }
+
+    /// Runs a request's job on a pooled worker.
+    fn execute(&self, request: ExecRequest) -> Result<ExecResult, ExecError> {
+        let memory = request.policy.memory_bytes.unwrap_or(self.cfg.default_memory_bytes);
+        let mut job = super::job(&self.cfg, &self.caps, request, Mode::FunctionBody, false)?;
+        let deadline = Deadline::start(job.timeout);
+        // A worker that died while idle is found when the job is sent;
+        // nothing ran then, so another worker is tried.
+        for _ in 0..3 {
+            let mut worker = self.acquire(&deadline)?;
+            let limits = Limits { memory, idle_memory: self.cfg.default_memory_bytes, grace: self.cfg.deadline_grace };
+            match converse(&mut worker.process, &mut job, &deadline, limits) {
+                Conversation::NotStarted => self.release(None),
+                Conversation::Finished { result, reusable } => {
+                    self.release(reusable.then_some(worker));
+                    return Ok(*result);
+                }
+            }
+        }
+        Err(self.unavailable("three workers in a row died before they could take the job"))
+    }
+}
+
+/// Keeps the pool filled (the only thread that starts workers for it).
+fn refill(core: &Core) {
+    loop {
+        let mut state = core.lock();
+        loop {
+            if state.shutdown {
+                let idle = std::mem::take(&mut state.idle);
+                drop(state);
+                drop(idle); // killed and reaped
+                return;
+            }
+            let live = state.idle.len() + state.starting + state.busy;
+            let wanted = core.cfg.idle_workers.max(state.waiting);
+            if state.idle.len() + state.starting < wanted && live < core.cfg.max_workers.max(1) {
+                break;
+            }
+            state = core.changed.wait(state).unwrap_or_else(|p| p.into_inner());
+        }
+        if state.failures_in_a_row > 0 {
+            // Back off after failures: 50 ms, 100 ms, ... up to 5 s.
+            let pause = Duration::from_millis(50u64 << state.failures_in_a_row.min(7)).min(Duration::from_secs(5));
+            let (next, _) = core.changed.wait_timeout(state, pause).unwrap_or_else(|p| p.into_inner());
+            state = next;
+            if state.shutdown {
+                continue;
+            }
+        }
+        state.starting += 1;
+        drop(state);
+        let started = core.start_worker(false);
+        let mut state = core.lock();
+        state.starting -= 1;
+        match started {
+            Ok(worker) => {
+                state.idle.push(worker);
+                state.spawn_error = None;
+                state.failures_in_a_row = 0;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot start a boa worker");
+                state.spawn_error = Some(e);
+                state.failures_in_a_row = state.failures_in_a_row.saturating_add(1);
+            }
+        }
+        drop(state);
+        core.changed.notify_all();
+    }
+}
+
+/// How a conversation with a worker ended.
+pub(super) enum Conversation {
+    /// The worker was gone before it took the job: nothing ran.
+    NotStarted,
+    /// The run has a result; `reusable` if the worker may serve again.
+    Finished { result: Box<ExecResult>, reusable: bool },
+}
+
+/// The limits of one conversation.
+#[derive(Clone, Copy)]
+pub(super) struct Limits {
+    /// Bytes the worker may grow by during the run.
+    pub memory: u64,
+    /// Bytes it may grow by afterwards, while it builds its next context.
+    pub idle_memory: u64,
+    /// How long past the deadline the worker may take to report itself
+    /// before it is killed.
+    pub grace: Duration,
+}
+
+/// Runs `job` on `worker`: caps its memory, sends the job with what is left
+/// of `deadline`, collects its output, and kills it if it has not answered
+/// `grace` after the deadline.
+pub(super) fn converse(worker: &mut WorkerProcess, job: &mut Job, deadline: &Deadline, limits: Limits) -> Conversation {
+    let Limits { memory, idle_memory, grace } = limits;
+    if worker.limit_memory(memory).is_err() {
+        return Conversation::NotStarted;
+    }
+    job.timeout = deadline.remaining();
+    let mut stdout = BoundedBuffer::new(job.max_stdout);
+    let mut stderr = BoundedBuffer::new(job.max_stderr);
+    if worker.send(&ToWorkerRef::Run(job)).is_err() {
+        return Conversation::NotStarted;
+    }
+    let until = deadline.remaining().map(|left| Instant::now() + left + grace);
+    let max_frame = frame_limit(job);
+    let partial = |stdout: BoundedBuffer, stderr: BoundedBuffer, outcome: Outcome, message: String| {
+        let mut result = ExecResult::new(BoaJs::NAME, outcome);
+        result.stdout = stdout.into_captured();
+        result.stderr = stderr.into_captured();
+        result.message = Some(cap_message(message));
+        result.usage.duration = deadline.elapsed();
+        result
+    };
+    loop {
+        match worker.recv::<FromWorker>(until, max_frame) {
+            Ok(FromWorker::Console { stderr: to_stderr, text }) => {
+                let stream = if to_stderr { &mut stderr } else { &mut stdout };
+                stream.write_str(&text);
+            }
+            Ok(FromWorker::Done { report, stdout_total, stderr_total, retire }) => {
+                let mut result = ExecResult::new(BoaJs::NAME, report.outcome);
+                result.stdout = with_total(stdout, stdout_total);
+                result.stderr = with_total(stderr, stderr_total);
+                // The worker's clock started when it read the job: the
+                // request's own deadline is the one to report.
+                result.message = match report.outcome {
+                    Outcome::TimedOut => Some(deadline.exceeded_message()),
+                    _ => report.message.map(cap_message),
+                };
+                result.output_truncated = report.output_truncated;
+                result.usage.instructions = Some(report.instructions);
+                result.usage.duration = deadline.elapsed();
+                if let Some(text) = report.output {
+                    match serde_json::from_str::<Value>(&text) {
+                        Ok(value) => result.output = Some(value),
+                        Err(e) => {
+                            result.outcome = Outcome::Failed;
+                            result.message = Some(format!("the returned value is not usable JSON: {e}"));
+                        }
+                    }
+                }
+                let _ = worker.limit_memory(idle_memory);
+                return Conversation::Finished { result: Box::new(result), reusable: !retire };
+            }
+            Ok(FromWorker::Ready) => {
+                worker.kill();
+                let result = partial(stdout, stderr, Outcome::Failed, "the JS worker broke the protocol".into());
+                return Conversation::Finished { result: Box::new(result), reusable: false };
+            }
+            Err(RecvError::TimedOut) => {
+                worker.kill();
+                let result = partial(stdout, stderr, Outcome::TimedOut, deadline.exceeded_message());
+                return Conversation::Finished { result: Box::new(result), reusable: false };
+            }
+            Err(RecvError::Invalid(why)) => {
+                worker.kill();
+                let result = partial(stdout, stderr, Outcome::Failed, format!("the JS worker sent {why}"));
+                return Conversation::Finished { result: Box::new(result), reusable: false };
+            }
+            Err(RecvError::Closed) => {
+                let death = worker.death();
+                let (outcome, message) = crash_outcome(&death, memory);
+                let result = partial(stdout, stderr, outcome, message);
+                return Conversation::Finished { result: Box::new(result), reusable: false };
+            }
+        }
+    }
+}
+
+/// The largest frame a run's worker may send: its output caps plus room
+/// for the message and framing.
+fn frame_limit(job: &Job) -> usize {
+    let caps = job.max_stdout.unwrap_or(u64::MAX).max(job.max_stderr.unwrap_or(u64::MAX));
+    usize::try_from(caps.saturating_mul(2).saturating_add(256 << 10)).unwrap_or(usize::MAX).min(MAX_FRAME_BYTES)
+}
+
+/// A stream received from a worker, with the worker's count of what the
+/// code wrote (it counts what it did not send).
+fn with_total(buffer: BoundedBuffer, total: u64) -> crate::result::CapturedStream {
+    let mut captured = buffer.into_captured();
+    if total > captured.total_bytes {
+        captured.total_bytes = total;
+        captured.truncated = true;
+    }
+    captured
+}
+
+/// The outcome and message of a worker that died during a run.
+fn crash_outcome(death: &Death, memory: u64) -> (Outcome, String) {
+    let stderr = death.stderr();
+    if stderr.contains("memory allocation of") {
+        return (
+            Outcome::OutOfMemory,
+            format!("memory limit of {memory} bytes reached: the JS engine could not allocate and was stopped"),
+        );
+    }
+    if stderr.contains("has overflowed its stack") {
+        return (Outcome::Failed, "the JS engine crashed: stack overflow (native recursion)".into());
+    }
+    (Outcome::Failed, describe_death(death))
+}
+
+fn describe_death(death: &Death) -> String {
+    let detail = |stderr: &str| {
+        stderr
+            .lines()
+            .find(|l| !l.trim().is_empty())
+            .map(|l| format!(": {}", cap_message(l.to_string())))
+            .unwrap_or_default()
+    };
+    match death {
+        Death::KilledByHost => "the JS engine was stopped".into(),
+        Death::Signal { signal, .. } if *signal == libc::SIGSYS => {
+            "the JS engine made a forbidden system call and was killed (seccomp)".into()
+        }
+        Death::Signal { signal, .. } if *signal == libc::SIGKILL => {
+            "the JS engine was killed (SIGKILL from outside execbox, e.g. the kernel's OOM killer)".into()
+        }
+        Death::Signal { signal, stderr } => {
+            format!("the JS engine crashed ({}){}", signal_name(*signal), detail(stderr))
+        }
+        Death::Exited { code, stderr } => format!("the JS engine exited with code {code}{}", detail(stderr)),
+    }
+}
+
+fn signal_name(signal: i32) -> String {
+    match signal {
+        libc::SIGSEGV => "SIGSEGV: a stack overflow or an invalid memory access".into(),
+        libc::SIGABRT => "SIGABRT".into(),
+        libc::SIGBUS => "SIGBUS".into(),
+        libc::SIGILL => "SIGILL".into(),
+        libc::SIGFPE => "SIGFPE".into(),
+        other => format!("signal {other}"),
+    }
+}
+
+impl Backend for BoaJs {
+    fn name(&self) -> &str {
+        Self::NAME
+    }
+
+    fn capabilities(&self) -> &BackendCapabilities {
+        &self.handle.core.caps
+    }
+
+    fn availability(&self) -> Result<(), String> {
+        let core = &self.handle.core;
+        core.spec.as_ref().map_err(Clone::clone)?;
+        let state = core.lock();
+        match &state.spawn_error {
+            Some(error) if state.idle.is_empty() && state.busy == 0 => Err(error.clone()),
+            _ => Ok(()),
+        }
+    }
+
+    fn execute(&self, request: ExecRequest) -> Result<ExecResult, ExecError> {
+        self.handle.core.execute(request)
+    }
+}

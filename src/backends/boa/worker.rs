@@ -1,0 +1,277 @@
+//! The worker process's side of contained boa: read a job, run it on a fresh
+//! context, stream `console` output and the result back as frames, build the
+//! next context while idle.
+//!
+//! The host's side is `contained.rs`; the frames are defined here. The
+//! worker trusts nothing it does after user code runs: the host caps every
+//! frame, re-applies every limit and kills the process at the deadline.
+
+use std::cell::RefCell;
+use std::io::{self, Write};
+use std::os::fd::AsFd;
+use std::rc::Rc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::EngineSettings;
+use super::engine::{Job, Prepared, RunReport};
+use super::realm::Console;
+use crate::limits::Deadline;
+use crate::worker::{frame, lockdown};
+
+/// The first frame a worker receives.
+#[derive(Debug, Serialize, Deserialize)]
+pub(super) struct Init {
+    pub engine: EngineSettings,
+    /// Keep one context across runs (a session) instead of a fresh one per run.
+    pub session: bool,
+}
+
+/// Host → worker, after [`Init`].
+#[derive(Debug, Deserialize)]
+pub(super) enum ToWorker {
+    Run(Job),
+}
+
+/// [`ToWorker`] as the host sends it (by reference: the same JSON).
+#[derive(Serialize)]
+pub(super) enum ToWorkerRef<'a> {
+    Run(&'a Job),
+}
+
+/// Worker → host.
+#[derive(Debug, Serialize, Deserialize)]
+pub(super) enum FromWorker {
+    /// Start-up is over: locked down, a context built, waiting for a job.
+    Ready,
+    /// Kept `console` output (already cut to the run's caps).
+    Console { stderr: bool, text: String },
+    /// The run ended.
+    Done {
+        report: RunReport,
+        /// Bytes the code wrote to each stream, kept or not.
+        stdout_total: u64,
+        stderr_total: u64,
+        /// The engine is in doubt (it panicked): replace this worker.
+        retire: bool,
+    },
+}
+
+/// The budget of a context when the policy asks for no fuel: the host's
+/// SIGKILL, not the instruction budget, ends runaway code here.
+const NO_BUDGET: u64 = u64::MAX;
+
+/// The worker's main loop; returns its exit code.
+pub(crate) fn serve() -> i32 {
+    let stdin = io::stdin();
+    let mut input = stdin.lock();
+    let out = FrameOut;
+    let init: Init = match frame::read_blocking(&mut input) {
+        Ok(Some(init)) => init,
+        Ok(None) => return 0,
+        Err(e) => {
+            eprintln!("execbox worker: bad init frame: {e}");
+            return 2;
+        }
+    };
+    let settings = init.engine;
+    // Everything the engine initializes lazily (random seeds, time, shapes)
+    // happens once here, before the filter forbids what it would need.
+    warm_up(&settings);
+    if let Err(e) = lockdown::apply() {
+        eprintln!("execbox worker: {e}");
+        return 2;
+    }
+    let mut prepared = match Prepared::new(NO_BUDGET, &settings) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("execbox worker: cannot build a context: {e}");
+            return 2;
+        }
+    };
+    if out.send(&FromWorker::Ready).is_err() {
+        return 0;
+    }
+    loop {
+        let job = match frame::read_blocking::<ToWorker>(&mut input) {
+            Ok(Some(ToWorker::Run(job))) => job,
+            Ok(None) => return 0,
+            Err(e) => {
+                eprintln!("execbox worker: bad frame: {e}");
+                return 2;
+            }
+        };
+        if !init.session && job.budget != prepared.budget {
+            prepared = match Prepared::new(job.budget, &settings) {
+                Ok(p) => p,
+                Err(e) => {
+                    eprintln!("execbox worker: cannot build a context: {e}");
+                    return 2;
+                }
+            };
+        }
+        let deadline = Deadline::start(job.timeout);
+        let console = Rc::new(StreamingConsole::new(job.max_stdout, job.max_stderr));
+        let run =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| prepared.run(job, &deadline, console.clone())));
+        let (report, retire) = match run {
+            Ok(report) => (report, false),
+            Err(panic) => (panicked(&panic), true),
+        };
+        console.flush();
+        let (stdout_total, stderr_total) = console.totals();
+        let done = FromWorker::Done { report, stdout_total, stderr_total, retire };
+        if out.send(&done).is_err() || retire {
+            return 0;
+        }
+        if !init.session {
+            // The dirty context goes now, while the host has its answer.
+            drop(prepared);
+            boa_gc::force_collect();
+            prepared = match Prepared::new(NO_BUDGET, &settings) {
+                Ok(p) => p,
+                Err(e) => {
+                    eprintln!("execbox worker: cannot build a context: {e}");
+                    return 2;
+                }
+            };
+        }
+    }
+}
+
+/// Runs a script that touches what boa initializes lazily, on a throwaway context.
+fn warm_up(settings: &EngineSettings) {
+    let Ok(mut prepared) = Prepared::new(NO_BUDGET, settings) else { return };
+    let job = Job {
+        source: "const d = new Date(); d.toString(); d.toISOString(); Math.random(); \
+                 /a+(b)/.exec('aab'); JSON.stringify(JSON.parse('{\"a\":[1,2.5]}')); \
+                 [3, 1, 2].sort().map(x => x * 2).join(','); (1.5).toFixed(2); 'x'.repeat(3).padStart(5); \
+                 new Map([[1, 2]]); new Set([1]); Symbol('s').toString(); \
+                 return Promise.resolve(1).then(x => x + 1);"
+            .into(),
+        mode: super::engine::Mode::FunctionBody,
+        input: Some(serde_json::json!({"items": [1, 2, 3]})),
+        budget: NO_BUDGET,
+        fuel_asked: false,
+        timeout: Some(Duration::from_secs(5)),
+        max_stdout: Some(1024),
+        max_stderr: Some(1024),
+    };
+    let console = Rc::new(StreamingConsole::new(Some(0), Some(0)));
+    let _ = prepared.run(job, &Deadline::start(Some(Duration::from_secs(5))), console);
+    drop(prepared);
+    boa_gc::force_collect();
+}
+
+fn panicked(panic: &Box<dyn std::any::Any + Send>) -> RunReport {
+    let text = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".to_string());
+    RunReport {
+        outcome: crate::result::Outcome::Failed,
+        output: None,
+        output_truncated: false,
+        message: Some(crate::limits::result_caps::cap_message(format!("the JS engine panicked: {text}"))),
+        instructions: 0,
+    }
+}
+
+/// Frames to the host on fd 1 (raw writes: no buffering to lose at exit).
+struct FrameOut;
+
+impl FrameOut {
+    fn send(&self, message: &FromWorker) -> io::Result<()> {
+        let bytes = frame::encode(message)?;
+        let stdout = io::stdout();
+        let mut fd = RawWriter(stdout.as_fd());
+        fd.write_all(&bytes)
+    }
+}
+
+/// `write(2)` on a borrowed fd, nothing else (the seccomp filter allows
+/// exactly that).
+struct RawWriter<'a>(std::os::fd::BorrowedFd<'a>);
+
+impl Write for RawWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        rustix::io::write(self.0, buf).map_err(io::Error::from)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// `console` of a run in a worker: output is cut to the run's caps here (so
+/// a flood past the cap never crosses the socket, it is only counted), and
+/// each kept line is sent at once, so a run killed at its deadline still
+/// reports everything it printed.
+struct StreamingConsole(RefCell<ConsoleState>);
+
+struct ConsoleState {
+    out: Capped,
+    err: Capped,
+}
+
+#[derive(Default)]
+struct Capped {
+    cap: u64,
+    kept: u64,
+    total: u64,
+    pending: String,
+}
+
+impl StreamingConsole {
+    fn new(max_stdout: Option<u64>, max_stderr: Option<u64>) -> Self {
+        let capped = |cap: Option<u64>| Capped { cap: cap.unwrap_or(u64::MAX), ..Capped::default() };
+        Self(RefCell::new(ConsoleState { out: capped(max_stdout), err: capped(max_stderr) }))
+    }
+
+    fn totals(&self) -> (u64, u64) {
+        let state = self.0.borrow();
+        (state.out.total, state.err.total)
+    }
+
+    fn flush(&self) {
+        let mut guard = self.0.borrow_mut();
+        let state = &mut *guard;
+        for (stderr, stream) in [(false, &mut state.out), (true, &mut state.err)] {
+            if !stream.pending.is_empty() {
+                let text = std::mem::take(&mut stream.pending);
+                // A host that stopped listening kills us soon; nothing to do.
+                let _ = FrameOut.send(&FromWorker::Console { stderr, text });
+            }
+        }
+    }
+}
+
+impl Console for StreamingConsole {
+    fn line(&self, to_stderr: bool, text: &str) {
+        let kept = {
+            let mut state = self.0.borrow_mut();
+            let stream = if to_stderr { &mut state.err } else { &mut state.out };
+            stream.keep(text) + stream.keep("\n")
+        };
+        if kept > 0 {
+            self.flush();
+        }
+    }
+}
+
+impl Capped {
+    /// Keeps what fits under the cap (cut at a character boundary); counts all.
+    fn keep(&mut self, text: &str) -> usize {
+        self.total = self.total.saturating_add(text.len() as u64);
+        let room = usize::try_from(self.cap.saturating_sub(self.kept)).unwrap_or(usize::MAX);
+        let mut end = text.len().min(room);
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        self.pending.push_str(&text[..end]);
+        self.kept += end as u64;
+        end
+    }
+}

@@ -1,0 +1,206 @@
+//! Frames between the host and a worker: a 4-byte little-endian length, then
+//! that many bytes of JSON.
+//!
+//! Both sides refuse a frame over their limit. The host reads with a
+//! deadline from a non-blocking pipe: a worker may be slow, silent or
+//! hostile, and none of that may hang the host.
+
+use std::io::{self, Read};
+use std::os::fd::AsFd;
+use std::time::Instant;
+
+use rustix::event::{PollFd, PollFlags, Timespec, poll};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+/// Largest frame either side accepts: a backstop, not a policy limit (the
+/// policy's caps are applied before frames are built and after they arrive).
+pub(crate) const MAX_FRAME_BYTES: usize = 64 << 20;
+
+/// The bytes of one frame holding `message`.
+pub(crate) fn encode(message: &impl Serialize) -> io::Result<Vec<u8>> {
+    let mut bytes = vec![0u8; 4];
+    serde_json::to_writer(&mut bytes, message)?;
+    let len = u32::try_from(bytes.len() - 4)
+        .ok()
+        .filter(|&len| len as usize <= MAX_FRAME_BYTES)
+        .ok_or_else(|| io::Error::other("frame over the protocol's size limit"))?;
+    bytes[..4].copy_from_slice(&len.to_le_bytes());
+    Ok(bytes)
+}
+
+/// Reads one frame, blocking: the worker's side, which has nothing else to
+/// do. `Ok(None)` on a clean end of stream before a frame starts.
+pub(crate) fn read_blocking<T: DeserializeOwned>(input: &mut impl Read) -> io::Result<Option<T>> {
+    let mut len = [0u8; 4];
+    match input.read_exact(&mut len) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let len = u32::from_le_bytes(len) as usize;
+    if len > MAX_FRAME_BYTES {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "frame over the protocol's size limit"));
+    }
+    let mut body = vec![0u8; len];
+    input.read_exact(&mut body)?;
+    serde_json::from_slice(&body).map(Some).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}
+
+/// Why the host got no frame.
+#[derive(Debug)]
+pub(crate) enum RecvError {
+    /// The deadline passed first.
+    TimedOut,
+    /// The worker closed its end (it exited or died).
+    Closed,
+    /// The worker sent something that is not a frame of the protocol.
+    Invalid(String),
+}
+
+/// The host's reader of one worker's frames, over a non-blocking pipe.
+pub(crate) struct FrameReader<R> {
+    inner: R,
+    buf: Vec<u8>,
+    /// Start of the unread bytes in `buf`.
+    start: usize,
+}
+
+impl<R: Read + AsFd> FrameReader<R> {
+    /// Takes the read end of a pipe and makes it non-blocking.
+    pub fn new(inner: R) -> io::Result<Self> {
+        rustix::io::ioctl_fionbio(inner.as_fd(), true)?;
+        Ok(Self { inner, buf: Vec::with_capacity(64 << 10), start: 0 })
+    }
+
+    /// The next frame, waiting at most until `until` (`None`: no limit).
+    /// Frames over `max` bytes are refused.
+    pub fn recv<T: DeserializeOwned>(&mut self, until: Option<Instant>, max: usize) -> Result<T, RecvError> {
+        loop {
+            let unread = &self.buf[self.start..];
+            if unread.len() >= 4 {
+                let len = u32::from_le_bytes([unread[0], unread[1], unread[2], unread[3]]) as usize;
+                if len > max.min(MAX_FRAME_BYTES) {
+                    return Err(RecvError::Invalid(format!("a frame of {len} bytes, over the limit of {max}")));
+                }
+                if unread.len() >= 4 + len {
+                    let parsed = serde_json::from_slice(&unread[4..4 + len]);
+                    self.start += 4 + len;
+                    if self.start == self.buf.len() {
+                        self.buf.clear();
+                        self.start = 0;
+                    }
+                    return parsed.map_err(|e| RecvError::Invalid(format!("an unreadable frame: {e}")));
+                }
+                self.fill(4 + len - unread.len(), until)?;
+            } else {
+                self.fill(4 - unread.len(), until)?;
+            }
+        }
+    }
+
+    /// Reads at least one more byte (up to what is available), waiting for
+    /// the pipe to become readable until `until`.
+    fn fill(&mut self, wanted: usize, until: Option<Instant>) -> Result<(), RecvError> {
+        if self.start > 0 && self.start * 2 >= self.buf.len() {
+            self.buf.drain(..self.start);
+            self.start = 0;
+        }
+        let old_len = self.buf.len();
+        self.buf.resize(old_len + wanted.max(64 << 10), 0);
+        loop {
+            match self.inner.read(&mut self.buf[old_len..]) {
+                Ok(0) => {
+                    self.buf.truncate(old_len);
+                    return Err(RecvError::Closed);
+                }
+                Ok(n) => {
+                    self.buf.truncate(old_len + n);
+                    return Ok(());
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if !wait_readable(&self.inner, until) {
+                        self.buf.truncate(old_len);
+                        return Err(RecvError::TimedOut);
+                    }
+                }
+                Err(_) => {
+                    self.buf.truncate(old_len);
+                    return Err(RecvError::Closed);
+                }
+            }
+        }
+    }
+}
+
+/// Waits until `fd` is readable (or hung up); false if `until` passed first.
+fn wait_readable(fd: &impl AsFd, until: Option<Instant>) -> bool {
+    loop {
+        let timeout = match until {
+            None => None,
+            Some(at) => {
+                let left = at.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return false;
+                }
+                Some(Timespec::try_from(left).unwrap_or(Timespec { tv_sec: i64::MAX, tv_nsec: 0 }))
+            }
+        };
+        let mut fds = [PollFd::new(fd, PollFlags::IN)];
+        match poll(&mut fds, timeout.as_ref()) {
+            Ok(0) => {}
+            Ok(_) => return true,
+            Err(rustix::io::Errno::INTR) => {}
+            // A poll that fails cannot wait: let the read report the error.
+            Err(_) => return true,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::time::Duration;
+
+    #[test]
+    fn frames_round_trip_through_a_pipe_and_time_out_when_silent() {
+        let (read, mut write) = std::io::pipe().unwrap();
+        let mut reader = FrameReader::new(read).unwrap();
+        write.write_all(&encode(&serde_json::json!({"a": 1})).unwrap()).unwrap();
+        write.write_all(&encode(&"second").unwrap()).unwrap();
+        let first: serde_json::Value = reader.recv(None, 1 << 20).unwrap();
+        assert_eq!(first, serde_json::json!({"a": 1}));
+        let second: String = reader.recv(None, 1 << 20).unwrap();
+        assert_eq!(second, "second");
+        let until = Some(Instant::now() + Duration::from_millis(20));
+        assert!(matches!(reader.recv::<String>(until, 1 << 20), Err(RecvError::TimedOut)));
+        drop(write);
+        assert!(matches!(reader.recv::<String>(None, 1 << 20), Err(RecvError::Closed)));
+    }
+
+    #[test]
+    fn oversized_and_garbled_frames_are_refused() {
+        let (read, mut write) = std::io::pipe().unwrap();
+        let mut reader = FrameReader::new(read).unwrap();
+        write.write_all(&(1u32 << 30).to_le_bytes()).unwrap();
+        assert!(matches!(reader.recv::<String>(None, 1 << 20), Err(RecvError::Invalid(_))));
+
+        let (read, mut write) = std::io::pipe().unwrap();
+        let mut reader = FrameReader::new(read).unwrap();
+        write.write_all(&3u32.to_le_bytes()).unwrap();
+        write.write_all(b"{{{").unwrap();
+        assert!(matches!(reader.recv::<String>(None, 1 << 20), Err(RecvError::Invalid(_))));
+    }
+
+    #[test]
+    fn blocking_reads_see_frames_and_a_clean_end() {
+        let mut bytes = encode(&42u32).unwrap();
+        bytes.extend(encode(&43u32).unwrap());
+        let mut input = &bytes[..];
+        assert_eq!(read_blocking::<u32>(&mut input).unwrap(), Some(42));
+        assert_eq!(read_blocking::<u32>(&mut input).unwrap(), Some(43));
+        assert_eq!(read_blocking::<u32>(&mut input).unwrap(), None);
+    }
+}

@@ -1,0 +1,308 @@
+//! The host's handle on one worker process: spawn it locked into its own
+//! session with the host as its reaper of last resort, talk to it in frames,
+//! cap its address space, kill it, and say how it died.
+
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStderr, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use rustix::process::{Pid, Resource, Rlimit, Signal};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::frame::{self, FrameReader, RecvError};
+use super::{PROTOCOL, PROTOCOL_ENV, ROLE_ENV, Role};
+
+/// How a worker is started: which binary, which role, and its stack.
+#[derive(Clone, Debug)]
+pub(crate) struct SpawnSpec {
+    pub program: PathBuf,
+    pub role: Role,
+    /// `RLIMIT_STACK` (the main thread's stack may grow this far; the engine
+    /// runs on the main thread).
+    pub stack_bytes: u64,
+}
+
+/// One live worker process.
+pub(crate) struct WorkerProcess {
+    child: Child,
+    pid: Pid,
+    /// Frames to the worker (its stdin). A socket, not a pipe: written with
+    /// `MSG_NOSIGNAL`, a dead worker is an `EPIPE` error, never a `SIGPIPE`
+    /// that would kill a host which does not ignore it.
+    to_worker: UnixStream,
+    /// Frames from the worker (its stdout), non-blocking.
+    frames: FrameReader<UnixStream>,
+    stderr: ChildStderr,
+    /// `/proc/<pid>/statm`, opened at spawn: its size is read before every run.
+    statm: Option<File>,
+    /// Set once the process is known dead (and reaped).
+    status: Option<ExitStatus>,
+}
+
+/// How a worker ended, for the caller's message and outcome.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Death {
+    /// Killed by the host (deadline, shutdown).
+    KilledByHost,
+    /// A signal the host did not send.
+    Signal { signal: i32, stderr: String },
+    /// Exited with a status code.
+    Exited { code: i32, stderr: String },
+}
+
+impl Death {
+    /// What the worker wrote to stderr before it died (Rust's panic and
+    /// abort messages land there), if anything.
+    pub fn stderr(&self) -> &str {
+        match self {
+            Death::KilledByHost => "",
+            Death::Signal { stderr, .. } | Death::Exited { stderr, .. } => stderr,
+        }
+    }
+}
+
+impl WorkerProcess {
+    /// Starts a worker on the process-wide spawner thread (see [`spawner`]).
+    pub fn spawn(spec: &SpawnSpec) -> io::Result<Self> {
+        let (reply, answer) = mpsc::sync_channel(1);
+        let sent = spawner().lock().unwrap_or_else(|p| p.into_inner()).send((spec.clone(), reply));
+        if sent.is_err() {
+            return Err(io::Error::other("the worker spawner thread is gone"));
+        }
+        answer.recv().unwrap_or_else(|_| Err(io::Error::other("the worker spawner thread is gone")))
+    }
+
+    /// The worker's process id.
+    pub fn pid(&self) -> u32 {
+        self.pid.as_raw_nonzero().get() as u32
+    }
+
+    /// Sends one frame (blocking: the worker reads as soon as it is idle,
+    /// and the pipe holds 64 KiB).
+    pub fn send(&mut self, message: &impl Serialize) -> io::Result<()> {
+        let bytes = frame::encode(message)?;
+        let mut sent = 0;
+        while sent < bytes.len() {
+            match rustix::net::send(&self.to_worker, &bytes[sent..], rustix::net::SendFlags::NOSIGNAL) {
+                Ok(n) => sent += n,
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    /// Receives one frame, waiting at most until `until`.
+    pub fn recv<T: DeserializeOwned>(&mut self, until: Option<Instant>, max: usize) -> Result<T, RecvError> {
+        self.frames.recv(until, max)
+    }
+
+    /// The worker's address-space size now, in bytes.
+    pub fn vm_bytes(&mut self) -> io::Result<u64> {
+        use std::os::unix::fs::FileExt;
+        let statm = self.statm.as_ref().ok_or_else(|| io::Error::other("no /proc/<pid>/statm"))?;
+        let mut text = [0u8; 64];
+        let n = statm.read_at(&mut text, 0)?;
+        let pages: u64 = std::str::from_utf8(&text[..n])
+            .ok()
+            .and_then(|t| t.split_whitespace().next())
+            .and_then(|p| p.parse().ok())
+            .ok_or_else(|| io::Error::other("unreadable /proc/<pid>/statm"))?;
+        Ok(pages.saturating_mul(page_size()))
+    }
+
+    /// Caps the worker's address space at its current size plus `extra`
+    /// bytes (`RLIMIT_AS`, soft limit; set from outside, since the worker's
+    /// seccomp filter forbids it to touch its own limits). An allocation past
+    /// it fails inside the worker, which then aborts: the host sees
+    /// [`Death`] with Rust's "memory allocation of N bytes failed".
+    pub fn limit_memory(&mut self, extra: u64) -> io::Result<u64> {
+        let limit = self.vm_bytes()?.saturating_add(extra);
+        let hard = rustix::process::getrlimit(Resource::As).maximum;
+        let soft = hard.map_or(limit, |h| limit.min(h));
+        rustix::process::prlimit(Some(self.pid), Resource::As, Rlimit { current: Some(soft), maximum: hard })?;
+        Ok(soft)
+    }
+
+    /// Whether the process has exited (without waiting).
+    pub fn has_exited(&mut self) -> bool {
+        self.status.is_some() || matches!(self.child.try_wait(), Ok(Some(_)) | Err(_))
+    }
+
+    /// SIGKILLs the worker and reaps it. Idempotent.
+    pub fn kill(&mut self) {
+        if self.status.is_some() {
+            return;
+        }
+        let _ = rustix::process::kill_process(self.pid, Signal::KILL);
+        self.status = self.child.wait().ok();
+    }
+
+    /// How the worker died, once its pipe closed: waits briefly for the exit
+    /// (killing it if it lingers) and reads what it left on stderr.
+    pub fn death(&mut self) -> Death {
+        if self.status.is_none() {
+            let until = Instant::now() + Duration::from_millis(500);
+            while Instant::now() < until {
+                if let Ok(Some(status)) = self.child.try_wait() {
+                    self.status = Some(status);
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            if self.status.is_none() {
+                self.kill();
+                return Death::KilledByHost;
+            }
+        }
+        let stderr = self.stderr_tail();
+        match self.status {
+            Some(status) => match (status.signal(), status.code()) {
+                (Some(signal), _) => Death::Signal { signal, stderr },
+                (None, Some(code)) => Death::Exited { code, stderr },
+                (None, None) => Death::Exited { code: -1, stderr },
+            },
+            None => Death::KilledByHost,
+        }
+    }
+
+    /// Up to 8 KiB of what the worker wrote to stderr (non-blocking).
+    fn stderr_tail(&mut self) -> String {
+        let _ = rustix::io::ioctl_fionbio(self.stderr.as_fd(), true);
+        let mut bytes = Vec::new();
+        let mut chunk = [0u8; 4096];
+        while bytes.len() < 8 << 10 {
+            match self.stderr.read(&mut chunk) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => bytes.extend_from_slice(&chunk[..n]),
+            }
+        }
+        String::from_utf8_lossy(&bytes).trim().to_string()
+    }
+}
+
+impl Drop for WorkerProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn page_size() -> u64 {
+    static SIZE: OnceLock<u64> = OnceLock::new();
+    *SIZE.get_or_init(|| rustix::param::page_size() as u64)
+}
+
+type SpawnRequest = (SpawnSpec, mpsc::SyncSender<io::Result<WorkerProcess>>);
+
+/// The one thread that forks workers, for the life of the process.
+///
+/// `PR_SET_PDEATHSIG` fires when the *thread* that forked the child exits,
+/// not the process: a worker forked from a short-lived thread (a tokio
+/// blocking thread, a caller's thread) would be killed when that thread
+/// ends. Forking from one thread that never ends ties every worker's life to
+/// the host process's.
+fn spawner() -> &'static Mutex<mpsc::Sender<SpawnRequest>> {
+    static SPAWNER: OnceLock<Mutex<mpsc::Sender<SpawnRequest>>> = OnceLock::new();
+    SPAWNER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<SpawnRequest>();
+        let started =
+            std::thread::Builder::new().name("execbox-spawner".into()).stack_size(256 << 10).spawn(move || {
+                while let Ok((spec, reply)) = rx.recv() {
+                    let _ = reply.send(start(&spec));
+                }
+            });
+        if let Err(e) = started {
+            tracing::warn!(error = %e, "cannot start the worker spawner thread; workers are unavailable");
+        }
+        Mutex::new(tx)
+    })
+}
+
+/// Forks and execs one worker (on the spawner thread).
+fn start(spec: &SpawnSpec) -> io::Result<WorkerProcess> {
+    let host = std::process::id();
+    let stack = spec.stack_bytes;
+    let (to_worker, worker_in) = UnixStream::pair()?;
+    let (from_worker, worker_out) = UnixStream::pair()?;
+    let mut command = Command::new(&spec.program);
+    command
+        .env_clear()
+        .env(ROLE_ENV, spec.role.as_str())
+        .env(PROTOCOL_ENV, PROTOCOL)
+        .current_dir("/")
+        .stdin(Stdio::from(std::os::fd::OwnedFd::from(worker_in)))
+        .stdout(Stdio::from(std::os::fd::OwnedFd::from(worker_out)))
+        .stderr(Stdio::piped());
+    // SAFETY: the closure runs in the forked child before exec and calls only
+    // raw system calls (rustix's and one libc `syscall`), which allocate
+    // nothing and take no locks: async-signal-safe as `pre_exec` requires.
+    unsafe {
+        command.pre_exec(move || lock_in_child(host, stack));
+    }
+    let mut child = command.spawn()?;
+    // The worker's ends now live in the child only.
+    drop(command);
+    let pid = Pid::from_raw(child.id() as i32).ok_or_else(|| io::Error::other("spawned a worker without a pid"))?;
+    let Some(stderr) = child.stderr.take() else {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(io::Error::other("a worker's stderr pipe is missing"));
+    };
+    let statm = File::open(format!("/proc/{}/statm", child.id())).ok();
+    let frames = FrameReader::new(from_worker)?;
+    Ok(WorkerProcess { child, pid, to_worker, frames, stderr, statm, status: None })
+}
+
+/// Runs in the child between fork and exec: new session, death with the
+/// host, no core dumps, the stack the engine needs, no inherited fds.
+fn lock_in_child(host: u32, stack_bytes: u64) -> io::Result<()> {
+    use rustix::process::{getppid, set_parent_process_death_signal, setrlimit, setsid};
+    // Out of the host's session and process group: a terminal's Ctrl-C or a
+    // kill of the host's group does not reach it; the death signal does.
+    setsid()?;
+    set_parent_process_death_signal(Some(Signal::KILL))?;
+    // The host may have died between fork and prctl: then nothing would kill us.
+    if getppid().map(|p| p.as_raw_nonzero().get() as u32) != Some(host) {
+        return Err(io::Error::other("the host exited during spawn"));
+    }
+    setrlimit(Resource::Core, Rlimit { current: Some(0), maximum: Some(0) })?;
+    let stack_hard = rustix::process::getrlimit(Resource::Stack).maximum;
+    let stack = stack_hard.map_or(stack_bytes, |h| stack_bytes.min(h));
+    setrlimit(Resource::Stack, Rlimit { current: Some(stack), maximum: stack_hard })?;
+    // Close every fd above stderr that the host failed to mark close-on-exec.
+    // SAFETY: close_range takes integers only; failure (old kernels) is
+    // harmless because the seccomp filter forbids using any other fd.
+    unsafe {
+        libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
+    }
+    Ok(())
+}
+
+/// Finds the program that serves as a worker.
+pub(crate) fn find_program(explicit: Option<&Path>) -> Result<PathBuf, String> {
+    if let Some(path) = explicit {
+        return Ok(path.to_path_buf());
+    }
+    if let Some(path) = std::env::var_os(super::PROGRAM_ENV) {
+        return Ok(path.into());
+    }
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find this executable: {e}"))?;
+    if super::HOOKED.get().is_some() {
+        return Ok(exe);
+    }
+    let candidates =
+        [exe.parent().map(|d| d.join("execbox")), exe.parent().and_then(Path::parent).map(|d| d.join("execbox"))];
+    candidates.into_iter().flatten().find(|p| p.is_file() && *p != exe).ok_or_else(|| {
+        "no worker program: call execbox::worker::serve_if_worker() at the top of main, set EXECBOX_WORKER \
+         to an execbox binary, or set the backend's worker_program"
+            .to_string()
+    })
+}
