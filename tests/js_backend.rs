@@ -39,10 +39,12 @@ fn transform_returns_json_output() {
 
 #[test]
 fn console_is_captured_and_trailing_comment_is_harmless() {
-    let r =
-        run("console.log('a', 1, [2]); console.info('b'); console.warn('w'); console.error('e');\nreturn 7 // done");
+    let r = run(
+        "console.log('a', 1, [2], {k: 'v'}); console.info('b'); console.warn('w'); console.error('e');\nreturn 7 // done",
+    );
     assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
-    assert_eq!(r.stdout.text(), "a 1 [ 2 ]\nb\n");
+    // Values print as their JSON, errors as `Name: message` (as on QuickJS).
+    assert_eq!(r.stdout.text(), "a 1 [2] {\"k\":\"v\"}\nb\n");
     assert_eq!(r.stderr.text(), "w\ne\n");
     assert_eq!(r.output, Some(json!(7)));
 }

@@ -57,11 +57,14 @@ pub fn drop_deep(value: Value) {
 /// `max`.
 ///
 /// Counts bracket depth (`(`, `[`, `{`, `${`) plus right-associative chains
-/// within one bracket level (`a = b = …`, `a ? b : c ? …`, `x => y => …`),
-/// which parsers also descend into. Strings, template text, comments and
-/// regular-expression literals are skipped (regex detection is the usual
-/// previous-token heuristic; a misjudged `/` can only over-count, which
-/// refuses code rather than risking the stack).
+/// within one bracket level (`a = b = …`, `a ? b : c ? …`, `x => y => …`,
+/// `a ** b ** …`) and runs of prefix operators before one operand (`!!!x`,
+/// `- - -x`, `typeof typeof x`, `new new X`), which parsers also descend
+/// into. Strings, template text, comments and regular-expression literals
+/// are skipped. Where a `/` could start a regex or be a division, it is taken
+/// as a division unless the previous token makes a regex certain (a keyword
+/// that is not a property name): misjudging a division as a regex would skip
+/// code and under-count, misjudging a regex as a division only over-counts.
 pub fn source_nesting_exceeds(source: &str, max: usize) -> Option<usize> {
     Scanner::default().run(source.as_bytes(), max)
 }
@@ -87,28 +90,25 @@ struct Scanner {
     last: Option<u8>,
     /// The identifier that ended at `last`, for `return /re/` and friends.
     last_word: Vec<u8>,
+    /// `last_word` followed a `.`: a property name, never a keyword.
+    last_word_is_property: bool,
+    /// Prefix operators waiting for their operand, per open code level.
+    unary: Vec<usize>,
+    unary_total: usize,
 }
 
-const REGEX_AFTER_WORDS: &[&[u8]] = &[
-    b"return",
-    b"typeof",
-    b"case",
-    b"do",
-    b"else",
-    b"in",
-    b"of",
-    b"new",
-    b"delete",
-    b"void",
-    b"throw",
-    b"instanceof",
-    b"yield",
-    b"await",
-];
+/// Reserved words after which a `/` starts a regex. Not `of`, `yield` or
+/// `await`: each can also be a variable name (`of / 2`).
+const REGEX_AFTER_WORDS: &[&[u8]] =
+    &[b"return", b"typeof", b"case", b"do", b"else", b"in", b"new", b"delete", b"void", b"throw", b"instanceof"];
+
+/// Keywords that are prefix operators: each nests its operand one level.
+const PREFIX_WORDS: &[&[u8]] = &[b"typeof", b"void", b"delete", b"new", b"await", b"yield"];
 
 impl Scanner {
     fn run(&mut self, s: &[u8], max: usize) -> Option<usize> {
         self.chains.push(0);
+        self.unary.push(0);
         let mut i = 0;
         while i < s.len() {
             if self.stack.last() == Some(&Frame::Template) {
@@ -121,7 +121,10 @@ impl Scanner {
                     i += 1;
                     continue;
                 }
-                b'\'' | b'"' => i = skip_string(s, i, c),
+                b'\'' | b'"' => {
+                    i = skip_string(s, i, c);
+                    self.end_operand();
+                }
                 b'`' => {
                     self.stack.push(Frame::Template);
                     i += 1;
@@ -134,7 +137,32 @@ impl Scanner {
                     i = find_or_end(s, i + 2, b"*/");
                     continue;
                 }
-                b'/' if self.regex_allowed() => i = skip_regex(s, i),
+                b'/' if self.regex_allowed() => {
+                    i = skip_regex(s, i);
+                    self.end_operand();
+                }
+                b'!' | b'~' if s.get(i + 1) != Some(&b'=') => {
+                    self.extend_unary();
+                    i += 1;
+                }
+                b'+' | b'-' if s.get(i + 1) == Some(&c) => {
+                    // `x++ / 2` divides; `++x` is followed by an operand.
+                    let postfix = !self.regex_allowed();
+                    i += 2;
+                    if postfix {
+                        self.last = Some(b')');
+                        self.last_word.clear();
+                        continue;
+                    }
+                }
+                b'+' | b'-' if s.get(i + 1) != Some(&b'=') && self.regex_allowed() => {
+                    self.extend_unary();
+                    i += 1;
+                }
+                b'*' if s.get(i + 1) == Some(&b'*') && s.get(i + 2) != Some(&b'=') => {
+                    self.extend_chain();
+                    i += 2;
+                }
                 b'(' | b'[' | b'{' => {
                     self.open(Frame::Bracket(c));
                     i += 1;
@@ -185,9 +213,15 @@ impl Scanner {
                         while i < s.len() && (s[i].is_ascii_alphanumeric() || s[i] == b'_' || s[i] == b'$') {
                             i += 1;
                         }
+                        self.last_word_is_property = self.last == Some(b'.');
                         self.last_word.clear();
                         self.last_word.extend_from_slice(&s[start..i]);
                         self.last = Some(s[i - 1]);
+                        if !self.last_word_is_property && PREFIX_WORDS.contains(&self.last_word.as_slice()) {
+                            self.extend_unary();
+                        } else {
+                            self.end_operand();
+                        }
                         if self.depth() > max {
                             return Some(self.depth());
                         }
@@ -206,12 +240,13 @@ impl Scanner {
     }
 
     fn depth(&self) -> usize {
-        self.brackets + self.chain_total
+        self.brackets + self.chain_total + self.unary_total
     }
 
     fn open(&mut self, frame: Frame) {
         self.stack.push(frame);
         self.chains.push(0);
+        self.unary.push(0);
         self.brackets += 1;
     }
 
@@ -222,6 +257,26 @@ impl Scanner {
             self.brackets -= 1;
             let chain = self.chains.pop().unwrap_or(0);
             self.chain_total -= chain;
+            let unary = self.unary.pop().unwrap_or(0);
+            self.unary_total -= unary;
+            // The bracketed expression is the operand of the prefix
+            // operators before it.
+            self.end_operand();
+        }
+    }
+
+    fn extend_unary(&mut self) {
+        if let Some(u) = self.unary.last_mut() {
+            *u += 1;
+            self.unary_total += 1;
+        }
+    }
+
+    /// An operand ended: the prefix operators before it are done.
+    fn end_operand(&mut self) {
+        if let Some(u) = self.unary.last_mut() {
+            self.unary_total -= *u;
+            *u = 0;
         }
     }
 
@@ -243,7 +298,7 @@ impl Scanner {
         match self.last {
             None => true,
             Some(c) if c.is_ascii_alphanumeric() || c == b'_' || c == b'$' => {
-                REGEX_AFTER_WORDS.contains(&self.last_word.as_slice())
+                !self.last_word_is_property && REGEX_AFTER_WORDS.contains(&self.last_word.as_slice())
             }
             Some(c) => !matches!(c, b')' | b']' | b'}' | b'\'' | b'"' | b'`'),
         }
@@ -258,6 +313,7 @@ impl Scanner {
                     self.stack.pop();
                     self.last = Some(b'`');
                     self.last_word.clear();
+                    self.end_operand();
                     return i + 1;
                 }
                 b'$' if s.get(i + 1) == Some(&b'{') => {
@@ -353,6 +409,36 @@ mod tests {
     fn template_expressions_count() {
         assert_eq!(depth("`a ${ `b ${ c } ` } d`"), 2);
         assert_eq!(depth("`((((`"), 0);
+    }
+
+    #[test]
+    fn prefix_operator_runs_count_until_their_operand() {
+        assert_eq!(depth("!!!x"), 3);
+        assert_eq!(depth("!a && !b && !c && !d"), 1);
+        assert_eq!(depth("- - -x + -y"), 3);
+        assert_eq!(depth("typeof typeof x"), 2);
+        assert_eq!(depth("a.typeof + b"), 0);
+        assert_eq!(depth("!(!(x))"), 4);
+        assert_eq!(depth("a != b; c !== d; x++ - y--"), 0);
+        assert!(source_nesting_exceeds(&format!("return {}0", "!".repeat(3_000_000)), 1000).is_some());
+        assert!(source_nesting_exceeds(&format!("return {}0", "~-".repeat(1000)), 1000).is_some());
+    }
+
+    #[test]
+    fn a_slash_that_may_divide_is_not_a_regex() {
+        let hidden = format!("let of = 4, g = 2; let x = of / {}1{} / g", "(".repeat(500), ")".repeat(500));
+        assert!(source_nesting_exceeds(&hidden, 128).is_some(), "`of` is a variable here");
+        let prop = format!("let x = o.return / {}1{} / 2", "(".repeat(500), ")".repeat(500));
+        assert!(source_nesting_exceeds(&prop, 128).is_some(), "`.return` is a property name");
+        let postfix = format!("let x = i++ / {}1{} / 2", "(".repeat(500), ")".repeat(500));
+        assert!(source_nesting_exceeds(&postfix, 128).is_some(), "`i++ /` divides");
+        assert!(depth("for (const m of /[((((]/g) {}") >= 5, "over-counts a regex after `of`: safe");
+    }
+
+    #[test]
+    fn exponent_chains_count() {
+        assert_eq!(depth("a ** b ** c"), 2);
+        assert!(source_nesting_exceeds(&"2 ** ".repeat(100_000), 1000).is_some());
     }
 
     #[test]

@@ -265,17 +265,23 @@ impl Core {
         }
     }
 
-    /// Gives back a worker after a clean run (or drops a dead one).
+    /// Gives back a worker after a clean run, or drops it (a dead one; or,
+    /// after a burst, one more than `idle_workers` that nobody waits for:
+    /// the pool shrinks back to its idle size).
     fn release(&self, worker: Option<Worker>) {
         let mut state = self.lock();
         state.busy -= 1;
-        if let Some(worker) = worker
-            && !state.shutdown
-        {
-            state.idle.push(worker);
-        }
+        let keep = !state.shutdown && (state.waiting > 0 || state.idle.len() < self.cfg.idle_workers);
+        let surplus = match worker {
+            Some(worker) if keep => {
+                state.idle.push(worker);
+                None
+            }
+            other => other,
+        };
         drop(state);
         self.changed.notify_all();
+        drop(surplus); // killed and reaped outside the lock
     }
 
     /// Runs a request's job on a pooled worker.

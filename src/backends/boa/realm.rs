@@ -1,17 +1,36 @@
 //! The realm a run sees: `console`, and guards on built-ins whose native
-//! code would otherwise recurse without bound or allocate without bound.
+//! code would otherwise recurse or allocate without bound.
 //!
-//! Guards wrap the original built-in in a native function that checks first;
-//! the originals are captured in the wrappers and unreachable from JS.
+//! Guards are the first line of defence (on `boa-js` the worker process is
+//! the second): they turn the common bombs into catchable `RangeError`s.
+//! Each guard **converts its arguments once and passes the converted values
+//! on**, so a getter, `valueOf`, `toJSON` or proxy cannot answer the check
+//! one way and the built-in another:
+//!
+//! - `JSON.stringify` first takes a *snapshot* of the value (calling each
+//!   `toJSON`, replacer, getter and trap exactly once, with depth, size and
+//!   deadline bounds), then serializes the snapshot, which holds only plain
+//!   data and cannot change or run code;
+//! - `join` is reimplemented (length read once, result length bounded,
+//!   nesting through `toString` counted); `toLocaleString` shares its depth
+//!   count; `flat` gets a clamped depth; `sort` a bounded length;
+//! - `repeat`, `padStart`, `padEnd` get their counts as numbers;
+//! - `Function.prototype.apply`, `Reflect.apply` and `Reflect.construct`
+//!   build the argument list themselves (length read once, bounded);
+//! - `eval`, the `Function` constructors and `JSON.parse` scan their text
+//!   for nesting before boa's recursive parser sees it.
+//!
+//! The originals are captured in the wrappers and unreachable from JS.
 
 use std::cell::Cell;
 use std::rc::Rc;
 use std::sync::{Arc, Mutex};
 
-use boa_engine::object::ObjectInitializer;
+use boa_engine::object::builtins::JsArray;
+use boa_engine::object::{FunctionObjectBuilder, ObjectInitializer};
 use boa_engine::property::{Attribute, PropertyDescriptor};
 use boa_engine::value::IntegerOrInfinity;
-use boa_engine::{Context, JsNativeError, JsObject, JsResult, JsValue, NativeFunction, js_string};
+use boa_engine::{Context, JsBigInt, JsNativeError, JsObject, JsResult, JsString, JsValue, NativeFunction, js_string};
 
 use super::EngineSettings;
 use crate::limits::BoundedBuffer;
@@ -64,9 +83,24 @@ impl From<&EngineSettings> for GuardLimits {
 /// Context data: the current run's deadline, for long native walks.
 pub(super) struct RunDeadline(pub crate::limits::Deadline);
 
-/// Context data: set while a guarded `join` runs, so nested joins (one per
-/// nesting level, through `Array.prototype.toString`) skip the walk.
-struct JoinActive(Cell<bool>);
+/// Context data: how deep guarded built-ins that recurse through user-visible
+/// methods (`join` via `toString`, `toLocaleString`) are nested right now,
+/// and how many elements the outermost call has visited in all (shared
+/// sub-arrays count each time, so `a = [a, a]` cannot blow up a join).
+#[derive(Default)]
+struct BuiltinDepth {
+    depth: Cell<usize>,
+    visited: Cell<u64>,
+}
+
+/// Context data: pristine built-ins the guards use, captured before any user
+/// code runs.
+struct Pristine {
+    object_keys: JsObject,
+    is_array: JsObject,
+    /// The original `JSON.stringify`, for snapshots (which hold plain data only).
+    stringify: JsObject,
+}
 
 /// Handles kept from setup for the engine's own use.
 pub(super) struct Realm {
@@ -79,7 +113,7 @@ pub(super) struct Realm {
 /// user code, so everything it reads from the global object is pristine.
 pub(super) fn install(ctx: &mut Context, limits: GuardLimits) -> JsResult<Realm> {
     ctx.insert_data(limits);
-    ctx.insert_data(JoinActive(Cell::new(false)));
+    ctx.insert_data(BuiltinDepth::default());
 
     let console = ObjectInitializer::new(ctx)
         .function(NativeFunction::from_fn_ptr(console_out), js_string!("log"), 0)
@@ -92,9 +126,13 @@ pub(super) fn install(ctx: &mut Context, limits: GuardLimits) -> JsResult<Realm>
 
     let global = ctx.global_object();
     let json = object(global.get(js_string!("JSON"), ctx)?)?;
+    let reflect = object(global.get(js_string!("Reflect"), ctx)?)?;
     let constructors = ctx.intrinsics().constructors();
+    let array_ctor = constructors.array().constructor();
+    let object_ctor = constructors.object().constructor();
     let array_proto = constructors.array().prototype();
     let string_proto = constructors.string().prototype();
+    let function_proto = constructors.function().prototype();
     // Every way to reach a function constructor: the global `Function`, and
     // `.constructor` on each function prototype (async, generator, ...).
     let function_constructors: Vec<(JsObject, JsObject)> = [
@@ -106,15 +144,27 @@ pub(super) fn install(ctx: &mut Context, limits: GuardLimits) -> JsResult<Realm>
     .into_iter()
     .map(|c| (c.constructor(), c.prototype()))
     .collect();
+    let pristine = Pristine {
+        object_keys: object(object_ctor.get(js_string!("keys"), ctx)?)?,
+        is_array: object(array_ctor.get(js_string!("isArray"), ctx)?)?,
+        stringify: object(json.get(js_string!("stringify"), ctx)?)?,
+    };
+    ctx.insert_data(pristine);
 
     wrap(ctx, &global, "eval", 1, guarded_eval)?;
     wrap(ctx, &json, "parse", 2, guarded_json_parse)?;
     let stringify = wrap(ctx, &json, "stringify", 3, guarded_stringify)?;
     wrap(ctx, &array_proto, "join", 1, guarded_join)?;
+    wrap(ctx, &array_proto, "toLocaleString", 0, guarded_to_locale_string)?;
+    wrap(ctx, &array_proto, "flat", 0, guarded_flat)?;
+    wrap(ctx, &array_proto, "sort", 1, guarded_sort)?;
     wrap(ctx, &array_proto, "fill", 1, guarded_fill)?;
     wrap(ctx, &string_proto, "repeat", 1, guarded_repeat)?;
     wrap(ctx, &string_proto, "padStart", 2, guarded_pad)?;
     wrap(ctx, &string_proto, "padEnd", 2, guarded_pad)?;
+    wrap(ctx, &function_proto, "apply", 2, guarded_function_apply)?;
+    wrap(ctx, &reflect, "apply", 3, guarded_reflect_apply)?;
+    wrap(ctx, &reflect, "construct", 2, guarded_reflect_construct)?;
 
     for (original, prototype) in function_constructors {
         let guarded = guarded_function(ctx, original.clone());
@@ -142,11 +192,8 @@ fn wrap(ctx: &mut Context, target: &JsObject, name: &str, length: usize, guard: 
         move |this, args, original: &JsObject, ctx| guard(this, args, original, ctx),
         original,
     );
-    let wrapper: JsObject = boa_engine::object::FunctionObjectBuilder::new(ctx.realm(), function)
-        .name(js_string!(name))
-        .length(length)
-        .build()
-        .into();
+    let wrapper: JsObject =
+        FunctionObjectBuilder::new(ctx.realm(), function).name(js_string!(name)).length(length).build().into();
     target.set(js_string!(name), wrapper.clone(), true, ctx)?;
     Ok(wrapper)
 }
@@ -164,7 +211,7 @@ fn guarded_function(ctx: &mut Context, original: JsObject) -> JsObject {
         },
         original,
     );
-    boa_engine::object::FunctionObjectBuilder::new(ctx.realm(), function)
+    FunctionObjectBuilder::new(ctx.realm(), function)
         .name(js_string!("Function"))
         .length(1)
         .constructor(true)
@@ -185,6 +232,18 @@ fn range_error(message: String) -> boa_engine::JsError {
     JsNativeError::range().with_message(message).into()
 }
 
+fn arg(args: &[JsValue], i: usize) -> JsValue {
+    args.get(i).cloned().unwrap_or_default()
+}
+
+/// Throws once the run's deadline has passed (long native loops check it).
+fn check_deadline(ctx: &Context) -> JsResult<()> {
+    if ctx.get_data::<RunDeadline>().is_some_and(|d| d.0.expired()) {
+        return Err(range_error("deadline exceeded inside a built-in".into()));
+    }
+    Ok(())
+}
+
 /// Refuses source text nested deeper than the limit (see [`nesting`]).
 fn scan(text: &str, ctx: &Context) -> JsResult<()> {
     let max = limits(ctx).max_nesting;
@@ -202,7 +261,7 @@ fn guarded_eval(_this: &JsValue, args: &[JsValue], original: &JsObject, ctx: &mu
 }
 
 fn guarded_json_parse(this: &JsValue, args: &[JsValue], original: &JsObject, ctx: &mut Context) -> JsResult<JsValue> {
-    let text = args.first().cloned().unwrap_or_default().to_string(ctx)?;
+    let text = arg(args, 0).to_string(ctx)?;
     scan(&text.to_std_string_escaped(), ctx)?;
     let mut args = args.to_vec();
     match args.first_mut() {
@@ -212,23 +271,286 @@ fn guarded_json_parse(this: &JsValue, args: &[JsValue], original: &JsObject, ctx
     original.call(this, &args, ctx)
 }
 
-fn guarded_stringify(this: &JsValue, args: &[JsValue], original: &JsObject, ctx: &mut Context) -> JsResult<JsValue> {
-    if let Some(value) = args.first() {
-        check_value(value, Walk::AllObjects, ctx)?;
-    }
-    original.call(this, args, ctx)
+// ---- JSON.stringify: snapshot, then serialize the snapshot ----
+
+/// How one `JSON.stringify` call walks its value.
+struct Snapshot {
+    replacer: Option<JsObject>,
+    keys: Option<Vec<JsString>>,
+    visited: u64,
+    limits: GuardLimits,
 }
 
-fn guarded_join(this: &JsValue, args: &[JsValue], original: &JsObject, ctx: &mut Context) -> JsResult<JsValue> {
-    let outermost = ctx.get_data::<JoinActive>().is_some_and(|a| !a.0.replace(true));
-    if !outermost {
-        return original.call(this, args, ctx);
+fn guarded_stringify(this: &JsValue, args: &[JsValue], original: &JsObject, ctx: &mut Context) -> JsResult<JsValue> {
+    let replacer_arg = arg(args, 1);
+    let mut snapshot = Snapshot { replacer: None, keys: None, visited: 0, limits: limits(ctx) };
+    if let Some(replacer) = replacer_arg.as_object() {
+        if replacer.is_callable() {
+            snapshot.replacer = Some(replacer.clone());
+        } else if is_array(&replacer_arg, ctx)? {
+            snapshot.keys = Some(property_list(&replacer, ctx, &snapshot.limits)?);
+        }
     }
-    let result = check_value(this, Walk::ArraysOnly, ctx).and_then(|()| original.call(this, args, ctx));
-    if let Some(active) = ctx.get_data::<JoinActive>() {
-        active.0.set(false);
+    // The wrapper holder of the spec: {"": value}.
+    let holder = JsObject::with_null_proto();
+    holder.create_data_property_or_throw(js_string!(""), arg(args, 0), ctx)?;
+    let value = snapshot.property(js_string!(""), &holder, 1, ctx)?;
+    let Some(value) = value else { return Ok(JsValue::undefined()) };
+    original.call(this, &[value, JsValue::undefined(), arg(args, 2)], ctx)
+}
+
+/// The keys of an array replacer: strings, numbers and their wrappers, once each.
+fn property_list(replacer: &JsObject, ctx: &mut Context, limits: &GuardLimits) -> JsResult<Vec<JsString>> {
+    let len = replacer.get(js_string!("length"), ctx)?.to_length(ctx)?;
+    if len > limits.max_walk {
+        return Err(range_error(format!("a replacer list of {len} keys is over the limit of {}", limits.max_walk)));
+    }
+    let mut keys: Vec<JsString> = Vec::new();
+    for i in 0..len {
+        let v = replacer.get(i, ctx)?;
+        let item = match v.as_object() {
+            Some(o) if o.is::<JsString>() || o.is::<f64>() => Some(v.to_string(ctx)?),
+            Some(_) => None,
+            None if v.is_string() || v.is_number() => Some(v.to_string(ctx)?),
+            None => None,
+        };
+        if let Some(item) = item
+            && !keys.contains(&item)
+        {
+            keys.push(item);
+        }
+    }
+    Ok(keys)
+}
+
+impl Snapshot {
+    /// SerializeJSONProperty's value preparation for `holder[key]`, then a
+    /// plain copy of it: `None` where JSON has no value (`undefined`,
+    /// functions, symbols).
+    fn property(
+        &mut self,
+        key: JsString,
+        holder: &JsObject,
+        depth: usize,
+        ctx: &mut Context,
+    ) -> JsResult<Option<JsValue>> {
+        self.visited += 1;
+        if self.visited > self.limits.max_walk {
+            return Err(range_error(format!("value has more than {} elements", self.limits.max_walk)));
+        }
+        if self.visited.is_multiple_of(4096) {
+            check_deadline(ctx)?;
+        }
+        let mut value = holder.get(key.clone(), ctx)?;
+        if value.is_object() || value.is_bigint() {
+            let to_json = value.to_object(ctx)?.get(js_string!("toJSON"), ctx)?;
+            if let Some(f) = to_json.as_callable() {
+                value = f.call(&value, &[key.clone().into()], ctx)?;
+            }
+        }
+        if let Some(replacer) = &self.replacer {
+            value = replacer.call(&holder.clone().into(), &[key.into(), value], ctx)?;
+        }
+        if let Some(obj) = value.as_object() {
+            if obj.is::<f64>() {
+                value = value.to_number(ctx)?.into();
+            } else if obj.is::<JsString>() {
+                value = value.to_string(ctx)?.into();
+            } else if let Some(b) = obj.downcast_ref::<bool>().map(|b| *b) {
+                value = b.into();
+            } else if let Some(big) = obj.downcast_ref::<JsBigInt>().map(|b| b.clone()) {
+                value = big.into();
+            }
+        }
+        let Some(obj) = value.as_object() else {
+            // Primitives are data already; symbols and undefined have no JSON.
+            return Ok((!value.is_undefined() && !value.is_symbol()).then_some(value));
+        };
+        if obj.is_callable() {
+            return Ok(None);
+        }
+        if depth > self.limits.max_nesting {
+            return Err(range_error(format!(
+                "value nests deeper than {} levels (or is cyclic)",
+                self.limits.max_nesting
+            )));
+        }
+        if is_array(&value, ctx)? {
+            let len = obj.get(js_string!("length"), ctx)?.to_length(ctx)?;
+            if len > self.limits.max_walk.saturating_sub(self.visited) {
+                return Err(range_error(format!("value has more than {} elements", self.limits.max_walk)));
+            }
+            let mut items = Vec::with_capacity(len as usize);
+            for i in 0..len {
+                let item = self.property(JsString::from(i.to_string().as_str()), &obj, depth + 1, ctx)?;
+                items.push(item.unwrap_or_else(JsValue::null));
+            }
+            let copy = JsArray::from_iter(items, ctx);
+            // An own `toJSON: undefined` hides any `Array.prototype.toJSON`
+            // the code installed; arrays serialize indices only, so it is
+            // never printed.
+            copy.define_property_or_throw(
+                js_string!("toJSON"),
+                PropertyDescriptor::builder()
+                    .value(JsValue::undefined())
+                    .writable(false)
+                    .enumerable(false)
+                    .configurable(false),
+                ctx,
+            )?;
+            return Ok(Some(copy.into()));
+        }
+        if obj.is::<boa_engine::builtins::typed_array::TypedArray>() {
+            // Listing the keys of a typed array of millions of elements
+            // would itself be the allocation bomb: check its length first.
+            let len = obj.get(js_string!("length"), ctx)?.to_length(ctx)?;
+            if len > self.limits.max_walk.saturating_sub(self.visited) {
+                return Err(range_error(format!("value has more than {} elements", self.limits.max_walk)));
+            }
+        }
+        let keys = match &self.keys {
+            Some(keys) => keys.clone(),
+            None => own_enumerable_keys(&obj, ctx)?,
+        };
+        // A null-prototype copy: nothing inherited (no `toJSON`) can run.
+        let copy = JsObject::with_null_proto();
+        for key in keys {
+            if let Some(item) = self.property(key.clone(), &obj, depth + 1, ctx)? {
+                copy.create_data_property_or_throw(key, item, ctx)?;
+            }
+        }
+        Ok(Some(copy.into()))
+    }
+}
+
+/// `Object.keys(obj)` with the pristine `Object.keys`.
+fn own_enumerable_keys(obj: &JsObject, ctx: &mut Context) -> JsResult<Vec<JsString>> {
+    let keys_fn = ctx.get_data::<Pristine>().map(|p| p.object_keys.clone());
+    let Some(keys_fn) = keys_fn else { return Ok(Vec::new()) };
+    let keys = object(keys_fn.call(&JsValue::undefined(), &[obj.clone().into()], ctx)?)?;
+    let len = keys.get(js_string!("length"), ctx)?.to_length(ctx)?;
+    let mut out = Vec::with_capacity(len as usize);
+    for i in 0..len {
+        out.push(keys.get(i, ctx)?.to_string(ctx)?);
+    }
+    Ok(out)
+}
+
+/// `Array.isArray(value)` with the pristine function (sees through proxies).
+fn is_array(value: &JsValue, ctx: &mut Context) -> JsResult<bool> {
+    let is_array = ctx.get_data::<Pristine>().map(|p| p.is_array.clone());
+    match is_array {
+        Some(f) => Ok(f.call(&JsValue::undefined(), std::slice::from_ref(value), ctx)?.to_boolean()),
+        None => Ok(value.as_object().is_some_and(|o| o.is_array())),
+    }
+}
+
+// ---- join / toLocaleString / flat / sort / fill ----
+
+/// Runs `f` one level deeper in the built-in nesting count (join through
+/// `toString`, `toLocaleString` through elements), refusing past the limit:
+/// a cyclic or deep array fails with a `RangeError` instead of native recursion.
+fn nested<T>(ctx: &mut Context, f: impl FnOnce(&mut Context) -> JsResult<T>) -> JsResult<T> {
+    let max = limits(ctx).max_nesting;
+    let depth = ctx.get_data::<BuiltinDepth>().map_or(0, |d| d.depth.get());
+    if depth >= max {
+        return Err(range_error(format!("array nests deeper than {max} levels (or is cyclic)")));
+    }
+    if let Some(d) = ctx.get_data::<BuiltinDepth>() {
+        d.depth.set(depth + 1);
+        if depth == 0 {
+            d.visited.set(0);
+        }
+    }
+    let result = f(ctx);
+    if let Some(d) = ctx.get_data::<BuiltinDepth>() {
+        d.depth.set(depth);
     }
     result
+}
+
+/// Counts elements visited under the outermost guarded call.
+fn visit(ctx: &Context, n: u64) -> JsResult<()> {
+    let max = limits(ctx).max_walk;
+    if let Some(d) = ctx.get_data::<BuiltinDepth>() {
+        let visited = d.visited.get().saturating_add(n);
+        d.visited.set(visited);
+        if visited > max {
+            return Err(range_error(format!("value has more than {max} elements")));
+        }
+    }
+    Ok(())
+}
+
+/// `Array.prototype.join`, reimplemented: the length is read once, the
+/// result may not exceed `max_builtin_len`, elements that are arrays join
+/// one nesting level deeper.
+fn guarded_join(this: &JsValue, args: &[JsValue], _original: &JsObject, ctx: &mut Context) -> JsResult<JsValue> {
+    let this = this.clone();
+    let separator = arg(args, 0);
+    nested(ctx, move |ctx| {
+        let obj = this.to_object(ctx)?;
+        let len = obj.get(js_string!("length"), ctx)?.to_length(ctx)?;
+        let max = limits(ctx).max_len;
+        if len > max {
+            return Err(range_error(format!("join of {len} elements exceeds the limit of {max}")));
+        }
+        let sep: Vec<u16> =
+            if separator.is_undefined() { vec![u16::from(b',')] } else { separator.to_string(ctx)?.iter().collect() };
+        visit(ctx, len)?;
+        let mut out: Vec<u16> = Vec::new();
+        for k in 0..len {
+            if k > 0 {
+                out.extend_from_slice(&sep);
+            }
+            let element = obj.get(k, ctx)?;
+            if !element.is_null_or_undefined() {
+                out.extend(element.to_string(ctx)?.iter());
+            }
+            if out.len() as u64 > max {
+                return Err(range_error(format!("join would create more than {max} units")));
+            }
+            if k % 4096 == 4095 {
+                check_deadline(ctx)?;
+            }
+        }
+        Ok(JsString::from(out.as_slice()).into())
+    })
+}
+
+fn guarded_to_locale_string(
+    this: &JsValue,
+    args: &[JsValue],
+    original: &JsObject,
+    ctx: &mut Context,
+) -> JsResult<JsValue> {
+    let this = this.clone();
+    nested(ctx, move |ctx| original.call(&this, args, ctx))
+}
+
+fn guarded_flat(this: &JsValue, args: &[JsValue], original: &JsObject, ctx: &mut Context) -> JsResult<JsValue> {
+    let max = limits(ctx).max_nesting as f64;
+    let depth = match args.first() {
+        None => 1.0,
+        Some(v) if v.is_undefined() => 1.0,
+        Some(v) => match v.to_integer_or_infinity(ctx)? {
+            IntegerOrInfinity::Integer(n) => (n as f64).clamp(0.0, max),
+            IntegerOrInfinity::PositiveInfinity => max,
+            IntegerOrInfinity::NegativeInfinity => 0.0,
+        },
+    };
+    original.call(this, &[JsValue::from(depth)], ctx)
+}
+
+fn guarded_sort(this: &JsValue, args: &[JsValue], original: &JsObject, ctx: &mut Context) -> JsResult<JsValue> {
+    if let Some(obj) = this.as_object() {
+        let len = obj.get(js_string!("length"), ctx)?.to_length(ctx)?;
+        let max = limits(ctx).max_len;
+        if len > max {
+            return Err(range_error(format!("sort of {len} elements exceeds the limit of {max}")));
+        }
+    }
+    original.call(this, args, ctx)
 }
 
 fn guarded_fill(this: &JsValue, args: &[JsValue], original: &JsObject, ctx: &mut Context) -> JsResult<JsValue> {
@@ -242,24 +564,36 @@ fn guarded_fill(this: &JsValue, args: &[JsValue], original: &JsObject, ctx: &mut
     original.call(this, args, ctx)
 }
 
+// ---- repeat / padStart / padEnd ----
+
 fn guarded_repeat(this: &JsValue, args: &[JsValue], original: &JsObject, ctx: &mut Context) -> JsResult<JsValue> {
     let text = this.to_string(ctx)?;
-    let count = args.first().cloned().unwrap_or_default().to_integer_or_infinity(ctx)?;
-    if let IntegerOrInfinity::Integer(n) = count
-        && n > 0
-    {
-        let len = (text.len() as u64).saturating_mul(n as u64);
-        check_len(len, "repeat", ctx)?;
-    } else if count == IntegerOrInfinity::PositiveInfinity && !text.is_empty() {
-        check_len(u64::MAX, "repeat", ctx)?;
-    }
-    original.call(&text.into(), args, ctx)
+    let count = arg(args, 0).to_integer_or_infinity(ctx)?;
+    let count = match count {
+        IntegerOrInfinity::Integer(n) => {
+            if n > 0 {
+                check_len((text.len() as u64).saturating_mul(n as u64), "repeat", ctx)?;
+            }
+            JsValue::from(n as f64)
+        }
+        IntegerOrInfinity::PositiveInfinity => {
+            if !text.is_empty() {
+                check_len(u64::MAX, "repeat", ctx)?;
+            }
+            JsValue::from(f64::INFINITY)
+        }
+        IntegerOrInfinity::NegativeInfinity => JsValue::from(f64::NEG_INFINITY),
+    };
+    original.call(&text.into(), &[count], ctx)
 }
 
 fn guarded_pad(this: &JsValue, args: &[JsValue], original: &JsObject, ctx: &mut Context) -> JsResult<JsValue> {
-    let target = args.first().cloned().unwrap_or_default().to_length(ctx)?;
+    let text = this.to_string(ctx)?;
+    let target = arg(args, 0).to_length(ctx)?;
     check_len(target, "padStart/padEnd", ctx)?;
-    original.call(this, args, ctx)
+    let filler = arg(args, 1);
+    let filler = if filler.is_undefined() { filler } else { filler.to_string(ctx)?.into() };
+    original.call(&text.into(), &[JsValue::from(target as f64), filler], ctx)
 }
 
 fn check_len(len: u64, what: &str, ctx: &Context) -> JsResult<()> {
@@ -270,66 +604,52 @@ fn check_len(len: u64, what: &str, ctx: &Context) -> JsResult<()> {
     Ok(())
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(super) enum Walk {
-    /// Descend into arrays and plain objects (what `JSON.stringify` visits).
-    AllObjects,
-    /// Descend into arrays only (what `join` visits).
-    ArraysOnly,
+// ---- apply / Reflect.apply / Reflect.construct ----
+
+/// CreateListFromArrayLike, bounded: the length is read once.
+fn argument_list(list: &JsValue, ctx: &mut Context) -> JsResult<Vec<JsValue>> {
+    if list.is_null_or_undefined() {
+        return Ok(Vec::new());
+    }
+    let Some(obj) = list.as_object() else {
+        return Err(JsNativeError::typ().with_message("CreateListFromArrayLike called on a non-object").into());
+    };
+    let len = obj.get(js_string!("length"), ctx)?.to_length(ctx)?;
+    let max = limits(ctx).max_walk;
+    if len > max {
+        return Err(range_error(format!("an argument list of {len} is over the limit of {max}")));
+    }
+    (0..len).map(|i| obj.get(i, ctx)).collect()
 }
 
-/// Walks `value` iteratively and throws a `RangeError` if it nests deeper than
-/// `max_nesting` (cycles count as infinitely deep) or has more than
-/// `max_walk` nodes (shared sub-values count each time they are reached, as
-/// the native walkers would reach them).
-pub(super) fn check_value(value: &JsValue, walk: Walk, ctx: &mut Context) -> JsResult<()> {
-    let GuardLimits { max_nesting, max_walk, .. } = limits(ctx);
-    let max_len = max_walk;
-    let Some(root) = value.as_object() else { return Ok(()) };
-    let mut stack = vec![(root, 1usize)];
-    let mut visited: u64 = 0;
-    let mut next_deadline_check: u64 = 0;
-    while let Some((obj, depth)) = stack.pop() {
-        if visited >= next_deadline_check {
-            // Native code does not yield to the deadline check; do it here.
-            next_deadline_check = visited + 4096;
-            if ctx.get_data::<RunDeadline>().is_some_and(|d| d.0.expired()) {
-                return Err(range_error("deadline exceeded while walking a value".into()));
-            }
-        }
-        if depth > max_nesting {
-            return Err(range_error(format!("value nests deeper than {max_nesting} levels (or is cyclic)")));
-        }
-        let is_array = obj.is_array();
-        if !is_array && walk == Walk::ArraysOnly {
-            continue;
-        }
-        if is_array {
-            let len = obj.get(js_string!("length"), ctx)?.to_length(ctx)?;
-            if len > max_len.saturating_sub(visited) {
-                return Err(range_error(format!("value has more than {max_len} elements")));
-            }
-            visited += len;
-            for index in 0..len {
-                // len <= max_len, which is far below u32::MAX.
-                if let Some(child) = obj.get(index as u32, ctx)?.as_object() {
-                    stack.push((child, depth + 1));
-                }
-            }
-        } else if !obj.is_callable() {
-            for key in obj.own_property_keys(ctx)? {
-                visited += 1;
-                if visited > max_len {
-                    return Err(range_error(format!("value has more than {max_len} elements")));
-                }
-                if let Some(child) = obj.get(key, ctx)?.as_object() {
-                    stack.push((child, depth + 1));
-                }
-            }
-        }
-    }
-    Ok(())
+fn callable(value: &JsValue, what: &str) -> JsResult<JsObject> {
+    value.as_callable().ok_or_else(|| JsNativeError::typ().with_message(format!("{what} is not a function")).into())
 }
+
+fn guarded_function_apply(this: &JsValue, args: &[JsValue], _o: &JsObject, ctx: &mut Context) -> JsResult<JsValue> {
+    let function = callable(this, "Function.prototype.apply's receiver")?;
+    let list = argument_list(&arg(args, 1), ctx)?;
+    function.call(&arg(args, 0), &list, ctx)
+}
+
+fn guarded_reflect_apply(_this: &JsValue, args: &[JsValue], _o: &JsObject, ctx: &mut Context) -> JsResult<JsValue> {
+    let function = callable(&arg(args, 0), "Reflect.apply's target")?;
+    let list = argument_list(&arg(args, 2), ctx)?;
+    function.call(&arg(args, 1), &list, ctx)
+}
+
+fn guarded_reflect_construct(_this: &JsValue, args: &[JsValue], _o: &JsObject, ctx: &mut Context) -> JsResult<JsValue> {
+    let not_constructor = || JsNativeError::typ().with_message("Reflect.construct's target is not a constructor");
+    let target = arg(args, 0).as_constructor().ok_or_else(not_constructor)?;
+    let new_target = match args.get(2) {
+        None => target.clone(),
+        Some(v) => v.as_constructor().ok_or_else(not_constructor)?,
+    };
+    let list = argument_list(&arg(args, 1), ctx)?;
+    Ok(target.construct(&list, Some(&new_target), ctx)?.into())
+}
+
+// ---- console ----
 
 fn console_out(_this: &JsValue, args: &[JsValue], ctx: &mut Context) -> JsResult<JsValue> {
     write_console(args, ctx, false)
@@ -339,25 +659,72 @@ fn console_err(_this: &JsValue, args: &[JsValue], ctx: &mut Context) -> JsResult
     write_console(args, ctx, true)
 }
 
-/// Formats like a terse `console.log`: strings as-is, other values through
-/// boa's display (after the same depth/size check as `JSON.stringify`),
-/// space-separated, one line.
+/// One line per call, values space-separated: strings as they are, errors
+/// as `Name: message`, everything else as its JSON (through the guarded
+/// stringify), or a plain description when it has none. The same rules as
+/// the QuickJS bootstrap's `console`.
 fn write_console(args: &[JsValue], ctx: &mut Context, to_stderr: bool) -> JsResult<JsValue> {
     let mut line = String::new();
     for (i, arg) in args.iter().enumerate() {
         if i > 0 {
             line.push(' ');
         }
-        match arg.as_string() {
-            Some(s) => line.push_str(&s.to_std_string_escaped()),
-            None => match check_value(arg, Walk::AllObjects, ctx) {
-                Ok(()) => line.push_str(&arg.display().to_string()),
-                Err(_) => line.push_str("[value too deep or too large to print]"),
-            },
-        }
+        line.push_str(&format_value(arg, ctx));
     }
     if let Some(ConsoleSink(console)) = ctx.get_data::<ConsoleSink>() {
+        let console = console.clone();
         console.line(to_stderr, &line);
     }
     Ok(JsValue::undefined())
+}
+
+fn format_value(value: &JsValue, ctx: &mut Context) -> String {
+    if let Some(s) = value.as_string() {
+        return s.to_std_string_escaped();
+    }
+    let Some(obj) = value.as_object() else {
+        // Primitives (numbers, booleans, null, undefined, symbols, BigInts) display without running code.
+        return value.display().to_string();
+    };
+    if obj.is::<boa_engine::builtins::error::Error>() {
+        let name = plain_string(&obj, "name").unwrap_or_else(|| "Error".into());
+        return match plain_string(&obj, "message") {
+            Some(message) if !message.is_empty() => format!("{name}: {message}"),
+            _ => name,
+        };
+    }
+    if obj.is_callable() {
+        return "[Function]".into();
+    }
+    let stringify = ctx.get_data::<Pristine>().map(|p| p.stringify.clone());
+    let mut snapshot = Snapshot { replacer: None, keys: None, visited: 0, limits: limits(ctx) };
+    let holder = JsObject::with_null_proto();
+    if let Some(stringify) = stringify
+        && holder.create_data_property_or_throw(js_string!(""), value.clone(), ctx).is_ok()
+        && let Ok(Some(copy)) = snapshot.property(js_string!(""), &holder, 1, ctx)
+        && let Ok(text) = stringify.call(&JsValue::undefined(), &[copy], ctx)
+        && let Some(text) = text.as_string()
+    {
+        return text.to_std_string_escaped();
+    }
+    "[value too deep, too large or cyclic to print]".into()
+}
+
+/// `key` of `object` or its prototypes as a plain string data property
+/// (no getter or proxy trap runs).
+fn plain_string(object: &JsObject, key: &str) -> Option<String> {
+    let key = boa_engine::property::PropertyKey::from(js_string!(key));
+    let mut current = Some(object.clone());
+    for _ in 0..32 {
+        let obj = current?;
+        let (found, proto) = {
+            let borrowed = obj.borrow();
+            (borrowed.properties().get(&key).and_then(|d| d.value().cloned()), borrowed.prototype())
+        };
+        if let Some(value) = found {
+            return value.as_string().map(|s| crate::limits::result_caps::cap_message(s.to_std_string_escaped()));
+        }
+        current = proto;
+    }
+    None
 }

@@ -1,0 +1,403 @@
+//! Contained boa (`boa-js`): every class of hostile JavaScript that could
+//! take down, exhaust or outlive a host that ran boa in-process ends as a
+//! typed outcome here, the host lives on, and the next request is served.
+//!
+//! The workers come from the `execbox` binary cargo builds for these tests
+//! (found next to the test binary, see `execbox::worker`).
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use execbox::backends::{BoaJs, BoaJsConfig};
+use execbox::{Backend, ExecError, ExecRequest, ExecResult, Outcome, SandboxPolicy};
+use serde_json::json;
+
+fn backend() -> BoaJs {
+    BoaJs::new(BoaJsConfig { worker_program: Some(env!("CARGO_BIN_EXE_execbox").into()), ..BoaJsConfig::default() })
+}
+
+fn policy() -> SandboxPolicy {
+    SandboxPolicy::strict().timeout(Duration::from_secs(10))
+}
+
+fn run(backend: &BoaJs, code: &str, policy: SandboxPolicy) -> Result<ExecResult, ExecError> {
+    backend.execute(ExecRequest::javascript(code).policy(policy))
+}
+
+/// The backend still answers an ordinary request correctly.
+fn still_serves(backend: &BoaJs) {
+    let request = ExecRequest::javascript("return input.map(x => x * 2)").input(json!([1, 2])).policy(policy());
+    let r = backend.execute(request).unwrap();
+    assert_eq!((r.outcome, r.output), (Outcome::Ok, Some(json!([2, 4]))));
+}
+
+fn rss_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+    statm.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 4096
+}
+
+fn process_gone(pid: u32) -> bool {
+    // Gone, or at least not a zombie of ours and not running.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => {
+            let state = stat.rsplit(')').next().and_then(|r| r.split_whitespace().next()).unwrap_or("?");
+            state == "X"
+        }
+    }
+}
+
+/// Children of this process that are zombies (dead, not reaped).
+fn zombie_children() -> Vec<u32> {
+    let me = std::process::id().to_string();
+    let mut zombies = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
+        if fields.first() == Some(&"Z") && fields.get(1) == Some(&me.as_str()) {
+            zombies.push(pid);
+        }
+    }
+    zombies
+}
+
+fn wait_until(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let until = Instant::now() + limit;
+    while Instant::now() < until {
+        if done() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    done()
+}
+
+/// Each snippet reproduced a host abort, a multi-GB allocation or a stuck
+/// core on in-process boa. Every one must end as a typed result (or a typed
+/// refusal), with the host alive and serving.
+#[test]
+fn every_hostile_class_ends_typed_and_the_host_serves_on() {
+    let deep = "let deep = []; let c = deep; for (let i = 0; i < 20000; i++) { c.push([]); c = c[0]; }";
+    let cases: Vec<(&str, String, &[Outcome])> = vec![
+        // Native recursion that no guard covers.
+        ("toLocaleString cycle", "let a = []; a[0] = a; return a.toLocaleString()".into(), &[Outcome::Failed]),
+        ("flat(Infinity) cycle", "let a = [1]; a.push(a); return a.flat(Infinity).length".into(), &[
+            Outcome::Ok,
+            Outcome::Failed,
+            Outcome::OutOfMemory,
+            Outcome::TimedOut,
+        ]),
+        ("error message is itself, thrown", "let e = new Error('x'); e.message = e; throw e".into(), &[Outcome::Failed]),
+        (
+            "error message is itself, printed",
+            "let e = new Error('x'); e.message = e; console.log(e); console.log(String(e)); return 1".into(),
+            &[Outcome::Ok, Outcome::Failed],
+        ),
+        (
+            "error message is itself, inside a Map",
+            "let e = new Error('x'); e.message = e; console.log(new Map([[1, e]])); return 1".into(),
+            &[Outcome::Ok, Outcome::Failed],
+        ),
+        (
+            "prototype cycle through a Proxy",
+            "let o = {}; let p = new Proxy(o, {}); Object.setPrototypeOf(o, p); return o.missing".into(),
+            &[Outcome::Failed, Outcome::TimedOut],
+        ),
+        (
+            "JSON.parse reviver grafts a cycle",
+            "return JSON.parse('{\"a\":1,\"b\":{}}', function (k, v) { if (k === 'a') this.b = this; return v; })"
+                .into(),
+            &[Outcome::Failed],
+        ),
+        (
+            "a long chain of iterator helpers",
+            "let it = [1].values(); for (let i = 0; i < 200000; i++) it = it.map(x => x); return it.next().value"
+                .into(),
+            &[Outcome::Ok, Outcome::Failed, Outcome::OutOfMemory, Outcome::TimedOut],
+        ),
+        // Guards that check one value while the built-in uses another.
+        (
+            "a getter answers the walk, then hands stringify a deep value",
+            format!("{deep} let n = 0; let o = {{ get x() {{ return ++n > 1 ? deep : 1; }} }}; return JSON.stringify(o)"),
+            &[Outcome::Ok],
+        ),
+        (
+            "toJSON answers twice",
+            format!("{deep} let n = 0; return JSON.stringify({{ toJSON() {{ return ++n > 1 ? deep : 1; }} }})"),
+            &[Outcome::Ok],
+        ),
+        (
+            "a proxy lies about its keys",
+            format!(
+                "{deep} let n = 0; let p = new Proxy({{}}, {{ ownKeys() {{ return ['a']; }}, \
+                 getOwnPropertyDescriptor() {{ return {{ value: 1, enumerable: true, configurable: true }}; }}, \
+                 get() {{ return ++n > 1 ? deep : 1; }} }}); return JSON.stringify(p)"
+            ),
+            // The trap is asked once per key; the deep answer is caught by the bounded snapshot.
+            &[Outcome::Failed],
+        ),
+        (
+            "join on a non-array holding a deep array",
+            format!("{deep} return Array.prototype.join.call({{ length: 1, 0: deep }})"),
+            &[Outcome::Failed],
+        ),
+        (
+            "repeat count whose valueOf changes",
+            "let n = 0; return 'ab'.repeat({ valueOf() { return ++n > 1 ? 2 ** 29 : 1; } }).length".into(),
+            &[Outcome::Ok],
+        ),
+        // Allocation failures from lengths JS controls.
+        ("sort of 2^32-1 holes", "return Array(2 ** 32 - 1).sort()".into(), &[Outcome::Failed]),
+        ("apply with a 2^40 length", "return Math.max.apply(null, { length: 2 ** 40 })".into(), &[Outcome::Failed]),
+        ("join with a 2^40 length", "return Array.prototype.join.call({ length: 2 ** 40 })".into(), &[Outcome::Failed]),
+        (
+            "AggregateError with a huge errors list",
+            "let e = new AggregateError([], 'agg'); e.errors.length = 2 ** 32 - 1; throw e".into(),
+            &[Outcome::Failed],
+        ),
+        // No memory ceiling in-process: here the worker's cap holds.
+        ("string doubling", "let s = 'x'; while (true) s = s + s".into(), &[Outcome::OutOfMemory, Outcome::Failed]),
+        (
+            "two 1.5 GiB ArrayBuffers",
+            "let a = new ArrayBuffer(1.5 * 2 ** 30); let b = new ArrayBuffer(1.5 * 2 ** 30); return a.byteLength + b.byteLength"
+                .into(),
+            &[Outcome::OutOfMemory, Outcome::Failed],
+        ),
+        (
+            "console.log of a 128 MiB typed array",
+            "console.log(new Uint8Array(128 * 2 ** 20)); return 1".into(),
+            &[Outcome::Ok],
+        ),
+        // Native loops that ignore the budget.
+        ("a loop in a native callback", "[1].map(() => { while (true) {} })".into(), &[Outcome::TimedOut]),
+    ];
+    let backend = backend();
+    let quick = policy().timeout(Duration::from_secs(3));
+    for (name, code, expected) in &cases {
+        let rss_before = rss_bytes();
+        let result = run(&backend, code, quick.clone());
+        let rss_after = rss_bytes();
+        match result {
+            Ok(r) => {
+                assert!(expected.contains(&r.outcome), "{name}: {r:?}");
+                let message = r.message.unwrap_or_default();
+                assert!(message.len() <= 4200, "{name}: a message of {} bytes", message.len());
+            }
+            // A typed refusal is also an acceptable end (e.g. nesting refused before parsing).
+            Err(e) => assert!(matches!(e, ExecError::InvalidRequest(_)), "{name}: {e}"),
+        }
+        assert!(
+            rss_after.saturating_sub(rss_before) < 64 << 20,
+            "{name}: the host grew by {} MiB",
+            (rss_after - rss_before) >> 20
+        );
+    }
+    still_serves(&backend);
+}
+
+/// The scanner no longer under-counts: these are refused before boa's
+/// parser sees them (and would be contained if they were not).
+#[test]
+fn code_that_would_overflow_the_parser_is_refused_or_contained() {
+    let backend = backend();
+    let big = policy().max_code_bytes(4 << 20);
+    let hidden = format!("let of = 4, g = 2; return of / {}1{} / g", "(".repeat(20_000), ")".repeat(20_000));
+    for code in [format!("return {}0", "!".repeat(3_000_000)), hidden] {
+        match run(&backend, &code, big.clone()) {
+            Err(ExecError::InvalidRequest(_)) => {}
+            Ok(r) => assert_eq!(r.outcome, Outcome::Failed, "{r:?}"),
+            Err(e) => panic!("{e}"),
+        }
+    }
+    still_serves(&backend);
+}
+
+#[test]
+fn the_caps_hold_for_the_returned_value_and_the_message() {
+    let backend = backend();
+    let r = run(&backend, "return 'x'.repeat(2 ** 20)", policy().max_output_bytes(100)).unwrap();
+    assert_eq!((r.outcome, r.output_truncated, &r.output), (Outcome::Failed, true, &None), "{r:?}");
+    let r = run(&backend, "throw 'y'.repeat(10_000_000)", policy()).unwrap();
+    assert_eq!(r.outcome, Outcome::Failed);
+    assert!(r.message.as_deref().unwrap().len() < 4200);
+    let r = run(
+        &backend,
+        "let o = {}; let c = o; for (let i = 0; i < 100000; i++) { c.a = {}; c = c.a; } throw o",
+        policy(),
+    )
+    .unwrap();
+    assert_eq!((r.outcome, r.message.as_deref()), (Outcome::Failed, Some("an object was thrown")));
+}
+
+#[test]
+fn a_memory_bomb_under_64_mib_leaves_the_host_flat() {
+    let backend = backend();
+    let before = rss_bytes();
+    for code in ["let a = []; while (true) a.push('x'.repeat(1e6) + a.length)", "let s = 'x'; while (true) s = s + s"] {
+        let r = run(&backend, code, policy().memory_bytes(64 << 20)).unwrap();
+        assert_eq!(r.outcome, Outcome::OutOfMemory, "{r:?}");
+        assert!(r.message.unwrap().contains("67108864"));
+    }
+    let grown = rss_bytes().saturating_sub(before);
+    assert!(grown < 32 << 20, "the host grew by {} MiB", grown >> 20);
+    still_serves(&backend);
+}
+
+#[test]
+fn a_timed_out_worker_is_killed_and_uses_no_cpu() {
+    let backend = BoaJs::new(BoaJsConfig {
+        idle_workers: 1,
+        worker_program: Some(env!("CARGO_BIN_EXE_execbox").into()),
+        ..Default::default()
+    });
+    assert!(wait_until(Duration::from_secs(20), || backend.ready_workers() == 1));
+    let pid = backend.idle_worker_pids()[0];
+    let start = Instant::now();
+    let r = run(&backend, "[1].map(() => { while (true) {} })", policy().timeout(Duration::from_millis(300))).unwrap();
+    assert_eq!(r.outcome, Outcome::TimedOut);
+    assert!(start.elapsed() < Duration::from_secs(3), "{:?}", start.elapsed());
+    // Killed and reaped before `execute` returned: no process, no zombie.
+    assert!(process_gone(pid), "worker {pid} still exists");
+    assert!(zombie_children().is_empty());
+    // A replacement is started off the request path.
+    assert!(wait_until(Duration::from_secs(20), || backend.ready_workers() == 1));
+    assert_ne!(backend.idle_worker_pids()[0], pid);
+}
+
+#[test]
+fn a_forbidden_system_call_kills_the_worker() {
+    use std::os::unix::process::ExitStatusExt;
+    let status = execbox::worker::probe_seccomp(Some(env!("CARGO_BIN_EXE_execbox").as_ref())).unwrap();
+    assert_eq!(status.signal(), Some(libc_sigsys()), "{status:?}");
+}
+
+fn libc_sigsys() -> i32 {
+    31 // SIGSYS on x86_64 and aarch64 Linux
+}
+
+#[test]
+fn workers_run_in_their_own_session_and_die_with_their_host() {
+    let backend = backend();
+    assert!(wait_until(Duration::from_secs(20), || backend.ready_workers() >= 1));
+    let pid = backend.idle_worker_pids()[0];
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat.rsplit(')').next().unwrap().split_whitespace().collect();
+    // Field 6 (session id) is the worker's own pid after setsid.
+    assert_eq!(fields[3], pid.to_string(), "session id: {stat}");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    assert!(status.lines().any(|l| l.starts_with("Seccomp:") && l.ends_with('2')), "{status}");
+    assert!(status.lines().any(|l| l.starts_with("NoNewPrivs:") && l.ends_with('1')), "{status}");
+    // No open files but its three standard descriptors.
+    let fds: HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(fds, ["0", "1", "2"].into_iter().map(String::from).collect(), "open fds");
+    // Dropping the backend kills its workers.
+    drop(backend);
+    assert!(wait_until(Duration::from_secs(10), || process_gone(pid)), "worker outlived its backend");
+}
+
+/// 200 mixed runs, a tenth hostile, on 8 threads: every run gets its own
+/// answer, and afterwards the pool is back to its idle size with no zombies.
+#[test]
+fn mixed_runs_leave_no_workers_or_zombies_behind() {
+    let backend = BoaJs::new(BoaJsConfig {
+        idle_workers: 2,
+        max_workers: 6,
+        worker_program: Some(env!("CARGO_BIN_EXE_execbox").into()),
+        ..Default::default()
+    });
+    let gauge = backend.worker_gauge();
+    let hostile = [
+        "[1].map(() => { while (true) {} })",
+        "let s = 'x'; while (true) s = s + s",
+        "let a = []; a[0] = a; return a.toLocaleString()",
+        "while (true) {}",
+    ];
+    std::thread::scope(|scope| {
+        for t in 0..8u64 {
+            let backend = backend.clone();
+            scope.spawn(move || {
+                for i in 0..25u64 {
+                    let n = t * 100 + i;
+                    let (code, hostile_run) = if n % 10 == 3 {
+                        (hostile[(n as usize / 10) % hostile.len()].to_string(), true)
+                    } else {
+                        (format!("console.log('n={n}'); return {{ n: input.n, sq: input.n * input.n }}"), false)
+                    };
+                    let r = backend
+                        .execute(
+                            ExecRequest::javascript(code)
+                                .input(json!({"n": n}))
+                                .policy(policy().timeout(Duration::from_millis(1500)).memory_bytes(64 << 20)),
+                        )
+                        .unwrap();
+                    if hostile_run {
+                        assert_ne!(r.outcome, Outcome::Ok, "{r:?}");
+                    } else {
+                        assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
+                        assert_eq!(r.output, Some(json!({"n": n, "sq": n * n})));
+                        assert_eq!(r.stdout.text(), format!("n={n}\n"));
+                    }
+                }
+            });
+        }
+    });
+    assert!(
+        wait_until(Duration::from_secs(20), || gauge.live() == 2 && backend.ready_workers() == 2),
+        "live workers: {}",
+        gauge.live()
+    );
+    assert!(zombie_children().is_empty(), "zombies: {:?}", zombie_children());
+    drop(backend);
+    assert!(wait_until(Duration::from_secs(10), || gauge.live() == 0), "live workers: {}", gauge.live());
+}
+
+#[test]
+fn sessions_are_contained_and_validated() {
+    let backend = backend();
+    let session = backend.open_session().unwrap();
+    let pid = session.worker_pid().unwrap();
+    let r = session.execute(ExecRequest::javascript("let total = 40; total").policy(policy())).unwrap();
+    assert_eq!(r.output, Some(json!(40)));
+    let r = session.execute(ExecRequest::javascript("total + 2").policy(policy())).unwrap();
+    assert_eq!(r.output, Some(json!(42)));
+    // Request validation applies to sessions too.
+    let err = session.execute(ExecRequest::javascript("1 + 1").policy(policy().max_code_bytes(2))).unwrap_err();
+    assert!(matches!(err, ExecError::InvalidRequest(_)), "{err}");
+    // A bomb ends the session, and its worker.
+    let r = session
+        .execute(ExecRequest::javascript("let s = 'x'; while (true) s = s + s").policy(policy().memory_bytes(64 << 20)))
+        .unwrap();
+    assert_eq!(r.outcome, Outcome::OutOfMemory, "{r:?}");
+    assert!(!session.is_alive());
+    assert!(process_gone(pid));
+    assert_eq!(
+        session.execute(ExecRequest::javascript("1").policy(policy())).unwrap_err().kind(),
+        "backend_unavailable"
+    );
+
+    let other = backend.open_session().unwrap();
+    let pid = other.worker_pid().unwrap();
+    drop(other);
+    assert!(wait_until(Duration::from_secs(10), || process_gone(pid)), "session worker outlived its session");
+}
+
+#[test]
+fn no_worker_program_is_unavailable_with_the_fix() {
+    let backend =
+        BoaJs::new(BoaJsConfig { worker_program: Some("/nonexistent/execbox".into()), ..BoaJsConfig::default() });
+    let err = run(&backend, "return 1", policy()).unwrap_err();
+    assert_eq!(err.kind(), "backend_unavailable", "{err}");
+    assert!(err.to_string().contains("/nonexistent/execbox"), "{err}");
+    assert!(backend.availability().is_err());
+
+    // A binary that is not an execbox worker.
+    let backend = BoaJs::new(BoaJsConfig { worker_program: Some("/bin/true".into()), ..BoaJsConfig::default() });
+    let err = run(&backend, "return 1", policy()).unwrap_err();
+    assert_eq!(err.kind(), "backend_unavailable", "{err}");
+    assert!(err.to_string().contains("serve_if_worker"), "{err}");
+}
