@@ -1,14 +1,17 @@
-//! JS latency: raw boa, the boa backend, the Executor, and policy matching.
+//! JS latency: raw boa, the contained `boa-js` (worker processes), the
+//! in-thread `boa-js-inthread`, and policy matching.
 //!
-//! `cargo bench --bench js`. The transform is map/filter/reduce over 100
-//! numbers with JSON in and out.
+//! `cargo bench --bench js`. The transform is filter/map/reduce over 100
+//! numbers with JSON in and out. "Paced" benches sleep 2 ms (untimed) before
+//! each call, as in an agent loop where the model thinks between calls;
+//! "back to back" benches do not.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use boa_engine::{Context, JsValue, Source, context::ContextBuilder, js_string, property::Attribute};
 use criterion::{Criterion, criterion_group, criterion_main};
-use execbox::backends::BoaJs;
+use execbox::backends::{BoaJs, BoaJsConfig, BoaJsInThread};
 use execbox::{Backend, ExecRequest, Executor, SandboxPolicy, check};
 use serde_json::{Value, json};
 
@@ -18,19 +21,20 @@ fn input() -> Value {
     json!({"items": (0..100).collect::<Vec<i32>>()})
 }
 
+/// The request both backends can run: strict, without the memory cap that
+/// in-thread boa cannot enforce.
 fn request() -> ExecRequest {
-    ExecRequest::javascript(TRANSFORM).input(input()).policy(SandboxPolicy::strict())
+    let policy = SandboxPolicy { memory_bytes: None, ..SandboxPolicy::strict() };
+    ExecRequest::javascript(TRANSFORM).input(input()).policy(policy)
 }
 
-/// Times `iters` calls with 2 ms of untimed idle before each, as in an agent
-/// loop where the model thinks between calls.
-fn paced<T, E: std::fmt::Debug>(iters: u64, mut call: impl FnMut(ExecRequest) -> Result<T, E>) -> Duration {
+/// Times `iters` calls with 2 ms of untimed idle before each.
+fn paced<T>(iters: u64, mut call: impl FnMut() -> T) -> Duration {
     let mut total = Duration::ZERO;
     for _ in 0..iters {
         std::thread::sleep(Duration::from_millis(2));
-        let req = request();
         let start = Instant::now();
-        black_box(call(req).unwrap());
+        black_box(call());
         total += start.elapsed();
     }
     total
@@ -48,17 +52,23 @@ fn raw_boa_context() -> Context {
     ContextBuilder::new().instructions_remaining(usize::MAX).build().unwrap()
 }
 
+fn wait_ready(ready: impl Fn() -> bool) {
+    let until = Instant::now() + Duration::from_secs(30);
+    while !ready() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("js");
 
-    // Baseline: what boa itself costs for one fresh call on this thread.
+    // Baselines: what boa itself costs, on this thread.
     let raw_input = input();
     let raw_src = format!("(function () {{{TRANSFORM}\n}})()");
     g.bench_function("raw_boa_fresh_context", |b| {
         b.iter(|| black_box(raw_boa_call(raw_boa_context(), &raw_input, &raw_src)))
     });
-
-    // The floor under any pool: the same work on an already-built context.
+    // The floor under any pool: the same work on a context built beforehand (untimed).
     g.bench_function("raw_boa_prebuilt_context", |b| {
         b.iter_batched(
             raw_boa_context,
@@ -66,23 +76,48 @@ fn bench(c: &mut Criterion) {
             criterion::BatchSize::SmallInput,
         )
     });
+    // The same floor with the agent-loop idle before each call: what pacing
+    // alone costs (cold caches, a CPU that clocked down).
+    g.bench_function("raw_boa_prebuilt_paced", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                let ctx = raw_boa_context();
+                std::thread::sleep(Duration::from_millis(2));
+                let start = Instant::now();
+                black_box(raw_boa_call(ctx, &raw_input, &raw_src));
+                total += start.elapsed();
+            }
+            total
+        })
+    });
 
-    let exec = Executor::with_default_backends();
-    std::thread::sleep(Duration::from_millis(200)); // let the idle workers warm up
+    // The contained default: one worker process per run, a pipe round trip.
+    let contained = BoaJs::default();
+    wait_ready(|| contained.ready_workers() == BoaJsConfig::default().idle_workers);
+    let exec = Executor::builder().backend(contained.clone()).build();
     assert_eq!(exec.execute_blocking(request()).unwrap().output, Some(json!(6534)));
+    g.bench_function("contained_paced", |b| {
+        b.iter_custom(|iters| paced(iters, || exec.execute_blocking(request()).unwrap()))
+    });
+    g.bench_function("contained_back_to_back", |b| b.iter(|| black_box(exec.execute_blocking(request()).unwrap())));
 
-    // Agent-loop pacing: requests arrive with idle time between them (the
-    // model is thinking), so a prebuilt context is always waiting.
-    g.bench_function("executor_paced", |b| b.iter_custom(|iters| paced(iters, |req| exec.execute_blocking(req))));
-
-    // Back to back: bounded by building a fresh context per call on 2 cores.
-    g.bench_function("executor_back_to_back", |b| b.iter(|| black_box(exec.execute_blocking(request()).unwrap())));
-
-    let backend = BoaJs::default();
+    // The in-thread engine: a thread hand-off per run.
+    let inthread = Executor::builder().backend(BoaJsInThread::default()).build();
     std::thread::sleep(Duration::from_millis(200));
-    g.bench_function("backend_paced", |b| b.iter_custom(|iters| paced(iters, |req| backend.execute(req))));
+    assert_eq!(inthread.execute_blocking(request()).unwrap().output, Some(json!(6534)));
+    g.bench_function("inthread_paced", |b| {
+        b.iter_custom(|iters| paced(iters, || inthread.execute_blocking(request()).unwrap()))
+    });
+    g.bench_function("inthread_back_to_back", |b| b.iter(|| black_box(inthread.execute_blocking(request()).unwrap())));
 
-    let caps = backend.capabilities().clone();
+    // What replacing a killed worker costs (off the request path): spawn,
+    // exec, warm-up, seccomp, first context, ready.
+    g.bench_function("contained_worker_start", |b| {
+        b.iter(|| black_box(contained.open_session().unwrap()));
+    });
+
+    let caps = contained.capabilities().clone();
     let req = request();
     g.bench_function("policy_matching", |b| b.iter(|| black_box(check(black_box(&caps), black_box(&req)))));
     g.bench_function("executor_select", |b| b.iter(|| black_box(exec.select(black_box(&req)).is_ok())));

@@ -9,6 +9,7 @@
 //! and gives it back when the run ended cleanly. A worker that timed out,
 //! crashed or misbehaved is killed and never reused.
 
+use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -61,7 +62,9 @@ pub(super) struct Core {
 
 #[derive(Default)]
 struct State {
-    idle: Vec<Worker>,
+    /// Ready workers, longest idle first: a worker that just answered is
+    /// still building its next context, one that rested has it ready.
+    idle: VecDeque<Worker>,
     starting: usize,
     busy: usize,
     /// Requests waiting for a worker.
@@ -227,7 +230,7 @@ impl Core {
         }
         let mut state = self.lock();
         loop {
-            while let Some(mut worker) = state.idle.pop() {
+            while let Some(mut worker) = state.idle.pop_front() {
                 if worker.process.has_exited() {
                     continue; // died while idle (dropping it reaps it)
                 }
@@ -274,7 +277,7 @@ impl Core {
         let keep = !state.shutdown && (state.waiting > 0 || state.idle.len() < self.cfg.idle_workers);
         let surplus = match worker {
             Some(worker) if keep => {
-                state.idle.push(worker);
+                state.idle.push_back(worker);
                 None
             }
             other => other,
@@ -340,7 +343,7 @@ fn refill(core: &Core) {
         state.starting -= 1;
         match started {
             Ok(worker) => {
-                state.idle.push(worker);
+                state.idle.push_back(worker);
                 state.spawn_error = None;
                 state.failures_in_a_row = 0;
             }
