@@ -118,9 +118,12 @@ fn main() -> ExitCode {
 fn executor(args: &RunArgs) -> Result<Executor, ExecError> {
     #[allow(unused_mut)]
     let mut builder = Executor::builder();
+    // One run per process: one JS worker, starting now while the rest is built.
+    #[cfg(feature = "js")]
+    let boa = execbox::backends::BoaJs::new(execbox::backends::BoaJsConfig { idle_workers: 1, ..Default::default() });
     #[cfg(feature = "js")]
     {
-        builder = builder.backend(execbox::backends::BoaJs::default());
+        builder = builder.backend(boa.clone());
     }
     #[cfg(feature = "wasm")]
     {
@@ -138,6 +141,12 @@ fn executor(args: &RunArgs) -> Result<Executor, ExecError> {
         let cfg = ContainerConfig { engine: args.engine.clone(), ..Default::default() };
         let container = Container::with_config(cfg).map_err(|e| ExecError::internal(Container::NAME, e.to_string()))?;
         builder = builder.backend(container);
+    }
+    // A JS run waits for its worker, so that start-up (process, lockdown,
+    // first context) does not count against the program's own deadline.
+    #[cfg(feature = "js")]
+    if Language::from_id(&args.lang) == Some(Language::JavaScript) {
+        boa.wait_ready(Duration::from_secs(10));
     }
     let _ = args;
     Ok(builder.build())

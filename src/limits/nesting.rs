@@ -65,8 +65,18 @@ pub fn drop_deep(value: Value) {
 /// as a division unless the previous token makes a regex certain (a keyword
 /// that is not a property name): misjudging a division as a regex would skip
 /// code and under-count, misjudging a regex as a division only over-counts.
+///
+/// Statements nested without brackets (`if (a) if (b) …`, `else if` chains,
+/// `while (a) while (b) …`) count one level per nested statement.
+///
+/// A `/` after `)` or `}` may start a regex (`if (x) /re/.test(s)`) or
+/// divide (`(a) / b`): the source is scanned both ways and the deeper count
+/// wins, so a quote inside a regex taken for a division cannot hide code.
 pub fn source_nesting_exceeds(source: &str, max: usize) -> Option<usize> {
-    Scanner::default().run(source.as_bytes(), max)
+    let bytes = source.as_bytes();
+    Scanner::default()
+        .run(bytes, max)
+        .or_else(|| Scanner { regex_after_close: true, ..Scanner::default() }.run(bytes, max))
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -95,7 +105,27 @@ struct Scanner {
     /// Prefix operators waiting for their operand, per open code level.
     unary: Vec<usize>,
     unary_total: usize,
+    /// Statements nested without brackets, per open code level.
+    stmt: Vec<usize>,
+    stmt_total: usize,
+    /// The statement head's condition just closed, or `else`/`do` came: the
+    /// next statement nests in it.
+    stmt_armed: bool,
+    /// A `;` or `}` just ended a statement: the run of nested statements
+    /// goes on only if `else` follows.
+    stmt_boundary: bool,
+    /// Bracket depths whose `(` holds a statement head's condition.
+    conditions: Vec<usize>,
+    /// A statement head (`if`, `while`, `for`, `with`) awaits its `(`.
+    expect_condition: bool,
+    /// Take a `/` after `)` or `}` as a regex (the second scan).
+    regex_after_close: bool,
+    /// The last word was `else` (so an `if` after it nests once with it).
+    last_was_else: bool,
 }
+
+/// Statement heads followed by a parenthesized condition.
+const STATEMENT_HEADS: &[&[u8]] = &[b"if", b"while", b"for", b"with"];
 
 /// Reserved words after which a `/` starts a regex. Not `of`, `yield` or
 /// `await`: each can also be a variable name (`of / 2`).
@@ -109,6 +139,7 @@ impl Scanner {
     fn run(&mut self, s: &[u8], max: usize) -> Option<usize> {
         self.chains.push(0);
         self.unary.push(0);
+        self.stmt.push(0);
         let mut i = 0;
         while i < s.len() {
             if self.stack.last() == Some(&Frame::Template) {
@@ -137,7 +168,7 @@ impl Scanner {
                     i = find_or_end(s, i + 2, b"*/");
                     continue;
                 }
-                b'/' if self.regex_allowed() => {
+                b'/' if self.slash_starts_regex() => {
                     i = skip_regex(s, i);
                     self.end_operand();
                 }
@@ -164,20 +195,41 @@ impl Scanner {
                     i += 2;
                 }
                 b'(' | b'[' | b'{' => {
+                    let condition = c == b'(' && std::mem::take(&mut self.expect_condition);
+                    self.statement_token();
+                    if condition {
+                        self.conditions.push(self.brackets + 1);
+                    }
                     self.open(Frame::Bracket(c));
                     i += 1;
                 }
                 b')' | b']' | b'}' => {
                     let was_template_expr = self.stack.last() == Some(&Frame::TemplateExpr);
+                    let level = self.brackets;
                     self.close();
                     i += 1;
                     if was_template_expr {
                         // Back in template text; no code token ended here.
                         continue;
                     }
+                    if self.conditions.last() == Some(&level) {
+                        self.conditions.pop();
+                        self.stmt_armed = true;
+                        self.stmt_boundary = false;
+                    } else {
+                        self.statement_token();
+                        self.stmt_boundary = c == b'}';
+                    }
                 }
-                b';' | b',' => {
+                b';' => {
                     self.reset_chain();
+                    self.statement_token();
+                    self.stmt_boundary = true;
+                    i += 1;
+                }
+                b',' => {
+                    self.reset_chain();
+                    self.statement_token();
                     i += 1;
                 }
                 b'=' => {
@@ -208,20 +260,22 @@ impl Scanner {
                     }
                 }
                 _ => {
-                    if c.is_ascii_alphanumeric() || c == b'_' || c == b'$' {
+                    if is_word_byte(c) {
                         let start = i;
-                        while i < s.len() && (s[i].is_ascii_alphanumeric() || s[i] == b'_' || s[i] == b'$') {
+                        while i < s.len() && is_word_byte(s[i]) {
                             i += 1;
                         }
                         self.last_word_is_property = self.last == Some(b'.');
                         self.last_word.clear();
                         self.last_word.extend_from_slice(&s[start..i]);
-                        self.last = Some(s[i - 1]);
-                        if !self.last_word_is_property && PREFIX_WORDS.contains(&self.last_word.as_slice()) {
+                        self.last = Some(b'a');
+                        let keyword = !self.last_word_is_property;
+                        if keyword && PREFIX_WORDS.contains(&self.last_word.as_slice()) {
                             self.extend_unary();
                         } else {
                             self.end_operand();
                         }
+                        self.statement_word(keyword);
                         if self.depth() > max {
                             return Some(self.depth());
                         }
@@ -240,13 +294,66 @@ impl Scanner {
     }
 
     fn depth(&self) -> usize {
-        self.brackets + self.chain_total + self.unary_total
+        self.brackets + self.chain_total + self.unary_total + self.stmt_total
+    }
+
+    /// A word: a statement head or `else`/`do` nests the statement run,
+    /// anything else is an ordinary token for it.
+    fn statement_word(&mut self, keyword: bool) {
+        let word = self.last_word.as_slice();
+        let head = keyword && STATEMENT_HEADS.contains(&word);
+        let is_else = keyword && word == b"else";
+        let is_if = word == b"if";
+        let follower = is_else || (keyword && word == b"do");
+        if !(head || follower) {
+            self.statement_token();
+            return;
+        }
+        let continues = self.stmt_armed || (is_else && self.stmt_boundary);
+        if !continues {
+            self.reset_statements();
+        }
+        // `else if` nests once, not twice.
+        let else_if = head && is_if && self.stmt_armed && self.last_was_else;
+        if !else_if {
+            self.set_statements(self.current_statements() + 1);
+        }
+        self.stmt_boundary = false;
+        self.stmt_armed = follower;
+        self.last_was_else = is_else;
+        self.expect_condition = head;
+    }
+
+    /// Any token that is not part of a statement head: the run of nested
+    /// statements ends at a boundary not followed by `else`.
+    fn statement_token(&mut self) {
+        if std::mem::take(&mut self.stmt_boundary) {
+            self.reset_statements();
+        }
+        self.stmt_armed = false;
+        self.last_was_else = false;
+    }
+
+    fn current_statements(&self) -> usize {
+        self.stmt.last().copied().unwrap_or(0)
+    }
+
+    fn set_statements(&mut self, n: usize) {
+        if let Some(s) = self.stmt.last_mut() {
+            self.stmt_total = self.stmt_total - *s + n;
+            *s = n;
+        }
+    }
+
+    fn reset_statements(&mut self) {
+        self.set_statements(0);
     }
 
     fn open(&mut self, frame: Frame) {
         self.stack.push(frame);
         self.chains.push(0);
         self.unary.push(0);
+        self.stmt.push(0);
         self.brackets += 1;
     }
 
@@ -259,6 +366,8 @@ impl Scanner {
             self.chain_total -= chain;
             let unary = self.unary.pop().unwrap_or(0);
             self.unary_total -= unary;
+            let stmt = self.stmt.pop().unwrap_or(0);
+            self.stmt_total -= stmt;
             // The bracketed expression is the operand of the prefix
             // operators before it.
             self.end_operand();
@@ -294,6 +403,13 @@ impl Scanner {
         }
     }
 
+    /// Whether a `/` here starts a regex: where an operand may start, or
+    /// (in the second scan) after `)` or `}`.
+    fn slash_starts_regex(&self) -> bool {
+        self.regex_allowed() || (self.regex_after_close && matches!(self.last, Some(b')' | b'}')))
+    }
+
+    /// Whether an operand may start here.
     fn regex_allowed(&self) -> bool {
         match self.last {
             None => true,
@@ -327,6 +443,13 @@ impl Scanner {
         }
         i
     }
+}
+
+/// Bytes of an identifier or keyword: ASCII letters, digits, `_`, `$`, `\`
+/// (escapes) and every non-ASCII byte (an identifier like `πreturn` is one
+/// word, not `π` and the keyword `return`).
+fn is_word_byte(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || c == b'_' || c == b'$' || c == b'\\' || c >= 0x80
 }
 
 fn skip_string(s: &[u8], mut i: usize, quote: u8) -> usize {
@@ -433,6 +556,38 @@ mod tests {
         let postfix = format!("let x = i++ / {}1{} / 2", "(".repeat(500), ")".repeat(500));
         assert!(source_nesting_exceeds(&postfix, 128).is_some(), "`i++ /` divides");
         assert!(depth("for (const m of /[((((]/g) {}") >= 5, "over-counts a regex after `of`: safe");
+    }
+
+    #[test]
+    fn statements_nested_without_brackets_count() {
+        // Depths include the bracket of the innermost condition or call.
+        assert_eq!(depth("if (a) if (b) if (c) x();"), 4);
+        assert_eq!(depth("if (a) x(); if (b) y(); if (c) z();"), 2);
+        assert_eq!(depth("if (a) x()\nif (b) y()\nif (c) z()"), 2, "ASI ends a statement too");
+        assert_eq!(depth("if (a) {} if (b) {} if (c) {}"), 2);
+        assert_eq!(depth("if (a) {} else if (b) {} else if (c) {} else {}"), 5);
+        assert_eq!(depth("if (a) x(); else if (b) y(); else z();"), 4);
+        assert_eq!(depth("while (a) while (b) for (;;) x++"), 4);
+        assert_eq!(depth("o.if(1); o.while(2)"), 1);
+        assert!(source_nesting_exceeds(&format!("{}return 7", "if(1)".repeat(20_000)), 128).is_some());
+        assert!(source_nesting_exceeds(&format!("{}7", "if(0){}else ".repeat(20_000)), 128).is_some());
+        assert!(source_nesting_exceeds(&format!("{}7", "if(0)x;else ".repeat(20_000)), 128).is_some());
+        let sequential: String = (0..1000).map(|i| format!("if (x == {i}) {{ y = {i}; }}\n")).collect();
+        assert!(source_nesting_exceeds(&sequential, 128).is_none(), "sequential ifs do not nest");
+    }
+
+    #[test]
+    fn a_quote_inside_a_regex_after_a_close_cannot_hide_code() {
+        let brackets = format!("{}1{}", "(".repeat(3000), ")".repeat(3000));
+        let code = format!("if (1) /'/.test, x = {brackets}, /'/; return 1");
+        assert!(source_nesting_exceeds(&code, 128).is_some());
+    }
+
+    #[test]
+    fn non_ascii_identifiers_are_one_word() {
+        let code = format!("var \u{3c0}return = 2; return \u{3c0}return / {}1{} / 1", "(".repeat(500), ")".repeat(500));
+        assert!(source_nesting_exceeds(&code, 128).is_some());
+        assert_eq!(depth("let caf\u{e9} = 1; return caf\u{e9} / 2 / 3"), 1);
     }
 
     #[test]

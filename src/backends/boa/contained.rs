@@ -164,6 +164,32 @@ impl BoaJs {
         self.handle.core.lock().idle.len()
     }
 
+    /// Waits until at least one worker is ready, or `limit` passes, or no
+    /// worker can be started; true if one is ready. For one-shot processes
+    /// (the CLI) whose first request should not count worker start-up
+    /// against its deadline.
+    pub fn wait_ready(&self, limit: Duration) -> bool {
+        let core = &self.handle.core;
+        if core.spec.is_err() {
+            return false;
+        }
+        let until = Instant::now() + limit;
+        let mut state = core.lock();
+        loop {
+            if !state.idle.is_empty() {
+                return true;
+            }
+            if state.spawn_error.is_some() && state.starting == 0 {
+                return false;
+            }
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            state = core.changed.wait_timeout(state, left).unwrap_or_else(|p| p.into_inner()).0;
+        }
+    }
+
     /// Process ids of this backend's idle workers (for tests and audits).
     #[doc(hidden)]
     pub fn idle_worker_pids(&self) -> Vec<u32> {
@@ -249,13 +275,12 @@ impl Core {
             }
             let left = deadline.remaining().unwrap_or(Duration::MAX);
             if left.is_zero() {
-                return Err(ExecError::Busy {
-                    backend: BoaJs::NAME.into(),
-                    reason: format!(
-                        "no JS worker became free before the deadline ({} at most, all busy)",
-                        self.cfg.max_workers
-                    ),
-                });
+                let reason = if state.busy == 0 {
+                    "the JS workers were still starting when the deadline passed".to_string()
+                } else {
+                    format!("no JS worker became free before the deadline ({} at most, all busy)", self.cfg.max_workers)
+                };
+                return Err(ExecError::Busy { backend: BoaJs::NAME.into(), reason });
             }
             state.waiting += 1;
             self.changed.notify_all();
@@ -341,9 +366,15 @@ fn refill(core: &Core) {
         let started = core.start_worker(false);
         let mut state = core.lock();
         state.starting -= 1;
+        let mut surplus = None;
         match started {
             Ok(worker) => {
-                state.idle.push_back(worker);
+                // Started for a burst that is over: not kept.
+                if state.idle.len() < core.cfg.idle_workers.max(state.waiting) && !state.shutdown {
+                    state.idle.push_back(worker);
+                } else {
+                    surplus = Some(worker);
+                }
                 state.spawn_error = None;
                 state.failures_in_a_row = 0;
             }
@@ -355,6 +386,7 @@ fn refill(core: &Core) {
         }
         drop(state);
         core.changed.notify_all();
+        drop(surplus);
     }
 }
 
@@ -394,19 +426,24 @@ pub(super) fn converse(worker: &mut WorkerProcess, job: &mut Job, deadline: &Dea
     }
     let until = deadline.remaining().map(|left| Instant::now() + left + grace);
     let max_frame = frame_limit(job);
-    let partial = |stdout: BoundedBuffer, stderr: BoundedBuffer, outcome: Outcome, message: String| {
-        let mut result = ExecResult::new(BoaJs::NAME, outcome);
-        result.stdout = stdout.into_captured();
-        result.stderr = stderr.into_captured();
-        result.message = Some(cap_message(message));
-        result.usage.duration = deadline.elapsed();
-        result
-    };
+    // The worker's running counts of what the code wrote (kept or not).
+    let mut totals = (0u64, 0u64);
+    let partial =
+        |stdout: BoundedBuffer, stderr: BoundedBuffer, totals: (u64, u64), outcome: Outcome, message: String| {
+            let mut result = ExecResult::new(BoaJs::NAME, outcome);
+            result.stdout = with_total(stdout, totals.0);
+            result.stderr = with_total(stderr, totals.1);
+            result.message = Some(cap_message(message));
+            result.usage.duration = deadline.elapsed();
+            result
+        };
     loop {
         match worker.recv::<FromWorker>(until, max_frame) {
-            Ok(FromWorker::Console { stderr: to_stderr, text }) => {
-                let stream = if to_stderr { &mut stderr } else { &mut stdout };
+            Ok(FromWorker::Console { stderr: to_stderr, text, total }) => {
+                let (stream, seen) =
+                    if to_stderr { (&mut stderr, &mut totals.1) } else { (&mut stdout, &mut totals.0) };
                 stream.write_str(&text);
+                *seen = (*seen).max(total);
             }
             Ok(FromWorker::Done { report, stdout_total, stderr_total, retire }) => {
                 let mut result = ExecResult::new(BoaJs::NAME, report.outcome);
@@ -435,34 +472,36 @@ pub(super) fn converse(worker: &mut WorkerProcess, job: &mut Job, deadline: &Dea
             }
             Ok(FromWorker::Ready) => {
                 worker.kill();
-                let result = partial(stdout, stderr, Outcome::Failed, "the JS worker broke the protocol".into());
+                let result =
+                    partial(stdout, stderr, totals, Outcome::Failed, "the JS worker broke the protocol".into());
                 return Conversation::Finished { result: Box::new(result), reusable: false };
             }
             Err(RecvError::TimedOut) => {
                 worker.kill();
-                let result = partial(stdout, stderr, Outcome::TimedOut, deadline.exceeded_message());
+                let result = partial(stdout, stderr, totals, Outcome::TimedOut, deadline.exceeded_message());
                 return Conversation::Finished { result: Box::new(result), reusable: false };
             }
             Err(RecvError::Invalid(why)) => {
                 worker.kill();
-                let result = partial(stdout, stderr, Outcome::Failed, format!("the JS worker sent {why}"));
+                let result = partial(stdout, stderr, totals, Outcome::Failed, format!("the JS worker sent {why}"));
                 return Conversation::Finished { result: Box::new(result), reusable: false };
             }
             Err(RecvError::Closed) => {
                 let death = worker.death();
                 let (outcome, message) = crash_outcome(&death, memory);
-                let result = partial(stdout, stderr, outcome, message);
+                let result = partial(stdout, stderr, totals, outcome, message);
                 return Conversation::Finished { result: Box::new(result), reusable: false };
             }
         }
     }
 }
 
-/// The largest frame a run's worker may send: its output caps plus room
-/// for the message and framing.
+/// The largest frame a run's worker may send: its output caps in JSON
+/// (each byte may become a 6-byte `\u00XX` escape) plus room for the
+/// message and framing.
 fn frame_limit(job: &Job) -> usize {
     let caps = job.max_stdout.unwrap_or(u64::MAX).max(job.max_stderr.unwrap_or(u64::MAX));
-    usize::try_from(caps.saturating_mul(2).saturating_add(256 << 10)).unwrap_or(usize::MAX).min(MAX_FRAME_BYTES)
+    usize::try_from(caps.saturating_mul(6).saturating_add(256 << 10)).unwrap_or(usize::MAX).min(MAX_FRAME_BYTES)
 }
 
 /// A stream received from a worker, with the worker's count of what the

@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::EngineSettings;
-use super::realm::{self, Console, ConsoleSink, GuardLimits, Realm, RunDeadline};
+use super::realm::{self, Console, ConsoleSink, GuardLimits, OutputJson, RunDeadline};
 use crate::limits::Deadline;
 use crate::limits::result_caps::cap_message;
 use crate::result::Outcome;
@@ -68,7 +68,6 @@ pub(super) struct RunReport {
 /// A fresh context with the realm installed, waiting for one job.
 pub(super) struct Prepared {
     ctx: Context,
-    realm: Realm,
     queue: Rc<JobQueue>,
     hooks: Rc<Hooks>,
     settings: EngineSettings,
@@ -79,7 +78,7 @@ pub(super) struct Prepared {
 impl Prepared {
     pub fn new(budget: u64, settings: &EngineSettings) -> JsResult<Self> {
         let queue = Rc::new(JobQueue::default());
-        let hooks = Rc::new(Hooks::default());
+        let hooks = Rc::new(Hooks { unhandled: RefCell::default(), max_nesting: settings.max_nesting });
         let mut ctx = ContextBuilder::new()
             .job_executor(queue.clone())
             .host_hooks(hooks.clone())
@@ -89,8 +88,8 @@ impl Prepared {
             .instructions_remaining(usize::try_from(budget).unwrap_or(usize::MAX))
             .build()?;
         ctx.runtime_limits_mut().set_recursion_limit(settings.recursion_limit);
-        let realm = realm::install(&mut ctx, GuardLimits::from(settings))?;
-        Ok(Self { ctx, realm, queue, hooks, settings: *settings, budget })
+        realm::install(&mut ctx, GuardLimits::from(settings))?;
+        Ok(Self { ctx, queue, hooks, settings: *settings, budget })
     }
 
     /// Runs `job` to completion, a limit, or the deadline, writing `console`
@@ -198,17 +197,13 @@ impl Prepared {
         if value.is_undefined() {
             return Ok(None);
         }
-        // `output` is exactly what JSON.stringify makes of the value
-        // (the guarded original, whatever the code did to `JSON`).
-        let text = self.realm.stringify.call(&JsValue::undefined(), &[value], ctx)?;
-        let Some(text) = text.as_string() else { return Ok(None) }; // functions, symbols: no JSON form
-        // UTF-8 is never shorter than UTF-16 units: refuse a huge value before converting it.
-        if let Some(max) = job.max_stdout
-            && text.len() as u64 > max
-        {
-            return Err(Stop::OutputTooLarge(max));
+        // `output` is exactly what JSON.stringify makes of the value,
+        // whatever the code did to `JSON`.
+        match realm::output_json(value, job.max_stdout, ctx)? {
+            OutputJson::None => Ok(None),
+            OutputJson::Text(text) => Ok(Some(text)),
+            OutputJson::TooLarge => Err(Stop::OutputTooLarge(job.max_stdout.unwrap_or(u64::MAX))),
         }
-        Ok(Some(text.to_std_string_escaped()))
     }
 }
 
@@ -227,12 +222,13 @@ impl From<JsError> for Stop {
     }
 }
 
-/// The host hooks of a run's realm: unhandled rejections are tracked, and
+/// The host hooks of a run's realm: unhandled rejections are tracked, text
+/// compiled at run time (`eval`, `Function`) is scanned for nesting, and
 /// local time is UTC (the host's time zone is not the code's business, and
 /// reading it would open `/etc/localtime`).
-#[derive(Default)]
 struct Hooks {
     unhandled: RefCell<Vec<JsObject>>,
+    max_nesting: usize,
 }
 
 impl HostHooks for Hooks {
@@ -252,6 +248,25 @@ impl HostHooks for Hooks {
 
     fn local_timezone_offset_seconds(&self, _unix_time_seconds: i64) -> i32 {
         0
+    }
+
+    fn ensure_can_compile_strings(
+        &self,
+        _realm: boa_engine::realm::Realm,
+        parameters: &[boa_engine::JsString],
+        body: &boa_engine::JsString,
+        _direct: bool,
+        _context: &mut Context,
+    ) -> JsResult<()> {
+        let max = self.max_nesting;
+        for text in parameters.iter().chain(std::iter::once(body)) {
+            if let Some(depth) = crate::limits::nesting::source_nesting_exceeds(&text.to_std_string_escaped(), max) {
+                return Err(boa_engine::JsNativeError::range()
+                    .with_message(format!("source nests {depth} levels deep, over the limit of {max}"))
+                    .into());
+            }
+        }
+        Ok(())
     }
 }
 
@@ -387,7 +402,15 @@ impl JobQueue {
                 return Err(Stop::Deadline);
             }
             let Some(next) = self.0.borrow_mut().pop_front() else { return Ok(()) };
-            run_job(next, ctx)?;
+            match next {
+                // Dynamic `import()` settles through one of these (it fails:
+                // there is no module loader), so the code can catch it.
+                job::Job::AsyncJob(job) => {
+                    let cell = RefCell::new(&mut *ctx);
+                    poll_until(job.call(&cell), deadline).ok_or(Stop::Deadline)??;
+                }
+                other => run_job(other, ctx)?,
+            }
         }
     }
 }

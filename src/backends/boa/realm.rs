@@ -17,8 +17,13 @@
 //! - `repeat`, `padStart`, `padEnd` get their counts as numbers;
 //! - `Function.prototype.apply`, `Reflect.apply` and `Reflect.construct`
 //!   build the argument list themselves (length read once, bounded);
-//! - `eval`, the `Function` constructors and `JSON.parse` scan their text
-//!   for nesting before boa's recursive parser sees it.
+//! - `eval`, the `Function` constructors (through the realm's
+//!   `HostEnsureCanCompileStrings` hook, so direct `eval` stays direct) and
+//!   `JSON.parse` scan their text for nesting before boa's recursive parser
+//!   sees it;
+//! - `Symbol.for`/`Symbol.keyFor` use a registry of the realm's own, not
+//!   boa's process-wide one (which would keep every key of every run and is
+//!   built lazily with a system call the worker's filter forbids).
 //!
 //! The originals are captured in the wrappers and unreachable from JS.
 
@@ -102,16 +107,9 @@ struct Pristine {
     stringify: JsObject,
 }
 
-/// Handles kept from setup for the engine's own use.
-pub(super) struct Realm {
-    /// The guarded `JSON.stringify`, used to produce `output` whatever the
-    /// code does to the global `JSON`.
-    pub stringify: JsObject,
-}
-
 /// Installs `console` and the guards. Runs once per fresh context, before any
 /// user code, so everything it reads from the global object is pristine.
-pub(super) fn install(ctx: &mut Context, limits: GuardLimits) -> JsResult<Realm> {
+pub(super) fn install(ctx: &mut Context, limits: GuardLimits) -> JsResult<()> {
     ctx.insert_data(limits);
     ctx.insert_data(BuiltinDepth::default());
 
@@ -133,17 +131,6 @@ pub(super) fn install(ctx: &mut Context, limits: GuardLimits) -> JsResult<Realm>
     let array_proto = constructors.array().prototype();
     let string_proto = constructors.string().prototype();
     let function_proto = constructors.function().prototype();
-    // Every way to reach a function constructor: the global `Function`, and
-    // `.constructor` on each function prototype (async, generator, ...).
-    let function_constructors: Vec<(JsObject, JsObject)> = [
-        constructors.function(),
-        constructors.async_function(),
-        constructors.generator_function(),
-        constructors.async_generator_function(),
-    ]
-    .into_iter()
-    .map(|c| (c.constructor(), c.prototype()))
-    .collect();
     let pristine = Pristine {
         object_keys: object(object_ctor.get(js_string!("keys"), ctx)?)?,
         is_array: object(array_ctor.get(js_string!("isArray"), ctx)?)?,
@@ -151,11 +138,13 @@ pub(super) fn install(ctx: &mut Context, limits: GuardLimits) -> JsResult<Realm>
     };
     ctx.insert_data(pristine);
 
-    wrap(ctx, &global, "eval", 1, guarded_eval)?;
     wrap(ctx, &json, "parse", 2, guarded_json_parse)?;
-    let stringify = wrap(ctx, &json, "stringify", 3, guarded_stringify)?;
+    wrap(ctx, &json, "stringify", 3, guarded_stringify)?;
     wrap(ctx, &array_proto, "join", 1, guarded_join)?;
     wrap(ctx, &array_proto, "toLocaleString", 0, guarded_to_locale_string)?;
+    for name in ["toSorted", "toReversed", "with"] {
+        wrap(ctx, &array_proto, name, 1, guarded_copying)?;
+    }
     wrap(ctx, &array_proto, "flat", 0, guarded_flat)?;
     wrap(ctx, &array_proto, "sort", 1, guarded_sort)?;
     wrap(ctx, &array_proto, "fill", 1, guarded_fill)?;
@@ -165,21 +154,8 @@ pub(super) fn install(ctx: &mut Context, limits: GuardLimits) -> JsResult<Realm>
     wrap(ctx, &function_proto, "apply", 2, guarded_function_apply)?;
     wrap(ctx, &reflect, "apply", 3, guarded_reflect_apply)?;
     wrap(ctx, &reflect, "construct", 2, guarded_reflect_construct)?;
-
-    for (original, prototype) in function_constructors {
-        let guarded = guarded_function(ctx, original.clone());
-        // Some of these are non-writable but configurable: redefine.
-        prototype.define_property_or_throw(
-            js_string!("constructor"),
-            PropertyDescriptor::builder().value(guarded.clone()).writable(true).enumerable(false).configurable(true),
-            ctx,
-        )?;
-        if JsValue::from(original) == global.get(js_string!("Function"), ctx)? {
-            global.set(js_string!("Function"), guarded, true, ctx)?;
-        }
-    }
-
-    Ok(Realm { stringify })
+    install_symbol_registry(ctx, &global)?;
+    Ok(())
 }
 
 type Guard = fn(&JsValue, &[JsValue], &JsObject, &mut Context) -> JsResult<JsValue>;
@@ -198,25 +174,47 @@ fn wrap(ctx: &mut Context, target: &JsObject, name: &str, length: usize, guard: 
     Ok(wrapper)
 }
 
-fn guarded_function(ctx: &mut Context, original: JsObject) -> JsObject {
-    let function = NativeFunction::from_copy_closure_with_captures(
-        |_this, args, original: &JsObject, ctx| {
-            let mut texts = Vec::with_capacity(args.len());
-            for arg in args {
-                let text = arg.to_string(ctx)?;
-                scan(&text.to_std_string_escaped(), ctx)?;
-                texts.push(JsValue::from(text));
-            }
-            original.call(&JsValue::undefined(), &texts, ctx)
-        },
-        original,
-    );
-    FunctionObjectBuilder::new(ctx.realm(), function)
-        .name(js_string!("Function"))
-        .length(1)
-        .constructor(true)
-        .build()
-        .into()
+/// Context data: this realm's `Symbol.for` registry.
+#[derive(Default)]
+struct SymbolRegistry(std::cell::RefCell<Vec<(JsString, boa_engine::JsSymbol)>>);
+
+/// Replaces `Symbol.for` and `Symbol.keyFor` with versions over a registry
+/// that lives and dies with this realm.
+fn install_symbol_registry(ctx: &mut Context, global: &JsObject) -> JsResult<()> {
+    ctx.insert_data(SymbolRegistry::default());
+    let symbol = object(global.get(js_string!("Symbol"), ctx)?)?;
+    let symbol_for = |_this: &JsValue, args: &[JsValue], ctx: &mut Context| -> JsResult<JsValue> {
+        let key = arg(args, 0).to_string(ctx)?;
+        let Some(registry) = ctx.get_data::<SymbolRegistry>() else { return Ok(JsValue::undefined()) };
+        let mut entries = registry.0.borrow_mut();
+        if let Some((_, found)) = entries.iter().find(|(k, _)| *k == key) {
+            return Ok(found.clone().into());
+        }
+        let created = boa_engine::JsSymbol::new(Some(key.clone()))
+            .ok_or_else(|| JsNativeError::range().with_message("too many symbols"))?;
+        entries.push((key, created.clone()));
+        Ok(created.into())
+    };
+    let key_for = |_this: &JsValue, args: &[JsValue], ctx: &mut Context| -> JsResult<JsValue> {
+        let Some(sym) = arg(args, 0).as_symbol() else {
+            return Err(JsNativeError::typ().with_message("Symbol.keyFor: sym is not a symbol").into());
+        };
+        let Some(registry) = ctx.get_data::<SymbolRegistry>() else { return Ok(JsValue::undefined()) };
+        let entries = registry.0.borrow();
+        Ok(entries.iter().find(|(_, s)| *s == sym).map_or(JsValue::undefined(), |(k, _)| k.clone().into()))
+    };
+    for (name, function) in
+        [("for", NativeFunction::from_fn_ptr(symbol_for)), ("keyFor", NativeFunction::from_fn_ptr(key_for))]
+    {
+        let f: JsObject =
+            FunctionObjectBuilder::new(ctx.realm(), function).name(js_string!(name)).length(1).build().into();
+        symbol.define_property_or_throw(
+            js_string!(name),
+            PropertyDescriptor::builder().value(f).writable(true).enumerable(false).configurable(true),
+            ctx,
+        )?;
+    }
+    Ok(())
 }
 
 fn object(value: JsValue) -> JsResult<JsObject> {
@@ -244,20 +242,15 @@ fn check_deadline(ctx: &Context) -> JsResult<()> {
     Ok(())
 }
 
-/// Refuses source text nested deeper than the limit (see [`nesting`]).
-fn scan(text: &str, ctx: &Context) -> JsResult<()> {
+/// Refuses source text nested deeper than the limit (see [`nesting`]):
+/// `JSON.parse` here, `eval` and the `Function` constructors through the
+/// realm's compile-strings host hook (so direct `eval` stays direct).
+pub(super) fn scan(text: &str, ctx: &Context) -> JsResult<()> {
     let max = limits(ctx).max_nesting;
     match nesting::source_nesting_exceeds(text, max) {
         Some(depth) => Err(range_error(format!("source nests {depth} levels deep, over the limit of {max}"))),
         None => Ok(()),
     }
-}
-
-fn guarded_eval(_this: &JsValue, args: &[JsValue], original: &JsObject, ctx: &mut Context) -> JsResult<JsValue> {
-    if let Some(text) = args.first().and_then(JsValue::as_string) {
-        scan(&text.to_std_string_escaped(), ctx)?;
-    }
-    original.call(&JsValue::undefined(), args, ctx)
 }
 
 fn guarded_json_parse(this: &JsValue, args: &[JsValue], original: &JsObject, ctx: &mut Context) -> JsResult<JsValue> {
@@ -279,11 +272,104 @@ struct Snapshot {
     keys: Option<Vec<JsString>>,
     visited: u64,
     limits: GuardLimits,
+    /// A lower bound of the JSON text's size so far, and its budget: a
+    /// returned value over the output cap is refused before its text exists.
+    bytes: u64,
+    max_bytes: u64,
+}
+
+impl Snapshot {
+    fn new(limits: GuardLimits) -> Self {
+        Self { replacer: None, keys: None, visited: 0, limits, bytes: 0, max_bytes: u64::MAX }
+    }
+
+    fn spend(&mut self, bytes: u64) -> JsResult<()> {
+        self.bytes = self.bytes.saturating_add(bytes);
+        if self.bytes > self.max_bytes {
+            return Err(range_error(OVER_BUDGET.into()));
+        }
+        Ok(())
+    }
+}
+
+/// The message of the error that ends a snapshot over its byte budget.
+const OVER_BUDGET: &str = "the value's JSON is over the output cap";
+
+/// How the returned value's JSON ended.
+pub(super) enum OutputJson {
+    /// No JSON form (`undefined`, a function, a symbol).
+    None,
+    Text(String),
+    /// Its JSON would be over `max_bytes`.
+    TooLarge,
+}
+
+/// The JSON text of a run's returned value: what the pristine
+/// `JSON.stringify` makes of its bounded snapshot (whatever the code did to
+/// the global `JSON`), refused early once it must exceed `max_bytes`.
+pub(super) fn output_json(value: JsValue, max_bytes: Option<u64>, ctx: &mut Context) -> JsResult<OutputJson> {
+    let stringify = ctx.get_data::<Pristine>().map(|p| p.stringify.clone());
+    let Some(stringify) = stringify else { return Ok(OutputJson::None) };
+    let mut snapshot = Snapshot::new(limits(ctx));
+    snapshot.max_bytes = max_bytes.unwrap_or(u64::MAX);
+    let holder = JsObject::with_null_proto();
+    holder.create_data_property_or_throw(js_string!(""), value, ctx)?;
+    let copy = match snapshot.property(js_string!(""), &holder, 1, ctx) {
+        Ok(Some(copy)) => copy,
+        Ok(None) => return Ok(OutputJson::None),
+        Err(_) if snapshot.bytes > snapshot.max_bytes => return Ok(OutputJson::TooLarge),
+        Err(e) => return Err(e),
+    };
+    let text = stringify.call(&JsValue::undefined(), &[copy], ctx)?;
+    let Some(text) = text.as_string() else { return Ok(OutputJson::None) };
+    // UTF-8 is never shorter than UTF-16 units: refuse before converting.
+    if text.len() as u64 > snapshot.max_bytes {
+        return Ok(OutputJson::TooLarge);
+    }
+    Ok(OutputJson::Text(without_lone_surrogates(&text.to_std_string_escaped())))
+}
+
+/// JSON text with every escaped lone surrogate (`"\ud83d"`, which
+/// `JSON.stringify` emits for a string cut inside a character) replaced by
+/// `\ufffd`: serde_json, like Rust strings, cannot hold lone surrogates.
+fn without_lone_surrogates(json: &str) -> String {
+    let bytes = json.as_bytes();
+    let mut out = String::with_capacity(json.len());
+    let mut i = 0;
+    let unit_at = |at: usize| -> Option<u16> {
+        let hex = json.get(at + 2..at + 6)?;
+        (bytes.get(at) == Some(&b'\\') && bytes.get(at + 1) == Some(&b'u'))
+            .then(|| u16::from_str_radix(hex, 16).ok())?
+    };
+    let mut last = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\' {
+            if let Some(unit) = unit_at(i) {
+                let high = (0xD800..0xDC00).contains(&unit);
+                let low = (0xDC00..0xE000).contains(&unit);
+                let paired = high && unit_at(i + 6).is_some_and(|next| (0xDC00..0xE000).contains(&next));
+                if (high || low) && !paired {
+                    out.push_str(&json[last..i]);
+                    out.push_str("\\ufffd");
+                    i += 6;
+                    last = i;
+                    continue;
+                }
+                i += if paired { 12 } else { 6 };
+                continue;
+            }
+            i += 2; // any other escape: skip the escaped character
+            continue;
+        }
+        i += 1;
+    }
+    out.push_str(&json[last..]);
+    out
 }
 
 fn guarded_stringify(this: &JsValue, args: &[JsValue], original: &JsObject, ctx: &mut Context) -> JsResult<JsValue> {
     let replacer_arg = arg(args, 1);
-    let mut snapshot = Snapshot { replacer: None, keys: None, visited: 0, limits: limits(ctx) };
+    let mut snapshot = Snapshot::new(limits(ctx));
     if let Some(replacer) = replacer_arg.as_object() {
         if replacer.is_callable() {
             snapshot.replacer = Some(replacer.clone());
@@ -364,17 +450,20 @@ impl Snapshot {
         }
         let Some(obj) = value.as_object() else {
             // Primitives are data already; symbols and undefined have no JSON.
+            let size = match value.as_string() {
+                Some(s) => s.len() as u64 + 2,
+                None => 4,
+            };
+            self.spend(size)?;
             return Ok((!value.is_undefined() && !value.is_symbol()).then_some(value));
         };
         if obj.is_callable() {
             return Ok(None);
         }
-        if depth > self.limits.max_nesting {
-            return Err(range_error(format!(
-                "value nests deeper than {} levels (or is cyclic)",
-                self.limits.max_nesting
-            )));
+        if depth >= self.limits.max_nesting {
+            return Err(range_error(format!("value nests {} levels or more (or is cyclic)", self.limits.max_nesting)));
         }
+        self.spend(2)?;
         if is_array(&value, ctx)? {
             let len = obj.get(js_string!("length"), ctx)?.to_length(ctx)?;
             if len > self.limits.max_walk.saturating_sub(self.visited) {
@@ -415,6 +504,7 @@ impl Snapshot {
         // A null-prototype copy: nothing inherited (no `toJSON`) can run.
         let copy = JsObject::with_null_proto();
         for key in keys {
+            self.spend(key.len() as u64 + 3)?;
             if let Some(item) = self.property(key.clone(), &obj, depth + 1, ctx)? {
                 copy.create_data_property_or_throw(key, item, ctx)?;
             }
@@ -525,7 +615,26 @@ fn guarded_to_locale_string(
     ctx: &mut Context,
 ) -> JsResult<JsValue> {
     let this = this.clone();
+    check_this_length(&this, "toLocaleString", ctx)?;
     nested(ctx, move |ctx| original.call(&this, args, ctx))
+}
+
+/// `toSorted`, `toReversed`, `with`: each allocates a copy of `this.length` elements.
+fn guarded_copying(this: &JsValue, args: &[JsValue], original: &JsObject, ctx: &mut Context) -> JsResult<JsValue> {
+    check_this_length(this, "an array copy", ctx)?;
+    original.call(this, args, ctx)
+}
+
+/// Refuses an array-like `this` longer than `max_builtin_len`.
+fn check_this_length(this: &JsValue, what: &str, ctx: &mut Context) -> JsResult<()> {
+    if let Some(obj) = this.as_object() {
+        let len = obj.get(js_string!("length"), ctx)?.to_length(ctx)?;
+        let max = limits(ctx).max_len;
+        if len > max {
+            return Err(range_error(format!("{what} of {len} elements exceeds the limit of {max}")));
+        }
+    }
+    Ok(())
 }
 
 fn guarded_flat(this: &JsValue, args: &[JsValue], original: &JsObject, ctx: &mut Context) -> JsResult<JsValue> {
@@ -543,48 +652,46 @@ fn guarded_flat(this: &JsValue, args: &[JsValue], original: &JsObject, ctx: &mut
 }
 
 fn guarded_sort(this: &JsValue, args: &[JsValue], original: &JsObject, ctx: &mut Context) -> JsResult<JsValue> {
-    if let Some(obj) = this.as_object() {
-        let len = obj.get(js_string!("length"), ctx)?.to_length(ctx)?;
-        let max = limits(ctx).max_len;
-        if len > max {
-            return Err(range_error(format!("sort of {len} elements exceeds the limit of {max}")));
-        }
-    }
+    check_this_length(this, "sort", ctx)?;
     original.call(this, args, ctx)
 }
 
 fn guarded_fill(this: &JsValue, args: &[JsValue], original: &JsObject, ctx: &mut Context) -> JsResult<JsValue> {
-    if let Some(obj) = this.as_object() {
-        let len = obj.get(js_string!("length"), ctx)?.to_length(ctx)?;
-        let max = limits(ctx).max_len;
-        if len > max {
-            return Err(range_error(format!("fill of {len} elements exceeds the limit of {max}")));
-        }
-    }
+    check_this_length(this, "fill", ctx)?;
     original.call(this, args, ctx)
 }
 
 // ---- repeat / padStart / padEnd ----
 
-fn guarded_repeat(this: &JsValue, args: &[JsValue], original: &JsObject, ctx: &mut Context) -> JsResult<JsValue> {
+/// `String.prototype.repeat`, reimplemented: the count is converted once,
+/// the result bounded, and built in one buffer (boa's own first builds a
+/// list of `count` slices, 16 bytes each, before the result).
+fn guarded_repeat(this: &JsValue, args: &[JsValue], _original: &JsObject, ctx: &mut Context) -> JsResult<JsValue> {
+    if this.is_null_or_undefined() {
+        return Err(JsNativeError::typ().with_message("String.prototype.repeat called on null or undefined").into());
+    }
     let text = this.to_string(ctx)?;
-    let count = arg(args, 0).to_integer_or_infinity(ctx)?;
-    let count = match count {
-        IntegerOrInfinity::Integer(n) => {
-            if n > 0 {
-                check_len((text.len() as u64).saturating_mul(n as u64), "repeat", ctx)?;
-            }
-            JsValue::from(n as f64)
+    let count = match arg(args, 0).to_integer_or_infinity(ctx)? {
+        IntegerOrInfinity::Integer(n) if n >= 0 => n as u64,
+        _ => {
+            return Err(JsNativeError::range()
+                .with_message("repeat count must be a finite non-negative number")
+                .into());
         }
-        IntegerOrInfinity::PositiveInfinity => {
-            if !text.is_empty() {
-                check_len(u64::MAX, "repeat", ctx)?;
-            }
-            JsValue::from(f64::INFINITY)
-        }
-        IntegerOrInfinity::NegativeInfinity => JsValue::from(f64::NEG_INFINITY),
     };
-    original.call(&text.into(), &[count], ctx)
+    if text.is_empty() || count == 0 {
+        return Ok(js_string!().into());
+    }
+    check_len((text.len() as u64).saturating_mul(count), "repeat", ctx)?;
+    let target = text.len() * count as usize;
+    let mut out: Vec<u16> = Vec::with_capacity(target);
+    out.extend(text.iter());
+    while out.len() < target {
+        // Doubling: log2(count) copies, not `count`.
+        let more = out.len().min(target - out.len());
+        out.extend_from_within(..more);
+    }
+    Ok(JsString::from(out.as_slice()).into())
 }
 
 fn guarded_pad(this: &JsValue, args: &[JsValue], original: &JsObject, ctx: &mut Context) -> JsResult<JsValue> {
@@ -696,18 +803,15 @@ fn format_value(value: &JsValue, ctx: &mut Context) -> String {
     if obj.is_callable() {
         return "[Function]".into();
     }
-    let stringify = ctx.get_data::<Pristine>().map(|p| p.stringify.clone());
-    let mut snapshot = Snapshot { replacer: None, keys: None, visited: 0, limits: limits(ctx) };
-    let holder = JsObject::with_null_proto();
-    if let Some(stringify) = stringify
-        && holder.create_data_property_or_throw(js_string!(""), value.clone(), ctx).is_ok()
-        && let Ok(Some(copy)) = snapshot.property(js_string!(""), &holder, 1, ctx)
-        && let Ok(text) = stringify.call(&JsValue::undefined(), &[copy], ctx)
-        && let Some(text) = text.as_string()
-    {
-        return text.to_std_string_escaped();
+    match output_json(value.clone(), None, ctx) {
+        Ok(OutputJson::Text(text)) => text,
+        Ok(_) => "undefined".into(),
+        Err(e) => {
+            let text = e.to_string();
+            let first = text.lines().next().unwrap_or_default();
+            format!("[unprintable: {}]", crate::limits::result_caps::cap_message(first.to_string()))
+        }
     }
-    "[value too deep, too large or cyclic to print]".into()
 }
 
 /// `key` of `object` or its prototypes as a plain string data property

@@ -45,8 +45,9 @@ pub(super) enum ToWorkerRef<'a> {
 pub(super) enum FromWorker {
     /// Start-up is over: locked down, a context built, waiting for a job.
     Ready,
-    /// Kept `console` output (already cut to the run's caps).
-    Console { stderr: bool, text: String },
+    /// Kept `console` output (already cut to the run's caps), and how many
+    /// bytes the code has written to that stream so far, kept or not.
+    Console { stderr: bool, text: String, total: u64 },
     /// The run ended.
     Done {
         report: RunReport,
@@ -119,10 +120,27 @@ pub(crate) fn serve() -> i32 {
             Ok(report) => (report, false),
             Err(panic) => (panicked(&panic), true),
         };
-        console.flush();
+        console.flush(false);
         let (stdout_total, stderr_total) = console.totals();
         let done = FromWorker::Done { report, stdout_total, stderr_total, retire };
-        if out.send(&done).is_err() || retire {
+        let sent = match out.send(&done) {
+            // Only an output with no cap can make a frame over the protocol's
+            // limit: report it dropped rather than dying.
+            Err(e) if e.kind() == io::ErrorKind::Other => out.send(&FromWorker::Done {
+                report: RunReport {
+                    outcome: crate::result::Outcome::Failed,
+                    output: None,
+                    output_truncated: true,
+                    message: Some("the returned value is over the protocol's 64 MiB frame limit".into()),
+                    instructions: 0,
+                },
+                stdout_total,
+                stderr_total,
+                retire,
+            }),
+            other => other,
+        };
+        if sent.is_err() || retire {
             return 0;
         }
         if !init.session {
@@ -206,28 +224,39 @@ impl Write for RawWriter<'_> {
 }
 
 /// `console` of a run in a worker: output is cut to the run's caps here (so
-/// a flood past the cap never crosses the socket, it is only counted), and
-/// each kept line is sent at once, so a run killed at its deadline still
-/// reports everything it printed.
+/// a flood past the cap never crosses the socket), each kept line is sent at
+/// once (a run killed at its deadline still reports everything it printed),
+/// and while output is being dropped its count is sent every few
+/// milliseconds (so even a killed run's totals are nearly exact).
 struct StreamingConsole(RefCell<ConsoleState>);
 
 struct ConsoleState {
     out: Capped,
     err: Capped,
+    last_count: std::time::Instant,
 }
+
+/// How often a count of dropped output is sent.
+const COUNT_EVERY: Duration = Duration::from_millis(5);
 
 #[derive(Default)]
 struct Capped {
     cap: u64,
     kept: u64,
     total: u64,
+    /// `total` as last reported to the host.
+    sent_total: u64,
     pending: String,
 }
 
 impl StreamingConsole {
     fn new(max_stdout: Option<u64>, max_stderr: Option<u64>) -> Self {
         let capped = |cap: Option<u64>| Capped { cap: cap.unwrap_or(u64::MAX), ..Capped::default() };
-        Self(RefCell::new(ConsoleState { out: capped(max_stdout), err: capped(max_stderr) }))
+        Self(RefCell::new(ConsoleState {
+            out: capped(max_stdout),
+            err: capped(max_stderr),
+            last_count: std::time::Instant::now(),
+        }))
     }
 
     fn totals(&self) -> (u64, u64) {
@@ -235,28 +264,35 @@ impl StreamingConsole {
         (state.out.total, state.err.total)
     }
 
-    fn flush(&self) {
+    /// Sends what is pending; with `counts`, also the totals of streams
+    /// that have nothing pending.
+    fn flush(&self, counts: bool) {
         let mut guard = self.0.borrow_mut();
         let state = &mut *guard;
         for (stderr, stream) in [(false, &mut state.out), (true, &mut state.err)] {
-            if !stream.pending.is_empty() {
+            if !stream.pending.is_empty() || (counts && stream.total > stream.sent_total) {
                 let text = std::mem::take(&mut stream.pending);
+                stream.sent_total = stream.total;
                 // A host that stopped listening kills us soon; nothing to do.
-                let _ = FrameOut.send(&FromWorker::Console { stderr, text });
+                let _ = FrameOut.send(&FromWorker::Console { stderr, text, total: stream.total });
             }
+        }
+        if counts {
+            state.last_count = std::time::Instant::now();
         }
     }
 }
 
 impl Console for StreamingConsole {
     fn line(&self, to_stderr: bool, text: &str) {
-        let kept = {
+        let (kept, count_due) = {
             let mut state = self.0.borrow_mut();
+            let due = state.last_count.elapsed() >= COUNT_EVERY;
             let stream = if to_stderr { &mut state.err } else { &mut state.out };
-            stream.keep(text) + stream.keep("\n")
+            (stream.keep(text) + stream.keep("\n"), due)
         };
-        if kept > 0 {
-            self.flush();
+        if kept > 0 || count_due {
+            self.flush(count_due);
         }
     }
 }

@@ -1,0 +1,47 @@
+//! The host's own memory while contained JS bombs it. Alone in its test
+//! binary: the host's RSS is measured, and other tests in the same process
+//! would move it.
+
+use std::time::Duration;
+
+use execbox::backends::{BoaJs, BoaJsConfig};
+use execbox::{Backend, ExecRequest, Outcome, SandboxPolicy};
+use serde_json::json;
+
+fn rss_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+    statm.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 4096
+}
+
+#[test]
+fn memory_bombs_and_huge_values_leave_the_host_flat() {
+    let backend = BoaJs::new(BoaJsConfig {
+        worker_program: Some(env!("CARGO_BIN_EXE_execbox").into()),
+        ..BoaJsConfig::default()
+    });
+    let policy = SandboxPolicy::strict().timeout(Duration::from_secs(10));
+    let warm = backend.execute(ExecRequest::javascript("return 1").policy(policy.clone())).unwrap();
+    assert_eq!(warm.outcome, Outcome::Ok);
+    let before = rss_bytes();
+    for code in ["let a = []; while (true) a.push('x'.repeat(1e6) + a.length)", "let s = 'x'; while (true) s = s + s"] {
+        let r = backend.execute(ExecRequest::javascript(code).policy(policy.clone().memory_bytes(64 << 20))).unwrap();
+        assert_eq!(r.outcome, Outcome::OutOfMemory, "{r:?}");
+        assert!(r.message.unwrap().contains("67108864"));
+    }
+    for code in [
+        "let a = new ArrayBuffer(1.5 * 2 ** 30); let b = new ArrayBuffer(1.5 * 2 ** 30); return 1",
+        "console.log(new Uint8Array(128 * 2 ** 20)); return 1",
+        "const s = 'x'.repeat(2 ** 23); return [s, s, s, s]",
+        "console.log('x'.repeat(2 ** 24)); return 1",
+        "throw 'y'.repeat(10000000)",
+    ] {
+        let r = backend.execute(ExecRequest::javascript(code).policy(policy.clone())).unwrap();
+        assert!(r.message.as_deref().unwrap_or("").len() < 4200, "{code}");
+    }
+    let grown = rss_bytes().saturating_sub(before);
+    assert!(grown < 32 << 20, "the host grew by {} MiB", grown >> 20);
+    let r = backend
+        .execute(ExecRequest::javascript("return input.map(x => x * 2)").input(json!([1, 2])).policy(policy))
+        .unwrap();
+    assert_eq!(r.output, Some(json!([2, 4])));
+}
