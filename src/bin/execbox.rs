@@ -122,12 +122,16 @@ fn executor(args: &RunArgs) -> Result<Executor, ExecError> {
     }
     #[cfg(feature = "wasm")]
     {
-        use execbox::backends::{WasmGuest, WasmGuestConfig, WasmInterpreter};
+        use execbox::backends::wasm::interpreters::interpreters_dir;
+        use execbox::backends::{Interpreter, WasmEngine, WasmGuest, WasmGuestConfig, WasmInterpreter};
         let cfg = WasmGuestConfig { disk_cache_dir: args.wasm_cache_dir.clone(), ..Default::default() };
-        builder = builder.backend(WasmGuest::with_config(cfg)?);
+        // One engine (one instance pool, one ticker thread) for the three.
+        let engine = WasmEngine::new(cfg)?;
+        builder = builder.backend(WasmGuest::on_engine(engine.clone())?);
         // One run per process: a warm pool would only cost start-ups at exit.
-        for interpreter in [WasmInterpreter::quickjs(), WasmInterpreter::python()] {
-            builder = builder.backend(interpreter?.with_warm_pool(0));
+        for kind in [Interpreter::QuickJs, Interpreter::Python] {
+            let interpreter = WasmInterpreter::on_engine(kind, interpreters_dir(), engine.clone())?;
+            builder = builder.backend(interpreter.with_warm_pool(0));
         }
     }
     #[cfg(feature = "container")]
