@@ -184,11 +184,15 @@ fn build_engine(cfg: &WasmGuestConfig) -> wasmtime::Result<(Engine, bool)> {
         Err(e) => {
             // The pool reserves its address space up front; where that is
             // refused, run on demand, and say so (capabilities, accessor).
+            // Whatever refused it (e.g. `ulimit -v`) would refuse the 4 GiB
+            // that each on-demand memory reserves by default too: reserve
+            // only what a memory uses (explicit bounds checks, slower).
             tracing::warn!(
                 error = %format!("{e:#}"),
                 slots = n,
                 "the wasm pooling allocator's reservation was refused; instances are allocated on demand"
             );
+            config.memory_reservation(0).memory_reservation_for_growth(16 << 20).memory_guard_size(64 << 10);
             Ok((Engine::new(&config)?, false))
         }
     }
