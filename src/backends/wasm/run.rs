@@ -402,10 +402,17 @@ pub(super) fn finish(
 ) -> ExecResult {
     let state = store.data();
     let deadline = state.controls.deadline();
+    let mut output_truncated = false;
     let (outcome, exit_code, output, message) = match verdict {
         Ok(Finished::Exited(code)) => (Outcome::Ok, Some(code), None, None),
         Ok(Finished::Returned(value)) => (Outcome::Ok, None, Some(value), None),
         Ok(Finished::Refused(why)) => (Outcome::Failed, None, None, Some(why)),
+        Ok(Finished::OverCap(max)) => {
+            // What `result_caps::cap_result` decides for every backend.
+            output_truncated = true;
+            let why = format!("the returned value is over the output cap of {max} bytes (max_stdout_bytes)");
+            (Outcome::Failed, None, None, Some(why))
+        }
         Err(err) => classify(&err, state, &deadline),
     };
     let peak = state.controls.peak() as u64;
@@ -419,6 +426,7 @@ pub(super) fn finish(
     result.stdout = stdio.stdout.take_captured();
     result.stderr = stdio.stderr.take_captured();
     result.output = output;
+    result.output_truncated = output_truncated;
     result.message = message;
     result.usage.duration = deadline.elapsed();
     result.usage.fuel = fuel;
@@ -434,6 +442,8 @@ pub(super) enum Finished {
     Returned(serde_json::Value),
     /// A JSON-ABI guest broke the ABI (bad pointer, invalid JSON...).
     Refused(String),
+    /// A JSON-ABI guest returned more than `max_stdout_bytes` (the cap).
+    OverCap(u64),
 }
 
 pub(super) fn call_start(store: &mut Store<GuestState>, instance: wasmtime::Instance) -> wasmtime::Result<Finished> {
@@ -475,9 +485,7 @@ fn call_json_abi(
     if let Some(max) = job.max_stdout
         && out_len as u64 > max
     {
-        return Ok(Finished::Refused(format!(
-            "output is {out_len} bytes, over the policy's max_stdout_bytes of {max}"
-        )));
+        return Ok(Finished::OverCap(max));
     }
     let Some(bytes) = memory.data(&*store).get(out_ptr..out_ptr.saturating_add(out_len)) else {
         return Ok(Finished::Refused(format!(
