@@ -106,7 +106,10 @@ fn json_abi_output_over_the_stdout_cap_is_refused() {
         .policy(SandboxPolicy::strict().max_output_bytes(1000)));
     assert_eq!((r.outcome, r.output_truncated), (Outcome::Failed, true), "{r:?}");
     // The same verdict and words as the executor's result caps give every backend.
-    assert_eq!(r.message.as_deref(), Some("the returned value is over the output cap of 1000 bytes (max_stdout_bytes)"));
+    assert_eq!(
+        r.message.as_deref(),
+        Some("the returned value is over the output cap of 1000 bytes (max_stdout_bytes)")
+    );
 }
 
 #[test]
@@ -618,6 +621,28 @@ fn a_compile_that_ends_after_the_deadline_is_timed_out() {
     let r = wasm.execute(ExecRequest::wasm(module)).unwrap();
     assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
     assert_eq!(wasm.cache_stats().compiled, 1, "compiled once: {:?}", wasm.cache_stats());
+}
+
+#[test]
+fn concurrent_runs_of_a_new_module_compile_it_once() {
+    let wasm = WasmGuest::new().unwrap();
+    let module = binary_module(2_000, &body(&[0x41, 0x02, 0x1a].repeat(30)));
+    let barrier = std::sync::Barrier::new(8);
+    std::thread::scope(|s| {
+        let runs: Vec<_> = (0..8)
+            .map(|_| {
+                s.spawn(|| {
+                    barrier.wait();
+                    wasm.execute(ExecRequest::wasm(module.clone())).unwrap()
+                })
+            })
+            .collect();
+        for run in runs {
+            assert_eq!(run.join().unwrap().outcome, Outcome::Ok);
+        }
+    });
+    let stats = wasm.cache_stats();
+    assert_eq!((stats.compiled, stats.memory_hits), (1, 7), "the others waited for the one compile: {stats:?}");
 }
 
 // ---- filesystem: links and special files ---------------------------------

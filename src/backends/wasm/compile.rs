@@ -15,12 +15,12 @@
 //! - **pinned** ones (the interpreters): known by sha256, trusted, compiled
 //!   in-process by [`compile_trusted`].
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 
 use serde::Serialize;
 use sha2::{Digest, Sha256};
@@ -78,6 +78,11 @@ pub(super) struct ModuleCache {
     compiled: AtomicU64,
     memory_hits: AtomicU64,
     disk_hits: AtomicU64,
+    /// Untrusted modules being compiled now: a run that needs one of them
+    /// waits for that compile (within its deadline) instead of starting the
+    /// same compile again, so concurrency does not multiply a heavy module.
+    in_flight: Mutex<HashSet<Key>>,
+    landed: Condvar,
 }
 
 #[derive(Default)]
@@ -103,6 +108,8 @@ impl ModuleCache {
             compiled: AtomicU64::new(0),
             memory_hits: AtomicU64::new(0),
             disk_hits: AtomicU64::new(0),
+            in_flight: Mutex::default(),
+            landed: Condvar::new(),
         })
     }
 
@@ -127,10 +134,13 @@ impl ModuleCache {
     ) -> Result<Arc<Compiled>, CompileRefusal> {
         module_limits::check_size(bytes, limits)?;
         let key: Key = Sha256::digest(bytes).into();
-        if let Some(hit) = self.lookup(&key) {
-            self.memory_hits.fetch_add(1, Ordering::Relaxed);
-            return Ok(hit);
-        }
+        let _flight = match self.hit_or_lead(key, deadline)? {
+            Lead::Hit(hit) => {
+                self.memory_hits.fetch_add(1, Ordering::Relaxed);
+                return Ok(hit);
+            }
+            Lead::Lead(flight) => flight,
+        };
         let wasm = wat::parse_bytes(bytes).map_err(|e| InvalidRequest::InvalidModule { reason: format!("{e}") })?;
         // Checked before the disk cache too: the limits hold whatever an
         // earlier process (with other limits) left there.
@@ -187,6 +197,26 @@ impl ModuleCache {
         self.ready(key, &module)
     }
 
+    /// The module if it is in memory; otherwise a guard that makes this run
+    /// the one preparing it, after waiting (until `deadline`) for another run
+    /// that already is.
+    fn hit_or_lead(&self, key: Key, deadline: &Deadline) -> Result<Lead<'_>, CompileRefusal> {
+        let mut flights = self.in_flight.lock().unwrap_or_else(PoisonError::into_inner);
+        loop {
+            if let Some(hit) = self.lookup(&key) {
+                return Ok(Lead::Hit(hit));
+            }
+            if flights.insert(key) {
+                return Ok(Lead::Lead(Flight { cache: self, key }));
+            }
+            flights = match deadline.remaining() {
+                None => self.landed.wait(flights).unwrap_or_else(PoisonError::into_inner),
+                Some(left) if left.is_zero() => return Err(CompileRefusal::DeadlinePassed),
+                Some(left) => self.landed.wait_timeout(flights, left).unwrap_or_else(PoisonError::into_inner).0,
+            };
+        }
+    }
+
     /// Best effort: a full disk only costs the next process a compile.
     fn store_on_disk(&self, module: &Module, key: &Key) {
         if let Some(disk) = &self.disk
@@ -232,6 +262,25 @@ impl ModuleCache {
             entries.map.remove(&oldest);
         }
         entries.map.insert(key, (compiled, now));
+    }
+}
+
+/// What [`ModuleCache::hit_or_lead`] found.
+enum Lead<'a> {
+    Hit(Arc<Compiled>),
+    Lead(Flight<'a>),
+}
+
+/// This run prepares `key`; others wait until the guard drops (ready or not).
+struct Flight<'a> {
+    cache: &'a ModuleCache,
+    key: Key,
+}
+
+impl Drop for Flight<'_> {
+    fn drop(&mut self) {
+        self.cache.in_flight.lock().unwrap_or_else(PoisonError::into_inner).remove(&self.key);
+        self.cache.landed.notify_all();
     }
 }
 
