@@ -17,7 +17,7 @@ use execbox::backends::{Interpreter, WasmEngine, WasmGuest, WasmGuestConfig, Was
 use execbox::{Backend, ExecError, ExecRequest, Executor, Language, Outcome, SandboxPolicy};
 use serde_json::json;
 
-const RUNS: usize = 300;
+const RUNS: usize = 400;
 const CONCURRENCY: usize = 64;
 
 fn count_entries(dir: &str) -> usize {
@@ -139,6 +139,19 @@ fn soak_mixed_wasm_runs_at_high_concurrency() {
     let fds_before = count_entries("/proc/self/fd");
     let started = Instant::now();
 
+    // How full the instance pool got: the burst must exceed it, or nothing waited.
+    let sampling = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let sampler = {
+        let (engine, sampling) = (engine.clone(), sampling.clone());
+        std::thread::spawn(move || {
+            let mut most = 0;
+            while sampling.load(std::sync::atomic::Ordering::Relaxed) {
+                most = most.max(engine.slots_in_use());
+                std::thread::sleep(Duration::from_micros(500));
+            }
+            most
+        })
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(4)
         .max_blocking_threads(CONCURRENCY)
@@ -165,6 +178,8 @@ fn soak_mixed_wasm_runs_at_high_concurrency() {
     });
     runtime.shutdown_timeout(Duration::from_secs(30));
     let took = started.elapsed();
+    sampling.store(false, std::sync::atomic::Ordering::Relaxed);
+    let most_slots = sampler.join().unwrap();
 
     let (mut ok, mut timed_out, mut busy_short) = (0, 0, 0);
     for (i, nonce, result) in outcomes {
@@ -190,11 +205,11 @@ fn soak_mixed_wasm_runs_at_high_concurrency() {
     }
     eprintln!(
         "soak: {RUNS} runs, {CONCURRENCY} at a time, in {:.1} s: {ok} ok, {timed_out} timed out, {busy_short} \
-         short-deadline runs busy; slots in use now {}",
+         short-deadline runs busy; at most {most_slots} slots in use",
         took.as_secs_f64(),
-        engine.slots_in_use()
     );
     assert_eq!(ok + timed_out + busy_short, RUNS);
+    assert_eq!(most_slots, 32, "the burst filled the pool, so runs had to wait for slots");
 
     settle("after");
     assert_eq!(engine.slots_in_use(), 2, "only the two warm instances hold slots");
