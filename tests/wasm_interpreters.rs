@@ -395,3 +395,23 @@ fn interpreter_runs_without_a_policy_timeout_get_the_default() {
         assert_eq!(r.message.as_deref(), Some("deadline of 1500 ms exceeded"), "{r:?}");
     }
 }
+
+#[test]
+fn an_interpreter_cache_dir_others_can_write_is_not_used() {
+    let Some(_) = quickjs_backend() else { return };
+    use std::os::unix::fs::PermissionsExt;
+    let root = tempfile::tempdir().unwrap();
+    let source = execbox::backends::wasm::interpreters::interpreters_dir().unwrap().join("quickjs.wasm");
+    std::fs::copy(source, root.path().join("quickjs.wasm")).unwrap();
+    let compiled = root.path().join("compiled");
+    std::fs::create_dir(&compiled).unwrap();
+    std::fs::set_permissions(&compiled, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let engine = execbox::backends::WasmEngine::new(Default::default()).unwrap();
+    let interpreter = execbox::backends::Interpreter::QuickJs;
+    let qjs = WasmInterpreter::on_engine(interpreter, Some(root.path().into()), engine).unwrap();
+    let r = run(&qjs, js("return 6 * 7"));
+    assert_eq!(r.output, Some(json!(42)), "{r:?}");
+    assert_eq!(std::fs::read_dir(&compiled).unwrap().count(), 0, "no artifact was written to (or read from) it");
+    let mode = std::fs::metadata(&compiled).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o777, "and it was not chmodded");
+}
