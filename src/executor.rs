@@ -53,18 +53,32 @@ impl ExecutorBuilder {
         self
     }
 
-    /// The wasm guest backend and the interpreters in wasm (QuickJS, CPython);
-    /// an interpreter whose module is missing reports itself unavailable.
-    /// Engine creation only fails when even on-demand allocation is refused;
-    /// the matrix then runs without that backend.
+    /// The wasm guest backend and the interpreters in wasm (QuickJS, CPython),
+    /// all on one shared [`WasmEngine`](crate::backends::WasmEngine) (one
+    /// engine, one instance pool, one epoch ticker thread); each keeps its own
+    /// module cache. An interpreter whose module is missing reports itself
+    /// unavailable. Engine creation only fails when even on-demand
+    /// allocation is refused; the matrix then runs without these backends.
     #[cfg(feature = "wasm")]
     pub fn wasm_backends(mut self) -> Self {
-        use crate::backends::{WasmGuest, WasmInterpreter};
-        if let Ok(wasm) = WasmGuest::new() {
-            self = self.backend(wasm);
+        use crate::backends::wasm::{Interpreter, WasmEngine, WasmGuest, WasmGuestConfig, WasmInterpreter};
+        let engine = match WasmEngine::new(WasmGuestConfig::default()) {
+            Ok(engine) => engine,
+            Err(e) => {
+                tracing::warn!(error = %e, "no wasm backends: cannot build the wasm engine");
+                return self;
+            }
+        };
+        match WasmGuest::on_engine(engine.clone()) {
+            Ok(wasm) => self = self.backend(wasm),
+            Err(e) => tracing::warn!(error = %e, "no wasm guest backend"),
         }
-        for interpreter in [WasmInterpreter::quickjs(), WasmInterpreter::python()].into_iter().flatten() {
-            self = self.backend(interpreter);
+        let dir = crate::backends::wasm::interpreters::interpreters_dir();
+        for kind in [Interpreter::QuickJs, Interpreter::Python] {
+            match WasmInterpreter::on_engine(kind, dir.clone(), engine.clone()) {
+                Ok(interpreter) => self = self.backend(interpreter),
+                Err(e) => tracing::warn!(error = %e, backend = kind.backend_name(), "interpreter backend not built"),
+            }
         }
         self
     }

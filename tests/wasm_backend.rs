@@ -104,8 +104,12 @@ fn json_abi_output_over_the_stdout_cap_is_refused() {
     let r = run(ExecRequest::wasm(guest!(wat "echo_json"))
         .input(big)
         .policy(SandboxPolicy::strict().max_output_bytes(1000)));
-    assert_eq!(r.outcome, Outcome::Failed);
-    assert!(r.message.as_deref().unwrap().contains("max_stdout_bytes"), "{r:?}");
+    assert_eq!((r.outcome, r.output_truncated), (Outcome::Failed, true), "{r:?}");
+    // The same verdict and words as the executor's result caps give every backend.
+    assert_eq!(
+        r.message.as_deref(),
+        Some("the returned value is over the output cap of 1000 bytes (max_stdout_bytes)")
+    );
 }
 
 #[test]
@@ -460,23 +464,32 @@ fn cache_evicts_least_recently_used_modules() {
 // ---- threads and async ---------------------------------------------------
 
 #[test]
-fn a_full_instance_pool_is_a_typed_unavailable_error() {
+fn a_burst_beyond_the_pool_waits_and_only_an_expired_wait_is_busy() {
     let wasm = WasmGuest::with_config(WasmGuestConfig { pooled_instances: 1, ..Default::default() }).unwrap();
-    // Compile first, so the sleeper holds the only slot when the second run starts.
+    // Compile first, so the sleeper holds the only slot when the others start.
     wasm.precompile(&guest!(prebuilt "wasi_tool")).unwrap();
     wasm.precompile(&guest!(wat "hello")).unwrap();
     std::thread::scope(|s| {
-        let sleeper = s.spawn(|| wasm.execute(tool(&["sleep", "400"])).unwrap());
-        std::thread::sleep(Duration::from_millis(150));
-        let err = wasm.execute(ExecRequest::wasm(guest!(wat "hello"))).unwrap_err();
+        let sleeper = s.spawn(|| wasm.execute(tool(&["sleep", "1500"])).unwrap());
+        let until = Instant::now() + Duration::from_secs(30);
+        while wasm.engine().slots_in_use() == 0 && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        assert_eq!(wasm.engine().slots_in_use(), 1, "the sleeper holds the only slot");
+        // A run whose deadline passes while it waits is refused, as busy, naming its backend...
+        let short = SandboxPolicy::strict().timeout(Duration::from_millis(100));
+        let err = wasm.execute(ExecRequest::wasm(guest!(wat "hello")).policy(short)).unwrap_err();
         assert!(
-            matches!(&err, ExecError::BackendUnavailable { reason, .. } if reason.contains("pooled_instances")),
+            matches!(&err, ExecError::Busy { backend, reason } if backend == "wasm" && reason.contains("slots")),
             "{err:?}"
         );
+        assert_eq!(err.kind(), "busy");
+        // ...one whose deadline allows waiting waits for the slot and runs.
+        let r = wasm.execute(ExecRequest::wasm(guest!(wat "hello"))).unwrap();
+        assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
         assert_eq!(stdout(&sleeper.join().unwrap()), "awake\n");
     });
-    // The slot is free again.
-    assert_eq!(wasm.execute(ExecRequest::wasm(guest!(wat "hello"))).unwrap().outcome, Outcome::Ok);
+    assert_eq!(wasm.engine().slots_in_use(), 0, "every slot was given back");
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -492,4 +505,347 @@ async fn executor_execute_runs_wasm_on_the_blocking_pool() {
     let exec = Executor::builder().backend(WasmGuest::new().unwrap()).build();
     let r = exec.execute(tool(&["args", "x"])).await.unwrap();
     assert_eq!(stdout(&r), "x\n");
+}
+
+// ---- compiling untrusted modules: static limits, the deadline ------------
+
+/// A binary module of `functions` functions of type `() -> ()`, each with
+/// `body` (local declarations, code and its final `end`); the first is
+/// exported as `_start`.
+fn binary_module(functions: u32, body: &[u8]) -> Vec<u8> {
+    fn leb(mut n: u64, out: &mut Vec<u8>) {
+        loop {
+            let byte = (n & 0x7f) as u8;
+            n >>= 7;
+            if n == 0 {
+                out.push(byte);
+                return;
+            }
+            out.push(byte | 0x80);
+        }
+    }
+    fn section(id: u8, content: Vec<u8>, out: &mut Vec<u8>) {
+        out.push(id);
+        leb(content.len() as u64, out);
+        out.extend(content);
+    }
+    let mut module = b"\0asm\x01\0\0\0".to_vec();
+    section(1, vec![1, 0x60, 0, 0], &mut module);
+    let mut funcs = Vec::new();
+    leb(u64::from(functions), &mut funcs);
+    funcs.resize(funcs.len() + functions as usize, 0);
+    section(3, funcs, &mut module);
+    let mut exports = vec![1, 6];
+    exports.extend_from_slice(b"_start");
+    exports.extend_from_slice(&[0, 0]);
+    section(7, exports, &mut module);
+    let mut code = Vec::new();
+    leb(u64::from(functions), &mut code);
+    for _ in 0..functions {
+        leb(body.len() as u64, &mut code);
+        code.extend_from_slice(body);
+    }
+    section(10, code, &mut module);
+    module
+}
+
+/// A body without locals: `code`, then `end`.
+fn body(code: &[u8]) -> Vec<u8> {
+    [&[0u8][..], code, &[0x0b]].concat()
+}
+
+/// `depth` nested `if`s on a constant condition (`i32.const 0; if; ... end`).
+fn nested_ifs(depth: usize) -> Vec<u8> {
+    [[0x41, 0x00, 0x04, 0x40].repeat(depth), vec![0x0b; depth]].concat()
+}
+
+fn invalid_module_reason(err: ExecError) -> String {
+    match err {
+        ExecError::InvalidRequest(InvalidRequest::InvalidModule { reason }) => reason,
+        other => panic!("expected an invalid module, got {other:?}"),
+    }
+}
+
+#[test]
+fn modules_that_would_compile_for_minutes_are_refused_naming_the_limit() {
+    // What kept the host busy for over a minute before: 260,000 empty
+    // functions; one function of nested `if`s; one with 50,000 locals.
+    let cases = [
+        ("260,000 functions", binary_module(260_000, &body(&[])), "max_functions"),
+        ("10,000 nested ifs", binary_module(1, &body(&nested_ifs(10_000))), "max_control_depth"),
+        ("a 1 MB body", binary_module(1, &body(&[0x01; 1 << 20])), "max_function_body_bytes"),
+        ("50,000 locals", binary_module(1, &[1, 0xd0, 0x86, 0x03, 0x7f, 0x0b]), "max_locals_per_function"),
+        ("48 bodies of 100 KB", binary_module(48, &body(&[0x01; 100 << 10])), "max_total_body_bytes"),
+    ];
+    for (what, module, limit) in cases {
+        let reason = invalid_module_reason(backend().execute(ExecRequest::wasm(module)).unwrap_err());
+        assert!(reason.contains(limit) && reason.contains("module_limits"), "{what}: {reason}");
+    }
+}
+
+#[test]
+fn modules_within_the_limits_compile_and_run() {
+    let r = run(ExecRequest::wasm(binary_module(1, &body(&nested_ifs(256)))));
+    assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
+    let r = run(ExecRequest::wasm(binary_module(2_000, &body(&[0x01; 64]))));
+    assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
+}
+
+#[test]
+fn module_limits_come_from_the_config() {
+    let mut cfg = WasmGuestConfig::default();
+    cfg.module_limits.max_functions = 10;
+    let strict = WasmGuest::with_config(cfg).unwrap();
+    assert_eq!(strict.execute(ExecRequest::wasm(guest!(wat "hello"))).unwrap().outcome, Outcome::Ok);
+    let reason = invalid_module_reason(strict.execute(tool(&["args"])).unwrap_err());
+    assert!(reason.contains("max_functions") && reason.contains("at most 10"), "{reason}");
+
+    let mut cfg = WasmGuestConfig::default();
+    cfg.module_limits.max_module_bytes = 1_000;
+    let tiny = WasmGuest::with_config(cfg).unwrap();
+    let reason = invalid_module_reason(tiny.execute(tool(&["args"])).unwrap_err());
+    assert!(reason.contains("max_module_bytes"), "{reason}");
+}
+
+#[test]
+fn a_compile_that_ends_after_the_deadline_is_timed_out() {
+    let wasm = WasmGuest::new().unwrap();
+    // Thousands of functions: tens of ms of Cranelift at least, never 1 ms.
+    let module = binary_module(3_000, &body(&[0x41, 0x01, 0x1a].repeat(40)));
+    let tight = SandboxPolicy::strict().timeout(Duration::from_millis(1));
+    let r = wasm.execute(ExecRequest::wasm(module.clone()).policy(tight)).unwrap();
+    assert_eq!(r.outcome, Outcome::TimedOut, "{r:?}");
+    assert_eq!(r.message.as_deref(), Some("deadline of 1 ms exceeded while compiling the module, before it ran"));
+    assert!(r.usage.duration >= Duration::from_millis(1), "the duration includes the compile: {r:?}");
+    // With time to spare it runs (from the cache, if the first compile finished).
+    let r = wasm.execute(ExecRequest::wasm(module)).unwrap();
+    assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
+    assert_eq!(wasm.cache_stats().compiled, 1, "compiled once: {:?}", wasm.cache_stats());
+}
+
+#[test]
+fn concurrent_runs_of_a_new_module_compile_it_once() {
+    let wasm = WasmGuest::new().unwrap();
+    let module = binary_module(2_000, &body(&[0x41, 0x02, 0x1a].repeat(30)));
+    let barrier = std::sync::Barrier::new(8);
+    std::thread::scope(|s| {
+        let runs: Vec<_> = (0..8)
+            .map(|_| {
+                s.spawn(|| {
+                    barrier.wait();
+                    wasm.execute(ExecRequest::wasm(module.clone())).unwrap()
+                })
+            })
+            .collect();
+        for run in runs {
+            assert_eq!(run.join().unwrap().outcome, Outcome::Ok);
+        }
+    });
+    let stats = wasm.cache_stats();
+    assert_eq!((stats.compiled, stats.memory_hits), (1, 7), "the others waited for the one compile: {stats:?}");
+}
+
+// ---- filesystem: links and special files ---------------------------------
+
+#[test]
+fn guests_cannot_leave_symlinks_that_point_out_of_a_grant() {
+    let root = tempfile::tempdir().unwrap();
+    std::fs::write(root.path().join("secret.txt"), "host secret\n").unwrap();
+    let grant = root.path().join("grant");
+    std::fs::create_dir(&grant).unwrap();
+    let policy = SandboxPolicy::strict().filesystem(Access::Allow(PathGrants::new().read_write_at(&grant, "/work")));
+    for target in ["../secret.txt", "/etc/passwd", "inside.txt"] {
+        let r = run(tool(&["symlink", target, "/work/innocent"]).policy(policy.clone()));
+        assert_eq!((r.outcome, r.exit_code), (Outcome::Failed, Some(1)), "{target}: {r:?}");
+        assert!(stderr(&r).starts_with("symlink /work/innocent: Operation not permitted"), "{target}: {r:?}");
+        assert!(std::fs::symlink_metadata(grant.join("innocent")).is_err(), "{target}: a link was left behind");
+    }
+    assert_eq!(std::fs::read_dir(&grant).unwrap().count(), 0, "nothing was left in the grant");
+}
+
+#[test]
+fn fifos_sockets_and_devices_in_a_grant_are_refused_not_waited_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo");
+    let status = std::process::Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(status.success());
+    std::os::unix::fs::symlink("fifo", dir.path().join("to_fifo")).unwrap();
+    let _socket = std::os::unix::net::UnixListener::bind(dir.path().join("sock")).unwrap();
+    let rw = SandboxPolicy::strict()
+        .timeout(Duration::from_secs(2))
+        .filesystem(Access::Allow(PathGrants::new().read_write_at(dir.path(), "/data").read_only_at("/dev", "/dev")));
+    let cases: [&[&str]; 6] = [
+        &["read", "/data/fifo"],
+        &["write", "/data/fifo", "x"],
+        &["read", "/data/to_fifo"],
+        &["read", "/data/sock"],
+        &["read", "/dev/zero"],
+        &["read", "/dev/null"],
+    ];
+    for args in cases {
+        // On another thread, so a regression fails the test instead of hanging it.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let request = tool(args).policy(rw.clone());
+        std::thread::spawn(move || {
+            let _ = tx.send(backend().execute(request));
+        });
+        let Ok(result) = rx.recv_timeout(Duration::from_secs(20)) else {
+            // Release the blocked host thread before failing.
+            let _ = std::fs::OpenOptions::new().read(true).write(true).open(&fifo);
+            panic!("{args:?} blocked the host thread past its deadline");
+        };
+        let r = result.unwrap();
+        assert_eq!((r.outcome, r.exit_code), (Outcome::Failed, Some(1)), "{args:?}: {r:?}");
+        assert!(stderr(&r).contains("No such device or address"), "{args:?}: {r:?}");
+    }
+    // Regular files and directories next to them still open.
+    std::fs::write(dir.path().join("plain.txt"), "plain\n").unwrap();
+    assert_eq!(stdout(&run(tool(&["read", "/data/plain.txt"]).policy(rw.clone()))), "plain\n");
+    assert_eq!(run(tool(&["ls", "/data"]).policy(rw)).exit_code, Some(0));
+}
+
+#[test]
+fn grants_on_filesystems_whose_reads_can_block_are_refused() {
+    // /proc/kmsg is a regular file whose read waits for kernel messages:
+    // granting /proc (or / , which contains it) would let a guest hold the
+    // host thread past its deadline.
+    for host in ["/proc", "/", "/sys/class"] {
+        let policy = SandboxPolicy::strict().filesystem(Access::Allow(PathGrants::new().read_only_at(host, "/data")));
+        let err = backend().execute(tool(&["read", "/data/kmsg"]).policy(policy)).unwrap_err();
+        assert!(
+            matches!(&err, ExecError::InvalidRequest(InvalidRequest::BadPath { reason, .. }) if reason.contains("block")),
+            "{host}: {err:?}"
+        );
+    }
+}
+
+// ---- contracts: memory, disk cache, pooling -------------------------------
+
+#[test]
+fn initial_memory_or_table_over_the_ceiling_is_out_of_memory_not_invalid() {
+    // 2 GiB of initial memory, over the 1 GiB ceiling: the module cannot start.
+    let r = run(ExecRequest::wasm(b"(module (memory 32768) (func (export \"_start\")))".to_vec()));
+    assert_eq!(r.outcome, Outcome::OutOfMemory, "{r:?}");
+    assert!(r.message.as_deref().unwrap().contains("initial memory of 2147483648 bytes"), "{r:?}");
+    let r = run(ExecRequest::wasm(b"(module (table 200000 funcref) (func (export \"_start\")))".to_vec()));
+    assert_eq!(r.outcome, Outcome::OutOfMemory, "{r:?}");
+    // The same verdict through the executor (the README promises it).
+    let exec = Executor::builder().backend(WasmGuest::new().unwrap()).build();
+    let r = exec.execute_blocking(
+        ExecRequest::wasm(guest!(wat "big_initial_memory")).policy(SandboxPolicy::strict().memory_bytes(64 << 20)),
+    );
+    assert_eq!(r.unwrap().outcome, Outcome::OutOfMemory);
+}
+
+fn mode(path: &std::path::Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o7777
+}
+
+fn chmod(path: &std::path::Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+#[test]
+fn disk_cache_trusts_only_private_directories_and_never_chmods_them() {
+    let root = tempfile::tempdir().unwrap();
+    let shared = root.path().join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    chmod(&shared, 0o1777);
+    let cfg = |dir: &std::path::Path| WasmGuestConfig { disk_cache_dir: Some(dir.into()), ..Default::default() };
+    let err = WasmGuest::with_config(cfg(&shared)).err().expect("a world-writable cache dir is refused");
+    assert!(err.to_string().contains("writable by group or others"), "{err}");
+    assert_eq!(mode(&shared), 0o1777, "an existing directory is not chmodded");
+
+    let created = root.path().join("a/b/cache");
+    WasmGuest::with_config(cfg(&created)).unwrap();
+    assert_eq!(mode(&created), 0o700, "a directory execbox creates is owner-only");
+}
+
+#[test]
+fn disk_cache_skips_artifacts_others_could_have_written() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("cache");
+    let cfg = WasmGuestConfig { disk_cache_dir: Some(dir.clone()), ..Default::default() };
+    let first = WasmGuest::with_config(cfg.clone()).unwrap();
+    assert_eq!(first.execute(ExecRequest::wasm(guest!(wat "hello"))).unwrap().outcome, Outcome::Ok);
+    drop(first);
+    let artifact = std::fs::read_dir(&dir).unwrap().next().unwrap().unwrap().path();
+
+    chmod(&artifact, 0o666);
+    let second = WasmGuest::with_config(cfg.clone()).unwrap();
+    assert_eq!(second.execute(ExecRequest::wasm(guest!(wat "hello"))).unwrap().outcome, Outcome::Ok);
+    assert_eq!((second.cache_stats().disk_hits, second.cache_stats().compiled), (0, 1), "a group-writable artifact");
+
+    // A symlink in place of the artifact is not followed.
+    let elsewhere = root.path().join("elsewhere.cwasm");
+    std::fs::rename(&artifact, &elsewhere).unwrap();
+    chmod(&elsewhere, 0o600);
+    std::os::unix::fs::symlink(&elsewhere, &artifact).unwrap();
+    let third = WasmGuest::with_config(cfg).unwrap();
+    assert_eq!(third.execute(ExecRequest::wasm(guest!(wat "hello"))).unwrap().outcome, Outcome::Ok);
+    assert_eq!((third.cache_stats().disk_hits, third.cache_stats().compiled), (0, 1), "a symlinked artifact");
+}
+
+#[test]
+fn a_refused_pool_reservation_is_visible() {
+    // Far more slots than any address space holds: the reservation fails.
+    let cfg = WasmGuestConfig { pooled_instances: 50_000_000, ..Default::default() };
+    let wasm = WasmGuest::with_config(cfg).unwrap();
+    assert!(!wasm.pooling_allocator());
+    let memory = &wasm.capabilities().memory;
+    assert!(format!("{memory:?}").contains("allocated on demand"), "{memory:?}");
+    assert_eq!(wasm.execute(ExecRequest::wasm(guest!(wat "hello"))).unwrap().outcome, Outcome::Ok);
+
+    assert!(backend().pooling_allocator(), "the default pool fits here");
+    assert!(format!("{:?}", backend().capabilities().memory).contains("pooling allocator of 32 slots"));
+}
+
+#[test]
+#[cfg(feature = "cli")]
+fn under_an_address_space_limit_the_engine_falls_back_and_still_runs() {
+    // What refuses the pool's reservation (`ulimit -v`) would refuse the
+    // 4 GiB each on-demand memory reserves by default too.
+    let cli = env!("CARGO_BIN_EXE_execbox");
+    let tool = concat!(env!("CARGO_MANIFEST_DIR"), "/guests/prebuilt/wasi_tool.wasm");
+    let limited = |args: &str| {
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!("ulimit -v 8000000 && exec {cli} {args}"))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let backends: serde_json::Value = serde_json::from_str(&limited("backends --json")).unwrap();
+    let wasm = backends.as_array().unwrap().iter().find(|b| b["name"] == "wasm").unwrap();
+    let memory = wasm["capabilities"]["memory"]["how"].as_str().unwrap();
+    assert!(memory.contains("allocated on demand: the pooling allocator's reservation was refused"), "{memory}");
+    let run: serde_json::Value =
+        serde_json::from_str(&limited(&format!("run --lang wasm --file {tool} --arg args --arg hi --json"))).unwrap();
+    assert_eq!((run["outcome"].as_str(), run["stdout"].as_str()), (Some("ok"), Some("hi\n")), "{run}");
+}
+
+// ---- every run has a deadline --------------------------------------------
+
+#[test]
+fn runs_without_a_policy_timeout_get_the_backends_default() {
+    let cfg = WasmGuestConfig { default_timeout: Duration::from_millis(300), ..Default::default() };
+    let wasm = WasmGuest::with_config(cfg).unwrap();
+    let mut unbounded = SandboxPolicy::strict();
+    unbounded.timeout_ms = None;
+    // Compiled first: the compile would count against the 300 ms too.
+    for module in [guest!(wat "infinite_loop"), guest!(wat "sleep_forever"), guest!(prebuilt "wasi_tool")] {
+        wasm.precompile(&module).unwrap();
+    }
+    for request in [
+        ExecRequest::wasm(guest!(wat "infinite_loop")),
+        ExecRequest::wasm(guest!(wat "sleep_forever")),
+        tool(&["sleep", "600000"]),
+    ] {
+        // Called directly: no executor fills the timeout in.
+        let r = wasm.execute(request.policy(unbounded.clone())).unwrap();
+        assert_eq!(r.outcome, Outcome::TimedOut, "{r:?}");
+        assert_eq!(r.message.as_deref(), Some("deadline of 300 ms exceeded"), "{r:?}");
+    }
 }

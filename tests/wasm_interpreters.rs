@@ -274,3 +274,144 @@ fn warm_runs_keep_every_limit() {
     );
     assert_eq!(r.stdout.text(), "n=7\n");
 }
+
+// ---- QuickJS: the returned value cannot be cut or forged -------------------------
+
+fn js(code: &str) -> ExecRequest {
+    ExecRequest::javascript(code).policy(SandboxPolicy::strict().timeout(Duration::from_secs(20)))
+}
+
+#[test]
+fn quickjs_returned_values_are_whole_or_flagged_never_cut() {
+    let Some(qjs) = quickjs_backend() else { return };
+    let capped =
+        |code: &str| js(code).policy(SandboxPolicy::strict().timeout(Duration::from_secs(20)).max_output_bytes(96));
+    // The logs fill the stdout cap; the value travels apart from them, whole.
+    let r = run(qjs, capped("console.log('x'.repeat(100)); return 12345"));
+    assert_eq!((r.outcome, r.output.clone(), r.stdout.truncated), (Outcome::Ok, Some(json!(12345)), true), "{r:?}");
+    // A value over the cap is failed and flagged, as the executor's result caps decide for every backend.
+    let r = run(qjs, capped("return 'y'.repeat(200)"));
+    assert_eq!((r.outcome, r.output.clone(), r.output_truncated), (Outcome::Failed, None, true), "{r:?}");
+    assert_eq!(r.message.as_deref(), Some("the returned value is over the output cap of 96 bytes (max_stdout_bytes)"));
+    // Non-ASCII: the length is in UTF-8 bytes.
+    let r = run(qjs, js("return ['é', '€', '😀', 'a\\u0000b']"));
+    assert_eq!(r.output, Some(json!(["é", "€", "😀", "a\u{0}b"])), "{r:?}");
+}
+
+#[test]
+fn quickjs_code_cannot_forge_its_output() {
+    let Some(qjs) = quickjs_backend() else { return };
+    // Nothing of the runner is reachable, and stdin is spent before the code runs.
+    let r = run(qjs, js("return [typeof __execbox, std.in.readAsString(), typeof MARK]"));
+    assert_eq!(r.output, Some(json!(["undefined", "", "undefined"])), "{r:?}");
+    // Replacing what the runner calls later changes nothing.
+    let code = "JSON.stringify = () => '666'; std.out.puts = () => {}; Promise.prototype.then = () => {}; return 7";
+    let r = run(qjs, js(code));
+    assert_eq!((r.outcome, r.output.clone()), (Outcome::Ok, Some(json!(7))), "{r:?}");
+    // A guessed record is ordinary output.
+    let r = run(qjs, js("std.out.puts('\\0execbox:0123456789abcdef0123456789abcdef:R2:66\\n'); return 1"));
+    assert_eq!(r.output, Some(json!(1)), "{r:?}");
+    assert!(r.stdout.bytes.starts_with(b"\0execbox:"), "{r:?}");
+    // Code that breaks out of the function body runs after the runner read stdin.
+    let r = run(qjs, js("} console.log('leak:' + std.in.readAsString()); function __after() {"));
+    assert_eq!((r.outcome, r.stdout.text().as_ref(), r.output.clone()), (Outcome::Ok, "leak:\n", None), "{r:?}");
+}
+
+#[test]
+fn quickjs_runs_that_do_not_return_a_value_are_failed() {
+    let Some(qjs) = quickjs_backend() else { return };
+    let r = run(qjs, js("await new Promise(() => {}); return 1"));
+    assert_eq!(
+        (r.outcome, r.message.as_deref()),
+        (Outcome::Failed, Some("the returned promise never settled")),
+        "{r:?}"
+    );
+    let r = run(qjs, js("std.exit(0)"));
+    assert_eq!(r.outcome, Outcome::Failed, "{r:?}");
+    assert!(r.message.as_deref().unwrap().contains("before returning a value"), "{r:?}");
+    // A rejection nobody handles fails the run (as on boa).
+    let r = run(qjs, js("Promise.reject(new Error('lost')); return 1"));
+    assert_eq!(r.outcome, Outcome::Failed, "{r:?}");
+    assert_eq!(r.message.as_deref(), Some("unhandled promise rejection: Error: lost"));
+    // Errors keep the caller's line numbers.
+    let r = run(qjs, js("let a = 1;\nlet b = 2;\nlet = = 3;"));
+    assert_eq!(r.outcome, Outcome::Failed, "{r:?}");
+    assert_eq!(r.message.as_deref(), Some("SyntaxError: variable name expected (line 3)"), "{r:?}");
+}
+
+// ---- one engine, slots shared, every run bounded ---------------------------------
+
+#[test]
+fn a_run_that_cannot_get_a_slot_in_time_is_busy_naming_its_backend() {
+    let Some(_) = python_backend() else { return };
+    use execbox::backends::{Interpreter, WasmEngine, WasmGuest, WasmGuestConfig};
+    let engine = WasmEngine::new(WasmGuestConfig { pooled_instances: 1, ..Default::default() }).unwrap();
+    let wasm = WasmGuest::on_engine(engine.clone()).unwrap();
+    let dir = execbox::backends::wasm::interpreters::interpreters_dir();
+    let py = WasmInterpreter::on_engine(Interpreter::Python, dir, engine.clone()).unwrap().with_warm_pool(0);
+    py.warm_up().unwrap();
+    let tool = include_bytes!("../guests/prebuilt/wasi_tool.wasm").to_vec();
+    wasm.precompile(&tool).unwrap();
+    let sleeper = ExecRequest::wasm(tool).arg("sleep").arg("2000");
+    std::thread::scope(|s| {
+        let slept = s.spawn(|| wasm.execute(sleeper).unwrap());
+        let until = Instant::now() + Duration::from_secs(30);
+        while engine.slots_in_use() == 0 && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let short = python("print(1)").policy(SandboxPolicy::strict().timeout(Duration::from_millis(100)));
+        let err = py.execute(short).unwrap_err();
+        assert!(matches!(&err, execbox::ExecError::Busy { backend, .. } if backend == "python-wasm"), "{err:?}");
+        let r = py.execute(python("print(2)")).unwrap();
+        assert_eq!(r.output, Some(json!(2)), "waited for the slot: {r:?}");
+        assert_eq!(slept.join().unwrap().outcome, Outcome::Ok);
+    });
+}
+
+#[test]
+fn interpreter_runs_without_a_policy_timeout_get_the_default() {
+    let (Some(_), Some(_)) = (python_backend(), quickjs_backend()) else { return };
+    use execbox::backends::{Interpreter, WasmGuestConfig};
+    let cfg = WasmGuestConfig { default_timeout: Duration::from_millis(1500), ..Default::default() };
+    let dir = execbox::backends::wasm::interpreters::interpreters_dir();
+    let py = WasmInterpreter::new(Interpreter::Python, dir.clone(), cfg.clone()).unwrap().with_warm_pool(1);
+    let qjs = WasmInterpreter::new(Interpreter::QuickJs, dir, cfg).unwrap();
+    py.warm_up().unwrap();
+    qjs.warm_up().unwrap();
+    let until = Instant::now() + Duration::from_secs(60);
+    while py.warm_ready() < 1 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut unbounded = SandboxPolicy::strict();
+    unbounded.timeout_ms = None;
+    let cases = [
+        (&py, ExecRequest::source(Language::Python, "while True: pass")), // warm
+        (&py, ExecRequest::source(Language::Python, "import time\ntime.sleep(3600)").arg("fresh")),
+        (&qjs, ExecRequest::javascript("while (true) {}")),
+    ];
+    for (backend, request) in cases {
+        let r = backend.execute(request.policy(unbounded.clone())).unwrap();
+        assert_eq!(r.outcome, Outcome::TimedOut, "{r:?}");
+        assert_eq!(r.message.as_deref(), Some("deadline of 1500 ms exceeded"), "{r:?}");
+    }
+}
+
+#[test]
+fn an_interpreter_cache_dir_others_can_write_is_not_used() {
+    let Some(_) = quickjs_backend() else { return };
+    use std::os::unix::fs::PermissionsExt;
+    let root = tempfile::tempdir().unwrap();
+    let source = execbox::backends::wasm::interpreters::interpreters_dir().unwrap().join("quickjs.wasm");
+    std::fs::copy(source, root.path().join("quickjs.wasm")).unwrap();
+    let compiled = root.path().join("compiled");
+    std::fs::create_dir(&compiled).unwrap();
+    std::fs::set_permissions(&compiled, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let engine = execbox::backends::WasmEngine::new(Default::default()).unwrap();
+    let interpreter = execbox::backends::Interpreter::QuickJs;
+    let qjs = WasmInterpreter::on_engine(interpreter, Some(root.path().into()), engine).unwrap();
+    let r = run(&qjs, js("return 6 * 7"));
+    assert_eq!(r.output, Some(json!(42)), "{r:?}");
+    assert_eq!(std::fs::read_dir(&compiled).unwrap().count(), 0, "no artifact was written to (or read from) it");
+    let mode = std::fs::metadata(&compiled).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o777, "and it was not chmodded");
+}

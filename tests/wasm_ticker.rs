@@ -1,33 +1,56 @@
-//! The ticker thread's lifetime, alone in its own test binary so no other
-//! test's backend changes the thread count while it looks.
+//! The ticker thread's lifetime and how many there are, alone in their own
+//! test binary so no other test's backend changes the thread count while
+//! these look (the tests here take turns).
 #![cfg(feature = "wasm")]
 
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use execbox::Executor;
 use execbox::backends::WasmGuest;
+
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn threads_named(name: &str) -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name))
+        .count()
+}
+
+/// A new thread names itself once it runs: give it a moment.
+fn settles_at(name: &str, expected: usize) -> usize {
+    let until = Instant::now() + Duration::from_secs(2);
+    loop {
+        let n = threads_named(name);
+        if n == expected || Instant::now() > until {
+            return n;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
 
 #[test]
 fn dropping_the_backend_stops_its_ticker_thread() {
-    fn threads_named(name: &str) -> usize {
-        std::fs::read_dir("/proc/self/task")
-            .unwrap()
-            .filter_map(Result::ok)
-            .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name))
-            .count()
-    }
-    // A new thread names itself once it runs: give it a moment.
-    fn settles_at(name: &str, expected: usize) -> usize {
-        let until = std::time::Instant::now() + std::time::Duration::from_secs(2);
-        loop {
-            let n = threads_named(name);
-            if n == expected || std::time::Instant::now() > until {
-                return n;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
-    }
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let before = threads_named("execbox-epoch");
     let wasm = WasmGuest::new().unwrap();
     assert_eq!(settles_at("execbox-epoch", before + 1), before + 1);
     drop(wasm);
     // Drop joins the thread: it is gone at once.
+    assert_eq!(threads_named("execbox-epoch"), before);
+}
+
+#[test]
+fn the_wasm_backends_of_a_matrix_share_one_engine() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let before = threads_named("execbox-epoch");
+    let exec = Executor::builder().wasm_backends().build();
+    let names: Vec<&str> = exec.backends().map(|b| b.name()).collect();
+    assert_eq!(names, ["wasm", "quickjs-wasm", "python-wasm"]);
+    // Three backends, one engine: one ticker thread (and one instance pool).
+    assert_eq!(settles_at("execbox-epoch", before + 2), before + 1);
+    drop(exec);
     assert_eq!(threads_named("execbox-epoch"), before);
 }

@@ -6,6 +6,8 @@
  *   wasi_tool ls DIR               list DIR's entries
  *   wasi_tool read PATH            print a file
  *   wasi_tool write PATH TEXT      create/overwrite a file with TEXT
+ *   wasi_tool symlink TARGET LINK  create LINK pointing at TARGET (hostile: a
+ *                                  link left in a grant that points out of it)
  *   wasi_tool sleep MS             sleep MS milliseconds, then print "awake"
  *   wasi_tool malloc-bomb          allocate and touch 1 MiB blocks until malloc
  *                                  fails, print how many, exit 3
@@ -29,7 +31,7 @@ static int fail(const char *what, const char *path) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: wasi_tool cat|args|env|ls|read|write|sleep|malloc-bomb|exit ...\n");
+        fprintf(stderr, "usage: wasi_tool cat|args|env|ls|read|write|symlink|sleep|malloc-bomb|exit ...\n");
         return 2;
     }
     const char *cmd = argv[1];
@@ -71,6 +73,11 @@ int main(int argc, char **argv) {
         if (!f) return fail("write", argv[2]);
         if (fputs(argv[3], f) < 0 || fclose(f) != 0) return fail("write", argv[2]);
         printf("wrote %s\n", argv[2]);
+        return 0;
+    }
+    if (!strcmp(cmd, "symlink") && argc == 4) {
+        if (symlink(argv[2], argv[3]) != 0) return fail("symlink", argv[3]);
+        printf("linked %s\n", argv[3]);
         return 0;
     }
     if (!strcmp(cmd, "sleep") && argc == 3) {

@@ -17,7 +17,7 @@ pub use boa::{BoaJs, BoaJsConfig, BoaJsInThread, JsSession, WorkerGauge};
 pub mod wasm;
 
 #[cfg(feature = "wasm")]
-pub use wasm::{CacheStats, Interpreter, WasmGuest, WasmGuestConfig, WasmInterpreter};
+pub use wasm::{CacheStats, Interpreter, ModuleLimits, WasmEngine, WasmGuest, WasmGuestConfig, WasmInterpreter};
 
 #[cfg(feature = "container")]
 pub mod container;

@@ -127,12 +127,31 @@ fn executor(args: &RunArgs) -> Result<Executor, ExecError> {
     }
     #[cfg(feature = "wasm")]
     {
-        use execbox::backends::{WasmGuest, WasmGuestConfig, WasmInterpreter};
+        use execbox::backends::wasm::interpreters::interpreters_dir;
+        use execbox::backends::{Interpreter, WasmEngine, WasmGuest, WasmGuestConfig, WasmInterpreter};
         let cfg = WasmGuestConfig { disk_cache_dir: args.wasm_cache_dir.clone(), ..Default::default() };
-        builder = builder.backend(WasmGuest::with_config(cfg)?);
+        // One engine (one instance pool, one ticker thread) for the three.
+        let engine = WasmEngine::new(cfg)?;
+        builder = builder.backend(WasmGuest::on_engine(engine.clone())?);
         // One run per process: a warm pool would only cost start-ups at exit.
-        for interpreter in [WasmInterpreter::quickjs(), WasmInterpreter::python()] {
-            builder = builder.backend(interpreter?.with_warm_pool(0));
+        for kind in [Interpreter::QuickJs, Interpreter::Python] {
+            let interpreter = WasmInterpreter::on_engine(kind, interpreters_dir(), engine.clone())?.with_warm_pool(0);
+            // Load the interpreter this run will likely need before its
+            // deadline starts, as a server would at start-up: a disk-cache
+            // hit takes milliseconds, the first use on a machine compiles it
+            // (seconds), which would otherwise count against the deadline.
+            let likely = match kind {
+                Interpreter::Python => args.lang == "python",
+                _ => {
+                    matches!(args.lang.as_str(), "js" | "javascript")
+                        && (args.memory_mb.is_some() || args.backend.as_deref() == Some("quickjs-wasm"))
+                }
+            };
+            if likely {
+                // A failure shows up again, typed, when the request runs.
+                let _ = interpreter.warm_up();
+            }
+            builder = builder.backend(interpreter);
         }
     }
     #[cfg(feature = "container")]

@@ -5,20 +5,31 @@
 //! Each entry holds an [`InstancePre`]: imports resolved and type-checked once,
 //! so a call only instantiates. The guest ABI is decided here too, so a
 //! module that fits none is refused before anything runs.
+//!
+//! Two kinds of modules come through here:
+//! - **untrusted** ones (a request's payload): converted from WAT, checked
+//!   against the static [`ModuleLimits`] (cheap, linear in the module's size)
+//!   and only then compiled, always by [`compile_untrusted`] — the one place
+//!   that turns untrusted bytes into machine code, and the seam where that
+//!   compile can move into a contained worker process;
+//! - **pinned** ones (the interpreters): known by sha256, trusted, compiled
+//!   in-process by [`compile_trusted`].
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 use wasmtime::{Engine, ExternType, InstancePre, Linker, Module, ValType};
 
+use super::module_limits::{self, Ceilings, ModuleLimits, StaticRefusal};
 use super::run::GuestState;
 use crate::error::InvalidRequest;
+use crate::limits::Deadline;
 
 /// The wasmtime release this crate pins; part of the on-disk cache key
 /// (wasmtime's own compatibility hash covers it too).
@@ -67,6 +78,11 @@ pub(super) struct ModuleCache {
     compiled: AtomicU64,
     memory_hits: AtomicU64,
     disk_hits: AtomicU64,
+    /// Untrusted modules being compiled now: a run that needs one of them
+    /// waits for that compile (within its deadline) instead of starting the
+    /// same compile again, so concurrency does not multiply a heavy module.
+    in_flight: Mutex<HashSet<Key>>,
+    landed: Condvar,
 }
 
 #[derive(Default)]
@@ -92,6 +108,8 @@ impl ModuleCache {
             compiled: AtomicU64::new(0),
             memory_hits: AtomicU64::new(0),
             disk_hits: AtomicU64::new(0),
+            in_flight: Mutex::default(),
+            landed: Condvar::new(),
         })
     }
 
@@ -104,9 +122,45 @@ impl ModuleCache {
         }
     }
 
-    /// The ready module for `bytes` (binary or WAT), compiling at most once.
-    pub fn get(&self, bytes: &[u8]) -> Result<Arc<Compiled>, InvalidRequest> {
-        self.get_pinned(Sha256::digest(bytes).into(), || Ok(std::borrow::Cow::Borrowed(bytes)))
+    /// The ready module for the untrusted payload `bytes` (binary or WAT),
+    /// checked against `limits` and `ceilings` and compiled at most once.
+    /// `deadline` is the run's: a compile is not started once it has passed.
+    pub fn get_untrusted(
+        &self,
+        bytes: &[u8],
+        limits: &ModuleLimits,
+        ceilings: &Ceilings,
+        deadline: &Deadline,
+    ) -> Result<Arc<Compiled>, CompileRefusal> {
+        module_limits::check_size(bytes, limits)?;
+        let key: Key = Sha256::digest(bytes).into();
+        let _flight = match self.hit_or_lead(key, deadline)? {
+            Lead::Hit(hit) => {
+                self.memory_hits.fetch_add(1, Ordering::Relaxed);
+                return Ok(hit);
+            }
+            Lead::Lead(flight) => flight,
+        };
+        let wasm = wat::parse_bytes(bytes).map_err(|e| InvalidRequest::InvalidModule { reason: format!("{e}") })?;
+        // Checked before the disk cache too: the limits hold whatever an
+        // earlier process (with other limits) left there.
+        module_limits::check(&wasm, limits, ceilings).map_err(|refusal| match refusal {
+            StaticRefusal::Invalid(e) => CompileRefusal::Invalid(e),
+            StaticRefusal::TooBigToStart(why) => CompileRefusal::TooBigToStart(why),
+        })?;
+        let module = match self.disk.as_ref().and_then(|d| d.load(&self.engine, &key)) {
+            Some(module) => {
+                self.disk_hits.fetch_add(1, Ordering::Relaxed);
+                module
+            }
+            None => {
+                let module = compile_untrusted(&self.engine, &wasm, deadline)?;
+                self.compiled.fetch_add(1, Ordering::Relaxed);
+                self.store_on_disk(&module, &key);
+                module
+            }
+        };
+        Ok(self.ready(key, &module)?)
     }
 
     /// The ready module whose sha256 is `key`. `bytes` is called only when
@@ -134,18 +188,48 @@ impl ModuleCache {
                         reason: "the module does not match its pinned sha256".into(),
                     });
                 }
-                let module = Module::new(&self.engine, &bytes)
-                    .map_err(|e| InvalidRequest::InvalidModule { reason: format!("{e:#}") })?;
+                let module = compile_trusted(&self.engine, &bytes)?;
                 self.compiled.fetch_add(1, Ordering::Relaxed);
-                if let Some(disk) = &self.disk {
-                    // Best effort: a full disk only costs the next process a compile.
-                    let _ = disk.store(&module, &key);
-                }
+                self.store_on_disk(&module, &key);
                 module
             }
         };
-        let abi = guest_abi(&module)?;
-        let pre = self.linker.instantiate_pre(&module).map_err(|e| InvalidRequest::InvalidModule {
+        self.ready(key, &module)
+    }
+
+    /// The module if it is in memory; otherwise a guard that makes this run
+    /// the one preparing it, after waiting (until `deadline`) for another run
+    /// that already is.
+    fn hit_or_lead(&self, key: Key, deadline: &Deadline) -> Result<Lead<'_>, CompileRefusal> {
+        let mut flights = self.in_flight.lock().unwrap_or_else(PoisonError::into_inner);
+        loop {
+            if let Some(hit) = self.lookup(&key) {
+                return Ok(Lead::Hit(hit));
+            }
+            if flights.insert(key) {
+                return Ok(Lead::Lead(Flight { cache: self, key }));
+            }
+            flights = match deadline.remaining() {
+                None => self.landed.wait(flights).unwrap_or_else(PoisonError::into_inner),
+                Some(left) if left.is_zero() => return Err(CompileRefusal::DeadlinePassed),
+                Some(left) => self.landed.wait_timeout(flights, left).unwrap_or_else(PoisonError::into_inner).0,
+            };
+        }
+    }
+
+    /// Best effort: a full disk only costs the next process a compile.
+    fn store_on_disk(&self, module: &Module, key: &Key) {
+        if let Some(disk) = &self.disk
+            && let Err(e) = disk.store(module, key)
+        {
+            tracing::debug!(error = %e, dir = %disk.dir.display(), "cannot store a compiled module on disk");
+        }
+    }
+
+    /// Decides the ABI, resolves the imports and keeps the result in memory.
+    fn ready(&self, key: Key, module: &Module) -> Result<Arc<Compiled>, InvalidRequest> {
+        let abi = guest_abi(module)?;
+        let pre = self.linker.instantiate_pre(module).map_err(|e| InvalidRequest::InvalidModule {
             reason: format!("{e:#} (execbox provides only wasi_snapshot_preview1)"),
         })?;
         let compiled = Arc::new(Compiled { pre, abi });
@@ -179,6 +263,63 @@ impl ModuleCache {
         }
         entries.map.insert(key, (compiled, now));
     }
+}
+
+/// What [`ModuleCache::hit_or_lead`] found.
+enum Lead<'a> {
+    Hit(Arc<Compiled>),
+    Lead(Flight<'a>),
+}
+
+/// This run prepares `key`; others wait until the guard drops (ready or not).
+struct Flight<'a> {
+    cache: &'a ModuleCache,
+    key: Key,
+}
+
+impl Drop for Flight<'_> {
+    fn drop(&mut self) {
+        self.cache.in_flight.lock().unwrap_or_else(PoisonError::into_inner).remove(&self.key);
+        self.cache.landed.notify_all();
+    }
+}
+
+/// Why an untrusted module was not made ready.
+#[derive(Debug)]
+pub(super) enum CompileRefusal {
+    /// Malformed, invalid, over a static limit, or fitting no ABI.
+    Invalid(InvalidRequest),
+    /// Its declared minimum memory or table exceeds the backend's ceiling.
+    TooBigToStart(String),
+    /// The run's deadline passed before the compile could start.
+    DeadlinePassed,
+}
+
+impl From<InvalidRequest> for CompileRefusal {
+    fn from(e: InvalidRequest) -> Self {
+        CompileRefusal::Invalid(e)
+    }
+}
+
+/// Compiles an untrusted module that passed the static checks. **Every**
+/// untrusted compile goes through here.
+///
+/// In-process, Cranelift cannot be stopped once started: the static limits
+/// bound how long it runs, and the caller reports a compile that ends after
+/// `deadline` as `timed_out`. This is the seam where the compile can move into
+/// a worker process (killed at `deadline`, memory capped by rlimit) without
+/// touching the callers.
+fn compile_untrusted(engine: &Engine, wasm: &[u8], deadline: &Deadline) -> Result<Module, CompileRefusal> {
+    if deadline.expired() {
+        return Err(CompileRefusal::DeadlinePassed);
+    }
+    Module::from_binary(engine, wasm)
+        .map_err(|e| CompileRefusal::Invalid(InvalidRequest::InvalidModule { reason: format!("{e:#}") }))
+}
+
+/// Compiles a pinned, trusted module (an interpreter) in-process.
+fn compile_trusted(engine: &Engine, wasm: &[u8]) -> Result<Module, InvalidRequest> {
+    Module::new(engine, wasm).map_err(|e| InvalidRequest::InvalidModule { reason: format!("{e:#}") })
 }
 
 /// Decides the ABI from the exports; refuses a module that fits neither.
@@ -217,9 +358,13 @@ fn guest_abi(module: &Module) -> Result<GuestAbi, InvalidRequest> {
 
 /// Serialized modules in one directory, named by module hash and engine key.
 ///
-/// Loading a serialized module runs its machine code, so files are only ever
-/// read from this directory, which execbox creates owner-only; point it at a
-/// directory no untrusted user can write.
+/// Loading a serialized module runs its machine code (wasmtime's
+/// `Module::deserialize` only checks a header), so an artifact is trusted only
+/// when nobody but this user could have written it: the directory must be
+/// ours (our effective uid) and not writable by group or others, and so must
+/// each artifact, checked on the opened file (no symlinks followed). A
+/// directory execbox creates is made owner-only; an existing one is never
+/// chmodded, only checked.
 struct DiskCache {
     dir: PathBuf,
     engine_key: String,
@@ -227,12 +372,23 @@ struct DiskCache {
 
 impl DiskCache {
     fn open(dir: PathBuf, engine: &Engine) -> std::io::Result<Self> {
-        std::fs::create_dir_all(&dir)?;
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+        if !dir.exists() {
+            if let Some(parent) = dir.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
+            let mut builder = std::fs::DirBuilder::new();
+            #[cfg(unix)]
+            std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+            match builder.create(&dir) {
+                Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
+                _ => {}
+            }
         }
+        let meta = std::fs::metadata(&dir)?;
+        if !meta.is_dir() {
+            return Err(std::io::Error::other(format!("{} is not a directory", dir.display())));
+        }
+        owned_privately(&meta).map_err(|why| std::io::Error::other(format!("{}: {why}", dir.display())))?;
         let mut hasher = Sha256Hasher(Sha256::new());
         WASMTIME_VERSION.hash(&mut hasher);
         engine.precompile_compatibility_hash().hash(&mut hasher);
@@ -246,15 +402,23 @@ impl DiskCache {
 
     fn load(&self, engine: &Engine, key: &Key) -> Option<Module> {
         let path = self.path(key);
-        // Read, not mmap (`deserialize_file`): a mapped artifact that someone
-        // truncates later would kill the process with SIGBUS.
-        let bytes = std::fs::read(&path).ok()?;
-        // SAFETY: the file was written by `store` below into the cache's own
-        // owner-only directory (see the type's docs); wasmtime checks the
-        // header, version and engine config and errors on any mismatch.
+        let bytes = match read_private_file(&path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "not loading a cached wasm artifact");
+                return None;
+            }
+        };
+        // SAFETY: `read_private_file` checked that the artifact is a regular
+        // file owned by this user and writable by nobody else, in a directory
+        // of the same kind (checked in `open`): only this user (through
+        // `store` below) can have written it. wasmtime checks the header,
+        // version and engine config and errors on any mismatch.
         match unsafe { Module::deserialize(engine, &bytes) } {
             Ok(module) => Some(module),
-            Err(_) => {
+            Err(e) => {
+                tracing::debug!(path = %path.display(), error = %format!("{e:#}"), "discarding a stale wasm artifact");
                 let _ = std::fs::remove_file(&path);
                 None
             }
@@ -263,11 +427,54 @@ impl DiskCache {
 
     fn store(&self, module: &Module, key: &Key) -> std::io::Result<()> {
         let bytes = module.serialize().map_err(|e| std::io::Error::other(format!("{e:#}")))?;
+        // Created 0600 by tempfile, then renamed into place.
         let mut file = tempfile::NamedTempFile::new_in(&self.dir)?;
         file.write_all(&bytes)?;
         file.persist(self.path(key)).map_err(|e| e.error)?;
         Ok(())
     }
+}
+
+/// Reads `path` whole, without following a symlink, if it is a regular file
+/// owned by this user and writable by nobody else. Read, not mmap
+/// (`deserialize_file`): a mapped artifact that someone truncates later
+/// would kill the process with SIGBUS.
+fn read_private_file(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::custom_flags(&mut options, libc::O_NOFOLLOW | libc::O_NONBLOCK);
+    let mut file = options.open(path)?;
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    owned_privately(&meta).map_err(std::io::Error::other)?;
+    let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
+    file.read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
+/// `Ok` when `meta` belongs to this process's effective user and is not
+/// writable by group or others.
+#[cfg(unix)]
+fn owned_privately(meta: &std::fs::Metadata) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if meta.uid() != me {
+        return Err(format!("owned by uid {}, not by this process's uid {me}", meta.uid()));
+    }
+    if meta.mode() & 0o022 != 0 {
+        return Err(format!("writable by group or others (mode {:o})", meta.mode() & 0o7777));
+    }
+    Ok(())
+}
+
+#[cfg(not(unix))]
+fn owned_privately(_meta: &std::fs::Metadata) -> Result<(), String> {
+    Err("ownership cannot be checked on this platform".into())
 }
 
 fn hex(bytes: &[u8]) -> String {

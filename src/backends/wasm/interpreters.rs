@@ -29,15 +29,18 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use wasmtime_wasi::FsPerms;
+use wasmtime_wasi::p2::pipe::MemoryInputPipe;
 
-use super::compile::Compiled;
+use super::compile::{Compiled, ModuleCache};
+use super::run::{self, Stdio};
+use super::stdio::CappedPipe;
 use super::warm::WarmPool;
-use super::{WasmGuest, WasmGuestConfig, run};
+use super::{WasmEngine, WasmGuestConfig, early_result, quickjs};
 use crate::backends::conventions;
 use crate::capabilities::{BackendCapabilities, CostClass, Language, PayloadKind, RequestFeatures};
 use crate::error::{ExecError, InvalidRequest};
 use crate::executor::Backend;
-use crate::limits::nesting;
+use crate::limits::{Deadline, nesting};
 use crate::request::{ExecRequest, Payload};
 use crate::result::{ExecResult, Outcome};
 
@@ -105,7 +108,9 @@ pub fn interpreters_dir() -> Option<PathBuf> {
 /// An interpreter compiled to WebAssembly, as a backend of its own.
 pub struct WasmInterpreter {
     kind: Interpreter,
-    guest: Arc<WasmGuest>,
+    engine: Arc<WasmEngine>,
+    /// This backend's module cache (the interpreter's module only).
+    cache: ModuleCache,
     module_path: Option<PathBuf>,
     /// Loaded on first use (or by [`WasmInterpreter::warm_up`]).
     compiled: Mutex<Option<Arc<Compiled>>>,
@@ -116,26 +121,56 @@ pub struct WasmInterpreter {
 }
 
 impl WasmInterpreter {
-    /// CPython from [`interpreters_dir`], compiled modules cached in its
-    /// `compiled/`, with a warm pool of 2 instances (started on first use or
-    /// by [`WasmInterpreter::warm_up`]).
+    /// CPython from [`interpreters_dir`] on an engine of its own, compiled
+    /// modules cached in its `compiled/`, with a warm pool of 2 instances
+    /// (started on first use or by [`WasmInterpreter::warm_up`]).
     pub fn python() -> Result<Self, ExecError> {
         Ok(Self::new(Interpreter::Python, interpreters_dir(), WasmGuestConfig::default())?.with_warm_pool(2))
     }
 
-    /// QuickJS from [`interpreters_dir`], compiled modules cached in its `compiled/`.
+    /// QuickJS from [`interpreters_dir`] on an engine of its own, compiled
+    /// modules cached in its `compiled/`.
     pub fn quickjs() -> Result<Self, ExecError> {
         Self::new(Interpreter::QuickJs, interpreters_dir(), WasmGuestConfig::default())
     }
 
-    /// `kind` loaded from `dir`, on an engine with `cfg` (without a
-    /// `disk_cache_dir`, compiled modules go to `dir/compiled`).
+    /// `kind` loaded from `dir`, on an engine of its own with `cfg` (without
+    /// a `disk_cache_dir`, compiled modules go to `dir/compiled`).
     pub fn new(kind: Interpreter, dir: Option<PathBuf>, mut cfg: WasmGuestConfig) -> Result<Self, ExecError> {
         if cfg.disk_cache_dir.is_none() {
             cfg.disk_cache_dir = dir.as_ref().map(|d| d.join("compiled"));
         }
-        let guest = WasmGuest::with_config(cfg.clone())?;
-        let mut caps = super::capabilities(&cfg);
+        let cache_dir = cfg.disk_cache_dir.clone();
+        Self::build(kind, dir, WasmEngine::new(cfg)?, cache_dir)
+    }
+
+    /// `kind` loaded from `dir` (e.g. [`interpreters_dir`]) on a shared
+    /// `engine`; the compiled module is cached in `dir/compiled`. Python gets
+    /// a warm pool of 2 instances (see [`WasmInterpreter::with_warm_pool`]).
+    pub fn on_engine(kind: Interpreter, dir: Option<PathBuf>, engine: Arc<WasmEngine>) -> Result<Self, ExecError> {
+        let cache_dir = dir.as_ref().map(|d| d.join("compiled"));
+        Ok(Self::build(kind, dir, engine, cache_dir)?.with_warm_pool(2))
+    }
+
+    fn build(
+        kind: Interpreter,
+        dir: Option<PathBuf>,
+        engine: Arc<WasmEngine>,
+        cache_dir: Option<PathBuf>,
+    ) -> Result<Self, ExecError> {
+        let new_cache = |dir| ModuleCache::new(engine.engine().clone(), engine.linker().clone(), 1, dir);
+        // The module itself is pinned by sha256; only its compiled form needs
+        // a private directory. Without one, compile in every process.
+        let cache = new_cache(cache_dir.clone()).or_else(|e| {
+            tracing::warn!(
+                dir = %cache_dir.as_deref().map(Path::display).map(|d| d.to_string()).unwrap_or_default(),
+                error = %e,
+                "not caching the compiled interpreter on disk"
+            );
+            new_cache(None)
+        });
+        let cache = cache.map_err(|e| ExecError::internal(kind.backend_name(), format!("module cache: {e}")))?;
+        let mut caps = super::capabilities(&engine);
         caps.languages = vec![kind.language()];
         caps.payloads = vec![PayloadKind::Source];
         // Start-up costs milliseconds (QuickJS) to ~100 ms (CPython): cheaper
@@ -149,13 +184,22 @@ impl WasmInterpreter {
             output_files: false,
         };
         let module_path = dir.map(|d| d.join(kind.file_name()));
-        let guest = Arc::new(guest);
-        Ok(Self { kind, guest, module_path, compiled: Mutex::new(None), warm_size: 0, warm: OnceLock::new(), caps })
+        Ok(Self {
+            kind,
+            engine,
+            cache,
+            module_path,
+            compiled: Mutex::new(None),
+            warm_size: 0,
+            warm: OnceLock::new(),
+            caps,
+        })
     }
 
     /// Keeps `size` instances pre-started (CPython only; 0: none). A
     /// one-shot process (like the CLI) should keep 0: the pool only pays off
-    /// when several requests come.
+    /// when several requests come. Each warm instance holds one of the
+    /// engine's instance slots while it waits.
     pub fn with_warm_pool(mut self, size: usize) -> Self {
         self.warm_size = if self.kind == Interpreter::Python { size } else { 0 };
         self
@@ -172,15 +216,25 @@ impl WasmInterpreter {
         self.warm.get().map_or(0, WarmPool::ready)
     }
 
+    /// The engine this backend runs on.
+    pub fn engine(&self) -> &Arc<WasmEngine> {
+        &self.engine
+    }
+
     /// The warm pool, started with the module on first use.
     fn warm_pool(&self, compiled: &Arc<Compiled>) -> Option<&WarmPool> {
         if self.warm_size == 0 {
             return None;
         }
-        Some(
-            self.warm
-                .get_or_init(|| WarmPool::start(self.guest.clone(), compiled.clone(), warm_args(), self.warm_size)),
-        )
+        Some(self.warm.get_or_init(|| {
+            WarmPool::start(
+                self.engine.clone(),
+                self.kind.backend_name(),
+                compiled.clone(),
+                warm_args(),
+                self.warm_size,
+            )
+        }))
     }
 
     /// Which interpreter this is.
@@ -189,13 +243,15 @@ impl WasmInterpreter {
     }
 
     /// Loads (or compiles, then caches on disk) the module now instead of on
-    /// the first request.
+    /// the first request, and starts the warm pool.
     pub fn warm_up(&self) -> Result<(), ExecError> {
         let compiled = self.compiled()?;
         self.warm_pool(&compiled);
         Ok(())
     }
 
+    /// The pinned module, loaded once. Trusted: compiled in-process, without
+    /// the static limits of untrusted modules.
     fn compiled(&self) -> Result<Arc<Compiled>, ExecError> {
         let mut slot = self.compiled.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(compiled) = slot.as_ref() {
@@ -203,7 +259,6 @@ impl WasmInterpreter {
         }
         let path = self.module_path.clone().ok_or_else(|| self.unavailable())?;
         let compiled = self
-            .guest
             .cache
             .get_pinned(self.kind.sha256(), || {
                 std::fs::read(&path)
@@ -229,27 +284,56 @@ impl WasmInterpreter {
     }
 
     fn execute_here(&self, mut request: ExecRequest) -> Result<ExecResult, ExecError> {
+        let name = self.kind.backend_name();
+        // The clock starts before the interpreter is loaded: a first load
+        // (a compile, with a cold disk cache) counts against the deadline.
+        let deadline = Deadline::start(Some(self.caps.effective_timeout(&request.policy)));
         let Payload::Source(source) = std::mem::replace(&mut request.payload, Payload::Source(String::new())) else {
-            return Err(ExecError::internal(self.kind.backend_name(), "matching let a module payload through"));
+            return Err(ExecError::internal(name, "matching let a module payload through"));
         };
         let compiled = self.compiled()?;
-        let input = nesting::take_bounded_input(&mut request.input, self.guest.cfg.max_input_nesting)?
+        if deadline.expired() {
+            let message = format!(
+                "{} while loading the interpreter, before the code ran (call warm_up() at start-up)",
+                deadline.exceeded_message()
+            );
+            return Ok(early_result(name, Outcome::TimedOut, message, &deadline));
+        }
+        let input = nesting::take_bounded_input(&mut request.input, self.engine.config().max_input_nesting)?
             .map(|value| serde_json::to_vec(&value))
             .transpose()
-            .map_err(|e| ExecError::internal(self.kind.backend_name(), format!("cannot serialize input: {e}")))?;
+            .map_err(|e| ExecError::internal(name, format!("cannot serialize input: {e}")))?;
 
         if self.kind == Interpreter::Python
             && WarmPool::fits(&request)
             && let Some(pool) = self.warm_pool(&compiled)
-            && let Some(result) = pool.run(&source, input.as_deref(), &request)
         {
-            let mut result = result?;
-            result.backend = self.kind.backend_name().into();
-            if result.outcome == Outcome::Ok {
-                result.output = conventions::json_stdout(&result.stdout);
+            if let Some(result) = pool.run(&source, input.as_deref(), &request, deadline) {
+                let mut result = result?;
+                if result.outcome == Outcome::Ok {
+                    result.output = conventions::json_stdout(&result.stdout);
+                }
+                return Ok(result);
             }
-            return Ok(result);
+            // No warm instance could take it: run fresh, then let the pool
+            // catch up (off this request's path).
+            let result = self.run_fresh(request, source, input, &compiled, deadline);
+            pool.top_up();
+            return result;
         }
+        self.run_fresh(request, source, input, &compiled, deadline)
+    }
+
+    /// Runs on a new instance.
+    fn run_fresh(
+        &self,
+        mut request: ExecRequest,
+        source: String,
+        input: Option<Vec<u8>>,
+        compiled: &Compiled,
+        deadline: Deadline,
+    ) -> Result<ExecResult, ExecError> {
+        let name = self.kind.backend_name();
         let mut preopens = super::policy_preopens(&request.policy)?;
         let staged = super::stage_input_files(&request, input.as_deref().map(|json| ("input.json", json)))?;
         if let Some(dir) = &staged {
@@ -259,39 +343,43 @@ impl WasmInterpreter {
                 perms: FsPerms::ReadOnly,
             });
         }
-        let marker = format!("\u{0}execbox-output-{:016x}:", conventions::random_u64());
-        let (guest_input, args) = match self.kind {
-            Interpreter::Python => {
-                let mut args = vec!["-c".to_string(), conventions::PYTHON_BOOTSTRAP.to_string()];
-                args.append(&mut request.args);
-                (source.into_bytes(), args)
-            }
-            Interpreter::QuickJs => {
-                (input.unwrap_or_default(), vec!["--std".into(), "-e".into(), quickjs_program(&source, &marker)])
-            }
-        };
         let policy = &request.policy;
-        let job = run::Job {
-            guest_input,
-            args,
+        let mut job = run::Job {
+            guest_input: Vec::new(),
+            args: Vec::new(),
             env: std::mem::take(&mut request.env).into_iter().collect(),
             preopens,
             fuel: policy.fuel,
-            timeout: Some(self.caps.effective_timeout(policy)),
-            memory_cap: self.guest.memory_cap(policy),
+            memory_cap: self.engine.memory_cap(policy),
             max_stdout: policy.max_stdout_bytes,
             max_stderr: policy.max_stderr_bytes,
         };
-        let mut result = run::run(&self.guest, &compiled, job)?;
-        drop(staged);
-        result.backend = self.kind.backend_name().into();
-        match self.kind {
-            Interpreter::Python if result.outcome == Outcome::Ok => {
-                result.output = conventions::json_stdout(&result.stdout);
+        let result = match self.kind {
+            Interpreter::Python => {
+                job.args = vec!["-c".to_string(), conventions::PYTHON_BOOTSTRAP.to_string()];
+                job.args.append(&mut request.args);
+                job.guest_input = source.into_bytes();
+                let mut result = run::run(&self.engine, name, compiled, job, deadline)?;
+                if result.outcome == Outcome::Ok {
+                    result.output = conventions::json_stdout(&result.stdout);
+                }
+                result
             }
-            Interpreter::Python => {}
-            Interpreter::QuickJs => take_quickjs_output(&mut result, &marker),
-        }
+            Interpreter::QuickJs => {
+                let nonce = quickjs::nonce();
+                job.args = vec!["--std".into(), "-e".into(), quickjs::program(&source)];
+                let stdin = MemoryInputPipe::new(quickjs::stdin(&nonce, input.as_deref()));
+                let tap = quickjs::ResultTap::new(quickjs::marker(&nonce), job.max_stdout);
+                let stdio =
+                    Stdio { stdout: CappedPipe::tapped(job.max_stdout, tap), stderr: CappedPipe::new(job.max_stderr) };
+                let stdout = stdio.stdout.clone();
+                let max_stdout = job.max_stdout;
+                let mut result = run::run_with(&self.engine, name, compiled, job, stdin, stdio, deadline)?;
+                quickjs::take_output(&mut result, stdout.take_records(), max_stdout);
+                result
+            }
+        };
+        drop(staged);
         Ok(result)
     }
 }
@@ -299,65 +387,6 @@ impl WasmInterpreter {
 /// CPython's arguments in a warm instance.
 fn warm_args() -> Vec<String> {
     vec!["-c".into(), conventions::PYTHON_WARM_BOOTSTRAP.into()]
-}
-
-/// The user's code as a function body inside a QuickJS script that sets up
-/// `input` and `console`, then prints the JSON of the returned value after
-/// `marker` (a per-run nonce) on stdout. The code starts on the script's
-/// first line, so line numbers in errors are the caller's.
-fn quickjs_program(source: &str, marker: &str) -> String {
-    let function = if source.contains("await") { "async function" } else { "function" };
-    let marker = serde_json::to_string(marker).unwrap_or_default();
-    format!(
-        "const __execbox = (() => {{ \
-           const fmt = (v) => {{ if (typeof v === 'string') return v; try {{ const j = JSON.stringify(v); return j === undefined ? String(v) : j; }} catch (e) {{ return String(v); }} }}; \
-           const line = (stream, args) => {{ stream.puts(args.map(fmt).join(' ') + '\\n'); }}; \
-           globalThis.console = {{ log: (...a) => line(std.out, a), info: (...a) => line(std.out, a), debug: (...a) => line(std.out, a), \
-                                   warn: (...a) => line(std.err, a), error: (...a) => line(std.err, a) }}; \
-           const text = std.in.readAsString(); \
-           globalThis.input = text.trim() === '' ? undefined : JSON.parse(text); \
-           const fail = (e) => {{ std.out.flush(); std.err.puts('Uncaught ' + (e instanceof Error ? e.name + ': ' + e.message : String(e)) + '\\n'); std.err.flush(); std.exit(1); }}; \
-           const emit = (v) => {{ try {{ const j = JSON.stringify(v); std.out.puts({marker} + (j === undefined ? '' : j) + '\\n'); std.out.flush(); }} catch (e) {{ fail(e); }} }}; \
-           return {{ emit, fail }}; }})(); \
-         try {{ Promise.resolve(({function} () {{{source}\n}})()).then(__execbox.emit, __execbox.fail); }} catch (e) {{ __execbox.fail(e); }}\n"
-    )
-}
-
-/// Splits the returned value (after `marker`) off stdout into `output`.
-fn take_quickjs_output(result: &mut ExecResult, marker: &str) {
-    let marker = marker.as_bytes();
-    let bytes = &result.stdout.bytes;
-    let found = bytes.windows(marker.len()).rposition(|w| w == marker);
-    match found {
-        Some(at) => {
-            let tail = &bytes[at + marker.len()..];
-            let json = tail.strip_suffix(b"\n").unwrap_or(tail);
-            if result.outcome == Outcome::Ok && !json.is_empty() {
-                match serde_json::from_slice(json) {
-                    Ok(value) => result.output = Some(value),
-                    Err(e) => {
-                        result.outcome = Outcome::Failed;
-                        result.message = Some(format!("the returned value is not JSON: {e}"));
-                    }
-                }
-            }
-            let removed = (bytes.len() - at) as u64;
-            result.stdout.bytes.truncate(at);
-            result.stdout.total_bytes = result.stdout.total_bytes.saturating_sub(removed);
-        }
-        None if result.outcome == Outcome::Ok && result.stdout.truncated => {
-            result.outcome = Outcome::Failed;
-            result.message = Some("the returned value was cut off by the stdout cap".into());
-        }
-        None => {}
-    }
-    if result.outcome == Outcome::Failed
-        && result.message.as_deref().is_none_or(|m| m.starts_with("exited with"))
-        && let Some(line) =
-            result.stderr.text().lines().rev().find_map(|l| l.strip_prefix("Uncaught ").map(str::to_string))
-    {
-        result.message = Some(line);
-    }
 }
 
 impl Backend for WasmInterpreter {
@@ -379,6 +408,6 @@ impl Backend for WasmInterpreter {
     }
 
     fn execute(&self, request: ExecRequest) -> Result<ExecResult, ExecError> {
-        self.guest.on_blocking_thread(|| self.execute_here(request))
+        self.engine.on_blocking_thread(self.kind.backend_name(), || self.execute_here(request))
     }
 }

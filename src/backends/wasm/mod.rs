@@ -10,36 +10,50 @@
 //!   become `output`. Such a guest may import WASI too (stderr for logs).
 //!
 //! What holds against a hostile guest:
+//! - **compile**: static [`ModuleLimits`] (functions, body sizes, nesting,
+//!   locals) checked with wasmparser before Cranelift sees the module; the
+//!   compile counts against the run's deadline (see `compile.rs`).
 //! - **fuel**: wasmtime fuel (≈1 unit per wasm instruction) → `out_of_fuel`.
-//! - **deadline**: epoch interruption from one ticker thread per backend,
+//! - **deadline**: epoch interruption from one ticker thread per engine,
 //!   preemptive in wasm code; `poll_oneoff` sleeps end at the deadline →
-//!   `timed_out`.
+//!   `timed_out`. Every run has a deadline (the policy's, else
+//!   [`WasmGuestConfig::default_timeout`]), started before its module is
+//!   looked up or compiled.
 //! - **memory**: a per-store [`ResourceLimiter`](wasmtime::ResourceLimiter):
 //!   `memory.grow` past the cap returns -1 (the guest sees an allocation
 //!   failure); a run that then fails is `out_of_memory`. Never a host abort.
 //! - **files**: only preopened directories (cap-std's primitives inside
 //!   wasmtime-wasi): `..` and symlinks cannot leave a preopen, read-only
-//!   grants refuse writes. **network**: WASI preview 1 cannot open sockets.
+//!   grants refuse writes; guests cannot create symlinks, and FIFOs, sockets
+//!   and devices are refused at open (`fs_guard.rs`). **network**: WASI
+//!   preview 1 cannot open sockets.
 //! - **output**: stdout/stderr through the shared bounded buffer.
 //!
 //! Modules are compiled once per sha256 (memory cache, optional disk cache)
-//! and kept as `InstancePre`; instances come from the pooling allocator.
+//! and kept as `InstancePre`; instances come from the pooling allocator of a
+//! [`WasmEngine`] that the wasm backends of a matrix share.
 
 mod compile;
+mod engine;
+mod fs_guard;
 pub mod interpreters;
+mod module_limits;
+mod quickjs;
 mod run;
 mod stdio;
 mod ticker;
 mod warm;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
-use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 use wasmtime_wasi::FsPerms;
 
 pub use compile::CacheStats;
+pub use engine::WasmEngine;
 pub use interpreters::{Interpreter, WasmInterpreter};
+pub use module_limits::ModuleLimits;
 
 use crate::capabilities::{
     BackendCapabilities, CostClass, Enforcement, IsolationKind, Language, PayloadKind, RequestFeatures,
@@ -47,49 +61,100 @@ use crate::capabilities::{
 };
 use crate::error::{ExecError, InvalidRequest};
 use crate::executor::{Backend, may_block_here};
-use crate::limits::nesting;
+use crate::limits::{Deadline, nesting};
 use crate::policy::Access;
 use crate::request::{ExecRequest, Payload};
-use crate::result::ExecResult;
+use crate::result::{ExecResult, Outcome};
 
 /// Where staged `input_files` appear inside the guest (read-only).
 pub const INPUT_DIR: &str = "/input";
 
-/// Settings of a [`WasmGuest`] backend.
+/// Settings of a [`WasmEngine`] and the wasm backends built on it.
 #[derive(Clone, Debug)]
 pub struct WasmGuestConfig {
     /// Ceiling on one guest's linear memory, whatever the policy asks (a
     /// policy's `memory_bytes` above it gets this much). Also the size of a
-    /// pooled memory slot.
+    /// pooled memory slot. A module whose declared initial memory exceeds it
+    /// is `out_of_memory` before anything is compiled.
+    ///
+    /// # Default
+    /// 1 GiB.
     pub max_memory_bytes: u64,
     /// Ceiling on table elements per table.
+    ///
+    /// # Default
+    /// 100,000.
     pub max_table_elements: usize,
     /// Wasm stack per call (wasmtime's `max_wasm_stack`); deeper recursion traps.
+    ///
+    /// # Default
+    /// 512 KiB.
     pub max_wasm_stack: usize,
-    /// Instances held by the pooling allocator; concurrent runs beyond this are
-    /// refused as `BackendUnavailable`. `0` allocates on demand instead (slower,
-    /// unbounded).
+    /// Instance slots of the pooling allocator, shared by every backend on
+    /// the engine (warm interpreter instances hold one each). A run that
+    /// finds them all busy waits for one until its deadline, then is refused
+    /// as [`ExecError::Busy`]. `0` allocates on demand instead (slower, and
+    /// concurrency is then unbounded). Each slot reserves address space
+    /// (not memory) for a `max_memory_bytes` memory.
+    ///
+    /// # Default
+    /// 32.
     pub pooled_instances: u32,
     /// Meter fuel. Required to honour a policy's `fuel`; costs ≈ 10–80% on
     /// tight loops (see the README's benchmark).
+    ///
+    /// # Default
+    /// On.
     pub consume_fuel: bool,
     /// Epoch period: deadlines fire within two ticks after the limit.
+    ///
+    /// # Default
+    /// 1 ms.
     pub epoch_tick: Duration,
     /// How long the ticker keeps ticking after the last run before it parks.
+    ///
+    /// # Default
+    /// 250 ms.
     pub ticker_linger: Duration,
-    /// Compiled modules kept in memory (least recently used evicted).
+    /// Compiled modules kept in memory per backend (least recently used evicted).
+    ///
+    /// # Default
+    /// 64.
     pub module_cache_entries: usize,
-    /// Directory for serialized modules, reused across processes. Only
-    /// point it at a directory no untrusted user can write: loading an
-    /// artifact runs its machine code.
+    /// Directory for serialized modules, reused across processes.
+    ///
+    /// # Default
+    /// None (modules are kept in memory only).
+    ///
+    /// # Unsafety
+    ///
+    /// Loading a serialized module runs its machine code: wasmtime's
+    /// `Module::deserialize` checks only a header, so anyone who can write an
+    /// artifact into this directory can run arbitrary code in this process.
+    /// execbox therefore trusts the directory only if it is owned by this
+    /// process's effective user and not writable by group or others (a
+    /// directory it creates is made `0700`; an existing one is checked, never
+    /// chmodded, and refused otherwise when the backend is built), and loads
+    /// an artifact only if the file itself passes the same check (opened
+    /// without following symlinks). What remains the caller's duty: do not
+    /// point it at a directory whose *parents* another user controls, or that
+    /// this user's other, less trusted programs write.
     pub disk_cache_dir: Option<PathBuf>,
     /// Deepest JSON `input` accepted (serialization recurses).
+    ///
+    /// # Default
+    /// 128.
     pub max_input_nesting: usize,
     /// Deadline of a run whose policy states none: no guest runs unbounded.
     ///
     /// # Default
     /// 30 s.
     pub default_timeout: Duration,
+    /// Static limits on untrusted modules, checked before compiling.
+    ///
+    /// # Default
+    /// [`ModuleLimits::default`].
+    pub module_limits: ModuleLimits,
 }
 
 impl Default for WasmGuestConfig {
@@ -106,19 +171,18 @@ impl Default for WasmGuestConfig {
             disk_cache_dir: None,
             max_input_nesting: 128,
             default_timeout: Duration::from_secs(30),
+            module_limits: ModuleLimits::default(),
         }
     }
 }
 
-/// In-process WebAssembly guests on one shared wasmtime [`Engine`].
+/// In-process WebAssembly guests on a (possibly shared) [`WasmEngine`].
 ///
-/// Cheap to share (`Executor` holds it in an `Arc`); dropping it stops its
-/// epoch ticker thread.
+/// Cheap to share (`Executor` holds it in an `Arc`); dropping the last
+/// handle on its engine stops the engine's epoch ticker thread.
 pub struct WasmGuest {
-    cfg: WasmGuestConfig,
-    engine: Engine,
+    engine: Arc<WasmEngine>,
     cache: compile::ModuleCache,
-    ticker: ticker::EpochTicker,
     caps: BackendCapabilities,
 }
 
@@ -126,32 +190,47 @@ impl WasmGuest {
     /// The backend's name in results and refusals.
     pub const NAME: &'static str = "wasm";
 
-    /// A backend with [`WasmGuestConfig::default`].
+    /// A backend with [`WasmGuestConfig::default`] on an engine of its own.
     pub fn new() -> Result<Self, ExecError> {
         Self::with_config(WasmGuestConfig::default())
     }
 
-    /// A backend with `cfg`. Builds the engine (≈5 ms): do it once.
+    /// A backend with `cfg` on an engine of its own (≈5 ms to build: do it
+    /// once; to share the engine with the interpreters, use
+    /// [`WasmGuest::on_engine`]).
     pub fn with_config(cfg: WasmGuestConfig) -> Result<Self, ExecError> {
-        let fault = |what: &str, e: &dyn std::fmt::Display| ExecError::internal(Self::NAME, format!("{what}: {e:#}"));
-        let engine = build_engine(&cfg).map_err(|e| fault("cannot create the wasmtime engine", &e))?;
-        let linker = run::linker(&engine).map_err(|e| fault("cannot link WASI", &e))?;
+        Self::on_engine(WasmEngine::new(cfg)?)
+    }
+
+    /// A backend on `engine`, with a module cache of its own (in memory, and
+    /// in the engine config's `disk_cache_dir` if set).
+    pub fn on_engine(engine: Arc<WasmEngine>) -> Result<Self, ExecError> {
+        let cfg = engine.config();
         let cache = compile::ModuleCache::new(
-            engine.clone(),
-            std::sync::Arc::new(linker),
+            engine.engine().clone(),
+            engine.linker().clone(),
             cfg.module_cache_entries,
             cfg.disk_cache_dir.clone(),
         )
-        .map_err(|e| fault("cannot open the module cache directory", &e))?;
-        let ticker = ticker::EpochTicker::start(engine.clone(), cfg.epoch_tick, cfg.ticker_linger)
-            .map_err(|e| fault("cannot start the epoch ticker", &e))?;
-        let caps = capabilities(&cfg);
-        Ok(Self { cfg, engine, cache, ticker, caps })
+        .map_err(|e| ExecError::internal(Self::NAME, format!("cannot use the module cache directory: {e}")))?;
+        let caps = capabilities(&engine);
+        Ok(Self { engine, cache, caps })
     }
 
     /// The settings in use.
     pub fn config(&self) -> &WasmGuestConfig {
-        &self.cfg
+        self.engine.config()
+    }
+
+    /// The engine this backend runs on.
+    pub fn engine(&self) -> &Arc<WasmEngine> {
+        &self.engine
+    }
+
+    /// True when instances come from the pooling allocator (see
+    /// [`WasmEngine::pooling_allocator`]).
+    pub fn pooling_allocator(&self) -> bool {
+        self.engine.pooling_allocator()
     }
 
     /// Module cache counters: a repeated module shows up as a hit, not a compile.
@@ -160,31 +239,51 @@ impl WasmGuest {
     }
 
     /// Compiles (or finds) a module without running it, e.g. to warm the
-    /// cache at start-up; fails like `execute` would on a bad module.
+    /// cache at start-up; fails like `execute` would on a bad module (a
+    /// module too big to start, which `execute` reports as `out_of_memory`,
+    /// is an invalid module here).
     pub fn precompile(&self, module: &[u8]) -> Result<(), ExecError> {
-        self.cache.get(module).map(drop).map_err(ExecError::from)
+        match self.cache.get_untrusted(module, &self.config().module_limits, &self.ceilings(), &Deadline::start(None)) {
+            Ok(_) => Ok(()),
+            Err(compile::CompileRefusal::Invalid(e)) => Err(e.into()),
+            Err(compile::CompileRefusal::TooBigToStart(reason)) => Err(InvalidRequest::InvalidModule { reason }.into()),
+            Err(compile::CompileRefusal::DeadlinePassed) => {
+                Err(ExecError::internal(Self::NAME, "no deadline, yet it passed"))
+            }
+        }
     }
 
-    fn engine(&self) -> &Engine {
-        &self.engine
-    }
-
-    fn ticker(&self) -> &ticker::EpochTicker {
-        &self.ticker
+    fn ceilings(&self) -> module_limits::Ceilings {
+        let cfg = self.config();
+        module_limits::Ceilings { memory_bytes: cfg.max_memory_bytes, table_elements: cfg.max_table_elements as u64 }
     }
 
     /// Runs on the current thread, which may block.
     fn execute_here(&self, mut request: ExecRequest) -> Result<ExecResult, ExecError> {
+        // The clock starts before the module is looked up or compiled: a
+        // compile counts against the run's deadline and its duration.
+        let deadline = Deadline::start(Some(self.caps.effective_timeout(&request.policy)));
         let Payload::WasmModule(module) = std::mem::replace(&mut request.payload, Payload::WasmModule(Vec::new()))
         else {
             return Err(ExecError::internal(Self::NAME, "matching let a source payload through"));
         };
-        let input = nesting::take_bounded_input(&mut request.input, self.cfg.max_input_nesting)?
+        let cfg = self.config();
+        let input = nesting::take_bounded_input(&mut request.input, cfg.max_input_nesting)?
             .map(|value| serde_json::to_vec(&value))
             .transpose()
             .map_err(|e| ExecError::internal(Self::NAME, format!("cannot serialize input: {e}")))?;
-        let compiled = self.cache.get(&module)?;
+        let compiled = match self.cache.get_untrusted(&module, &cfg.module_limits, &self.ceilings(), &deadline) {
+            Ok(compiled) => compiled,
+            Err(compile::CompileRefusal::Invalid(e)) => return Err(e.into()),
+            Err(compile::CompileRefusal::TooBigToStart(why)) => {
+                return Ok(early_result(Self::NAME, Outcome::OutOfMemory, why, &deadline));
+            }
+            Err(compile::CompileRefusal::DeadlinePassed) => return Ok(compile_timed_out(Self::NAME, &deadline)),
+        };
         drop(module);
+        if deadline.expired() {
+            return Ok(compile_timed_out(Self::NAME, &deadline));
+        }
 
         let guest_input = match compiled.abi {
             compile::GuestAbi::Command => match (request.stdin.take(), input) {
@@ -218,37 +317,56 @@ impl WasmGuest {
             env: std::mem::take(&mut request.env).into_iter().collect(),
             preopens,
             fuel: policy.fuel,
-            timeout: Some(self.caps.effective_timeout(policy)),
-            memory_cap: self.memory_cap(policy),
+            memory_cap: self.engine.memory_cap(policy),
             max_stdout: policy.max_stdout_bytes,
             max_stderr: policy.max_stderr_bytes,
         };
-        run::run(self, &compiled, job)
+        run::run(&self.engine, Self::NAME, &compiled, job, deadline)
     }
 }
 
-impl WasmGuest {
+/// A result decided before the guest ran (its module could not start, or
+/// its deadline passed while compiling or loading).
+fn early_result(backend: &str, outcome: Outcome, message: String, deadline: &Deadline) -> ExecResult {
+    let mut result = ExecResult::new(backend, outcome);
+    result.message = Some(message);
+    result.usage.duration = deadline.elapsed();
+    result
+}
+
+/// `timed_out`: the deadline passed before the module was ready.
+fn compile_timed_out(backend: &str, deadline: &Deadline) -> ExecResult {
+    let message = format!("{} while compiling the module, before it ran", deadline.exceeded_message());
+    early_result(backend, Outcome::TimedOut, message, deadline)
+}
+
+impl WasmEngine {
     /// The linear-memory cap of a run: the policy's, at most the ceiling.
     fn memory_cap(&self, policy: &crate::policy::SandboxPolicy) -> usize {
-        let cap = policy.memory_bytes.map_or(self.cfg.max_memory_bytes, |m| m.min(self.cfg.max_memory_bytes));
+        let ceiling = self.config().max_memory_bytes;
+        let cap = policy.memory_bytes.map_or(ceiling, |m| m.min(ceiling));
         usize::try_from(cap).unwrap_or(usize::MAX)
     }
 
     /// Runs `f` here if this thread may block, else on a scoped thread: on an
     /// async worker thread the sync WASI layer would try to block on a nested
     /// runtime and panic.
-    fn on_blocking_thread<R: Send>(&self, f: impl FnOnce() -> Result<R, ExecError> + Send) -> Result<R, ExecError> {
+    fn on_blocking_thread<R: Send>(
+        &self,
+        backend: &str,
+        f: impl FnOnce() -> Result<R, ExecError> + Send,
+    ) -> Result<R, ExecError> {
         if may_block_here() {
             return f();
         }
         std::thread::scope(|scope| {
             std::thread::Builder::new()
                 .name("execbox-wasm".into())
-                .stack_size(self.cfg.max_wasm_stack + (2 << 20))
+                .stack_size(self.config().max_wasm_stack + (2 << 20))
                 .spawn_scoped(scope, f)
-                .map_err(|e| ExecError::internal(Self::NAME, format!("cannot spawn: {e}")))?
+                .map_err(|e| ExecError::internal(backend, format!("cannot spawn: {e}")))?
                 .join()
-                .unwrap_or_else(|_| Err(ExecError::internal(Self::NAME, "guest thread panicked")))
+                .unwrap_or_else(|_| Err(ExecError::internal(backend, "guest thread panicked")))
         })
     }
 }
@@ -268,31 +386,8 @@ fn policy_preopens(policy: &crate::policy::SandboxPolicy) -> Result<Vec<run::Pre
             }
         }
     }
+    fs_guard::refuse_blocking_mounts(&preopens)?;
     Ok(preopens)
-}
-
-fn build_engine(cfg: &WasmGuestConfig) -> wasmtime::Result<Engine> {
-    let mut config = Config::new();
-    config.consume_fuel(cfg.consume_fuel).epoch_interruption(true).max_wasm_stack(cfg.max_wasm_stack);
-    if cfg.pooled_instances == 0 {
-        return Engine::new(&config);
-    }
-    let n = cfg.pooled_instances;
-    let mut pool = PoolingAllocationConfig::default();
-    pool.total_core_instances(n)
-        .total_memories(n)
-        .total_tables(n * 4)
-        .max_memories_per_module(1)
-        .max_tables_per_module(4)
-        .table_elements(cfg.max_table_elements)
-        .max_memory_size(usize::try_from(cfg.max_memory_bytes).unwrap_or(usize::MAX))
-        .total_component_instances(0)
-        .total_stacks(0);
-    let mut pooled = config.clone();
-    pooled.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
-    // The pool reserves its address space up front; where that is refused
-    // (e.g. a `ulimit -v`), fall back to on-demand allocation.
-    Engine::new(&pooled).or_else(|_| Engine::new(&config))
 }
 
 /// Writes the request's input files (and `extra`, a named file of execbox's
@@ -327,8 +422,19 @@ fn write_staged(dir: &std::path::Path, request: &ExecRequest, extra: Option<(&st
     Ok(())
 }
 
-fn capabilities(cfg: &WasmGuestConfig) -> BackendCapabilities {
+fn capabilities(engine: &WasmEngine) -> BackendCapabilities {
     use Enforcement as E;
+    let cfg = engine.config();
+    let allocation = if engine.pooling_allocator() {
+        format!("instances from a pooling allocator of {} slots shared by the wasm backends", cfg.pooled_instances)
+    } else if cfg.pooled_instances > 0 {
+        format!(
+            "instances allocated on demand: the pooling allocator's reservation was refused; at most {} at once",
+            cfg.pooled_instances
+        )
+    } else {
+        "instances allocated on demand".to_string()
+    };
     BackendCapabilities {
         isolation: IsolationKind::InProcess,
         cost: CostClass::Low,
@@ -343,7 +449,8 @@ fn capabilities(cfg: &WasmGuestConfig) -> BackendCapabilities {
             deny: E::enforced("no directory is preopened; WASI preview 1 reaches files only through preopens"),
             allow_list: E::enforced(
                 "each granted directory is a cap-std preopen (read-only grants refuse writes); \
-                 `..` and symlinks cannot leave it",
+                 `..` and symlinks cannot leave it; guests cannot create symlinks; FIFOs, sockets and \
+                 devices are refused at open",
             ),
         },
         environment: SurfaceCapability {
@@ -351,11 +458,13 @@ fn capabilities(cfg: &WasmGuestConfig) -> BackendCapabilities {
             allow_list: E::enforced("only the request's values for allow-listed names; nothing is inherited"),
         },
         timeout: E::enforced(format!(
-            "preemptive: epoch interruption every {} µs in wasm code; sleeps in poll_oneoff end at the deadline",
+            "preemptive: epoch interruption every {} µs in wasm code; sleeps in poll_oneoff end at the deadline; \
+             the module's compile counts against it (bounded by static module limits)",
             cfg.epoch_tick.as_micros()
         )),
         memory: E::enforced(format!(
-            "per-store limiter on linear memory and tables (ceiling {} bytes); memory.grow past it returns -1",
+            "per-store limiter on linear memory and tables (ceiling {} bytes); memory.grow past it returns -1; \
+             {allocation}",
             cfg.max_memory_bytes
         )),
         fuel: if cfg.consume_fuel {
@@ -380,6 +489,6 @@ impl Backend for WasmGuest {
     }
 
     fn execute(&self, request: ExecRequest) -> Result<ExecResult, ExecError> {
-        self.on_blocking_thread(|| self.execute_here(request))
+        self.engine.on_blocking_thread(Self::NAME, || self.execute_here(request))
     }
 }

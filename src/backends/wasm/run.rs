@@ -12,12 +12,13 @@ use wasmtime_wasi::p1::WasiP1Ctx;
 use wasmtime_wasi::p2::pipe::MemoryInputPipe;
 use wasmtime_wasi::{FsPerms, HostMonotonicClock, I32Exit, WasiCtxBuilder};
 
-use super::WasmGuest;
 use super::compile::{Compiled, GuestAbi};
+use super::engine::{SlotPermit, WasmEngine};
+use super::fs_guard;
 use super::stdio::CappedPipe;
 use crate::error::{ExecError, InvalidRequest};
 use crate::limits::Deadline;
-use crate::result::{ExecResult, Outcome, Usage};
+use crate::result::{ExecResult, Outcome};
 
 /// Everything one run needs, taken from the request.
 pub(super) struct Job {
@@ -27,7 +28,6 @@ pub(super) struct Job {
     pub env: Vec<(String, String)>,
     pub preopens: Vec<Preopen>,
     pub fuel: Option<u64>,
-    pub timeout: Option<Duration>,
     pub memory_cap: usize,
     pub max_stdout: Option<u64>,
     pub max_stderr: Option<u64>,
@@ -42,7 +42,7 @@ pub(super) struct Preopen {
 
 /// The store's data: the WASI context and the per-run limits.
 pub(crate) struct GuestState {
-    wasi: WasiP1Ctx,
+    pub(super) wasi: WasiP1Ctx,
     limits: MemoryLimits,
     controls: Arc<RunControls>,
     clock_start: Instant,
@@ -148,7 +148,8 @@ impl std::fmt::Display for DeadlineReached {
 
 impl std::error::Error for DeadlineReached {}
 
-/// WASI preview 1, with execbox's own `poll_oneoff`.
+/// WASI preview 1, with execbox's own `poll_oneoff`, and its own
+/// `path_open` and `path_symlink` (see `fs_guard.rs`).
 ///
 /// Epoch interruption only fires in wasm code, and wasmtime-wasi's
 /// `poll_oneoff` sleeps on the host thread: `sleep(3600)` would hold the
@@ -162,6 +163,8 @@ pub(super) fn linker(engine: &Engine) -> wasmtime::Result<Linker<GuestState>> {
     wasmtime_wasi::p1::add_to_linker_sync(&mut linker, |s: &mut GuestState| &mut s.wasi)?;
     linker.allow_shadowing(true);
     linker.func_wrap("wasi_snapshot_preview1", "poll_oneoff", poll_oneoff)?;
+    linker.func_wrap("wasi_snapshot_preview1", "path_open", fs_guard::path_open)?;
+    linker.func_wrap("wasi_snapshot_preview1", "path_symlink", fs_guard::path_symlink)?;
     linker.allow_shadowing(false);
     Ok(linker)
 }
@@ -251,21 +254,43 @@ fn poll_oneoff(
     Ok(ERRNO_SUCCESS)
 }
 
-/// Runs `compiled` under `job`'s limits.
-pub(super) fn run(backend: &WasmGuest, compiled: &Compiled, mut job: Job) -> Result<ExecResult, ExecError> {
-    let controls = RunControls::new(Deadline::start(job.timeout), job.memory_cap);
+/// Runs `compiled` under `job`'s limits, as `backend`, within `deadline`
+/// (started by the caller, before the module was looked up or compiled).
+pub(super) fn run(
+    engine: &WasmEngine,
+    backend: &str,
+    compiled: &Compiled,
+    mut job: Job,
+    deadline: Deadline,
+) -> Result<ExecResult, ExecError> {
     let stdio = Stdio { stdout: CappedPipe::new(job.max_stdout), stderr: CappedPipe::new(job.max_stderr) };
     // A command reads the input on stdin; a JSON-ABI guest gets it through `alloc`/`run`.
     let stdin = match compiled.abi {
-        GuestAbi::Command => MemoryInputPipe::new(std::mem::take(&mut job.guest_input)),
-        GuestAbi::JsonAbi { .. } => MemoryInputPipe::new(Vec::new()),
+        GuestAbi::Command => std::mem::take(&mut job.guest_input),
+        GuestAbi::JsonAbi { .. } => Vec::new(),
     };
+    run_with(engine, backend, compiled, job, MemoryInputPipe::new(stdin), stdio, deadline)
+}
+
+/// [`run`] with the streams made by the caller (QuickJS taps its stdout).
+pub(super) fn run_with(
+    engine: &WasmEngine,
+    backend: &str,
+    compiled: &Compiled,
+    job: Job,
+    stdin: MemoryInputPipe,
+    stdio: Stdio,
+    deadline: Deadline,
+) -> Result<ExecResult, ExecError> {
+    // Declared first, so it is given back after the store is gone.
+    let _slot: SlotPermit = engine.acquire_slot(&deadline, backend)?;
+    let controls = RunControls::new(deadline, job.memory_cap);
     let setup = StoreSetup { args: &job.args, env: &job.env, preopens: &job.preopens, fuel: job.fuel };
-    let mut store = new_store(backend, compiled.abi, stdin, &stdio, &setup, controls.clone())?;
-    let ticker = backend.ticker();
-    store.set_epoch_deadline(job.timeout.map_or(u64::MAX / 2, |t| ticker.ticks_for(t)));
+    let mut store = new_store(engine, compiled.abi, stdin, &stdio, &setup, controls)?;
+    let ticker = engine.ticker();
+    store.set_epoch_deadline(deadline.remaining().map_or(u64::MAX / 2, |left| ticker.ticks_for(left)));
     store.epoch_deadline_trap();
-    let _ticking = job.timeout.map(|_| ticker.run_guard());
+    let _ticking = deadline.limit().map(|_| ticker.run_guard());
 
     let verdict = match instantiate(backend, compiled, &mut store)? {
         Err(err) => Err(err),
@@ -274,7 +299,7 @@ pub(super) fn run(backend: &WasmGuest, compiled: &Compiled, mut job: Job) -> Res
             GuestAbi::JsonAbi { initialize } => call_json_abi(&mut store, instance, initialize, &job),
         },
     };
-    Ok(finish(backend, &mut store, verdict, &stdio, job.fuel))
+    Ok(finish(engine, backend, &mut store, verdict, &stdio, job.fuel))
 }
 
 /// For a store whose deadline is set later ([`RunControls::arm`]): at every
@@ -308,7 +333,7 @@ pub(super) struct StoreSetup<'a> {
 /// A store with the WASI context, limiter and fuel of one run. The epoch
 /// deadline is the caller's to set.
 pub(super) fn new_store(
-    backend: &WasmGuest,
+    engine: &WasmEngine,
     abi: GuestAbi,
     stdin: impl wasmtime_wasi::cli::StdinStream + 'static,
     stdio: &Stdio,
@@ -333,38 +358,34 @@ pub(super) fn new_store(
         wasi.preopened_dir(&p.host, &p.guest, p.perms)
             .map_err(|e| InvalidRequest::BadPath { path: p.host.display().to_string(), reason: format!("{e:#}") })?;
     }
-    let cfg = backend.config();
+    let cfg = engine.config();
     let state = GuestState {
         wasi: wasi.build_p1(),
         limits: MemoryLimits { controls: controls.clone(), table_elements: cfg.max_table_elements, denied: false },
         controls,
         clock_start,
     };
-    let mut store = Store::new(backend.engine(), state);
+    let mut store = Store::new(engine.engine(), state);
     store.limiter(|s| &mut s.limits);
     if cfg.consume_fuel {
-        store
-            .set_fuel(setup.fuel.unwrap_or(u64::MAX))
-            .map_err(|e| ExecError::internal(WasmGuest::NAME, format!("{e:#}")))?;
+        store.set_fuel(setup.fuel.unwrap_or(u64::MAX)).map_err(|e| ExecError::internal("wasm", format!("{e:#}")))?;
     }
     Ok(store)
 }
 
-/// Instantiates from the pool; a full pool is `BackendUnavailable`, any
-/// other failure is the run's (inner) error.
+/// Instantiates from the pool, any failure being the run's (inner) error.
+/// The caller holds a slot ([`WasmEngine::acquire_slot`]), so the pool is
+/// never full here; if it is anyway (a slot freed late), the run is refused
+/// as [`ExecError::Busy`] before any guest code ran.
 pub(super) fn instantiate(
-    backend: &WasmGuest,
+    backend: &str,
     compiled: &Compiled,
     store: &mut Store<GuestState>,
 ) -> Result<wasmtime::Result<wasmtime::Instance>, ExecError> {
     match compiled.pre.instantiate(store) {
-        Err(err) if err.is::<wasmtime::PoolConcurrencyLimitError>() => Err(ExecError::BackendUnavailable {
-            backend: WasmGuest::NAME.into(),
-            reason: format!(
-                "all {} pooled instance slots are busy; raise WasmGuestConfig::pooled_instances",
-                backend.config().pooled_instances
-            ),
-        }),
+        Err(err) if err.is::<wasmtime::PoolConcurrencyLimitError>() => {
+            Err(ExecError::Busy { backend: backend.into(), reason: format!("the wasm instance pool is full: {err:#}") })
+        }
         other => Ok(other),
     }
 }
@@ -372,7 +393,8 @@ pub(super) fn instantiate(
 /// The result of a finished run. `fuel` is the budget the store started
 /// with (`None`: unlimited), for the usage figure.
 pub(super) fn finish(
-    backend: &WasmGuest,
+    engine: &WasmEngine,
+    backend: &str,
     store: &mut Store<GuestState>,
     verdict: wasmtime::Result<Finished>,
     stdio: &Stdio,
@@ -380,32 +402,36 @@ pub(super) fn finish(
 ) -> ExecResult {
     let state = store.data();
     let deadline = state.controls.deadline();
+    let mut output_truncated = false;
     let (outcome, exit_code, output, message) = match verdict {
         Ok(Finished::Exited(code)) => (Outcome::Ok, Some(code), None, None),
         Ok(Finished::Returned(value)) => (Outcome::Ok, None, Some(value), None),
         Ok(Finished::Refused(why)) => (Outcome::Failed, None, None, Some(why)),
+        Ok(Finished::OverCap(max)) => {
+            // What `result_caps::cap_result` decides for every backend.
+            output_truncated = true;
+            let why = format!("the returned value is over the output cap of {max} bytes (max_stdout_bytes)");
+            (Outcome::Failed, None, None, Some(why))
+        }
         Err(err) => classify(&err, state, &deadline),
     };
     let peak = state.controls.peak() as u64;
     // Compiled code keeps the fuel counter in a register and an interrupt
     // does not write it back: after a timeout the store's figure is stale.
     let fuel_budget = fuel.unwrap_or(u64::MAX);
-    let fuel = (backend.config().consume_fuel && outcome != Outcome::TimedOut)
+    let fuel = (engine.config().consume_fuel && outcome != Outcome::TimedOut)
         .then(|| fuel_budget.saturating_sub(store.get_fuel().unwrap_or(0)));
-    ExecResult {
-        backend: WasmGuest::NAME.into(),
-        outcome,
-        exit_code,
-        stdout: stdio.stdout.take_captured(),
-        stderr: stdio.stderr.take_captured(),
-        output,
-        output_truncated: false,
-        message,
-        output_files: Vec::new(),
-        failure_kind: None,
-        diagnostics: Vec::new(),
-        usage: Usage { duration: deadline.elapsed(), instructions: None, fuel, peak_memory_bytes: Some(peak) },
-    }
+    let mut result = ExecResult::new(backend, outcome);
+    result.exit_code = exit_code;
+    result.stdout = stdio.stdout.take_captured();
+    result.stderr = stdio.stderr.take_captured();
+    result.output = output;
+    result.output_truncated = output_truncated;
+    result.message = message;
+    result.usage.duration = deadline.elapsed();
+    result.usage.fuel = fuel;
+    result.usage.peak_memory_bytes = Some(peak);
+    result
 }
 
 /// How a guest finished without a trap.
@@ -416,6 +442,8 @@ pub(super) enum Finished {
     Returned(serde_json::Value),
     /// A JSON-ABI guest broke the ABI (bad pointer, invalid JSON...).
     Refused(String),
+    /// A JSON-ABI guest returned more than `max_stdout_bytes` (the cap).
+    OverCap(u64),
 }
 
 pub(super) fn call_start(store: &mut Store<GuestState>, instance: wasmtime::Instance) -> wasmtime::Result<Finished> {
@@ -457,9 +485,7 @@ fn call_json_abi(
     if let Some(max) = job.max_stdout
         && out_len as u64 > max
     {
-        return Ok(Finished::Refused(format!(
-            "output is {out_len} bytes, over the policy's max_stdout_bytes of {max}"
-        )));
+        return Ok(Finished::OverCap(max));
     }
     let Some(bytes) = memory.data(&*store).get(out_ptr..out_ptr.saturating_add(out_len)) else {
         return Ok(Finished::Refused(format!(

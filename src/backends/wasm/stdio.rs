@@ -4,6 +4,9 @@
 //! Unlike wasmtime-wasi's `MemoryOutputPipe`, a full pipe keeps accepting
 //! (and counting) bytes: the guest never sees a write error, the way a pipe
 //! drained to `/dev/null` behaves, and `total_bytes` stays exact.
+//!
+//! A pipe may carry a [`ResultTap`] (QuickJS's stdout): the runner's result
+//! records are taken out of the stream before the cap applies.
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,6 +18,7 @@ use tokio::io::AsyncWrite;
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
 
+use super::quickjs::{Records, ResultTap};
 use crate::limits::BoundedBuffer;
 use crate::result::CapturedStream;
 
@@ -23,28 +27,56 @@ const WRITE_WINDOW: usize = 64 * 1024;
 
 /// One capped output stream; clones share the buffer.
 #[derive(Clone)]
-pub(super) struct CappedPipe(Arc<Mutex<BoundedBuffer>>);
+pub(super) struct CappedPipe(Arc<Mutex<Sink>>);
+
+struct Sink {
+    text: BoundedBuffer,
+    tap: Option<ResultTap>,
+    /// What the tap found, once the stream was taken.
+    records: Option<Records>,
+}
 
 impl CappedPipe {
     pub fn new(cap: Option<u64>) -> Self {
-        Self(Arc::new(Mutex::new(BoundedBuffer::new(cap))))
+        Self(Arc::new(Mutex::new(Sink { text: BoundedBuffer::new(cap), tap: None, records: None })))
+    }
+
+    /// A pipe whose `tap` takes the runner's records out of the stream.
+    pub fn tapped(cap: Option<u64>, tap: ResultTap) -> Self {
+        Self(Arc::new(Mutex::new(Sink { text: BoundedBuffer::new(cap), tap: Some(tap), records: None })))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Sink> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Starts over with an empty buffer holding at most `cap` bytes (a warm
     /// instance learns its request's cap when the code arrives).
     pub fn reset(&self, cap: Option<u64>) {
-        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = BoundedBuffer::new(cap);
+        self.lock().text = BoundedBuffer::new(cap);
     }
 
     fn write(&self, bytes: &[u8]) {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner).write(bytes);
+        let sink = &mut *self.lock();
+        match &mut sink.tap {
+            Some(tap) => tap.feed(bytes, &mut sink.text),
+            None => sink.text.write(bytes),
+        }
     }
 
     /// What was kept and how much was written in all; call once, after the
     /// run (the buffer is moved out, not copied).
     pub fn take_captured(&self) -> CapturedStream {
-        let mut buffer = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        std::mem::replace(&mut *buffer, BoundedBuffer::new(Some(0))).into_captured()
+        let sink = &mut *self.lock();
+        if let Some(mut tap) = sink.tap.take() {
+            sink.records = Some(tap.finish(&mut sink.text));
+        }
+        std::mem::replace(&mut sink.text, BoundedBuffer::new(Some(0))).into_captured()
+    }
+
+    /// The tap's records, after [`CappedPipe::take_captured`].
+    pub fn take_records(&self) -> Records {
+        self.lock().records.take().unwrap_or_default()
     }
 }
 

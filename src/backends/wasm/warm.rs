@@ -9,16 +9,28 @@
 //! when the code arrives ([`RunControls::arm`]); requests that need what is
 //! fixed at start-up (arguments, environment, granted directories, a fuel
 //! budget, or a memory cap below what start-up already used) run fresh instead.
+//!
+//! Each instance holds one of the engine's instance slots while it waits, and
+//! takes one only if it is free at once and as many as the pool's size stay
+//! free (warm instances never queue for a slot ahead of requests, nor take
+//! the last ones). A start that fails — no temporary directory, no
+//! thread, an instance that dies during start-up — does not shrink the pool
+//! for good: a retry thread (alive only while the pool is short) tries again
+//! after a backoff of 100 ms, doubling per failure in a row up to 10 s; a
+//! start that found every slot busy is retried after 100 ms without growing
+//! the backoff. Meanwhile requests run on fresh instances.
 
 use std::collections::VecDeque;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, mpsc};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use wasmtime_wasi::FsPerms;
 
-use super::WasmGuest;
+use super::WasmEngine;
 use super::compile::Compiled;
 use super::run::{self, Preopen, RunControls, Stdio, StoreSetup};
 use super::stdio::{CappedPipe, CodeStdin};
@@ -32,13 +44,21 @@ use crate::result::{ExecResult, Outcome};
 /// stops waiting (the guest stops itself at the deadline; this is a backstop).
 const REPORT_GRACE: Duration = Duration::from_secs(5);
 
+/// First wait before starting instances again after a failed start (no
+/// temporary directory, no thread, no free slot); doubled per failure in a
+/// row, up to [`BACKOFF_MAX`].
+const BACKOFF_START: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(10);
+
 /// One pre-started instance, waiting for its code.
 struct Warm {
     code: tokio::sync::oneshot::Sender<Vec<u8>>,
     controls: Arc<RunControls>,
     stdio: Stdio,
     /// Seen by the guest at `/work` (read-only); the request's files go here.
-    work: tempfile::TempDir,
+    /// The directory belongs to the instance's thread and is removed when
+    /// that thread ends, never while the guest may still read it.
+    work: PathBuf,
     done: mpsc::Receiver<Result<ExecResult, ExecError>>,
     thread: JoinHandle<()>,
     /// Set once start-up is over and the guest waits for its code.
@@ -54,26 +74,92 @@ impl Warm {
     }
 }
 
+/// A thread whose instance was handed a request.
+struct Handed {
+    thread: JoinHandle<()>,
+    /// It answered, so it ends at once (dropping its store); otherwise it
+    /// was abandoned past its deadline and ends when the guest stops.
+    answered: bool,
+}
+
+/// Failed starts in a row, and when to try again.
+#[derive(Default)]
+struct Backoff {
+    failures: u32,
+    retry_at: Option<Instant>,
+}
+
+/// Why an instance did not start.
+enum StartError {
+    /// Every instance slot is busy: contention, retried soon.
+    NoSlot,
+    /// Anything else: retried after the backoff.
+    Failed(String),
+}
+
+/// The pool; the retry thread shares it.
 pub(super) struct WarmPool {
-    guest: Arc<WasmGuest>,
+    pool: Arc<Pool>,
+}
+
+struct Pool {
+    engine: Arc<WasmEngine>,
+    /// The backend's name, in results and errors.
+    backend: &'static str,
     compiled: Arc<Compiled>,
     /// The interpreter's arguments (e.g. `-c BOOTSTRAP`).
     args: Vec<String>,
     size: usize,
     idle: Mutex<VecDeque<Warm>>,
-    /// Threads (and work dirs) of answered runs, joined off the request path.
-    finished: Mutex<Vec<(JoinHandle<()>, tempfile::TempDir)>>,
+    /// Threads of handed-out instances, joined off the request path once ended.
+    handed: Mutex<Vec<Handed>>,
+    backoff: Mutex<Backoff>,
+    /// Held by whoever is starting instances (one refiller at a time).
+    refilling: Mutex<()>,
+    /// Set when the pool is dropped; the retry thread waits on `wake`.
+    closed: Mutex<bool>,
+    wake: Condvar,
+    /// The retry thread, while the pool is short.
+    retrier: Mutex<Retrier>,
+}
+
+#[derive(Default)]
+struct Retrier {
+    /// Set by whoever starts the thread, cleared by the thread as it ends
+    /// (both under the mutex, so a pool found short is never left alone).
+    running: bool,
+    thread: Option<JoinHandle<()>>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl WarmPool {
-    /// A pool of `size` instances, starting now in the background.
-    pub fn start(guest: Arc<WasmGuest>, compiled: Arc<Compiled>, args: Vec<String>, size: usize) -> Self {
-        let pool =
-            Self { guest, compiled, args, size, idle: Mutex::new(VecDeque::new()), finished: Mutex::new(Vec::new()) };
-        for _ in 0..size {
-            pool.refill();
-        }
-        pool
+    /// A pool of `size` instances of `backend`, starting now in the background.
+    pub fn start(
+        engine: Arc<WasmEngine>,
+        backend: &'static str,
+        compiled: Arc<Compiled>,
+        args: Vec<String>,
+        size: usize,
+    ) -> Self {
+        let pool = Arc::new(Pool {
+            engine,
+            backend,
+            compiled,
+            args,
+            size,
+            idle: Mutex::new(VecDeque::new()),
+            handed: Mutex::new(Vec::new()),
+            backoff: Mutex::new(Backoff::default()),
+            refilling: Mutex::new(()),
+            closed: Mutex::new(false),
+            wake: Condvar::new(),
+            retrier: Mutex::new(Retrier::default()),
+        });
+        pool.top_up();
+        Self { pool }
     }
 
     /// Whether a warm instance can honour `request` exactly.
@@ -84,77 +170,253 @@ impl WarmPool {
             && request.policy.fuel.is_none()
     }
 
-    /// Runs `code` on a warm instance, with `request`'s limits and files.
-    /// `None` when no instance is idle or it cannot honour the memory cap:
-    /// the caller runs a fresh instance.
+    /// Runs `code` on a warm instance, with `request`'s limits and files,
+    /// within `deadline`. `None` when no live instance is idle or it cannot
+    /// honour the memory cap: the caller runs a fresh instance (and calls
+    /// [`WarmPool::top_up`] afterwards).
     pub fn run(
         &self,
         code: &str,
         input_json: Option<&[u8]>,
         request: &ExecRequest,
+        deadline: Deadline,
     ) -> Option<Result<ExecResult, ExecError>> {
-        let warm = self.idle.lock().unwrap_or_else(PoisonError::into_inner).pop_front()?;
+        self.pool.run(code, input_json, request, deadline)
+    }
+
+    /// Starts instances until the pool is full again (see [`Pool::top_up`]).
+    pub fn top_up(&self) {
+        self.pool.top_up();
+    }
+
+    /// Instances in the pool (started or still starting).
+    pub fn idle(&self) -> usize {
+        lock(&self.pool.idle).len()
+    }
+
+    /// Instances done starting, waiting for code.
+    pub fn ready(&self) -> usize {
+        lock(&self.pool.idle).iter().filter(|w| w.waiting.load(Ordering::SeqCst)).count()
+    }
+}
+
+impl Pool {
+    fn run(
+        self: &Arc<Self>,
+        code: &str,
+        input_json: Option<&[u8]>,
+        request: &ExecRequest,
+        deadline: Deadline,
+    ) -> Option<Result<ExecResult, ExecError>> {
+        let warm = loop {
+            let warm = lock(&self.idle).pop_front()?;
+            if !warm.thread.is_finished() {
+                break warm;
+            }
+            // It ended during start-up (e.g. its instance could not be made).
+            let why = match warm.done.try_recv() {
+                Ok(Err(e)) => e.to_string(),
+                _ => "it exited during start-up".to_string(),
+            };
+            self.note_failure(&why);
+            drop(warm.thread.join());
+        };
         // The replacement starts once this run has answered: started now, its
-        // CPython start-up would compete with this run for the CPU.
-        let _refill = Refill(self);
+        // start-up would compete with this run for the CPU.
+        let _refill = Refill(self.clone());
         let policy = &request.policy;
-        let memory_cap = self.guest.memory_cap(policy);
+        let memory_cap = self.engine.memory_cap(policy);
         if warm.controls.peak() > memory_cap {
             warm.retire();
             return None;
         }
-        if let Err(e) = super::write_staged(warm.work.path(), request, input_json.map(|j| ("input.json", j))) {
+        if let Err(e) = super::write_staged(&warm.work, request, input_json.map(|j| ("input.json", j))) {
             warm.retire();
             return Some(Err(e));
         }
         warm.stdio.stdout.reset(policy.max_stdout_bytes);
         warm.stdio.stderr.reset(policy.max_stderr_bytes);
-        let deadline = Deadline::start(Some(policy.timeout_duration().unwrap_or(self.guest.cfg.default_timeout)));
         warm.controls.arm(deadline, memory_cap);
-        let _ticking = self.guest.ticker().run_guard();
+        let _ticking = self.engine.ticker().run_guard();
         if warm.code.send(code.as_bytes().to_vec()).is_err() {
-            return Some(Err(ExecError::internal(WasmGuest::NAME, "a warm instance ended before its code arrived")));
+            // It ended between the check above and now: run fresh instead.
+            self.hand_off(warm.thread, true);
+            return None;
         }
         let result = match deadline.remaining() {
-            Some(left) => warm.done.recv_timeout(left + REPORT_GRACE).ok(),
-            None => warm.done.recv().ok(),
+            Some(left) => warm.done.recv_timeout(left + REPORT_GRACE),
+            None => warm.done.recv().map_err(|_| RecvTimeoutError::Disconnected),
         };
-        let Some(mut result) = result else {
+        self.hand_off(warm.thread, result.is_ok());
+        Some(match result {
+            Ok(mut result) => {
+                if let Ok(r) = &mut result {
+                    // The store's counter includes start-up: no per-request figure.
+                    r.usage.fuel = None;
+                }
+                result
+            }
             // The guest stops itself at the deadline; a run that has not
-            // reported by now is stuck in the host: leave its thread.
-            return Some(Ok(stuck(&deadline)));
-        };
-        self.finished.lock().unwrap_or_else(PoisonError::into_inner).push((warm.thread, warm.work));
-        if let Ok(r) = &mut result {
-            // The store's counter includes start-up: no per-request figure.
-            r.usage.fuel = None;
+            // reported by now is stuck in the host: leave its thread (and
+            // its `/work`, which goes when the thread ends).
+            Err(RecvTimeoutError::Timeout) => Ok(stuck(self.backend, &deadline)),
+            Err(RecvTimeoutError::Disconnected) => {
+                Err(ExecError::internal(self.backend, "a warm instance ended without a result"))
+            }
+        })
+    }
+
+    /// Starts instances until the pool is full again, unless a recent start
+    /// failed and its backoff has not passed. Called after each run answered
+    /// (never during one), by the caller after a fresh run, and by the retry
+    /// thread, which runs while the pool is short.
+    fn top_up(self: &Arc<Self>) {
+        self.join_handed(false);
+        let Ok(refilling) = self.refilling.try_lock() else { return };
+        let due = lock(&self.backoff).retry_at.is_none_or(|at| Instant::now() >= at);
+        if due {
+            self.start_instances();
         }
-        Some(result)
+        drop(refilling);
+        if lock(&self.idle).len() < self.size {
+            self.keep_retrying();
+        }
+    }
+
+    /// Starts the retry thread unless it runs: it tops the pool up when each
+    /// backoff passes, and ends once the pool is full (or closed).
+    fn keep_retrying(self: &Arc<Self>) {
+        let mut retrier = lock(&self.retrier);
+        if retrier.running {
+            return;
+        }
+        if let Some(ended) = retrier.thread.take() {
+            drop(ended.join());
+        }
+        let pool = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name("execbox-warm-retry".into())
+            .stack_size(256 << 10)
+            .spawn(move || pool.retry_loop());
+        match spawned {
+            Ok(thread) => *retrier = Retrier { running: true, thread: Some(thread) },
+            // The next request that ends tries again.
+            Err(e) => tracing::debug!(error = %e, "cannot start the warm pool's retry thread"),
+        }
+    }
+
+    fn retry_loop(self: Arc<Self>) {
+        loop {
+            if !self.wait_for_backoff() {
+                break;
+            }
+            self.start_missing();
+            let mut retrier = lock(&self.retrier);
+            if lock(&self.idle).len() >= self.size || *lock(&self.closed) {
+                retrier.running = false;
+                return;
+            }
+        }
+        lock(&self.retrier).running = false;
+    }
+
+    /// Sleeps until the backoff has passed; false if the pool closed meanwhile.
+    fn wait_for_backoff(&self) -> bool {
+        let mut closed = lock(&self.closed);
+        while !*closed {
+            let retry_at = lock(&self.backoff).retry_at;
+            let wait = retry_at.map_or(Duration::ZERO, |at| at.saturating_duration_since(Instant::now()));
+            if wait.is_zero() {
+                return true;
+            }
+            closed = self.wake.wait_timeout(closed, wait).unwrap_or_else(PoisonError::into_inner).0;
+        }
+        false
+    }
+
+    /// One refill attempt of the retry thread.
+    fn start_missing(&self) {
+        let Ok(_refilling) = self.refilling.try_lock() else {
+            // A request's refill is at work: look again after a pause.
+            lock(&self.backoff).retry_at = Some(Instant::now() + BACKOFF_START);
+            return;
+        };
+        self.start_instances();
+    }
+
+    /// Starts instances until the pool is full, a start fails (backoff) or
+    /// finds no slot (retry soon). The caller holds `refilling`.
+    fn start_instances(&self) {
+        loop {
+            let short = lock(&self.idle).len() < self.size;
+            if !short || *lock(&self.closed) {
+                return;
+            }
+            match self.start_one() {
+                Ok(warm) => {
+                    *lock(&self.backoff) = Backoff::default();
+                    lock(&self.idle).push_back(warm);
+                }
+                Err(StartError::NoSlot) => {
+                    lock(&self.backoff).retry_at = Some(Instant::now() + BACKOFF_START);
+                    return;
+                }
+                Err(StartError::Failed(why)) => {
+                    self.note_failure(&why);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Records a failed start: no new start before the backoff passes.
+    fn note_failure(&self, why: &str) {
+        let mut backoff = lock(&self.backoff);
+        backoff.failures = backoff.failures.saturating_add(1);
+        let delay = BACKOFF_START.saturating_mul(1 << backoff.failures.min(16).saturating_sub(1)).min(BACKOFF_MAX);
+        backoff.retry_at = Some(Instant::now() + delay);
+        tracing::warn!(
+            backend = self.backend,
+            failures = backoff.failures,
+            retry_in_ms = delay.as_millis() as u64,
+            reason = why,
+            "cannot start a warm instance; requests run on fresh instances meanwhile"
+        );
     }
 
     /// Starts one instance in the background; it joins the idle list at once
     /// (a request that takes it before start-up ends waits for the rest).
-    fn refill(&self) {
-        self.join_finished(false);
-        let Ok(work) = crate::backends::owner::temp_dir("warm") else { return };
+    fn start_one(&self) -> Result<Warm, StartError> {
+        // Never waits, and leaves as many slots free as the pool holds: with
+        // slots scarce, requests need them more.
+        let slot = self.engine.try_acquire_slot(self.size).ok_or(StartError::NoSlot)?;
+        let work = crate::backends::owner::temp_dir("warm")
+            .map_err(|e| StartError::Failed(format!("no temporary directory: {e}")))?;
+        let work_path = work.path().to_path_buf();
         let (stdin, code, waiting) = CodeStdin::new();
-        let controls = RunControls::new(Deadline::start(None), self.guest.cfg.max_memory_bytes as usize);
+        let ceiling = usize::try_from(self.engine.config().max_memory_bytes).unwrap_or(usize::MAX);
+        let controls = RunControls::new(Deadline::start(None), ceiling);
         let stdio = Stdio { stdout: CappedPipe::new(Some(0)), stderr: CappedPipe::new(Some(0)) };
         let (done_tx, done) = mpsc::sync_channel(1);
-        let guest = self.guest.clone();
+        let engine = self.engine.clone();
+        let backend = self.backend;
         let compiled = self.compiled.clone();
         let args = self.args.clone();
         let thread_stdio = Stdio { stdout: stdio.stdout.clone(), stderr: stdio.stderr.clone() };
         let thread_controls = controls.clone();
-        let host = work.path().to_path_buf();
-        let spawned = std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("execbox-warm".into())
-            .stack_size(self.guest.cfg.max_wasm_stack + (2 << 20))
+            .stack_size(self.engine.config().max_wasm_stack + (2 << 20))
             .spawn(move || {
-                let preopens = [Preopen { host, guest: "/work".into(), perms: FsPerms::ReadOnly }];
+                // Dropped last, in this order: the store (below) frees the
+                // pool slot, then `/work` goes, then the slot is given back.
+                let _slot = slot;
+                let work = work;
+                let preopens =
+                    [Preopen { host: work.path().to_path_buf(), guest: "/work".into(), perms: FsPerms::ReadOnly }];
                 let setup = StoreSetup { args: &args, env: &[], preopens: &preopens, fuel: None };
                 let mut store =
-                    match run::new_store(&guest, compiled.abi, stdin, &thread_stdio, &setup, thread_controls) {
+                    match run::new_store(&engine, compiled.abi, stdin, &thread_stdio, &setup, thread_controls) {
                         Ok(store) => store,
                         Err(e) => {
                             let _ = done_tx.send(Err(e));
@@ -162,7 +424,7 @@ impl WarmPool {
                         }
                     };
                 run::stop_at_armed_deadline(&mut store);
-                let verdict = match run::instantiate(&guest, &compiled, &mut store) {
+                let verdict = match run::instantiate(backend, &compiled, &mut store) {
                     Ok(Ok(instance)) => run::call_start(&mut store, instance),
                     Ok(Err(err)) => Err(err),
                     Err(e) => {
@@ -172,79 +434,63 @@ impl WarmPool {
                 };
                 // Answer first: freeing the instance (resetting its memory
                 // slot) is not the caller's wait.
-                let _ = done_tx.send(Ok(run::finish(&guest, &mut store, verdict, &thread_stdio, None)));
+                let _ = done_tx.send(Ok(run::finish(&engine, backend, &mut store, verdict, &thread_stdio, None)));
                 drop(store);
-            });
-        if let Ok(thread) = spawned {
-            let warm = Warm { code, controls, stdio, work, done, thread, waiting };
-            let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
-            if idle.len() < self.size {
-                idle.push_back(warm);
-                return;
-            }
-            drop(idle);
-            warm.retire();
-        }
+            })
+            .map_err(|e| StartError::Failed(format!("cannot spawn a thread: {e}")))?;
+        Ok(Warm { code, controls, stdio, work: work_path, done, thread, waiting })
     }
 
-    /// Joins the threads of answered runs: those already ended, or with
-    /// `all`, every one (they end right after answering).
-    fn join_finished(&self, all: bool) {
-        let mut finished = self.finished.lock().unwrap_or_else(PoisonError::into_inner);
+    fn hand_off(&self, thread: JoinHandle<()>, answered: bool) {
+        lock(&self.handed).push(Handed { thread, answered });
+    }
+
+    /// Joins handed-out threads that have ended, or with `answered`, also
+    /// those that answered (they end right after). Abandoned threads that
+    /// still run are left to end at their deadline.
+    fn join_handed(&self, answered: bool) {
+        let mut handed = lock(&self.handed);
         let (done, running): (Vec<_>, Vec<_>) =
-            std::mem::take(&mut *finished).into_iter().partition(|(thread, _)| all || thread.is_finished());
-        *finished = running;
-        drop(finished);
-        for (thread, work) in done {
-            drop(thread.join());
-            drop(work);
+            std::mem::take(&mut *handed).into_iter().partition(|h| h.thread.is_finished() || (answered && h.answered));
+        *handed = running;
+        drop(handed);
+        for h in done {
+            drop(h.thread.join());
         }
-    }
-
-    /// Instances in the pool (started or still starting).
-    pub fn idle(&self) -> usize {
-        self.idle.lock().unwrap_or_else(PoisonError::into_inner).len()
-    }
-
-    /// Instances done starting, waiting for code.
-    pub fn ready(&self) -> usize {
-        let idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
-        idle.iter().filter(|w| w.waiting.load(Ordering::SeqCst)).count()
     }
 }
 
 impl Drop for WarmPool {
     fn drop(&mut self) {
-        let idle = std::mem::take(&mut *self.idle.lock().unwrap_or_else(PoisonError::into_inner));
+        let pool = &self.pool;
+        *lock(&pool.closed) = true;
+        pool.wake.notify_all();
+        // Wait for a refill at work, then stop the retry thread.
+        drop(lock(&pool.refilling));
+        let retrier = lock(&pool.retrier).thread.take();
+        if let Some(thread) = retrier {
+            drop(thread.join());
+        }
+        let idle = std::mem::take(&mut *lock(&pool.idle));
         for warm in idle {
             warm.retire();
         }
-        self.join_finished(true);
+        pool.join_handed(true);
     }
 }
 
-/// Starts a replacement instance when dropped (whatever path `run` returns by).
-struct Refill<'a>(&'a WarmPool);
+/// Tops the pool up when dropped (whatever path `run` returns by).
+struct Refill(Arc<Pool>);
 
-impl Drop for Refill<'_> {
+impl Drop for Refill {
     fn drop(&mut self) {
-        self.0.refill();
+        self.0.top_up();
     }
 }
 
-fn stuck(deadline: &Deadline) -> ExecResult {
-    ExecResult {
-        backend: WasmGuest::NAME.into(),
-        outcome: Outcome::TimedOut,
-        exit_code: None,
-        stdout: Default::default(),
-        stderr: Default::default(),
-        output: None,
-        output_truncated: false,
-        message: Some(deadline.exceeded_message()),
-        output_files: Vec::new(),
-        failure_kind: None,
-        diagnostics: Vec::new(),
-        usage: Default::default(),
-    }
+fn stuck(backend: &str, deadline: &Deadline) -> ExecResult {
+    let mut result = ExecResult::new(backend, Outcome::TimedOut);
+    result.message = Some(deadline.exceeded_message());
+    result.usage.duration = deadline.elapsed();
+    result
 }

@@ -1,0 +1,199 @@
+//! [`WasmEngine`]: the wasmtime [`Engine`], its epoch ticker, the WASI linker
+//! and the instance slots, shared by every wasm backend built on it.
+//!
+//! An engine is the expensive part of a wasm backend: building it reserves
+//! the pooling allocator's address space (tens of GiB of it, committed only
+//! as used) and starts a ticker thread. `wasm`, `quickjs-wasm` and
+//! `python-wasm` therefore share one ([`ExecutorBuilder::wasm_backends`]
+//! does this); each backend keeps its own module cache.
+//!
+//! **Slots.** The pooling allocator has a fixed number of instance slots. A
+//! run takes a [`SlotPermit`] before it instantiates and gives it back after
+//! its store is gone, so a burst larger than the pool *waits* for a slot
+//! (until its own deadline) instead of failing inside wasmtime. Only a run
+//! whose deadline passes while it waits is refused, as
+//! [`ExecError::Busy`] naming its backend. Warm interpreter instances hold a
+//! permit while they wait for code.
+//!
+//! [`ExecutorBuilder::wasm_backends`]: crate::ExecutorBuilder::wasm_backends
+
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+
+use wasmtime::{Config, Engine, InstanceAllocationStrategy, Linker, PoolingAllocationConfig};
+
+use super::WasmGuestConfig;
+use super::run::{self, GuestState};
+use super::ticker::EpochTicker;
+use crate::error::ExecError;
+use crate::limits::Deadline;
+
+/// A wasmtime engine with everything its runs share: the epoch ticker
+/// thread, the WASI linker (with execbox's own `poll_oneoff`, `path_open` and
+/// `path_symlink`) and the instance slots.
+///
+/// Build one per process and hand it to every wasm backend
+/// ([`WasmGuest::on_engine`](super::WasmGuest::on_engine),
+/// [`WasmInterpreter::on_engine`](super::WasmInterpreter::on_engine)).
+/// Dropping the last handle stops the ticker thread.
+pub struct WasmEngine {
+    cfg: WasmGuestConfig,
+    engine: Engine,
+    linker: Arc<Linker<GuestState>>,
+    ticker: EpochTicker,
+    slots: Arc<Slots>,
+    pooling: bool,
+}
+
+impl WasmEngine {
+    /// An engine with `cfg`. Takes ≈5 ms: do it once.
+    ///
+    /// With `cfg.pooled_instances > 0` the engine tries the pooling allocator
+    /// first; where its address-space reservation is refused (e.g. under a
+    /// `ulimit -v`) it falls back to on-demand allocation, logs a warning,
+    /// and says so in [`WasmEngine::pooling_allocator`] and in the
+    /// capabilities of the backends built on it. Concurrent runs are still
+    /// bounded by `cfg.pooled_instances` then.
+    pub fn new(cfg: WasmGuestConfig) -> Result<Arc<Self>, ExecError> {
+        let fault = |what: &str, e: &dyn std::fmt::Display| ExecError::internal("wasm", format!("{what}: {e:#}"));
+        let (engine, pooling) = build_engine(&cfg).map_err(|e| fault("cannot create the wasmtime engine", &e))?;
+        let linker = run::linker(&engine).map_err(|e| fault("cannot link WASI", &e))?;
+        let ticker = EpochTicker::start(engine.clone(), cfg.epoch_tick, cfg.ticker_linger)
+            .map_err(|e| fault("cannot start the epoch ticker", &e))?;
+        let capacity = (cfg.pooled_instances > 0).then_some(cfg.pooled_instances as usize);
+        let slots = Arc::new(Slots { capacity, busy: Mutex::new(0), freed: Condvar::new() });
+        Ok(Arc::new(Self { cfg, engine, linker: Arc::new(linker), ticker, slots, pooling }))
+    }
+
+    /// The settings in use.
+    pub fn config(&self) -> &WasmGuestConfig {
+        &self.cfg
+    }
+
+    /// True when instances come from the pooling allocator; false when the
+    /// config asked for on-demand allocation or the pool's reservation was
+    /// refused and the engine fell back to it.
+    pub fn pooling_allocator(&self) -> bool {
+        self.pooling
+    }
+
+    /// Instance slots in use right now (runs and warm instances).
+    pub fn slots_in_use(&self) -> usize {
+        *self.slots.lock()
+    }
+
+    pub(super) fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    pub(super) fn linker(&self) -> &Arc<Linker<GuestState>> {
+        &self.linker
+    }
+
+    pub(super) fn ticker(&self) -> &EpochTicker {
+        &self.ticker
+    }
+
+    /// A slot for one instance of `backend`'s, waiting for one until
+    /// `deadline`; [`ExecError::Busy`] if none frees up by then.
+    pub(super) fn acquire_slot(&self, deadline: &Deadline, backend: &str) -> Result<SlotPermit, ExecError> {
+        let Some(capacity) = self.slots.capacity else { return Ok(SlotPermit(None)) };
+        let mut busy = self.slots.lock();
+        loop {
+            if *busy < capacity {
+                *busy += 1;
+                return Ok(SlotPermit(Some(self.slots.clone())));
+            }
+            busy = match deadline.remaining() {
+                None => self.slots.freed.wait(busy).unwrap_or_else(PoisonError::into_inner),
+                Some(left) if left.is_zero() => {
+                    return Err(ExecError::Busy {
+                        backend: backend.to_string(),
+                        reason: format!(
+                            "all {capacity} wasm instance slots (shared by the wasm backends) stayed busy until the \
+                             run's deadline of {} ms; raise WasmGuestConfig::pooled_instances or the timeout",
+                            deadline.limit().unwrap_or_default().as_millis()
+                        ),
+                    });
+                }
+                Some(left) => self.slots.freed.wait_timeout(busy, left).unwrap_or_else(PoisonError::into_inner).0,
+            };
+        }
+    }
+
+    /// A slot if one is free now and `keep_free` more stay free after it:
+    /// warm instances never wait, and never take the last slots from requests.
+    pub(super) fn try_acquire_slot(&self, keep_free: usize) -> Option<SlotPermit> {
+        let Some(capacity) = self.slots.capacity else { return Some(SlotPermit(None)) };
+        let mut busy = self.slots.lock();
+        (busy.saturating_add(1).saturating_add(keep_free) <= capacity).then(|| {
+            *busy += 1;
+            SlotPermit(Some(self.slots.clone()))
+        })
+    }
+}
+
+/// Counts the instances alive in the engine against its slot capacity.
+struct Slots {
+    /// `None`: unbounded (on-demand allocation by configuration).
+    capacity: Option<usize>,
+    busy: Mutex<usize>,
+    freed: Condvar,
+}
+
+impl Slots {
+    fn lock(&self) -> std::sync::MutexGuard<'_, usize> {
+        self.busy.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// One instance slot, given back when dropped. Drop it only after the store
+/// that used it: the pooling allocator frees the slot with the store.
+pub(super) struct SlotPermit(Option<Arc<Slots>>);
+
+impl Drop for SlotPermit {
+    fn drop(&mut self) {
+        if let Some(slots) = self.0.take() {
+            *slots.lock() -= 1;
+            slots.freed.notify_one();
+        }
+    }
+}
+
+/// The engine and whether it pools instances.
+fn build_engine(cfg: &WasmGuestConfig) -> wasmtime::Result<(Engine, bool)> {
+    let mut config = Config::new();
+    config.consume_fuel(cfg.consume_fuel).epoch_interruption(true).max_wasm_stack(cfg.max_wasm_stack);
+    if cfg.pooled_instances == 0 {
+        return Ok((Engine::new(&config)?, false));
+    }
+    let n = cfg.pooled_instances;
+    let mut pool = PoolingAllocationConfig::default();
+    pool.total_core_instances(n)
+        .total_memories(n)
+        .total_tables(n.saturating_mul(4))
+        .max_memories_per_module(1)
+        .max_tables_per_module(4)
+        .table_elements(cfg.max_table_elements)
+        .max_memory_size(usize::try_from(cfg.max_memory_bytes).unwrap_or(usize::MAX))
+        .total_component_instances(0)
+        .total_stacks(0);
+    let mut pooled = config.clone();
+    pooled.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+    match Engine::new(&pooled) {
+        Ok(engine) => Ok((engine, true)),
+        Err(e) => {
+            // The pool reserves its address space up front; where that is
+            // refused, run on demand, and say so (capabilities, accessor).
+            // Whatever refused it (e.g. `ulimit -v`) would refuse the 4 GiB
+            // that each on-demand memory reserves by default too: reserve
+            // only what a memory uses (explicit bounds checks, slower).
+            tracing::warn!(
+                error = %format!("{e:#}"),
+                slots = n,
+                "the wasm pooling allocator's reservation was refused; instances are allocated on demand"
+            );
+            config.memory_reservation(0).memory_reservation_for_growth(16 << 20).memory_guard_size(64 << 10);
+            Ok((Engine::new(&config)?, false))
+        }
+    }
+}

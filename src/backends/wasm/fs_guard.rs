@@ -1,0 +1,207 @@
+//! execbox's own `path_open` and `path_symlink`, in front of wasmtime-wasi's,
+//! for what cap-std's confinement does not cover.
+//!
+//! - **Links that point out of a grant.** A guest cannot *follow* a symlink
+//!   out of its preopen, but it could *leave* one in a read-write grant
+//!   (`path_symlink("../secret.txt", "innocent")`), and host programs that
+//!   later read the grant would follow it. WASI p1 has no other way to make
+//!   a link that escapes (`path_link` needs both ends inside writable grants
+//!   of the same kind), so `path_symlink` is refused outright with `EPERM`:
+//!   what a filesystem without symlinks answers.
+//! - **Opens that block the host.** wasmtime-wasi opens files without
+//!   `O_NONBLOCK`, on the calling host thread: opening a FIFO inside a grant
+//!   waits for a writer that never comes, long past any deadline (epochs only
+//!   interrupt wasm code). So `path_open` first stats the target (same
+//!   directory, lookup flags and path; nothing written to guest memory) and
+//!   refuses anything that is not a regular file, a directory or a symlink
+//!   (FIFOs, sockets, character and block devices) with `ENXIO`, then
+//!   forwards to wasmtime-wasi's `path_open`.
+//!
+//! - **Regular files that block.** Some filesystems have regular files whose
+//!   reads wait indefinitely (`/proc/kmsg`, tracefs's `trace_pipe`, anything
+//!   a FUSE server serves), and an open or read there holds the host thread
+//!   past the deadline just the same. A grant on such a filesystem, or one
+//!   that contains a mount of one (granting `/` contains `/proc`), is refused
+//!   before the run ([`refuse_blocking_mounts`], from `/proc/self/mountinfo`).
+//!
+//! **Known window:** stat and open are two system calls. The guest itself
+//! cannot race them (WASI p1 guests are single-threaded and a host call runs
+//! to completion), but another process — or another run sharing the same
+//! read-write grant — could swap a regular file for a FIFO in between. Only
+//! grant directories where no such process works are covered fully.
+
+use wasmtime::{AsContextMut, Caller, Extern};
+use wasmtime_wasi::p1::WasiP1Ctx;
+use wasmtime_wasi::p1::types::{Errno, Fd, Filetype, Lookupflags};
+use wasmtime_wasi::p1::wasi_snapshot_preview1::{self as p1, WasiSnapshotPreview1};
+use wasmtime_wasi::runtime::in_tokio;
+use wiggle::{GuestMemory, GuestPtr};
+
+use super::run::{GuestState, Preopen};
+use crate::error::InvalidRequest;
+
+fn errno(e: Errno) -> i32 {
+    i32::from(u16::from(e))
+}
+
+/// `path_symlink`: refused, so no guest leaves a link behind.
+pub(super) fn path_symlink(
+    _caller: Caller<'_, GuestState>,
+    _old_path: i32,
+    _old_path_len: i32,
+    _fd: i32,
+    _new_path: i32,
+    _new_path_len: i32,
+) -> wasmtime::Result<i32> {
+    Ok(errno(Errno::Perm))
+}
+
+/// `path_open` for regular files, directories and symlinks only; see the
+/// module docs.
+#[allow(clippy::too_many_arguments)] // the WASI p1 signature
+pub(super) fn path_open(
+    mut caller: Caller<'_, GuestState>,
+    fd: i32,
+    dirflags: i32,
+    path: i32,
+    path_len: i32,
+    oflags: i32,
+    fs_rights_base: i64,
+    fs_rights_inheriting: i64,
+    fdflags: i32,
+    opened_fd: i32,
+) -> wasmtime::Result<i32> {
+    let Some(Extern::Memory(memory)) = caller.get_export("memory") else {
+        wasmtime::bail!("missing required memory export");
+    };
+    let fuel = caller.as_context_mut().hostcall_fuel();
+    let (bytes, state) = memory.data_and_store_mut(&mut caller);
+    let wasi: &mut WasiP1Ctx = &mut state.wasi;
+    let mut memory = GuestMemory::Unshared(bytes);
+
+    let Ok(flags) = Lookupflags::try_from(dirflags) else { return Ok(errno(Errno::Inval)) };
+    let target = GuestPtr::<str>::new((path as u32, path_len as u32));
+    wasi.set_hostcall_fuel(fuel);
+    let stat = in_tokio(WasiSnapshotPreview1::path_filestat_get(wasi, &mut memory, Fd::from(fd), flags, target));
+    match stat {
+        Ok(stat) => match stat.filetype {
+            Filetype::RegularFile | Filetype::Directory | Filetype::SymbolicLink => {}
+            _ => return Ok(errno(Errno::Nxio)),
+        },
+        // Missing, not permitted, outside the preopen...: the open below
+        // fails the same way, or creates a regular file (`O_CREAT`).
+        Err(e) if e.downcast_ref().is_some() => {}
+        // wasmtime-wasi traps on a socket's file type: refuse it as such.
+        Err(_) => return Ok(errno(Errno::Nxio)),
+    }
+    wasi.set_hostcall_fuel(fuel);
+    in_tokio(p1::path_open(
+        wasi,
+        &mut memory,
+        fd,
+        dirflags,
+        path,
+        path_len,
+        oflags,
+        fs_rights_base,
+        fs_rights_inheriting,
+        fdflags,
+        opened_fd,
+    ))
+}
+
+/// Filesystems with regular files whose reads or opens can wait forever.
+/// Network filesystems (NFS, CIFS, 9p) can hang too and are not checked.
+fn may_block(fstype: &str) -> bool {
+    matches!(fstype, "proc" | "sysfs" | "debugfs" | "tracefs" | "securityfs" | "configfs" | "efivarfs" | "pstore")
+        || fstype == "fuse"
+        || fstype.starts_with("fuse.")
+        || fstype == "fuseblk"
+}
+
+/// Refuses grants on, or containing a mount of, a filesystem whose files
+/// can block the host (see the module docs).
+pub(super) fn refuse_blocking_mounts(preopens: &[Preopen]) -> Result<(), InvalidRequest> {
+    if preopens.is_empty() {
+        return Ok(());
+    }
+    let Ok(mountinfo) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        // No procfs here: none of its files can be granted either.
+        tracing::debug!("no /proc/self/mountinfo: grants are not checked for blocking filesystems");
+        return Ok(());
+    };
+    let mounts = parse_mountinfo(&mountinfo);
+    for preopen in preopens {
+        let bad = |reason: String| InvalidRequest::BadPath { path: preopen.host.display().to_string(), reason };
+        let grant = std::fs::canonicalize(&preopen.host).map_err(|e| bad(e.to_string()))?;
+        // The mount the grant is on: the last-listed with the longest point above it.
+        let on = mounts
+            .iter()
+            .filter(|(point, _)| grant.starts_with(point))
+            .max_by_key(|(point, _)| point.as_os_str().len());
+        if let Some((point, fstype)) = on
+            && may_block(fstype)
+        {
+            return Err(bad(format!(
+                "it is on a {fstype} filesystem (mounted at {}), whose files can block a reader past any deadline",
+                point.display()
+            )));
+        }
+        if let Some((point, fstype)) =
+            mounts.iter().find(|(point, fstype)| point != &grant && point.starts_with(&grant) && may_block(fstype))
+        {
+            return Err(bad(format!(
+                "it contains a {fstype} filesystem at {}, whose files can block a reader past any deadline",
+                point.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// (mount point, filesystem type) of each line of `/proc/self/mountinfo`,
+/// in order (a later mount on the same point hides an earlier one).
+fn parse_mountinfo(text: &str) -> Vec<(std::path::PathBuf, String)> {
+    text.lines()
+        .filter_map(|line| {
+            let (before, after) = line.split_once(" - ")?;
+            let point = before.split(' ').nth(4)?;
+            let fstype = after.split(' ').next()?;
+            Some((unescape(point).into(), fstype.to_string()))
+        })
+        .collect()
+}
+
+/// Undoes mountinfo's octal escapes (`\040` for a space).
+fn unescape(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\'
+            && let Some(code) = field.get(i + 1..i + 4).and_then(|o| u8::from_str_radix(o, 8).ok())
+        {
+            out.push(code);
+            i += 4;
+            continue;
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_is_parsed_with_escapes() {
+        let text = "22 27 0:21 / /proc rw,relatime - proc proc rw\n\
+                    40 27 0:50 / /mnt/my\\040disk rw - fuse.sshfs host:/ rw\n";
+        let mounts = parse_mountinfo(text);
+        assert_eq!(mounts[0], ("/proc".into(), "proc".to_string()));
+        assert_eq!(mounts[1], ("/mnt/my disk".into(), "fuse.sshfs".to_string()));
+        assert!(may_block("fuse.sshfs") && may_block("proc") && !may_block("tmpfs") && !may_block("ext4"));
+    }
+}

@@ -1,0 +1,414 @@
+//! How a JavaScript function body runs on QuickJS-in-wasm with boa's
+//! request semantics, and how its returned value reaches the host without
+//! the code being able to forge or silently cut it.
+//!
+//! **The program.** The script is a runner closure followed by the user's
+//! function, both starting on line 1 so error lines are the caller's:
+//!
+//! ```text
+//! (() => { RUNNER })(); function __execbox_main() {USER CODE
+//! }
+//! ```
+//!
+//! The runner is the script's first statement, so it runs before any of the
+//! user's top-level code (even code that breaks out of the function body with
+//! a stray `}`; function declarations are hoisted but not run). It reads
+//! stdin — a per-run nonce on the first line, then the JSON input — so the
+//! nonce lives only in the closure: it is not in the script text, not in a
+//! global, and stdin is at its end before user code runs. It keeps its own
+//! references to `JSON.stringify`, `std.out.puts` and the other functions it
+//! calls later, so user code that replaces them changes nothing. Then it calls
+//! `__execbox_main()` and reports through **records** on stdout:
+//!
+//! ```text
+//! \0execbox:<nonce>:A\n                   the function returned; its value is being awaited
+//! \0execbox:<nonce>:R<len>:<json>\n       the value: <len> bytes of UTF-8 JSON (0: undefined)
+//! ```
+//!
+//! **The tap.** [`ResultTap`] sits on the guest's stdout (host side) and
+//! diverts records out of the stream as they are written: what the code
+//! prints is capped by `max_stdout_bytes` as usual, and the record is parsed
+//! by its length, so a value is never cut to a shorter valid JSON document.
+//! A value whose JSON is over `max_stdout_bytes` is `failed` with
+//! `output_truncated`, as the executor's result caps decide for every
+//! backend; exit 0 without a value is `failed` ("the returned promise never
+//! settled" when the function returned a promise that never settled).
+
+use crate::limits::BoundedBuffer;
+use crate::result::{ExecResult, Outcome};
+
+/// The user's function's name in the script.
+const MAIN: &str = "__execbox_main";
+
+/// A per-run nonce: 128 random bits as hex.
+pub(super) fn nonce() -> String {
+    use crate::backends::conventions::random_u64;
+    format!("{:016x}{:016x}", random_u64(), random_u64())
+}
+
+/// The bytes that open a record of the run with `nonce`.
+pub(super) fn marker(nonce: &str) -> Vec<u8> {
+    format!("\u{0}execbox:{nonce}:").into_bytes()
+}
+
+/// What the guest reads on stdin: the nonce line, then the JSON input.
+pub(super) fn stdin(nonce: &str, input_json: Option<&[u8]>) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(nonce.len() + 1 + input_json.map_or(0, <[u8]>::len));
+    bytes.extend_from_slice(nonce.as_bytes());
+    bytes.push(b'\n');
+    bytes.extend_from_slice(input_json.unwrap_or_default());
+    bytes
+}
+
+/// The script for `source` (see the module docs). The code starts on the
+/// script's first line.
+pub(super) fn program(source: &str) -> String {
+    let function = if source.contains("await") { "async function" } else { "function" };
+    // One line: everything before the user's code sits on line 1.
+    let runner = concat!(
+        "(() => { ",
+        "const S = std, out = S.out, err = S.err, exit = S.exit; ",
+        "const puts = out.puts.bind(out), flush = out.flush.bind(out); ",
+        "const eputs = err.puts.bind(err), eflush = err.flush.bind(err); ",
+        "const stringify = JSON.stringify, parse = JSON.parse, P = Promise, resolve = P.resolve.bind(P); ",
+        "const call = Function.prototype.call, then = call.bind(P.prototype.then); ",
+        "const codeAt = call.bind(String.prototype.charCodeAt), str = String; ",
+        "const all = S.in.readAsString(), nl = all.indexOf('\\n'); ",
+        "const MARK = '\\0execbox:' + all.slice(0, nl) + ':', text = all.slice(nl + 1); ",
+        "globalThis.input = text.trim() === '' ? undefined : parse(text); ",
+        "const fmt = (v) => { if (typeof v === 'string') return v; ",
+        "try { const j = stringify(v); return j === undefined ? str(v) : j; } catch (e) { return str(v); } }; ",
+        "const line = (w, a) => { w(a.map(fmt).join(' ') + '\\n'); }; ",
+        "globalThis.console = { log: (...a) => line(puts, a), info: (...a) => line(puts, a), ",
+        "debug: (...a) => line(puts, a), warn: (...a) => line(eputs, a), error: (...a) => line(eputs, a) }; ",
+        "const utf8 = (s) => { let n = 0; for (let i = 0; i < s.length; i++) { const c = codeAt(s, i); ",
+        "n += c < 0x80 ? 1 : c < 0x800 ? 2 : (c >= 0xd800 && c < 0xdc00) ? (i++, 4) : 3; } return n; }; ",
+        "let done = false; ",
+        "const fail = (e) => { if (done) return; done = true; flush(); ",
+        "eputs('Uncaught ' + (e instanceof Error ? e.name + ': ' + e.message : str(e)) + '\\n'); eflush(); exit(1); }; ",
+        "const emit = (v) => { if (done) return; let j; try { j = stringify(v); } catch (e) { return fail(e); } ",
+        "done = true; j = j === undefined ? '' : j; puts(MARK + 'R' + utf8(j) + ':' + j + '\\n'); flush(); }; ",
+        "let r; try { r = ",
+    );
+    format!(
+        "{runner}{MAIN}(); }} catch (e) {{ return fail(e); }} \
+         puts(MARK + 'A\\n'); flush(); then(resolve(r), emit, fail); }})(); \
+         {function} {MAIN}() {{{source}\n}}\n"
+    )
+}
+
+/// What the runner reported through its records.
+#[derive(Debug, Default)]
+pub(super) struct Records {
+    /// The function returned (its value was being resolved).
+    pub awaiting: bool,
+    /// The returned value's record, if one started.
+    pub value: Option<Returned>,
+    /// A record broke the format (only the runner can write one).
+    pub malformed: bool,
+}
+
+/// The `R` record.
+#[derive(Debug)]
+pub(super) struct Returned {
+    /// Bytes of JSON announced.
+    pub len: u64,
+    /// The JSON, or `None` when `len` is over the cap (the bytes were
+    /// counted, not kept).
+    pub json: Option<Vec<u8>>,
+    /// The record ended with its terminator.
+    pub complete: bool,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum State {
+    /// Ordinary output; `held` bytes of the marker matched so far.
+    Text { held: usize },
+    /// The marker was seen: `A` or `R` follows.
+    Tag,
+    /// Digits of an `R` record's length.
+    Len { value: u64, digits: u8 },
+    /// JSON bytes still to come.
+    Body { left: u64 },
+    /// The record's `\n`.
+    End { value: bool },
+}
+
+/// Diverts the runner's records out of a guest's stdout; see the module docs.
+pub(super) struct ResultTap {
+    marker: Vec<u8>,
+    /// Most JSON bytes kept for a value (the policy's `max_stdout_bytes`).
+    value_cap: u64,
+    state: State,
+    records: Records,
+}
+
+impl ResultTap {
+    pub fn new(marker: Vec<u8>, value_cap: Option<u64>) -> Self {
+        debug_assert!(marker.first() == Some(&0) && !marker[1..].contains(&0));
+        Self {
+            marker,
+            value_cap: value_cap.unwrap_or(u64::MAX),
+            state: State::Text { held: 0 },
+            records: Records::default(),
+        }
+    }
+
+    /// Feeds what the guest wrote; ordinary output goes on to `text`.
+    pub fn feed(&mut self, mut bytes: &[u8], text: &mut BoundedBuffer) {
+        while let Some((&byte, rest)) = bytes.split_first() {
+            match self.state {
+                State::Text { held: 0 } => {
+                    // The marker starts with the only NUL it holds.
+                    match bytes.iter().position(|&b| b == 0) {
+                        None => {
+                            text.write(bytes);
+                            return;
+                        }
+                        Some(at) => {
+                            text.write(&bytes[..at]);
+                            bytes = &bytes[at + 1..];
+                            self.advance_marker(1);
+                        }
+                    }
+                    continue;
+                }
+                State::Text { held } => {
+                    if byte == self.marker[held] {
+                        self.advance_marker(held + 1);
+                        bytes = rest;
+                    } else {
+                        // Not a record after all: what was held is output,
+                        // and `byte` is looked at again (it may start one).
+                        text.write(&self.marker[..held]);
+                        self.state = State::Text { held: 0 };
+                    }
+                    continue;
+                }
+                State::Tag => {
+                    self.state = match byte {
+                        b'A' => {
+                            self.records.awaiting = true;
+                            State::End { value: false }
+                        }
+                        b'R' => State::Len { value: 0, digits: 0 },
+                        _ => self.malformed(),
+                    };
+                }
+                State::Len { value, digits } => {
+                    self.state = match byte {
+                        b'0'..=b'9' if digits < 19 => {
+                            State::Len { value: value * 10 + u64::from(byte - b'0'), digits: digits + 1 }
+                        }
+                        b':' if digits > 0 => self.start_value(value),
+                        _ => self.malformed(),
+                    };
+                }
+                State::Body { left } => {
+                    let take = usize::try_from(left).unwrap_or(usize::MAX).min(bytes.len());
+                    if let Some(Returned { json: Some(json), .. }) = &mut self.records.value {
+                        json.extend_from_slice(&bytes[..take]);
+                    }
+                    let left = left - take as u64;
+                    self.state = if left == 0 { State::End { value: true } } else { State::Body { left } };
+                    bytes = &bytes[take..];
+                    continue;
+                }
+                State::End { value } => {
+                    if byte != b'\n' {
+                        self.state = self.malformed();
+                    } else {
+                        if value && let Some(returned) = &mut self.records.value {
+                            returned.complete = true;
+                        }
+                        self.state = State::Text { held: 0 };
+                    }
+                }
+            }
+            bytes = rest;
+        }
+    }
+
+    fn advance_marker(&mut self, held: usize) {
+        self.state = if held == self.marker.len() { State::Tag } else { State::Text { held } };
+    }
+
+    fn start_value(&mut self, len: u64) -> State {
+        if self.records.value.is_some() {
+            // The runner emits once.
+            return self.malformed();
+        }
+        let json = (len <= self.value_cap).then(|| Vec::with_capacity(usize::try_from(len.min(1 << 20)).unwrap_or(0)));
+        self.records.value = Some(Returned { len, json, complete: false });
+        if len == 0 { State::End { value: true } } else { State::Body { left: len } }
+    }
+
+    fn malformed(&mut self) -> State {
+        self.records.malformed = true;
+        State::Text { held: 0 }
+    }
+
+    /// Ends the stream: a marker prefix still held was output after all.
+    pub fn finish(&mut self, text: &mut BoundedBuffer) -> Records {
+        if let State::Text { held } = self.state
+            && held > 0
+        {
+            text.write(&self.marker[..held]);
+        }
+        self.state = State::Text { held: 0 };
+        std::mem::take(&mut self.records)
+    }
+}
+
+/// Sets `result`'s `output` (and outcome, when the records say the run did
+/// not return a whole value) from the runner's `records`.
+pub(super) fn take_output(result: &mut ExecResult, records: Records, max_stdout: Option<u64>) {
+    if result.outcome == Outcome::Ok {
+        let failed = |result: &mut ExecResult, why: String| {
+            result.outcome = Outcome::Failed;
+            result.message = Some(why);
+        };
+        match records.value {
+            _ if records.malformed => failed(result, "the runner's result record was malformed".into()),
+            Some(Returned { complete: true, json: Some(json), .. }) if json.is_empty() => {}
+            Some(Returned { complete: true, json: Some(json), .. }) => match serde_json::from_slice(&json) {
+                Ok(value) => result.output = Some(value),
+                Err(e) => failed(result, format!("the returned value is not JSON: {e}")),
+            },
+            Some(Returned { complete: true, json: None, len }) => {
+                // As `result_caps::cap_result` decides for every backend.
+                result.output_truncated = true;
+                let max = max_stdout.unwrap_or(len);
+                failed(result, format!("the returned value is over the output cap of {max} bytes (max_stdout_bytes)"));
+            }
+            Some(Returned { complete: false, .. }) => failed(result, "the returned value was cut off".into()),
+            None if records.awaiting => failed(result, "the returned promise never settled".into()),
+            None => failed(result, "the code exited (std.exit) before returning a value".into()),
+        }
+    }
+    if result.outcome == Outcome::Failed
+        && result.message.as_deref().is_none_or(|m| m.starts_with("exited with"))
+        && let Some(message) = error_from_stderr(&result.stderr.text())
+    {
+        result.message = Some(message);
+    }
+}
+
+/// The error QuickJS reported on stderr, as `message`: the runner's
+/// `Uncaught Name: message`; else QuickJS's own report of an unhandled
+/// rejection or a syntax error (with the line, which is the caller's;
+/// QuickJS's columns count from the runner's start, so they are left out).
+fn error_from_stderr(stderr: &str) -> Option<String> {
+    if let Some(uncaught) = stderr.lines().rev().find_map(|l| l.strip_prefix("Uncaught ")) {
+        return Some(uncaught.to_string());
+    }
+    if let Some(rejection) = stderr.lines().find_map(|l| l.strip_prefix("Possibly unhandled promise rejection: ")) {
+        return Some(format!("unhandled promise rejection: {rejection}"));
+    }
+    let mut lines = stderr.lines();
+    let error = lines.find(|l| {
+        l.split_once(": ").is_some_and(|(name, _)| name.ends_with("Error") && name.chars().all(char::is_alphanumeric))
+    })?;
+    let line = lines
+        .next()
+        .and_then(|l| l.trim_start().strip_prefix("at <cmdline>:"))
+        .and_then(|at| at.split(':').next())
+        .and_then(|n| n.parse::<u32>().ok());
+    Some(match line {
+        Some(n) => format!("{error} (line {n})"),
+        None => error.to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MARK: &[u8] = b"\0execbox:00ff:";
+
+    fn tap(chunks: &[&[u8]], cap: Option<u64>) -> (Vec<u8>, Records) {
+        let mut tap = ResultTap::new(MARK.to_vec(), cap);
+        let mut text = BoundedBuffer::new(None);
+        for chunk in chunks {
+            tap.feed(chunk, &mut text);
+        }
+        let records = tap.finish(&mut text);
+        (text.into_captured().bytes, records)
+    }
+
+    fn record(json: &str) -> Vec<u8> {
+        [MARK, b"A\n", MARK, format!("R{}:{json}\n", json.len()).as_bytes()].concat()
+    }
+
+    #[test]
+    fn records_leave_the_text_whatever_the_chunking() {
+        let stream = [b"hello\n".as_slice(), &record("[1,\"\\u0000\",\"\0\"]"), b"after\n"].concat();
+        for size in [1, 2, 3, 7, stream.len()] {
+            let chunks: Vec<&[u8]> = stream.chunks(size).collect();
+            let (text, records) = tap(&chunks, None);
+            assert_eq!(text, b"hello\nafter\n", "chunks of {size}");
+            assert!(records.awaiting && !records.malformed);
+            let value = records.value.unwrap();
+            assert!(value.complete);
+            assert_eq!(value.json.unwrap(), b"[1,\"\\u0000\",\"\0\"]");
+        }
+    }
+
+    #[test]
+    fn text_that_resembles_a_marker_stays_text() {
+        let (text, records) = tap(&[b"a\0execbox:00f", b"e:R2:12\n\0\0b"], None);
+        assert_eq!(text, b"a\0execbox:00fe:R2:12\n\0\0b");
+        assert!(records.value.is_none() && !records.awaiting);
+        // A prefix held at the end of the stream is output too.
+        let (text, _) = tap(&[b"x\0execbox:0"], None);
+        assert_eq!(text, b"x\0execbox:0");
+    }
+
+    #[test]
+    fn a_value_over_the_cap_is_counted_not_kept() {
+        let (_, records) = tap(&[&record("\"0123456789\"")], Some(5));
+        let value = records.value.unwrap();
+        assert_eq!((value.len, value.json, value.complete), (12, None, true));
+    }
+
+    #[test]
+    fn a_cut_record_is_incomplete() {
+        let full = record("12345");
+        let (_, records) = tap(&[&full[..full.len() - 4]], None);
+        let value = records.value.unwrap();
+        assert!(!value.complete, "{value:?}");
+    }
+
+    #[test]
+    fn outcomes_from_records() {
+        let ok = |records: Records, max: Option<u64>| {
+            let mut result = ExecResult::new("quickjs-wasm", Outcome::Ok);
+            take_output(&mut result, records, max);
+            result
+        };
+        let r = ok(tap(&[&record("12345")], Some(96)).1, Some(96));
+        assert_eq!((r.outcome, r.output), (Outcome::Ok, Some(serde_json::json!(12345))));
+        let r = ok(tap(&[&record("\"0123456789\"")], Some(5)).1, Some(5));
+        assert_eq!((r.outcome, r.output_truncated), (Outcome::Failed, true));
+        assert_eq!(
+            r.message.as_deref(),
+            Some("the returned value is over the output cap of 5 bytes (max_stdout_bytes)")
+        );
+        let r = ok(tap(&[[MARK, b"A\n".as_slice()].concat().as_slice()], None).1, None);
+        assert_eq!(r.message.as_deref(), Some("the returned promise never settled"));
+        let r = ok(Records::default(), None);
+        assert_eq!(r.outcome, Outcome::Failed);
+        let r = ok(tap(&[[MARK, b"R0:\n".as_slice()].concat().as_slice()], None).1, None);
+        assert_eq!((r.outcome, r.output), (Outcome::Ok, None));
+    }
+
+    #[test]
+    fn errors_are_read_from_quickjs_stderr() {
+        let syntax = "SyntaxError: variable name expected\n    at <cmdline>:3:1754\n\n";
+        assert_eq!(error_from_stderr(syntax).as_deref(), Some("SyntaxError: variable name expected (line 3)"));
+        let rejection = "Possibly unhandled promise rejection: Error: lost\n    at __execbox_main (<cmdline>:1:9)\n";
+        assert_eq!(error_from_stderr(rejection).as_deref(), Some("unhandled promise rejection: Error: lost"));
+        assert_eq!(error_from_stderr("log\nUncaught TypeError: x\n").as_deref(), Some("TypeError: x"));
+        assert_eq!(error_from_stderr("just a message from the code\n"), None);
+    }
+}

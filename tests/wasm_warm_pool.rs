@@ -1,0 +1,52 @@
+//! The warm pool recovers from failed starts. Alone in its own test binary:
+//! it makes temporary directories fail by pointing `TMPDIR` nowhere, which
+//! would disturb any other test of the process.
+//!
+//! Needs the interpreter modules (`scripts/fetch-interpreters.sh`); without
+//! them it passes with a message unless `EXECBOX_REQUIRE_INTERPRETERS=1`.
+#![cfg(feature = "wasm")]
+
+use std::time::{Duration, Instant};
+
+use execbox::backends::WasmInterpreter;
+use execbox::{Backend, ExecRequest, Language, Outcome, SandboxPolicy};
+use serde_json::json;
+
+fn python(code: &str) -> ExecRequest {
+    ExecRequest::source(Language::Python, code).policy(SandboxPolicy::strict().timeout(Duration::from_secs(60)))
+}
+
+#[test]
+fn a_pool_whose_starts_failed_refills_after_a_backoff() {
+    let py = WasmInterpreter::python().expect("engine");
+    if let Err(reason) = py.availability() {
+        assert!(std::env::var_os("EXECBOX_REQUIRE_INTERPRETERS").is_none(), "required but {reason}");
+        eprintln!("skipping: {reason}");
+        return;
+    }
+    let tmp = std::env::temp_dir();
+    // SAFETY: this test is alone in its binary; no other thread reads the
+    // environment while it changes.
+    unsafe { std::env::set_var("TMPDIR", "/nonexistent/execbox-warm-pool-test") };
+    py.warm_up().unwrap();
+    assert_eq!(py.warm_idle(), 0, "no warm instance can start without a temporary directory");
+
+    // Requests still run, on fresh instances (no input: no staging needed).
+    let r = py.execute(python("print(1)")).unwrap();
+    assert_eq!((r.outcome, r.output.clone()), (Outcome::Ok, Some(json!(1))), "{r:?}");
+    assert!(r.usage.fuel.is_some(), "a fresh instance ran it");
+
+    // The cause goes away; after the backoff the next request refills the pool.
+    // SAFETY: as above.
+    unsafe { std::env::set_var("TMPDIR", &tmp) };
+    std::thread::sleep(Duration::from_millis(500));
+    let r = py.execute(python("print(2)")).unwrap();
+    assert_eq!(r.output, Some(json!(2)));
+    assert_eq!(py.warm_idle(), 2, "the pool refilled");
+    let until = Instant::now() + Duration::from_secs(120);
+    while py.warm_ready() < 1 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let r = py.execute(python("print(3)")).unwrap();
+    assert_eq!((r.output, r.usage.fuel), (Some(json!(3)), None), "served by a warm instance");
+}
