@@ -430,6 +430,21 @@ fn busy_loop_times_out_keeps_earlier_output_and_leaves_no_container() {
 }
 
 #[test]
+fn a_program_that_closes_its_streams_and_runs_on_still_times_out() {
+    let Some(c) = backend("closed-streams") else { return };
+    let limit = Duration::from_secs(3);
+    let started = Instant::now();
+    let r = run(
+        &c,
+        python("import os\nos.close(1)\nos.close(2)\nwhile True: pass").policy(SandboxPolicy::strict().timeout(limit)),
+    );
+    let took = started.elapsed();
+    // Both streams end at once, but the run has not: it is timed out at the deadline.
+    assert_eq!(r.outcome, Outcome::TimedOut, "{r:?}");
+    assert!(took < limit + KILL_GRACE, "took {took:?}");
+}
+
+#[test]
 fn output_flood_is_truncated_while_read() {
     let Some(c) = backend("flood") else { return };
     let policy = SandboxPolicy::strict().max_output_bytes(1024).timeout(Duration::from_secs(20));
@@ -522,7 +537,7 @@ except OSError as e:
 open('/work/out/small.txt', 'w').write('ok')
 ";
     let r = run(&c, python(code).collect_output_files());
-    assert_eq!(stdout(&r), "refused 27\n", "EFBIG from --ulimit fsize: {r:?}");
+    assert_eq!(stdout(&r), "refused 27\n", "EFBIG from RLIMIT_FSIZE: {r:?}");
     let names: Vec<&str> = r.output_files.iter().map(|f| f.name.as_str()).collect();
     assert!(names.contains(&"small.txt"), "{names:?}");
     if let Some(big) = r.output_files.iter().find(|f| f.name == "big.bin") {

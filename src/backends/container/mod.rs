@@ -12,7 +12,8 @@
 //!   request's JSON `input`, and the staged input files;
 //! - `/work/out` (read-write, only when the request collects output files):
 //!   regular files left there come back as `output_files`;
-//! - `/tmp`: a private tmpfs; nothing else is writable.
+//! - `/tmp`: a private tmpfs; `/opt/execbox/stop`: a tiny one holding the
+//!   in-container timer's copy; nothing else is writable.
 //!
 //! Per language:
 //! - **Python**: the code arrives on stdin and runs as `__main__` with the

@@ -197,7 +197,7 @@ pub(super) fn remove_own_temp_dirs() {
         let ours = name.to_str().is_some_and(|n| prefixes.iter().any(|p| n.starts_with(p.as_str())));
         // Never follow a link planted under an execbox-like name.
         if ours && entry.file_type().is_ok_and(|t| t.is_dir()) {
-            drop(std::fs::remove_dir_all(entry.path()));
+            drop(super::hostfs::remove_tree(&entry.path()));
         }
     }
 }

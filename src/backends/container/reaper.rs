@@ -96,9 +96,9 @@ fn run(engine: &Path, jobs: Vec<Job>) {
         }
     }
     for dir in dirs {
-        let path = dir.path().to_path_buf();
-        if let Err(e) = dir.close() {
-            tracing::warn!(path = %path.display(), error = %e, "cannot remove a staging directory");
+        // Not TempDir's own removal: it recurses per level (see `remove_tree`).
+        if let Err(e) = super::hostfs::remove_tree(dir.path()) {
+            tracing::warn!(path = %dir.path().display(), error = %e, "cannot remove a staging directory");
         }
     }
 }

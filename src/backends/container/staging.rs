@@ -1,11 +1,14 @@
 //! The host side of a run's files, in one private temporary directory:
 //!
 //! - `work/` → `/work` (read-only): `input.json`, the staged input files, and
-//!   whatever a language adds (Rust: `main.rs`);
+//!   whatever a language adds;
 //! - `out/` → `/work/out` (read-write), only when the request collects output files;
 //! - `env`: the `--env-file` with exactly the request's variables.
 //!
-//! Everything is removed when the [`Staging`] drops, whatever the outcome.
+//! Every file operation goes through a cap-std handle on that directory,
+//! never through a link (see `hostfs.rs`). The directory is handed to the
+//! reaper after the run ([`Staging::into_dir`]), whatever the outcome; a
+//! `Staging` dropped earlier (an error) removes itself.
 
 use std::ffi::OsStr;
 use std::path::{Component, Path, PathBuf};
