@@ -485,4 +485,41 @@ mod containers {
         assert_eq!(containers_of(&token, true), Vec::<String>::new());
         assert_eq!(temp_dirs_in(tmp.path()), Vec::<String>::new());
     }
+
+    #[test]
+    fn a_start_sweeps_containers_of_dead_owners_in_its_own_scope_only() {
+        if !engine_answers() {
+            return;
+        }
+        let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap().trim().to_string();
+        let pidns: String = std::fs::read_link("/proc/self/ns/pid")
+            .unwrap()
+            .display()
+            .to_string()
+            .chars()
+            .filter(char::is_ascii_digit)
+            .collect();
+        let create = |scope: &str| {
+            let out = Command::new("docker")
+                .args(["create", "--label=execbox=1", "--label=execbox.owner=999999999.1"])
+                .arg(format!("--label=execbox.scope={scope}"))
+                .args(["--label=execbox.test=sweep", "localhost/execbox-python:3.11", "true"])
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            String::from_utf8_lossy(&out.stdout).trim().to_string()
+        };
+        let exists = |id: &str| {
+            Command::new("docker").args(["inspect", "--type=container", id]).output().unwrap().status.success()
+        };
+        // A dead owner (no pid 999999999) in this PID namespace, and one in another namespace of this boot.
+        let dead_here = create(&format!("{boot}.{pidns}"));
+        let elsewhere = create(&format!("{boot}.1"));
+        let out = execbox(&["run", "--lang", "shell", "--code", "true", "--json"]);
+        assert_eq!(out.status.code(), Some(0));
+        let (swept, kept) = (!exists(&dead_here), exists(&elsewhere));
+        drop(Command::new("docker").args(["rm", "--force", &dead_here, &elsewhere]).output());
+        assert!(swept, "the container of a dead owner in this scope was left");
+        assert!(kept, "a container of another PID namespace was removed: its owner's liveness cannot be judged");
+    }
 }

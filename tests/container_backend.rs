@@ -430,6 +430,16 @@ fn busy_loop_times_out_keeps_earlier_output_and_leaves_no_container() {
 }
 
 #[test]
+fn a_huge_timeout_leaves_the_in_container_timer_huge_too() {
+    let Some(c) = backend("huge-timeout") else { return };
+    // The timer's argument for ~584 million years must be one coreutils accepts, and not cut a
+    // program that runs longer than the grace.
+    let code = "sleep 3; echo done";
+    let r = run(&c, ExecRequest::source(Language::Shell, code).policy(SandboxPolicy::strict().timeout(Duration::MAX)));
+    assert_eq!((r.outcome, stdout(&r).as_str()), (Outcome::Ok, "done\n"), "{r:?}");
+}
+
+#[test]
 fn a_program_that_closes_its_streams_and_runs_on_still_times_out() {
     let Some(c) = backend("closed-streams") else { return };
     let limit = Duration::from_secs(3);

@@ -420,7 +420,7 @@ impl Container {
         let input = self.input_json(&mut request)?;
         let staging = staging::Staging::new(&request, input.as_deref())?;
         let command = self.script_command(&request)?;
-        let limit = deadline.remaining().unwrap_or_default();
+        let limit = deadline.remaining().unwrap_or(Duration::MAX);
         let spec = self.spec(&request, &staging, self.cfg.python_image.clone(), command, limit)?;
         let caps = (request.policy.max_stdout_bytes, request.policy.max_stderr_bytes);
         let end = self.run_spec(&spec, source.into_bytes(), caps, deadline);
@@ -433,6 +433,14 @@ impl Container {
             .map(|value| serde_json::to_vec(&value))
             .transpose()
             .map_err(|e| ExecError::internal(Self::NAME, format!("cannot serialize input: {e}")))
+    }
+}
+
+impl Drop for Container {
+    /// Waits for the start-up sweep (the reaper, a field, is joined next):
+    /// nothing this backend started outlives it.
+    fn drop(&mut self) {
+        owners::finish_sweeps();
     }
 }
 

@@ -76,8 +76,22 @@ pub(super) fn start(engine: &Path) {
         let removed = sweep(&engine);
         tracing::debug!(removed, "swept containers of execbox processes that are gone");
     });
-    if let Err(e) = spawned {
-        tracing::warn!(error = %e, "cannot start the container sweep");
+    match spawned {
+        Ok(handle) => SWEEPS.lock().unwrap_or_else(|p| p.into_inner()).push(handle),
+        Err(e) => tracing::warn!(error = %e, "cannot start the container sweep"),
+    }
+}
+
+/// Sweeps started and not yet joined.
+static SWEEPS: Mutex<Vec<std::thread::JoinHandle<()>>> = Mutex::new(Vec::new());
+
+/// Waits for the sweeps started so far (each bounded by its engine
+/// commands' timeouts): a short-lived process (one CLI run) must not exit
+/// with a sweep half done.
+pub(super) fn finish_sweeps() {
+    let sweeps = std::mem::take(&mut *SWEEPS.lock().unwrap_or_else(|p| p.into_inner()));
+    for sweep in sweeps {
+        drop(sweep.join());
     }
 }
 

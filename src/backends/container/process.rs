@@ -135,7 +135,7 @@ pub(super) fn run(inv: Invocation<'_>, reaper: &super::reaper::Reaper) -> std::i
     let ended = if timed_out {
         Ended::TimedOut
     } else {
-        let limit = inv.deadline.remaining().unwrap_or_default() + KILL_GRACE;
+        let limit = inv.deadline.remaining().map_or(HOUSEKEEPING_TIMEOUT, |left| left.saturating_add(KILL_GRACE));
         classify(inv.engine, inv.name, status, &err, limit)
     };
     reaper.remove(inv.name.to_string());

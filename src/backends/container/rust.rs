@@ -244,7 +244,7 @@ pub(super) fn execute(
     }
 
     let staging = super::staging::Staging::new(&request, input.as_deref())?;
-    let limit = deadline.remaining().unwrap_or_default();
+    let limit = deadline.remaining().unwrap_or(Duration::MAX);
     let mut spec = backend.spec(&request, &staging, backend.cfg.rust_image.clone(), command(&request), limit)?;
     spec.mounts.push(Mount { host: toolchain.binaries.join(&key), guest: PROGRAM_PATH.into(), writable: false });
     let caps = (request.policy.max_stdout_bytes, request.policy.max_stderr_bytes);
@@ -330,7 +330,7 @@ fn compile(
         workdir: super::WORKDIR.into(),
         extra_args: backend.cfg.extra_run_args.clone(),
         command,
-        stop_after: compile_deadline.remaining().unwrap_or_default().saturating_add(KILL_GRACE),
+        stop_after: compile_deadline.remaining().unwrap_or(Duration::MAX).saturating_add(KILL_GRACE),
     };
     let end = backend.run_spec(&spec, Vec::new(), (Some(64 << 10), Some(16 << 20)), compile_deadline);
     let outcome = compiled(backend, end, &target_dir, toolchain, key, request, deadline, user_lines, bound_by_request);
