@@ -9,6 +9,10 @@
 //! ([`open_ambient`]: the caller's own, trusted path) and everything below
 //! it is opened relative to that handle with `O_NOFOLLOW` on every
 //! component: a symlink anywhere below is refused, whatever it points to.
+//!
+//! What this cannot cover: bind-mount sources are paths the engine resolves
+//! itself (following links), so a grant inside another read-write grant is
+//! the caller's risk.
 
 use std::ffi::OsStr;
 use std::io::{self, Read, Write};
