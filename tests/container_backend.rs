@@ -61,6 +61,11 @@ fn docker_ps(filters: &[&str]) -> Vec<String> {
     String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect()
 }
 
+/// What `execute` may take past the deadline and its grace: spawning, joining
+/// the stream readers, assembling the result (the bound under test is the
+/// deadline plus KILL_GRACE; this is slack for a loaded 2-core machine).
+const OVERHEAD: Duration = Duration::from_secs(1);
+
 fn python(code: &str) -> ExecRequest {
     ExecRequest::source(Language::Python, code)
 }
@@ -230,7 +235,7 @@ fn a_time_out_returns_within_the_grace_even_when_the_engine_hangs() {
     let took = started.elapsed();
     assert_eq!(r.outcome, Outcome::TimedOut, "{r:?}");
     // The kill gets the grace, then the CLI is killed: deadline + grace, plus spawn overhead.
-    assert!(took < limit + KILL_GRACE + Duration::from_secs(1), "took {took:?}");
+    assert!(took < limit + KILL_GRACE + OVERHEAD, "took {took:?}");
 }
 
 #[test]
@@ -244,7 +249,7 @@ fn classifying_an_exit_is_bounded_when_the_engine_hangs() {
     let err = c.execute(python("pass").policy(SandboxPolicy::strict().timeout(limit))).unwrap_err();
     let took = started.elapsed();
     assert_eq!(err.kind(), "internal", "{err}");
-    assert!(took < limit + KILL_GRACE + Duration::from_secs(1), "took {took:?}");
+    assert!(took < limit + KILL_GRACE + OVERHEAD, "took {took:?}");
 }
 
 #[test]
@@ -399,11 +404,7 @@ fn fork_bomb_is_contained_and_cleaned_up() {
     let started = Instant::now();
     let r = run(&c, ExecRequest::source(Language::Shell, "bomb() { bomb | bomb & }; bomb; sleep 60").policy(policy));
     assert!(matches!(r.outcome, Outcome::TimedOut | Outcome::Failed), "{r:?}");
-    assert!(
-        started.elapsed() < Duration::from_secs(3) + KILL_GRACE + Duration::from_secs(1),
-        "took {:?}",
-        started.elapsed()
-    );
+    assert!(started.elapsed() < Duration::from_secs(3) + KILL_GRACE + OVERHEAD, "took {:?}", started.elapsed());
     assert!(running("forkbomb").is_empty(), "still running after the result");
     // The engine and host are fine afterwards.
     assert_eq!(run(&c, python("print(7)")).output, Some(json!(7)));
@@ -423,7 +424,7 @@ fn busy_loop_times_out_keeps_earlier_output_and_leaves_no_container() {
     assert_eq!(r.outcome, Outcome::TimedOut, "{r:?}");
     assert_eq!(r.exit_code, None);
     assert_eq!(stdout(&r), "started\n");
-    assert!(took >= limit && took < limit + KILL_GRACE, "took {took:?}");
+    assert!(took >= limit && took < limit + KILL_GRACE + OVERHEAD, "took {took:?}");
     assert!(running("busy").is_empty(), "still running after the result");
     drop(c); // joins the reaper
     assert!(leftovers("busy").is_empty(), "container left behind after a timeout");
@@ -451,7 +452,7 @@ fn a_program_that_closes_its_streams_and_runs_on_still_times_out() {
     let took = started.elapsed();
     // Both streams end at once, but the run has not: it is timed out at the deadline.
     assert_eq!(r.outcome, Outcome::TimedOut, "{r:?}");
-    assert!(took < limit + KILL_GRACE, "took {took:?}");
+    assert!(took < limit + KILL_GRACE + OVERHEAD, "took {took:?}");
 }
 
 #[test]
@@ -736,7 +737,7 @@ fn run(_: Value) -> Value { Value::from(N) }
     let took = started.elapsed();
     assert_eq!(r.outcome, Outcome::TimedOut, "{r:?}");
     assert!(r.message.as_deref().unwrap_or_default().contains("while compiling"), "{r:?}");
-    assert!(took < limit + KILL_GRACE + Duration::from_secs(1), "took {took:?}");
+    assert!(took < limit + KILL_GRACE + OVERHEAD, "took {took:?}");
     assert_eq!(c.rust_cache_stats().compiles, 1);
 }
 
