@@ -2,8 +2,8 @@
 //!
 //! Exit codes: 0 the program ran and its outcome is `ok`; 1 it ran and the
 //! outcome is anything else; 2 nothing ran (refusal, invalid request, usage);
-//! 128 + N when signal N (SIGTERM, SIGINT) ended it, after it removed the
-//! containers and staging directories it started.
+//! 128 + N when signal N (SIGTERM, SIGINT, SIGHUP) ended it, after it
+//! removed the containers and staging directories it started.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -131,12 +131,13 @@ fn main() -> ExitCode {
 /// What a signal must clean up before the process exits.
 type Cleanup = Box<dyn Fn() + Send>;
 
-/// On SIGTERM or SIGINT: runs `cleanup` (kills and removes the containers
-/// this process started, removes its staging directories) and exits with
-/// 128 + the signal. A result already being printed is finished first.
+/// On SIGTERM, SIGINT or SIGHUP (a closed terminal): runs `cleanup` (kills
+/// and removes the containers this process started, removes its staging
+/// directories) and exits with 128 + the signal. A result already being
+/// printed is finished first.
 fn exit_on_signals(cleanup: Cleanup) -> std::io::Result<()> {
-    use signal_hook::consts::{SIGINT, SIGTERM};
-    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])?;
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP])?;
     std::thread::Builder::new().name("execbox-signals".into()).spawn(move || {
         if let Some(signal) = signals.forever().next() {
             let _answering = ANSWERING.lock().unwrap_or_else(|p| p.into_inner());
