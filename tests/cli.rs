@@ -281,4 +281,246 @@ mod containers {
             (Some("failed"), Some(4), Some("hi\n"))
         );
     }
+
+    #[test]
+    fn an_env_value_over_the_limit_is_an_invalid_request() {
+        if !engine_answers() {
+            return;
+        }
+        let value = "x".repeat(70 * 1024);
+        let env = format!("BIG={value}");
+        let out = execbox(&["run", "--lang", "python", "--code", "print(1)", "--env", &env, "--json"]);
+        assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stdout));
+        let v = json_out(&out);
+        assert_eq!(v["error"]["kind"], "invalid_request", "{v}");
+        assert!(v["error"]["message"].as_str().unwrap().contains("BIG"), "{v}");
+    }
+
+    /// A host file outside every grant, and a read-write grant whose
+    /// `out/` is also the CLI's `--output-dir`.
+    fn grant_and_secret() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
+        use std::os::unix::fs::PermissionsExt;
+        let root = tempfile::tempdir().unwrap();
+        let grant = root.path().join("grant");
+        let secret = root.path().join("secret.txt");
+        std::fs::create_dir_all(grant.join("out")).unwrap();
+        for dir in [&grant, &grant.join("out")] {
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        }
+        std::fs::write(&secret, "precious").unwrap();
+        (root, grant, secret)
+    }
+
+    #[test]
+    fn a_symlink_planted_by_the_program_in_a_grant_is_never_written_through() {
+        if !engine_answers() {
+            return;
+        }
+        let (_root, grant, secret) = grant_and_secret();
+        let code = format!(
+            "import os\nos.symlink({secret:?}, '/data/out/evil')\nos.symlink({dir:?}, '/data/out/sub')\n\
+             os.makedirs('/work/out/sub')\nopen('/work/out/evil', 'w').write('pwned')\n\
+             open('/work/out/sub/secret.txt', 'w').write('pwned')\n",
+            secret = secret.display().to_string(),
+            dir = secret.parent().unwrap().display().to_string(),
+        );
+        let preopen = format!("{}:/data:rw", grant.display());
+        let out_dir = grant.join("out");
+        let out = execbox(&[
+            "run",
+            "--lang",
+            "python",
+            "--code",
+            &code,
+            "--preopen",
+            &preopen,
+            "--output-dir",
+            out_dir.to_str().unwrap(),
+            "--json",
+        ]);
+        let v = json_out(&out);
+        assert_eq!(out.status.code(), Some(2), "{v}");
+        assert_eq!(v["error"]["kind"], "output_files", "{v}");
+        assert!(v["error"]["message"].as_str().unwrap().contains("symlink"), "{v}");
+        assert_eq!(
+            std::fs::read_to_string(&secret).unwrap(),
+            "precious",
+            "a host file outside every grant was written"
+        );
+    }
+
+    #[test]
+    fn swapping_the_output_dir_for_a_link_during_the_run_does_not_redirect_the_save() {
+        if !engine_answers() {
+            return;
+        }
+        let (_root, grant, secret) = grant_and_secret();
+        let code = format!(
+            "import os\nos.rename('/data/out', '/data/moved')\nos.symlink({dir:?}, '/data/out')\n\
+             open('/work/out/secret.txt', 'w').write('pwned')\n",
+            dir = secret.parent().unwrap().display().to_string(),
+        );
+        let preopen = format!("{}:/data:rw", grant.display());
+        let out_dir = grant.join("out");
+        let out = execbox(&[
+            "run",
+            "--lang",
+            "python",
+            "--code",
+            &code,
+            "--preopen",
+            &preopen,
+            "--output-dir",
+            out_dir.to_str().unwrap(),
+            "--json",
+        ]);
+        assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stdout));
+        assert_eq!(std::fs::read_to_string(&secret).unwrap(), "precious", "the save followed the swapped-in link");
+        assert_eq!(
+            std::fs::read_to_string(grant.join("moved/secret.txt")).unwrap(),
+            "pwned",
+            "saved where it was opened"
+        );
+    }
+
+    #[test]
+    fn saving_into_a_dir_with_a_pre_planted_symlink_is_refused() {
+        if !engine_answers() {
+            return;
+        }
+        let (_root, grant, secret) = grant_and_secret();
+        let out_dir = grant.join("out");
+        std::os::unix::fs::symlink(&secret, out_dir.join("report.txt")).unwrap();
+        let code = "open('/work/out/report.txt', 'w').write('pwned')";
+        let out = execbox(&["run", "--lang", "python", "--code", code, "--output-dir", out_dir.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(2));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("refusing to go through the symlink report.txt"), "{stderr}");
+        assert_eq!(std::fs::read_to_string(&secret).unwrap(), "precious");
+    }
+
+    /// `<pid>.<start time>`: the owner token a running execbox process puts
+    /// on its containers and temp dirs.
+    fn token_of(pid: u32) -> String {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let start = stat[stat.rfind(')').unwrap() + 1..].split_whitespace().nth(19).unwrap().to_string();
+        format!("{pid}.{start}")
+    }
+
+    fn containers_of(token: &str, all: bool) -> Vec<String> {
+        let filter = format!("label=execbox.owner={token}");
+        let mut command = Command::new("docker");
+        command.args(["ps", "--quiet", "--filter", &filter]);
+        if all {
+            command.arg("--all");
+        }
+        String::from_utf8_lossy(&command.output().unwrap().stdout).lines().map(str::to_string).collect()
+    }
+
+    fn temp_dirs_in(dir: &std::path::Path) -> Vec<String> {
+        std::fs::read_dir(dir).unwrap().filter_map(|e| e.ok()?.file_name().into_string().ok()).collect()
+    }
+
+    /// Polls `done` every 100 ms until it holds or `bound` passes; whether it held.
+    fn within(bound: std::time::Duration, mut done: impl FnMut() -> bool) -> bool {
+        let started = std::time::Instant::now();
+        while started.elapsed() < bound {
+            if done() {
+                return true;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        done()
+    }
+
+    /// Starts `execbox run` of an endless shell loop with its temp dir in
+    /// `tmp`; returns once its container runs, with its owner token.
+    fn endless_run(tmp: &std::path::Path, timeout_ms: u64) -> (std::process::Child, String) {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_execbox"))
+            .args(["run", "--lang", "shell", "--code", "while :; do :; done", "--json"])
+            .args(["--timeout-ms", &timeout_ms.to_string()])
+            .env("TMPDIR", tmp)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let token = token_of(child.id());
+        let started = within(std::time::Duration::from_secs(30), || !containers_of(&token, false).is_empty());
+        if !started {
+            drop(child.kill());
+            panic!("the container never started");
+        }
+        (child, token)
+    }
+
+    #[test]
+    fn sigkill_mid_run_leaves_nothing_past_the_deadline_plus_grace() {
+        use execbox::backends::container::KILL_GRACE;
+        if !engine_answers() {
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let deadline = std::time::Duration::from_secs(3);
+        let (mut child, token) = endless_run(tmp.path(), deadline.as_millis() as u64);
+        assert!(!temp_dirs_in(tmp.path()).is_empty(), "the run stages its files in TMPDIR");
+        child.kill().unwrap(); // SIGKILL: no handler runs
+        child.wait().unwrap();
+        // The deadline started before the kill: this bound is generous.
+        let gone = within(deadline + KILL_GRACE, || containers_of(&token, true).is_empty());
+        assert!(gone, "container of a SIGKILLed host still there: {:?}", containers_of(&token, true));
+        let cleaned = within(deadline + KILL_GRACE, || temp_dirs_in(tmp.path()).is_empty());
+        assert!(cleaned, "temp dirs of a SIGKILLed host still there: {:?}", temp_dirs_in(tmp.path()));
+    }
+
+    #[test]
+    fn sigterm_mid_run_cleans_up_then_exits_143() {
+        if !engine_answers() {
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let (child, token) = endless_run(tmp.path(), 60_000);
+        // SAFETY: kill(2) on our own child; no memory involved.
+        assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(out.status.code(), Some(128 + 15));
+        // Cleaned up before it exited: nothing to wait for.
+        assert_eq!(containers_of(&token, true), Vec::<String>::new());
+        assert_eq!(temp_dirs_in(tmp.path()), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_start_sweeps_containers_of_dead_owners_in_its_own_scope_only() {
+        if !engine_answers() {
+            return;
+        }
+        let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap().trim().to_string();
+        let pidns: String = std::fs::read_link("/proc/self/ns/pid")
+            .unwrap()
+            .display()
+            .to_string()
+            .chars()
+            .filter(char::is_ascii_digit)
+            .collect();
+        let create = |scope: &str| {
+            let out = Command::new("docker")
+                .args(["create", "--label=execbox=1", "--label=execbox.owner=999999999.1"])
+                .arg(format!("--label=execbox.scope={scope}"))
+                .args(["--label=execbox.test=sweep", "localhost/execbox-python:3.11", "true"])
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            String::from_utf8_lossy(&out.stdout).trim().to_string()
+        };
+        let exists = |id: &str| {
+            Command::new("docker").args(["inspect", "--type=container", id]).output().unwrap().status.success()
+        };
+        // A dead owner (no pid 999999999) in this PID namespace, and one in another namespace of this boot.
+        let dead_here = create(&format!("{boot}.{pidns}"));
+        let elsewhere = create(&format!("{boot}.1"));
+        let out = execbox(&["run", "--lang", "shell", "--code", "true", "--json"]);
+        assert_eq!(out.status.code(), Some(0));
+        let (swept, kept) = (!exists(&dead_here), exists(&elsewhere));
+        drop(Command::new("docker").args(["rm", "--force", &dead_here, &elsewhere]).output());
+        assert!(swept, "the container of a dead owner in this scope was left");
+        assert!(kept, "a container of another PID namespace was removed: its owner's liveness cannot be judged");
+    }
 }

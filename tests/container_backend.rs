@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use execbox::backends::container::{ContainerConfig, RustConfig, check_extra_args, run_argv};
+use execbox::backends::container::{ContainerConfig, KILL_GRACE, RustConfig, check_extra_args, run_argv};
 use execbox::backends::{Container, WasmGuest};
 use execbox::{
     Access, Backend, ExecError, ExecFile, ExecRequest, ExecResult, Executor, FailureKind, InvalidRequest, Language,
@@ -48,12 +48,23 @@ fn backend_with(label: &str, cfg: ContainerConfig) -> Option<Container> {
 
 /// Containers (running or not) carrying this test's label.
 fn leftovers(label: &str) -> Vec<String> {
-    let out = Command::new("docker")
-        .args(["ps", "--all", "--quiet", "--filter", &format!("label=execbox.test={label}")])
-        .output()
-        .expect("docker ps");
+    docker_ps(&["--all", "--filter", &format!("label=execbox.test={label}")])
+}
+
+/// Running containers carrying this test's label.
+fn running(label: &str) -> Vec<String> {
+    docker_ps(&["--filter", &format!("label=execbox.test={label}")])
+}
+
+fn docker_ps(filters: &[&str]) -> Vec<String> {
+    let out = Command::new("docker").args(["ps", "--quiet"]).args(filters).output().expect("docker ps");
     String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect()
 }
+
+/// What `execute` may take past the deadline and its grace: spawning, joining
+/// the stream readers, assembling the result (the bound under test is the
+/// deadline plus KILL_GRACE; this is slack for a loaded 2-core machine).
+const OVERHEAD: Duration = Duration::from_secs(1);
 
 fn python(code: &str) -> ExecRequest {
     ExecRequest::source(Language::Python, code)
@@ -117,7 +128,9 @@ fn extra_args_that_could_weaken_isolation_are_refused() {
         let err = Container::with_config(cfg).err().unwrap_or_else(|| panic!("{bad} accepted"));
         assert_eq!(err.arg, bad);
     }
-    assert!(check_extra_args(&["--runtime=runsc".into(), "--init".into()]).is_ok());
+    assert!(check_extra_args(&["--runtime=runsc".into()]).is_ok());
+    // --init would put the in-container timer under tini, where the program could kill it.
+    assert!(check_extra_args(&["--init".into()]).is_err());
 }
 
 #[test]
@@ -170,6 +183,117 @@ fn requests_the_backend_cannot_carry_are_refused_before_running() {
     assert_eq!(refused(python("").policy(SandboxPolicy::strict().fuel(1000))), vec![Control::Fuel]);
     let net = SandboxPolicy::strict().network(Access::Allow(vec!["example.org".into()]));
     assert_eq!(refused(python("").policy(net)), vec![Control::Network]);
+}
+
+#[test]
+fn every_container_carries_its_owner_and_its_own_timer() {
+    let container = Container::docker();
+    let limit = Duration::from_millis(2500);
+    let request = python("print(1)").policy(SandboxPolicy::strict().timeout(limit));
+    let spec = container.plan(&request).unwrap();
+    assert_eq!(spec.stop_after, limit + KILL_GRACE, "the timer fires a grace after the deadline");
+    let argv = run_argv(&spec);
+    let owner = format!("--label=execbox.owner={}", Container::owner_token());
+    assert!(argv.contains(&owner), "{argv:?}");
+    assert!(argv.iter().any(|a| a.starts_with("--label=execbox.scope=")), "{argv:?}");
+    let image = argv.iter().position(|a| a == "localhost/execbox-python:3.11").unwrap();
+    // The image's first process copies `timeout` execute-only, limits file sizes, then runs the program under it.
+    assert_eq!(argv[image + 1..image + 3], ["/bin/sh", "-c"]);
+    assert!(argv[image + 3].contains("install -m 0111 /usr/bin/timeout") && argv[image + 3].contains("--signal=KILL"));
+    assert_eq!(argv[image + 5..image + 8], ["16384", "4.500s", "python3"], "8 MiB in 512-byte blocks, then the timer");
+    assert!(!argv.iter().any(|a| a.starts_with("--ulimit")), "the limit is set after the timer's copy");
+}
+
+// ---- Lifetime: the container's own timer, a hung engine -----------------------
+
+/// A fake engine CLI: `run` and the commands in `hang` never answer (and
+/// ignore SIGTERM); `run` exits with `run_exit` otherwise; everything else
+/// succeeds at once.
+fn fake_engine(dir: &Path, hang: &[&str], run_exit: Option<i32>) -> std::path::PathBuf {
+    let path = dir.join("engine");
+    let mut script = String::from("#!/bin/sh\ntrap '' TERM INT\ncase \"$1\" in\n");
+    for command in hang {
+        script.push_str(&format!("  {command}) sleep 1000 ;;\n"));
+    }
+    if let Some(code) = run_exit {
+        script.push_str(&format!("  run) cat >/dev/null; exit {code} ;;\n"));
+    }
+    script.push_str("  *) exit 0 ;;\nesac\n");
+    std::fs::write(&path, script).unwrap();
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    path
+}
+
+#[test]
+fn a_time_out_returns_within_the_grace_even_when_the_engine_hangs() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = fake_engine(dir.path(), &["run", "kill"], None);
+    let c = Container::with_config(ContainerConfig { engine, ..Default::default() }).unwrap();
+    let limit = Duration::from_secs(1);
+    let started = Instant::now();
+    let r = c.execute(python("while True: pass").policy(SandboxPolicy::strict().timeout(limit))).unwrap();
+    let took = started.elapsed();
+    assert_eq!(r.outcome, Outcome::TimedOut, "{r:?}");
+    // The kill gets the grace, then the CLI is killed: deadline + grace, plus spawn overhead.
+    assert!(took < limit + KILL_GRACE + OVERHEAD, "took {took:?}");
+}
+
+#[test]
+fn classifying_an_exit_is_bounded_when_the_engine_hangs() {
+    let dir = tempfile::tempdir().unwrap();
+    // Exit 137 is ambiguous (OOM or not): only `inspect` can tell, and it never answers.
+    let engine = fake_engine(dir.path(), &["inspect"], Some(137));
+    let c = Container::with_config(ContainerConfig { engine, ..Default::default() }).unwrap();
+    let limit = Duration::from_secs(1);
+    let started = Instant::now();
+    let err = c.execute(python("pass").policy(SandboxPolicy::strict().timeout(limit))).unwrap_err();
+    let took = started.elapsed();
+    assert_eq!(err.kind(), "internal", "{err}");
+    assert!(took < limit + KILL_GRACE + OVERHEAD, "took {took:?}");
+}
+
+#[test]
+fn a_container_stops_by_itself_when_nothing_watches_it() {
+    let Some(c) = backend("selfstop") else { return };
+    let limit = Duration::from_secs(1);
+    let spec = c.plan(&python("").policy(SandboxPolicy::strict().timeout(limit))).unwrap();
+    // The exact argv execbox would run, without its staging mounts (plan's are
+    // placeholders), started directly: no execbox process watches it.
+    let argv: Vec<String> = run_argv(&spec).into_iter().filter(|a| !a.starts_with("--mount=")).collect();
+    let mut child = Command::new("docker")
+        .args(&argv)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Hostile: try to disarm the timer (ptrace it, stop it, kill it), then spin.
+    let code = "\
+import ctypes, os, signal
+libc = ctypes.CDLL(None, use_errno=True)
+print('ptrace', libc.ptrace(16, 1, 0, 0), ctypes.get_errno(), flush=True)
+for sig in (signal.SIGSTOP, signal.SIGKILL):
+    os.kill(1, sig)
+while True: pass
+";
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), code.as_bytes()).unwrap();
+    let started = Instant::now();
+    // The timer fires `stop_after` after the container started; starting may take a few seconds here.
+    let bound = spec.stop_after + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if started.elapsed() > bound {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut out = String::new();
+    drop(std::io::Read::read_to_string(&mut child.stdout.take().unwrap(), &mut out));
+    drop(Command::new("docker").args(["rm", "--force", &spec.name]).output());
+    let status = status.unwrap_or_else(|| panic!("still running {bound:?} after the start"));
+    assert_eq!(status.code(), Some(137), "killed by its own timer");
+    assert!(out.starts_with("ptrace -1 1\n"), "the timer cannot be traced (EPERM): {out:?}");
 }
 
 // ---- Python and shell ----------------------------------------------------------
@@ -280,24 +404,55 @@ fn fork_bomb_is_contained_and_cleaned_up() {
     let started = Instant::now();
     let r = run(&c, ExecRequest::source(Language::Shell, "bomb() { bomb | bomb & }; bomb; sleep 60").policy(policy));
     assert!(matches!(r.outcome, Outcome::TimedOut | Outcome::Failed), "{r:?}");
-    assert!(started.elapsed() < Duration::from_secs(20), "took {:?}", started.elapsed());
-    assert!(leftovers("forkbomb").is_empty(), "container left behind");
+    assert!(started.elapsed() < Duration::from_secs(3) + KILL_GRACE + OVERHEAD, "took {:?}", started.elapsed());
+    assert!(running("forkbomb").is_empty(), "still running after the result");
     // The engine and host are fine afterwards.
     assert_eq!(run(&c, python("print(7)")).output, Some(json!(7)));
+    drop(c); // joins the reaper
+    assert!(leftovers("forkbomb").is_empty(), "container left behind");
 }
 
 #[test]
 fn busy_loop_times_out_keeps_earlier_output_and_leaves_no_container() {
     let Some(c) = backend("busy") else { return };
-    let policy = SandboxPolicy::strict().timeout(Duration::from_millis(1500));
+    // Long enough for a container to start on a loaded 2-core machine.
+    let limit = Duration::from_secs(4);
+    let policy = SandboxPolicy::strict().timeout(limit);
     let started = Instant::now();
     let r = run(&c, python("print('started', flush=True)\nwhile True: pass").policy(policy));
     let took = started.elapsed();
     assert_eq!(r.outcome, Outcome::TimedOut, "{r:?}");
     assert_eq!(r.exit_code, None);
     assert_eq!(stdout(&r), "started\n");
-    assert!(took >= Duration::from_millis(1500) && took < Duration::from_secs(10), "took {took:?}");
+    assert!(took >= limit && took < limit + KILL_GRACE + OVERHEAD, "took {took:?}");
+    assert!(running("busy").is_empty(), "still running after the result");
+    drop(c); // joins the reaper
     assert!(leftovers("busy").is_empty(), "container left behind after a timeout");
+}
+
+#[test]
+fn a_huge_timeout_leaves_the_in_container_timer_huge_too() {
+    let Some(c) = backend("huge-timeout") else { return };
+    // The timer's argument for ~584 million years must be one coreutils accepts, and not cut a
+    // program that runs longer than the grace.
+    let code = "sleep 3; echo done";
+    let r = run(&c, ExecRequest::source(Language::Shell, code).policy(SandboxPolicy::strict().timeout(Duration::MAX)));
+    assert_eq!((r.outcome, stdout(&r).as_str()), (Outcome::Ok, "done\n"), "{r:?}");
+}
+
+#[test]
+fn a_program_that_closes_its_streams_and_runs_on_still_times_out() {
+    let Some(c) = backend("closed-streams") else { return };
+    let limit = Duration::from_secs(3);
+    let started = Instant::now();
+    let r = run(
+        &c,
+        python("import os\nos.close(1)\nos.close(2)\nwhile True: pass").policy(SandboxPolicy::strict().timeout(limit)),
+    );
+    let took = started.elapsed();
+    // Both streams end at once, but the run has not: it is timed out at the deadline.
+    assert_eq!(r.outcome, Outcome::TimedOut, "{r:?}");
+    assert!(took < limit + KILL_GRACE + OVERHEAD, "took {took:?}");
 }
 
 #[test]
@@ -393,12 +548,34 @@ except OSError as e:
 open('/work/out/small.txt', 'w').write('ok')
 ";
     let r = run(&c, python(code).collect_output_files());
-    assert_eq!(stdout(&r), "refused 27\n", "EFBIG from --ulimit fsize: {r:?}");
+    assert_eq!(stdout(&r), "refused 27\n", "EFBIG from RLIMIT_FSIZE: {r:?}");
     let names: Vec<&str> = r.output_files.iter().map(|f| f.name.as_str()).collect();
     assert!(names.contains(&"small.txt"), "{names:?}");
     if let Some(big) = r.output_files.iter().find(|f| f.name == "big.bin") {
         assert!(big.content.len() <= 4096);
     }
+}
+
+#[test]
+fn a_flood_of_output_entries_is_walked_within_bounds_and_noted_briefly() {
+    use execbox::backends::container::MAX_OUTPUT_ENTRIES;
+    let Some(c) = backend("manyfiles") else { return };
+    let code = "\
+import os
+os.makedirs('/work/out/d', exist_ok=True)
+for i in range(25000):
+    open('/work/out/d/f%05d' % i, 'w').close()
+for i in range(50):
+    os.symlink('/etc/passwd', '/work/out/link%02d' % i)
+";
+    let policy = SandboxPolicy::strict().timeout(Duration::from_secs(60));
+    let r = run(&c, python(code).policy(policy).collect_output_files());
+    assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
+    assert!(r.output_files.len() <= 64, "{}", r.output_files.len());
+    let message = r.message.unwrap_or_default();
+    assert!(message.len() < 4096, "message is {} bytes", message.len());
+    assert!(message.contains(" more"), "a count, not every name: {message}");
+    assert!(message.contains(&format!("more than {MAX_OUTPUT_ENTRIES} entries")), "{message}");
 }
 
 #[test]
@@ -523,6 +700,48 @@ fn rust_include_str_cannot_read_host_files() {
 }
 
 #[test]
+fn rust_value_is_in_scope_with_or_without_a_use() {
+    let cache = tempfile::tempdir().unwrap();
+    let Some(c) = rust_backend("rust-value", cache.path()) else { return };
+    let forms = [
+        // adk-code's RustExecutor contract: no `use` at all.
+        "fn run(input: Value) -> Value {\n    input\n}\n",
+        "use serde_json::Value;\n\nfn run(input: Value) -> Value {\n    input\n}\n",
+        "use serde_json::*;\n\nfn run(input: Value) -> Value {\n    json!([input])\n}\n",
+    ];
+    for (i, code) in forms.iter().enumerate() {
+        let r = run(&c, rust(code).input(json!({"n": i})));
+        assert_eq!(r.outcome, Outcome::Ok, "form {i}: {r:?}");
+        let expected = if i == 2 { json!([{"n": i}]) } else { json!({"n": i}) };
+        assert_eq!(r.output, Some(expected), "form {i}");
+    }
+    // Diagnostics stay on the caller's lines in the form without a `use`.
+    let r = run(&c, rust("fn run(input: Value) -> Value {\n    let n: u32 = \"text\";\n    input\n}\n"));
+    let error = r.diagnostics.iter().find(|d| d.level == "error").expect("an error");
+    assert_eq!((error.line, error.code.as_deref()), (Some(2), Some("E0308")), "{error:?}");
+}
+
+#[test]
+fn rust_compile_is_bounded_by_the_request_deadline() {
+    let cache = tempfile::tempdir().unwrap();
+    let Some(c) = rust_backend("rust-consteval", cache.path()) else { return };
+    // An endless const evaluation: the compiler itself never finishes.
+    let code = "\
+#![allow(long_running_const_eval)]
+const N: u64 = { let mut i = 0u64; loop { i = i.wrapping_add(1); if i == 0 { break i; } } };
+fn run(_: Value) -> Value { Value::from(N) }
+";
+    let limit = Duration::from_secs(3);
+    let started = Instant::now();
+    let r = run(&c, ExecRequest::source(Language::Rust, code).policy(SandboxPolicy::strict().timeout(limit)));
+    let took = started.elapsed();
+    assert_eq!(r.outcome, Outcome::TimedOut, "{r:?}");
+    assert!(r.message.as_deref().unwrap_or_default().contains("while compiling"), "{r:?}");
+    assert!(took < limit + KILL_GRACE + OVERHEAD, "took {took:?}");
+    assert_eq!(c.rust_cache_stats().compiles, 1);
+}
+
+#[test]
 fn rust_panics_and_timeouts_are_outcomes() {
     let cache = tempfile::tempdir().unwrap();
     let Some(c) = rust_backend("rust-panic", cache.path()) else { return };
@@ -535,5 +754,6 @@ fn rust_panics_and_timeouts_are_outcomes() {
         rust("use serde_json::Value;\nfn run(_: Value) -> Value { loop { std::hint::spin_loop() } }\n").policy(policy),
     );
     assert_eq!(r.outcome, Outcome::TimedOut, "{r:?}");
+    drop(c); // joins the reaper
     assert!(leftovers("rust-panic").is_empty());
 }

@@ -1,11 +1,14 @@
 //! The `execbox` command line: run code under a policy, list backends.
 //!
 //! Exit codes: 0 the program ran and its outcome is `ok`; 1 it ran and the
-//! outcome is anything else; 2 nothing ran (refusal, invalid request, usage).
+//! outcome is anything else; 2 nothing ran (refusal, invalid request, usage);
+//! 128 + N when signal N (SIGTERM, SIGINT, SIGHUP) ended it, after it
+//! removed the containers and staging directories it started.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
@@ -14,6 +17,9 @@ use execbox::{
     Payload, SandboxPolicy,
 };
 use serde_json::{Value, json};
+
+#[cfg(feature = "container")]
+use execbox::backends::container::OutputDir;
 
 #[derive(Parser)]
 #[command(name = "execbox", version, about = "Run untrusted code under a policy that fails closed")]
@@ -100,22 +106,53 @@ struct RunArgs {
     json: bool,
 }
 
+/// Held from the moment a result is in until the process exits, so a signal
+/// arriving then waits for the answer instead of cutting it off, and an
+/// answer never follows a signal's cleanup.
+static ANSWERING: Mutex<()> = Mutex::new(());
+
 fn main() -> ExitCode {
     // Spawned as a worker (contained JS), serve and exit; otherwise go on.
     execbox::worker::serve_if_worker();
     let cli = Cli::parse();
     match cli.command {
         Command::Run(args) => match executor(&args) {
-            Ok(exec) => run(&exec, *args),
+            Ok((exec, cleanup)) => {
+                if let Err(e) = exit_on_signals(cleanup) {
+                    eprintln!("execbox: cannot handle signals: {e}");
+                    return ExitCode::from(2);
+                }
+                run(&exec, *args)
+            }
             Err(err) => refuse(args.json, err.to_json(), &describe(&err)),
         },
         Command::Backends { json } => backends(&Executor::with_default_backends(), json),
     }
 }
 
-/// The default backends, configured by the run's flags: a wasm module cache
-/// directory, the container engine.
-fn executor(args: &RunArgs) -> Result<Executor, ExecError> {
+/// What a signal must clean up before the process exits.
+type Cleanup = Box<dyn Fn() + Send>;
+
+/// On SIGTERM, SIGINT or SIGHUP (a closed terminal): runs `cleanup` (kills
+/// and removes the containers this process started, removes its staging
+/// directories) and exits with 128 + the signal. A result already being
+/// printed is finished first.
+fn exit_on_signals(cleanup: Cleanup) -> std::io::Result<()> {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP])?;
+    std::thread::Builder::new().name("execbox-signals".into()).spawn(move || {
+        if let Some(signal) = signals.forever().next() {
+            let _answering = ANSWERING.lock().unwrap_or_else(|p| p.into_inner());
+            cleanup();
+            std::process::exit(128 + signal);
+        }
+    })?;
+    Ok(())
+}
+
+/// The default backends, configured by the run's flags (a wasm module cache
+/// directory, the container engine), and what a signal must clean up.
+fn executor(args: &RunArgs) -> Result<(Executor, Cleanup), ExecError> {
     #[allow(unused_mut)]
     let mut builder = Executor::builder();
     // One run per process: one JS worker, starting now while the rest is built.
@@ -155,12 +192,23 @@ fn executor(args: &RunArgs) -> Result<Executor, ExecError> {
         }
     }
     #[cfg(feature = "container")]
-    {
+    let cleanup: Cleanup = {
         use execbox::backends::{Container, ContainerConfig};
         let cfg = ContainerConfig { engine: args.engine.clone(), ..Default::default() };
         let container = Container::with_config(cfg).map_err(|e| ExecError::internal(Container::NAME, e.to_string()))?;
-        builder = builder.backend(container);
-    }
+        let container = std::sync::Arc::new(container);
+        builder = builder.shared_backend(container.clone());
+        // Weak: the executor owns the backend, so dropping it at the end of
+        // an ordinary run waits for the reaper.
+        let container = std::sync::Arc::downgrade(&container);
+        Box::new(move || {
+            if let Some(container) = container.upgrade() {
+                container.shutdown();
+            }
+        })
+    };
+    #[cfg(not(feature = "container"))]
+    let cleanup: Cleanup = Box::new(|| {});
     // A JS run waits for its worker, so that start-up (process, lockdown,
     // first context) does not count against the program's own deadline.
     #[cfg(feature = "js")]
@@ -168,27 +216,36 @@ fn executor(args: &RunArgs) -> Result<Executor, ExecError> {
         boa.wait_ready(Duration::from_secs(10));
     }
     let _ = args;
-    Ok(builder.build())
+    Ok((builder.build(), cleanup))
 }
 
 fn run(exec: &Executor, args: RunArgs) -> ExitCode {
     let as_json = args.json;
-    let output_dir = args.output_dir.clone();
-    let request = match build_request(args) {
-        Ok(r) => r,
-        Err(message) => {
-            return refuse(
-                as_json,
-                json!({"error": {"kind": "invalid_request", "message": message, "violations": []}}),
-                &message,
-            );
+    let invalid = |message: String| {
+        refuse(as_json, json!({"error": {"kind": "invalid_request", "message": message, "violations": []}}), &message)
+    };
+    // Opened before the run: the program cannot redirect the save by
+    // swapping the path for a link (see `OutputDir`).
+    let output_dir = match args.output_dir.as_deref().map(OutputDir::open).transpose() {
+        Ok(dir) => dir,
+        Err(e) => {
+            let path = args.output_dir.as_deref().unwrap_or(Path::new("")).display();
+            return invalid(format!("--output-dir {path}: {e}"));
         }
     };
-    match exec.execute_blocking(request) {
+    let request = match build_request(args) {
+        Ok(r) => r,
+        Err(message) => return invalid(message),
+    };
+    let executed = exec.execute_blocking(request);
+    // Not released: the process exits with this answer.
+    std::mem::forget(ANSWERING.lock().unwrap_or_else(|p| p.into_inner()));
+    match executed {
         Ok(result) => {
             if let Some(dir) = &output_dir
-                && let Err(message) = save_outputs(dir, &result)
+                && let Err(e) = dir.save(&result.output_files)
             {
+                let message = format!("{e} (in {})", dir.path().display());
                 return refuse(
                     as_json,
                     json!({"error": {"kind": "output_files", "message": message, "violations": []}}),
@@ -200,7 +257,7 @@ fn run(exec: &Executor, args: RunArgs) -> ExitCode {
             } else {
                 print_human(&result);
                 if let Some(dir) = &output_dir {
-                    eprintln!("[{} output files saved to {}]", result.output_files.len(), dir.display());
+                    eprintln!("[{} output files saved to {}]", result.output_files.len(), dir.path().display());
                 }
             }
             if result.outcome == Outcome::Ok { ExitCode::SUCCESS } else { ExitCode::from(1) }
@@ -305,18 +362,22 @@ fn read(path: &Path) -> Result<Vec<u8>, String> {
     std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
 }
 
-/// Writes the returned files under `dir`. Names were checked by the backend;
-/// they are checked again here because this writes to the host.
-fn save_outputs(dir: &Path, result: &ExecResult) -> Result<(), String> {
-    for file in &result.output_files {
-        let relative = file.relative_path().map_err(|e| e.to_string())?;
-        let path = dir.join(relative);
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent).map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
-        }
-        std::fs::write(&path, &file.content).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+/// Without the container backend no backend returns files: `--output-dir`
+/// is refused before anything runs.
+#[cfg(not(feature = "container"))]
+struct OutputDir(std::convert::Infallible);
+
+#[cfg(not(feature = "container"))]
+impl OutputDir {
+    fn open(_: &Path) -> std::io::Result<Self> {
+        Err(std::io::Error::other("this execbox has no container backend, the only one that returns files"))
     }
-    Ok(())
+    fn path(&self) -> &Path {
+        match self.0 {}
+    }
+    fn save(&self, _: &[ExecFile]) -> Result<(), String> {
+        match self.0 {}
+    }
 }
 
 fn refuse(as_json: bool, body: Value, text: &str) -> ExitCode {

@@ -1,7 +1,23 @@
 //! The locked-down `run` command line, built in one place so tests can assert
 //! exactly what a policy turns into.
+//!
+//! Every container's first process is an in-container timer: coreutils
+//! `timeout --signal=KILL` with the run's deadline plus a grace, so the
+//! container stops by itself even if the host process that watches it dies.
+//! The timer is an execute-only copy of the image's `timeout` (made by
+//! `install -m 0111` into a small tmpfs before the program starts): the
+//! kernel marks a process that runs an unreadable binary non-dumpable, so the
+//! program — same uid, no capabilities — cannot `ptrace` it or write its
+//! memory, and as the container's PID 1 it ignores the program's signals it
+//! has no handler for (`SIGKILL`, `SIGSTOP`). Its own handlers only end the
+//! program early; the deadline timer stays armed.
+//!
+//! The same first process sets the file-size limit (`ulimit -f`, soft and
+//! hard: the program cannot raise it) after making the copy, which a small
+//! limit would otherwise cut, and drops the `PWD` its shell exported.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 /// Caller-supplied extra `run` arguments that cannot weaken isolation. Each
 /// must be one `--flag=value` token (or a bare flag listed with no value), so
@@ -14,7 +30,8 @@ const ALLOWED_EXTRA_FLAGS: &[(&str, bool)] = &[
     ("--cpuset-cpus", true),
     ("--cpuset-mems", true),
     ("--hostname", true),
-    ("--init", false),
+    // Not `--init`: it would put the in-container timer under tini, where
+    // the program could kill it (only PID 1 ignores the program's SIGKILL).
 ];
 
 /// An extra argument that [`ContainerConfig::extra_run_args`](super::ContainerConfig::extra_run_args) may not hold.
@@ -80,7 +97,9 @@ pub struct RunSpec {
     pub tmp_bytes: u64,
     /// `uid:gid` the code runs as.
     pub user: String,
-    /// Largest file the code may write (`--ulimit fsize`), if limited.
+    /// Largest file the code may write (`RLIMIT_FSIZE`, soft and hard, set
+    /// by the container's first process in 512-byte blocks, rounded down),
+    /// if limited.
     pub max_file_bytes: Option<u64>,
     /// A private `NAME=VALUE` file holding exactly the request's variables
     /// (values never appear in argv, and never reach the CLI's own environment).
@@ -93,6 +112,37 @@ pub struct RunSpec {
     pub extra_args: Vec<String>,
     /// Command and arguments inside the container.
     pub command: Vec<String>,
+    /// When the container kills its command by itself (the in-container
+    /// timer, see the module docs): the run's deadline plus a grace, so the
+    /// host's own kill normally comes first.
+    pub stop_after: Duration,
+}
+
+/// Where the in-container timer's execute-only copy lives (a tmpfs).
+pub const STOP_DIR: &str = "/opt/execbox/stop";
+
+/// The container's first process: copy `timeout` execute-only, limit file
+/// sizes, then run the command under the timer. `$1` is the file-size limit
+/// (blocks or `unlimited`), `$2` the time limit, the rest the command.
+const STOP_SCRIPT: &str = "install -m 0111 /usr/bin/timeout /opt/execbox/stop/timeout && \
+     ulimit -f \"$1\" && shift && unset PWD && \
+     exec /opt/execbox/stop/timeout --signal=KILL \"$@\"";
+
+/// Labels on every container: execbox's, and who started it (see
+/// [`super::owners`]), so a later process can clean up after a dead one.
+fn locked_labels() -> [String; 3] {
+    [
+        "--label=execbox=1".into(),
+        format!("--label={}={}", super::owners::OWNER_LABEL, crate::backends::owner::token()),
+        format!("--label={}={}", super::owners::SCOPE_LABEL, super::owners::scope()),
+    ]
+}
+
+/// `timeout`'s duration argument: seconds with millisecond precision, at
+/// least 1 ms (`0` would mean "no limit" to coreutils).
+fn stop_duration(limit: Duration) -> String {
+    let ms = limit.as_millis().clamp(1, u128::from(u64::MAX));
+    format!("{}.{:03}s", ms / 1000, ms % 1000)
 }
 
 /// The arguments after the engine program (`docker`/`podman`).
@@ -117,11 +167,10 @@ pub fn run_argv(spec: &RunSpec) -> Vec<String> {
         "--security-opt=no-new-privileges".into(),
         "--ipc=none".into(),
         "--log-driver=none".into(),
-        "--label=execbox=1".into(),
+        // The timer's copy: executable, tiny, nothing else lives there.
+        format!("--tmpfs={STOP_DIR}:rw,nosuid,nodev,exec,size=256k,mode=1777"),
     ]);
-    if let Some(bytes) = spec.max_file_bytes {
-        argv.push(format!("--ulimit=fsize={bytes}"));
-    }
+    argv.extend(locked_labels());
     for mount in &spec.mounts {
         let mode = if mount.writable { "" } else { ",readonly" };
         argv.push(format!("--mount=type=bind,src={},dst={}{mode}", mount.host.display(), mount.guest));
@@ -131,6 +180,9 @@ pub fn run_argv(spec: &RunSpec) -> Vec<String> {
     }
     argv.push(format!("--workdir={}", spec.workdir));
     argv.push(spec.image.clone());
+    argv.extend(["/bin/sh".into(), "-c".into(), STOP_SCRIPT.into(), "execbox-stop".into()]);
+    argv.push(spec.max_file_bytes.map_or("unlimited".into(), |bytes| (bytes / 512).to_string()));
+    argv.push(stop_duration(spec.stop_after));
     argv.extend(spec.command.iter().cloned());
     argv
 }
@@ -142,10 +194,17 @@ mod tests {
     #[test]
     fn extra_args_allow_list() {
         let ok = |a: &[&str]| check_extra_args(&a.iter().map(|s| s.to_string()).collect::<Vec<_>>());
-        assert!(ok(&["--runtime=runsc", "--label=team=a", "--init"]).is_ok());
-        for bad in ["--network=host", "--privileged", "-v=/:/host", "--cap-add=SYS_ADMIN", "--runtime", "--init=1"] {
+        assert!(ok(&["--runtime=runsc", "--label=team=a"]).is_ok());
+        for bad in ["--network=host", "--privileged", "-v=/:/host", "--cap-add=SYS_ADMIN", "--runtime", "--init"] {
             assert!(ok(&[bad]).is_err(), "{bad} must be refused");
         }
         assert!(ok(&["--security-opt=seccomp=unconfined"]).is_err());
+    }
+
+    #[test]
+    fn stop_durations_never_mean_no_limit() {
+        assert_eq!(stop_duration(Duration::from_millis(3500)), "3.500s");
+        assert_eq!(stop_duration(Duration::ZERO), "0.001s");
+        assert_eq!(stop_duration(Duration::from_secs(300)), "300.000s");
     }
 }

@@ -12,7 +12,8 @@
 //!   request's JSON `input`, and the staged input files;
 //! - `/work/out` (read-write, only when the request collects output files):
 //!   regular files left there come back as `output_files`;
-//! - `/tmp`: a private tmpfs; nothing else is writable.
+//! - `/tmp`: a private tmpfs; `/opt/execbox/stop`: a tiny one holding the
+//!   in-container timer's copy; nothing else is writable.
 //!
 //! Per language:
 //! - **Python**: the code arrives on stdin and runs as `__main__` with the
@@ -24,8 +25,18 @@
 //!
 //! **Structured output** (every language): when the whole stdout is one JSON
 //! value and was not truncated, it becomes `output`.
+//!
+//! **Lifetime**: a container never outlives its deadline plus a grace, even
+//! if the host process dies: the host kills it at the deadline, its first
+//! process (an in-container timer) kills its command at the deadline plus
+//! [`KILL_GRACE`], and what a dead host left is removed by its watcher or by
+//! the next process's sweep (see `owners.rs`). `execute` itself returns at
+//! most `KILL_GRACE` after the deadline. [`Container::shutdown`] is for a
+//! host about to exit on a signal.
 
 mod argv;
+mod hostfs;
+mod owners;
 mod process;
 mod reaper;
 mod rust;
@@ -33,12 +44,14 @@ mod staging;
 
 use std::path::PathBuf;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-pub use argv::{Mount, RunSpec, UnsafeExtraArg, check_extra_args, run_argv};
+pub use argv::{Mount, RunSpec, STOP_DIR, UnsafeExtraArg, check_extra_args, run_argv};
+pub use hostfs::{OutputDir, SaveError};
+pub use process::KILL_GRACE;
 pub use rust::{RustCacheStats, RustConfig};
-pub use staging::{INPUT_JSON, OUTPUT_DIR, WORKDIR};
+pub use staging::{INPUT_JSON, MAX_OUTPUT_DEPTH, MAX_OUTPUT_ENTRIES, OUTPUT_DIR, WORKDIR};
 
 use super::conventions;
 use crate::capabilities::{
@@ -76,7 +89,7 @@ pub struct ContainerConfig {
     pub extra_run_args: Vec<String>,
     /// Most output files returned.
     pub max_output_files: usize,
-    /// Largest file the code may write anywhere (`--ulimit fsize`, enforced by
+    /// Largest file the code may write anywhere (`RLIMIT_FSIZE`, enforced by
     /// the kernel) and so the largest output file.
     pub max_output_file_bytes: u64,
     /// Most output bytes returned in all.
@@ -85,7 +98,8 @@ pub struct ContainerConfig {
     pub max_input_nesting: usize,
     /// How long a positive availability check is trusted.
     pub availability_ttl: Duration,
-    /// Deadline of a run whose policy states none: no container runs unbounded.
+    /// Deadline of a run whose policy states none: no container runs
+    /// unbounded. For Rust it covers the compile and the run together.
     pub default_timeout: Duration,
     /// The Rust pipeline.
     pub rust: RustConfig,
@@ -125,6 +139,8 @@ pub struct Container {
     /// Last availability check: when, and its result.
     availability: Mutex<Option<(Instant, Result<(), String>)>>,
     rust: rust::Pipeline,
+    /// Set by [`Container::shutdown`]: no new container starts.
+    shut_down: AtomicBool,
 }
 
 static RUN_COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -156,8 +172,28 @@ impl Container {
             reaper: reaper::Reaper::new(cfg.engine.clone()),
             availability: Mutex::new(None),
             rust: rust::Pipeline::new(cfg.rust.clone()),
+            shut_down: AtomicBool::new(false),
             cfg,
         }
+    }
+
+    /// The value of the `execbox.owner` label on every container this
+    /// process starts (its pid and start time): `docker ps --filter
+    /// label=execbox.owner=<token>` lists them.
+    pub fn owner_token() -> &'static str {
+        crate::backends::owner::token()
+    }
+
+    /// For a host about to exit (a SIGTERM/SIGINT handler's thread): kills
+    /// and removes every container this process started on this engine,
+    /// removes this process's staging directories, and refuses every later
+    /// run. Each engine command is bounded (5 s); runs in flight end with an
+    /// error. What a run was starting at that very moment is left to its
+    /// in-container timer and to the watcher (see the module docs).
+    pub fn shutdown(&self) {
+        self.shut_down.store(true, Ordering::SeqCst);
+        owners::remove_own(&self.cfg.engine, Duration::from_secs(5));
+        owners::remove_own_temp_dirs();
     }
 
     /// The settings in use.
@@ -178,16 +214,18 @@ impl Container {
             Language::Rust => (self.cfg.rust_image.clone(), rust::command(request)),
             _ => (self.cfg.python_image.clone(), self.script_command(request)?),
         };
-        self.spec(request, &staging, image, command)
+        self.spec(request, &staging, image, command, self.caps.effective_timeout(&request.policy))
     }
 
-    /// Builds the run spec of `request` with its staged files.
+    /// Builds the run spec of `request` with its staged files; `limit` is
+    /// the time the run has left (the in-container timer adds [`KILL_GRACE`]).
     fn spec(
         &self,
         request: &ExecRequest,
         staging: &staging::Staging,
         image: String,
         command: Vec<String>,
+        limit: Duration,
     ) -> Result<RunSpec, ExecError> {
         let policy = &request.policy;
         let memory_bytes = policy.memory_bytes.unwrap_or(self.cfg.default_memory_bytes);
@@ -232,6 +270,7 @@ impl Container {
             workdir: WORKDIR.into(),
             extra_args: self.cfg.extra_run_args.clone(),
             command,
+            stop_after: limit.saturating_add(KILL_GRACE),
         })
     }
 
@@ -248,6 +287,9 @@ impl Container {
 
     /// Runs one container for `spec`, capturing at most `caps` (stdout, stderr) bytes.
     fn run_spec(&self, spec: &RunSpec, stdin: Vec<u8>, caps: (Option<u64>, Option<u64>), deadline: Deadline) -> RunEnd {
+        if self.shut_down.load(Ordering::SeqCst) {
+            return RunEnd::SpawnFailed("the backend is shutting down".into());
+        }
         let invocation = process::Invocation {
             engine: &self.cfg.engine,
             argv: run_argv(spec),
@@ -264,7 +306,14 @@ impl Container {
     }
 
     /// A result from a finished container; engine errors become `ExecError`s.
-    fn result(&self, end: RunEnd, deadline: &Deadline, staging: &staging::Staging) -> Result<ExecResult, ExecError> {
+    /// The staging directory goes to the reaper either way.
+    fn result(&self, end: RunEnd, deadline: &Deadline, staging: staging::Staging) -> Result<ExecResult, ExecError> {
+        let result = self.result_of(end, deadline, &staging);
+        self.reaper.discard(staging.into_dir());
+        result
+    }
+
+    fn result_of(&self, end: RunEnd, deadline: &Deadline, staging: &staging::Staging) -> Result<ExecResult, ExecError> {
         let finished = match end {
             RunEnd::Finished(f) => f,
             RunEnd::SpawnFailed(reason) => return Err(self.unavailable(reason)),
@@ -289,25 +338,21 @@ impl Container {
                 None => note,
             });
         }
-        Ok(ExecResult {
-            backend: Self::NAME.into(),
-            outcome,
-            exit_code,
-            output: conventions::json_stdout(&finished.stdout),
-            output_truncated: false,
-            stdout: finished.stdout,
-            stderr: finished.stderr,
-            message,
-            output_files,
-            failure_kind: None,
-            diagnostics: Vec::new(),
-            usage: Usage { duration: deadline.elapsed(), ..Usage::default() },
-        })
+        let mut result = ExecResult::new(Self::NAME, outcome);
+        result.exit_code = exit_code;
+        result.output = conventions::json_stdout(&finished.stdout);
+        result.stdout = finished.stdout;
+        result.stderr = finished.stderr;
+        result.message = message;
+        result.output_files = output_files;
+        result.usage = Usage { duration: deadline.elapsed(), ..Usage::default() };
+        Ok(result)
     }
 
-    /// The run's deadline: the policy's, else `default_timeout`.
+    /// The request's deadline: the policy's, else `default_timeout`. For
+    /// Rust it bounds the compile and the run together.
     fn deadline(&self, request: &ExecRequest) -> Deadline {
-        Deadline::start(Some(request.policy.timeout_duration().unwrap_or(self.cfg.default_timeout)))
+        Deadline::start(Some(self.caps.effective_timeout(&request.policy)))
     }
 
     fn output_limits(&self) -> staging::OutputLimits {
@@ -326,6 +371,7 @@ impl Container {
     /// (with the fix), internal otherwise.
     fn engine_error(&self, text: String) -> ExecError {
         self.forget_availability();
+        let text = crate::limits::result_caps::cap_message(text);
         let lower = text.to_ascii_lowercase();
         if lower.contains("no such image") || lower.contains("unable to find image") {
             self.unavailable(format!("{text} — build the images with scripts/build-images.sh"))
@@ -346,6 +392,8 @@ impl Container {
         let images = [&self.cfg.python_image, &self.cfg.rust_image];
         let output = process::bounded_output(
             process::engine_command(&self.cfg.engine).args(["image", "inspect", "--format={{.Id}}"]).args(images),
+            process::HOUSEKEEPING_TIMEOUT,
+            64 << 10,
         )
         .map_err(|e| {
             format!(
@@ -372,10 +420,11 @@ impl Container {
         let input = self.input_json(&mut request)?;
         let staging = staging::Staging::new(&request, input.as_deref())?;
         let command = self.script_command(&request)?;
-        let spec = self.spec(&request, &staging, self.cfg.python_image.clone(), command)?;
+        let limit = deadline.remaining().unwrap_or(Duration::MAX);
+        let spec = self.spec(&request, &staging, self.cfg.python_image.clone(), command, limit)?;
         let caps = (request.policy.max_stdout_bytes, request.policy.max_stderr_bytes);
         let end = self.run_spec(&spec, source.into_bytes(), caps, deadline);
-        self.result(end, &deadline, &staging)
+        self.result(end, &deadline, staging)
     }
 
     /// The request's JSON input, serialized (bounded in depth first).
@@ -384,6 +433,14 @@ impl Container {
             .map(|value| serde_json::to_vec(&value))
             .transpose()
             .map_err(|e| ExecError::internal(Self::NAME, format!("cannot serialize input: {e}")))
+    }
+}
+
+impl Drop for Container {
+    /// Waits for the start-up sweep (the reaper, a field, is joined next):
+    /// nothing this backend started outlives it.
+    fn drop(&mut self) {
+        owners::finish_sweeps();
     }
 }
 
@@ -418,7 +475,13 @@ fn capabilities(cfg: &ContainerConfig) -> BackendCapabilities {
             deny: E::enforced("only the image's own variables; nothing from the host"),
             allow_list: E::enforced("exactly the request's values for allow-listed names, via a private env file"),
         },
-        timeout: E::enforced("at the deadline the named container is killed on the daemon side (SIGKILL)"),
+        timeout: E::enforced(
+            "at the deadline the named container is killed on the daemon side (SIGKILL); the result comes at \
+             most 2 s (KILL_GRACE) later whatever the daemon does; the container's first process, an \
+             execute-only coreutils timeout, kills the program by itself at the deadline + 2 s even if the \
+             host dies; Rust: the compile and the run share the request's deadline (the compile is also capped \
+             by RustConfig::compile_timeout)",
+        ),
         memory: E::enforced(format!(
             "cgroup --memory = --memory-swap (default {} MiB); the OOM killer ends the run",
             cfg.default_memory_bytes >> 20
@@ -441,7 +504,10 @@ impl Backend for Container {
     }
 
     /// Cached: a positive answer for `availability_ttl`, a negative one for 2 s.
+    /// The first check in a process also starts the cleanup of dead owners'
+    /// containers (see the module docs), off the request path.
     fn availability(&self) -> Result<(), String> {
+        owners::start(&self.cfg.engine);
         let mut cached = self.availability.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((at, result)) = cached.as_ref() {
             let ttl = if result.is_ok() { self.cfg.availability_ttl } else { Duration::from_secs(2) };

@@ -1,14 +1,21 @@
 //! One container run through the engine CLI: feed stdin, capture both streams
 //! under their caps, enforce the deadline on the daemon side, classify the
-//! exit, and remove the container.
+//! exit. Removal is the reaper's, off the request path.
+//!
+//! **Time bound**: [`run`] returns at most [`KILL_GRACE`] after the deadline,
+//! whatever the daemon does. At the deadline the container is killed on the
+//! daemon side; if the kill and the CLI's exit take longer than the grace,
+//! the CLI is killed and the container left to the reaper (and to its own
+//! in-container timer, which fires at the deadline plus the same grace).
 
 use std::io::{Read, Write};
+use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use crate::limits::{BoundedBuffer, Deadline};
+use crate::limits::{BoundedBuffer, Deadline, result_caps};
 use crate::result::CapturedStream;
 
 /// Environment the engine CLI itself needs; nothing else is inherited.
@@ -26,17 +33,23 @@ const CLI_ENV: &[&str] = &[
     "XDG_CONFIG_HOME",
 ];
 
-/// How long the CLI may take to exit after the daemon killed its container.
-const KILL_GRACE: Duration = Duration::from_secs(10);
+/// After the deadline, how long the daemon-side kill and the CLI's exit may
+/// take before execbox stops waiting (a `docker kill` takes ~0.2 s here).
+/// Also the margin of the in-container timer over the deadline, so the
+/// host's kill normally comes first.
+pub const KILL_GRACE: Duration = Duration::from_secs(2);
 
-/// Longest an engine housekeeping command (inspect, kill, rm, availability)
-/// may take: a hung daemon must not hang the caller.
+/// Longest an engine housekeeping command off the request path (remove,
+/// sweep, availability) may take: a hung daemon must not hang anyone.
 pub(super) const HOUSEKEEPING_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Exit codes that may come from the CLI rather than the program (daemon
 /// error, command not invocable / not found) or from the OOM killer (137):
 /// only the daemon's record of the container tells which.
 const AMBIGUOUS_EXIT_CODES: &[i32] = &[125, 126, 127, 137];
+
+/// Largest output kept from a housekeeping command (`inspect`, `kill`).
+const SMALL_OUTPUT: usize = 64 << 10;
 
 /// One invocation of `<engine> run ...`.
 pub(super) struct Invocation<'a> {
@@ -66,9 +79,9 @@ pub(super) struct Finished {
     pub stderr: CapturedStream,
 }
 
-/// Runs one container to its end. Returns `Err` only if the CLI cannot be
-/// spawned at all. The container is removed before this returns (by the
-/// `reaper` for ordinary exits, here for kills).
+/// Runs one container to its end, or to its deadline plus [`KILL_GRACE`].
+/// Returns `Err` only if the CLI cannot be spawned at all. The container is
+/// handed to the `reaper` for removal either way.
 pub(super) fn run(inv: Invocation<'_>, reaper: &super::reaper::Reaper) -> std::io::Result<Finished> {
     let mut command = engine_command(inv.engine);
     command.args(&inv.argv).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
@@ -76,7 +89,7 @@ pub(super) fn run(inv: Invocation<'_>, reaper: &super::reaper::Reaper) -> std::i
 
     let (stdin, stdout, stderr) = (child.stdin.take(), child.stdout.take(), child.stderr.take());
     let (eof_tx, eof_rx) = mpsc::channel::<()>();
-    let (status, timed_out, out, err) = std::thread::scope(|scope| {
+    let (timed_out, status, out, err) = std::thread::scope(|scope| {
         if let Some(mut pipe) = stdin {
             let bytes = inv.stdin;
             // A program that exits without reading stdin closes the pipe: ignore EPIPE.
@@ -97,31 +110,51 @@ pub(super) fn run(inv: Invocation<'_>, reaper: &super::reaper::Reaper) -> std::i
         let err = capture(stderr.map(|p| Box::new(p) as Box<dyn Read + Send>), inv.max_stderr);
         drop(eof_tx);
 
-        let exited = wait_for_eof(&eof_rx, 2, inv.deadline.remaining());
-        let timed_out = !exited;
+        let mut open_streams = 2;
+        let mut status = wait_end(&mut child, &eof_rx, &mut open_streams, &inv.deadline);
+        let timed_out = status.is_none();
         if timed_out {
             // Kill on the daemon side: killing only the CLI would leave the
             // container running. Its streams end once it is gone.
-            kill_container(inv.engine, inv.name);
-            if !wait_for_eof(&eof_rx, 2, Some(KILL_GRACE)) {
-                drop(child.kill());
+            let grace = Deadline::start(Some(KILL_GRACE));
+            kill_container(inv.engine, inv.name, KILL_GRACE);
+            status = wait_end(&mut child, &eof_rx, &mut open_streams, &grace);
+            if status.is_none() {
+                // The daemon did not answer in time. Stop waiting for it:
+                // the reaper removes the container, its own timer stops it.
+                tracing::warn!(container = inv.name, "the engine did not end a timed-out container within the grace");
+                kill_group(&mut child);
+                status = child.wait().ok();
             }
         }
-        let status = wait_child(&mut child);
         let out = out.join().map(BoundedBuffer::into_captured).unwrap_or_default();
         let err = err.join().map(BoundedBuffer::into_captured).unwrap_or_default();
-        (status, timed_out, out, err)
+        (timed_out, status, out, err)
     });
 
     let ended = if timed_out {
-        remove_now(inv.engine, inv.name);
         Ended::TimedOut
     } else {
-        let ended = classify(inv.engine, inv.name, status, &err);
-        reaper.remove(inv.name.to_string());
-        ended
+        let limit = inv.deadline.remaining().map_or(HOUSEKEEPING_TIMEOUT, |left| left.saturating_add(KILL_GRACE));
+        classify(inv.engine, inv.name, status, &err, limit)
     };
+    reaper.remove(inv.name.to_string());
     Ok(Finished { ended, stdout: out, stderr: err })
+}
+
+/// Waits, within `deadline`, until both streams reached EOF (counted down
+/// in `open`) and the CLI exited: a program that closed its streams and runs
+/// on has not ended. `None` if the deadline passed first.
+fn wait_end(child: &mut Child, eof: &mpsc::Receiver<()>, open: &mut usize, deadline: &Deadline) -> Option<ExitStatus> {
+    while *open > 0 {
+        let left = deadline.remaining().unwrap_or(Duration::MAX);
+        match eof.recv_timeout(left) {
+            Ok(()) => *open -= 1,
+            Err(mpsc::RecvTimeoutError::Disconnected) => *open = 0,
+            Err(mpsc::RecvTimeoutError::Timeout) => return None,
+        }
+    }
+    wait_within(child, deadline.remaining().unwrap_or(Duration::MAX)).ok().flatten()
 }
 
 /// Reads a pipe to its end, keeping what fits the cap and counting the rest,
@@ -138,43 +171,16 @@ fn drain(pipe: &mut dyn Read, buffer: &mut BoundedBuffer) {
     }
 }
 
-/// Waits until `count` streams reached EOF; false if `limit` passed first.
-fn wait_for_eof(rx: &mpsc::Receiver<()>, count: usize, limit: Option<Duration>) -> bool {
-    let until = limit.map(|l| std::time::Instant::now() + l);
-    for _ in 0..count {
-        let got = match until {
-            None => rx.recv().is_ok(),
-            Some(until) => rx.recv_timeout(until.saturating_duration_since(std::time::Instant::now())).is_ok(),
-        };
-        if !got {
-            return false;
-        }
-    }
-    true
-}
-
-/// Reaps the CLI process; a CLI that outlives its closed streams is killed.
-fn wait_child(child: &mut Child) -> Option<ExitStatus> {
-    match wait_within(child, KILL_GRACE) {
-        Ok(Some(status)) => Some(status),
-        Ok(None) => {
-            drop(child.kill());
-            child.wait().ok()
-        }
-        Err(_) => None,
-    }
-}
-
 /// Waits up to `limit` for `child` to exit; `None` if it still runs then.
 /// Polls from 1 ms up to 20 ms apart (no signal handler in a library).
 fn wait_within(child: &mut Child, limit: Duration) -> std::io::Result<Option<ExitStatus>> {
-    let until = std::time::Instant::now() + limit;
+    let until = Instant::now().checked_add(limit);
     let mut pause = Duration::from_millis(1);
     loop {
         if let Some(status) = child.try_wait()? {
             return Ok(Some(status));
         }
-        if std::time::Instant::now() >= until {
+        if until.is_some_and(|until| Instant::now() >= until) {
             return Ok(None);
         }
         std::thread::sleep(pause);
@@ -183,8 +189,9 @@ fn wait_within(child: &mut Child, limit: Duration) -> std::io::Result<Option<Exi
 }
 
 /// The CLI's exit code, checked against the daemon's record where it is
-/// ambiguous.
-fn classify(engine: &Path, name: &str, status: Option<ExitStatus>, stderr: &CapturedStream) -> Ended {
+/// ambiguous (the `inspect` bounded by `limit`).
+fn classify(engine: &Path, name: &str, status: Option<ExitStatus>, stderr: &CapturedStream, limit: Duration) -> Ended {
+    let engine_error = || Ended::EngineError(result_caps::cap_message(stderr.text().trim().to_string()));
     let Some(code) = status.and_then(|s| s.code()) else {
         return Ended::EngineError(format!("the {} CLI was killed by a signal", engine.display()));
     };
@@ -192,8 +199,8 @@ fn classify(engine: &Path, name: &str, status: Option<ExitStatus>, stderr: &Capt
         return Ended::Exited { exit_code: code, oom_killed: false };
     }
     let format = "--format={{.State.Status}} {{.State.ExitCode}} {{.State.OOMKilled}}";
-    let inspected = bounded_output(engine_command(engine).args(["inspect", "--type=container", format, name]));
-    let engine_error = || Ended::EngineError(String::from_utf8_lossy(&stderr.bytes).trim().to_string());
+    let inspected =
+        bounded_output(engine_command(engine).args(["inspect", "--type=container", format, name]), limit, SMALL_OUTPUT);
     let Some(output) = inspected.ok().filter(|o| o.status.success()) else {
         return engine_error();
     };
@@ -205,36 +212,67 @@ fn classify(engine: &Path, name: &str, status: Option<ExitStatus>, stderr: &Capt
     }
 }
 
-fn kill_container(engine: &Path, name: &str) {
-    drop(quiet(engine, &["kill", "--signal=KILL", name]));
+/// Kills an engine CLI and whatever it started in its process group (see
+/// [`engine_command`]): anything still holding its pipes would keep the
+/// stream readers waiting.
+fn kill_group(child: &mut Child) {
+    if let Ok(pgid) = i32::try_from(child.id()) {
+        // SAFETY: kill(2) on a process group this process created; no memory is involved.
+        unsafe { libc::kill(-pgid, libc::SIGKILL) };
+    }
+    drop(child.kill());
 }
 
-/// Removes a container and waits for it to be gone.
-pub(super) fn remove_now(engine: &Path, name: &str) {
-    drop(quiet(engine, &["rm", "--force", name]));
+fn kill_container(engine: &Path, name: &str, limit: Duration) {
+    drop(quiet(engine, &["kill", "--signal=KILL", name], limit));
 }
 
-/// The engine CLI with only the environment it needs.
+/// The engine CLI with only the environment it needs, in a process group of
+/// its own: a terminal's Ctrl-C reaches the host process (which cleans up),
+/// not the CLIs it runs.
 pub(super) fn engine_command(engine: &Path) -> Command {
     let mut command = Command::new(engine);
     command.env_clear().envs(CLI_ENV.iter().filter_map(|name| std::env::var_os(name).map(|value| (name, value))));
+    command.process_group(0);
     command
 }
 
-/// Runs an engine subcommand, ignoring its output; whether it succeeded.
-pub(super) fn quiet(engine: &Path, args: &[&str]) -> std::io::Result<bool> {
-    bounded_output(engine_command(engine).args(args)).map(|o| o.status.success())
+/// Runs an engine subcommand within `limit`, ignoring its output; whether it succeeded.
+pub(super) fn quiet(engine: &Path, args: &[&str], limit: Duration) -> std::io::Result<bool> {
+    bounded_output(engine_command(engine).args(args), limit, SMALL_OUTPUT).map(|o| o.status.success())
 }
 
-/// `Command::output` with [`HOUSEKEEPING_TIMEOUT`]: the command is killed
-/// (and this fails with `TimedOut`) if it does not finish in time. Meant for
-/// commands with small output, which fits the pipe buffers while waiting.
-pub(super) fn bounded_output(command: &mut Command) -> std::io::Result<std::process::Output> {
+/// `Command::output` within `limit`, keeping at most `max_bytes` of each
+/// stream (the rest is read and dropped, so the command never blocks on a
+/// full pipe). The command is killed, and this fails with `TimedOut`, if it
+/// does not finish in time.
+pub(super) fn bounded_output(command: &mut Command, limit: Duration, max_bytes: usize) -> std::io::Result<Output> {
     let mut child = command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
-    if wait_within(&mut child, HOUSEKEEPING_TIMEOUT)?.is_some() {
-        return child.wait_with_output();
-    }
-    drop(child.kill());
-    drop(child.wait());
-    Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "the container engine did not answer in time"))
+    let pipes = [
+        child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>),
+        child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>),
+    ];
+    std::thread::scope(|scope| {
+        let [out, err] = pipes.map(|pipe| {
+            scope.spawn(move || {
+                let mut buffer = BoundedBuffer::new(Some(max_bytes as u64));
+                if let Some(mut pipe) = pipe {
+                    drain(&mut pipe, &mut buffer);
+                }
+                buffer.into_captured().bytes
+            })
+        });
+        let status = match wait_within(&mut child, limit) {
+            Ok(Some(status)) => Ok(status),
+            finished => {
+                kill_group(&mut child);
+                drop(child.wait());
+                Err(finished.err().unwrap_or_else(|| {
+                    std::io::Error::new(std::io::ErrorKind::TimedOut, "the container engine did not answer in time")
+                }))
+            }
+        };
+        let (stdout, stderr) = (out.join().unwrap_or_default(), err.join().unwrap_or_default());
+        status.map(|status| Output { status, stdout, stderr })
+    })
 }

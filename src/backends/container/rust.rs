@@ -5,24 +5,32 @@
 //!
 //! The compile container mounts the host's rustc sysroot and the prebuilt
 //! serde_json rlibs (`scripts/build-rust-deps.sh`) read-only, has no network,
-//! and may write only its output directory (files capped by `--ulimit fsize`).
+//! and may write only its output directory (files capped by `RLIMIT_FSIZE`).
 //! Compiler messages come back as [`Diagnostic`]s with lines relative to the
 //! caller's code: the code is the first part of `main.rs`, the harness after it.
+//!
+//! One deadline covers the request: the compile gets what is left of it (at
+//! most [`RustConfig::compile_timeout`]), the run what is left after that.
+//!
+//! Host-side files (the compile's staging, the binary cache) are handled
+//! through cap-std handles, never through a link (see `hostfs.rs`).
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
+use cap_std::fs::Dir;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use super::argv::{Mount, RunSpec};
-use super::{Container, RunEnd, process};
+use super::{Container, KILL_GRACE, RunEnd, hostfs, process};
 use crate::error::ExecError;
 use crate::limits::{BoundedBuffer, Deadline};
 use crate::request::{ExecRequest, Payload};
-use crate::result::{Diagnostic, ExecResult, FailureKind, Outcome, Usage};
+use crate::result::{Diagnostic, ExecResult, FailureKind, Outcome};
 
 /// Where the compiled program is mounted in the run container.
 pub const PROGRAM_PATH: &str = "/opt/execbox/program";
@@ -30,8 +38,20 @@ const SYSROOT_GUEST: &str = "/opt/rust";
 const DEPS_GUEST: &str = "/opt/execbox/deps";
 
 /// Appended after the caller's code (so its line numbers stay the caller's).
+///
+/// `Value` is in scope without a `use` (the contract of adk-code's
+/// `RustExecutor`: `fn run(input: Value) -> Value`): through a glob import
+/// of a private module that re-exports only `Value`. A glob import is
+/// shadowed, without error, by the caller's own `use serde_json::Value;`
+/// (or a `Value` of their own), and two globs naming the same item agree.
 const HARNESS: &str = r#"
 // ---- execbox harness: JSON input on stdin, run(input) printed as JSON ----
+mod __execbox_prelude {
+    pub use serde_json::Value;
+}
+#[allow(unused_imports)]
+use __execbox_prelude::*;
+
 fn main() {
     use std::io::Read as _;
     let mut text = String::new();
@@ -66,7 +86,9 @@ pub struct RustConfig {
     pub cache_dir: Option<PathBuf>,
     /// `-C opt-level`.
     pub opt_level: u8,
-    /// Wall-clock limit of one compile (the policy's timeout bounds the run).
+    /// Ceiling of one compile. The request's deadline (the policy's
+    /// `timeout_ms`) bounds the compile and the run together; this caps the
+    /// compile's share of it. Default 120 s.
     pub compile_timeout: Duration,
     /// Memory cap of the compile container.
     pub compile_memory_bytes: u64,
@@ -109,8 +131,10 @@ struct Toolchain {
     deps: PathBuf,
     /// File name of serde_json's rlib in `deps`.
     serde_json: String,
-    /// Where compiled programs are kept.
+    /// Where compiled programs are kept: the path (for mounts) and a handle
+    /// (for every file operation).
     binaries: PathBuf,
+    binaries_dir: Dir,
     /// Identifies rustc, the crates and the flags: part of every cache key.
     fingerprint: String,
 }
@@ -183,8 +207,10 @@ fn find_toolchain(cfg: &RustConfig) -> Result<Toolchain, String> {
         .ok_or_else(|| format!("no serde_json rlib in {} {fix}", deps.display()))?;
     let binaries = root.join(format!("bin-{commit}"));
     std::fs::create_dir_all(&binaries).map_err(|e| format!("cannot create {}: {e}", binaries.display()))?;
-    let fingerprint = format!("execbox-rust/1 {version} {serde_json} -C opt-level={}", cfg.opt_level);
-    Ok(Toolchain { sysroot, deps, serde_json, binaries, fingerprint })
+    let binaries_dir =
+        hostfs::open_ambient(&binaries).map_err(|e| format!("cannot open {}: {e}", binaries.display()))?;
+    let fingerprint = format!("execbox-rust/2 {version} {serde_json} -C opt-level={}", cfg.opt_level);
+    Ok(Toolchain { sysroot, deps, serde_json, binaries, binaries_dir, fingerprint })
 }
 
 /// The run container's command: the program and the request's arguments.
@@ -192,11 +218,11 @@ pub(super) fn command(request: &ExecRequest) -> Vec<String> {
     std::iter::once(PROGRAM_PATH.to_string()).chain(request.args.iter().cloned()).collect()
 }
 
-/// Compiles (or finds) and runs a Rust request.
+/// Compiles (or finds) and runs a Rust request, both within `deadline`.
 pub(super) fn execute(
     backend: &Container,
     mut request: ExecRequest,
-    started: Deadline,
+    deadline: Deadline,
 ) -> Result<ExecResult, ExecError> {
     let Payload::Source(source) = std::mem::replace(&mut request.payload, Payload::Source(String::new())) else {
         return Err(ExecError::internal(Container::NAME, "matching let a module payload through"));
@@ -206,55 +232,58 @@ pub(super) fn execute(
     let input = backend.input_json(&mut request)?;
 
     let key = cache_key(&toolchain.fingerprint, &source);
-    let binary = toolchain.binaries.join(&key);
-    if binary.is_file() {
+    let cached = toolchain.binaries_dir.symlink_metadata(&key).is_ok_and(|meta| meta.is_file());
+    if cached {
         pipeline.hits.fetch_add(1, Ordering::Relaxed);
-        touch(&binary);
+        touch(&toolchain.binaries_dir, &key);
     } else {
         pipeline.compiles.fetch_add(1, Ordering::Relaxed);
-        if let Some(failed) = compile(backend, &toolchain, &source, &binary, &request, &started)? {
+        if let Some(failed) = compile(backend, &toolchain, &source, &key, &request, &deadline)? {
             return Ok(failed);
         }
     }
 
-    // The policy's deadline bounds the run itself; compiling had its own.
-    let deadline = backend.deadline(&request);
     let staging = super::staging::Staging::new(&request, input.as_deref())?;
-    let mut spec = backend.spec(&request, &staging, backend.cfg.rust_image.clone(), command(&request))?;
-    spec.mounts.push(Mount { host: binary, guest: PROGRAM_PATH.into(), writable: false });
+    let limit = deadline.remaining().unwrap_or(Duration::MAX);
+    let mut spec = backend.spec(&request, &staging, backend.cfg.rust_image.clone(), command(&request), limit)?;
+    spec.mounts.push(Mount { host: toolchain.binaries.join(&key), guest: PROGRAM_PATH.into(), writable: false });
     let caps = (request.policy.max_stdout_bytes, request.policy.max_stderr_bytes);
     let end = backend.run_spec(&spec, input.unwrap_or_default(), caps, deadline);
-    let mut result = backend.result(end, &deadline, &staging)?;
-    result.usage.duration = started.elapsed();
-    Ok(result)
+    backend.result(end, &deadline, staging)
 }
 
-/// Compiles `source` into `binary`. `Ok(Some(result))` when the code did not
-/// compile (or the compiler hit a limit): that is the run's result.
+/// Compiles `source` into the cache entry `key`, within what is left of the
+/// request's `deadline` (at most `compile_timeout`). `Ok(Some(result))` when
+/// the code did not compile (or the compiler hit a limit): that is the
+/// run's result.
 fn compile(
     backend: &Container,
     toolchain: &Toolchain,
     source: &str,
-    binary: &Path,
+    key: &str,
     request: &ExecRequest,
-    started: &Deadline,
+    deadline: &Deadline,
 ) -> Result<Option<ExecResult>, ExecError> {
     let cfg = &backend.rust.cfg;
     let io = |e: std::io::Error| ExecError::internal(Container::NAME, format!("cannot stage the compile: {e}"));
     let dir = crate::backends::owner::temp_dir("rustc").map_err(io)?;
-    let (src, target) = (dir.path().join("src"), dir.path().join("target"));
-    for (path, mode) in [(&src, 0o755), (&src.join("target"), 0o755), (&target, 0o777)] {
-        std::fs::create_dir(path).map_err(io)?;
-        set_mode(path, mode).map_err(io)?;
-    }
+    let handle = hostfs::open_ambient(dir.path()).map_err(io)?;
+    let src_dir = hostfs::create_dirs(&handle, Path::new("src"), Some(0o755)).map_err(io)?;
+    hostfs::create_dirs(&src_dir, Path::new("target"), Some(0o755)).map_err(io)?;
+    // Writable by the compiler's unprivileged user.
+    let target_dir = hostfs::create_dirs(&handle, Path::new("target"), Some(0o777)).map_err(io)?;
     let user_lines = source.lines().count() as u32;
     let mut program = source.to_string();
     if !program.ends_with('\n') {
         program.push('\n');
     }
     program.push_str(HARNESS);
-    std::fs::write(src.join("main.rs"), program).map_err(io)?;
-    set_mode(&src.join("main.rs"), 0o644).map_err(io)?;
+    hostfs::write_new(&src_dir, OsStr::new("main.rs"), program.as_bytes(), 0o644).map_err(io)?;
+
+    // The request's deadline bounds the compile; compile_timeout caps it.
+    let request_left = deadline.remaining().unwrap_or(cfg.compile_timeout);
+    let bound_by_request = request_left <= cfg.compile_timeout;
+    let compile_deadline = Deadline::start(Some(request_left.min(cfg.compile_timeout)));
 
     let serde_json = format!("serde_json={DEPS_GUEST}/{}", toolchain.serde_json);
     let opt = format!("opt-level={}", cfg.opt_level);
@@ -293,17 +322,38 @@ fn compile(
         max_file_bytes: Some(cfg.max_binary_bytes),
         env_file: None,
         mounts: vec![
-            Mount { host: src.clone(), guest: super::WORKDIR.into(), writable: false },
-            Mount { host: target.clone(), guest: "/work/target".into(), writable: true },
+            Mount { host: dir.path().join("src"), guest: super::WORKDIR.into(), writable: false },
+            Mount { host: dir.path().join("target"), guest: "/work/target".into(), writable: true },
             Mount { host: toolchain.sysroot.clone(), guest: SYSROOT_GUEST.into(), writable: false },
             Mount { host: toolchain.deps.clone(), guest: DEPS_GUEST.into(), writable: false },
         ],
         workdir: super::WORKDIR.into(),
         extra_args: backend.cfg.extra_run_args.clone(),
         command,
+        stop_after: compile_deadline.remaining().unwrap_or(Duration::MAX).saturating_add(KILL_GRACE),
     };
-    let deadline = Deadline::start(Some(cfg.compile_timeout));
-    let finished = match backend.run_spec(&spec, Vec::new(), (Some(64 << 10), Some(16 << 20)), deadline) {
+    let end = backend.run_spec(&spec, Vec::new(), (Some(64 << 10), Some(16 << 20)), compile_deadline);
+    let outcome = compiled(backend, end, &target_dir, toolchain, key, request, deadline, user_lines, bound_by_request);
+    backend.reaper.discard(dir);
+    outcome
+}
+
+/// The result of a compile that did not produce a program, or `None` once
+/// the program is in the cache.
+#[allow(clippy::too_many_arguments)]
+fn compiled(
+    backend: &Container,
+    end: RunEnd,
+    target_dir: &Dir,
+    toolchain: &Toolchain,
+    key: &str,
+    request: &ExecRequest,
+    deadline: &Deadline,
+    user_lines: u32,
+    bound_by_request: bool,
+) -> Result<Option<ExecResult>, ExecError> {
+    let cfg = &backend.rust.cfg;
+    let finished = match end {
         RunEnd::Finished(f) => f,
         RunEnd::SpawnFailed(reason) => return Err(backend.unavailable(reason)),
     };
@@ -311,24 +361,17 @@ fn compile(
     let mut stderr = BoundedBuffer::new(request.policy.max_stderr_bytes);
     stderr.write_str(&rendered);
     let failed = |outcome: Outcome, message: String, kind: Option<FailureKind>, diagnostics: Vec<Diagnostic>| {
-        Some(ExecResult {
-            backend: Container::NAME.into(),
-            outcome,
-            exit_code: None,
-            stdout: Default::default(),
-            stderr: stderr.clone().into_captured(),
-            output: None,
-            output_truncated: false,
-            message: Some(message),
-            output_files: Vec::new(),
-            failure_kind: kind,
-            diagnostics,
-            usage: Usage { duration: started.elapsed(), ..Usage::default() },
-        })
+        let mut result = ExecResult::new(Container::NAME, outcome);
+        result.stderr = stderr.clone().into_captured();
+        result.message = Some(message);
+        result.failure_kind = kind;
+        result.diagnostics = diagnostics;
+        result.usage.duration = deadline.elapsed();
+        Some(result)
     };
     match finished.ended {
         process::Ended::Exited { exit_code: 0, .. } => {
-            store(&target.join("program"), binary, cfg.cached_binaries)
+            store(target_dir, toolchain, key, cfg)
                 .map_err(|e| ExecError::internal(Container::NAME, format!("cannot cache the compiled program: {e}")))?;
             Ok(None)
         }
@@ -352,12 +395,17 @@ fn compile(
             };
             Ok(failed(Outcome::Failed, message, Some(FailureKind::CompileError), diagnostics))
         }
-        process::Ended::TimedOut => Ok(failed(
-            Outcome::TimedOut,
-            format!("compiling exceeded its {} s limit", cfg.compile_timeout.as_secs()),
-            None,
-            diagnostics,
-        )),
+        process::Ended::TimedOut => {
+            let message = if bound_by_request {
+                format!("{} while compiling", deadline.exceeded_message())
+            } else {
+                format!(
+                    "compiling exceeded its {} s limit (RustConfig::compile_timeout)",
+                    cfg.compile_timeout.as_secs()
+                )
+            };
+            Ok(failed(Outcome::TimedOut, message, None, diagnostics))
+        }
         process::Ended::EngineError(text) => Err(backend.engine_error(text)),
     }
 }
@@ -405,39 +453,50 @@ fn cache_key(fingerprint: &str, source: &str) -> String {
     hash.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Moves a fresh binary into the cache atomically and trims the cache.
-fn store(built: &Path, binary: &Path, keep: usize) -> std::io::Result<()> {
-    let dir = binary.parent().unwrap_or(Path::new("."));
-    let staged = tempfile::Builder::new().prefix(".incoming-").tempfile_in(dir)?;
-    std::fs::copy(built, staged.path())?;
-    set_mode(staged.path(), 0o755)?;
-    staged.persist(binary).map_err(|e| e.error)?;
-    let mut entries: Vec<(std::time::SystemTime, PathBuf)> = std::fs::read_dir(dir)?
-        .filter_map(|e| {
-            let e = e.ok()?;
-            let modified = e.metadata().ok()?.modified().ok()?;
-            (!e.file_name().to_string_lossy().starts_with('.')).then(|| (modified, e.path()))
-        })
-        .collect();
-    if entries.len() > keep {
-        entries.sort();
-        for (_, path) in &entries[..entries.len() - keep] {
-            drop(std::fs::remove_file(path));
-        }
-    }
+/// Copies the compiled program (read without following a link the
+/// compiler's container could have planted) into the cache entry `key`
+/// (a fresh file renamed into place), then trims the cache.
+fn store(target_dir: &Dir, toolchain: &Toolchain, key: &str, cfg: &RustConfig) -> std::io::Result<()> {
+    let cache = &toolchain.binaries_dir;
+    hostfs::copy_regular(target_dir, OsStr::new("program"), cache, OsStr::new(key), 0o755, cfg.max_binary_bytes)?;
+    trim(cache, cfg.cached_binaries);
     Ok(())
 }
 
-/// Marks a cached binary as recently used.
-fn touch(path: &Path) {
-    if let Ok(file) = std::fs::File::options().append(true).open(path) {
-        drop(file.set_modified(std::time::SystemTime::now()));
+/// Keeps the `keep` most recently used programs, and removes temp files of
+/// copies that never finished (a host killed mid-copy) once they are old.
+fn trim(cache: &Dir, keep: usize) {
+    let Ok(entries) = cache.entries() else { return };
+    let stale_before = SystemTime::now() - Duration::from_secs(600);
+    let mut programs: Vec<(SystemTime, std::ffi::OsString)> = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Ok(meta) = cache.symlink_metadata(&name) else { continue };
+        let modified = meta.modified().map(|t| t.into_std()).unwrap_or(SystemTime::UNIX_EPOCH);
+        if name.to_string_lossy().starts_with('.') {
+            if meta.is_file() && modified < stale_before {
+                drop(cache.remove_file(&name));
+            }
+        } else if meta.is_file() {
+            programs.push((modified, name));
+        }
+    }
+    if programs.len() > keep {
+        programs.sort();
+        for (_, name) in &programs[..programs.len() - keep] {
+            drop(cache.remove_file(name));
+        }
     }
 }
 
-fn set_mode(path: &Path, mode: u32) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+/// Marks a cached program as recently used (never through a link).
+fn touch(cache: &Dir, key: &str) {
+    use cap_fs_ext::{FollowSymlinks, OpenOptionsFollowExt};
+    let mut options = cap_std::fs::OpenOptions::new();
+    options.append(true).follow(FollowSymlinks::No);
+    if let Ok(file) = cache.open_with(key, &options) {
+        drop(file.into_std().set_modified(SystemTime::now()));
+    }
 }
 
 #[cfg(test)]

@@ -1,16 +1,24 @@
 //! The host side of a run's files, in one private temporary directory:
 //!
 //! - `work/` → `/work` (read-only): `input.json`, the staged input files, and
-//!   whatever a language adds (Rust: `main.rs`);
+//!   whatever a language adds;
 //! - `out/` → `/work/out` (read-write), only when the request collects output files;
 //! - `env`: the `--env-file` with exactly the request's variables.
 //!
-//! Everything is removed when the [`Staging`] drops, whatever the outcome.
+//! Every file operation goes through a cap-std handle on that directory,
+//! never through a link (see `hostfs.rs`). The directory is handed to the
+//! reaper after the run ([`Staging::into_dir`]), whatever the outcome; a
+//! `Staging` dropped earlier (an error) removes itself.
 
+use std::ffi::OsStr;
 use std::path::{Component, Path, PathBuf};
 
+use cap_std::fs::Dir;
+
 use super::argv::Mount;
+use super::hostfs::{self, ReadRefused};
 use crate::error::{ExecError, InvalidRequest};
+use crate::limits::result_caps;
 use crate::request::{ExecFile, ExecRequest};
 
 /// The code's working directory.
@@ -24,6 +32,14 @@ pub const INPUT_JSON: &str = "/work/input.json";
 /// kernel's pseudo-filesystems.
 const RESERVED_GUEST_PATHS: &[&str] = &["/", "/work", "/opt/execbox", "/opt/rust", "/tmp", "/proc", "/sys", "/dev"];
 
+/// Most entries of `out/` the host looks at (files, directories, links,
+/// anything): a hostile program can leave millions within its deadline; the
+/// host walks this many and says so when it stopped.
+pub const MAX_OUTPUT_ENTRIES: usize = 10_000;
+
+/// Deepest directory of `out/` walked.
+pub const MAX_OUTPUT_DEPTH: usize = 16;
+
 /// Limits on the files returned from `out/`.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct OutputLimits {
@@ -34,6 +50,8 @@ pub(super) struct OutputLimits {
 
 pub(super) struct Staging {
     root: tempfile::TempDir,
+    /// A handle on `root`: every file operation below it is relative to this.
+    dir: Dir,
     collect_outputs: bool,
     has_env: bool,
 }
@@ -44,41 +62,39 @@ impl Staging {
     pub fn new(request: &ExecRequest, input: Option<&[u8]>) -> Result<Self, ExecError> {
         let io = |what: &str, e: std::io::Error| InvalidRequest::BadPath { path: what.into(), reason: e.to_string() };
         let root = crate::backends::owner::temp_dir("run").map_err(|e| io("<staging dir>", e))?;
-        let work = root.path().join("work");
-        create_dir(&work, 0o755).map_err(|e| io("<staging dir>", e))?;
+        let dir = hostfs::open_ambient(root.path()).map_err(|e| io("<staging dir>", e))?;
+        let work = hostfs::create_dirs(&dir, Path::new("work"), Some(0o755)).map_err(|e| io("<staging dir>", e))?;
         if let Some(json) = input {
-            write_file(&work.join("input.json"), json).map_err(|e| io("input.json", e))?;
+            hostfs::write_new(&work, OsStr::new("input.json"), json, 0o644).map_err(|e| io("input.json", e))?;
         }
         for file in &request.input_files {
             let relative = file.relative_path()?;
-            if relative.components().next() == Some(Component::Normal("out".as_ref())) && request.collect_output_files {
+            if relative.components().find(|c| *c != Component::CurDir) == Some(Component::Normal("out".as_ref()))
+                && request.collect_output_files
+            {
                 return Err(InvalidRequest::BadPath {
                     path: file.name.clone(),
                     reason: "out/ is the output directory".into(),
                 }
                 .into());
             }
-            let mut dir = work.clone();
-            if let Some(parent) = relative.parent() {
-                for part in parent.components() {
-                    dir.push(part);
-                    if !dir.is_dir() {
-                        create_dir(&dir, 0o755).map_err(|e| io(&file.name, e))?;
-                    }
-                }
-            }
-            write_file(&work.join(relative), &file.content).map_err(|e| io(&file.name, e))?;
+            let (parent, leaf) = match (relative.parent(), relative.file_name()) {
+                (Some(parent), Some(leaf)) => (parent, leaf),
+                _ => return Err(io(&file.name, std::io::Error::other("names no file")).into()),
+            };
+            let parent = hostfs::create_dirs(&work, parent, Some(0o755)).map_err(|e| io(&file.name, e))?;
+            hostfs::write_new(&parent, leaf, &file.content, 0o644).map_err(|e| io(&file.name, e))?;
         }
         if request.collect_output_files {
-            create_dir(&work.join("out"), 0o755).map_err(|e| io("out", e))?;
+            hostfs::create_dirs(&work, Path::new("out"), Some(0o755)).map_err(|e| io("out", e))?;
             // Writable by the container's unprivileged user, whatever its uid.
-            create_dir(&root.path().join("out"), 0o777).map_err(|e| io("out", e))?;
+            hostfs::create_dirs(&dir, Path::new("out"), Some(0o777)).map_err(|e| io("out", e))?;
         }
         let has_env = !request.env.is_empty();
         if has_env {
-            std::fs::write(root.path().join("env"), env_file(request)?).map_err(|e| io("<env file>", e))?;
+            hostfs::write_new(&dir, OsStr::new("env"), &env_file(request)?, 0o600).map_err(|e| io("<env file>", e))?;
         }
-        Ok(Self { root, collect_outputs: request.collect_output_files, has_env })
+        Ok(Self { root, dir, collect_outputs: request.collect_output_files, has_env })
     }
 
     /// The directory seen at `/work`.
@@ -100,20 +116,33 @@ impl Staging {
         mounts
     }
 
+    /// Hands the directory over for removal (a hostile program may have left
+    /// millions of entries: removing them is the reaper's job, off the
+    /// request path).
+    pub fn into_dir(self) -> tempfile::TempDir {
+        self.root
+    }
+
     /// The files the code left in `/work/out`: regular files only (symlinks
     /// and special files are skipped, never followed), in name order, within
-    /// `limits`. The second value notes what was left out, if anything.
+    /// `limits`. The walk looks at most [`MAX_OUTPUT_ENTRIES`] entries, at
+    /// most [`MAX_OUTPUT_DEPTH`] deep. The second value notes what was left
+    /// out, if anything: a bounded list and a count.
     pub fn collect_outputs(&self, limits: OutputLimits) -> (Vec<ExecFile>, Option<String>) {
         if !self.collect_outputs {
             return (Vec::new(), None);
         }
-        let mut found = Vec::new();
-        let mut skipped = Vec::new();
-        walk(&self.root.path().join("out"), "", 0, &mut found, &mut skipped);
-        found.sort();
+        let mut walk = Walk::default();
+        let out = match hostfs::open_dir(&self.dir, OsStr::new("out")) {
+            Ok(out) => out,
+            Err(e) => return (Vec::new(), Some(format!("output files left out: out/ ({e})"))),
+        };
+        walk.dir(&out, "", 0);
+        walk.found.sort();
         let mut files = Vec::new();
         let mut total = 0u64;
-        for (name, size) in found {
+        let mut skipped = walk.skipped;
+        for (name, size) in walk.found {
             let over = if files.len() >= limits.max_files {
                 Some("over max_output_files")
             } else if size > limits.max_file_bytes {
@@ -127,17 +156,88 @@ impl Staging {
                 skipped.push(format!("{name} ({reason})"));
                 continue;
             }
-            match read_regular(&self.root.path().join("out").join(&name)) {
+            let max = limits.max_file_bytes.min(limits.max_total_bytes - total);
+            match read_output(&out, &name, max) {
                 Ok(content) => {
                     total += content.len() as u64;
                     let mime_type = mime_guess::from_path(&name).first_raw().map(str::to_string);
                     files.push(ExecFile { name, content, mime_type });
                 }
-                Err(e) => skipped.push(format!("{name} ({e})")),
+                Err(ReadRefused::TooLarge) => skipped.push(format!("{name} (grew past the output caps)")),
+                Err(ReadRefused::NotRegular) => skipped.push(format!("{name} (not a regular file)")),
+                Err(ReadRefused::Io(e)) => skipped.push(format!("{name} ({e})")),
             }
         }
-        let note = (!skipped.is_empty()).then(|| format!("output files left out: {}", skipped.join(", ")));
-        (files, note)
+        let mut notes = Vec::new();
+        if !skipped.is_empty() {
+            notes.push(format!("output files left out: {}", result_caps::list_names(&skipped)));
+        }
+        if walk.stopped {
+            notes.push(format!("out/ holds more than {MAX_OUTPUT_ENTRIES} entries: only those were looked at"));
+        }
+        (files, (!notes.is_empty()).then(|| notes.join("; ")))
+    }
+}
+
+/// Reads `out/<name>` one component at a time from the handle on `out/`,
+/// never through a link (the walk saw a regular file; the program may have
+/// swapped in a link since, if its container outlived a failed kill).
+fn read_output(out: &Dir, name: &str, max: u64) -> Result<Vec<u8>, ReadRefused> {
+    let mut parts: Vec<&str> = name.split('/').collect();
+    let leaf = parts.pop().unwrap_or_default();
+    let mut dir = out.try_clone().map_err(ReadRefused::Io)?;
+    for part in parts {
+        dir = hostfs::open_dir(&dir, OsStr::new(part)).map_err(ReadRefused::Io)?;
+    }
+    hostfs::read_regular(&dir, OsStr::new(leaf), max)
+}
+
+/// A bounded walk of `out/`: the regular files found (name, size), what
+/// was skipped, and whether the entry bound stopped it. Holds one open
+/// directory per level (at most [`MAX_OUTPUT_DEPTH`]).
+#[derive(Default)]
+struct Walk {
+    found: Vec<(String, u64)>,
+    skipped: Vec<String>,
+    visited: usize,
+    stopped: bool,
+}
+
+impl Walk {
+    fn dir(&mut self, dir: &Dir, prefix: &str, depth: usize) {
+        let Ok(entries) = dir.entries() else {
+            self.skipped.push(format!("{prefix} (cannot be listed)"));
+            return;
+        };
+        for entry in entries {
+            if self.visited >= MAX_OUTPUT_ENTRIES {
+                self.stopped = true;
+            }
+            if self.stopped {
+                return;
+            }
+            self.visited += 1;
+            let Ok(entry) = entry else { continue };
+            let file_name = entry.file_name();
+            let Some(text) = file_name.to_str() else {
+                self.skipped.push(format!("{prefix}{} (name is not UTF-8)", file_name.to_string_lossy()));
+                continue;
+            };
+            let name = format!("{prefix}{text}");
+            // symlink_metadata: a symlink is reported as itself, never followed.
+            match dir.symlink_metadata(&file_name) {
+                Ok(meta) if meta.is_file() => self.found.push((name, meta.len())),
+                Ok(meta) if meta.is_dir() && depth < MAX_OUTPUT_DEPTH => match hostfs::open_dir(dir, &file_name) {
+                    Ok(sub) => self.dir(&sub, &format!("{name}/"), depth + 1),
+                    Err(e) => self.skipped.push(format!("{name}/ ({e})")),
+                },
+                Ok(meta) if meta.is_dir() => {
+                    self.skipped.push(format!("{name}/ (nested deeper than {MAX_OUTPUT_DEPTH})"))
+                }
+                Ok(meta) if meta.file_type().is_symlink() => self.skipped.push(format!("{name} (symlink)")),
+                _ => self.skipped.push(format!("{name} (not a regular file)")),
+            }
+        }
     }
 }
 
@@ -186,49 +286,4 @@ fn env_file(request: &ExecRequest) -> Result<Vec<u8>, InvalidRequest> {
         text.push('\n');
     }
     Ok(text.into_bytes())
-}
-
-fn walk(dir: &Path, prefix: &str, depth: usize, found: &mut Vec<(String, u64)>, skipped: &mut Vec<String>) {
-    const MAX_DEPTH: usize = 16;
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
-    for entry in entries.flatten() {
-        let Some(file_name) = entry.file_name().to_str().map(str::to_string) else {
-            skipped.push(format!("{prefix}{} (name is not UTF-8)", entry.file_name().to_string_lossy()));
-            continue;
-        };
-        let name = format!("{prefix}{file_name}");
-        // symlink_metadata: a symlink is reported as itself, never followed.
-        match entry.path().symlink_metadata() {
-            Ok(meta) if meta.is_file() => found.push((name, meta.len())),
-            Ok(meta) if meta.is_dir() && depth < MAX_DEPTH => {
-                walk(&entry.path(), &format!("{name}/"), depth + 1, found, skipped)
-            }
-            Ok(meta) if meta.is_dir() => skipped.push(format!("{name}/ (nested deeper than {MAX_DEPTH})")),
-            Ok(meta) if meta.file_type().is_symlink() => skipped.push(format!("{name} (symlink)")),
-            _ => skipped.push(format!("{name} (not a regular file)")),
-        }
-    }
-}
-
-/// Reads a regular file without following a symlink put in its place.
-fn read_regular(path: &Path) -> std::io::Result<Vec<u8>> {
-    use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(path)?;
-    let mut bytes = Vec::new();
-    file.read_to_end(&mut bytes)?;
-    Ok(bytes)
-}
-
-fn create_dir(path: &Path, mode: u32) -> std::io::Result<()> {
-    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-    std::fs::DirBuilder::new().mode(mode).create(path)?;
-    // The umask may have narrowed the mode.
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
-}
-
-fn write_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::write(path, bytes)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644))
 }

@@ -1,0 +1,414 @@
+//! Host-side file work done for a request — staging inputs, collecting
+//! outputs, the Rust binary cache, saving output files — through cap-std
+//! directory handles, one path component at a time, never through a link.
+//!
+//! Why: a container writes into host directories (`/work/out`, read-write
+//! grants) and can plant symlinks there. A path-based `std::fs::write` of
+//! `out/evil` follows `evil -> /etc/passwd` and writes a host file outside
+//! every grant. Here a directory is opened once by its path
+//! ([`open_ambient`]: the caller's own, trusted path) and everything below
+//! it is opened relative to that handle with `O_NOFOLLOW` on every
+//! component: a symlink anywhere below is refused, whatever it points to.
+//!
+//! What this cannot cover: bind-mount sources are paths the engine resolves
+//! itself (following links), so a grant inside another read-write grant is
+//! the caller's risk.
+
+use std::ffi::OsStr;
+use std::io::{self, Read, Write};
+use std::path::{Component, Path};
+
+use cap_fs_ext::{DirExt, FollowSymlinks, OpenOptionsFollowExt};
+use cap_std::fs::{Dir, DirBuilder, DirBuilderExt, OpenOptions, OpenOptionsExt, Permissions, PermissionsExt};
+
+use crate::request::ExecFile;
+
+/// Opens a directory by its host path: the one ambient step. The path is the
+/// caller's (a temp dir execbox made, the configured cache, `--output-dir`),
+/// so links in it are the caller's choice.
+pub(super) fn open_ambient(path: &Path) -> io::Result<Dir> {
+    Dir::open_ambient_dir(path, cap_std::ambient_authority())
+}
+
+/// Opens the subdirectory `name` (one component) of `dir`; a symlink is
+/// refused, with an error that says so.
+pub(super) fn open_dir(dir: &Dir, name: &OsStr) -> io::Result<Dir> {
+    dir.open_dir_nofollow(name).map_err(|e| {
+        // The kernel says ELOOP or ENOTDIR for a link: name it plainly.
+        match dir.symlink_metadata(name) {
+            Ok(meta) if meta.file_type().is_symlink() => symlink_refused(name),
+            _ => e,
+        }
+    })
+}
+
+/// Creates (where missing) and opens each directory of `relative` under
+/// `root`. New directories get exactly `exact_mode` if given (staging: the
+/// container's user must read them whatever the umask), else `0o777` less
+/// the umask. A component that exists as a symlink is refused.
+pub(super) fn create_dirs(root: &Dir, relative: &Path, exact_mode: Option<u32>) -> io::Result<Dir> {
+    let mut dir = root.try_clone()?;
+    for name in components(relative)? {
+        match dir.create_dir_with(name, DirBuilder::new().mode(exact_mode.unwrap_or(0o777))) {
+            Ok(()) => {
+                if let Some(mode) = exact_mode {
+                    set_mode(&dir, name, mode)?;
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+        dir = open_dir(&dir, name)?;
+    }
+    Ok(dir)
+}
+
+/// Creates the file `name` in `dir` with `bytes`, exactly `mode` (whatever
+/// the umask). `name` must not exist: `O_EXCL` never follows a link.
+pub(super) fn write_new(dir: &Dir, name: &OsStr, bytes: &[u8], mode: u32) -> io::Result<()> {
+    let mut file = dir.open_with(name, OpenOptions::new().write(true).create_new(true).mode(mode))?;
+    file.write_all(bytes)?;
+    file.set_permissions(Permissions::from_mode(mode))
+}
+
+/// Replaces the file `name` in `dir` with `bytes`: written to a fresh file
+/// beside it, then renamed over it, so an existing inode (perhaps a hard
+/// link) is never written into. An existing symlink or directory at `name`
+/// is refused. New files get `0o666` less the umask, as any CLI's would.
+pub(super) fn replace(dir: &Dir, name: &OsStr, bytes: &[u8]) -> io::Result<()> {
+    match dir.symlink_metadata(name) {
+        Ok(meta) if meta.file_type().is_symlink() => return Err(symlink_refused(name)),
+        Ok(meta) if meta.is_dir() => {
+            return Err(io::Error::new(io::ErrorKind::IsADirectory, format!("{} is a directory", show(name))));
+        }
+        Ok(_) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let temp = format!(".execbox-save-{:016x}", super::conventions::random_u64());
+    let written = dir
+        .open_with(&temp, OpenOptions::new().write(true).create_new(true).mode(0o666))
+        .and_then(|mut file| file.write_all(bytes))
+        .and_then(|()| dir.rename(&temp, dir, name));
+    if written.is_err() {
+        drop(dir.remove_file(&temp));
+    }
+    written
+}
+
+/// Why [`read_regular`] returned no content.
+pub(super) enum ReadRefused {
+    /// Larger than the limit it was read with.
+    TooLarge,
+    /// Not a regular file (a FIFO, a device, a socket, a directory).
+    NotRegular,
+    /// Any other failure, a symlink included.
+    Io(io::Error),
+}
+
+/// Reads the regular file `name` of `dir`, up to `max` bytes. Opened with
+/// `O_NOFOLLOW | O_NONBLOCK`, then checked on the open handle: a symlink is
+/// refused and a FIFO swapped in after a directory listing cannot block the
+/// host.
+pub(super) fn read_regular(dir: &Dir, name: &OsStr, max: u64) -> Result<Vec<u8>, ReadRefused> {
+    let mut options = OpenOptions::new();
+    options.read(true).follow(FollowSymlinks::No).custom_flags(libc::O_NONBLOCK);
+    let file = dir.open_with(name, &options).map_err(|e| ReadRefused::Io(explain(e, name)))?;
+    let meta = file.metadata().map_err(ReadRefused::Io)?;
+    if !meta.is_file() {
+        return Err(ReadRefused::NotRegular);
+    }
+    if meta.len() > max {
+        return Err(ReadRefused::TooLarge);
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    // The file may still grow (a container that outlived a failed kill): read one byte past the limit at most.
+    file.take(max.saturating_add(1)).read_to_end(&mut bytes).map_err(ReadRefused::Io)?;
+    if bytes.len() as u64 > max {
+        return Err(ReadRefused::TooLarge);
+    }
+    Ok(bytes)
+}
+
+/// Copies the regular file `from_name` of `from` (opened as [`read_regular`]
+/// opens, at most `max` bytes) to `to_name` in `to` with exactly `mode`:
+/// written to a fresh file, then renamed into place, so no reader sees half
+/// a copy and no existing inode is written into.
+pub(super) fn copy_regular(
+    from: &Dir,
+    from_name: &OsStr,
+    to: &Dir,
+    to_name: &OsStr,
+    mode: u32,
+    max: u64,
+) -> io::Result<()> {
+    let mut options = OpenOptions::new();
+    options.read(true).follow(FollowSymlinks::No).custom_flags(libc::O_NONBLOCK);
+    let source = from.open_with(from_name, &options).map_err(|e| explain(e, from_name))?;
+    let meta = source.metadata()?;
+    if !meta.is_file() || meta.len() > max {
+        return Err(io::Error::other(format!("{} is not a regular file of at most {max} bytes", show(from_name))));
+    }
+    let temp = format!(".execbox-copy-{:016x}", super::conventions::random_u64());
+    let copied = (|| {
+        let mut target = to.open_with(&temp, OpenOptions::new().write(true).create_new(true).mode(mode))?;
+        let written = io::copy(&mut source.take(max.saturating_add(1)), &mut target)?;
+        if written > max {
+            return Err(io::Error::other(format!("{} grew past {max} bytes", show(from_name))));
+        }
+        target.set_permissions(Permissions::from_mode(mode))?;
+        to.rename(&temp, to, to_name)
+    })();
+    if copied.is_err() {
+        drop(to.remove_file(&temp));
+    }
+    copied
+}
+
+/// Removes the directory `path` and everything below it, however deep,
+/// without following a link, with a bounded stack and two directory handles
+/// open at a time.
+///
+/// Why not `std::fs::remove_dir_all`: it recurses once per level, and a
+/// program can nest directories in `/work/out` far deeper than any thread's
+/// stack (measured: 100,000 levels in ~8 s overflowed the reaper's stack and
+/// aborted the host). Here each pass over `path` removes what is not a
+/// directory, lifts the directories inside each subdirectory up to `path`
+/// (a rename: one level, no recursion), then removes the emptied
+/// subdirectory; a chain of depth d takes d cheap passes.
+pub(super) fn remove_tree(path: &Path) -> io::Result<()> {
+    let root = open_ambient(path)?;
+    let lifted = format!(".execbox-lifted-{:016x}-", super::conventions::random_u64());
+    let mut count = 0u64;
+    loop {
+        let mut emptied = true;
+        for entry in root.entries()? {
+            emptied = false;
+            let name = entry?.file_name();
+            let Some(meta) = gone_is_none(root.symlink_metadata(&name))? else { continue };
+            if !meta.is_dir() {
+                gone_is_none(root.remove_file(&name))?;
+                continue;
+            }
+            let Some(dir) = gone_is_none(open_dir(&root, &name))? else { continue };
+            for sub in dir.entries()? {
+                let sub = sub?.file_name();
+                match gone_is_none(dir.symlink_metadata(&sub))? {
+                    Some(meta) if meta.is_dir() => {
+                        count += 1;
+                        gone_is_none(dir.rename(&sub, &root, format!("{lifted}{count}")))?;
+                    }
+                    Some(_) => drop(gone_is_none(dir.remove_file(&sub))?),
+                    None => {}
+                }
+            }
+            // Not empty only if something is still writing: the next pass retries.
+            match root.remove_dir(&name) {
+                Err(e) if e.raw_os_error() == Some(libc::ENOTEMPTY) => {}
+                other => drop(gone_is_none(other)?),
+            }
+        }
+        if emptied {
+            break;
+        }
+    }
+    drop(root);
+    std::fs::remove_dir(path)
+}
+
+/// `Ok(None)` for an entry that vanished meanwhile.
+fn gone_is_none<T>(result: io::Result<T>) -> io::Result<Option<T>> {
+    match result {
+        Ok(value) => Ok(Some(value)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Sets the exact mode of `name` in `dir` (the umask may have narrowed it);
+/// refuses a symlink.
+pub(super) fn set_mode(dir: &Dir, name: &OsStr, mode: u32) -> io::Result<()> {
+    dir.set_permissions(name, Permissions::from_mode(mode))
+}
+
+/// A host directory that output files are saved into: created if missing
+/// and opened **once**, before the run, so a program that swaps the path for
+/// a symlink during the run (it may sit inside a read-write grant) cannot
+/// redirect the save. Everything below the handle is written one component
+/// at a time, never through a link: a symlink is refused with an error that
+/// names it. Existing files are replaced (a new file renamed over the old
+/// name), never written into.
+#[derive(Debug)]
+pub struct OutputDir {
+    dir: Dir,
+    path: std::path::PathBuf,
+}
+
+impl OutputDir {
+    /// Creates `path` (and its parents) if missing and opens it.
+    pub fn open(path: &Path) -> io::Result<Self> {
+        std::fs::create_dir_all(path)?;
+        Ok(Self { dir: open_ambient(path)?, path: path.to_path_buf() })
+    }
+
+    /// The path it was opened by (for messages).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Writes `files` under the directory, each at its relative name.
+    pub fn save(&self, files: &[ExecFile]) -> Result<(), SaveError> {
+        for file in files {
+            let fail = |source: io::Error| SaveError { name: file.name.clone(), source };
+            let relative =
+                file.relative_path().map_err(|e| fail(io::Error::new(io::ErrorKind::InvalidInput, e.to_string())))?;
+            let mut parts = components(relative).map_err(fail)?;
+            let Some(leaf) = parts.pop() else { continue };
+            let parent: std::path::PathBuf = parts.iter().collect();
+            let dir = create_dirs(&self.dir, &parent, None).map_err(fail)?;
+            replace(&dir, leaf, &file.content).map_err(fail)?;
+        }
+        Ok(())
+    }
+}
+
+/// An output file that [`OutputDir::save`] could not write.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot save the output file {name:?}: {source}")]
+pub struct SaveError {
+    /// The file's name, relative to the output directory.
+    pub name: String,
+    /// Why (a refused symlink says so).
+    #[source]
+    pub source: io::Error,
+}
+
+/// The normal components of a relative path (`.` dropped); anything else is refused.
+fn components(relative: &Path) -> io::Result<Vec<&OsStr>> {
+    relative
+        .components()
+        .filter(|c| *c != Component::CurDir)
+        .map(|c| match c {
+            Component::Normal(name) => Ok(name),
+            _ => Err(io::Error::new(io::ErrorKind::InvalidInput, "paths must be relative, without `..`")),
+        })
+        .collect()
+}
+
+/// Names the symlink when a no-follow open hit one (`ELOOP`, or `ENOTDIR`
+/// from `open_dir_nofollow`).
+fn explain(e: io::Error, name: &OsStr) -> io::Error {
+    match e.raw_os_error() {
+        Some(libc::ELOOP) => symlink_refused(name),
+        _ => e,
+    }
+}
+
+fn symlink_refused(name: &OsStr) -> io::Error {
+    io::Error::other(format!(
+        "refusing to go through the symlink {} (it could point outside the directory)",
+        show(name)
+    ))
+}
+
+fn show(name: &OsStr) -> String {
+    name.to_string_lossy().into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_planted_symlink_is_refused_and_its_target_untouched() {
+        let outside = tempfile::tempdir().unwrap();
+        let target = outside.path().join("host-file");
+        std::fs::write(&target, "precious").unwrap();
+        let root = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(&target, root.path().join("evil")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), root.path().join("sub")).unwrap();
+        let out = OutputDir::open(root.path()).unwrap();
+        for name in ["evil", "sub/evil", "sub/new"] {
+            let err = out.save(&[ExecFile::new(name, "overwritten")]).unwrap_err();
+            assert!(err.to_string().contains("symlink"), "{name}: {err}");
+        }
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "precious");
+        assert!(!outside.path().join("evil").exists() && !outside.path().join("new").exists());
+    }
+
+    #[test]
+    fn the_directory_opened_before_the_run_is_the_one_written() {
+        let root = tempfile::tempdir().unwrap();
+        let elsewhere = tempfile::tempdir().unwrap();
+        let path = root.path().join("out");
+        let out = OutputDir::open(&path).unwrap();
+        // What a program with a read-write grant over `root` could do during the run.
+        std::fs::rename(&path, root.path().join("moved")).unwrap();
+        std::os::unix::fs::symlink(elsewhere.path(), &path).unwrap();
+        out.save(&[ExecFile::new("f.txt", "x")]).unwrap();
+        assert!(!elsewhere.path().join("f.txt").exists(), "the save followed the swapped-in link");
+        assert!(root.path().join("moved/f.txt").exists());
+    }
+
+    #[test]
+    fn trees_deeper_than_any_stack_are_removed_without_following_links() {
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("keep"), "x").unwrap();
+        let root = tempfile::tempdir().unwrap();
+        let tree = root.path().join("tree");
+        std::fs::create_dir(&tree).unwrap();
+        // 5,000 levels on a 128 KiB stack: std's recursive removal needs a
+        // frame per level and overflows it (a program can nest 100,000 levels).
+        let dir = open_ambient(&tree).unwrap();
+        let mut level = dir.try_clone().unwrap();
+        for i in 0..5_000 {
+            level.create_dir("d").unwrap();
+            if i % 500 == 0 {
+                level.write("f", "x").unwrap();
+                level.symlink_contents(outside.path(), "link").unwrap();
+            }
+            level = level.open_dir("d").unwrap();
+        }
+        drop((level, dir));
+        let removed = std::thread::Builder::new()
+            .stack_size(128 << 10)
+            .spawn(move || remove_tree(&tree).map(|()| tree.exists()))
+            .unwrap()
+            .join()
+            .unwrap();
+        assert!(!removed.unwrap(), "the tree is gone");
+        assert!(outside.path().join("keep").exists(), "nothing was followed out of the tree");
+    }
+
+    #[test]
+    fn files_are_replaced_not_written_into() {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::write(root.path().join("a.txt"), "old").unwrap();
+        std::fs::hard_link(root.path().join("a.txt"), root.path().join("link")).unwrap();
+        let out = OutputDir::open(root.path()).unwrap();
+        out.save(&[ExecFile::new("a.txt", "new"), ExecFile::new("d/e/f.txt", "deep")]).unwrap();
+        assert_eq!(std::fs::read_to_string(root.path().join("a.txt")).unwrap(), "new");
+        assert_eq!(std::fs::read_to_string(root.path().join("link")).unwrap(), "old", "the other link is untouched");
+        assert_eq!(std::fs::read_to_string(root.path().join("d/e/f.txt")).unwrap(), "deep");
+        let leftovers: Vec<_> = std::fs::read_dir(root.path())
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.starts_with(".execbox-"))
+            .collect();
+        assert!(leftovers.is_empty(), "{leftovers:?}");
+    }
+
+    #[test]
+    fn reads_refuse_links_fifos_and_oversized_files() {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::write(root.path().join("ok"), "12345").unwrap();
+        std::os::unix::fs::symlink("/etc/hostname", root.path().join("link")).unwrap();
+        let fifo = std::ffi::CString::new(root.path().join("fifo").to_str().unwrap()).unwrap();
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
+        let dir = open_ambient(root.path()).unwrap();
+        assert_eq!(read_regular(&dir, "ok".as_ref(), 5).ok(), Some(b"12345".to_vec()));
+        assert!(matches!(read_regular(&dir, "ok".as_ref(), 4), Err(ReadRefused::TooLarge)));
+        assert!(matches!(read_regular(&dir, "link".as_ref(), 100), Err(ReadRefused::Io(_))));
+        assert!(matches!(read_regular(&dir, "fifo".as_ref(), 100), Err(ReadRefused::NotRegular)));
+    }
+}
