@@ -9,7 +9,7 @@
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use execbox::backends::{BoaJs, WasmInterpreter};
+use execbox::backends::{BoaJs, BoaJsConfig, WasmInterpreter};
 use execbox::{Backend, ExecRequest, ExecResult, Executor, Language, Outcome, SandboxPolicy};
 use serde_json::json;
 
@@ -204,18 +204,23 @@ fn quickjs_memory_bombs_and_loops_are_stopped() {
 // ---- routing ---------------------------------------------------------------------
 
 #[test]
-fn in_process_backends_win_and_a_memory_cap_sends_js_to_quickjs() {
+fn js_goes_to_contained_boa_and_to_quickjs_when_boa_has_no_worker() {
     let (Some(_), Some(_)) = (python_backend(), quickjs_backend()) else { return };
     let exec = Executor::builder()
         .backend(BoaJs::default())
         .backend(WasmInterpreter::quickjs().unwrap())
         .backend(WasmInterpreter::python().unwrap())
         .build();
-    assert_eq!(exec.select(&ExecRequest::javascript("return 1")).unwrap().name(), "boa-js");
+    // Contained boa enforces the memory cap itself.
     let capped = ExecRequest::javascript("return 1").policy(SandboxPolicy::strict().memory_bytes(32 << 20));
+    assert_eq!(exec.select(&capped).unwrap().name(), "boa-js");
+    assert_eq!(exec.select(&python("print(1)")).unwrap().name(), "python-wasm");
+    // Without a worker program boa is unavailable, and QuickJS, which also
+    // enforces everything, takes the request (never in-process boa).
+    let no_worker = BoaJs::new(BoaJsConfig { worker_program: Some("/nonexistent".into()), ..Default::default() });
+    let exec = Executor::builder().backend(no_worker).backend(WasmInterpreter::quickjs().unwrap()).build();
     assert_eq!(exec.select(&capped).unwrap().name(), "quickjs-wasm");
     assert_eq!(exec.execute_blocking(capped).unwrap().output, Some(json!(1)));
-    assert_eq!(exec.select(&python("print(1)")).unwrap().name(), "python-wasm");
 }
 
 #[test]

@@ -288,11 +288,18 @@ fn lock_in_child(host: u32, stack_bytes: u64) -> io::Result<()> {
 
 /// Finds the program that serves as a worker.
 pub(crate) fn find_program(explicit: Option<&Path>) -> Result<PathBuf, String> {
+    let existing = |path: PathBuf, from: &str| {
+        if path.is_file() {
+            Ok(path)
+        } else {
+            Err(format!("the worker program {} ({from}) does not exist", path.display()))
+        }
+    };
     if let Some(path) = explicit {
-        return Ok(path.to_path_buf());
+        return existing(path.to_path_buf(), "configured");
     }
     if let Some(path) = std::env::var_os(super::PROGRAM_ENV) {
-        return Ok(path.into());
+        return existing(path.into(), super::PROGRAM_ENV);
     }
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this executable: {e}"))?;
     if super::HOOKED.get().is_some() {
