@@ -34,7 +34,7 @@ pub mod matching;
 pub mod policy;
 pub mod request;
 pub mod result;
-#[cfg(feature = "js")]
+#[cfg(any(feature = "js", feature = "wasm"))]
 pub mod worker;
 
 pub use capabilities::{

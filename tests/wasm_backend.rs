@@ -624,6 +624,50 @@ fn a_compile_that_ends_after_the_deadline_is_timed_out() {
     assert_eq!(wasm.cache_stats().compiled, 1, "compiled once: {:?}", wasm.cache_stats());
 }
 
+/// A module that takes Cranelift seconds (thousands of functions, within
+/// every static limit).
+fn heavy_module() -> Vec<u8> {
+    binary_module(9_000, &body(&[0x41, 0x01, 0x1a].repeat(40)))
+}
+
+#[test]
+fn a_heavy_compile_is_stopped_at_the_deadline_in_its_worker() {
+    let wasm = WasmGuest::new().unwrap();
+    assert!(wasm.engine().compiles_contained(), "the execbox binary serves as compile worker here");
+    let started = Instant::now();
+    let tight = SandboxPolicy::strict().timeout(Duration::from_millis(300));
+    let r = wasm.execute(ExecRequest::wasm(heavy_module()).policy(tight)).unwrap();
+    assert_eq!(r.outcome, Outcome::TimedOut, "{r:?}");
+    assert!(r.message.unwrap().ends_with("while compiling the module, before it ran"));
+    // The host waited for the deadline, not for Cranelift.
+    assert!(started.elapsed() < Duration::from_millis(1500), "{:?}", started.elapsed());
+    assert_eq!(wasm.cache_stats().compiled, 0);
+    // The host is free at once: the next run is served.
+    assert_eq!(wasm.execute(ExecRequest::wasm(guest!(wat "hello"))).unwrap().outcome, Outcome::Ok);
+}
+
+#[test]
+fn a_compile_over_its_memory_cap_is_out_of_memory() {
+    let cfg = WasmGuestConfig { max_compile_memory_bytes: 4 << 20, ..WasmGuestConfig::default() };
+    let wasm = WasmGuest::with_config(cfg).unwrap();
+    let roomy = SandboxPolicy::strict().timeout(Duration::from_secs(120));
+    let r = wasm.execute(ExecRequest::wasm(heavy_module()).policy(roomy)).unwrap();
+    assert_eq!(r.outcome, Outcome::OutOfMemory, "{r:?}");
+    assert!(r.message.unwrap().contains("compile memory cap"));
+}
+
+#[test]
+fn without_a_worker_modules_compile_in_process_within_the_static_limits() {
+    let cfg = WasmGuestConfig { worker_program: Some("/nonexistent/execbox".into()), ..WasmGuestConfig::default() };
+    let wasm = WasmGuest::with_config(cfg).unwrap();
+    assert!(!wasm.engine().compiles_contained());
+    assert_eq!(wasm.execute(ExecRequest::wasm(guest!(wat "hello"))).unwrap().outcome, Outcome::Ok);
+    let cfg = WasmGuestConfig { compile_in_worker: false, ..WasmGuestConfig::default() };
+    let wasm = WasmGuest::with_config(cfg).unwrap();
+    assert!(!wasm.engine().compiles_contained());
+    assert_eq!(wasm.execute(ExecRequest::wasm(guest!(wat "hello"))).unwrap().outcome, Outcome::Ok);
+}
+
 #[test]
 fn concurrent_runs_of_a_new_module_compile_it_once() {
     let wasm = WasmGuest::new().unwrap();

@@ -42,11 +42,20 @@ pub(crate) fn temp_dir(what: &str) -> std::io::Result<tempfile::TempDir> {
     tempfile::Builder::new().prefix(&format!("execbox-{what}-{}-", token())).tempdir()
 }
 
-/// Removes, once per process, the temporary directories of execbox
-/// processes that are gone (killed before they could clean up).
+/// Removes, once per process and in the background, the temporary
+/// directories of execbox processes that are gone (killed before they could
+/// clean up). Off the request path: a dead host may have left a tree that
+/// takes long to remove (a program can nest 100,000 directories in its
+/// output directory).
 pub(crate) fn sweep_stale_temp_dirs() {
     static SWEPT: OnceLock<()> = OnceLock::new();
-    SWEPT.get_or_init(|| sweep_in(&std::env::temp_dir()));
+    SWEPT.get_or_init(|| {
+        let started =
+            std::thread::Builder::new().name("execbox-sweep".into()).spawn(|| sweep_in(&std::env::temp_dir()));
+        if let Err(e) = started {
+            tracing::warn!(error = %e, "cannot start the stale temp dir sweep");
+        }
+    });
 }
 
 /// The sweep of one directory (tests point it elsewhere).
@@ -61,11 +70,26 @@ pub(crate) fn sweep_in(dir: &Path) {
         // Never follow a link planted under an execbox-like name.
         if entry.file_type().is_ok_and(|t| t.is_dir()) {
             let path: PathBuf = entry.path();
-            match std::fs::remove_dir_all(&path) {
+            match remove_tree(&path) {
                 Ok(()) => tracing::debug!(path = %path.display(), "removed a stale execbox temp dir"),
                 Err(e) => tracing::warn!(path = %path.display(), error = %e, "cannot remove a stale execbox temp dir"),
             }
         }
+    }
+}
+
+/// Removes a directory tree without recursing per level (a deep tree left by
+/// a program must not overflow this thread's stack).
+fn remove_tree(path: &Path) -> std::io::Result<()> {
+    #[cfg(feature = "container")]
+    {
+        crate::backends::container::remove_tree(path)
+    }
+    // Without containers, execbox's temp dirs hold only what it staged
+    // itself (wasm guests see them read-only): shallow.
+    #[cfg(not(feature = "container"))]
+    {
+        std::fs::remove_dir_all(path)
     }
 }
 

@@ -112,7 +112,8 @@ struct RunArgs {
 static ANSWERING: Mutex<()> = Mutex::new(());
 
 fn main() -> ExitCode {
-    // Spawned as a worker (contained JS), serve and exit; otherwise go on.
+    // Spawned as a worker (contained JS, wasm compiles), serve and exit; otherwise go on.
+    #[cfg(any(feature = "js", feature = "wasm"))]
     execbox::worker::serve_if_worker();
     let cli = Cli::parse();
     match cli.command {

@@ -4,8 +4,11 @@
 //!
 //! # Where a worker comes from
 //!
-//! A worker is this crate's code running in another process: any binary that
-//! calls [`serve_if_worker`] first thing in `main` (the `execbox` CLI does).
+//! Two kinds exist: JavaScript workers (the contained `boa-js` backend and its
+//! sessions) and wasm compile workers (every untrusted module is compiled in
+//! one). A worker is this crate's code running in another process: any
+//! binary that calls [`serve_if_worker`] first thing in `main` (the `execbox`
+//! CLI does).
 //! Spawned as a worker, that call serves requests on stdin/stdout and exits;
 //! in any other process it returns at once. The program is found in this
 //! order (the first that applies wins):
@@ -69,6 +72,9 @@ pub(crate) enum Role {
     /// Runs JavaScript on boa (contained `boa-js` and its sessions).
     #[cfg(feature = "js")]
     BoaJs,
+    /// Compiles untrusted wasm modules for the wasm backends.
+    #[cfg(feature = "wasm")]
+    WasmCompile,
     /// Installs the seccomp filter, then makes a forbidden system call: the
     /// test that the filter kills.
     SeccompProbe,
@@ -79,6 +85,8 @@ impl Role {
         match self {
             #[cfg(feature = "js")]
             Role::BoaJs => "boa-js",
+            #[cfg(feature = "wasm")]
+            Role::WasmCompile => "wasm-compile",
             Role::SeccompProbe => "seccomp-probe",
         }
     }
@@ -87,6 +95,8 @@ impl Role {
         Some(match text {
             #[cfg(feature = "js")]
             "boa-js" => Role::BoaJs,
+            #[cfg(feature = "wasm")]
+            "wasm-compile" => Role::WasmCompile,
             "seccomp-probe" => Role::SeccompProbe,
             _ => return None,
         })
@@ -119,6 +129,8 @@ pub fn serve_if_worker() {
     let code = match role {
         #[cfg(feature = "js")]
         Some(Role::BoaJs) => crate::backends::boa::worker::serve(),
+        #[cfg(feature = "wasm")]
+        Some(Role::WasmCompile) => crate::backends::wasm::compile_worker::serve(),
         Some(Role::SeccompProbe) => seccomp_probe(),
         None => {
             eprintln!("execbox worker: unknown role");

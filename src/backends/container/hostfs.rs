@@ -176,7 +176,7 @@ pub(super) fn copy_regular(
 /// directory, lifts the directories inside each subdirectory up to `path`
 /// (a rename: one level, no recursion), then removes the emptied
 /// subdirectory; a chain of depth d takes d cheap passes.
-pub(super) fn remove_tree(path: &Path) -> io::Result<()> {
+pub(crate) fn remove_tree(path: &Path) -> io::Result<()> {
     let root = open_ambient(path)?;
     let lifted = format!(".execbox-lifted-{:016x}-", super::conventions::random_u64());
     let mut count = 0u64;

@@ -36,6 +36,7 @@
 
 mod argv;
 mod hostfs;
+pub(crate) use hostfs::remove_tree;
 mod owners;
 mod process;
 mod reaper;

@@ -26,6 +26,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 use wasmtime::{Engine, ExternType, InstancePre, Linker, Module, ValType};
 
+use super::compile_worker::{CompileWorkers, Compiled as Contained};
 use super::module_limits::{self, Ceilings, ModuleLimits, StaticRefusal};
 use super::run::GuestState;
 use crate::error::InvalidRequest;
@@ -83,6 +84,8 @@ pub(super) struct ModuleCache {
     /// same compile again, so concurrency does not multiply a heavy module.
     in_flight: Mutex<HashSet<Key>>,
     landed: Condvar,
+    /// Where untrusted modules compile (`None`: in this process).
+    compiler: Option<Arc<CompileWorkers>>,
 }
 
 #[derive(Default)]
@@ -92,16 +95,13 @@ struct Entries {
 }
 
 impl ModuleCache {
-    pub fn new(
-        engine: Engine,
-        linker: Arc<Linker<GuestState>>,
-        capacity: usize,
-        disk_dir: Option<PathBuf>,
-    ) -> std::io::Result<Self> {
+    pub fn new(wasm: &super::WasmEngine, capacity: usize, disk_dir: Option<PathBuf>) -> std::io::Result<Self> {
+        let engine = wasm.engine().clone();
         let disk = disk_dir.map(|dir| DiskCache::open(dir, &engine)).transpose()?;
         Ok(Self {
             engine,
-            linker,
+            linker: wasm.linker().clone(),
+            compiler: wasm.compiler().cloned(),
             capacity: capacity.max(1),
             entries: Mutex::default(),
             disk,
@@ -154,7 +154,7 @@ impl ModuleCache {
                 module
             }
             None => {
-                let module = compile_untrusted(&self.engine, &wasm, deadline)?;
+                let module = compile_untrusted(&self.engine, self.compiler.as_deref(), &wasm, deadline)?;
                 self.compiled.fetch_add(1, Ordering::Relaxed);
                 self.store_on_disk(&module, &key);
                 module
@@ -304,17 +304,46 @@ impl From<InvalidRequest> for CompileRefusal {
 /// Compiles an untrusted module that passed the static checks. **Every**
 /// untrusted compile goes through here.
 ///
-/// In-process, Cranelift cannot be stopped once started: the static limits
-/// bound how long it runs, and the caller reports a compile that ends after
-/// `deadline` as `timed_out`. This is the seam where the compile can move into
-/// a worker process (killed at `deadline`, memory capped by rlimit) without
-/// touching the callers.
-fn compile_untrusted(engine: &Engine, wasm: &[u8], deadline: &Deadline) -> Result<Module, CompileRefusal> {
+/// With a compiler, in a worker process killed at `deadline` with its memory
+/// capped (see `compile_worker.rs`). Without one (or when no worker can be
+/// started), in this process: Cranelift cannot be stopped once started, the
+/// static limits bound how long it runs, and the caller reports a compile
+/// that ends after `deadline` as `timed_out`.
+fn compile_untrusted(
+    engine: &Engine,
+    compiler: Option<&CompileWorkers>,
+    wasm: &[u8],
+    deadline: &Deadline,
+) -> Result<Module, CompileRefusal> {
     if deadline.expired() {
         return Err(CompileRefusal::DeadlinePassed);
     }
-    Module::from_binary(engine, wasm)
-        .map_err(|e| CompileRefusal::Invalid(InvalidRequest::InvalidModule { reason: format!("{e:#}") }))
+    let invalid = |reason: String| CompileRefusal::Invalid(InvalidRequest::InvalidModule { reason });
+    match compiler.map(|c| c.compile(wasm, deadline)) {
+        Some(Contained::Artifact(artifact)) => {
+            // SAFETY: `artifact` was produced by `Engine::precompile_module`
+            // of this same wasmtime build, in a compile worker of this same
+            // execbox build whose engine settings were checked to match
+            // (compatibility fingerprint at start-up); wasmtime checks the
+            // header, version and settings again and errors on a mismatch.
+            // The worker compiled untrusted input, so a Cranelift bug could
+            // in principle let that input forge the artifact; the same bug in
+            // an in-process compile would compromise this process directly,
+            // so loading it adds no trust (see `compile_worker.rs`).
+            unsafe { Module::deserialize(engine, &artifact) }.map_err(|e| invalid(format!("{e:#}")))
+        }
+        Some(Contained::Invalid(reason)) => Err(invalid(reason)),
+        Some(Contained::TimedOut) => Err(CompileRefusal::DeadlinePassed),
+        Some(Contained::OutOfMemory(why)) => Err(CompileRefusal::TooBigToStart(why)),
+        Some(Contained::Unavailable(why)) => {
+            static WARNED: std::sync::Once = std::sync::Once::new();
+            WARNED.call_once(|| {
+                tracing::warn!(reason = %why, "wasm modules compile in this process: no compile worker can be started")
+            });
+            Module::from_binary(engine, wasm).map_err(|e| invalid(format!("{e:#}")))
+        }
+        None => Module::from_binary(engine, wasm).map_err(|e| invalid(format!("{e:#}"))),
+    }
 }
 
 /// Compiles a pinned, trusted module (an interpreter) in-process.

@@ -19,9 +19,10 @@
 
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 
-use wasmtime::{Config, Engine, InstanceAllocationStrategy, Linker, PoolingAllocationConfig};
+use wasmtime::{Engine, InstanceAllocationStrategy, Linker, PoolingAllocationConfig};
 
 use super::WasmGuestConfig;
+use super::compile_worker::{CompileSettings, CompileWorkers};
 use super::run::{self, GuestState};
 use super::ticker::EpochTicker;
 use crate::error::ExecError;
@@ -42,6 +43,7 @@ pub struct WasmEngine {
     ticker: EpochTicker,
     slots: Arc<Slots>,
     pooling: bool,
+    compiler: Option<Arc<CompileWorkers>>,
 }
 
 impl WasmEngine {
@@ -55,13 +57,17 @@ impl WasmEngine {
     /// bounded by `cfg.pooled_instances` then.
     pub fn new(cfg: WasmGuestConfig) -> Result<Arc<Self>, ExecError> {
         let fault = |what: &str, e: &dyn std::fmt::Display| ExecError::internal("wasm", format!("{what}: {e:#}"));
-        let (engine, pooling) = build_engine(&cfg).map_err(|e| fault("cannot create the wasmtime engine", &e))?;
+        let (engine, pooling, settings) =
+            build_engine(&cfg).map_err(|e| fault("cannot create the wasmtime engine", &e))?;
+        let compiler = cfg.compile_in_worker.then(|| {
+            Arc::new(CompileWorkers::new(&engine, settings, cfg.worker_program.clone(), cfg.max_compile_memory_bytes))
+        });
         let linker = run::linker(&engine).map_err(|e| fault("cannot link WASI", &e))?;
         let ticker = EpochTicker::start(engine.clone(), cfg.epoch_tick, cfg.ticker_linger)
             .map_err(|e| fault("cannot start the epoch ticker", &e))?;
         let capacity = (cfg.pooled_instances > 0).then_some(cfg.pooled_instances as usize);
         let slots = Arc::new(Slots { capacity, busy: Mutex::new(0), freed: Condvar::new() });
-        Ok(Arc::new(Self { cfg, engine, linker: Arc::new(linker), ticker, slots, pooling }))
+        Ok(Arc::new(Self { cfg, engine, linker: Arc::new(linker), ticker, slots, pooling, compiler }))
     }
 
     /// The settings in use.
@@ -74,6 +80,17 @@ impl WasmEngine {
     /// refused and the engine fell back to it.
     pub fn pooling_allocator(&self) -> bool {
         self.pooling
+    }
+
+    /// True when untrusted modules compile in a worker process (killed at
+    /// the deadline, memory capped); false when they compile in this
+    /// process, bounded by the static module limits only.
+    pub fn compiles_contained(&self) -> bool {
+        self.compiler.as_ref().is_some_and(|c| c.contained())
+    }
+
+    pub(super) fn compiler(&self) -> Option<&Arc<CompileWorkers>> {
+        self.compiler.as_ref()
     }
 
     /// Instance slots in use right now (runs and warm instances).
@@ -159,12 +176,17 @@ impl Drop for SlotPermit {
     }
 }
 
-/// The engine and whether it pools instances.
-fn build_engine(cfg: &WasmGuestConfig) -> wasmtime::Result<(Engine, bool)> {
-    let mut config = Config::new();
-    config.consume_fuel(cfg.consume_fuel).epoch_interruption(true).max_wasm_stack(cfg.max_wasm_stack);
+/// The engine, whether it pools instances, and the settings a compile
+/// worker needs to produce artifacts it can load.
+fn build_engine(cfg: &WasmGuestConfig) -> wasmtime::Result<(Engine, bool, CompileSettings)> {
+    let mut settings = CompileSettings {
+        consume_fuel: cfg.consume_fuel,
+        max_wasm_stack: cfg.max_wasm_stack,
+        small_reservations: false,
+    };
+    let config = settings.config();
     if cfg.pooled_instances == 0 {
-        return Ok((Engine::new(&config)?, false));
+        return Ok((Engine::new(&config)?, false, settings));
     }
     let n = cfg.pooled_instances;
     let mut pool = PoolingAllocationConfig::default();
@@ -180,7 +202,7 @@ fn build_engine(cfg: &WasmGuestConfig) -> wasmtime::Result<(Engine, bool)> {
     let mut pooled = config.clone();
     pooled.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
     match Engine::new(&pooled) {
-        Ok(engine) => Ok((engine, true)),
+        Ok(engine) => Ok((engine, true, settings)),
         Err(e) => {
             // The pool reserves its address space up front; where that is
             // refused, run on demand, and say so (capabilities, accessor).
@@ -192,8 +214,8 @@ fn build_engine(cfg: &WasmGuestConfig) -> wasmtime::Result<(Engine, bool)> {
                 slots = n,
                 "the wasm pooling allocator's reservation was refused; instances are allocated on demand"
             );
-            config.memory_reservation(0).memory_reservation_for_growth(16 << 20).memory_guard_size(64 << 10);
-            Ok((Engine::new(&config)?, false))
+            settings.small_reservations = true;
+            Ok((Engine::new(&settings.config())?, false, settings))
         }
     }
 }

@@ -158,7 +158,7 @@ impl WasmInterpreter {
         engine: Arc<WasmEngine>,
         cache_dir: Option<PathBuf>,
     ) -> Result<Self, ExecError> {
-        let new_cache = |dir| ModuleCache::new(engine.engine().clone(), engine.linker().clone(), 1, dir);
+        let new_cache = |dir| ModuleCache::new(&engine, 1, dir);
         // The module itself is pinned by sha256; only its compiled form needs
         // a private directory. Without one, compile in every process.
         let cache = new_cache(cache_dir.clone()).or_else(|e| {

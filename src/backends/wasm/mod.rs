@@ -34,6 +34,7 @@
 //! [`WasmEngine`] that the wasm backends of a matrix share.
 
 mod compile;
+pub(crate) mod compile_worker;
 mod engine;
 mod fs_guard;
 pub mod interpreters;
@@ -155,6 +156,26 @@ pub struct WasmGuestConfig {
     /// # Default
     /// [`ModuleLimits::default`].
     pub module_limits: ModuleLimits,
+    /// Compile untrusted modules in a worker process, killed at the run's
+    /// deadline with its memory capped (see `compile_worker.rs`). Without a
+    /// worker program (see [`crate::worker`]), or with `false`, they compile
+    /// in this process, bounded by [`WasmGuestConfig::module_limits`] only.
+    ///
+    /// # Default
+    /// `true`.
+    pub compile_in_worker: bool,
+    /// The program serving as compile worker; `None` finds one (see
+    /// [`crate::worker`]).
+    ///
+    /// # Default
+    /// `None`.
+    pub worker_program: Option<PathBuf>,
+    /// How much a compile worker may grow while compiling one module; a
+    /// module that needs more is `out_of_memory`.
+    ///
+    /// # Default
+    /// 1 GiB.
+    pub max_compile_memory_bytes: u64,
 }
 
 impl Default for WasmGuestConfig {
@@ -171,6 +192,9 @@ impl Default for WasmGuestConfig {
             disk_cache_dir: None,
             max_input_nesting: 128,
             default_timeout: Duration::from_secs(30),
+            compile_in_worker: true,
+            worker_program: None,
+            max_compile_memory_bytes: 1 << 30,
             module_limits: ModuleLimits::default(),
         }
     }
@@ -206,13 +230,8 @@ impl WasmGuest {
     /// in the engine config's `disk_cache_dir` if set).
     pub fn on_engine(engine: Arc<WasmEngine>) -> Result<Self, ExecError> {
         let cfg = engine.config();
-        let cache = compile::ModuleCache::new(
-            engine.engine().clone(),
-            engine.linker().clone(),
-            cfg.module_cache_entries,
-            cfg.disk_cache_dir.clone(),
-        )
-        .map_err(|e| ExecError::internal(Self::NAME, format!("cannot use the module cache directory: {e}")))?;
+        let cache = compile::ModuleCache::new(&engine, cfg.module_cache_entries, cfg.disk_cache_dir.clone())
+            .map_err(|e| ExecError::internal(Self::NAME, format!("cannot use the module cache directory: {e}")))?;
         let caps = capabilities(&engine);
         Ok(Self { engine, cache, caps })
     }
@@ -459,8 +478,13 @@ fn capabilities(engine: &WasmEngine) -> BackendCapabilities {
         },
         timeout: E::enforced(format!(
             "preemptive: epoch interruption every {} µs in wasm code; sleeps in poll_oneoff end at the deadline; \
-             the module's compile counts against it (bounded by static module limits)",
-            cfg.epoch_tick.as_micros()
+             the module's compile counts against it ({compile})",
+            cfg.epoch_tick.as_micros(),
+            compile = if engine.compiles_contained() {
+                "in a compile worker process, killed at the deadline, memory capped"
+            } else {
+                "in this process, bounded by the static module limits only: no compile worker program"
+            }
         )),
         memory: E::enforced(format!(
             "per-store limiter on linear memory and tables (ceiling {} bytes); memory.grow past it returns -1; \

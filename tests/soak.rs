@@ -1,0 +1,249 @@
+//! The whole default matrix under load: 1,000 mixed runs at 64 concurrent
+//! — JavaScript on contained boa (and pinned to QuickJS), wasm guests,
+//! Python in wasm (pooled and fresh), a few containers, and a tenth of them
+//! endless loops under short deadlines. Every run must come back with its
+//! own nonce, no run may be refused (bursts wait for workers and slots
+//! within their deadlines), and afterwards the process has as many threads
+//! and file descriptors as before, about the same memory, the JS pool is
+//! back to its idle size with no zombies, and no container or temp dir of
+//! this process is left.
+//!
+//! Alone in its test binary: the counts are this process's. Needs the
+//! interpreters (`scripts/fetch-interpreters.sh`); the container runs need
+//! an engine and its images, and are left out without one unless
+//! `EXECBOX_REQUIRE_CONTAINERS=1`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use execbox::backends::Container;
+use execbox::{ExecError, ExecRequest, Executor, Language, Outcome, SandboxPolicy};
+use serde_json::json;
+
+const RUNS: usize = 1_000;
+const CONCURRENCY: usize = 64;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Js,
+    QuickJs,
+    Wasm,
+    PythonPooled,
+    PythonFresh,
+    Shell,
+    Loop,
+}
+
+fn kind_of(i: usize, containers: bool) -> Kind {
+    if i % 10 == 7 {
+        return Kind::Loop;
+    }
+    if containers && i % 50 == 1 {
+        return Kind::Shell;
+    }
+    match i % 7 {
+        0 | 1 | 2 => Kind::Js,
+        3 => Kind::Wasm,
+        4 => Kind::PythonPooled,
+        5 => Kind::PythonFresh,
+        _ if i % 3 == 0 => Kind::QuickJs,
+        _ => Kind::Js,
+    }
+}
+
+fn job(i: usize, kind: Kind) -> (ExecRequest, Option<String>) {
+    let nonce = format!("n{i}-{:x}", i * 7919 + 17);
+    let roomy = SandboxPolicy::strict().timeout(Duration::from_secs(120));
+    let short = SandboxPolicy::strict().timeout(Duration::from_millis(400));
+    let request = match kind {
+        Kind::Js => ExecRequest::javascript("console.log(input.nonce); return {nonce: input.nonce}")
+            .input(json!({"nonce": nonce}))
+            .policy(roomy),
+        Kind::QuickJs => ExecRequest::javascript("return {nonce: input.nonce}")
+            .input(json!({"nonce": nonce}))
+            .on_backend("quickjs-wasm")
+            .policy(roomy),
+        Kind::Wasm => ExecRequest::wasm(include_bytes!("../guests/wat/echo_json.wat").to_vec())
+            .input(json!({"nonce": nonce}))
+            .policy(roomy),
+        Kind::PythonPooled => {
+            ExecRequest::source(Language::Python, "import json\nprint(json.dumps({'nonce': input['nonce']}))")
+                .input(json!({"nonce": nonce}))
+                .policy(roomy)
+        }
+        // An argument is fixed at start-up: always a fresh instance.
+        Kind::PythonFresh => {
+            ExecRequest::source(Language::Python, "import json, sys\nprint(json.dumps({'nonce': sys.argv[1]}))")
+                .arg(&nonce)
+                .policy(roomy)
+        }
+        Kind::Shell => {
+            ExecRequest::source(Language::Shell, "printf '{\"nonce\": \"%s\"}' \"$1\"").arg(&nonce).policy(roomy)
+        }
+        Kind::Loop => {
+            let request = match (i / 10) % 3 {
+                0 => ExecRequest::javascript("while (true) {}"),
+                1 => ExecRequest::wasm(include_bytes!("../guests/wat/infinite_loop.wat").to_vec()),
+                _ => ExecRequest::source(Language::Python, "while True: pass"),
+            };
+            return (request.policy(short), None);
+        }
+    };
+    (request, Some(nonce))
+}
+
+fn count_entries(dir: &str) -> usize {
+    std::fs::read_dir(dir).map(|d| d.count()).unwrap_or(0)
+}
+
+fn rss_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+    statm.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 4096
+}
+
+/// Children of this process that are zombies (dead, not reaped).
+fn zombie_children() -> usize {
+    let me = std::process::id().to_string();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else { return false };
+            let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
+            fields.first() == Some(&"Z") && fields.get(1) == Some(&me.as_str())
+        })
+        .count()
+}
+
+fn own_containers() -> Vec<String> {
+    let filter = format!("label=execbox.owner={}", Container::owner_token());
+    let out = std::process::Command::new("docker").args(["ps", "-aq", "--filter", &filter]).output();
+    out.map(|o| String::from_utf8_lossy(&o.stdout).split_whitespace().map(String::from).collect()).unwrap_or_default()
+}
+
+fn own_temp_dirs() -> usize {
+    let infix = format!("-{}-", Container::owner_token());
+    std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            name.starts_with("execbox-") && name.contains(&infix)
+        })
+        .count()
+}
+
+fn wait_until(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let until = Instant::now() + limit;
+    while Instant::now() < until {
+        if done() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    done()
+}
+
+#[test]
+fn a_thousand_mixed_runs_at_64_concurrent_leave_nothing_behind() {
+    let exec = Executor::with_default_backends();
+    let available = |name: &str| exec.backends().find(|b| b.name() == name).is_some_and(|b| b.availability().is_ok());
+    if !available("python-wasm") || !available("boa-js") {
+        assert!(std::env::var_os("EXECBOX_REQUIRE_INTERPRETERS").is_none(), "the interpreters are required");
+        eprintln!("skipping: needs the interpreters (scripts/fetch-interpreters.sh) and a JS worker");
+        return;
+    }
+    let containers = available("container");
+    assert!(
+        containers || std::env::var_os("EXECBOX_REQUIRE_CONTAINERS").is_none(),
+        "containers are required but the engine or images are missing"
+    );
+    // One run of each kind first: what exists once per process (pools,
+    // compile workers, spawner threads) exists before the counts are taken.
+    for i in 0..70 {
+        let kind = kind_of(i, containers);
+        let (request, _) = job(i, kind);
+        let _ = exec.execute_blocking(request);
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let threads_before = count_entries("/proc/self/task");
+    let fds_before = count_entries("/proc/self/fd");
+    let rss_before = rss_bytes();
+    let started = Instant::now();
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .max_blocking_threads(CONCURRENCY)
+        .enable_all()
+        .build()
+        .unwrap();
+    let outcomes = runtime.block_on(async {
+        let gate = Arc::new(tokio::sync::Semaphore::new(CONCURRENCY));
+        let mut tasks = Vec::new();
+        for i in 0..RUNS {
+            let exec = exec.clone();
+            let gate = gate.clone();
+            tasks.push(tokio::spawn(async move {
+                let _permit = gate.acquire_owned().await.unwrap();
+                let kind = kind_of(i, containers);
+                let (request, nonce) = job(i, kind);
+                (i, kind, nonce, exec.execute(request).await)
+            }));
+        }
+        let mut outcomes = Vec::new();
+        for task in tasks {
+            outcomes.push(task.await.unwrap());
+        }
+        outcomes
+    });
+    runtime.shutdown_timeout(Duration::from_secs(30));
+    let took = started.elapsed();
+
+    let mut per_kind = std::collections::BTreeMap::<String, usize>::new();
+    let mut busy = 0;
+    for (i, kind, nonce, result) in outcomes {
+        let r = match (kind, result) {
+            (_, Ok(r)) => r,
+            // A 400 ms deadline may pass while every slot or worker is busy:
+            // the one refusal allowed, typed and naming a real backend.
+            (Kind::Loop, Err(ExecError::Busy { backend, .. })) => {
+                assert!(["boa-js", "wasm", "python-wasm"].contains(&backend.as_str()), "{backend}");
+                busy += 1;
+                continue;
+            }
+            (_, Err(e)) => panic!("run {i} ({kind:?}) was refused: {e}"),
+        };
+        *per_kind.entry(format!("{kind:?}/{}", r.backend)).or_default() += 1;
+        match kind {
+            Kind::Loop => assert_eq!(r.outcome, Outcome::TimedOut, "run {i}: {r:?}"),
+            _ => {
+                assert_eq!(r.outcome, Outcome::Ok, "run {i} ({kind:?}): {r:?}");
+                let answered = r.output.as_ref().and_then(|o| o.get("nonce")).and_then(|n| n.as_str());
+                assert_eq!(answered, nonce.as_deref(), "run {i} ({kind:?}) got another run's answer: {r:?}");
+                if kind == Kind::Js {
+                    assert_eq!(r.stdout.text().trim(), nonce.as_deref().unwrap());
+                }
+            }
+        }
+    }
+    eprintln!("{RUNS} runs at {CONCURRENCY} concurrent in {took:?}: {per_kind:?}; {busy} short loops busy");
+
+    // Pools refill and shrink back off the request path: give them time.
+    let settled = wait_until(Duration::from_secs(60), || {
+        count_entries("/proc/self/task") <= threads_before + 2 && count_entries("/proc/self/fd") <= fds_before + 4
+    });
+    assert!(
+        settled,
+        "threads {} (before {threads_before}), fds {} (before {fds_before})",
+        count_entries("/proc/self/task"),
+        count_entries("/proc/self/fd")
+    );
+    assert!(wait_until(Duration::from_secs(30), || zombie_children() == 0), "zombie workers");
+    let grown = rss_bytes().saturating_sub(rss_before);
+    assert!(grown < 128 << 20, "the host grew by {} MiB", grown >> 20);
+    if containers {
+        assert!(wait_until(Duration::from_secs(60), || own_containers().is_empty()), "{:?}", own_containers());
+    }
+    drop(exec);
+    assert!(wait_until(Duration::from_secs(60), || own_temp_dirs() == 0), "temp dirs left: {}", own_temp_dirs());
+}
