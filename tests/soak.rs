@@ -42,11 +42,11 @@ fn kind_of(i: usize, containers: bool) -> Kind {
         return Kind::Shell;
     }
     match i % 7 {
-        0 | 1 | 2 => Kind::Js,
+        0..=2 => Kind::Js,
         3 => Kind::Wasm,
         4 => Kind::PythonPooled,
         5 => Kind::PythonFresh,
-        _ if i % 3 == 0 => Kind::QuickJs,
+        _ if i.is_multiple_of(3) => Kind::QuickJs,
         _ => Kind::Js,
     }
 }

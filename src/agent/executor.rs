@@ -245,11 +245,11 @@ impl ExecboxCodeExecutor {
 }
 
 /// Only errors that guarantee no code ran: a backend that could not start
-/// (engine missing, spawn failed, pool exhausted). Refusals and invalid
-/// requests would fail the same way again; an internal fault may have
-/// happened after the code had side effects.
+/// (engine missing, spawn failed) or had no free worker or slot before the
+/// deadline (`busy`). Refusals and invalid requests would fail the same way
+/// again; an internal fault may have happened after the code had side effects.
 fn retryable(err: &ExecError) -> bool {
-    matches!(err, ExecError::BackendUnavailable { .. })
+    matches!(err, ExecError::BackendUnavailable { .. } | ExecError::Busy { .. })
 }
 
 impl CodeExecutor for ExecboxCodeExecutor {
