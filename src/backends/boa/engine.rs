@@ -16,7 +16,7 @@ use boa_engine::error::EngineError;
 use boa_engine::job::{self, JobExecutor};
 use boa_engine::module::IdleModuleLoader;
 use boa_engine::object::JsObject;
-use boa_engine::property::{Attribute, PropertyKey};
+use boa_engine::property::Attribute;
 use boa_engine::{Context, JsError, JsResult, JsValue, Script, Source, js_string};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -130,7 +130,7 @@ impl Prepared {
                 report.message = Some(format!("(in promise) {reason}"));
             }
             Err(Stop::Thrown(err)) => {
-                let (outcome, message) = classify(err, &mut self.ctx, fuel_asked, budget, wrapped);
+                let (outcome, message) = classify(err, fuel_asked, budget, wrapped);
                 report.outcome = outcome;
                 report.message = Some(message);
             }
@@ -192,7 +192,7 @@ impl Prepared {
         if let Some(promise) = unhandled
             && let Some(PromiseState::Rejected(reason)) = JsValue::from(promise).as_promise().map(|p| p.state())
         {
-            return Err(Stop::Unhandled(describe_value(&reason, ctx)));
+            return Err(Stop::Unhandled(describe_value(&reason)));
         }
         if value.is_undefined() {
             return Ok(None);
@@ -295,7 +295,7 @@ fn poll_until<F: Future>(fut: F, deadline: &Deadline) -> Option<F::Output> {
     }
 }
 
-fn classify(err: JsError, ctx: &mut Context, fuel_asked: bool, budget: u64, wrapped: bool) -> (Outcome, String) {
+fn classify(err: JsError, fuel_asked: bool, budget: u64, wrapped: bool) -> (Outcome, String) {
     if let Some(engine) = err.as_engine() {
         return match engine {
             EngineError::NoInstructionsRemain if fuel_asked => {
@@ -316,7 +316,7 @@ fn classify(err: JsError, ctx: &mut Context, fuel_asked: bool, budget: u64, wrap
         return (Outcome::Failed, describe_native(native, wrapped));
     }
     let thrown = err.as_opaque().cloned().unwrap_or_default();
-    (Outcome::Failed, describe_value(&thrown, ctx))
+    (Outcome::Failed, describe_value(&thrown))
 }
 
 /// `Kind: message`, without boa's stack-position suffix: inside the wrapper
@@ -333,7 +333,7 @@ fn describe_native(native: &boa_engine::JsNativeError, wrapped: bool) -> String 
 /// properties (no getter, proxy trap or `toString` of the code's runs here:
 /// an error whose message is itself, or whose `errors` list claims a huge
 /// length, is described without walking it).
-fn describe_value(value: &JsValue, ctx: &mut Context) -> String {
+fn describe_value(value: &JsValue) -> String {
     if let Some(text) = value.as_string() {
         return cap_message(text.to_std_string_escaped());
     }
@@ -341,8 +341,8 @@ fn describe_value(value: &JsValue, ctx: &mut Context) -> String {
         // Primitives display without running code.
         return cap_message(value.display().to_string());
     };
-    let name = data_property(&object, "name", ctx);
-    let message = data_property(&object, "message", ctx);
+    let name = realm::plain_property(&object, "name");
+    let message = realm::plain_property(&object, "message");
     match (name, message) {
         (Some(name), Some(message)) if !message.is_empty() => cap_message(format!("{name}: {message}")),
         (Some(name), _) => cap_message(name),
@@ -350,30 +350,6 @@ fn describe_value(value: &JsValue, ctx: &mut Context) -> String {
         (None, None) if object.is_callable() => "a function was thrown".into(),
         (None, None) => "an object was thrown".into(),
     }
-}
-
-/// `key` found on `object` or its prototypes as a data property holding a
-/// primitive; never runs a getter or a proxy trap (proxies have no own
-/// storage, so they read as absent).
-fn data_property(object: &JsObject, key: &str, _ctx: &mut Context) -> Option<String> {
-    let key = PropertyKey::from(js_string!(key));
-    let mut current = Some(object.clone());
-    for _ in 0..32 {
-        let obj = current?;
-        let (found, proto) = {
-            let borrowed = obj.borrow();
-            (borrowed.properties().get(&key).and_then(|d| d.value().cloned()), borrowed.prototype())
-        };
-        if let Some(value) = found {
-            return match value.as_string() {
-                Some(s) => Some(cap_message(s.to_std_string_escaped())),
-                None if value.is_object() => None,
-                None => Some(value.display().to_string()),
-            };
-        }
-        current = proto;
-    }
-    None
 }
 
 fn fix_first_line_column(message: &str) -> String {

@@ -794,8 +794,8 @@ fn format_value(value: &JsValue, ctx: &mut Context) -> String {
         return value.display().to_string();
     };
     if obj.is::<boa_engine::builtins::error::Error>() {
-        let name = plain_string(&obj, "name").unwrap_or_else(|| "Error".into());
-        return match plain_string(&obj, "message") {
+        let name = plain_property(&obj, "name").unwrap_or_else(|| "Error".into());
+        return match plain_property(&obj, "message") {
             Some(message) if !message.is_empty() => format!("{name}: {message}"),
             _ => name,
         };
@@ -814,9 +814,11 @@ fn format_value(value: &JsValue, ctx: &mut Context) -> String {
     }
 }
 
-/// `key` of `object` or its prototypes as a plain string data property
-/// (no getter or proxy trap runs).
-fn plain_string(object: &JsObject, key: &str) -> Option<String> {
+/// `key` of `object` or its prototypes as a data property holding a
+/// primitive, described: strings as they are (capped), other primitives as
+/// they display. Never runs a getter or a proxy trap (proxies have no own
+/// storage, so they read as absent); objects read as absent.
+pub(super) fn plain_property(object: &JsObject, key: &str) -> Option<String> {
     let key = boa_engine::property::PropertyKey::from(js_string!(key));
     let mut current = Some(object.clone());
     for _ in 0..32 {
@@ -826,7 +828,11 @@ fn plain_string(object: &JsObject, key: &str) -> Option<String> {
             (borrowed.properties().get(&key).and_then(|d| d.value().cloned()), borrowed.prototype())
         };
         if let Some(value) = found {
-            return value.as_string().map(|s| crate::limits::result_caps::cap_message(s.to_std_string_escaped()));
+            return match value.as_string() {
+                Some(s) => Some(crate::limits::result_caps::cap_message(s.to_std_string_escaped())),
+                None if value.is_object() => None,
+                None => Some(value.display().to_string()),
+            };
         }
         current = proto;
     }
