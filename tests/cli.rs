@@ -134,6 +134,55 @@ fn backends_lists_capabilities() {
     assert!(String::from_utf8_lossy(&text.stdout).contains("NOT enforced"));
 }
 
+/// The CLI's JS worker (a child process) dies with the CLI, whatever kills it.
+#[test]
+fn a_killed_cli_takes_its_js_worker_with_it() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_execbox"))
+        .args(["run", "--code", "[1].map(() => { while (true) {} })", "--timeout-ms", "60000"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let cli = child.id().to_string();
+    let children_of_cli = || -> Vec<String> {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| {
+                let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+                let fields: Vec<&str> = stat.rsplit(')').next()?.split_whitespace().collect();
+                let environ = std::fs::read(e.path().join("environ")).ok()?;
+                let js_worker = environ.split(|&b| b == 0).any(|v| v == b"EXECBOX_WORKER_ROLE=boa-js");
+                (fields.get(1) == Some(&cli.as_str()) && js_worker)
+                    .then(|| e.file_name().to_string_lossy().into_owned())
+            })
+            .collect()
+    };
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let mut workers = children_of_cli();
+    while workers.is_empty() && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        workers = children_of_cli();
+    }
+    assert!(!workers.is_empty(), "the CLI started no worker");
+    // Give the run time to reach its endless native loop.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    child.kill().unwrap(); // SIGKILL: nothing in the CLI runs
+    child.wait().unwrap();
+    let alive = |pid: &String| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+            let state = stat.rsplit(')').next().and_then(|r| r.split_whitespace().next()).unwrap_or("?");
+            state != "Z" && state != "X"
+        })
+    };
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while workers.iter().any(alive) && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let left: Vec<&String> = workers.iter().filter(|p| alive(p)).collect();
+    assert!(left.is_empty(), "workers outlived their killed host: {left:?}");
+}
+
 #[cfg(feature = "wasm")]
 mod wasm {
     use super::*;
