@@ -61,23 +61,25 @@ pub(crate) enum RecvError {
 /// The host's reader of one worker's frames, over a non-blocking pipe.
 pub(crate) struct FrameReader<R> {
     inner: R,
+    /// Read buffer; `buf[start..filled]` is unread. Its length only grows
+    /// (for a frame larger than it), so reads never zero memory again.
     buf: Vec<u8>,
-    /// Start of the unread bytes in `buf`.
     start: usize,
+    filled: usize,
 }
 
 impl<R: Read + AsFd> FrameReader<R> {
     /// Takes the read end of a pipe and makes it non-blocking.
     pub fn new(inner: R) -> io::Result<Self> {
         rustix::io::ioctl_fionbio(inner.as_fd(), true)?;
-        Ok(Self { inner, buf: Vec::with_capacity(64 << 10), start: 0 })
+        Ok(Self { inner, buf: vec![0; 64 << 10], start: 0, filled: 0 })
     }
 
     /// The next frame, waiting at most until `until` (`None`: no limit).
     /// Frames over `max` bytes are refused.
     pub fn recv<T: DeserializeOwned>(&mut self, until: Option<Instant>, max: usize) -> Result<T, RecvError> {
         loop {
-            let unread = &self.buf[self.start..];
+            let unread = &self.buf[self.start..self.filled];
             if unread.len() >= 4 {
                 let len = u32::from_le_bytes([unread[0], unread[1], unread[2], unread[3]]) as usize;
                 if len > max.min(MAX_FRAME_BYTES) {
@@ -86,9 +88,8 @@ impl<R: Read + AsFd> FrameReader<R> {
                 if unread.len() >= 4 + len {
                     let parsed = serde_json::from_slice(&unread[4..4 + len]);
                     self.start += 4 + len;
-                    if self.start == self.buf.len() {
-                        self.buf.clear();
-                        self.start = 0;
+                    if self.start == self.filled {
+                        (self.start, self.filled) = (0, 0);
                     }
                     return parsed.map_err(|e| RecvError::Invalid(format!("an unreadable frame: {e}")));
                 }
@@ -99,36 +100,33 @@ impl<R: Read + AsFd> FrameReader<R> {
         }
     }
 
-    /// Reads at least one more byte (up to what is available), waiting for
-    /// the pipe to become readable until `until`.
+    /// Reads at least one more byte (up to what is available and fits),
+    /// with room for `wanted` more, waiting for the pipe to become readable
+    /// until `until`.
     fn fill(&mut self, wanted: usize, until: Option<Instant>) -> Result<(), RecvError> {
-        if self.start > 0 && self.start * 2 >= self.buf.len() {
-            self.buf.drain(..self.start);
+        if self.start > 0 {
+            // Move the unread bytes to the front.
+            self.buf.copy_within(self.start..self.filled, 0);
+            self.filled -= self.start;
             self.start = 0;
         }
-        let old_len = self.buf.len();
-        self.buf.resize(old_len + wanted.max(64 << 10), 0);
+        if self.buf.len() < self.filled + wanted {
+            self.buf.resize(self.filled + wanted, 0);
+        }
         loop {
-            match self.inner.read(&mut self.buf[old_len..]) {
-                Ok(0) => {
-                    self.buf.truncate(old_len);
-                    return Err(RecvError::Closed);
-                }
+            match self.inner.read(&mut self.buf[self.filled..]) {
+                Ok(0) => return Err(RecvError::Closed),
                 Ok(n) => {
-                    self.buf.truncate(old_len + n);
+                    self.filled += n;
                     return Ok(());
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     if !wait_readable(&self.inner, until) {
-                        self.buf.truncate(old_len);
                         return Err(RecvError::TimedOut);
                     }
                 }
-                Err(_) => {
-                    self.buf.truncate(old_len);
-                    return Err(RecvError::Closed);
-                }
+                Err(_) => return Err(RecvError::Closed),
             }
         }
     }

@@ -78,7 +78,24 @@ struct State {
 /// A worker process, counted by the backend's [`WorkerGauge`] while it lives.
 pub(super) struct Worker {
     pub process: WorkerProcess,
+    /// Its `Ready` after the last run was read: its next context is built.
+    ready: bool,
     _live: LiveCount,
+}
+
+impl Worker {
+    /// Whether its next context is built, reading its `Ready` if it came.
+    /// `None` if it died or broke the protocol.
+    fn is_ready(&mut self) -> Option<bool> {
+        if !self.ready {
+            match self.process.recv::<FromWorker>(Some(Instant::now()), 1 << 10) {
+                Ok(FromWorker::Ready) => self.ready = true,
+                Err(RecvError::TimedOut) => {}
+                _ => return None,
+            }
+        }
+        Some(self.ready)
+    }
 }
 
 struct LiveCount(Arc<AtomicUsize>);
@@ -246,7 +263,7 @@ impl Core {
         }
         // Until a run sets its own cap, an idle worker may grow only this much.
         let _ = process.limit_memory(self.cfg.default_memory_bytes);
-        Ok(Worker { process, _live: live })
+        Ok(Worker { process, ready: true, _live: live })
     }
 
     /// Takes a ready worker, waiting for one until `deadline`.
@@ -256,10 +273,7 @@ impl Core {
         }
         let mut state = self.lock();
         loop {
-            while let Some(mut worker) = state.idle.pop_front() {
-                if worker.process.has_exited() {
-                    continue; // died while idle (dropping it reaps it)
-                }
+            if let Some(worker) = Self::take_idle(&mut state.idle) {
                 state.busy += 1;
                 drop(state);
                 self.changed.notify_all();
@@ -293,6 +307,27 @@ impl Core {
         }
     }
 
+    /// The most recently used idle worker whose next context is built (its
+    /// memory is the warmest), else the longest idle one (likely the next to
+    /// be ready). Dead workers are dropped on the way.
+    fn take_idle(idle: &mut VecDeque<Worker>) -> Option<Worker> {
+        let mut i = idle.len();
+        while i > 0 {
+            i -= 1;
+            match idle[i].is_ready() {
+                Some(true) => return idle.remove(i),
+                Some(false) => {}
+                None => drop(idle.remove(i)),
+            }
+        }
+        loop {
+            let mut worker = idle.pop_front()?;
+            if !worker.process.has_exited() {
+                return Some(worker);
+            }
+        }
+    }
+
     /// Gives back a worker after a clean run, or drops it (a dead one; or,
     /// after a burst, one more than `idle_workers` that nobody waits for:
     /// the pool shrinks back to its idle size).
@@ -321,10 +356,11 @@ impl Core {
         // nothing ran then, so another worker is tried.
         for _ in 0..3 {
             let mut worker = self.acquire(&deadline)?;
-            let limits = Limits { memory, idle_memory: self.cfg.default_memory_bytes, grace: self.cfg.deadline_grace };
+            let limits = Limits { memory, grace: self.cfg.deadline_grace };
             match converse(&mut worker.process, &mut job, &deadline, limits) {
                 Conversation::NotStarted => self.release(None),
                 Conversation::Finished { result, reusable } => {
+                    worker.ready = false;
                     self.release(reusable.then_some(worker));
                     return Ok(*result);
                 }
@@ -346,8 +382,11 @@ fn refill(core: &Core) {
                 return;
             }
             let live = state.idle.len() + state.starting + state.busy;
-            let wanted = core.cfg.idle_workers.max(state.waiting);
-            if state.idle.len() + state.starting < wanted && live < core.cfg.max_workers.max(1) {
+            // Busy workers come back after a clean run: the pool is short only
+            // if, counting them, it is below its idle size, or if requests
+            // wait and nothing is starting for them.
+            let short = live < core.cfg.idle_workers || state.idle.len() + state.starting < state.waiting;
+            if short && live < core.cfg.max_workers.max(1) {
                 break;
             }
             state = core.changed.wait(state).unwrap_or_else(|p| p.into_inner());
@@ -401,10 +440,9 @@ pub(super) enum Conversation {
 /// The limits of one conversation.
 #[derive(Clone, Copy)]
 pub(super) struct Limits {
-    /// Bytes the worker may grow by during the run.
+    /// Bytes the worker may grow by during the run (and while it builds its
+    /// next context afterwards).
     pub memory: u64,
-    /// Bytes it may grow by afterwards, while it builds its next context.
-    pub idle_memory: u64,
     /// How long past the deadline the worker may take to report itself
     /// before it is killed.
     pub grace: Duration,
@@ -414,13 +452,14 @@ pub(super) struct Limits {
 /// of `deadline`, collects its output, and kills it if it has not answered
 /// `grace` after the deadline.
 pub(super) fn converse(worker: &mut WorkerProcess, job: &mut Job, deadline: &Deadline, limits: Limits) -> Conversation {
-    let Limits { memory, idle_memory, grace } = limits;
+    let Limits { memory, grace } = limits;
     if worker.limit_memory(memory).is_err() {
         return Conversation::NotStarted;
     }
     job.timeout = deadline.remaining();
     let mut stdout = BoundedBuffer::new(job.max_stdout);
     let mut stderr = BoundedBuffer::new(job.max_stderr);
+    worker.pin_to_this_cpu();
     if worker.send(&ToWorkerRef::Run(job)).is_err() {
         return Conversation::NotStarted;
     }
@@ -446,6 +485,10 @@ pub(super) fn converse(worker: &mut WorkerProcess, job: &mut Job, deadline: &Dea
                 *seen = (*seen).max(total);
             }
             Ok(FromWorker::Done { report, stdout_total, stderr_total, retire }) => {
+                // The run's memory limit stays while the worker builds its
+                // next context (trusted code, well within it); the next run
+                // sets its own.
+                worker.unpin();
                 let mut result = ExecResult::new(BoaJs::NAME, report.outcome);
                 result.stdout = with_total(stdout, stdout_total);
                 result.stderr = with_total(stderr, stderr_total);
@@ -467,15 +510,11 @@ pub(super) fn converse(worker: &mut WorkerProcess, job: &mut Job, deadline: &Dea
                         }
                     }
                 }
-                let _ = worker.limit_memory(idle_memory);
                 return Conversation::Finished { result: Box::new(result), reusable: !retire };
             }
-            Ok(FromWorker::Ready) => {
-                worker.kill();
-                let result =
-                    partial(stdout, stderr, totals, Outcome::Failed, "the JS worker broke the protocol".into());
-                return Conversation::Finished { result: Box::new(result), reusable: false };
-            }
+            // Sent when the previous run's successor context was built; the
+            // pool had no time to read it.
+            Ok(FromWorker::Ready) => {}
             Err(RecvError::TimedOut) => {
                 worker.kill();
                 let result = partial(stdout, stderr, totals, Outcome::TimedOut, deadline.exceeded_message());

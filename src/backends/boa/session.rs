@@ -105,11 +105,8 @@ impl JsSession {
         let mut slot = self.worker.lock().unwrap_or_else(PoisonError::into_inner);
         let Some(worker) = slot.as_mut() else { return Err(ended()) };
         let size = worker.process.vm_bytes().unwrap_or(u64::MAX);
-        let limits = Limits {
-            memory: self.baseline.saturating_add(cap).saturating_sub(size),
-            idle_memory: self.baseline.saturating_add(cap).saturating_sub(size),
-            grace: core.cfg.deadline_grace,
-        };
+        let limits =
+            Limits { memory: self.baseline.saturating_add(cap).saturating_sub(size), grace: core.cfg.deadline_grace };
         match converse(&mut worker.process, &mut job, &deadline, limits) {
             Conversation::NotStarted => {
                 *slot = None;

@@ -43,7 +43,8 @@ pub(super) enum ToWorkerRef<'a> {
 /// Worker → host.
 #[derive(Debug, Serialize, Deserialize)]
 pub(super) enum FromWorker {
-    /// Start-up is over: locked down, a context built, waiting for a job.
+    /// Locked down with a fresh context, waiting for a job: sent after
+    /// start-up and after each run once the next context is built.
     Ready,
     /// Kept `console` output (already cut to the run's caps), and how many
     /// bytes the code has written to that stream so far, kept or not.
@@ -143,6 +144,9 @@ pub(crate) fn serve() -> i32 {
         if sent.is_err() || retire {
             return 0;
         }
+        // The host waits on this CPU (it pinned us here for the run): let it
+        // take the answer before the next context is built.
+        rustix::thread::sched_yield();
         if !init.session {
             // The dirty context goes now, while the host has its answer.
             drop(prepared);
@@ -154,6 +158,10 @@ pub(crate) fn serve() -> i32 {
                     return 2;
                 }
             };
+        }
+        // Ready again: the host prefers workers that say so.
+        if out.send(&FromWorker::Ready).is_err() {
+            return 0;
         }
     }
 }
