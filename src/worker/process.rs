@@ -263,6 +263,12 @@ fn start(spec: &SpawnSpec) -> io::Result<WorkerProcess> {
         .env_clear()
         .env(ROLE_ENV, spec.role.as_str())
         .env(PROTOCOL_ENV, PROTOCOL)
+        // Transparent huge pages for the worker's heap: each run works on a
+        // fresh context right after a switch from the host's address space,
+        // and 2 MiB pages cut its TLB misses (measured on this VM: the
+        // contained call went from ~1.5x to ~1.15x the in-thread one).
+        // Ignored where glibc or the kernel has no such thing.
+        .env("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1")
         .current_dir("/")
         .stdin(Stdio::from(std::os::fd::OwnedFd::from(worker_in)))
         .stdout(Stdio::from(std::os::fd::OwnedFd::from(worker_out)))
