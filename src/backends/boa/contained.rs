@@ -80,6 +80,8 @@ pub(super) struct Worker {
     pub process: WorkerProcess,
     /// Its `Ready` after the last run was read: its next context is built.
     ready: bool,
+    /// Still pinned to the CPU of its last caller.
+    pinned: bool,
     _live: LiveCount,
 }
 
@@ -263,7 +265,7 @@ impl Core {
         }
         // Until a run sets its own cap, an idle worker may grow only this much.
         let _ = process.limit_memory(self.cfg.default_memory_bytes);
-        Ok(Worker { process, ready: true, _live: live })
+        Ok(Worker { process, ready: true, pinned: false, _live: live })
     }
 
     /// Takes a ready worker, waiting for one until `deadline`.
@@ -361,6 +363,7 @@ impl Core {
                 Conversation::NotStarted => self.release(None),
                 Conversation::Finished { result, reusable } => {
                     worker.ready = false;
+                    worker.pinned = true;
                     self.release(reusable.then_some(worker));
                     return Ok(*result);
                 }
@@ -375,6 +378,12 @@ fn refill(core: &Core) {
     loop {
         let mut state = core.lock();
         loop {
+            // Workers given back after a run are still pinned to their
+            // caller's CPU: let them build their next context anywhere.
+            for worker in state.idle.iter_mut().filter(|w| w.pinned) {
+                worker.process.unpin();
+                worker.pinned = false;
+            }
             if state.shutdown {
                 let idle = std::mem::take(&mut state.idle);
                 drop(state);
@@ -487,8 +496,8 @@ pub(super) fn converse(worker: &mut WorkerProcess, job: &mut Job, deadline: &Dea
             Ok(FromWorker::Done { report, stdout_total, stderr_total, retire }) => {
                 // The run's memory limit stays while the worker builds its
                 // next context (trusted code, well within it); the next run
-                // sets its own.
-                worker.unpin();
+                // sets its own. The pin is lifted off the request path (the
+                // pool's refill thread, a session after its call).
                 let mut result = ExecResult::new(BoaJs::NAME, report.outcome);
                 result.stdout = with_total(stdout, stdout_total);
                 result.stderr = with_total(stderr, stderr_total);

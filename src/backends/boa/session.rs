@@ -107,7 +107,9 @@ impl JsSession {
         let size = worker.process.vm_bytes().unwrap_or(u64::MAX);
         let limits =
             Limits { memory: self.baseline.saturating_add(cap).saturating_sub(size), grace: core.cfg.deadline_grace };
-        match converse(&mut worker.process, &mut job, &deadline, limits) {
+        let conversation = converse(&mut worker.process, &mut job, &deadline, limits);
+        worker.process.unpin();
+        match conversation {
             Conversation::NotStarted => {
                 *slot = None;
                 self.alive.store(false, Ordering::SeqCst);
