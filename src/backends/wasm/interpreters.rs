@@ -176,6 +176,12 @@ impl WasmInterpreter {
         // Start-up costs milliseconds (QuickJS) to ~100 ms (CPython): cheaper
         // than a container, dearer than boa.
         caps.cost = CostClass::Medium;
+        caps.timeout = crate::capabilities::Enforcement::enforced(format!(
+            "preemptive: epoch interruption every {} µs in wasm code; sleeps in poll_oneoff end at the deadline; \
+             the interpreter module (pinned by sha256, trusted) is compiled in-process once and cached, and its \
+             loading counts against the first request's deadline",
+            engine.config().epoch_tick.as_micros()
+        ));
         caps.features = RequestFeatures {
             json_input: true,
             stdin: false, // it carries the code (Python) or the input (QuickJS)
