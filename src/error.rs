@@ -77,6 +77,15 @@ pub enum InvalidRequest {
         /// The accepted range.
         reason: String,
     },
+    /// The request's policy asks for more than the executor's ceiling allows
+    /// (see [`SandboxPolicy::within`](crate::SandboxPolicy::within)).
+    #[error("the policy asks for more {control} access than the configured ceiling allows: {}", beyond.join(", "))]
+    OverCeiling {
+        /// Which control (`network`, `filesystem`, `environment`).
+        control: &'static str,
+        /// What lies beyond the ceiling.
+        beyond: Vec<String>,
+    },
     /// The request sets environment variables the policy does not allow.
     #[error("environment variables not allowed by the policy: {}", names.join(", "))]
     EnvNotAllowed {
@@ -193,20 +202,37 @@ impl ExecError {
         }
     }
 
-    /// The stable JSON shape printed by `execbox run --json` on refusal.
+    /// `{"error": <this error's JSON>}`: what `execbox run --json` prints
+    /// when nothing ran.
     pub fn to_json(&self) -> Value {
-        let violations: Vec<Value> = self
-            .violations()
-            .into_iter()
-            .map(|(backend, v)| {
-                json!({
-                    "backend": backend,
-                    "control": v.control,
-                    "requested": v.requested,
-                    "reason": v.reason,
-                })
-            })
-            .collect();
-        json!({"error": {"kind": self.kind(), "message": self.to_string(), "violations": violations}})
+        json!({"error": self})
+    }
+}
+
+/// One violation in an error's JSON, tagged with its backend.
+#[derive(Serialize)]
+struct ViolationJson<'a> {
+    backend: &'a str,
+    #[serde(flatten)]
+    violation: &'a Violation,
+}
+
+/// In JSON: `{"kind", "message", "violations": [{"backend", "control",
+/// "requested", "reason"}]}`; `violations` is empty unless `kind` is `refused`.
+impl Serialize for ExecError {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let violations: Vec<ViolationJson<'_>> = match self {
+            ExecError::Refused { rejections } => rejections
+                .iter()
+                .flat_map(|r| r.violations.iter().map(|violation| ViolationJson { backend: &r.backend, violation }))
+                .collect(),
+            _ => Vec::new(),
+        };
+        let mut s = serializer.serialize_struct("ExecError", 3)?;
+        s.serialize_field("kind", self.kind())?;
+        s.serialize_field("message", &self.to_string())?;
+        s.serialize_field("violations", &violations)?;
+        s.end()
     }
 }

@@ -3,6 +3,9 @@
 //! before any code runs.
 
 use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
 
 use crate::capabilities::BackendCapabilities;
 use crate::error::{BackendRejection, ExecError, InvalidRequest};
@@ -31,12 +34,49 @@ pub trait Backend: Send + Sync + 'static {
     /// Runs a request that has already passed matching. Blocks until the run
     /// ends or its deadline passes. A program's failure is an `Ok` result.
     fn execute(&self, request: ExecRequest) -> Result<ExecResult, ExecError>;
+
+    /// Gets ready now rather than on the first request: loads modules,
+    /// starts workers or warm instances, and waits at most `limit` for
+    /// pre-started capacity (loading a module always finishes). Failures are
+    /// not returned; they show up, typed, when a request runs. Default:
+    /// nothing to prepare.
+    fn prepare(&self, limit: Duration) {
+        let _ = limit;
+    }
+
+    /// Pre-started capacity, for status displays; `None` when the backend
+    /// keeps none.
+    fn readiness(&self) -> Option<Readiness> {
+        None
+    }
+
+    /// For a host about to exit: stops and removes what this backend
+    /// started outside its own process (containers, staging directories)
+    /// and refuses later runs. Default: nothing outlives the process anyway
+    /// (worker processes die with their host).
+    fn shutdown(&self) {}
+
+    /// Opens sessions (state kept across calls) for this backend's
+    /// language, if it can.
+    fn session_backend(&self) -> Option<Arc<dyn crate::sessions::SessionBackend>> {
+        None
+    }
+}
+
+/// How much pre-started capacity a backend holds (warm instances, idle workers).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Readiness {
+    /// Started and waiting for a request now.
+    pub ready: usize,
+    /// How many the backend keeps.
+    pub target: usize,
 }
 
 /// Registers backends for an [`Executor`].
 #[derive(Default)]
 pub struct ExecutorBuilder {
     backends: Vec<Arc<dyn Backend>>,
+    ceiling: Option<SandboxPolicy>,
 }
 
 impl ExecutorBuilder {
@@ -53,33 +93,20 @@ impl ExecutorBuilder {
         self
     }
 
-    /// The wasm guest backend and the interpreters in wasm (QuickJS, CPython),
-    /// all on one shared [`WasmEngine`](crate::backends::WasmEngine) (one
-    /// engine, one instance pool, one epoch ticker thread); each keeps its own
-    /// module cache. An interpreter whose module is missing reports itself
-    /// unavailable. Engine creation only fails when even on-demand
-    /// allocation is refused; the matrix then runs without these backends.
-    #[cfg(feature = "wasm")]
-    pub fn wasm_backends(mut self) -> Self {
-        use crate::backends::wasm::{Interpreter, WasmEngine, WasmGuest, WasmGuestConfig, WasmInterpreter};
-        let engine = match WasmEngine::new(WasmGuestConfig::default()) {
-            Ok(engine) => engine,
-            Err(e) => {
-                tracing::warn!(error = %e, "no wasm backends: cannot build the wasm engine");
-                return self;
-            }
-        };
-        match WasmGuest::on_engine(engine.clone()) {
-            Ok(wasm) => self = self.backend(wasm),
-            Err(e) => tracing::warn!(error = %e, "no wasm guest backend"),
-        }
-        let dir = crate::backends::wasm::interpreters::interpreters_dir();
-        for kind in [Interpreter::QuickJs, Interpreter::Python] {
-            match WasmInterpreter::on_engine(kind, dir.clone(), engine.clone()) {
-                Ok(interpreter) => self = self.backend(interpreter),
-                Err(e) => tracing::warn!(error = %e, backend = kind.backend_name(), "interpreter backend not built"),
-            }
-        }
+    /// Adds every backend of `other` (its ceiling is ignored).
+    pub(crate) fn append(mut self, other: ExecutorBuilder) -> Self {
+        self.backends.extend(other.backends);
+        self
+    }
+
+    /// Holds every request to `ceiling`: its policy becomes
+    /// [`SandboxPolicy::within`] the ceiling before a backend is chosen, so
+    /// no request gets a longer deadline, a larger cap or a grant the
+    /// ceiling lacks (an allow-list beyond it is an
+    /// [`InvalidRequest::OverCeiling`]). Sessions opened outside the
+    /// executor are not covered: hold their requests to it yourself.
+    pub fn ceiling(mut self, ceiling: SandboxPolicy) -> Self {
+        self.ceiling = Some(ceiling);
         self
     }
 
@@ -88,7 +115,7 @@ impl ExecutorBuilder {
         let mut backends = self.backends;
         // Stable: registration order breaks ties within a cost class.
         backends.sort_by_key(|b| b.capabilities().cost);
-        Executor { backends: backends.into() }
+        Executor { backends: backends.into(), ceiling: self.ceiling.map(Arc::new) }
     }
 }
 
@@ -96,6 +123,7 @@ impl ExecutorBuilder {
 #[derive(Clone)]
 pub struct Executor {
     backends: Arc<[Arc<dyn Backend>]>,
+    ceiling: Option<Arc<SandboxPolicy>>,
 }
 
 impl std::fmt::Debug for Executor {
@@ -110,28 +138,80 @@ impl Executor {
         ExecutorBuilder::default()
     }
 
-    /// Every backend compiled in with its default configuration:
-    /// [`crate::backends::BoaJs`] (feature `js`),
-    /// [`crate::backends::WasmGuest`] and the QuickJS and CPython
-    /// [`crate::backends::WasmInterpreter`]s (feature `wasm`) and
-    /// [`crate::backends::Container`] on docker (feature `container`; it
-    /// reports itself unavailable until an engine and its images exist).
+    /// Every backend compiled in with its default configuration
+    /// ([`BackendsConfig::default`](crate::BackendsConfig), see
+    /// [`ExecutorBuilder::default_backends`]). The container backend reports
+    /// itself unavailable until an engine and its images exist.
     pub fn with_default_backends() -> Self {
-        #[allow(unused_mut)]
-        let mut builder = Self::builder();
-        #[cfg(feature = "js")]
-        {
-            builder = builder.backend(crate::backends::BoaJs::default());
+        match Self::builder().default_backends(&crate::BackendsConfig::default()) {
+            Ok(builder) => builder.build(),
+            Err(e) => {
+                // The defaults name no setting that can be refused.
+                tracing::error!(error = %e, "default backends");
+                Self::builder().build()
+            }
         }
-        #[cfg(feature = "wasm")]
-        {
-            builder = builder.wasm_backends();
+    }
+
+    /// The ceiling every request is held to, if one was set.
+    pub fn ceiling(&self) -> Option<&SandboxPolicy> {
+        self.ceiling.as_deref()
+    }
+
+    /// Prepares every backend ([`Backend::prepare`]) on threads of their
+    /// own and returns at once: for servers, at start-up.
+    pub fn prepare_all(&self) {
+        for backend in self.backends.iter() {
+            let backend = Arc::clone(backend);
+            let name = format!("execbox-prepare-{}", backend.name());
+            let spawned =
+                std::thread::Builder::new().name(name).spawn(move || backend.prepare(Duration::from_secs(30)));
+            if let Err(e) = spawned {
+                tracing::warn!(error = %e, "cannot start a thread to prepare a backend");
+            }
         }
-        #[cfg(feature = "container")]
-        {
-            builder = builder.backend(crate::backends::Container::docker());
+    }
+
+    /// Prepares the backend that would run `request` and waits for it (at
+    /// most `limit` for pre-started capacity): for one-shot callers whose
+    /// request should not pay for start-up inside its own deadline.
+    pub fn prepare_for(&self, request: &ExecRequest, limit: Duration) {
+        if let Ok(backend) = self.select(request) {
+            backend.prepare(limit);
         }
-        builder.build()
+    }
+
+    /// Each backend's name, availability, readiness and capabilities: what
+    /// `execbox backends --json` prints and the MCP tool `list_backends`
+    /// returns.
+    pub fn status(&self) -> Vec<BackendStatus> {
+        self.backends
+            .iter()
+            .map(|b| {
+                let availability = b.availability();
+                BackendStatus {
+                    name: b.name().to_string(),
+                    available: availability.is_ok(),
+                    unavailable_reason: availability.err(),
+                    readiness: b.readiness(),
+                    capabilities: b.capabilities().clone(),
+                }
+            })
+            .collect()
+    }
+
+    /// A handle that does not keep the backends alive (e.g. for a signal
+    /// handler that must not delay their cleanup when the executor drops).
+    pub fn downgrade(&self) -> WeakExecutor {
+        WeakExecutor { backends: Arc::downgrade(&self.backends), ceiling: self.ceiling.clone() }
+    }
+
+    /// Stops what the backends started outside this process (containers,
+    /// staging directories) and refuses later runs: for a host about to exit.
+    pub fn shutdown(&self) {
+        for backend in self.backends.iter() {
+            backend.shutdown();
+        }
     }
 
     /// The registered backends, in selection order.
@@ -139,8 +219,28 @@ impl Executor {
         self.backends.iter().map(|b| b.as_ref())
     }
 
-    /// Decides which backend would run `request`, without running anything.
+    /// Decides which backend would run `request`, without running anything
+    /// (held to the ceiling, as a run would be).
     pub fn select(&self, request: &ExecRequest) -> Result<&Arc<dyn Backend>, ExecError> {
+        match &self.ceiling {
+            Some(ceiling) => {
+                let held = ExecRequest { policy: request.policy.within(ceiling)?, ..request.clone() };
+                self.select_held(&held)
+            }
+            None => self.select_held(request),
+        }
+    }
+
+    /// Holds `request` to the ceiling, in place.
+    fn hold(&self, request: &mut ExecRequest) -> Result<(), ExecError> {
+        if let Some(ceiling) = &self.ceiling {
+            request.policy = request.policy.within(ceiling)?;
+        }
+        Ok(())
+    }
+
+    /// [`Executor::select`] for a request already held to the ceiling.
+    fn select_held(&self, request: &ExecRequest) -> Result<&Arc<dyn Backend>, ExecError> {
         validate(request)?;
         let names = || self.backends.iter().map(|b| b.name().to_string()).collect();
 
@@ -181,7 +281,8 @@ impl Executor {
     /// Runs `request` on the calling thread (blocks until the result or the
     /// deadline). Refusals return before any code runs.
     pub fn execute_blocking(&self, mut request: ExecRequest) -> Result<ExecResult, ExecError> {
-        match self.select(&request) {
+        let selected = self.hold(&mut request).and_then(|()| self.select_held(&request));
+        match selected {
             Ok(backend) => {
                 let policy = prepare(&mut request, backend.capabilities());
                 finish(backend.execute(request), &policy)
@@ -196,7 +297,7 @@ impl Executor {
     /// Runs `request` without blocking the async caller: inside a tokio
     /// runtime the run happens on its blocking pool; elsewhere, inline.
     pub async fn execute(&self, mut request: ExecRequest) -> Result<ExecResult, ExecError> {
-        let backend = match self.select(&request) {
+        let backend = match self.hold(&mut request).and_then(|()| self.select_held(&request)) {
             Ok(backend) => Arc::clone(backend),
             Err(err) => {
                 discard(request);
@@ -219,6 +320,35 @@ impl Executor {
         };
         finish(result, &policy)
     }
+}
+
+/// An [`Executor`] that may have been dropped (see [`Executor::downgrade`]).
+#[derive(Clone)]
+pub struct WeakExecutor {
+    backends: std::sync::Weak<[Arc<dyn Backend>]>,
+    ceiling: Option<Arc<SandboxPolicy>>,
+}
+
+impl WeakExecutor {
+    /// The executor, if it is still alive.
+    pub fn upgrade(&self) -> Option<Executor> {
+        Some(Executor { backends: self.backends.upgrade()?, ceiling: self.ceiling.clone() })
+    }
+}
+
+/// One backend as status displays show it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BackendStatus {
+    /// The backend's name.
+    pub name: String,
+    /// True when it can run requests now.
+    pub available: bool,
+    /// Why not, and how to fix it.
+    pub unavailable_reason: Option<String>,
+    /// Its pre-started capacity, if it keeps any.
+    pub readiness: Option<Readiness>,
+    /// What it runs and enforces, and how.
+    pub capabilities: BackendCapabilities,
 }
 
 thread_local! {

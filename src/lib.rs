@@ -27,6 +27,7 @@
 pub mod agent;
 pub mod backends;
 pub mod capabilities;
+pub mod defaults;
 pub mod error;
 pub mod executor;
 pub mod limits;
@@ -34,6 +35,9 @@ pub mod matching;
 pub mod policy;
 pub mod request;
 pub mod result;
+#[cfg(feature = "serve")]
+pub mod serve;
+pub mod sessions;
 #[cfg(any(feature = "js", feature = "wasm"))]
 pub mod worker;
 
@@ -41,9 +45,11 @@ pub use capabilities::{
     BackendCapabilities, CostClass, Enforcement, IsolationKind, Language, PayloadKind, RequestFeatures,
     SurfaceCapability,
 };
+pub use defaults::BackendsConfig;
 pub use error::{BackendRejection, ExecError, InvalidRequest};
-pub use executor::{Backend, Executor, ExecutorBuilder};
+pub use executor::{Backend, BackendStatus, Executor, ExecutorBuilder, Readiness, WeakExecutor};
 pub use matching::{Control, Violation, check};
 pub use policy::{Access, PathGrant, PathGrants, SandboxPolicy};
 pub use request::{ExecFile, ExecRequest, Payload};
 pub use result::{CapturedStream, Diagnostic, ExecResult, FailureKind, Outcome, Usage};
+pub use sessions::{Session, SessionBackend, SessionConfig, SessionError, Sessions};

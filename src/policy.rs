@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::error::InvalidRequest;
+
 /// One access control: not asked, denied, or allowed for an explicit list.
 ///
 /// `Allow` grants exactly the listed items (hosts, paths, variable names) and
@@ -279,11 +281,126 @@ impl SandboxPolicy {
     pub fn timeout_duration(&self) -> Option<Duration> {
         self.timeout_ms.map(Duration::from_millis)
     }
+
+    /// This policy held to `ceiling`: never looser than either.
+    ///
+    /// - Each limit is the smaller of the two; one that only the ceiling
+    ///   states is the ceiling's.
+    /// - An access control the request does not ask about takes the
+    ///   ceiling's (its deny, or its whole allow-list); a deny stays a deny.
+    /// - An allow-list must be within the ceiling's: a ceiling that denies
+    ///   the surface, or an item the ceiling's list lacks, is an
+    ///   [`InvalidRequest::OverCeiling`] naming the control.
+    pub fn within(&self, ceiling: &SandboxPolicy) -> Result<SandboxPolicy, InvalidRequest> {
+        let min = |a: Option<u64>, b: Option<u64>| match (a, b) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        Ok(SandboxPolicy {
+            network: access_within(&self.network, &ceiling.network, "network", |asked, allowed| {
+                asked.iter().filter(|h| !allowed.contains(h)).cloned().collect()
+            })?,
+            filesystem: access_within(&self.filesystem, &ceiling.filesystem, "filesystem", grants_outside)?,
+            environment: access_within(&self.environment, &ceiling.environment, "environment", |asked, allowed| {
+                asked.iter().filter(|n| !allowed.contains(n)).cloned().collect()
+            })?,
+            timeout_ms: min(self.timeout_ms, ceiling.timeout_ms),
+            memory_bytes: min(self.memory_bytes, ceiling.memory_bytes),
+            fuel: min(self.fuel, ceiling.fuel),
+            max_stdout_bytes: min(self.max_stdout_bytes, ceiling.max_stdout_bytes),
+            max_stderr_bytes: min(self.max_stderr_bytes, ceiling.max_stderr_bytes),
+            max_code_bytes: min(self.max_code_bytes, ceiling.max_code_bytes),
+            max_processes: min(self.max_processes, ceiling.max_processes),
+        })
+    }
+}
+
+/// One access control held to its ceiling (see [`SandboxPolicy::within`]);
+/// `outside` lists what an allow-list asks beyond the ceiling's.
+fn access_within<T: Clone>(
+    asked: &Access<T>,
+    ceiling: &Access<T>,
+    control: &'static str,
+    outside: impl Fn(&T, &T) -> Vec<String>,
+) -> Result<Access<T>, InvalidRequest> {
+    match (asked, ceiling) {
+        (Access::NotAsked, c) => Ok(c.clone()),
+        (Access::Deny, _) => Ok(Access::Deny),
+        (a @ Access::Allow(_), Access::NotAsked) => Ok(a.clone()),
+        (Access::Allow(_), Access::Deny) => {
+            Err(InvalidRequest::OverCeiling { control, beyond: vec!["any access (the ceiling denies it)".into()] })
+        }
+        (Access::Allow(a), Access::Allow(c)) => {
+            let beyond = outside(a, c);
+            if beyond.is_empty() {
+                Ok(Access::Allow(a.clone()))
+            } else {
+                Err(InvalidRequest::OverCeiling { control, beyond })
+            }
+        }
+    }
+}
+
+/// Grants in `asked` that `allowed` does not hold: the same host directory
+/// at the same guest path, and read-write only where the ceiling grants it
+/// read-write.
+fn grants_outside(asked: &PathGrants, allowed: &PathGrants) -> Vec<String> {
+    let has =
+        |list: &[PathGrant], g: &PathGrant| list.iter().any(|c| c.host == g.host && c.guest_path() == g.guest_path());
+    let ro = asked
+        .read_only
+        .iter()
+        .filter(|g| !has(&allowed.read_only, g) && !has(&allowed.read_write, g))
+        .map(|g| format!("{} (read-only)", g.host.display()));
+    let rw = asked
+        .read_write
+        .iter()
+        .filter(|g| !has(&allowed.read_write, g))
+        .map(|g| format!("{} (read-write)", g.host.display()));
+    ro.chain(rw).collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn within_never_loosens_either_policy() {
+        let ceiling = SandboxPolicy::strict()
+            .timeout(Duration::from_secs(10))
+            .environment(Access::Allow(vec!["A".into(), "B".into()]))
+            .filesystem(Access::Allow(PathGrants::new().read_only("/data").read_write("/scratch")));
+        // Limits: the smaller; unstated ones come from the ceiling.
+        let asked = SandboxPolicy { timeout_ms: Some(60_000), memory_bytes: None, ..SandboxPolicy::strict() }
+            .max_output_bytes(10)
+            .network(Access::NotAsked)
+            .environment(Access::NotAsked);
+        let held = asked.within(&ceiling).unwrap();
+        assert_eq!(held.timeout_ms, Some(10_000));
+        assert_eq!(held.memory_bytes, ceiling.memory_bytes);
+        assert_eq!(held.max_stdout_bytes, Some(10));
+        assert_eq!(held.network, Access::Deny);
+        assert_eq!(held.environment, ceiling.environment);
+        // Allow-lists inside the ceiling's pass; a read-only view of a
+        // read-write grant is inside it.
+        let inside = SandboxPolicy::strict()
+            .environment(Access::Allow(vec!["B".into()]))
+            .filesystem(Access::Allow(PathGrants::new().read_only("/scratch")));
+        assert_eq!(inside.within(&ceiling).unwrap().environment, Access::Allow(vec!["B".into()]));
+        // Anything beyond is refused, naming it.
+        for (over, what) in [
+            (SandboxPolicy::strict().environment(Access::Allow(vec!["C".into()])), "C"),
+            (SandboxPolicy::strict().filesystem(Access::Allow(PathGrants::new().read_write("/data"))), "/data"),
+            (SandboxPolicy::strict().filesystem(Access::Allow(PathGrants::new().read_only_at("/data", "/d"))), "/data"),
+            (SandboxPolicy::strict().network(Access::Allow(vec!["example.org".into()])), "the ceiling denies it"),
+        ] {
+            let err = over.within(&ceiling).unwrap_err().to_string();
+            assert!(err.contains(what), "{err}");
+        }
+        // A deny stays a deny under a looser ceiling.
+        let loose = SandboxPolicy::host_local();
+        assert_eq!(SandboxPolicy::strict().within(&loose).unwrap().network, Access::Deny);
+    }
 
     #[test]
     fn partial_json_policy_keeps_strict_defaults() {

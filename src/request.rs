@@ -3,12 +3,12 @@
 use std::collections::BTreeMap;
 use std::path::{Component, Path};
 
-use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::capabilities::{Language, PayloadKind};
 use crate::error::InvalidRequest;
+use crate::limits::OutputTap;
 use crate::policy::SandboxPolicy;
 
 /// The code to run.
@@ -43,32 +43,59 @@ impl Payload {
     }
 }
 
-/// A named file handed to or produced by the code. In JSON, `content` is base64.
+/// A named file handed to or produced by the code.
+///
+/// In JSON: `{"name", "mime_type", "size", "content"}` with `content` in
+/// standard base64. When read back, `mime_type` and `size` may be left out;
+/// a `size` that is given must match the decoded content.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(into = "FileJson", try_from = "FileJson")]
 pub struct ExecFile {
     /// Path relative to the working directory; never absolute, never `..`.
     pub name: String,
     /// File contents.
-    #[serde(with = "base64_bytes")]
     pub content: Vec<u8>,
     /// MIME type, if known.
     pub mime_type: Option<String>,
+}
+
+/// [`ExecFile`]'s JSON shape.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileJson {
+    name: String,
+    #[serde(default)]
+    mime_type: Option<String>,
+    #[serde(default)]
+    size: Option<u64>,
+    #[serde(with = "base64_bytes")]
+    content: Vec<u8>,
+}
+
+impl From<ExecFile> for FileJson {
+    fn from(f: ExecFile) -> Self {
+        FileJson { size: Some(f.content.len() as u64), name: f.name, mime_type: f.mime_type, content: f.content }
+    }
+}
+
+impl TryFrom<FileJson> for ExecFile {
+    type Error = String;
+    fn try_from(f: FileJson) -> Result<Self, String> {
+        if let Some(size) = f.size.filter(|&size| size != f.content.len() as u64) {
+            return Err(format!(
+                "file {:?}: size {size} does not match its {} bytes of content",
+                f.name,
+                f.content.len()
+            ));
+        }
+        Ok(ExecFile { name: f.name, content: f.content, mime_type: f.mime_type })
+    }
 }
 
 impl ExecFile {
     /// A file with no MIME type.
     pub fn new(name: impl Into<String>, content: impl Into<Vec<u8>>) -> Self {
         Self { name: name.into(), content: content.into(), mime_type: None }
-    }
-
-    /// The JSON shape used in results: name, MIME type, size, base64 content.
-    pub fn to_json(&self) -> serde_json::Value {
-        serde_json::json!({
-            "name": self.name,
-            "mime_type": self.mime_type,
-            "size": self.content.len(),
-            "content": base64::engine::general_purpose::STANDARD.encode(&self.content),
-        })
     }
 
     /// The file's name as a path under a staging directory: relative, no
@@ -113,7 +140,15 @@ mod base64_bytes {
 ///     .input(serde_json::json!({"x": 41}))
 ///     .policy(SandboxPolicy::strict());
 /// ```
-#[derive(Clone, Debug, PartialEq)]
+///
+/// In JSON (serde, both ways):
+/// `{"language", "code" | "module_base64", "input", "stdin_base64", "args",
+/// "env", "input_files", "collect_output_files", "policy", "backend"}`.
+/// Only `language` and one of `code` / `module_base64` are required; a
+/// missing `policy` is [`SandboxPolicy::strict`] (and a policy's missing
+/// fields take strict's values). `code` with language `wasm` is WAT text.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(into = "RequestJson", try_from = "RequestJson")]
 pub struct ExecRequest {
     /// Language of the payload.
     pub language: Language,
@@ -136,6 +171,12 @@ pub struct ExecRequest {
     pub policy: SandboxPolicy,
     /// Run on this backend only (by name), instead of letting the executor pick.
     pub backend: Option<String>,
+    /// Sees stdout and stderr while the run writes them (never in JSON).
+    /// Backends that capture output in this process call it as bytes
+    /// arrive (`wasm`, `python-wasm`, `quickjs-wasm`, `container`); `boa-js`
+    /// runs in a worker process and delivers its console output with the
+    /// result only.
+    pub output_tap: Option<OutputTap>,
 }
 
 impl ExecRequest {
@@ -152,6 +193,7 @@ impl ExecRequest {
             collect_output_files: false,
             policy: SandboxPolicy::strict(),
             backend: None,
+            output_tap: None,
         }
     }
 
@@ -212,10 +254,109 @@ impl ExecRequest {
         self
     }
 
+    /// Streams the run's output to `tap` as it is written (see [`ExecRequest::output_tap`]).
+    pub fn tap_output(mut self, tap: OutputTap) -> Self {
+        self.output_tap = Some(tap);
+        self
+    }
+
     /// Pins the request to the backend called `name`.
     pub fn on_backend(mut self, name: impl Into<String>) -> Self {
         self.backend = Some(name.into());
         self
+    }
+}
+
+/// [`ExecRequest`]'s JSON shape.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RequestJson {
+    language: Language,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    code: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "base64_opt")]
+    module_base64: Option<Vec<u8>>,
+    #[serde(default)]
+    input: Option<Value>,
+    #[serde(default, with = "base64_opt")]
+    stdin_base64: Option<Vec<u8>>,
+    #[serde(default)]
+    args: Vec<String>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    #[serde(default)]
+    input_files: Vec<ExecFile>,
+    #[serde(default)]
+    collect_output_files: bool,
+    #[serde(default)]
+    policy: SandboxPolicy,
+    #[serde(default)]
+    backend: Option<String>,
+}
+
+impl From<ExecRequest> for RequestJson {
+    fn from(r: ExecRequest) -> Self {
+        let (code, module_base64) = match r.payload {
+            Payload::Source(code) => (Some(code), None),
+            Payload::WasmModule(bytes) => (None, Some(bytes)),
+        };
+        RequestJson {
+            language: r.language,
+            code,
+            module_base64,
+            input: r.input,
+            stdin_base64: r.stdin,
+            args: r.args,
+            env: r.env,
+            input_files: r.input_files,
+            collect_output_files: r.collect_output_files,
+            policy: r.policy,
+            backend: r.backend,
+        }
+    }
+}
+
+impl TryFrom<RequestJson> for ExecRequest {
+    type Error = &'static str;
+    fn try_from(j: RequestJson) -> Result<Self, Self::Error> {
+        let payload = match (j.code, j.module_base64, j.language) {
+            (Some(code), None, Language::Wasm) => Payload::WasmModule(code.into_bytes()),
+            (Some(code), None, _) => Payload::Source(code),
+            (None, Some(bytes), Language::Wasm) => Payload::WasmModule(bytes),
+            (None, Some(_), _) => return Err("module_base64 is only for language wasm"),
+            _ => return Err("give exactly one of code and module_base64"),
+        };
+        Ok(ExecRequest {
+            language: j.language,
+            payload,
+            input: j.input,
+            stdin: j.stdin_base64,
+            args: j.args,
+            env: j.env,
+            input_files: j.input_files,
+            collect_output_files: j.collect_output_files,
+            policy: j.policy,
+            backend: j.backend,
+            output_tap: None,
+        })
+    }
+}
+
+/// Serde for optional byte contents as standard base64 text.
+mod base64_opt {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(bytes: &Option<Vec<u8>>, serializer: S) -> Result<S::Ok, S::Error> {
+        match bytes {
+            Some(bytes) => super::base64_bytes::serialize(bytes, serializer),
+            None => serializer.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Vec<u8>>, D::Error> {
+        #[derive(Deserialize)]
+        struct Wrapped(#[serde(with = "super::base64_bytes")] Vec<u8>);
+        Ok(Option::<Wrapped>::deserialize(deserializer)?.map(|Wrapped(bytes)| bytes))
     }
 }
 
@@ -227,8 +368,37 @@ mod tests {
     fn exec_file_content_is_base64_in_json() {
         let file = ExecFile { name: "a.bin".into(), content: vec![0, 255, 10], mime_type: None };
         let text = serde_json::to_string(&file).unwrap();
-        assert_eq!(text, r#"{"name":"a.bin","content":"AP8K","mime_type":null}"#);
+        assert_eq!(text, r#"{"name":"a.bin","mime_type":null,"size":3,"content":"AP8K"}"#);
         assert_eq!(serde_json::from_str::<ExecFile>(&text).unwrap(), file);
+        assert_eq!(serde_json::from_str::<ExecFile>(r#"{"name":"a.bin","content":"AP8K"}"#).unwrap(), file);
         assert!(serde_json::from_str::<ExecFile>(r#"{"name":"a","content":"%%","mime_type":null}"#).is_err());
+        assert!(serde_json::from_str::<ExecFile>(r#"{"name":"a.bin","size":4,"content":"AP8K"}"#).is_err());
+    }
+
+    #[test]
+    fn requests_round_trip_through_json() {
+        let js = ExecRequest::javascript("return input")
+            .input(serde_json::json!({"a": [1]}))
+            .stdin(vec![0u8, 1])
+            .arg("x")
+            .input_file(ExecFile::new("in.csv", "a,b"))
+            .on_backend("boa-js");
+        let wasm = ExecRequest::wasm(vec![0u8, 97, 115, 109]).collect_output_files();
+        for request in [js, wasm] {
+            let text = serde_json::to_string(&request).unwrap();
+            assert_eq!(serde_json::from_str::<ExecRequest>(&text).unwrap(), request, "{text}");
+        }
+        let minimal: ExecRequest = serde_json::from_str(r#"{"language": "python", "code": "print(1)"}"#).unwrap();
+        assert_eq!(minimal, ExecRequest::source(Language::Python, "print(1)"));
+        let wat: ExecRequest = serde_json::from_str(r#"{"language": "wasm", "code": "(module)"}"#).unwrap();
+        assert_eq!(wat.payload, Payload::WasmModule(b"(module)".to_vec()));
+        for bad in [
+            r#"{"language": "python"}"#,
+            r#"{"language": "python", "code": "1", "module_base64": "AA=="}"#,
+            r#"{"language": "python", "module_base64": "AA=="}"#,
+            r#"{"language": "python", "code": "1", "polcy": {}}"#,
+        ] {
+            assert!(serde_json::from_str::<ExecRequest>(bad).is_err(), "{bad}");
+        }
     }
 }

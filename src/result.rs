@@ -8,7 +8,7 @@ use std::borrow::Cow;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::request::ExecFile;
 
@@ -166,28 +166,138 @@ impl ExecResult {
         self.outcome == Outcome::Ok
     }
 
-    /// The stable JSON shape printed by `execbox run --json` (see README).
+    /// The JSON shape (see [`ExecResult`]'s `Serialize`) as a value.
     pub fn to_json(&self) -> Value {
-        json!({
-            "backend": self.backend,
-            "outcome": self.outcome.as_str(),
-            "exit_code": self.exit_code,
-            "stdout": self.stdout.text(),
-            "stderr": self.stderr.text(),
-            "stdout_truncated": self.stdout.truncated,
-            "stderr_truncated": self.stderr.truncated,
-            "stdout_total_bytes": self.stdout.total_bytes,
-            "stderr_total_bytes": self.stderr.total_bytes,
-            "output": self.output,
-            "output_truncated": self.output_truncated,
-            "message": self.message,
-            "duration_ms": self.usage.duration.as_secs_f64() * 1e3,
-            "instructions": self.usage.instructions,
-            "fuel": self.usage.fuel,
-            "peak_memory_bytes": self.usage.peak_memory_bytes,
-            "failure_kind": self.failure_kind.map(FailureKind::as_str),
-            "diagnostics": self.diagnostics,
-            "output_files": self.output_files.iter().map(ExecFile::to_json).collect::<Vec<_>>(),
+        serde_json::to_value(self).unwrap_or(Value::Null)
+    }
+}
+
+/// `ExecResult` in JSON: one flat object, the shape `execbox run --json`
+/// prints, the MCP server's `structuredContent` and the README document.
+/// Streams are text (invalid UTF-8 replaced with U+FFFD); `duration_ms` is
+/// fractional milliseconds; files are [`ExecFile`]'s shape.
+#[derive(Serialize)]
+struct ResultJsonRef<'a> {
+    backend: &'a str,
+    outcome: Outcome,
+    exit_code: Option<i32>,
+    stdout: Cow<'a, str>,
+    stderr: Cow<'a, str>,
+    stdout_truncated: bool,
+    stderr_truncated: bool,
+    stdout_total_bytes: u64,
+    stderr_total_bytes: u64,
+    output: &'a Option<Value>,
+    output_truncated: bool,
+    message: &'a Option<String>,
+    duration_ms: f64,
+    instructions: Option<u64>,
+    fuel: Option<u64>,
+    peak_memory_bytes: Option<u64>,
+    failure_kind: Option<FailureKind>,
+    diagnostics: &'a [Diagnostic],
+    output_files: &'a [ExecFile],
+}
+
+/// The owned side of [`ResultJsonRef`], for clients reading results back.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResultJson {
+    backend: String,
+    outcome: Outcome,
+    #[serde(default)]
+    exit_code: Option<i32>,
+    #[serde(default)]
+    stdout: String,
+    #[serde(default)]
+    stderr: String,
+    #[serde(default)]
+    stdout_truncated: bool,
+    #[serde(default)]
+    stderr_truncated: bool,
+    #[serde(default)]
+    stdout_total_bytes: Option<u64>,
+    #[serde(default)]
+    stderr_total_bytes: Option<u64>,
+    #[serde(default)]
+    output: Option<Value>,
+    #[serde(default)]
+    output_truncated: bool,
+    #[serde(default)]
+    message: Option<String>,
+    #[serde(default)]
+    duration_ms: f64,
+    #[serde(default)]
+    instructions: Option<u64>,
+    #[serde(default)]
+    fuel: Option<u64>,
+    #[serde(default)]
+    peak_memory_bytes: Option<u64>,
+    #[serde(default)]
+    failure_kind: Option<FailureKind>,
+    #[serde(default)]
+    diagnostics: Vec<Diagnostic>,
+    #[serde(default)]
+    output_files: Vec<ExecFile>,
+}
+
+impl Serialize for ExecResult {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        ResultJsonRef {
+            backend: &self.backend,
+            outcome: self.outcome,
+            exit_code: self.exit_code,
+            stdout: self.stdout.text(),
+            stderr: self.stderr.text(),
+            stdout_truncated: self.stdout.truncated,
+            stderr_truncated: self.stderr.truncated,
+            stdout_total_bytes: self.stdout.total_bytes,
+            stderr_total_bytes: self.stderr.total_bytes,
+            output: &self.output,
+            output_truncated: self.output_truncated,
+            message: &self.message,
+            duration_ms: self.usage.duration.as_secs_f64() * 1e3,
+            instructions: self.usage.instructions,
+            fuel: self.usage.fuel,
+            peak_memory_bytes: self.usage.peak_memory_bytes,
+            failure_kind: self.failure_kind,
+            diagnostics: &self.diagnostics,
+            output_files: &self.output_files,
+        }
+        .serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for ExecResult {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let j = ResultJson::deserialize(deserializer)?;
+        let stream = |text: String, truncated: bool, total: Option<u64>| {
+            let total_bytes = total.unwrap_or(text.len() as u64);
+            CapturedStream { bytes: text.into_bytes(), total_bytes, truncated }
+        };
+        let duration = if j.duration_ms.is_finite() && j.duration_ms >= 0.0 {
+            Duration::try_from_secs_f64(j.duration_ms / 1e3).unwrap_or(Duration::MAX)
+        } else {
+            return Err(serde::de::Error::custom("duration_ms must be a finite, non-negative number"));
+        };
+        Ok(ExecResult {
+            backend: j.backend,
+            outcome: j.outcome,
+            exit_code: j.exit_code,
+            stdout: stream(j.stdout, j.stdout_truncated, j.stdout_total_bytes),
+            stderr: stream(j.stderr, j.stderr_truncated, j.stderr_total_bytes),
+            output: j.output,
+            output_truncated: j.output_truncated,
+            message: j.message,
+            output_files: j.output_files,
+            failure_kind: j.failure_kind,
+            diagnostics: j.diagnostics,
+            usage: Usage {
+                duration,
+                instructions: j.instructions,
+                fuel: j.fuel,
+                peak_memory_bytes: j.peak_memory_bytes,
+            },
         })
     }
 }

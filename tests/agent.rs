@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use execbox::agent::{
     AgentLoop, CodeBlockExtractor, CodeExecutionInput, CodeExecutor, CodeExecutorError, Delimiters,
-    ExecboxCodeExecutor, InvocationContext, Message, Outcome, Part, SessionConfig, StopReason, dispatch, tool_schema,
+    ExecboxCodeExecutor, InvocationContext, Message, Outcome, Part, SessionConfig, Sessions, StopReason, dispatch,
+    tool_schema,
 };
 use execbox::backends::BoaJs;
 use execbox::{
@@ -253,7 +254,8 @@ fn large_inputs_scan_in_linear_time() {
 
 fn session_executor(cfg: SessionConfig) -> ExecboxCodeExecutor {
     let js = BoaJs::default();
-    ExecboxCodeExecutor::new(Executor::builder().backend(js.clone()).build()).with_sessions(js, cfg)
+    ExecboxCodeExecutor::new(Executor::builder().backend(js.clone()).build())
+        .with_sessions(Sessions::new(cfg).backend(js))
 }
 
 async fn in_session(executor: &ExecboxCodeExecutor, id: &str, code: &str) -> execbox::agent::CodeExecutionResult {
@@ -282,10 +284,18 @@ async fn idle_sessions_expire_and_the_count_is_bounded() {
     in_session(&executor, "a", "var kept = 1").await;
     in_session(&executor, "b", "1").await;
     let third = CodeExecutionInput { execution_id: Some("c".into()), ..CodeExecutionInput::new("js", "1") };
-    let err = executor.execute_code(&InvocationContext::default(), third).await;
-    assert!(matches!(err, Err(CodeExecutorError::TooManySessions { max: 2 })));
-    std::thread::sleep(Duration::from_millis(1300));
+    let err = executor.execute_code(&InvocationContext::default(), third).await.unwrap_err();
+    assert_eq!(err.kind(), "too_many_sessions", "{err}");
+    // Closed by the expiry thread, untouched; reported once as lost, never silently reset.
+    let until = Instant::now() + Duration::from_secs(10);
+    while executor.session_count() > 0 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(50));
+    }
     assert_eq!(executor.session_count(), 0, "both went idle");
+    let again = CodeExecutionInput { execution_id: Some("a".into()), ..CodeExecutionInput::new("js", "typeof kept") };
+    let err = executor.execute_code(&InvocationContext::default(), again).await.unwrap_err();
+    assert_eq!(err.kind(), "session_lost", "{err}");
+    assert!(err.to_string().contains("idle"), "{err}");
     assert_eq!(in_session(&executor, "a", "typeof kept").await.output, Some(json!("undefined")));
 }
 
@@ -293,13 +303,17 @@ async fn idle_sessions_expire_and_the_count_is_bounded() {
 async fn sessions_refuse_other_languages_and_end_after_an_abandoned_call() {
     let executor = session_executor(SessionConfig::default()).with_timeout(Duration::from_millis(100));
     let python = CodeExecutionInput { execution_id: Some("p".into()), ..CodeExecutionInput::new("python", "1") };
-    let err = executor.execute_code(&InvocationContext::default(), python).await;
-    assert!(matches!(err, Err(CodeExecutorError::StatefulUnsupported { language: Language::Python })));
+    let err = executor.execute_code(&InvocationContext::default(), python).await.unwrap_err();
+    assert_eq!(err.kind(), "stateful_unsupported", "{err}");
 
     in_session(&executor, "s", "var state = 'kept'").await;
     // A loop in a native callback does not yield: the call is abandoned at the deadline.
     let r = in_session(&executor, "s", "[1].map(() => { while (true) {} })").await;
     assert_eq!(r.outcome, Outcome::DeadlineExceeded);
+    // The loss is reported once, typed; the call after it starts afresh.
+    let next = CodeExecutionInput { execution_id: Some("s".into()), ..CodeExecutionInput::new("js", "typeof state") };
+    let err = executor.execute_code(&InvocationContext::default(), next).await.unwrap_err();
+    assert!(matches!(&err, CodeExecutorError::Session(e) if e.kind() == "session_lost"), "{err}");
     assert_eq!(in_session(&executor, "s", "typeof state").await.output, Some(json!("undefined")), "a fresh session");
 }
 

@@ -1,11 +1,9 @@
 //! [`CodeExecutor`]: how an agent framework runs code, and
 //! [`ExecboxCodeExecutor`], its implementation over the [`Executor`].
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
@@ -15,6 +13,7 @@ use crate::error::ExecError;
 use crate::executor::Executor;
 use crate::policy::SandboxPolicy;
 use crate::request::{ExecRequest, Payload};
+use crate::sessions::{SessionError, Sessions};
 
 /// A boxed future, so [`CodeExecutor`] stays usable as `dyn CodeExecutor`.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -36,18 +35,11 @@ pub enum CodeExecutorError {
         /// The id as given.
         id: String,
     },
-    /// Stateful sessions exist only for JavaScript (boa) so far.
-    #[error("stateful sessions are not available for {language}; omit execution_id to run it stateless")]
-    StatefulUnsupported {
-        /// The language asked for.
-        language: Language,
-    },
-    /// Every session slot holds a live session.
-    #[error("all {max} sessions are in use; close one or wait for one to go idle")]
-    TooManySessions {
-        /// The bound.
-        max: usize,
-    },
+    /// A session call that produced no result: no session backend for the
+    /// language, too many sessions, a lost session (reported once), or the
+    /// run refused.
+    #[error(transparent)]
+    Session(#[from] SessionError),
     /// Refused, invalid, or an executor fault (after any retries).
     #[error(transparent)]
     Exec(#[from] ExecError),
@@ -58,18 +50,31 @@ impl CodeExecutorError {
     pub fn kind(&self) -> &'static str {
         match self {
             CodeExecutorError::UnknownLanguage { .. } => "unknown_language",
-            CodeExecutorError::StatefulUnsupported { .. } => "stateful_unsupported",
-            CodeExecutorError::TooManySessions { .. } => "too_many_sessions",
+            CodeExecutorError::Session(e) => e.kind(),
             CodeExecutorError::Exec(e) => e.kind(),
         }
     }
 
     /// `{"error": {"kind", "message", "violations"}}`, as the CLI prints refusals.
     pub fn to_json(&self) -> Value {
+        json!({"error": self})
+    }
+}
+
+/// [`ExecError`]'s JSON shape: `{"kind", "message", "violations"}`.
+impl serde::Serialize for CodeExecutorError {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
         match self {
-            CodeExecutorError::Exec(e) => e.to_json(),
-            other => json!({"error": {"kind": other.kind(), "message": other.to_string(), "violations": []}}),
+            CodeExecutorError::Exec(e) => return e.serialize(serializer),
+            CodeExecutorError::Session(e) => return e.serialize(serializer),
+            CodeExecutorError::UnknownLanguage { .. } => {}
         }
+        let mut s = serializer.serialize_struct("CodeExecutorError", 3)?;
+        s.serialize_field("kind", self.kind())?;
+        s.serialize_field("message", &self.to_string())?;
+        s.serialize_field("violations", &[] as &[Value])?;
+        s.end()
     }
 }
 
@@ -100,42 +105,16 @@ pub trait CodeExecutor: Send + Sync {
     }
 }
 
-/// Bounds on stateful sessions.
-#[derive(Clone, Debug)]
-pub struct SessionConfig {
-    /// Most live sessions at once.
-    pub max_sessions: usize,
-    /// A session unused this long is closed (checked whenever sessions are touched).
-    pub idle_timeout: Duration,
-}
-
-impl Default for SessionConfig {
-    fn default() -> Self {
-        Self { max_sessions: 16, idle_timeout: Duration::from_secs(300) }
-    }
-}
-
 /// [`CodeExecutor`] over an [`Executor`]: maps language ids, applies one
 /// policy (with this executor's timeout) to every run, retries only errors
-/// that guarantee nothing ran, and keeps JavaScript sessions when stateful.
+/// that guarantee nothing ran, and keeps sessions by `execution_id` when
+/// stateful.
 pub struct ExecboxCodeExecutor {
     executor: Executor,
     policy: SandboxPolicy,
     timeout: Duration,
     retry_attempts: u32,
     sessions: Option<Sessions>,
-}
-
-#[cfg(feature = "js")]
-type SessionHandle = Arc<crate::backends::JsSession>;
-#[cfg(not(feature = "js"))]
-type SessionHandle = Arc<()>;
-
-struct Sessions {
-    cfg: SessionConfig,
-    #[cfg(feature = "js")]
-    js: crate::backends::BoaJs,
-    live: Mutex<HashMap<String, (SessionHandle, Instant)>>,
 }
 
 impl ExecboxCodeExecutor {
@@ -168,29 +147,28 @@ impl ExecboxCodeExecutor {
         self
     }
 
-    /// Turns on stateful JavaScript sessions, kept on `js`'s configuration.
-    #[cfg(feature = "js")]
-    pub fn with_sessions(mut self, js: crate::backends::BoaJs, cfg: SessionConfig) -> Self {
-        self.sessions = Some(Sessions { cfg, js, live: Mutex::new(HashMap::new()) });
+    /// Turns on stateful sessions: calls with an `execution_id` run in the
+    /// session of that id, opened on first use from `sessions` (e.g.
+    /// `Sessions::new(cfg).backend(boa)` for JavaScript). A lost session
+    /// (a call timed out, ran out of memory or crashed, or it went idle) is
+    /// reported once as `session_lost`; the call after that starts afresh.
+    pub fn with_sessions(mut self, sessions: Sessions) -> Self {
+        self.sessions = Some(sessions);
         self
     }
 
     /// Closes a session; false if there was none with that id.
     pub fn close_session(&self, execution_id: &str) -> bool {
-        self.sessions.as_ref().is_some_and(|s| s.lock().remove(execution_id).is_some())
+        self.sessions.as_ref().is_some_and(|s| s.close(execution_id))
     }
 
-    /// Live sessions, after closing idle ones.
+    /// Live sessions.
     pub fn session_count(&self) -> usize {
-        self.sessions.as_ref().map_or(0, |s| {
-            let mut live = s.lock();
-            s.expire(&mut live);
-            live.len()
-        })
+        self.sessions.as_ref().map_or(0, Sessions::len)
     }
 
     /// The request a piece of code becomes.
-    fn request(&self, input: CodeExecutionInput) -> Result<(ExecRequest, Language), CodeExecutorError> {
+    fn request(&self, input: CodeExecutionInput) -> Result<ExecRequest, CodeExecutorError> {
         let language =
             Language::from_id(&input.language).ok_or(CodeExecutorError::UnknownLanguage { id: input.language })?;
         let payload = match language {
@@ -200,7 +178,7 @@ impl ExecboxCodeExecutor {
         let mut request = ExecRequest::new(language, payload).policy(self.policy.clone().timeout(self.timeout));
         request.input = input.input;
         request.input_files = input.input_files;
-        Ok((request, language))
+        Ok(request)
     }
 
     /// Like [`CodeExecutor::execute_code`] with a per-call timeout that can
@@ -220,13 +198,22 @@ impl ExecboxCodeExecutor {
         timeout: Duration,
     ) -> Result<CodeExecutionResult, CodeExecutorError> {
         let session_id = input.execution_id.clone().filter(|_| self.sessions.is_some());
-        let (mut request, language) = self.request(input)?;
+        let mut request = self.request(input)?;
         request.policy = request.policy.timeout(timeout);
         if let (Some(id), Some(sessions)) = (session_id, &self.sessions) {
-            if language != Language::JavaScript {
-                return Err(CodeExecutorError::StatefulUnsupported { language });
+            // Sessions run outside the executor: hold them to its ceiling here.
+            if let Some(ceiling) = self.executor.ceiling() {
+                request.policy = request.policy.within(ceiling).map_err(ExecError::from)?;
             }
-            return sessions.run(&id, request).await;
+            let sessions = sessions.clone();
+            let run = move || sessions.execute_or_open(&id, request);
+            let result = match tokio::runtime::Handle::try_current() {
+                Ok(handle) => handle.spawn_blocking(run).await.unwrap_or_else(|e| {
+                    Err(ExecError::internal("sessions", format!("session task failed: {e}")).into())
+                }),
+                Err(_) => run(),
+            };
+            return Ok(CodeExecutionResult::from(result?));
         }
         let attempts = self.retry_attempts.max(1);
         let mut attempt = 1;
@@ -271,58 +258,5 @@ impl CodeExecutor for ExecboxCodeExecutor {
 
     fn timeout(&self) -> Duration {
         self.timeout
-    }
-}
-
-impl Sessions {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (SessionHandle, Instant)>> {
-        self.live.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn expire(&self, live: &mut HashMap<String, (SessionHandle, Instant)>) {
-        live.retain(|_, (_, used)| used.elapsed() < self.cfg.idle_timeout);
-    }
-
-    #[cfg(feature = "js")]
-    async fn run(&self, id: &str, request: ExecRequest) -> Result<CodeExecutionResult, CodeExecutorError> {
-        let session = {
-            let mut live = self.lock();
-            self.expire(&mut live);
-            match live.get_mut(id) {
-                Some((session, used)) => {
-                    *used = Instant::now();
-                    session.clone()
-                }
-                None => {
-                    if live.len() >= self.cfg.max_sessions {
-                        return Err(CodeExecutorError::TooManySessions { max: self.cfg.max_sessions });
-                    }
-                    let session = Arc::new(self.js.open_session()?);
-                    live.insert(id.to_string(), (session.clone(), Instant::now()));
-                    session
-                }
-            }
-        };
-        let runner = session.clone();
-        let result = match tokio::runtime::Handle::try_current() {
-            Ok(handle) => handle.spawn_blocking(move || runner.execute(request)).await.unwrap_or_else(|e| {
-                Err(ExecError::internal(crate::backends::JsSession::NAME, format!("session task failed: {e}")))
-            }),
-            Err(_) => runner.execute(request),
-        };
-        let mut live = self.lock();
-        if !session.is_alive() {
-            // Abandoned at its deadline: the state is gone; the next call with
-            // this id starts a fresh session.
-            live.remove(id);
-        } else if let Some((_, used)) = live.get_mut(id) {
-            *used = Instant::now();
-        }
-        Ok(CodeExecutionResult::from(result?))
-    }
-
-    #[cfg(not(feature = "js"))]
-    async fn run(&self, _id: &str, request: ExecRequest) -> Result<CodeExecutionResult, CodeExecutorError> {
-        Err(CodeExecutorError::StatefulUnsupported { language: request.language })
     }
 }

@@ -16,8 +16,9 @@ mod extract;
 mod result;
 mod tool;
 
+pub use crate::sessions::{SessionConfig, Sessions};
 pub use driver::{AgentLoop, LoopReport, Message, Part, Role, StopReason, TraceStep};
-pub use executor::{BoxFuture, CodeExecutor, CodeExecutorError, ExecboxCodeExecutor, InvocationContext, SessionConfig};
+pub use executor::{BoxFuture, CodeExecutor, CodeExecutorError, ExecboxCodeExecutor, InvocationContext};
 pub use extract::{CodeBlock, CodeBlockExtractor, Delimiters, Extraction};
 pub use result::{CodeExecutionInput, CodeExecutionResult, Outcome};
 pub use tool::{TOOL_NAME, dispatch, tool_schema};

@@ -82,27 +82,12 @@ pub async fn dispatch(executor: &ExecboxCodeExecutor, arguments: &Value) -> Valu
         ..Default::default()
     };
     match executor.run_with_timeout(&InvocationContext::default(), input, timeout).await {
+        // The result's own JSON (files included, content in base64), plus
+        // the verdict a model should act on.
         Ok(result) => {
-            let files: Vec<Value> = result
-                .output_files
-                .iter()
-                .map(|f| json!({"name": f.name, "mime_type": f.mime_type, "size": f.content.len()}))
-                .collect();
-            json!({
-                "outcome": result.outcome,
-                "success": result.is_success(),
-                "exit_code": result.exit_code,
-                "stdout": result.stdout,
-                "stderr": result.stderr,
-                "output": result.output,
-                "stdout_truncated": result.stdout_truncated,
-                "stderr_truncated": result.stderr_truncated,
-                "stdout_total_bytes": result.stdout_total_bytes,
-                "stderr_total_bytes": result.stderr_total_bytes,
-                "output_files": files,
-                "backend": result.backend,
-                "duration_ms": result.duration_ms,
-            })
+            let mut answer = serde_json::to_value(&result).unwrap_or_else(|_| json!({}));
+            answer["success"] = Value::Bool(result.is_success());
+            answer
         }
         Err(err) => err.to_json(),
     }

@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use execbox::{
-    Access, CapturedStream, ExecError, ExecFile, ExecRequest, ExecResult, Executor, Language, Outcome, PathGrants,
-    Payload, SandboxPolicy,
+    Access, BackendsConfig, CapturedStream, ExecError, ExecFile, ExecRequest, ExecResult, Executor, Language, Outcome,
+    PathGrants, Payload, SandboxPolicy,
 };
 use serde_json::{Value, json};
 
@@ -32,12 +32,82 @@ struct Cli {
 enum Command {
     /// Run code once and report the result.
     Run(Box<RunArgs>),
+    /// Serve the matrix over MCP (stdio by default, or streamable HTTP at /mcp).
+    #[cfg(feature = "serve")]
+    Serve(Box<ServeArgs>),
     /// List the registered backends and what they enforce.
     Backends {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        backends: BackendFlags,
     },
+}
+
+/// `execbox serve`'s flags.
+#[cfg(feature = "serve")]
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// Serve streamable HTTP at http://ADDR/mcp instead of stdio (e.g. 127.0.0.1:8931).
+    #[arg(long, value_name = "ADDR")]
+    http: Option<std::net::SocketAddr>,
+    /// A file holding the bearer token HTTP clients must send; required for a non-loopback ADDR.
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
+    /// The policy ceiling, a SandboxPolicy in JSON (missing fields take strict's values; default: strict).
+    /// Grants (directories, environment names) come only from here.
+    #[arg(long, value_name = "FILE")]
+    policy: Option<PathBuf>,
+    /// Pass this variable's value from the server's environment to every run (repeatable; adds the
+    /// name to the policy's environment allow-list).
+    #[arg(long = "allow-env", value_name = "NAME")]
+    allow_env: Vec<String>,
+    /// Runs at once (default: 4 per core).
+    #[arg(long, value_name = "N")]
+    max_concurrent: Option<usize>,
+    /// Calls that may wait for a run slot; more are refused as busy at once.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    max_queued: usize,
+    /// Warm CPython-in-wasm instances kept ready.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    python_warm_pool: usize,
+    /// JavaScript worker processes kept ready.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    js_idle_workers: usize,
+    /// Live sessions at most (all clients together).
+    #[arg(long, value_name = "N", default_value_t = 16)]
+    max_sessions: usize,
+    /// A session unused this many seconds is closed.
+    #[arg(long, value_name = "SECS", default_value_t = 300)]
+    session_idle_secs: u64,
+    #[command(flatten)]
+    backends: BackendFlags,
+}
+
+/// What every command configures about the backends (one
+/// [`BackendsConfig`] for `run`, `backends` and `serve`).
+#[derive(clap::Args, Clone)]
+struct BackendFlags {
+    /// Container engine CLI for python, shell and rust.
+    #[arg(long, value_name = "docker|podman", env = "EXECBOX_ENGINE", default_value = "docker")]
+    engine: PathBuf,
+    /// Keep compiled wasm modules in this directory across runs.
+    #[arg(long, value_name = "DIR", env = "EXECBOX_WASM_CACHE_DIR")]
+    wasm_cache_dir: Option<PathBuf>,
+}
+
+impl BackendFlags {
+    /// The matrix's settings, with the pool sizes of this kind of process.
+    fn config(&self, js_idle_workers: usize, python_warm_pool: usize) -> BackendsConfig {
+        BackendsConfig {
+            container_engine: self.engine.clone(),
+            wasm_cache_dir: self.wasm_cache_dir.clone(),
+            js_idle_workers,
+            python_warm_pool,
+            ..BackendsConfig::default()
+        }
+    }
 }
 
 #[derive(clap::Args)]
@@ -92,12 +162,8 @@ struct RunArgs {
     /// Collect the files the program writes to /work/out and save them here.
     #[arg(long, value_name = "DIR")]
     output_dir: Option<PathBuf>,
-    /// Container engine CLI for python, shell and rust.
-    #[arg(long, value_name = "docker|podman", env = "EXECBOX_ENGINE", default_value = "docker")]
-    engine: PathBuf,
-    /// Keep compiled wasm modules in this directory across runs.
-    #[arg(long, value_name = "DIR", env = "EXECBOX_WASM_CACHE_DIR")]
-    wasm_cache_dir: Option<PathBuf>,
+    #[command(flatten)]
+    backends: BackendFlags,
     /// Run on this backend only.
     #[arg(long)]
     backend: Option<String>,
@@ -117,110 +183,41 @@ fn main() -> ExitCode {
     execbox::worker::serve_if_worker();
     let cli = Cli::parse();
     match cli.command {
-        Command::Run(args) => match executor(&args) {
-            Ok((exec, cleanup)) => {
-                if let Err(e) = exit_on_signals(cleanup) {
-                    eprintln!("execbox: cannot handle signals: {e}");
-                    return ExitCode::from(2);
-                }
-                run(&exec, *args)
+        Command::Run(args) => run(*args),
+        #[cfg(feature = "serve")]
+        Command::Serve(args) => serve(*args),
+        Command::Backends { json, backends: flags } => {
+            // A listing starts nothing it would not use.
+            match Executor::builder().default_backends(&flags.config(0, 0)) {
+                Ok(builder) => backends(&builder.build(), json),
+                Err(err) => refuse(json, err.to_json(), &describe(&err)),
             }
-            Err(err) => refuse(args.json, err.to_json(), &describe(&err)),
-        },
-        Command::Backends { json } => backends(&Executor::with_default_backends(), json),
+        }
     }
 }
 
-/// What a signal must clean up before the process exits.
-type Cleanup = Box<dyn Fn() + Send>;
-
-/// On SIGTERM, SIGINT or SIGHUP (a closed terminal): runs `cleanup` (kills
-/// and removes the containers this process started, removes its staging
-/// directories) and exits with 128 + the signal. A result already being
-/// printed is finished first.
-fn exit_on_signals(cleanup: Cleanup) -> std::io::Result<()> {
+/// On SIGTERM, SIGINT or SIGHUP (a closed terminal): shuts the executor's
+/// backends down (kills and removes the containers this process started,
+/// removes its staging directories) and exits with 128 + the signal. A
+/// result already being printed is finished first. The handler holds the
+/// executor weakly, so an ordinary exit still waits for the backends'
+/// own cleanup.
+fn exit_on_signals(exec: execbox::WeakExecutor) -> std::io::Result<()> {
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
     let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP])?;
     std::thread::Builder::new().name("execbox-signals".into()).spawn(move || {
         if let Some(signal) = signals.forever().next() {
             let _answering = ANSWERING.lock().unwrap_or_else(|p| p.into_inner());
-            cleanup();
+            if let Some(exec) = exec.upgrade() {
+                exec.shutdown();
+            }
             std::process::exit(128 + signal);
         }
     })?;
     Ok(())
 }
 
-/// The default backends, configured by the run's flags (a wasm module cache
-/// directory, the container engine), and what a signal must clean up.
-fn executor(args: &RunArgs) -> Result<(Executor, Cleanup), ExecError> {
-    #[allow(unused_mut)]
-    let mut builder = Executor::builder();
-    // One run per process: one JS worker, starting now while the rest is built.
-    #[cfg(feature = "js")]
-    let boa = execbox::backends::BoaJs::new(execbox::backends::BoaJsConfig { idle_workers: 1, ..Default::default() });
-    #[cfg(feature = "js")]
-    {
-        builder = builder.backend(boa.clone());
-    }
-    #[cfg(feature = "wasm")]
-    {
-        use execbox::backends::wasm::interpreters::interpreters_dir;
-        use execbox::backends::{Interpreter, WasmEngine, WasmGuest, WasmGuestConfig, WasmInterpreter};
-        let cfg = WasmGuestConfig { disk_cache_dir: args.wasm_cache_dir.clone(), ..Default::default() };
-        // One engine (one instance pool, one ticker thread) for the three.
-        let engine = WasmEngine::new(cfg)?;
-        builder = builder.backend(WasmGuest::on_engine(engine.clone())?);
-        // One run per process: a warm pool would only cost start-ups at exit.
-        for kind in [Interpreter::QuickJs, Interpreter::Python] {
-            let interpreter = WasmInterpreter::on_engine(kind, interpreters_dir(), engine.clone())?.with_warm_pool(0);
-            // Load the interpreter this run will likely need before its
-            // deadline starts, as a server would at start-up: a disk-cache
-            // hit takes milliseconds, the first use on a machine compiles it
-            // (seconds), which would otherwise count against the deadline.
-            let likely = match kind {
-                Interpreter::Python => args.lang == "python",
-                _ => {
-                    matches!(args.lang.as_str(), "js" | "javascript")
-                        && (args.memory_mb.is_some() || args.backend.as_deref() == Some("quickjs-wasm"))
-                }
-            };
-            if likely {
-                // A failure shows up again, typed, when the request runs.
-                let _ = interpreter.warm_up();
-            }
-            builder = builder.backend(interpreter);
-        }
-    }
-    #[cfg(feature = "container")]
-    let cleanup: Cleanup = {
-        use execbox::backends::{Container, ContainerConfig};
-        let cfg = ContainerConfig { engine: args.engine.clone(), ..Default::default() };
-        let container = Container::with_config(cfg).map_err(|e| ExecError::internal(Container::NAME, e.to_string()))?;
-        let container = std::sync::Arc::new(container);
-        builder = builder.shared_backend(container.clone());
-        // Weak: the executor owns the backend, so dropping it at the end of
-        // an ordinary run waits for the reaper.
-        let container = std::sync::Arc::downgrade(&container);
-        Box::new(move || {
-            if let Some(container) = container.upgrade() {
-                container.shutdown();
-            }
-        })
-    };
-    #[cfg(not(feature = "container"))]
-    let cleanup: Cleanup = Box::new(|| {});
-    // A JS run waits for its worker, so that start-up (process, lockdown,
-    // first context) does not count against the program's own deadline.
-    #[cfg(feature = "js")]
-    if Language::from_id(&args.lang) == Some(Language::JavaScript) {
-        boa.wait_ready(Duration::from_secs(10));
-    }
-    let _ = args;
-    Ok((builder.build(), cleanup))
-}
-
-fn run(exec: &Executor, args: RunArgs) -> ExitCode {
+fn run(args: RunArgs) -> ExitCode {
     let as_json = args.json;
     let invalid = |message: String| {
         refuse(as_json, json!({"error": {"kind": "invalid_request", "message": message, "violations": []}}), &message)
@@ -234,10 +231,24 @@ fn run(exec: &Executor, args: RunArgs) -> ExitCode {
             return invalid(format!("--output-dir {path}: {e}"));
         }
     };
+    // One run per process: one JS worker (starting now, while the rest is
+    // built), no warm Python pool (it would only cost start-ups at exit).
+    let exec = match Executor::builder().default_backends(&args.backends.config(1, 0)) {
+        Ok(builder) => builder.build(),
+        Err(err) => return refuse(as_json, err.to_json(), &describe(&err)),
+    };
+    if let Err(e) = exit_on_signals(exec.downgrade()) {
+        eprintln!("execbox: cannot handle signals: {e}");
+        return ExitCode::from(2);
+    }
     let request = match build_request(args) {
         Ok(r) => r,
         Err(message) => return invalid(message),
     };
+    // What a server does at start-up: the backend that will run this gets
+    // ready (a JS worker started, an interpreter loaded or compiled once)
+    // before the request's deadline starts.
+    exec.prepare_for(&request, Duration::from_secs(10));
     let executed = exec.execute_blocking(request);
     // Not released: the process exits with this answer.
     std::mem::forget(ANSWERING.lock().unwrap_or_else(|p| p.into_inner()));
@@ -265,6 +276,117 @@ fn run(exec: &Executor, args: RunArgs) -> ExitCode {
         }
         Err(err) => refuse(as_json, err.to_json(), &describe(&err)),
     }
+}
+
+/// Runs the MCP server until stdin ends (stdio), or SIGTERM/SIGINT/SIGHUP;
+/// then drains (runs in flight finish or time out) and cleans up.
+#[cfg(feature = "serve")]
+fn serve(args: ServeArgs) -> ExitCode {
+    use execbox::serve::{ServeConfig, Server};
+    let fail = |message: String| {
+        eprintln!("execbox serve: {message}");
+        ExitCode::from(2)
+    };
+    let mut policy = match &args.policy {
+        Some(path) => match std::fs::read(path).map_err(|e| e.to_string()).and_then(|bytes| {
+            serde_json::from_slice::<SandboxPolicy>(&bytes).map_err(|e| format!("not a SandboxPolicy: {e}"))
+        }) {
+            Ok(policy) => policy,
+            Err(e) => return fail(format!("--policy {}: {e}", path.display())),
+        },
+        None => SandboxPolicy::strict(),
+    };
+    let mut env = std::collections::BTreeMap::new();
+    for name in &args.allow_env {
+        match std::env::var(name) {
+            Ok(value) => env.insert(name.clone(), value),
+            Err(_) => return fail(format!("--allow-env {name}: not set in this environment")),
+        };
+    }
+    if !env.is_empty() {
+        let mut names = match policy.environment {
+            Access::Allow(names) => names,
+            _ => Vec::new(),
+        };
+        names.extend(env.keys().filter(|n| !names.contains(n)).cloned().collect::<Vec<_>>());
+        policy.environment = Access::Allow(names);
+    }
+    let token = match &args.token_file {
+        Some(path) => match std::fs::read_to_string(path) {
+            Ok(text) if !text.trim().is_empty() => Some(text.trim().to_string()),
+            Ok(_) => return fail(format!("--token-file {}: the file is empty", path.display())),
+            Err(e) => return fail(format!("--token-file {}: {e}", path.display())),
+        },
+        None => None,
+    };
+    if let Some(addr) = args.http
+        && !addr.ip().is_loopback()
+        && token.is_none()
+    {
+        return fail(format!(
+            "refusing to serve {addr} without --token-file: only loopback addresses may go without a bearer token"
+        ));
+    }
+    if token.is_some() && args.http.is_none() {
+        return fail("--token-file applies to --http only".into());
+    }
+    let mut cfg = ServeConfig {
+        policy,
+        env,
+        max_queued: args.max_queued,
+        sessions: execbox::SessionConfig {
+            max_sessions: args.max_sessions,
+            idle_timeout: Duration::from_secs(args.session_idle_secs),
+        },
+        backends: args.backends.config(args.js_idle_workers, args.python_warm_pool),
+        ..ServeConfig::default()
+    };
+    if let Some(n) = args.max_concurrent {
+        cfg.max_concurrent = n.max(1);
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(e) => return fail(format!("cannot start the async runtime: {e}")),
+    };
+    let code = runtime.block_on(async move {
+        let server = match Server::new(cfg) {
+            Ok(server) => server,
+            Err(e) => return fail(e.to_string()),
+        };
+        let stop = tokio_util::sync::CancellationToken::new();
+        let on_signal = stop.clone();
+        tokio::spawn(async move {
+            use tokio::signal::unix::{SignalKind, signal};
+            let (Ok(mut term), Ok(mut int), Ok(mut hup)) =
+                (signal(SignalKind::terminate()), signal(SignalKind::interrupt()), signal(SignalKind::hangup()))
+            else {
+                return;
+            };
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+                _ = hup.recv() => {}
+            }
+            on_signal.cancel();
+        });
+        let served = match args.http {
+            Some(addr) => {
+                server
+                    .serve_http(addr, token, stop, |bound| eprintln!("execbox serve: listening on http://{bound}/mcp"))
+                    .await
+            }
+            None => server.serve_stdio(stop).await,
+        };
+        match served {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => fail(e.to_string()),
+        }
+    });
+    // Do not wait for tokio's blocking read of stdin: after a signal the
+    // client may never close it. Everything the server started is already
+    // cleaned up (see `Server::drain`).
+    runtime.shutdown_timeout(Duration::from_millis(100));
+    code
 }
 
 fn build_request(args: RunArgs) -> Result<ExecRequest, String> {
@@ -438,19 +560,8 @@ fn write_stream(out: &mut impl Write, name: &str, stream: &CapturedStream, extra
 }
 
 fn backends(exec: &Executor, as_json: bool) -> ExitCode {
-    let list: Vec<Value> = exec
-        .backends()
-        .map(|b| {
-            json!({
-                "name": b.name(),
-                "available": b.availability().is_ok(),
-                "unavailable_reason": b.availability().err(),
-                "capabilities": b.capabilities(),
-            })
-        })
-        .collect();
     if as_json {
-        println!("{}", Value::Array(list));
+        println!("{}", serde_json::to_value(exec.status()).unwrap_or_default());
         return ExitCode::SUCCESS;
     }
     for b in exec.backends() {

@@ -8,4 +8,4 @@ pub mod output;
 pub mod result_caps;
 
 pub use deadline::Deadline;
-pub use output::BoundedBuffer;
+pub use output::{BoundedBuffer, OutputTap, StreamKind};

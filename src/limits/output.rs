@@ -1,6 +1,57 @@
 //! [`BoundedBuffer`]: keeps at most `cap` bytes of a stream and counts the rest.
 
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
 use crate::result::CapturedStream;
+
+/// Which output stream a tapped chunk belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StreamKind {
+    /// Standard output.
+    Stdout,
+    /// Standard error.
+    Stderr,
+}
+
+/// Sees a run's output while it is written, for streaming it to a client
+/// ([`ExecRequest::output_tap`](crate::ExecRequest::output_tap)). It gets
+/// only what the caps keep, so a flood reaches it no more than the result.
+/// It is called on the backend's threads, under the stream's lock: it must
+/// return quickly and never block (hand the bytes to a bounded channel).
+#[derive(Clone)]
+pub struct OutputTap(Arc<TapFn>);
+
+/// What an [`OutputTap`] calls.
+type TapFn = dyn Fn(StreamKind, &[u8]) + Send + Sync;
+
+impl OutputTap {
+    /// A tap calling `f` with each kept chunk.
+    pub fn new(f: impl Fn(StreamKind, &[u8]) + Send + Sync + 'static) -> Self {
+        Self(Arc::new(f))
+    }
+
+    fn call(&self, kind: StreamKind, bytes: &[u8]) {
+        if !bytes.is_empty() {
+            (self.0)(kind, bytes);
+        }
+    }
+}
+
+impl std::fmt::Debug for OutputTap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OutputTap")
+    }
+}
+
+/// Taps compare equal when they are the same tap.
+impl PartialEq for OutputTap {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
 
 /// An output sink with a hard cap, applied as bytes are written (memory use
 /// never exceeds the cap, whatever the program writes).
@@ -9,20 +60,31 @@ pub struct BoundedBuffer {
     kept: Vec<u8>,
     cap: usize,
     total: u64,
+    tap: Option<(OutputTap, StreamKind)>,
 }
 
 impl BoundedBuffer {
     /// A buffer keeping at most `cap` bytes (`None`: unbounded).
     pub fn new(cap: Option<u64>) -> Self {
         let cap = cap.map_or(usize::MAX, |c| usize::try_from(c).unwrap_or(usize::MAX));
-        Self { kept: Vec::new(), cap, total: 0 }
+        Self { kept: Vec::new(), cap, total: 0, tap: None }
+    }
+
+    /// Also hands each kept chunk to `tap` as `kind` (no-op for `None`).
+    pub fn tapped(mut self, tap: Option<OutputTap>, kind: StreamKind) -> Self {
+        self.tap = tap.map(|tap| (tap, kind));
+        self
     }
 
     /// Appends raw bytes, keeping what fits under the cap.
     pub fn write(&mut self, bytes: &[u8]) {
         self.total = self.total.saturating_add(bytes.len() as u64);
         let room = self.cap.saturating_sub(self.kept.len());
-        self.kept.extend_from_slice(&bytes[..bytes.len().min(room)]);
+        let kept = &bytes[..bytes.len().min(room)];
+        self.kept.extend_from_slice(kept);
+        if let Some((tap, kind)) = &self.tap {
+            tap.call(*kind, kept);
+        }
     }
 
     /// Appends text, cutting at a character boundary so kept text stays valid UTF-8.
@@ -34,6 +96,9 @@ impl BoundedBuffer {
             end -= 1;
         }
         self.kept.extend_from_slice(&text.as_bytes()[..end]);
+        if let Some((tap, kind)) = &self.tap {
+            tap.call(*kind, &text.as_bytes()[..end]);
+        }
     }
 
     /// True once any byte has been dropped.
@@ -61,6 +126,20 @@ impl BoundedBuffer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tap_sees_only_what_is_kept() {
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = seen.clone();
+        let tap = OutputTap::new(move |kind, bytes| sink.lock().unwrap().push((kind, bytes.to_vec())));
+        let mut b = BoundedBuffer::new(Some(4)).tapped(Some(tap), StreamKind::Stderr);
+        b.write(b"ab");
+        b.write_str("c\u{e9}");
+        b.write(b"zzz");
+        let kept: Vec<_> = ["ab", "c", "z"].iter().map(|s| (StreamKind::Stderr, s.as_bytes().to_vec())).collect();
+        assert_eq!(*seen.lock().unwrap(), kept);
+        assert_eq!(b.into_captured().total_bytes, 8);
+    }
 
     #[test]
     fn keeps_prefix_and_counts_total() {

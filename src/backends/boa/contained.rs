@@ -634,4 +634,18 @@ impl Backend for BoaJs {
     fn execute(&self, request: ExecRequest) -> Result<ExecResult, ExecError> {
         self.handle.core.execute(request)
     }
+
+    /// Waits for a ready worker (the pool starts its workers when built).
+    fn prepare(&self, limit: Duration) {
+        self.wait_ready(limit);
+    }
+
+    fn readiness(&self) -> Option<crate::Readiness> {
+        Some(crate::Readiness { ready: self.ready_workers(), target: self.handle.core.cfg.idle_workers })
+    }
+
+    /// Sessions in worker processes of their own ([`JsSession`](super::JsSession)).
+    fn session_backend(&self) -> Option<Arc<dyn crate::sessions::SessionBackend>> {
+        Some(Arc::new(self.clone()))
+    }
 }

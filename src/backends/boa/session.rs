@@ -127,6 +127,31 @@ impl JsSession {
     }
 }
 
+impl crate::sessions::Session for JsSession {
+    fn backend(&self) -> &str {
+        Self::NAME
+    }
+
+    fn execute(&self, request: ExecRequest) -> Result<ExecResult, ExecError> {
+        JsSession::execute(self, request)
+    }
+
+    fn is_alive(&self) -> bool {
+        JsSession::is_alive(self)
+    }
+}
+
+/// JavaScript sessions: a worker process each.
+impl crate::sessions::SessionBackend for BoaJs {
+    fn session_language(&self) -> crate::Language {
+        crate::Language::JavaScript
+    }
+
+    fn open_session(&self) -> Result<Box<dyn crate::sessions::Session>, ExecError> {
+        Ok(Box::new(BoaJs::open_session(self)?))
+    }
+}
+
 fn ended() -> ExecError {
     ExecError::BackendUnavailable {
         backend: JsSession::NAME.into(),

@@ -286,8 +286,9 @@ impl Container {
         Ok(command)
     }
 
-    /// Runs one container for `spec`, capturing at most `caps` (stdout, stderr) bytes.
-    fn run_spec(&self, spec: &RunSpec, stdin: Vec<u8>, caps: (Option<u64>, Option<u64>), deadline: Deadline) -> RunEnd {
+    /// Runs one container for `spec`, capturing at most `caps` (stdout,
+    /// stderr) bytes, streamed to the request's tap if it has one.
+    fn run_spec(&self, spec: &RunSpec, stdin: Vec<u8>, caps: Caps, deadline: Deadline) -> RunEnd {
         if self.shut_down.load(Ordering::SeqCst) {
             return RunEnd::SpawnFailed("the backend is shutting down".into());
         }
@@ -297,8 +298,9 @@ impl Container {
             name: &spec.name,
             stdin,
             deadline,
-            max_stdout: caps.0,
-            max_stderr: caps.1,
+            max_stdout: caps.stdout,
+            max_stderr: caps.stderr,
+            tap: caps.tap,
         };
         match process::run(invocation, &self.reaper) {
             Ok(finished) => RunEnd::Finished(finished),
@@ -423,8 +425,7 @@ impl Container {
         let command = self.script_command(&request)?;
         let limit = deadline.remaining().unwrap_or(Duration::MAX);
         let spec = self.spec(&request, &staging, self.cfg.python_image.clone(), command, limit)?;
-        let caps = (request.policy.max_stdout_bytes, request.policy.max_stderr_bytes);
-        let end = self.run_spec(&spec, source.into_bytes(), caps, deadline);
+        let end = self.run_spec(&spec, source.into_bytes(), Caps::of(&request), deadline);
         self.result(end, &deadline, staging)
     }
 
@@ -495,6 +496,24 @@ fn capabilities(cfg: &ContainerConfig) -> BackendCapabilities {
     }
 }
 
+/// What a container's output may keep, and who sees it as it comes.
+struct Caps {
+    stdout: Option<u64>,
+    stderr: Option<u64>,
+    tap: Option<crate::limits::OutputTap>,
+}
+
+impl Caps {
+    /// The request's caps and tap.
+    fn of(request: &ExecRequest) -> Self {
+        Caps {
+            stdout: request.policy.max_stdout_bytes,
+            stderr: request.policy.max_stderr_bytes,
+            tap: request.output_tap.clone(),
+        }
+    }
+}
+
 impl Backend for Container {
     fn name(&self) -> &str {
         Self::NAME
@@ -529,5 +548,15 @@ impl Backend for Container {
             Language::Rust => rust::execute(self, request, deadline),
             other => Err(ExecError::internal(Self::NAME, format!("matching let {other} through"))),
         }
+    }
+
+    /// Checks for the engine and images (which also starts the sweep of
+    /// dead owners' containers, off the request path).
+    fn prepare(&self, _limit: Duration) {
+        let _ = Backend::availability(self);
+    }
+
+    fn shutdown(&self) {
+        Container::shutdown(self);
     }
 }

@@ -15,7 +15,7 @@ use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use crate::limits::{BoundedBuffer, Deadline, result_caps};
+use crate::limits::{BoundedBuffer, Deadline, OutputTap, StreamKind, result_caps};
 use crate::result::CapturedStream;
 
 /// Environment the engine CLI itself needs; nothing else is inherited.
@@ -61,6 +61,7 @@ pub(super) struct Invocation<'a> {
     pub deadline: Deadline,
     pub max_stdout: Option<u64>,
     pub max_stderr: Option<u64>,
+    pub tap: Option<OutputTap>,
 }
 
 /// How an invocation ended.
@@ -95,10 +96,11 @@ pub(super) fn run(inv: Invocation<'_>, reaper: &super::reaper::Reaper) -> std::i
             // A program that exits without reading stdin closes the pipe: ignore EPIPE.
             scope.spawn(move || drop(pipe.write_all(&bytes)));
         }
-        let capture = |pipe: Option<Box<dyn Read + Send>>, cap: Option<u64>| {
+        let capture = |pipe: Option<Box<dyn Read + Send>>, cap: Option<u64>, kind: StreamKind| {
             let tx = eof_tx.clone();
+            let tap = inv.tap.clone();
             scope.spawn(move || {
-                let mut buffer = BoundedBuffer::new(cap);
+                let mut buffer = BoundedBuffer::new(cap).tapped(tap, kind);
                 if let Some(mut pipe) = pipe {
                     drain(&mut pipe, &mut buffer);
                 }
@@ -106,8 +108,8 @@ pub(super) fn run(inv: Invocation<'_>, reaper: &super::reaper::Reaper) -> std::i
                 buffer
             })
         };
-        let out = capture(stdout.map(|p| Box::new(p) as Box<dyn Read + Send>), inv.max_stdout);
-        let err = capture(stderr.map(|p| Box::new(p) as Box<dyn Read + Send>), inv.max_stderr);
+        let out = capture(stdout.map(|p| Box::new(p) as Box<dyn Read + Send>), inv.max_stdout, StreamKind::Stdout);
+        let err = capture(stderr.map(|p| Box::new(p) as Box<dyn Read + Send>), inv.max_stderr, StreamKind::Stderr);
         drop(eof_tx);
 
         let mut open_streams = 2;

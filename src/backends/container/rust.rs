@@ -247,8 +247,7 @@ pub(super) fn execute(
     let limit = deadline.remaining().unwrap_or(Duration::MAX);
     let mut spec = backend.spec(&request, &staging, backend.cfg.rust_image.clone(), command(&request), limit)?;
     spec.mounts.push(Mount { host: toolchain.binaries.join(&key), guest: PROGRAM_PATH.into(), writable: false });
-    let caps = (request.policy.max_stdout_bytes, request.policy.max_stderr_bytes);
-    let end = backend.run_spec(&spec, input.unwrap_or_default(), caps, deadline);
+    let end = backend.run_spec(&spec, input.unwrap_or_default(), super::Caps::of(&request), deadline);
     backend.result(end, &deadline, staging)
 }
 
@@ -332,7 +331,8 @@ fn compile(
         command,
         stop_after: compile_deadline.remaining().unwrap_or(Duration::MAX).saturating_add(KILL_GRACE),
     };
-    let end = backend.run_spec(&spec, Vec::new(), (Some(64 << 10), Some(16 << 20)), compile_deadline);
+    let caps = super::Caps { stdout: Some(64 << 10), stderr: Some(16 << 20), tap: None };
+    let end = backend.run_spec(&spec, Vec::new(), caps, compile_deadline);
     let outcome = compiled(backend, end, &target_dir, toolchain, key, request, deadline, user_lines, bound_by_request);
     backend.reaper.discard(dir);
     outcome

@@ -27,6 +27,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use wasmtime_wasi::FsPerms;
 use wasmtime_wasi::p2::pipe::MemoryInputPipe;
@@ -359,6 +360,7 @@ impl WasmInterpreter {
             memory_cap: self.engine.memory_cap(policy),
             max_stdout: policy.max_stdout_bytes,
             max_stderr: policy.max_stderr_bytes,
+            tap: request.output_tap.take(),
         };
         let result = match self.kind {
             Interpreter::Python => {
@@ -376,8 +378,12 @@ impl WasmInterpreter {
                 job.args = vec!["--std".into(), "-e".into(), quickjs::program(&source)];
                 let stdin = MemoryInputPipe::new(quickjs::stdin(&nonce, input.as_deref()));
                 let tap = quickjs::ResultTap::new(quickjs::marker(&nonce), job.max_stdout);
-                let stdio =
-                    Stdio { stdout: CappedPipe::tapped(job.max_stdout, tap), stderr: CappedPipe::new(job.max_stderr) };
+                let stdio = Stdio {
+                    stdout: CappedPipe::tapped(job.max_stdout, tap)
+                        .with_tap(job.tap.clone(), crate::limits::StreamKind::Stdout),
+                    stderr: CappedPipe::new(job.max_stderr)
+                        .with_tap(job.tap.clone(), crate::limits::StreamKind::Stderr),
+                };
                 let stdout = stdio.stdout.clone();
                 let max_stdout = job.max_stdout;
                 let mut result = run::run_with(&self.engine, name, compiled, job, stdin, stdio, deadline)?;
@@ -415,5 +421,22 @@ impl Backend for WasmInterpreter {
 
     fn execute(&self, request: ExecRequest) -> Result<ExecResult, ExecError> {
         self.engine.on_blocking_thread(self.kind.backend_name(), || self.execute_here(request))
+    }
+
+    /// Loads the module (from the disk cache, or compiles it once) and
+    /// starts the warm pool, then waits up to `limit` for a warm instance.
+    fn prepare(&self, limit: Duration) {
+        if let Err(e) = self.warm_up() {
+            tracing::debug!(backend = self.kind.backend_name(), error = %e, "not prepared");
+            return;
+        }
+        let until = Instant::now() + limit;
+        while self.warm_size > 0 && self.warm_ready() == 0 && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn readiness(&self) -> Option<crate::Readiness> {
+        (self.warm_size > 0).then(|| crate::Readiness { ready: self.warm_ready(), target: self.warm_size })
     }
 }

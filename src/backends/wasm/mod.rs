@@ -339,6 +339,7 @@ impl WasmGuest {
             memory_cap: self.engine.memory_cap(policy),
             max_stdout: policy.max_stdout_bytes,
             max_stderr: policy.max_stderr_bytes,
+            tap: request.output_tap.take(),
         };
         run::run(&self.engine, Self::NAME, &compiled, job, deadline)
     }

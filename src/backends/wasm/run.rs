@@ -17,7 +17,7 @@ use super::engine::{SlotPermit, WasmEngine};
 use super::fs_guard;
 use super::stdio::CappedPipe;
 use crate::error::{ExecError, InvalidRequest};
-use crate::limits::Deadline;
+use crate::limits::{Deadline, StreamKind};
 use crate::result::{ExecResult, Outcome};
 
 /// Everything one run needs, taken from the request.
@@ -31,6 +31,7 @@ pub(super) struct Job {
     pub memory_cap: usize,
     pub max_stdout: Option<u64>,
     pub max_stderr: Option<u64>,
+    pub tap: Option<crate::limits::OutputTap>,
 }
 
 /// A host directory the guest sees at `guest`.
@@ -263,7 +264,10 @@ pub(super) fn run(
     mut job: Job,
     deadline: Deadline,
 ) -> Result<ExecResult, ExecError> {
-    let stdio = Stdio { stdout: CappedPipe::new(job.max_stdout), stderr: CappedPipe::new(job.max_stderr) };
+    let stdio = Stdio {
+        stdout: CappedPipe::new(job.max_stdout).with_tap(job.tap.clone(), StreamKind::Stdout),
+        stderr: CappedPipe::new(job.max_stderr).with_tap(job.tap.clone(), StreamKind::Stderr),
+    };
     // A command reads the input on stdin; a JSON-ABI guest gets it through `alloc`/`run`.
     let stdin = match compiled.abi {
         GuestAbi::Command => std::mem::take(&mut job.guest_input),

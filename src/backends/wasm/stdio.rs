@@ -19,7 +19,7 @@ use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
 
 use super::quickjs::{Records, ResultTap};
-use crate::limits::BoundedBuffer;
+use crate::limits::{BoundedBuffer, OutputTap, StreamKind};
 use crate::result::CapturedStream;
 
 /// Largest write the guest is told it may make at once.
@@ -50,10 +50,20 @@ impl CappedPipe {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Starts over with an empty buffer holding at most `cap` bytes (a warm
-    /// instance learns its request's cap when the code arrives).
-    pub fn reset(&self, cap: Option<u64>) {
-        self.lock().text = BoundedBuffer::new(cap);
+    /// Also streams what is kept to `tap` (see [`OutputTap`]).
+    pub fn with_tap(self, tap: Option<OutputTap>, kind: StreamKind) -> Self {
+        {
+            let sink = &mut *self.lock();
+            sink.text = std::mem::replace(&mut sink.text, BoundedBuffer::new(Some(0))).tapped(tap, kind);
+        }
+        self
+    }
+
+    /// Starts over with an empty buffer holding at most `cap` bytes, kept
+    /// chunks going to `tap` (a warm instance learns its request's cap and
+    /// tap when the code arrives).
+    pub fn reset(&self, cap: Option<u64>, tap: Option<OutputTap>, kind: StreamKind) {
+        self.lock().text = BoundedBuffer::new(cap).tapped(tap, kind);
     }
 
     fn write(&self, bytes: &[u8]) {

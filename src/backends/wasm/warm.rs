@@ -234,8 +234,9 @@ impl Pool {
             warm.retire();
             return Some(Err(e));
         }
-        warm.stdio.stdout.reset(policy.max_stdout_bytes);
-        warm.stdio.stderr.reset(policy.max_stderr_bytes);
+        let tap = request.output_tap.clone();
+        warm.stdio.stdout.reset(policy.max_stdout_bytes, tap.clone(), crate::limits::StreamKind::Stdout);
+        warm.stdio.stderr.reset(policy.max_stderr_bytes, tap, crate::limits::StreamKind::Stderr);
         warm.controls.arm(deadline, memory_cap);
         let _ticking = self.engine.ticker().run_guard();
         if warm.code.send(code.as_bytes().to_vec()).is_err() {

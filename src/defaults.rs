@@ -1,0 +1,126 @@
+//! [`BackendsConfig`]: what every entry point — a library caller, `execbox
+//! run`, `execbox backends`, `execbox serve` — configures about the default
+//! matrix, and the one path that builds it
+//! ([`ExecutorBuilder::default_backends`]).
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::ExecError;
+use crate::executor::ExecutorBuilder;
+
+/// Settings of the default backends. `Default` is what
+/// [`Executor::with_default_backends`](crate::Executor::with_default_backends) uses.
+///
+/// One rule for failures, whoever builds the matrix: a setting the caller
+/// made that cannot be honoured (a cache directory others can write, a
+/// container configuration with an unsafe flag) is an error; what the
+/// machine lacks (no container engine, no interpreter modules, no address
+/// space for the instance pool) leaves that backend out or unavailable, with
+/// the reason in [`Backend::availability`](crate::Backend::availability).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BackendsConfig {
+    /// The container engine CLI (`docker`, `podman`, or a path). Default `docker`.
+    pub container_engine: PathBuf,
+    /// Keep compiled wasm modules here across processes (`None`: in memory only).
+    pub wasm_cache_dir: Option<PathBuf>,
+    /// Where `python.wasm` and `quickjs.wasm` are (`None`: the default
+    /// directory of `scripts/fetch-interpreters.sh`, see
+    /// [`interpreters_dir`](crate::backends::wasm::interpreters::interpreters_dir)).
+    pub interpreters_dir: Option<PathBuf>,
+    /// CPython-in-wasm instances kept started and waiting for code. Default
+    /// 2; a one-shot process should use 0.
+    pub python_warm_pool: usize,
+    /// JavaScript worker processes kept started and waiting. Default 2.
+    pub js_idle_workers: usize,
+}
+
+impl Default for BackendsConfig {
+    fn default() -> Self {
+        Self {
+            container_engine: PathBuf::from("docker"),
+            wasm_cache_dir: None,
+            interpreters_dir: None,
+            python_warm_pool: 2,
+            js_idle_workers: 2,
+        }
+    }
+}
+
+impl ExecutorBuilder {
+    /// Registers every backend compiled in, configured by `cfg`:
+    /// [`BoaJs`](crate::backends::BoaJs) (feature `js`), [`WasmGuest`](crate::backends::WasmGuest)
+    /// and the QuickJS and CPython [`WasmInterpreter`](crate::backends::WasmInterpreter)s
+    /// on one shared [`WasmEngine`](crate::backends::WasmEngine) (feature `wasm`), and
+    /// [`Container`](crate::backends::Container) (feature `container`).
+    /// Errors only for settings that cannot be honoured (see [`BackendsConfig`]).
+    pub fn default_backends(self, cfg: &BackendsConfig) -> Result<Self, ExecError> {
+        #[allow(unused_mut)]
+        let mut builder = self;
+        #[cfg(feature = "js")]
+        {
+            use crate::backends::{BoaJs, BoaJsConfig};
+            builder =
+                builder.backend(BoaJs::new(BoaJsConfig { idle_workers: cfg.js_idle_workers, ..Default::default() }));
+        }
+        #[cfg(feature = "wasm")]
+        {
+            builder = wasm_backends(builder, cfg)?;
+        }
+        #[cfg(feature = "container")]
+        {
+            use crate::backends::{Container, ContainerConfig};
+            let config = ContainerConfig { engine: cfg.container_engine.clone(), ..Default::default() };
+            let container =
+                Container::with_config(config).map_err(|e| ExecError::internal(Container::NAME, e.to_string()))?;
+            builder = builder.backend(container);
+        }
+        let _ = cfg;
+        Ok(builder)
+    }
+}
+
+#[cfg(feature = "wasm")]
+impl ExecutorBuilder {
+    /// Only the wasm guest backend and the interpreters in wasm (QuickJS,
+    /// CPython), with [`BackendsConfig::default`]'s settings, on one shared
+    /// [`WasmEngine`](crate::backends::WasmEngine).
+    pub fn wasm_backends(self) -> Self {
+        let builder = ExecutorBuilder::default();
+        match wasm_backends(builder, &BackendsConfig::default()) {
+            Ok(wasm) => self.append(wasm),
+            Err(e) => {
+                tracing::warn!(error = %e, "no wasm backends");
+                self
+            }
+        }
+    }
+}
+
+/// The wasm guest backend and the interpreters, on one engine.
+#[cfg(feature = "wasm")]
+fn wasm_backends(mut builder: ExecutorBuilder, cfg: &BackendsConfig) -> Result<ExecutorBuilder, ExecError> {
+    use crate::backends::wasm::interpreters::interpreters_dir;
+    use crate::backends::{Interpreter, WasmEngine, WasmGuest, WasmGuestConfig, WasmInterpreter};
+    let engine_cfg = WasmGuestConfig { disk_cache_dir: cfg.wasm_cache_dir.clone(), ..Default::default() };
+    let engine = match WasmEngine::new(engine_cfg) {
+        Ok(engine) => engine,
+        Err(e) => {
+            // Only when even on-demand allocation is refused: the machine's doing.
+            tracing::warn!(error = %e, "no wasm backends: cannot build the wasm engine");
+            return Ok(builder);
+        }
+    };
+    // A cache directory the caller named but that cannot be used safely is theirs to fix.
+    builder = builder.backend(WasmGuest::on_engine(engine.clone())?);
+    let dir = cfg.interpreters_dir.clone().or_else(interpreters_dir);
+    for kind in [Interpreter::QuickJs, Interpreter::Python] {
+        match WasmInterpreter::on_engine(kind, dir.clone(), engine.clone()) {
+            Ok(interpreter) => builder = builder.backend(interpreter.with_warm_pool(cfg.python_warm_pool)),
+            Err(e) => tracing::warn!(error = %e, backend = kind.backend_name(), "interpreter backend not built"),
+        }
+    }
+    Ok(builder)
+}

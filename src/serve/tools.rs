@@ -1,0 +1,463 @@
+//! The MCP tools: `run_code`, `list_backends`, `create_session`,
+//! `close_session`.
+//!
+//! A program's failure (`failed`, `timed_out`, ...) and a refusal are
+//! ordinary tool results with `isError: true`; only malformed arguments are
+//! JSON-RPC errors (`-32602`). `structuredContent` of `run_code` is exactly
+//! the JSON `execbox run --json` prints (an [`ExecResult`], or
+//! `{"error": {...}}`); the text content is a short rendering for a model.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use base64::Engine as _;
+use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::{
+    CallToolResult, ContentBlock, Implementation, LoggingLevel, ServerCapabilities, ServerConfig, SetLevelRequestParams,
+};
+use rmcp::service::{RequestContext, RoleServer};
+use rmcp::{ErrorData as McpError, ServerHandler, schemars, tool, tool_handler, tool_router};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::{Limits, Shared, stream};
+use crate::capabilities::Language;
+use crate::error::ExecError;
+use crate::request::{ExecFile, ExecRequest, Payload};
+use crate::result::{ExecResult, Outcome};
+use crate::sessions::SessionError;
+
+/// The handler of one MCP connection. Its sessions are its own: ids are
+/// looked up under this connection only, and close when it goes.
+#[derive(Clone)]
+pub struct ExecboxMcp {
+    shared: Arc<Shared>,
+    connection: Arc<Connection>,
+    tool_router: ToolRouter<Self>,
+}
+
+/// Per-connection state; dropping the last handler clone closes the
+/// connection's sessions.
+struct Connection {
+    id: u64,
+    shared: Arc<Shared>,
+    /// The level the client asked for with `logging/setLevel`, if any.
+    log_level: Mutex<Option<LoggingLevel>>,
+}
+
+impl Connection {
+    /// The registry key of this connection's session `id`.
+    fn key(&self, id: &str) -> String {
+        format!("{}/{id}", self.id)
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        let prefix = format!("{}/", self.id);
+        let sessions = self.shared.sessions.clone();
+        // Closing ends worker processes or removes containers: off the async threads.
+        std::thread::spawn(move || sessions.close_where(|key| key.starts_with(&prefix)));
+    }
+}
+
+/// A language id (`javascript`/`js`, `python`/`py`, `shell`/`sh`, `rust`, `wasm`).
+#[derive(Clone, Copy, Debug, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum LanguageArg {
+    /// A function body: `input` is bound, `return` gives `output`.
+    #[serde(alias = "js")]
+    Javascript,
+    /// A script: `input` is bound; print JSON to give `output`.
+    #[serde(alias = "py")]
+    Python,
+    /// A POSIX shell script.
+    #[serde(alias = "sh")]
+    Shell,
+    /// Defines `fn run(input: Value) -> Value` (serde_json's `Value` is in scope).
+    Rust,
+    /// WebAssembly text (WAT).
+    Wasm,
+}
+
+impl From<LanguageArg> for Language {
+    fn from(l: LanguageArg) -> Self {
+        match l {
+            LanguageArg::Javascript => Language::JavaScript,
+            LanguageArg::Python => Language::Python,
+            LanguageArg::Shell => Language::Shell,
+            LanguageArg::Rust => Language::Rust,
+            LanguageArg::Wasm => Language::Wasm,
+        }
+    }
+}
+
+/// A file staged for the code.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FileArg {
+    /// A relative path (no `..`); the code sees it in its working directory.
+    pub name: String,
+    /// The file's bytes, in standard base64.
+    pub content_base64: String,
+}
+
+/// `run_code`'s arguments.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RunCodeArgs {
+    /// The language of `code`.
+    pub language: LanguageArg,
+    /// The code. JavaScript: a function body (`input` bound, `return` gives
+    /// the output). Python: a script (`input` bound; print JSON for
+    /// structured output; with a session, globals persist between calls).
+    /// Shell: a POSIX script. Rust: defines `fn run(input: Value) -> Value`.
+    /// Wasm: a WAT module.
+    pub code: String,
+    /// A JSON value the code sees as `input`.
+    #[serde(default)]
+    pub input: Option<Value>,
+    /// A shorter deadline than the server's, in milliseconds.
+    #[serde(default)]
+    #[schemars(range(min = 1))]
+    pub timeout_ms: Option<u64>,
+    /// A lower memory cap than the server's, in MiB.
+    #[serde(default)]
+    #[schemars(range(min = 1))]
+    pub memory_mb: Option<u64>,
+    /// Run in this session (from `create_session`): state persists between calls.
+    #[serde(default)]
+    pub session_id: Option<String>,
+    /// Files staged for the code.
+    #[serde(default)]
+    pub files: Option<Vec<FileArg>>,
+    /// Return the files the code writes to its output directory (`/work/out`).
+    #[serde(default)]
+    pub collect_files: Option<bool>,
+    /// Run on this backend only (see `list_backends`).
+    #[serde(default)]
+    pub backend: Option<String>,
+}
+
+/// `create_session`'s arguments.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSessionArgs {
+    /// The session's language (see `list_backends` for those with sessions).
+    pub language: LanguageArg,
+}
+
+/// `close_session`'s arguments.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CloseSessionArgs {
+    /// The id `create_session` returned.
+    pub session_id: String,
+}
+
+/// `list_backends` takes no arguments.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NoArgs {}
+
+impl ExecboxMcp {
+    pub(super) fn new(shared: Arc<Shared>) -> Self {
+        let id = shared.next_connection.fetch_add(1, Ordering::Relaxed);
+        let connection = Arc::new(Connection { id, shared: shared.clone(), log_level: Mutex::new(None) });
+        Self { shared, connection, tool_router: Self::tool_router() }
+    }
+
+    /// The request a call becomes: the server's policy, tightened by the
+    /// call's deadline and memory cap; the server's environment values.
+    fn request(&self, args: RunCodeArgs) -> Result<(ExecRequest, Option<String>), McpError> {
+        let language = Language::from(args.language);
+        let payload = match language {
+            Language::Wasm => Payload::WasmModule(args.code.into_bytes()),
+            _ => Payload::Source(args.code),
+        };
+        let mut policy = self.shared.cfg.policy.clone();
+        if let Some(ms) = args.timeout_ms {
+            if ms == 0 {
+                return Err(McpError::invalid_params("timeout_ms must be at least 1", None));
+            }
+            policy.timeout_ms = Some(policy.timeout_ms.map_or(ms, |ceiling| ceiling.min(ms)));
+        }
+        if let Some(mb) = args.memory_mb {
+            if mb == 0 {
+                return Err(McpError::invalid_params("memory_mb must be at least 1", None));
+            }
+            let bytes = mb.saturating_mul(1 << 20);
+            policy.memory_bytes = Some(policy.memory_bytes.map_or(bytes, |ceiling| ceiling.min(bytes)));
+        }
+        let mut request = ExecRequest::new(language, payload).policy(policy);
+        request.input = args.input;
+        request.env = self.shared.cfg.env.clone();
+        for file in args.files.unwrap_or_default() {
+            let content = base64::engine::general_purpose::STANDARD
+                .decode(file.content_base64.as_bytes())
+                .map_err(|e| McpError::invalid_params(format!("file {:?}: content_base64: {e}", file.name), None))?;
+            request.input_files.push(ExecFile::new(file.name, content));
+        }
+        request.collect_output_files = args.collect_files.unwrap_or(false);
+        request.backend = args.backend;
+        Ok((request, args.session_id))
+    }
+
+    fn log_level(&self) -> Option<LoggingLevel> {
+        *self.connection.log_level.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[tool_router]
+impl ExecboxMcp {
+    /// Runs code once, or as the next call of a session.
+    #[tool(
+        description = "Run code in a sandbox: no network, no host files, no host environment unless the server grants \
+            them. Languages: javascript, python, shell, rust, wasm. The result's structuredContent holds stdout, \
+            stderr, outcome (ok, failed, timed_out, out_of_memory, out_of_fuel, killed), output (the returned or \
+            printed JSON value), exit_code, message, and output_files (base64). A failed run or a refusal has \
+            isError: true. Pass session_id (from create_session) to keep state between calls."
+    )]
+    async fn run_code(
+        &self,
+        Parameters(args): Parameters<RunCodeArgs>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, McpError> {
+        let (mut request, session_id) = self.request(args)?;
+        let timeout = Duration::from_millis(request.policy.timeout_ms.unwrap_or(30_000));
+        let turn = match self.shared.gate.enter(timeout).await {
+            Ok(turn) => turn,
+            Err(e) => return Ok(refusal(&e)),
+        };
+        let peer = context.peer.clone();
+        let level = self.log_level().filter(|l| level_rank(*l) <= level_rank(LoggingLevel::Info));
+        let lines = level.map(|_| stream::LineStream::start(peer.clone(), LoggingLevel::Info));
+        if let Some(lines) = &lines {
+            request.output_tap = Some(lines.tap());
+        }
+        let progress =
+            context.meta.get_progress_token().map(|token| stream::start_progress(peer.clone(), token, timeout));
+
+        let outcome = match session_id {
+            Some(id) => {
+                let sessions = self.shared.sessions.clone();
+                let key = self.connection.key(&id);
+                tokio::task::spawn_blocking(move || sessions.execute(&key, request))
+                    .await
+                    .unwrap_or_else(|e| Err(ExecError::internal(super::SERVER, format!("session task: {e}")).into()))
+                    .map_err(|e| match e {
+                        // Ids are per connection: name the caller's id, not the key.
+                        SessionError::Unknown { .. } => SessionError::Unknown { id: id.clone() },
+                        SessionError::Lost { reason, .. } => SessionError::Lost { id: id.clone(), reason },
+                        SessionError::WrongLanguage { session, requested, .. } => {
+                            SessionError::WrongLanguage { id: id.clone(), session, requested }
+                        }
+                        other => other,
+                    })
+                    .map_err(Refusal::Session)
+            }
+            None => self.shared.exec.execute(request).await.map_err(Refusal::Exec),
+        };
+        drop(turn);
+        if let Some(progress) = progress {
+            progress.abort();
+        }
+        if let (Some(lines), Some(level)) = (lines, level) {
+            lines.finish(&peer, level).await;
+        }
+        Ok(match outcome {
+            Ok(result) => rendered(&result),
+            Err(Refusal::Exec(e)) => refusal(&e),
+            Err(Refusal::Session(e)) => refusal(&e),
+        })
+    }
+
+    /// The live capability table.
+    #[tool(description = "List the backends: which languages each runs, whether it is available (and why not), its \
+            warm capacity, and how it enforces each control. Also the server's policy ceiling and load limits, \
+            and the languages that have sessions.")]
+    async fn list_backends(&self, Parameters(_): Parameters<NoArgs>) -> Result<CallToolResult, McpError> {
+        let shared = self.shared.clone();
+        let status = tokio::task::spawn_blocking(move || shared.exec.status())
+            .await
+            .map_err(|e| McpError::internal_error(format!("status: {e}"), None))?;
+        let sessions = &self.shared.sessions;
+        let languages: Vec<&str> = sessions.languages().into_iter().map(Language::as_str).collect();
+        let limits = Limits {
+            ceiling: self.shared.cfg.policy.clone(),
+            max_concurrent: self.shared.cfg.max_concurrent,
+            max_queued: self.shared.cfg.max_queued,
+            running: self.shared.gate.active(),
+        };
+        let body = json!({
+            "backends": status,
+            "sessions": {
+                "languages": languages,
+                "live": sessions.len(),
+                "max": sessions.config().max_sessions,
+                "idle_timeout_ms": sessions.config().idle_timeout.as_millis() as u64,
+            },
+            "limits": limits,
+        });
+        let mut text = String::new();
+        for b in &status {
+            let langs: Vec<&str> = b.capabilities.languages.iter().map(|l| l.as_str()).collect();
+            let state = match (&b.unavailable_reason, &b.readiness) {
+                (Some(reason), _) => format!("unavailable: {reason}"),
+                (None, Some(r)) => format!("available ({} of {} warm)", r.ready, r.target),
+                (None, None) => "available".into(),
+            };
+            text.push_str(&format!("{} ({}): {state}\n", b.name, langs.join(", ")));
+        }
+        Ok(structured(body, text, false))
+    }
+
+    /// Opens a session.
+    #[tool(description = "Open a session for a language: later run_code calls with its session_id share state \
+            (JavaScript: top-level declarations persist and the last expression is the output). Sessions close \
+            when idle, when closed, or when this connection ends; a session whose call timed out or ran out of \
+            memory is lost, and later calls say so.")]
+    async fn create_session(
+        &self,
+        Parameters(CreateSessionArgs { language }): Parameters<CreateSessionArgs>,
+    ) -> Result<CallToolResult, McpError> {
+        let language = Language::from(language);
+        let sessions = self.shared.sessions.clone();
+        let connection = self.connection.clone();
+        let opened = tokio::task::spawn_blocking(move || {
+            let id = format!("{:016x}{:016x}", crate::sessions::random_u64(), crate::sessions::random_u64());
+            sessions.open(&connection.key(&id), language).map(|()| id)
+        })
+        .await
+        .map_err(|e| McpError::internal_error(format!("session task: {e}"), None))?;
+        Ok(match opened {
+            Ok(id) => {
+                let idle = self.shared.sessions.config().idle_timeout.as_millis() as u64;
+                let body = json!({"session_id": id, "language": language.as_str(), "idle_timeout_ms": idle});
+                structured(body, format!("session {id} ({language}) is open"), false)
+            }
+            Err(e) => refusal(&e),
+        })
+    }
+
+    /// Closes a session.
+    #[tool(description = "Close a session now; its state and interpreter are freed.")]
+    async fn close_session(
+        &self,
+        Parameters(CloseSessionArgs { session_id }): Parameters<CloseSessionArgs>,
+    ) -> Result<CallToolResult, McpError> {
+        let sessions = self.shared.sessions.clone();
+        let key = self.connection.key(&session_id);
+        let closed = tokio::task::spawn_blocking(move || sessions.close(&key))
+            .await
+            .map_err(|e| McpError::internal_error(format!("session task: {e}"), None))?;
+        let text =
+            if closed { format!("session {session_id} closed") } else { format!("no session {session_id} is open") };
+        Ok(structured(json!({"closed": closed}), text, false))
+    }
+}
+
+#[tool_handler(router = self.tool_router)]
+impl ServerHandler for ExecboxMcp {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().enable_logging().build())
+            .with_server_info(Implementation::new("execbox", env!("CARGO_PKG_VERSION")))
+            .with_instructions(
+                "execbox runs untrusted code under a policy that fails closed. Use run_code; list_backends shows \
+                 what runs where and what is enforced; create_session keeps state between calls.",
+            )
+    }
+
+    /// Malformed arguments are JSON-RPC errors (`-32602`), not tool results:
+    /// checked here against each tool's own argument type before the
+    /// router sees them (rmcp's router would turn them into `isError`
+    /// results).
+    async fn call_tool(
+        &self,
+        request: rmcp::model::CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::CallToolResponse, McpError> {
+        let arguments = Value::Object(request.arguments.clone().unwrap_or_default());
+        let checked = match request.name.as_ref() {
+            "run_code" => serde_json::from_value::<RunCodeArgs>(arguments).map(drop),
+            "create_session" => serde_json::from_value::<CreateSessionArgs>(arguments).map(drop),
+            "close_session" => serde_json::from_value::<CloseSessionArgs>(arguments).map(drop),
+            "list_backends" => serde_json::from_value::<NoArgs>(arguments).map(drop),
+            _ => Ok(()), // the router answers unknown tools
+        };
+        if let Err(e) = checked {
+            return Err(McpError::invalid_params(format!("invalid arguments for {}: {e}", request.name), None));
+        }
+        let call = rmcp::handler::server::tool::ToolCallContext::new(self, request, context);
+        self.tool_router.call(call).await
+    }
+
+    async fn set_level(
+        &self,
+        request: SetLevelRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        *self.connection.log_level.lock().unwrap_or_else(|p| p.into_inner()) = Some(request.level);
+        Ok(())
+    }
+}
+
+enum Refusal {
+    Exec(ExecError),
+    Session(SessionError),
+}
+
+/// A run's result: the CLI's JSON as structuredContent, a short text, and
+/// image files as images.
+fn rendered(result: &ExecResult) -> CallToolResult {
+    let body = result.to_json();
+    let mut text = format!(
+        "[{}] {} in {:.1} ms{}\n",
+        result.backend,
+        result.outcome.as_str(),
+        result.usage.duration.as_secs_f64() * 1e3,
+        result.exit_code.filter(|c| *c != 0).map(|c| format!(" (exit code {c})")).unwrap_or_default()
+    );
+    let body_text = crate::agent::CodeExecutionResult::from(result.clone()).model_text();
+    if let Some(message) = result.message.as_ref().filter(|m| !body_text.contains(m.as_str())) {
+        text.push_str(&format!("{message}\n"));
+    }
+    text.push_str(&body_text);
+    let mut out = structured(body, text, result.outcome != Outcome::Ok);
+    for file in result.output_files.iter().filter(|f| f.mime_type.as_deref().is_some_and(|m| m.starts_with("image/"))) {
+        let data = base64::engine::general_purpose::STANDARD.encode(&file.content);
+        out.content.push(ContentBlock::image(data, file.mime_type.clone().unwrap_or_default()));
+    }
+    out
+}
+
+/// A refusal or an error before any result: `{"error": {...}}`, `isError`.
+fn refusal(error: &impl serde::Serialize) -> CallToolResult {
+    let body = json!({"error": error});
+    let kind = body["error"]["kind"].as_str().unwrap_or("error").to_string();
+    let message = body["error"]["message"].as_str().unwrap_or_default().to_string();
+    structured(body, format!("{kind}: {message}"), true)
+}
+
+fn structured(body: Value, text: String, is_error: bool) -> CallToolResult {
+    let mut result = CallToolResult::success(vec![ContentBlock::text(text)]);
+    result.structured_content = Some(body);
+    result.is_error = Some(is_error);
+    result
+}
+
+/// Severity order of MCP log levels (debug lowest).
+fn level_rank(level: LoggingLevel) -> u8 {
+    match level {
+        LoggingLevel::Debug => 0,
+        LoggingLevel::Info => 1,
+        LoggingLevel::Notice => 2,
+        LoggingLevel::Warning => 3,
+        LoggingLevel::Error => 4,
+        LoggingLevel::Critical => 5,
+        LoggingLevel::Alert => 6,
+        LoggingLevel::Emergency => 7,
+    }
+}

@@ -1,0 +1,153 @@
+"""`execbox serve` through the official MCP Python SDK, as an agent would use it.
+
+Run by tests/mcp_python.rs:  python mcp_client.py EXECBOX_BINARY
+Checks stdio and streamable HTTP (with a bearer token): tools, a JS and a
+Python run, structuredContent, a failure and a refusal as isError results,
+streamed stdout lines (logging), progress notifications, sessions, the
+token check. Prints "ok" at the end; any failed check raises.
+"""
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import httpx2
+from mcp import ClientSession, StdioServerParameters, types
+from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
+
+EXECBOX = sys.argv[1]
+
+
+def check(condition, what):
+    if not condition:
+        raise AssertionError(what)
+
+
+async def exercise(session: ClientSession, logs: list, transport: str):
+    tools = {t.name for t in (await session.list_tools()).tools}
+    check(tools == {"run_code", "list_backends", "create_session", "close_session"}, f"{transport}: tools {tools}")
+
+    r = await session.call_tool("run_code", {"language": "javascript", "code": "return input.map(x => x * 2)", "input": [1, 2, 3]})
+    check(not r.is_error and r.structured_content["output"] == [2, 4, 6], f"{transport}: js {r}")
+    check(r.structured_content["backend"] == "boa-js", f"{transport}: backend {r.structured_content}")
+
+    r = await session.call_tool("run_code", {"language": "python", "code": "import json\nprint(json.dumps(sum(input)))", "input": [1, 2, 3]})
+    check(not r.is_error and r.structured_content["output"] == 6, f"{transport}: python {r}")
+
+    r = await session.call_tool("run_code", {"language": "js", "code": "throw new TypeError('nope')"})
+    check(r.is_error and r.structured_content["outcome"] == "failed", f"{transport}: failure {r}")
+    check("TypeError: nope" in r.structured_content["message"], f"{transport}: message {r.structured_content}")
+
+    # A refusal (no backend runs JS with a network allow-list... nor can a call ask for one):
+    # pin a backend that does not run the language.
+    r = await session.call_tool("run_code", {"language": "python", "code": "1", "backend": "boa-js"})
+    check(r.is_error and r.structured_content["error"]["kind"] == "refused", f"{transport}: refusal {r}")
+
+    # Streaming: the client asked for info logs, so stdout lines arrive as notifications.
+    logs.clear()
+    await session.set_logging_level("info")
+    r = await session.call_tool("run_code", {"language": "python", "code": "for i in range(3):\n    print('line', i)"})
+    check(not r.is_error, f"{transport}: streamed run {r}")
+    deadline = time.monotonic() + 5
+    while len([l for l in logs if l.get("stream") == "stdout"]) < 3 and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    lines = [l["text"] for l in logs if l.get("stream") == "stdout"]
+    check(lines == ["line 0", "line 1", "line 2"], f"{transport}: streamed lines {logs}")
+
+    # Progress: a run over a second reports progress when asked.
+    progress = []
+
+    async def on_progress(value, total, message):
+        progress.append((value, total))
+
+    r = await session.call_tool("run_code", {"language": "python", "code": "import time\ntime.sleep(1.6)\nprint('done')", "timeout_ms": 4000}, progress_callback=on_progress)
+    check(not r.is_error, f"{transport}: slow run {r}")
+    check(len(progress) >= 1 and progress[0][1] == 4000.0, f"{transport}: progress {progress}")
+
+    # Sessions.
+    r = await session.call_tool("create_session", {"language": "javascript"})
+    sid = r.structured_content["session_id"]
+    r = await session.call_tool("run_code", {"language": "javascript", "code": "var total = 40", "session_id": sid})
+    check(not r.is_error, f"{transport}: session 1 {r}")
+    r = await session.call_tool("run_code", {"language": "javascript", "code": "total + 2", "session_id": sid})
+    check(r.structured_content["output"] == 42, f"{transport}: session 2 {r}")
+    r = await session.call_tool("close_session", {"session_id": sid})
+    check(r.structured_content["closed"] is True, f"{transport}: close {r}")
+    r = await session.call_tool("run_code", {"language": "javascript", "code": "total", "session_id": sid})
+    check(r.is_error and r.structured_content["error"]["kind"] == "unknown_session", f"{transport}: closed session {r}")
+
+    r = await session.call_tool("list_backends", {})
+    names = [b["name"] for b in r.structured_content["backends"]]
+    check("boa-js" in names and "python-wasm" in names, f"{transport}: backends {names}")
+    check("javascript" in r.structured_content["sessions"]["languages"], f"{transport}: session languages")
+
+    # Malformed arguments are a JSON-RPC error, not a tool result.
+    try:
+        await session.call_tool("run_code", {"language": "javascript", "code": "1", "policy": {}})
+    except Exception as e:  # the SDK raises on JSON-RPC errors
+        check("policy" in str(e), f"{transport}: malformed error {e}")
+    else:
+        raise AssertionError(f"{transport}: malformed arguments were accepted")
+
+
+def logging_callback(logs):
+    async def on_log(params: types.LoggingMessageNotificationParams):
+        if isinstance(params.data, dict):
+            logs.append(params.data)
+    return on_log
+
+
+async def over_stdio():
+    logs = []
+    params = StdioServerParameters(command=EXECBOX, args=["serve"])
+    async with stdio_client(params) as (read, write):
+        async with ClientSession(read, write, logging_callback=logging_callback(logs)) as session:
+            await session.initialize()
+            await exercise(session, logs, "stdio")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def over_http():
+    port = free_port()
+    with tempfile.NamedTemporaryFile("w", suffix=".token", delete=False) as f:
+        f.write("s3cret-token-for-tests\n")
+        token_file = f.name
+    server = subprocess.Popen([EXECBOX, "serve", "--http", f"127.0.0.1:{port}", "--token-file", token_file], stderr=subprocess.PIPE, text=True)
+    try:
+        check("listening" in server.stderr.readline(), "http: the server did not start")
+        url = f"http://127.0.0.1:{port}/mcp"
+        # Without the token: 401.
+        async with httpx2.AsyncClient() as plain:
+            response = await plain.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
+            check(response.status_code == 401, f"http: no token gave {response.status_code}")
+        logs = []
+        headers = {"Authorization": "Bearer s3cret-token-for-tests"}
+        async with httpx2.AsyncClient(headers=headers, timeout=30) as client:
+            async with streamable_http_client(url, http_client=client) as (read, write, *_):
+                async with ClientSession(read, write, logging_callback=logging_callback(logs)) as session:
+                    await session.initialize()
+                    await exercise(session, logs, "http")
+    finally:
+        server.terminate()
+        code = server.wait(30)
+        os.unlink(token_file)
+    check(code == 0, f"http: the server exited with {code} on SIGTERM")
+
+
+async def main():
+    await over_stdio()
+    await over_http()
+    print("ok")
+
+
+asyncio.run(main())

@@ -1,0 +1,359 @@
+//! `execbox serve` through a real MCP client (rmcp's, over the server's
+//! stdio): the tool contract, the policy ceiling no call can widen, load
+//! (busy, floods), sessions per connection, graceful shutdown.
+#![cfg(all(feature = "serve", feature = "js"))]
+
+use std::time::{Duration, Instant};
+
+use rmcp::ServiceExt;
+use rmcp::model::{CallToolRequestParams, CallToolResult};
+use rmcp::service::{RoleClient, RunningService, ServiceError};
+use rmcp::transport::TokioChildProcess;
+use serde_json::{Value, json};
+
+type Client = RunningService<RoleClient, ()>;
+
+/// A server started with `args`, its pid, and a client connected to it.
+async fn connect(args: &[&str]) -> (Client, u32) {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_execbox"));
+    command.arg("serve").args(args);
+    let transport = TokioChildProcess::new(command).expect("spawn execbox serve");
+    let pid = transport.id().expect("pid");
+    let client = ().serve(transport).await.expect("MCP handshake");
+    (client, pid)
+}
+
+async fn call(client: &Client, tool: &'static str, arguments: Value) -> Result<CallToolResult, ServiceError> {
+    let Value::Object(arguments) = arguments else { panic!("arguments must be an object") };
+    client.peer().call_tool(CallToolRequestParams::new(tool).with_arguments(arguments)).await
+}
+
+/// A successful call's `structuredContent` and `isError`.
+async fn run(client: &Client, arguments: Value) -> (Value, bool) {
+    let result = call(client, "run_code", arguments).await.expect("a tool result");
+    (result.structured_content.expect("structuredContent"), result.is_error == Some(true))
+}
+
+fn policy_file(policy: Value) -> tempfile::NamedTempFile {
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), policy.to_string()).unwrap();
+    file
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn results_are_the_cli_json_and_failures_and_refusals_are_tool_errors() {
+    let (client, _) = connect(&[]).await;
+    let (ok, is_error) =
+        run(&client, json!({"language": "javascript", "code": "return input.a + 1", "input": {"a": 41}})).await;
+    assert!(!is_error);
+    // Exactly the keys of `execbox run --json`.
+    let cli = std::process::Command::new(env!("CARGO_BIN_EXE_execbox"))
+        .args(["run", "--code", "return 1", "--json"])
+        .output()
+        .unwrap();
+    let cli: Value = serde_json::from_slice(&cli.stdout).unwrap();
+    let keys = |v: &Value| v.as_object().unwrap().keys().cloned().collect::<Vec<_>>();
+    assert_eq!(keys(&ok), keys(&cli));
+    assert_eq!((ok["outcome"].as_str(), ok["output"].as_i64()), (Some("ok"), Some(42)));
+
+    let (failed, is_error) =
+        run(&client, json!({"language": "js", "code": "while (true) {}", "timeout_ms": 100})).await;
+    assert!(is_error);
+    assert_eq!(failed["outcome"], "timed_out");
+
+    let (refused, is_error) = run(&client, json!({"language": "shell", "code": "echo", "backend": "boa-js"})).await;
+    assert!(is_error);
+    assert_eq!(refused["error"]["kind"], "refused", "{refused}");
+    assert_eq!(refused["error"]["violations"][0]["control"], "language");
+
+    // Only malformed arguments are JSON-RPC errors.
+    for bad in [
+        json!({"language": "cobol", "code": "1"}),
+        json!({"code": "1"}),
+        json!({"language": "js", "code": "1", "timeout_ms": 0}),
+        json!({"language": "js", "code": "1", "files": [{"name": "a", "content_base64": "%%%"}]}),
+    ] {
+        match call(&client, "run_code", bad.clone()).await {
+            Err(ServiceError::McpError(e)) => assert_eq!(e.code.0, -32602, "{bad}: {e:?}"),
+            other => panic!("{bad}: expected a JSON-RPC error, got {other:?}"),
+        }
+    }
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tool_call_cannot_widen_any_control() {
+    let ceiling = policy_file(json!({"timeout_ms": 1500, "memory_bytes": 64 << 20, "max_stdout_bytes": 64}));
+    let (client, _) = connect(&["--policy", ceiling.path().to_str().unwrap()]).await;
+    // A longer deadline is held to the ceiling's.
+    let started = Instant::now();
+    let (r, _) = run(&client, json!({"language": "js", "code": "while (true) {}", "timeout_ms": 600_000})).await;
+    assert_eq!(r["outcome"], "timed_out");
+    assert!(r["message"].as_str().unwrap().contains("1500 ms"), "{r}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    // A larger memory cap is held to the ceiling's 64 MiB.
+    let bomb = "let s = 'x'; while (true) s = s + s;";
+    let (r, _) = run(&client, json!({"language": "js", "code": bomb, "memory_mb": 1_000_000})).await;
+    assert_eq!(r["outcome"], "out_of_memory", "{r}");
+    // The output cap holds.
+    let (r, _) = run(&client, json!({"language": "js", "code": "console.log('x'.repeat(1000))"})).await;
+    assert_eq!((r["stdout_truncated"].as_bool(), r["stdout"].as_str().map(str::len)), (Some(true), Some(64)));
+    // No argument names a grant: each is a JSON-RPC error, nothing runs.
+    for (name, value) in [
+        ("policy", json!({"network": {"mode": "not_asked"}})),
+        ("env", json!({"HOME": "/root"})),
+        ("preopen", json!(["/:/host:rw"])),
+        ("network", json!("allow")),
+        ("filesystem", json!({"mode": "allow"})),
+        ("engine", json!("docker")),
+        ("fuel", json!(1)),
+    ] {
+        let mut args = json!({"language": "js", "code": "return 1"});
+        args[name] = value;
+        let e = call(&client, "run_code", args).await.unwrap_err();
+        assert!(matches!(&e, ServiceError::McpError(err) if err.code.0 == -32602), "{name}: {e:?}");
+    }
+    // Python sees no host environment.
+    let (r, _) =
+        run(&client, json!({"language": "python", "code": "import os, json\nprint(json.dumps(sorted(os.environ)))"}))
+            .await;
+    let names: Vec<String> = serde_json::from_value(r["output"].clone()).unwrap_or_default();
+    assert!(!names.iter().any(|n| n == "HOME" || n == "PATH" || n.starts_with("CARGO")), "{names:?}");
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn excess_calls_get_busy_and_a_flood_leaves_the_server_serving() {
+    let (client, pid) = connect(&["--max-concurrent", "1", "--max-queued", "2"]).await;
+    let rss = || {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap().to_string();
+        line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap()
+    };
+    run(&client, json!({"language": "js", "code": "return 1"})).await;
+    let before = rss();
+    let peer = client.peer().clone();
+    let calls: Vec<_> = (0..200)
+        .map(|i| {
+            let peer = peer.clone();
+            tokio::spawn(async move {
+                let code = if i % 50 == 0 {
+                    "let t = Date.now(); while (Date.now() - t < 300) {} return 0"
+                } else {
+                    "return 1"
+                };
+                let Value::Object(args) = json!({"language": "js", "code": code, "timeout_ms": 2000}) else {
+                    unreachable!()
+                };
+                peer.call_tool(CallToolRequestParams::new("run_code").with_arguments(args)).await
+            })
+        })
+        .collect();
+    let (mut ok, mut busy) = (0, 0);
+    for c in calls {
+        let r = c.await.unwrap().expect("every call is answered");
+        let body = r.structured_content.unwrap();
+        if body["outcome"] == "ok" {
+            ok += 1;
+        } else {
+            assert_eq!(body["error"]["kind"], "busy", "{body}");
+            busy += 1;
+        }
+    }
+    assert!(ok >= 1 && busy >= 1, "ok {ok}, busy {busy}");
+    // Still serving, and memory did not grow with the flood.
+    let (r, _) = run(&client, json!({"language": "js", "code": "return 2"})).await;
+    assert_eq!(r["output"], 2);
+    assert!(rss() < before + 64 * 1024, "RSS {} kB -> {} kB", before, rss());
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sessions_are_bounded_and_belong_to_their_connection() {
+    let (a, pid) = connect(&["--max-sessions", "2", "--session-idle-secs", "600"]).await;
+    let open = |client: &Client| {
+        let peer = client.peer().clone();
+        async move {
+            let Value::Object(args) = json!({"language": "javascript"}) else { unreachable!() };
+            peer.call_tool(CallToolRequestParams::new("create_session").with_arguments(args)).await.unwrap()
+        }
+    };
+    let created = open(&a).await.structured_content.unwrap();
+    let id = created["session_id"].as_str().unwrap().to_string();
+    assert_eq!(id.len(), 32, "random ids: {id}");
+    let (r, _) = run(&a, json!({"language": "js", "code": "var n = 41", "session_id": id})).await;
+    assert_eq!(r["outcome"], "ok");
+    let (r, _) = run(&a, json!({"language": "js", "code": "++n", "session_id": id})).await;
+    assert_eq!(r["output"], 42);
+    // Stateless runs do not see it.
+    let (r, _) = run(&a, json!({"language": "js", "code": "return typeof n"})).await;
+    assert_eq!(r["output"], "undefined");
+    // A wrong language is refused, typed.
+    let (r, is_error) = run(&a, json!({"language": "python", "code": "1", "session_id": id})).await;
+    assert!(is_error && r["error"]["kind"] == "wrong_language", "{r}");
+    // The bound holds.
+    let second = open(&a).await.structured_content.unwrap();
+    let third = open(&a).await.structured_content.unwrap();
+    assert_eq!(third["error"]["kind"], "too_many_sessions", "{third}");
+    // A timed-out cell ends the session: reported as lost, once, never silently reset.
+    let sid2 = second["session_id"].as_str().unwrap();
+    let (r, _) = run(
+        &a,
+        json!({"language": "js", "code": "[1].map(() => { while (true) {} })", "session_id": sid2, "timeout_ms": 200}),
+    )
+    .await;
+    assert_eq!(r["outcome"], "timed_out");
+    let (r, _) = run(&a, json!({"language": "js", "code": "1", "session_id": sid2})).await;
+    assert_eq!(r["error"]["kind"], "session_lost", "{r}");
+
+    // (Ids belong to their connection: see the HTTP test, where two
+    // connections share one server.) Closing a session ends its worker.
+    let before = live_children(pid);
+    let closed = call(&a, "close_session", json!({"session_id": id})).await.unwrap().structured_content.unwrap();
+    assert_eq!(closed["closed"], true);
+    let ended = || before.iter().any(|child| !live_children(pid).contains(child));
+    let until = Instant::now() + Duration::from_secs(5);
+    while !ended() && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(ended(), "closing the session ended its worker");
+    a.cancel().await.unwrap();
+}
+
+/// Live (not zombie) child processes of `pid`, whichever thread spawned them.
+fn live_children(pid: u32) -> Vec<u32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return Vec::new() };
+    let mut children: Vec<u32> = tasks
+        .flatten()
+        .filter_map(|task| std::fs::read_to_string(task.path().join("children")).ok())
+        .flat_map(|list| list.split_whitespace().filter_map(|p| p.parse().ok()).collect::<Vec<u32>>())
+        .filter(|child| {
+            let stat = std::fs::read_to_string(format!("/proc/{child}/stat")).unwrap_or_default();
+            stat.rsplit(')').next().and_then(|rest| rest.split_whitespace().next()).is_some_and(|state| state != "Z")
+        })
+        .collect();
+    children.sort();
+    children
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn http_sessions_are_isolated_per_connection_and_need_the_token() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let token = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(token.path(), "a-long-enough-test-token\n").unwrap();
+    let mut server = KillOnDrop(
+        std::process::Command::new(env!("CARGO_BIN_EXE_execbox"))
+            .args(["serve", "--http", &format!("127.0.0.1:{port}"), "--token-file", token.path().to_str().unwrap()])
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let server = &mut server.0;
+    let mut banner = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(server.stderr.take().unwrap()), &mut banner).unwrap();
+    assert!(banner.contains("listening"), "{banner}");
+    // Raw JSON-RPC over HTTP (the Python SDK test covers a full client).
+    let post = |auth: Option<&str>, session: Option<&str>, body: Value| {
+        let mut cmd = std::process::Command::new("curl");
+        cmd.args(["-s", "-i", "-X", "POST", &format!("http://127.0.0.1:{port}/mcp")])
+            .args(["-H", "content-type: application/json", "-H", "accept: application/json, text/event-stream"])
+            .args(["-H", "mcp-protocol-version: 2025-06-18", "--data", &body.to_string()]);
+        if let Some(auth) = auth {
+            cmd.args(["-H", &format!("authorization: Bearer {auth}")]);
+        }
+        if let Some(session) = session {
+            cmd.args(["-H", &format!("mcp-session-id: {session}")]);
+        }
+        String::from_utf8_lossy(&cmd.output().unwrap().stdout).into_owned()
+    };
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}});
+    assert!(post(None, None, init.clone()).starts_with("HTTP/1.1 401"));
+    assert!(post(Some("wrong-token"), None, init.clone()).starts_with("HTTP/1.1 401"));
+    let connect_http = || {
+        let head = post(Some("a-long-enough-test-token"), None, init.clone());
+        let session = head
+            .lines()
+            .find_map(|l| l.to_ascii_lowercase().strip_prefix("mcp-session-id: ").map(|s| s.trim().to_string()))
+            .unwrap_or_else(|| panic!("no session header: {head}"));
+        post(
+            Some("a-long-enough-test-token"),
+            Some(&session),
+            json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        );
+        session
+    };
+    let tool = |session: &str, name: &str, arguments: Value| {
+        let reply = post(
+            Some("a-long-enough-test-token"),
+            Some(session),
+            json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": name, "arguments": arguments}}),
+        );
+        // An SSE stream: the answer is the event whose data is a JSON-RPC response.
+        let answer = reply
+            .lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .filter_map(|data| serde_json::from_str::<Value>(data.trim()).ok())
+            .find(|v| v.get("result").is_some())
+            .unwrap_or_else(|| panic!("{reply}"));
+        answer["result"]["structuredContent"].clone()
+    };
+    let (one, two) = (connect_http(), connect_http());
+    let sid = tool(&one, "create_session", json!({"language": "js"}))["session_id"].as_str().unwrap().to_string();
+    assert_eq!(
+        tool(&one, "run_code", json!({"language": "js", "code": "var s = 'mine'", "session_id": sid}))["outcome"],
+        "ok"
+    );
+    let stolen = tool(&two, "run_code", json!({"language": "js", "code": "s", "session_id": sid}));
+    assert_eq!(stolen["error"]["kind"], "unknown_session", "{stolen}");
+    assert_eq!(tool(&one, "run_code", json!({"language": "js", "code": "s", "session_id": sid}))["output"], "mine");
+    send_signal(server.id(), "TERM");
+    let status = server.wait().unwrap();
+    assert_eq!(status.code(), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_lets_the_call_in_flight_answer_then_exits_cleanly() {
+    let (client, pid) = connect(&[]).await;
+    let peer = client.peer().clone();
+    let slow = tokio::spawn(async move {
+        let code = "let t = Date.now(); while (Date.now() - t < 1200) {} return 'finished'";
+        let Value::Object(args) = json!({"language": "js", "code": code}) else { unreachable!() };
+        peer.call_tool(CallToolRequestParams::new("run_code").with_arguments(args)).await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    send_signal(pid, "TERM");
+    let answered = slow.await.unwrap().expect("the call in flight is answered");
+    assert_eq!(answered.structured_content.unwrap()["output"], "finished");
+    let until = Instant::now() + Duration::from_secs(15);
+    while std::path::Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < until {
+        // A zombie until the transport reaps it.
+        let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        if state.split_whitespace().nth(2) == Some("Z") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    assert!(state.is_empty() || state.split_whitespace().nth(2) == Some("Z"), "still running: {state}");
+    let _ = client.cancel().await;
+}
+
+/// A server process that a failed assertion does not leave running.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Sends a signal with the `kill` command (no unsafe in tests).
+fn send_signal(pid: u32, signal: &str) {
+    let status = std::process::Command::new("kill").args([&format!("-{signal}"), &pid.to_string()]).status().unwrap();
+    assert!(status.success());
+}
