@@ -59,6 +59,10 @@ impl ExecutorBuilder {
     pub fn default_backends(self, cfg: &BackendsConfig) -> Result<Self, ExecError> {
         #[allow(unused_mut)]
         let mut builder = self;
+        // What killed execbox processes left in the temp dir goes now, in
+        // the background, not on the first run that stages files.
+        #[cfg(any(feature = "wasm", feature = "container"))]
+        crate::backends::owner::sweep_stale_temp_dirs();
         #[cfg(feature = "js")]
         {
             use crate::backends::{BoaJs, BoaJsConfig};

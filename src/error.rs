@@ -6,6 +6,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::capabilities::Language;
+use crate::limits::result_caps::cap_message;
 use crate::matching::Violation;
 
 /// Why one backend was not chosen.
@@ -209,29 +210,40 @@ impl ExecError {
     }
 }
 
-/// One violation in an error's JSON, tagged with its backend.
+/// One violation in an error's JSON, tagged with its backend; its texts
+/// capped like a result's `message`.
 #[derive(Serialize)]
 struct ViolationJson<'a> {
     backend: &'a str,
-    #[serde(flatten)]
-    violation: &'a Violation,
+    control: crate::matching::Control,
+    requested: String,
+    reason: String,
 }
 
 /// In JSON: `{"kind", "message", "violations": [{"backend", "control",
-/// "requested", "reason"}]}`; `violations` is empty unless `kind` is `refused`.
+/// "requested", "reason"}]}`; `violations` is empty unless `kind` is
+/// `refused`. Every text is capped like a result's `message` (4 KiB: an
+/// invalid module's reason can quote the payload).
 impl Serialize for ExecError {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
         let violations: Vec<ViolationJson<'_>> = match self {
             ExecError::Refused { rejections } => rejections
                 .iter()
-                .flat_map(|r| r.violations.iter().map(|violation| ViolationJson { backend: &r.backend, violation }))
+                .flat_map(|r| {
+                    r.violations.iter().map(|v| ViolationJson {
+                        backend: &r.backend,
+                        control: v.control,
+                        requested: cap_message(v.requested.clone()),
+                        reason: cap_message(v.reason.clone()),
+                    })
+                })
                 .collect(),
             _ => Vec::new(),
         };
         let mut s = serializer.serialize_struct("ExecError", 3)?;
         s.serialize_field("kind", self.kind())?;
-        s.serialize_field("message", &self.to_string())?;
+        s.serialize_field("message", &cap_message(self.to_string()))?;
         s.serialize_field("violations", &violations)?;
         s.end()
     }

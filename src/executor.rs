@@ -413,9 +413,9 @@ pub const MAX_ENV_VALUE_BYTES: usize = 32 << 10;
 
 /// Checks that every variable can reach the program exactly as given: a
 /// portable name (`[A-Za-z_][A-Za-z0-9_]*`: engines rewrite others, e.g.
-/// docker trims `\u{85}X` to `X`) and a value without NUL, at most
-/// [`MAX_ENV_VALUE_BYTES`].
-fn validate_env(request: &ExecRequest) -> Result<(), InvalidRequest> {
+/// docker trims `\u{85}X` to `X`), not a dynamic-loader variable (`LD_*`),
+/// and a value without NUL, at most [`MAX_ENV_VALUE_BYTES`].
+pub(crate) fn validate_env(request: &ExecRequest) -> Result<(), InvalidRequest> {
     for (name, value) in &request.env {
         let bad = |reason: String| InvalidRequest::BadEnv { name: name.clone(), reason };
         let mut chars = name.bytes();
@@ -423,6 +423,11 @@ fn validate_env(request: &ExecRequest) -> Result<(), InvalidRequest> {
             && chars.all(|c| c.is_ascii_alphanumeric() || c == b'_');
         if !portable || name.len() > 256 {
             return Err(bad("names must match [A-Za-z_][A-Za-z0-9_]* (at most 256 bytes)".into()));
+        }
+        if name.starts_with("LD_") {
+            // They would reach the sandbox's own helpers (the container's
+            // in-container timer) before the program.
+            return Err(bad("dynamic-loader variables (LD_*) cannot be passed".into()));
         }
         if value.len() > MAX_ENV_VALUE_BYTES {
             return Err(bad(format!("the value is {} bytes, over the limit of {MAX_ENV_VALUE_BYTES}", value.len())));

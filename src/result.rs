@@ -90,10 +90,34 @@ pub struct CapturedStream {
 }
 
 impl CapturedStream {
-    /// The kept bytes as text (invalid UTF-8 replaced with U+FFFD).
+    /// The kept bytes as text (invalid UTF-8 replaced with U+FFFD). A
+    /// character the cap cut in half is left out, not replaced: the text
+    /// stays within the cap.
     pub fn text(&self) -> Cow<'_, str> {
-        String::from_utf8_lossy(&self.bytes)
+        let bytes = if self.truncated { without_cut_char(&self.bytes) } else { &self.bytes[..] };
+        String::from_utf8_lossy(bytes)
     }
+}
+
+/// `bytes` without a UTF-8 sequence left incomplete at its very end.
+fn without_cut_char(bytes: &[u8]) -> &[u8] {
+    // The last character starts within the last 4 bytes.
+    for back in 1..=bytes.len().min(4) {
+        let start = bytes.len() - back;
+        let lead = bytes[start];
+        if lead & 0b1100_0000 == 0b1000_0000 {
+            continue; // a continuation byte: keep looking for the lead
+        }
+        let needed = match lead {
+            0x00..=0x7f => 1,
+            0xc0..=0xdf => 2,
+            0xe0..=0xef => 3,
+            0xf0..=0xf7 => 4,
+            _ => return bytes, // not a lead byte: invalid anyway, leave it to the lossy conversion
+        };
+        return if back < needed { &bytes[..start] } else { bytes };
+    }
+    bytes
 }
 
 /// Resources a run used, where the backend can tell.
@@ -299,5 +323,35 @@ impl<'de> Deserialize<'de> for ExecResult {
                 peak_memory_bytes: j.peak_memory_bytes,
             },
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_character_cut_by_the_cap_is_left_out() {
+        let cut = |bytes: &[u8], truncated| {
+            CapturedStream { bytes: bytes.to_vec(), total_bytes: 99, truncated }.text().into_owned()
+        };
+        assert_eq!(cut("ab\u{20ac}".as_bytes(), true), "ab\u{20ac}");
+        assert_eq!(cut(&"ab\u{20ac}".as_bytes()[..4], true), "ab");
+        assert_eq!(cut(&"\u{1f600}".as_bytes()[..3], true), "");
+        assert_eq!(cut(&"\u{20ac}".as_bytes()[..2], false), "\u{fffd}", "only a cut stream is trimmed");
+    }
+
+    #[test]
+    fn results_round_trip_through_json() {
+        let mut r = ExecResult::new("boa-js", Outcome::Failed);
+        r.stdout = CapturedStream { bytes: b"hi\n".to_vec(), total_bytes: 10, truncated: true };
+        r.output = Some(serde_json::json!({"a": [1]}));
+        r.message = Some("why".into());
+        r.output_files =
+            vec![ExecFile { name: "p.png".into(), content: vec![137, 80], mime_type: Some("image/png".into()) }];
+        r.usage.duration = Duration::from_micros(1500);
+        let text = serde_json::to_string(&r).unwrap();
+        assert_eq!(serde_json::from_str::<ExecResult>(&text).unwrap(), r);
+        assert_eq!(serde_json::to_value(&r).unwrap()["duration_ms"], 1.5);
     }
 }

@@ -142,7 +142,7 @@ impl Serialize for SessionError {
         }
         let mut s = serializer.serialize_struct("SessionError", 3)?;
         s.serialize_field("kind", self.kind())?;
-        s.serialize_field("message", &self.to_string())?;
+        s.serialize_field("message", &crate::limits::result_caps::cap_message(self.to_string()))?;
         s.serialize_field("violations", &[] as &[()])?;
         s.end()
     }

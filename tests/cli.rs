@@ -387,10 +387,13 @@ mod containers {
             out_dir.to_str().unwrap(),
             "--json",
         ]);
+        // The program ran: its result is printed, the failed save goes to
+        // stderr, and the exit code is 1 (not 2, "nothing ran").
         let v = json_out(&out);
-        assert_eq!(out.status.code(), Some(2), "{v}");
-        assert_eq!(v["error"]["kind"], "output_files", "{v}");
-        assert!(v["error"]["message"].as_str().unwrap().contains("symlink"), "{v}");
+        assert_eq!(out.status.code(), Some(1), "{v}");
+        assert_eq!(v["outcome"], "ok", "{v}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("output files not saved") && stderr.contains("symlink"), "{stderr}");
         assert_eq!(
             std::fs::read_to_string(&secret).unwrap(),
             "precious",
@@ -442,7 +445,7 @@ mod containers {
         std::os::unix::fs::symlink(&secret, out_dir.join("report.txt")).unwrap();
         let code = "open('/work/out/report.txt', 'w').write('pwned')";
         let out = execbox(&["run", "--lang", "python", "--code", code, "--output-dir", out_dir.to_str().unwrap()]);
-        assert_eq!(out.status.code(), Some(2));
+        assert_eq!(out.status.code(), Some(1));
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(stderr.contains("refusing to go through the symlink report.txt"), "{stderr}");
         assert_eq!(std::fs::read_to_string(&secret).unwrap(), "precious");
@@ -572,4 +575,96 @@ mod containers {
         assert!(swept, "the container of a dead owner in this scope was left");
         assert!(kept, "a container of another PID namespace was removed: its owner's liveness cannot be judged");
     }
+}
+
+/// The CLI reads only regular files, and no more than a limit: a FIFO
+/// (which would block forever) or `/dev/zero` (which never ends) given as
+/// code, input file or stdin is refused at once.
+#[test]
+fn files_the_cli_reads_are_regular_and_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let fifo = fifo.to_str().unwrap();
+    let input_file = format!("{fifo}:f");
+    let started = std::time::Instant::now();
+    for args in [
+        vec!["run", "--file", fifo, "--json"],
+        vec!["run", "--file", "/dev/zero", "--json"],
+        vec![
+            "run",
+            "--lang",
+            "wasm",
+            "--file",
+            "guests/prebuilt/wasi_tool.wasm",
+            "--stdin-file",
+            "/dev/zero",
+            "--json",
+        ],
+        vec!["run", "--code", "return 1", "--input-file", &input_file, "--json"],
+    ] {
+        let out = execbox(&args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let v = json_out(&out);
+        assert_eq!(v["error"]["kind"], "invalid_request", "{args:?}: {v}");
+        assert!(v["error"]["message"].as_str().unwrap().contains("not a regular file"), "{v}");
+    }
+    // A regular file over the code limit is refused without reading it all.
+    let big = dir.path().join("big.js");
+    std::fs::write(&big, "1;".repeat(600_000)).unwrap();
+    let out = execbox(&["run", "--file", big.to_str().unwrap(), "--json"]);
+    let v = json_out(&out);
+    assert!(v["error"]["message"].as_str().unwrap().contains("max_code_bytes"), "{v}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(30));
+}
+
+/// A refusal's message is capped like a result's: an invalid module's
+/// error quotes the payload.
+#[test]
+fn refusal_messages_are_capped() {
+    let wat = dir_file(&format!("(module {})", "x".repeat(900_000)));
+    let out = execbox(&["run", "--lang", "wasm", "--file", wat.1.to_str().unwrap(), "--json"]);
+    assert_eq!(out.status.code(), Some(2));
+    let v = json_out(&out);
+    assert_eq!(v["error"]["kind"], "invalid_request", "{v}");
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(message.len() < 4300, "{} bytes", message.len());
+    // WAT over its own limit (1 MiB) is refused before it is parsed.
+    let huge = dir_file(&format!("(module {})", " ".repeat(1_100_000)));
+    let out = execbox(&[
+        "run",
+        "--lang",
+        "wasm",
+        "--file",
+        huge.1.to_str().unwrap(),
+        "--max-code-bytes",
+        "4000000",
+        "--json",
+    ]);
+    let v = json_out(&out);
+    assert!(v["error"]["message"].as_str().unwrap().contains("max_wat_bytes"), "{v}");
+}
+
+fn dir_file(text: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.wat");
+    std::fs::write(&path, text).unwrap();
+    (dir, path)
+}
+
+/// A reader that stops early (`| head`) does not make the CLI panic.
+#[test]
+fn a_closed_stdout_is_not_a_panic() {
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_execbox"))
+        .args(["run", "--code", "return 'x'.repeat(200000)", "--json", "--max-output-bytes", "1000000"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(out.status.code(), Some(0));
 }

@@ -200,7 +200,11 @@ fn every_container_carries_its_owner_and_its_own_timer() {
     // The image's first process copies `timeout` execute-only, limits file sizes, then runs the program under it.
     assert_eq!(argv[image + 1..image + 3], ["/bin/sh", "-c"]);
     assert!(argv[image + 3].contains("install -m 0111 /usr/bin/timeout") && argv[image + 3].contains("--signal=KILL"));
-    assert_eq!(argv[image + 5..image + 8], ["16384", "4.500s", "python3"], "8 MiB in 512-byte blocks, then the timer");
+    assert_eq!(
+        argv[image + 5..image + 8],
+        ["16384", "4.500s", "/usr/bin/python3"],
+        "8 MiB in 512-byte blocks, then the timer"
+    );
     assert!(!argv.iter().any(|a| a.starts_with("--ulimit")), "the limit is set after the timer's copy");
 }
 
@@ -756,4 +760,35 @@ fn rust_panics_and_timeouts_are_outcomes() {
     assert_eq!(r.outcome, Outcome::TimedOut, "{r:?}");
     drop(c); // joins the reaper
     assert!(leftovers("rust-panic").is_empty());
+}
+
+#[test]
+fn a_rust_value_over_the_output_cap_is_failed_not_lost() {
+    let cache = tempfile::tempdir().unwrap();
+    let Some(c) = rust_backend("rust-cap", cache.path()) else { return };
+    let code = "fn run(_input: Value) -> Value { Value::String(\"x\".repeat(100_000)) }";
+    let policy = SandboxPolicy::strict().timeout(Duration::from_secs(60)).max_output_bytes(1000);
+    let r = run(&c, rust(code).policy(policy));
+    assert_eq!((r.outcome, r.output_truncated, r.output.is_none()), (Outcome::Failed, true, true), "{r:?}");
+    assert!(r.message.as_deref().unwrap_or("").contains("max_stdout_bytes"), "{:?}", r.message);
+}
+
+#[test]
+fn the_callers_path_cannot_break_the_in_container_timer_and_loader_variables_are_refused() {
+    let Some(c) = backend("env-timer") else { return };
+    let env = |name: &str, value: &str| {
+        python("import os; print(os.environ.get('PATH'))")
+            .env(name, value)
+            .policy(SandboxPolicy::strict().environment(Access::Allow(vec![name.into()])))
+    };
+    // The timer, the interpreter and the shell are found by absolute path.
+    let r = run(&c, env("PATH", "/nope"));
+    assert_eq!((r.outcome, stdout(&r).trim()), (Outcome::Ok, "/nope"), "{r:?}");
+    let shell = ExecRequest::source(Language::Shell, "/bin/echo \"$PATH\"")
+        .env("PATH", "/nope")
+        .policy(SandboxPolicy::strict().environment(Access::Allow(vec!["PATH".into()])));
+    let r = run(&c, shell);
+    assert_eq!((r.outcome, stdout(&r).trim()), (Outcome::Ok, "/nope"), "{r:?}");
+    let err = c.execute(env("LD_PRELOAD", "/tmp/x.so")).unwrap_err();
+    assert!(matches!(err, ExecError::InvalidRequest(InvalidRequest::BadEnv { .. })), "{err}");
 }

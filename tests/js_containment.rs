@@ -453,3 +453,37 @@ fn a_cold_pool_reports_starting_workers_not_busy_ones() {
     assert!(backend.wait_ready(Duration::from_secs(20)));
     still_serves(&backend);
 }
+
+/// Classes an adversarial review found after the guards were written; each
+/// ends typed, the host lives, the next request is served.
+#[test]
+fn left_associative_chains_and_reachable_engine_assertions_end_typed() {
+    let js = backend();
+    // Long left-associative chains recurse in boa's parser past the nesting
+    // scanner (which counts brackets and right-associative chains): the
+    // worker's stack overflow ends the run.
+    let chain = format!("return 1{}", "+1".repeat(50_000));
+    let r = run(&js, &chain, policy()).unwrap();
+    assert_eq!(r.outcome, Outcome::Failed, "{r:?}");
+    assert!(r.message.as_deref().unwrap_or("").contains("crashed"), "{:?}", r.message);
+    still_serves(&js);
+    // A boa assertion reachable from JS: a panic in the worker, not the host.
+    let r = run(&js, "async function* g() { yield* g() } return await g().next()", policy()).unwrap();
+    assert_eq!(r.outcome, Outcome::Failed, "{r:?}");
+    still_serves(&js);
+}
+
+/// Input at the nesting bound reaches the worker intact (the frame around
+/// it once pushed serde_json past its own limit and killed the worker).
+#[test]
+fn input_at_the_nesting_bound_is_accepted_and_one_deeper_is_refused() {
+    let js = backend();
+    let nested = |depth: usize| (1..depth).fold(json!([]), |inner, _| json!([inner]));
+    let at_bound = ExecRequest::javascript("let d = 0; for (let v = input; Array.isArray(v); v = v[0]) d++; return d")
+        .input(nested(127))
+        .policy(policy());
+    let r = js.execute(at_bound).unwrap();
+    assert_eq!((r.outcome, r.output.clone()), (Outcome::Ok, Some(json!(127))), "{r:?}");
+    let over = ExecRequest::javascript("return 1").input(nested(129)).policy(policy());
+    assert_eq!(js.execute(over).unwrap_err().kind(), "invalid_request");
+}

@@ -420,3 +420,49 @@ fn an_interpreter_cache_dir_others_can_write_is_not_used() {
     let mode = std::fs::metadata(&compiled).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o777, "and it was not chmodded");
 }
+
+/// A guest cannot re-aim a symlink the host left in a read-write grant:
+/// renaming a relative link to another depth (or hard-linking it) would
+/// leave a link that points out of the grant for host programs to follow.
+#[test]
+fn python_cannot_move_or_hard_link_symlinks_in_a_grant() {
+    let Some(py) = python_backend() else { return };
+    let root = tempfile::tempdir().unwrap();
+    let grant = root.path().join("grant");
+    std::fs::create_dir_all(grant.join("sub")).unwrap();
+    std::fs::write(root.path().join("secret.txt"), "TOPSECRET").unwrap();
+    std::os::unix::fs::symlink("../secret.txt", grant.join("sub/inner")).unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", grant.join("abs")).unwrap();
+    std::fs::write(grant.join("plain.txt"), "data").unwrap();
+    let code = r#"
+import errno, os, json
+results = {}
+for name, op in [("rename_rel", lambda: os.rename('/d/sub/inner', '/d/moved')),
+                 ("rename_abs", lambda: os.rename('/d/abs', '/d/sub/abs2')),
+                 ("link_abs", lambda: os.link('/d/abs', '/d/hard')),
+                 ("link_rel", lambda: os.link('/d/sub/inner', '/d/sub/copy')),
+                 ("rename_file", lambda: os.rename('/d/plain.txt', '/d/sub/plain.txt'))]:
+    try:
+        op()
+        results[name] = "done"
+    except OSError as e:
+        results[name] = errno.errorcode.get(e.errno, e.errno)
+print(json.dumps(results))
+"#;
+    let grants = execbox::PathGrants::new().read_write_at(&grant, "/d");
+    let request = python(code)
+        .policy(SandboxPolicy::strict().timeout(Duration::from_secs(30)).filesystem(execbox::Access::Allow(grants)));
+    let r = run(py, request);
+    assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
+    let eperm = json!("EPERM");
+    let out = r.output.expect("output");
+    for op in ["rename_rel", "rename_abs", "link_abs", "link_rel"] {
+        assert_eq!(out[op], eperm, "{op}: {out}");
+    }
+    assert_eq!(out["rename_file"], "done", "regular files still move: {out}");
+    // The links are where the host put them, and no new one exists.
+    assert!(grant.join("sub/inner").is_symlink() && grant.join("abs").is_symlink());
+    for made in ["moved", "sub/abs2", "hard", "sub/copy"] {
+        assert!(std::fs::symlink_metadata(grant.join(made)).is_err(), "{made} was made");
+    }
+}

@@ -54,3 +54,38 @@ fn the_wasm_backends_of_a_matrix_share_one_engine() {
     drop(exec);
     assert_eq!(threads_named("execbox-epoch"), before);
 }
+
+/// The epoch follows the real clock: each of the ticker's sleeps lasts
+/// longer than a tick (more so on a loaded machine: here, busy threads on
+/// every core), and counting sleeps instead of time made deadlines late.
+#[test]
+fn a_deadline_holds_under_cpu_contention() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use execbox::{Backend, ExecRequest, Outcome, SandboxPolicy};
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let wasm = WasmGuest::new().unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let spinners: Vec<_> = (0..8)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    n = n.wrapping_add(1);
+                    std::hint::black_box(n);
+                }
+            })
+        })
+        .collect();
+    let request = ExecRequest::wasm(&b"(module (func (export \"_start\") (loop br 0)))"[..])
+        .policy(SandboxPolicy::strict().timeout(Duration::from_millis(1000)));
+    let result = wasm.execute(request).unwrap();
+    stop.store(true, Ordering::Relaxed);
+    spinners.into_iter().for_each(|t| t.join().unwrap());
+    assert_eq!(result.outcome, Outcome::TimedOut);
+    let ms = result.usage.duration.as_millis();
+    // Measured here: 1001–1012 ms; counting sleeps gave 1126–1157 ms.
+    assert!(ms < 1080, "a 1000 ms deadline fired after {ms} ms");
+}

@@ -72,7 +72,7 @@ impl serde::Serialize for CodeExecutorError {
         }
         let mut s = serializer.serialize_struct("CodeExecutorError", 3)?;
         s.serialize_field("kind", self.kind())?;
-        s.serialize_field("message", &self.to_string())?;
+        s.serialize_field("message", &crate::limits::result_caps::cap_message(self.to_string()))?;
         s.serialize_field("violations", &[] as &[Value])?;
         s.end()
     }

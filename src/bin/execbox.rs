@@ -254,23 +254,24 @@ fn run(args: RunArgs) -> ExitCode {
     std::mem::forget(ANSWERING.lock().unwrap_or_else(|p| p.into_inner()));
     match executed {
         Ok(result) => {
-            if let Some(dir) = &output_dir
-                && let Err(e) = dir.save(&result.output_files)
-            {
-                let message = format!("{e} (in {})", dir.path().display());
-                return refuse(
-                    as_json,
-                    json!({"error": {"kind": "output_files", "message": message, "violations": []}}),
-                    &message,
-                );
-            }
+            // The program ran either way: a save that fails is reported
+            // after its result, on stderr, with exit code 1.
+            let saved = output_dir.as_ref().map(|dir| match dir.save(&result.output_files) {
+                Ok(()) => Ok(format!("[{} output files saved to {}]", result.output_files.len(), dir.path().display())),
+                Err(e) => Err(format!("execbox: output files not saved: {e} (in {})", dir.path().display())),
+            });
             if as_json {
-                println!("{}", result.to_json());
+                print_out(&result.to_json().to_string());
             } else {
                 print_human(&result);
-                if let Some(dir) = &output_dir {
-                    eprintln!("[{} output files saved to {}]", result.output_files.len(), dir.path().display());
+            }
+            match saved {
+                Some(Err(e)) => {
+                    eprintln!("{e}");
+                    return ExitCode::from(1);
                 }
+                Some(Ok(note)) if !as_json => eprintln!("{note}"),
+                _ => {}
             }
             if result.outcome == Outcome::Ok { ExitCode::SUCCESS } else { ExitCode::from(1) }
         }
@@ -288,11 +289,11 @@ fn serve(args: ServeArgs) -> ExitCode {
         ExitCode::from(2)
     };
     let mut policy = match &args.policy {
-        Some(path) => match std::fs::read(path).map_err(|e| e.to_string()).and_then(|bytes| {
+        Some(path) => match read(path, 1 << 20, "execbox's limit for a policy file").and_then(|bytes| {
             serde_json::from_slice::<SandboxPolicy>(&bytes).map_err(|e| format!("not a SandboxPolicy: {e}"))
         }) {
             Ok(policy) => policy,
-            Err(e) => return fail(format!("--policy {}: {e}", path.display())),
+            Err(e) => return fail(format!("--policy: {e}")),
         },
         None => SandboxPolicy::strict(),
     };
@@ -312,10 +313,11 @@ fn serve(args: ServeArgs) -> ExitCode {
         policy.environment = Access::Allow(names);
     }
     let token = match &args.token_file {
-        Some(path) => match std::fs::read_to_string(path) {
-            Ok(text) if !text.trim().is_empty() => Some(text.trim().to_string()),
-            Ok(_) => return fail(format!("--token-file {}: the file is empty", path.display())),
-            Err(e) => return fail(format!("--token-file {}: {e}", path.display())),
+        Some(path) => match read(path, 4096, "execbox's limit for a token file").map(String::from_utf8) {
+            Ok(Ok(text)) if !text.trim().is_empty() => Some(text.trim().to_string()),
+            Ok(Ok(_)) => return fail(format!("--token-file {}: the file is empty", path.display())),
+            Ok(Err(_)) => return fail(format!("--token-file {}: not UTF-8", path.display())),
+            Err(e) => return fail(format!("--token-file: {e}")),
         },
         None => None,
     };
@@ -393,7 +395,10 @@ fn build_request(args: RunArgs) -> Result<ExecRequest, String> {
     let language = Language::from_id(&args.lang).ok_or_else(|| format!("unknown language {:?}", args.lang))?;
     let code = match (args.code, &args.file) {
         (Some(code), _) => code.into_bytes(),
-        (None, Some(path)) => read(path)?,
+        (None, Some(path)) => {
+            let max = args.max_code_bytes.or(SandboxPolicy::strict().max_code_bytes).unwrap_or(u64::MAX);
+            read(path, max, "the policy's max_code_bytes")?
+        }
         (None, None) => return Err("give --code or --file".into()),
     };
     let payload = if language == Language::Wasm {
@@ -449,7 +454,7 @@ fn build_request(args: RunArgs) -> Result<ExecRequest, String> {
         request = request.arg(arg);
     }
     if let Some(path) = &args.stdin_file {
-        request = request.stdin(read(path)?);
+        request = request.stdin(read(path, MAX_INPUT_FILE_BYTES, "execbox's limit for standard input")?);
     }
     if let Some(text) = args.input {
         let value: Value = serde_json::from_str(&text).map_err(|e| format!("--input is not valid JSON: {e}"))?;
@@ -464,7 +469,8 @@ fn build_request(args: RunArgs) -> Result<ExecRequest, String> {
                 (path, name.to_string_lossy().into_owned())
             }
         };
-        request = request.input_file(ExecFile::new(name, read(path)?));
+        request = request
+            .input_file(ExecFile::new(name, read(path, MAX_INPUT_FILE_BYTES, "execbox's limit per input file")?));
     }
     if args.output_dir.is_some() {
         request = request.collect_output_files();
@@ -475,14 +481,36 @@ fn build_request(args: RunArgs) -> Result<ExecRequest, String> {
     Ok(request)
 }
 
-/// Reads a file, or this process's stdin for `-`.
-fn read(path: &Path) -> Result<Vec<u8>, String> {
-    if path == Path::new("-") {
-        let mut bytes = Vec::new();
-        std::io::stdin().read_to_end(&mut bytes).map_err(|e| format!("cannot read stdin: {e}"))?;
-        return Ok(bytes);
+/// Largest `--input-file` or `--stdin-file` the CLI reads, in bytes.
+const MAX_INPUT_FILE_BYTES: u64 = 64 << 20;
+
+/// Reads at most `max` bytes of a regular file, or of this process's stdin
+/// for `-`. Anything but a regular file (a FIFO, socket or device, which
+/// could block or never end) is refused: opened non-blocking and checked
+/// on the handle, so a path swapped for a FIFO cannot hang the CLI.
+fn read(path: &Path, max: u64, limit: &str) -> Result<Vec<u8>, String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let name = path.display();
+    let source: Box<dyn Read> = if path == Path::new("-") {
+        Box::new(std::io::stdin())
+    } else {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path)
+            .map_err(|e| format!("cannot read {name}: {e}"))?;
+        let meta = file.metadata().map_err(|e| format!("cannot read {name}: {e}"))?;
+        if !meta.is_file() {
+            return Err(format!("cannot read {name}: not a regular file (FIFOs, sockets and devices are refused)"));
+        }
+        Box::new(file)
+    };
+    let mut bytes = Vec::new();
+    source.take(max.saturating_add(1)).read_to_end(&mut bytes).map_err(|e| format!("cannot read {name}: {e}"))?;
+    if bytes.len() as u64 > max {
+        return Err(format!("{name} is over {max} bytes ({limit})"));
     }
-    std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+    Ok(bytes)
 }
 
 /// Without the container backend no backend returns files: `--output-dir`
@@ -505,20 +533,31 @@ impl OutputDir {
 
 fn refuse(as_json: bool, body: Value, text: &str) -> ExitCode {
     if as_json {
-        println!("{body}");
+        print_out(&body.to_string());
     } else {
         eprintln!("execbox: {text}");
     }
     ExitCode::from(2)
 }
 
+/// One line on stdout. A closed stdout (`| head`) is not an error worth a
+/// panic: the reader has what it wanted.
+fn print_out(line: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}").and_then(|()| out.flush());
+}
+
 fn describe(err: &ExecError) -> String {
-    let mut text = err.to_string();
+    let mut text = execbox::limits::result_caps::cap_message(err.to_string());
     if let ExecError::Refused { rejections } = err {
         text = "refused: no backend can enforce this request".into();
         for r in rejections {
             for v in &r.violations {
-                text.push_str(&format!("\n  {}: {v}", r.backend));
+                text.push_str(&format!(
+                    "\n  {}: {}",
+                    r.backend,
+                    execbox::limits::result_caps::cap_message(v.to_string())
+                ));
             }
         }
     }
@@ -561,7 +600,7 @@ fn write_stream(out: &mut impl Write, name: &str, stream: &CapturedStream, extra
 
 fn backends(exec: &Executor, as_json: bool) -> ExitCode {
     if as_json {
-        println!("{}", serde_json::to_value(exec.status()).unwrap_or_default());
+        print_out(&serde_json::to_value(exec.status()).unwrap_or_default().to_string());
         return ExitCode::SUCCESS;
     }
     for b in exec.backends() {
@@ -571,7 +610,7 @@ fn backends(exec: &Executor, as_json: bool) -> ExitCode {
             Ok(()) => "available".to_string(),
             Err(reason) => format!("unavailable: {reason}"),
         };
-        println!("{} ({}; {:?}, cost {:?}) — {}", b.name(), langs.join(", "), c.isolation, c.cost, status);
+        print_out(&format!("{} ({}; {:?}, cost {:?}) — {}", b.name(), langs.join(", "), c.isolation, c.cost, status));
         let rows = [
             ("network deny", &c.network.deny),
             ("network allow-list", &c.network.allow_list),
@@ -592,7 +631,7 @@ fn backends(exec: &Executor, as_json: bool) -> ExitCode {
                 execbox::Enforcement::ByOmission { .. } => "by omission",
                 execbox::Enforcement::NotEnforced { .. } => "NOT enforced",
             };
-            println!("  {name:<24} {level:<13} {}", e.detail());
+            print_out(&format!("  {name:<24} {level:<13} {}", e.detail()));
         }
     }
     ExitCode::SUCCESS

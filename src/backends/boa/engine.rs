@@ -42,6 +42,10 @@ pub(super) enum Mode {
 pub(super) struct Job {
     pub source: String,
     pub mode: Mode,
+    /// Sent as JSON text inside the frame: parsed from depth 0 in the
+    /// worker, so input at the nesting bound (128) does not overflow
+    /// serde_json's own limit once wrapped in the frame.
+    #[serde(with = "json_text")]
     pub input: Option<Value>,
     /// Instruction budget: the policy's fuel, or the backstop.
     pub budget: u64,
@@ -50,6 +54,22 @@ pub(super) struct Job {
     pub timeout: Option<Duration>,
     pub max_stdout: Option<u64>,
     pub max_stderr: Option<u64>,
+}
+
+/// Serde for a JSON value carried as a string of its JSON text.
+mod json_text {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+    use serde_json::Value;
+
+    pub fn serialize<S: Serializer>(value: &Option<Value>, serializer: S) -> Result<S::Ok, S::Error> {
+        value.as_ref().map(Value::to_string).serialize(serializer)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Value>, D::Error> {
+        Option::<String>::deserialize(deserializer)?
+            .map(|text| serde_json::from_str(&text).map_err(serde::de::Error::custom))
+            .transpose()
+    }
 }
 
 /// How a run ended, without its streams (sent back by a worker as a frame).

@@ -124,7 +124,10 @@ pub const STOP_DIR: &str = "/opt/execbox/stop";
 /// The container's first process: copy `timeout` execute-only, limit file
 /// sizes, then run the command under the timer. `$1` is the file-size limit
 /// (blocks or `unlimited`), `$2` the time limit, the rest the command.
-const STOP_SCRIPT: &str = "install -m 0111 /usr/bin/timeout /opt/execbox/stop/timeout && \
+/// Absolute paths: the request's environment (its `PATH` too) is already
+/// set for this shell. Loader variables (`LD_*`) are refused up front
+/// (`executor::validate_env`), so they cannot reach `install` or `timeout`.
+const STOP_SCRIPT: &str = "/usr/bin/install -m 0111 /usr/bin/timeout /opt/execbox/stop/timeout && \
      ulimit -f \"$1\" && shift && unset PWD && \
      exec /opt/execbox/stop/timeout --signal=KILL \"$@\"";
 

@@ -278,8 +278,9 @@ impl Container {
     /// The in-container command of a Python or shell request.
     fn script_command(&self, request: &ExecRequest) -> Result<Vec<String>, ExecError> {
         let mut command: Vec<String> = match request.language {
-            Language::Python => vec!["python3".into(), "-c".into(), conventions::PYTHON_BOOTSTRAP.into()],
-            Language::Shell => vec!["sh".into(), "-s".into(), "--".into()],
+            // Absolute: the request's environment may set its own PATH.
+            Language::Python => vec!["/usr/bin/python3".into(), "-c".into(), conventions::PYTHON_BOOTSTRAP.into()],
+            Language::Shell => vec!["/bin/sh".into(), "-s".into(), "--".into()],
             other => return Err(ExecError::internal(Self::NAME, format!("no script command for {other}"))),
         };
         command.extend(request.args.iter().cloned());

@@ -248,7 +248,17 @@ pub(super) fn execute(
     let mut spec = backend.spec(&request, &staging, backend.cfg.rust_image.clone(), command(&request), limit)?;
     spec.mounts.push(Mount { host: toolchain.binaries.join(&key), guest: PROGRAM_PATH.into(), writable: false });
     let end = backend.run_spec(&spec, input.unwrap_or_default(), super::Caps::of(&request), deadline);
-    backend.result(end, &deadline, staging)
+    let mut result = backend.result(end, &deadline, staging)?;
+    // The harness prints `run`'s value and nothing else: a cut stdout is a
+    // cut value, never an `ok` run with no output.
+    if result.outcome == Outcome::Ok && result.stdout.truncated {
+        let max = request.policy.max_stdout_bytes.unwrap_or(0);
+        result.outcome = Outcome::Failed;
+        result.output = None;
+        result.output_truncated = true;
+        result.message = Some(format!("the returned value is over the output cap of {max} bytes (max_stdout_bytes)"));
+    }
+    Ok(result)
 }
 
 /// Compiles `source` into the cache entry `key`, within what is left of the

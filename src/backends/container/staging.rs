@@ -271,6 +271,9 @@ pub(super) fn grant_mount(host: &Path, guest: &Path, writable: bool) -> Result<M
 
 /// The `NAME=VALUE` lines of an env file; refuses what the format cannot carry.
 fn env_file(request: &ExecRequest) -> Result<Vec<u8>, InvalidRequest> {
+    // The executor's rules (portable names, no LD_*, bounded values) hold
+    // for direct `Backend::execute` calls too.
+    crate::executor::validate_env(request)?;
     let mut text = String::new();
     for (name, value) in &request.env {
         let bad = |reason: &str| InvalidRequest::BadEnv { name: name.clone(), reason: reason.into() };

@@ -4,10 +4,15 @@
 //! - **Links that point out of a grant.** A guest cannot *follow* a symlink
 //!   out of its preopen, but it could *leave* one in a read-write grant
 //!   (`path_symlink("../secret.txt", "innocent")`), and host programs that
-//!   later read the grant would follow it. WASI p1 has no other way to make
-//!   a link that escapes (`path_link` needs both ends inside writable grants
-//!   of the same kind), so `path_symlink` is refused outright with `EPERM`:
-//!   what a filesystem without symlinks answers.
+//!   later read the grant would follow it. So `path_symlink` is refused
+//!   outright with `EPERM` (what a filesystem without symlinks answers), and
+//!   so are `path_rename` and `path_link` of a symlink the host left in the
+//!   grant: moving a relative link to another depth re-aims it
+//!   (`sub/inner -> ../secret.txt` renamed to `moved` points out of the
+//!   grant), and a hard link copies it under a new name. **Not covered:**
+//!   renaming a *directory* that holds relative links the host put there
+//!   moves them too; do not grant read-write a directory holding symlinks
+//!   that host programs will follow.
 //! - **Opens that block the host.** wasmtime-wasi opens files without
 //!   `O_NONBLOCK`, on the calling host thread: opening a FIFO inside a grant
 //!   waits for a writer that never comes, long past any deadline (epochs only
@@ -54,6 +59,78 @@ pub(super) fn path_symlink(
     _new_path_len: i32,
 ) -> wasmtime::Result<i32> {
     Ok(errno(Errno::Perm))
+}
+
+/// `path_rename`: refused (`EPERM`) when the source is a symlink; see the module docs.
+pub(super) fn path_rename(
+    mut caller: Caller<'_, GuestState>,
+    fd: i32,
+    old_path: i32,
+    old_path_len: i32,
+    new_fd: i32,
+    new_path: i32,
+    new_path_len: i32,
+) -> wasmtime::Result<i32> {
+    with_wasi(&mut caller, |wasi, memory| {
+        if let Some(refused) = refuse_symlink_source(wasi, memory, fd, 0, old_path, old_path_len) {
+            return Ok(refused);
+        }
+        in_tokio(p1::path_rename(wasi, memory, fd, old_path, old_path_len, new_fd, new_path, new_path_len))
+    })
+}
+
+/// `path_link`: refused (`EPERM`) when the source path names a symlink
+/// (looked up without following it, whatever the guest's flags say).
+#[allow(clippy::too_many_arguments)] // the WASI p1 signature
+pub(super) fn path_link(
+    mut caller: Caller<'_, GuestState>,
+    old_fd: i32,
+    old_flags: i32,
+    old_path: i32,
+    old_path_len: i32,
+    new_fd: i32,
+    new_path: i32,
+    new_path_len: i32,
+) -> wasmtime::Result<i32> {
+    with_wasi(&mut caller, |wasi, memory| {
+        if let Some(refused) = refuse_symlink_source(wasi, memory, old_fd, 0, old_path, old_path_len) {
+            return Ok(refused);
+        }
+        in_tokio(p1::path_link(wasi, memory, old_fd, old_flags, old_path, old_path_len, new_fd, new_path, new_path_len))
+    })
+}
+
+/// Runs `f` with the guest's WASI context and memory, hostcall fuel set.
+fn with_wasi(
+    caller: &mut Caller<'_, GuestState>,
+    f: impl FnOnce(&mut WasiP1Ctx, &mut GuestMemory<'_>) -> wasmtime::Result<i32>,
+) -> wasmtime::Result<i32> {
+    let Some(Extern::Memory(memory)) = caller.get_export("memory") else {
+        wasmtime::bail!("missing required memory export");
+    };
+    let fuel = caller.as_context_mut().hostcall_fuel();
+    let (bytes, state) = memory.data_and_store_mut(caller);
+    let wasi: &mut WasiP1Ctx = &mut state.wasi;
+    wasi.set_hostcall_fuel(fuel);
+    f(wasi, &mut GuestMemory::Unshared(bytes))
+}
+
+/// `Some(EPERM)` when `path` under `fd`, looked up with `flags`, is a
+/// symlink; `None` otherwise (a missing path fails in the call itself).
+fn refuse_symlink_source(
+    wasi: &mut WasiP1Ctx,
+    memory: &mut GuestMemory<'_>,
+    fd: i32,
+    flags: i32,
+    path: i32,
+    path_len: i32,
+) -> Option<i32> {
+    let Ok(flags) = Lookupflags::try_from(flags) else { return Some(errno(Errno::Inval)) };
+    let target = GuestPtr::<str>::new((path as u32, path_len as u32));
+    match in_tokio(WasiSnapshotPreview1::path_filestat_get(wasi, memory, Fd::from(fd), flags, target)) {
+        Ok(stat) if stat.filetype == Filetype::SymbolicLink => Some(errno(Errno::Perm)),
+        _ => None,
+    }
 }
 
 /// `path_open` for regular files, directories and symlinks only; see the

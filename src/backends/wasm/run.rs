@@ -16,6 +16,7 @@ use super::compile::{Compiled, GuestAbi};
 use super::engine::{SlotPermit, WasmEngine};
 use super::fs_guard;
 use super::stdio::CappedPipe;
+use super::ticker::ticks_for;
 use crate::error::{ExecError, InvalidRequest};
 use crate::limits::{Deadline, StreamKind};
 use crate::result::{ExecResult, Outcome};
@@ -150,7 +151,7 @@ impl std::fmt::Display for DeadlineReached {
 impl std::error::Error for DeadlineReached {}
 
 /// WASI preview 1, with execbox's own `poll_oneoff`, and its own
-/// `path_open` and `path_symlink` (see `fs_guard.rs`).
+/// `path_open`, `path_symlink`, `path_rename` and `path_link` (see `fs_guard.rs`).
 ///
 /// Epoch interruption only fires in wasm code, and wasmtime-wasi's
 /// `poll_oneoff` sleeps on the host thread: `sleep(3600)` would hold the
@@ -166,6 +167,8 @@ pub(super) fn linker(engine: &Engine) -> wasmtime::Result<Linker<GuestState>> {
     linker.func_wrap("wasi_snapshot_preview1", "poll_oneoff", poll_oneoff)?;
     linker.func_wrap("wasi_snapshot_preview1", "path_open", fs_guard::path_open)?;
     linker.func_wrap("wasi_snapshot_preview1", "path_symlink", fs_guard::path_symlink)?;
+    linker.func_wrap("wasi_snapshot_preview1", "path_rename", fs_guard::path_rename)?;
+    linker.func_wrap("wasi_snapshot_preview1", "path_link", fs_guard::path_link)?;
     linker.allow_shadowing(false);
     Ok(linker)
 }
@@ -293,7 +296,15 @@ pub(super) fn run_with(
     let mut store = new_store(engine, compiled.abi, stdin, &stdio, &setup, controls)?;
     let ticker = engine.ticker();
     store.set_epoch_deadline(deadline.remaining().map_or(u64::MAX / 2, |left| ticker.ticks_for(left)));
-    store.epoch_deadline_trap();
+    // Epoch ticks only say when to look: the clock decides. A tick that
+    // lands early (ticks owed from before this run, applied at once) never
+    // stops the guest before its deadline.
+    let tick = ticker.tick();
+    store.epoch_deadline_callback(move |ctx| match ctx.data().controls.deadline().remaining() {
+        Some(left) if left.is_zero() => Err(wasmtime::Error::new(DeadlineReached)),
+        Some(left) => Ok(wasmtime::UpdateDeadline::Continue(ticks_for(tick, left))),
+        None => Ok(wasmtime::UpdateDeadline::Continue(u64::MAX / 2)),
+    });
     let _ticking = deadline.limit().map(|_| ticker.run_guard());
 
     let verdict = match instantiate(backend, compiled, &mut store)? {
