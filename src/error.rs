@@ -87,6 +87,12 @@ pub enum InvalidRequest {
         /// What lies beyond the ceiling.
         beyond: Vec<String>,
     },
+    /// The declared packages cannot be read as package names.
+    #[error("bad package list: {reason}")]
+    BadPackages {
+        /// What is wrong.
+        reason: String,
+    },
     /// The request sets environment variables the policy does not allow.
     #[error("environment variables not allowed by the policy: {}", names.join(", "))]
     EnvNotAllowed {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::capabilities::BackendCapabilities;
+use crate::capabilities::{BackendCapabilities, Language};
 use crate::error::{BackendRejection, ExecError, InvalidRequest};
 use crate::limits::{nesting, result_caps};
 use crate::matching;
@@ -56,6 +56,14 @@ pub trait Backend: Send + Sync + 'static {
     /// (worker processes die with their host).
     fn shutdown(&self) {}
 
+    /// Third-party packages this backend provides for `language`, as it can
+    /// tell now (e.g. read from its image). Asked only for requests that
+    /// declare packages. Default: none (the language's standard library).
+    fn packages(&self, language: Language) -> Vec<String> {
+        let _ = language;
+        Vec::new()
+    }
+
     /// Opens sessions (state kept across calls) for this backend's
     /// language, if it can.
     fn session_backend(&self) -> Option<Arc<dyn crate::sessions::SessionBackend>> {
@@ -94,6 +102,7 @@ impl ExecutorBuilder {
     }
 
     /// Adds every backend of `other` (its ceiling is ignored).
+    #[cfg(feature = "wasm")]
     pub(crate) fn append(mut self, other: ExecutorBuilder) -> Self {
         self.backends.extend(other.backends);
         self
@@ -189,11 +198,15 @@ impl Executor {
             .iter()
             .map(|b| {
                 let availability = b.availability();
+                let mut packages: Vec<String> =
+                    b.capabilities().languages.iter().flat_map(|l| b.packages(*l)).collect();
+                packages.dedup();
                 BackendStatus {
                     name: b.name().to_string(),
                     available: availability.is_ok(),
                     unavailable_reason: availability.err(),
                     readiness: b.readiness(),
+                    packages,
                     capabilities: b.capabilities().clone(),
                 }
             })
@@ -260,7 +273,8 @@ impl Executor {
         let mut rejections = Vec::new();
         let mut unavailable = None;
         for backend in pinned.into_iter().chain(self.backends.iter().filter(|_| pinned.is_none())) {
-            match matching::check(backend.capabilities(), request) {
+            match matching::check(backend.capabilities(), request).and_then(|()| missing_packages(&**backend, request))
+            {
                 Ok(()) => match backend.availability() {
                     Ok(()) => return Ok(backend),
                     Err(reason) => {
@@ -347,6 +361,8 @@ pub struct BackendStatus {
     pub unavailable_reason: Option<String>,
     /// Its pre-started capacity, if it keeps any.
     pub readiness: Option<Readiness>,
+    /// Third-party packages it provides (beyond each language's standard library).
+    pub packages: Vec<String>,
     /// What it runs and enforces, and how.
     pub capabilities: BackendCapabilities,
 }
@@ -380,10 +396,42 @@ pub(crate) fn may_block_here() -> bool {
     ON_BLOCKING_POOL.get() || tokio::runtime::Handle::try_current().is_err()
 }
 
+/// The packages `request` declares that `backend` does not provide, as a
+/// violation (a backend for another language is already refused by matching).
+pub(crate) fn missing_packages(backend: &dyn Backend, request: &ExecRequest) -> Result<(), Vec<matching::Violation>> {
+    if request.packages.is_empty() {
+        return Ok(());
+    }
+    let provided = backend.packages(request.language);
+    let missing: Vec<&str> = request
+        .packages
+        .iter()
+        .filter(|p| !provided.iter().any(|have| have.eq_ignore_ascii_case(p)))
+        .map(String::as_str)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let reason = if provided.is_empty() {
+        format!("{} provides no third-party packages for {}", backend.name(), request.language)
+    } else {
+        format!("{} provides {} for {}", backend.name(), provided.join(", "), request.language)
+    };
+    Err(vec![matching::Violation {
+        control: matching::Control::Packages,
+        requested: crate::limits::result_caps::list_names(&missing),
+        reason,
+    }])
+}
+
+/// Most packages a request may declare.
+pub const MAX_PACKAGES: usize = 64;
+
 /// Checks that hold whichever backend runs the request (also used by
 /// sessions, which bypass selection).
 pub(crate) fn validate(request: &ExecRequest) -> Result<(), InvalidRequest> {
     validate_env(request)?;
+    validate_packages(&request.packages)?;
     let policy = &request.policy;
     if let Some(max) = policy.max_code_bytes {
         let size = request.payload.len() as u64;
@@ -402,6 +450,26 @@ pub(crate) fn validate(request: &ExecRequest) -> Result<(), InvalidRequest> {
         let names: Vec<String> = request.env.keys().filter(|k| !allowed.contains(k)).cloned().collect();
         if !names.is_empty() {
             return Err(InvalidRequest::EnvNotAllowed { names });
+        }
+    }
+    Ok(())
+}
+
+/// Package names are import names: `[A-Za-z0-9_.-]`, 1 to 100 bytes; at
+/// most [`MAX_PACKAGES`].
+pub(crate) fn validate_packages(packages: &[String]) -> Result<(), InvalidRequest> {
+    let bad = |reason: String| InvalidRequest::BadPackages { reason };
+    if packages.len() > MAX_PACKAGES {
+        return Err(bad(format!("{} packages, at most {MAX_PACKAGES}", packages.len())));
+    }
+    for name in packages {
+        let ok =
+            (1..=100).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
+        if !ok {
+            return Err(bad(format!(
+                "{:?} is not a package name ([A-Za-z0-9_.-], at most 100 bytes)",
+                crate::limits::result_caps::cap_text(name.clone(), 100)
+            )));
         }
     }
     Ok(())

@@ -49,6 +49,8 @@ pub enum Control {
     StderrCap,
     /// Process count cap.
     Processes,
+    /// Third-party packages the code needs (e.g. Python's numpy).
+    Packages,
 }
 
 impl Control {
@@ -71,6 +73,7 @@ impl Control {
             Control::StdoutCap => "stdout_cap",
             Control::StderrCap => "stderr_cap",
             Control::Processes => "processes",
+            Control::Packages => "packages",
         }
     }
 }

@@ -143,7 +143,8 @@ mod base64_bytes {
 ///
 /// In JSON (serde, both ways):
 /// `{"language", "code" | "module_base64", "input", "stdin_base64", "args",
-/// "env", "input_files", "collect_output_files", "policy", "backend"}`.
+/// "env", "input_files", "collect_output_files", "policy", "backend",
+/// "packages"}`.
 /// Only `language` and one of `code` / `module_base64` are required; a
 /// missing `policy` is [`SandboxPolicy::strict`] (and a policy's missing
 /// fields take strict's values). `code` with language `wasm` is WAT text.
@@ -171,6 +172,10 @@ pub struct ExecRequest {
     pub policy: SandboxPolicy,
     /// Run on this backend only (by name), instead of letting the executor pick.
     pub backend: Option<String>,
+    /// Third-party packages the code needs (Python: import names such as
+    /// `numpy`, `pandas`, `matplotlib`). Only a backend that provides every
+    /// one is chosen; names are `[A-Za-z0-9_.-]`, at most 64 of them.
+    pub packages: Vec<String>,
     /// Sees stdout and stderr while the run writes them (never in JSON).
     /// Backends that capture output in this process call it as bytes
     /// arrive (`wasm`, `python-wasm`, `quickjs-wasm`, `container`); `boa-js`
@@ -193,6 +198,7 @@ impl ExecRequest {
             collect_output_files: false,
             policy: SandboxPolicy::strict(),
             backend: None,
+            packages: Vec::new(),
             output_tap: None,
         }
     }
@@ -260,6 +266,12 @@ impl ExecRequest {
         self
     }
 
+    /// Declares the packages the code needs (see [`ExecRequest::packages`]).
+    pub fn packages<S: Into<String>>(mut self, names: impl IntoIterator<Item = S>) -> Self {
+        self.packages.extend(names.into_iter().map(Into::into));
+        self
+    }
+
     /// Pins the request to the backend called `name`.
     pub fn on_backend(mut self, name: impl Into<String>) -> Self {
         self.backend = Some(name.into());
@@ -292,6 +304,8 @@ struct RequestJson {
     policy: SandboxPolicy,
     #[serde(default)]
     backend: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    packages: Vec<String>,
 }
 
 impl From<ExecRequest> for RequestJson {
@@ -312,6 +326,7 @@ impl From<ExecRequest> for RequestJson {
             collect_output_files: r.collect_output_files,
             policy: r.policy,
             backend: r.backend,
+            packages: r.packages,
         }
     }
 }
@@ -337,6 +352,7 @@ impl TryFrom<RequestJson> for ExecRequest {
             collect_output_files: j.collect_output_files,
             policy: j.policy,
             backend: j.backend,
+            packages: j.packages,
             output_tap: None,
         })
     }

@@ -48,8 +48,15 @@ pub trait SessionBackend: Send + Sync {
     /// The language its sessions run.
     fn session_language(&self) -> Language;
 
-    /// Opens a session: starts its interpreter now.
-    fn open_session(&self) -> Result<Box<dyn Session>, ExecError>;
+    /// Third-party packages its sessions provide (see
+    /// [`Backend::packages`](crate::Backend::packages)). Default: none.
+    fn session_packages(&self) -> Vec<String> {
+        Vec::new()
+    }
+
+    /// Opens a session: starts its interpreter now. `packages` are those the
+    /// caller declared (all among [`SessionBackend::session_packages`]).
+    fn open_session(&self, packages: &[String]) -> Result<Box<dyn Session>, ExecError>;
 }
 
 /// Bounds on sessions.
@@ -97,6 +104,14 @@ pub enum SessionError {
         /// The language asked for.
         language: Language,
     },
+    /// No session backend of the language provides every declared package.
+    #[error("no {language} session provides {}", packages.join(", "))]
+    PackagesUnavailable {
+        /// The language asked for.
+        language: Language,
+        /// The packages no session backend provides.
+        packages: Vec<String>,
+    },
     /// A session with this id is already open.
     #[error("a session {id:?} is already open")]
     Exists {
@@ -126,6 +141,7 @@ impl SessionError {
             SessionError::Lost { .. } => "session_lost",
             SessionError::TooMany { .. } => "too_many_sessions",
             SessionError::Unsupported { .. } => "stateful_unsupported",
+            SessionError::PackagesUnavailable { .. } => "packages_unavailable",
             SessionError::Exists { .. } => "session_exists",
             SessionError::WrongLanguage { .. } => "wrong_language",
             SessionError::Exec(e) => e.kind(),
@@ -180,6 +196,8 @@ struct State {
 struct Entry {
     session: Arc<dyn Session>,
     language: Language,
+    /// What its backend provides: later calls may declare these.
+    packages: Vec<String>,
     /// Taken for a whole call: calls run one at a time, in order.
     turn: Arc<Mutex<()>>,
     last_used: Instant,
@@ -243,9 +261,11 @@ impl Sessions {
         self.len() == 0
     }
 
-    /// Opens a session of `language` under `id`.
-    pub fn open(&self, id: &str, language: Language) -> Result<(), SessionError> {
-        let backend = self.backend_for(language)?;
+    /// Opens a session of `language` under `id`, on the first session
+    /// backend of that language that provides every one of `packages`.
+    pub fn open(&self, id: &str, language: Language, packages: &[String]) -> Result<(), SessionError> {
+        crate::executor::validate_packages(packages).map_err(|e| SessionError::Exec(e.into()))?;
+        let backend = self.backend_for(language, packages)?;
         {
             let mut state = self.inner.lock();
             if state.live.contains_key(id) {
@@ -255,7 +275,8 @@ impl Sessions {
             // A new session under a lost id is a deliberate fresh start.
             state.lost.retain(|(lost, _)| lost != id);
         }
-        let opened = backend.open_session();
+        let opened = backend.open_session(packages);
+        let provided = backend.session_packages();
         let mut state = self.inner.lock();
         state.opening -= 1;
         let session: Arc<dyn Session> = Arc::from(opened?);
@@ -266,16 +287,23 @@ impl Sessions {
             drop(session);
             return Err(SessionError::Exists { id: id.into() });
         }
-        let entry = Entry { session, language, turn: Arc::new(Mutex::new(())), last_used: Instant::now(), busy: 0 };
+        let entry = Entry {
+            session,
+            language,
+            packages: provided,
+            turn: Arc::new(Mutex::new(())),
+            last_used: Instant::now(),
+            busy: 0,
+        };
         state.live.insert(id.to_string(), entry);
         self.start_expiry(&mut state);
         Ok(())
     }
 
     /// Opens a session of `language` under a new random id, and returns it.
-    pub fn open_new(&self, language: Language) -> Result<String, SessionError> {
-        let id = format!("{:016x}{:016x}", random_u64(), random_u64());
-        self.open(&id, language)?;
+    pub fn open_new(&self, language: Language, packages: &[String]) -> Result<String, SessionError> {
+        let id = new_id();
+        self.open(&id, language, packages)?;
         Ok(id)
     }
 
@@ -320,13 +348,22 @@ impl Sessions {
         self.close_where(|_| true)
     }
 
-    fn backend_for(&self, language: Language) -> Result<Arc<dyn SessionBackend>, SessionError> {
-        self.inner
-            .backends
-            .iter()
-            .find(|b| b.session_language() == language)
-            .cloned()
-            .ok_or(SessionError::Unsupported { language })
+    fn backend_for(&self, language: Language, packages: &[String]) -> Result<Arc<dyn SessionBackend>, SessionError> {
+        let mut of_language = self.inner.backends.iter().filter(|b| b.session_language() == language).peekable();
+        if of_language.peek().is_none() {
+            return Err(SessionError::Unsupported { language });
+        }
+        let mut missing = packages.to_vec();
+        for backend in of_language {
+            let provided = backend.session_packages();
+            let lacks: Vec<String> =
+                packages.iter().filter(|p| !provided.iter().any(|h| h.eq_ignore_ascii_case(p))).cloned().collect();
+            if lacks.is_empty() {
+                return Ok(backend.clone());
+            }
+            missing.retain(|p| lacks.contains(p));
+        }
+        Err(SessionError::PackagesUnavailable { language, packages: missing })
     }
 
     /// Counts one session being opened against the bound.
@@ -356,6 +393,15 @@ impl Sessions {
                             requested: language,
                         });
                     }
+                    let lacks: Vec<String> = request
+                        .packages
+                        .iter()
+                        .filter(|p| !entry.packages.iter().any(|h| h.eq_ignore_ascii_case(p)))
+                        .cloned()
+                        .collect();
+                    if !lacks.is_empty() {
+                        return Err(SessionError::PackagesUnavailable { language, packages: lacks });
+                    }
                     entry.busy += 1;
                     entry.last_used = Instant::now();
                     break (entry.session.clone(), entry.turn.clone());
@@ -364,7 +410,7 @@ impl Sessions {
                     return Err(SessionError::Unknown { id: id.into() });
                 }
             }
-            match self.open(id, language) {
+            match self.open(id, language, &request.packages) {
                 Ok(()) | Err(SessionError::Exists { .. }) => continue,
                 Err(e) => return Err(e),
             }
@@ -466,6 +512,11 @@ fn expire(weak: Weak<Inner>) {
     }
 }
 
+/// A new session id: 128 random bits as hex.
+pub fn new_id() -> String {
+    format!("{:016x}{:016x}", random_u64(), random_u64())
+}
+
 /// A random u64 from the OS (session ids must not be guessable by another
 /// client of the same server).
 pub(crate) fn random_u64() -> u64 {
@@ -532,7 +583,7 @@ mod tests {
         fn session_language(&self) -> Language {
             Language::JavaScript
         }
-        fn open_session(&self) -> Result<Box<dyn Session>, ExecError> {
+        fn open_session(&self, _packages: &[String]) -> Result<Box<dyn Session>, ExecError> {
             self.0.fetch_add(1, Ordering::SeqCst);
             Ok(Box::new(Counter { calls: AtomicUsize::new(0), alive: AtomicBool::new(true), open: self.0.clone() }))
         }
@@ -551,8 +602,10 @@ mod tests {
     fn state_is_kept_per_id_and_a_lost_session_is_reported_once() {
         let (sessions, open) = registry(SessionConfig::default());
         assert_eq!(sessions.execute("a", call("x")).unwrap_err().kind(), "unknown_session");
-        sessions.open("a", Language::JavaScript).unwrap();
-        assert_eq!(sessions.open("a", Language::JavaScript).unwrap_err().kind(), "session_exists");
+        sessions.open("a", Language::JavaScript, &[]).unwrap();
+        assert_eq!(sessions.open("a", Language::JavaScript, &[]).unwrap_err().kind(), "session_exists");
+        let numpy = ["numpy".to_string()];
+        assert_eq!(sessions.open("n", Language::JavaScript, &numpy).unwrap_err().kind(), "packages_unavailable");
         assert_eq!(sessions.execute("a", call("x")).unwrap().output, Some(serde_json::json!(1)));
         assert_eq!(sessions.execute("a", call("x")).unwrap().output, Some(serde_json::json!(2)));
         assert_eq!(sessions.execute_or_open("b", call("x")).unwrap().output, Some(serde_json::json!(1)));
@@ -570,16 +623,16 @@ mod tests {
             sessions.execute("a", ExecRequest::source(Language::Python, "1")).unwrap_err().kind(),
             "unknown_session"
         );
-        assert_eq!(sessions.open("p", Language::Python).unwrap_err().kind(), "stateful_unsupported");
+        assert_eq!(sessions.open("p", Language::Python, &[]).unwrap_err().kind(), "stateful_unsupported");
     }
 
     #[test]
     fn the_count_is_bounded_and_idle_sessions_expire_as_lost() {
         let (sessions, open) = registry(SessionConfig { max_sessions: 2, idle_timeout: Duration::from_millis(200) });
-        let a = sessions.open_new(Language::JavaScript).unwrap();
-        let b = sessions.open_new(Language::JavaScript).unwrap();
+        let a = sessions.open_new(Language::JavaScript, &[]).unwrap();
+        let b = sessions.open_new(Language::JavaScript, &[]).unwrap();
         assert_ne!(a, b);
-        assert_eq!(sessions.open_new(Language::JavaScript).unwrap_err().kind(), "too_many_sessions");
+        assert_eq!(sessions.open_new(Language::JavaScript, &[]).unwrap_err().kind(), "too_many_sessions");
         let until = Instant::now() + Duration::from_secs(10);
         while !sessions.is_empty() && Instant::now() < until {
             std::thread::sleep(Duration::from_millis(20));

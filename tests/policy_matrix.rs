@@ -449,3 +449,35 @@ mod container_routing {
         assert_eq!(controls, vec![Control::Stdin, Control::Network, Control::Fuel]);
     }
 }
+
+/// Declared packages route by what each backend provides: numpy is refused
+/// by python-wasm (named) and runs on the container's data image; a package
+/// nobody has is refused with every backend's reason.
+#[cfg(all(feature = "wasm", feature = "container"))]
+#[test]
+fn declared_packages_route_to_the_backend_that_has_them() {
+    use execbox::backends::{Container, WasmInterpreter};
+    let python = WasmInterpreter::python().expect("engine");
+    let container = Container::docker();
+    let container_up = container.availability().is_ok();
+    if !container_up {
+        assert!(std::env::var_os("EXECBOX_REQUIRE_CONTAINERS").is_none(), "containers are required");
+    }
+    let exec = Executor::builder().backend(python).backend(container).build();
+    let numpy = ExecRequest::source(Language::Python, "import numpy").packages(["numpy"]);
+    let pinned = exec.select(&numpy.clone().on_backend("python-wasm")).err().expect("python-wasm lacks numpy");
+    let v = pinned.violations();
+    assert_eq!(v.len(), 1, "{pinned}");
+    assert_eq!((v[0].1.control, v[0].1.requested.as_str()), (Control::Packages, "numpy"));
+    if container_up {
+        assert_eq!(exec.select(&numpy).unwrap().name(), "container");
+        // No packages: python-wasm, the cheaper one.
+        assert_eq!(exec.select(&ExecRequest::source(Language::Python, "1")).unwrap().name(), "python-wasm");
+    }
+    let unknown = ExecRequest::source(Language::Python, "1").packages(["no-such-package"]);
+    let err = exec.select(&unknown).err().expect("nobody has it");
+    let backends: Vec<String> = err.violations().into_iter().map(|(b, _)| b).collect();
+    assert_eq!(backends, ["python-wasm", "container"], "{err}");
+    let bad = ExecRequest::source(Language::Python, "1").packages(["numpy; rm -rf /"]);
+    assert_eq!(exec.select(&bad).err().unwrap().kind(), "invalid_request");
+}

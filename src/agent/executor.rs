@@ -178,6 +178,8 @@ impl ExecboxCodeExecutor {
         let mut request = ExecRequest::new(language, payload).policy(self.policy.clone().timeout(self.timeout));
         request.input = input.input;
         request.input_files = input.input_files;
+        request.packages = input.packages;
+        request.collect_output_files = input.collect_output_files;
         Ok(request)
     }
 

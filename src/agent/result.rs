@@ -23,6 +23,15 @@ pub struct CodeExecutionInput {
     /// execbox extension: structured JSON input (JS/Python `input`, Rust `run`'s argument).
     #[serde(default)]
     pub input: Option<Value>,
+    /// execbox extension: packages the code needs (Python: `numpy`, `pandas`,
+    /// `matplotlib`, ...); only a backend that provides them all runs it.
+    #[serde(default)]
+    pub packages: Vec<String>,
+    /// execbox extension: return the files the code writes to its output
+    /// directory (`/work/out`) as `output_files` (only backends that can, i.e.
+    /// containers, are then chosen).
+    #[serde(default)]
+    pub collect_output_files: bool,
 }
 
 impl CodeExecutionInput {
@@ -113,7 +122,8 @@ impl CodeExecutionResult {
     }
 
     /// The text a model sees for this result: combined output, the structured
-    /// output when stdout does not already show it, and truncation notes.
+    /// output when stdout does not already show it, the files that came back
+    /// (so it knows a plot exists), and truncation notes.
     pub fn model_text(&self) -> String {
         let mut text = self.combined_output();
         let stdout_is_output = serde_json::from_str::<Value>(self.stdout.trim()).ok() == self.output;
@@ -122,6 +132,16 @@ impl CodeExecutionResult {
                 text.push('\n');
             }
             text.push_str(&format!("--- output ---\n{output}"));
+        }
+        if !self.output_files.is_empty() {
+            if !text.is_empty() && !text.ends_with('\n') {
+                text.push('\n');
+            }
+            text.push_str("--- files ---");
+            for file in &self.output_files {
+                let mime = file.mime_type.as_deref().unwrap_or("application/octet-stream");
+                text.push_str(&format!("\n{} ({mime}, {} bytes)", file.name, file.content.len()));
+            }
         }
         if let Some(note) = self.truncation_note() {
             if !text.is_empty() && !text.ends_with('\n') {

@@ -28,12 +28,14 @@ pub(crate) fn random_u64() -> u64 {
     hasher.finish()
 }
 
-/// Reads the code from stdin, then binds `input` from `/work/input.json` (or
-/// `None`). Stdin is read first: a warm interpreter waits there, and its
-/// input file is written before the code is sent.
+/// Reads the code (`$read_source`, which sets `source`), then binds `input`
+/// from `/work/input.json` (or `None`). Stdin is read first: a warm
+/// interpreter waits there, and its input file is written before the code
+/// is sent.
 macro_rules! python_prelude {
-    () => {
-        "\
+    ($read_source:expr) => {
+        concat!(
+            "\
 import sys
 def load_input():
     try:
@@ -44,16 +46,45 @@ def load_input():
     import json
     with f:
         return json.load(f)
-source = sys.stdin.read()
+",
+            $read_source,
+            "\
 data = load_input()
 sys.argv = ['<code>'] + sys.argv[1:]
+"
+        )
+    };
+}
+
+/// Reads one framed message (`<len>\n<bytes>`) from fd 0: how a warm
+/// CPython-in-wasm instance gets its code (and a session its cells) over the
+/// host's message stdin. `None` at end of input.
+macro_rules! python_read_message {
+    () => {
+        "\
+def read_message():
+    import os
+    header = b''
+    while not header.endswith(b'\\n'):
+        chunk = os.read(0, 1)
+        if not chunk:
+            return None
+        header += chunk
+    size = int(header)
+    data = bytearray()
+    while len(data) < size:
+        chunk = os.read(0, size - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    return data.decode('utf-8')
 "
     };
 }
 
 /// Runs the code as `__main__` with `input` bound; frames show it as `<code>`.
 pub(crate) const PYTHON_BOOTSTRAP: &str = concat!(
-    python_prelude!(),
+    python_prelude!("source = sys.stdin.read()\n"),
     "exec(compile(source, '<code>', 'exec'), {'__name__': '__main__', '__builtins__': __builtins__, 'input': data})\n"
 );
 
@@ -66,7 +97,8 @@ pub(crate) const PYTHON_BOOTSTRAP: &str = concat!(
 #[cfg(feature = "wasm")]
 pub(crate) const PYTHON_WARM_BOOTSTRAP: &str = concat!(
     "import json, os, traceback\nexec(compile('pass', '<warm-up>', 'exec'), {})\n",
-    python_prelude!(),
+    python_read_message!(),
+    python_prelude!("source = read_message()\nif source is None:\n    os._exit(0)\n"),
     "\
 status = 0
 try:
@@ -85,6 +117,63 @@ except BaseException:
 sys.stdout.flush()
 sys.stderr.flush()
 os._exit(status)
+"
+);
+
+/// A session's loop, sent to a warm CPython-in-wasm instance as its code
+/// (`NONCE` replaced by the session's): cells arrive as framed messages;
+/// each runs in one long-lived `__main__` namespace with `input` rebound
+/// from `/work/input.json`, its exceptions printed as tracebacks of the
+/// cell (`<code>`, the caller's lines), `SystemExit` only setting the cell's
+/// status. After each cell, once stdout and stderr are flushed, a status
+/// record `\0execbox:<nonce>:R<len>:{"status": N}` goes to fd 2 and then fd
+/// 1 (taken out of both streams by the host: a container's two pipes are
+/// read apart, so each stream marks its own end of the cell) and the loop
+/// blocks for the next cell. `sys.stdin` is empty for cells.
+pub(crate) const PYTHON_SESSION_LOOP: &str = concat!(
+    python_read_message!(),
+    "\
+def _execbox_session(nonce, read_message):
+    import io, json, os, sys, traceback
+    def load_input():
+        try:
+            f = open('/work/input.json', encoding='utf-8')
+        except FileNotFoundError:
+            return None
+        with f:
+            return json.load(f)
+    scope = {'__name__': '__main__', '__builtins__': __builtins__}
+    marker = '\\0execbox:' + nonce + ':'
+    while True:
+        source = read_message()
+        if source is None:
+            os._exit(0)
+        scope['input'] = load_input()
+        sys.stdin = io.StringIO('')
+        status = 0
+        try:
+            exec(compile(source, '<code>', 'exec'), scope)
+        except SystemExit as e:
+            if e.code is None:
+                status = 0
+            elif isinstance(e.code, int):
+                status = e.code
+            else:
+                print(e.code, file=sys.stderr)
+                status = 1
+        except BaseException as e:
+            traceback.print_exception(type(e), e, e.__traceback__.tb_next)
+            status = 1
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except BaseException:
+                pass
+        record = json.dumps({'status': status})
+        record = (marker + 'R%d:%s\\n' % (len(record), record)).encode()
+        os.write(2, record)
+        os.write(1, record)
+_execbox_session('NONCE', read_message)
 "
 );
 

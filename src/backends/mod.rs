@@ -17,7 +17,9 @@ pub use boa::{BoaJs, BoaJsConfig, BoaJsInThread, JsSession, WorkerGauge};
 pub mod wasm;
 
 #[cfg(feature = "wasm")]
-pub use wasm::{CacheStats, Interpreter, ModuleLimits, WasmEngine, WasmGuest, WasmGuestConfig, WasmInterpreter};
+pub use wasm::{
+    CacheStats, Interpreter, ModuleLimits, PythonSession, WasmEngine, WasmGuest, WasmGuestConfig, WasmInterpreter,
+};
 
 #[cfg(feature = "container")]
 pub mod container;

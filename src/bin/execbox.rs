@@ -164,6 +164,10 @@ struct RunArgs {
     output_dir: Option<PathBuf>,
     #[command(flatten)]
     backends: BackendFlags,
+    /// A package the code needs (repeatable; Python: numpy, pandas, matplotlib, scipy on the
+    /// container's data image). Only a backend that provides every one is chosen.
+    #[arg(long = "package", value_name = "NAME")]
+    packages: Vec<String>,
     /// Run on this backend only.
     #[arg(long)]
     backend: Option<String>,
@@ -478,6 +482,7 @@ fn build_request(args: RunArgs) -> Result<ExecRequest, String> {
     if let Some(name) = args.backend {
         request = request.on_backend(name);
     }
+    request = request.packages(args.packages);
     Ok(request)
 }
 

@@ -5,6 +5,8 @@
 pub mod deadline;
 pub mod nesting;
 pub mod output;
+#[cfg(any(feature = "wasm", feature = "container"))]
+pub(crate) mod records;
 pub mod result_caps;
 
 pub use deadline::Deadline;

@@ -139,6 +139,10 @@ pub struct RunCodeArgs {
     /// Run on this backend only (see `list_backends`).
     #[serde(default)]
     pub backend: Option<String>,
+    /// Packages the code needs (Python: e.g. numpy, pandas, matplotlib, scipy). Only a backend
+    /// that provides every one runs it (list_backends shows who provides what).
+    #[serde(default)]
+    pub packages: Option<Vec<String>>,
 }
 
 /// `create_session`'s arguments.
@@ -147,6 +151,9 @@ pub struct RunCodeArgs {
 pub struct CreateSessionArgs {
     /// The session's language (see `list_backends` for those with sessions).
     pub language: LanguageArg,
+    /// Packages the session needs (Python: numpy, pandas, ... put the session in a container).
+    #[serde(default)]
+    pub packages: Option<Vec<String>>,
 }
 
 /// `close_session`'s arguments.
@@ -202,6 +209,7 @@ impl ExecboxMcp {
         }
         request.collect_output_files = args.collect_files.unwrap_or(false);
         request.backend = args.backend;
+        request.packages = args.packages.unwrap_or_default();
         Ok((request, args.session_id))
     }
 
@@ -321,14 +329,15 @@ impl ExecboxMcp {
             memory is lost, and later calls say so.")]
     async fn create_session(
         &self,
-        Parameters(CreateSessionArgs { language }): Parameters<CreateSessionArgs>,
+        Parameters(CreateSessionArgs { language, packages }): Parameters<CreateSessionArgs>,
     ) -> Result<CallToolResult, McpError> {
         let language = Language::from(language);
         let sessions = self.shared.sessions.clone();
         let connection = self.connection.clone();
+        let packages = packages.unwrap_or_default();
         let opened = tokio::task::spawn_blocking(move || {
-            let id = format!("{:016x}{:016x}", crate::sessions::random_u64(), crate::sessions::random_u64());
-            sessions.open(&connection.key(&id), language).map(|()| id)
+            let id = crate::sessions::new_id();
+            sessions.open(&connection.key(&id), language, &packages).map(|()| id)
         })
         .await
         .map_err(|e| McpError::internal_error(format!("session task: {e}"), None))?;

@@ -48,6 +48,7 @@ pub(crate) struct WorkerProcess {
     /// The host's own `RLIMIT_AS` hard limit, and its CPUs, when it started
     /// the worker.
     hard_as: Option<u64>,
+    #[cfg_attr(not(feature = "js"), allow(dead_code))]
     host_cpus: Option<rustix::thread::CpuSet>,
 }
 
@@ -85,6 +86,7 @@ impl WorkerProcess {
     }
 
     /// The worker's process id.
+    #[cfg_attr(not(feature = "js"), allow(dead_code))]
     pub fn pid(&self) -> u32 {
         self.pid.as_raw_nonzero().get() as u32
     }
@@ -144,6 +146,7 @@ impl WorkerProcess {
     /// 0.4 ms). Best effort: an error only costs speed.
     ///
     /// [`unpin`]: WorkerProcess::unpin
+    #[cfg_attr(not(feature = "js"), allow(dead_code))]
     pub fn pin_to_this_cpu(&self) {
         let mut here = rustix::thread::CpuSet::new();
         here.set(rustix::thread::sched_getcpu());
@@ -152,6 +155,7 @@ impl WorkerProcess {
 
     /// Lets the worker run anywhere the host may (it then builds its next
     /// context on whichever CPU is free).
+    #[cfg_attr(not(feature = "js"), allow(dead_code))]
     pub fn unpin(&self) {
         if let Some(all) = &self.host_cpus {
             let _ = rustix::thread::sched_setaffinity(Some(self.pid), all);

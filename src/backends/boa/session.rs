@@ -147,7 +147,7 @@ impl crate::sessions::SessionBackend for BoaJs {
         crate::Language::JavaScript
     }
 
-    fn open_session(&self) -> Result<Box<dyn crate::sessions::Session>, ExecError> {
+    fn open_session(&self, _packages: &[String]) -> Result<Box<dyn crate::sessions::Session>, ExecError> {
         Ok(Box::new(BoaJs::open_session(self)?))
     }
 }

@@ -177,6 +177,14 @@ pub(super) fn copy_regular(
 /// (a rename: one level, no recursion), then removes the emptied
 /// subdirectory; a chain of depth d takes d cheap passes.
 pub(crate) fn remove_tree(path: &Path) -> io::Result<()> {
+    empty_tree(path)?;
+    std::fs::remove_dir(path)
+}
+
+/// Removes everything inside `path`, keeping `path` itself (a directory
+/// bind-mounted into a container must stay the same inode); as
+/// [`remove_tree`], without recursion and without following links.
+pub(crate) fn empty_tree(path: &Path) -> io::Result<()> {
     let root = open_ambient(path)?;
     let lifted = format!(".execbox-lifted-{:016x}-", super::conventions::random_u64());
     let mut count = 0u64;
@@ -212,8 +220,7 @@ pub(crate) fn remove_tree(path: &Path) -> io::Result<()> {
             break;
         }
     }
-    drop(root);
-    std::fs::remove_dir(path)
+    Ok(())
 }
 
 /// `Ok(None)` for an entry that vanished meanwhile.

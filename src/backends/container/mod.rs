@@ -41,17 +41,19 @@ mod owners;
 mod process;
 mod reaper;
 mod rust;
+mod session;
 mod staging;
 
 use std::path::PathBuf;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub use argv::{Mount, RunSpec, STOP_DIR, UnsafeExtraArg, check_extra_args, run_argv};
 pub use hostfs::{OutputDir, SaveError};
 pub use process::KILL_GRACE;
 pub use rust::{RustCacheStats, RustConfig};
+pub use session::ContainerSession;
 pub use staging::{INPUT_JSON, MAX_OUTPUT_DEPTH, MAX_OUTPUT_ENTRIES, OUTPUT_DIR, WORKDIR};
 
 use super::conventions;
@@ -73,6 +75,10 @@ pub struct ContainerConfig {
     pub engine: PathBuf,
     /// Image for Python and shell (`scripts/build-images.sh` builds it offline).
     pub python_image: String,
+    /// Image for Python requests that declare packages: its
+    /// `execbox.packages` label (written by `scripts/build-images.sh` after
+    /// importing each package in the image) is what this backend provides.
+    pub python_data_image: String,
     /// Image that links and runs Rust programs (gcc + libc6-dev).
     pub rust_image: String,
     /// `--memory` when the policy states no memory cap.
@@ -104,6 +110,11 @@ pub struct ContainerConfig {
     pub default_timeout: Duration,
     /// The Rust pipeline.
     pub rust: RustConfig,
+    /// A Python session's memory cap (its container's cgroup, fixed when it
+    /// starts); a call asking for a lower cap is refused.
+    pub session_memory_bytes: u64,
+    /// Longest life of a session's container (its in-container timer).
+    pub session_lifetime: Duration,
 }
 
 impl Default for ContainerConfig {
@@ -111,6 +122,7 @@ impl Default for ContainerConfig {
         Self {
             engine: "docker".into(),
             python_image: "localhost/execbox-python:3.11".into(),
+            python_data_image: "localhost/execbox-python-data:3.11".into(),
             rust_image: "localhost/execbox-rust:bookworm".into(),
             default_memory_bytes: 512 << 20,
             cpus: 1.0,
@@ -125,6 +137,8 @@ impl Default for ContainerConfig {
             availability_ttl: Duration::from_secs(30),
             default_timeout: Duration::from_secs(300),
             rust: RustConfig::default(),
+            session_memory_bytes: crate::policy::SandboxPolicy::STRICT_MEMORY_BYTES,
+            session_lifetime: Duration::from_secs(3600),
         }
     }
 }
@@ -133,18 +147,32 @@ impl Default for ContainerConfig {
 const MIN_MEMORY_BYTES: u64 = 6 << 20;
 
 /// Python, shell and Rust in ephemeral containers. See the module docs.
-pub struct Container {
+#[derive(Clone)]
+pub struct Container(Arc<ContainerInner>);
+
+/// What a [`Container`] handle shares (its sessions keep one).
+#[doc(hidden)]
+pub struct ContainerInner {
     cfg: ContainerConfig,
     caps: BackendCapabilities,
     reaper: reaper::Reaper,
     /// Last availability check: when, and its result.
     availability: Mutex<Option<(Instant, Result<(), String>)>>,
+    /// Last read of the data image's package label: when, and the packages.
+    data_packages: Mutex<Option<(Instant, Vec<String>)>>,
     rust: rust::Pipeline,
     /// Set by [`Container::shutdown`]: no new container starts.
     shut_down: AtomicBool,
 }
 
 static RUN_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+impl std::ops::Deref for Container {
+    type Target = ContainerInner;
+    fn deref(&self) -> &ContainerInner {
+        &self.0
+    }
+}
 
 impl Container {
     /// The backend's name in results and refusals.
@@ -168,14 +196,15 @@ impl Container {
     }
 
     fn build(cfg: ContainerConfig) -> Self {
-        Self {
+        Self(Arc::new(ContainerInner {
             caps: capabilities(&cfg),
             reaper: reaper::Reaper::new(cfg.engine.clone()),
             availability: Mutex::new(None),
+            data_packages: Mutex::new(None),
             rust: rust::Pipeline::new(cfg.rust.clone()),
             shut_down: AtomicBool::new(false),
             cfg,
-        }
+        }))
     }
 
     /// The value of the `execbox.owner` label on every container this
@@ -213,9 +242,54 @@ impl Container {
         let staging = staging::Staging::new(request, request.input.as_ref().map(|_| b"null".as_slice()))?;
         let (image, command) = match request.language {
             Language::Rust => (self.cfg.rust_image.clone(), rust::command(request)),
-            _ => (self.cfg.python_image.clone(), self.script_command(request)?),
+            _ => (self.script_image(request), self.script_command(request)?),
         };
         self.spec(request, &staging, image, command, self.caps.effective_timeout(&request.policy))
+    }
+
+    /// The image a Python or shell request runs in: the data image when it
+    /// declares packages (matching has checked that the image has them).
+    fn script_image(&self, request: &ExecRequest) -> String {
+        if request.packages.is_empty() { self.cfg.python_image.clone() } else { self.cfg.python_data_image.clone() }
+    }
+
+    /// `Ok` if the engine and images are there, else `backend_unavailable`.
+    fn check_available(&self) -> Result<(), ExecError> {
+        Backend::availability(self).map_err(|reason| self.unavailable(reason))
+    }
+
+    /// This backend's capabilities (its sessions check against them too).
+    fn capabilities_ref(&self) -> &BackendCapabilities {
+        &self.caps
+    }
+
+    /// The packages the data image declares (its `execbox.packages`
+    /// label), cached like availability; none when the image is missing.
+    fn data_image_packages(&self) -> Vec<String> {
+        let mut cached = self.data_packages.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((at, packages)) = cached.as_ref() {
+            let ttl = if packages.is_empty() { Duration::from_secs(2) } else { self.cfg.availability_ttl };
+            if at.elapsed() < ttl {
+                return packages.clone();
+            }
+        }
+        let format = "--format={{index .Config.Labels \"execbox.packages\"}}";
+        let output = process::bounded_output(
+            process::engine_command(&self.cfg.engine).args(["image", "inspect", format, &self.cfg.python_data_image]),
+            process::HOUSEKEEPING_TIMEOUT,
+            64 << 10,
+        );
+        let packages: Vec<String> = match output {
+            Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout)
+                .trim()
+                .split(',')
+                .filter(|p| !p.is_empty() && *p != "<no value>")
+                .map(str::to_string)
+                .collect(),
+            _ => Vec::new(),
+        };
+        *cached = Some((Instant::now(), packages.clone()));
+        packages
     }
 
     /// Builds the run spec of `request` with its staged files; `limit` is
@@ -425,7 +499,7 @@ impl Container {
         let staging = staging::Staging::new(&request, input.as_deref())?;
         let command = self.script_command(&request)?;
         let limit = deadline.remaining().unwrap_or(Duration::MAX);
-        let spec = self.spec(&request, &staging, self.cfg.python_image.clone(), command, limit)?;
+        let spec = self.spec(&request, &staging, self.script_image(&request), command, limit)?;
         let end = self.run_spec(&spec, source.into_bytes(), Caps::of(&request), deadline);
         self.result(end, &deadline, staging)
     }
@@ -439,7 +513,7 @@ impl Container {
     }
 }
 
-impl Drop for Container {
+impl Drop for ContainerInner {
     /// Waits for the start-up sweep (the reaper, a field, is joined next):
     /// nothing this backend started outlives it.
     fn drop(&mut self) {
@@ -559,5 +633,29 @@ impl Backend for Container {
 
     fn shutdown(&self) {
         Container::shutdown(self);
+    }
+
+    /// Python: what the data image declares (shell and Rust: none).
+    fn packages(&self, language: Language) -> Vec<String> {
+        if language == Language::Python { self.data_image_packages() } else { Vec::new() }
+    }
+
+    /// Python sessions in containers ([`ContainerSession`]).
+    fn session_backend(&self) -> Option<Arc<dyn crate::sessions::SessionBackend>> {
+        Some(Arc::new(self.clone()))
+    }
+}
+
+impl crate::sessions::SessionBackend for Container {
+    fn session_language(&self) -> Language {
+        Language::Python
+    }
+
+    fn session_packages(&self) -> Vec<String> {
+        self.data_image_packages()
+    }
+
+    fn open_session(&self, packages: &[String]) -> Result<Box<dyn crate::sessions::Session>, ExecError> {
+        Ok(Box::new(ContainerSession::open(self.clone(), packages)?))
     }
 }

@@ -192,7 +192,13 @@ fn wait_within(child: &mut Child, limit: Duration) -> std::io::Result<Option<Exi
 
 /// The CLI's exit code, checked against the daemon's record where it is
 /// ambiguous (the `inspect` bounded by `limit`).
-fn classify(engine: &Path, name: &str, status: Option<ExitStatus>, stderr: &CapturedStream, limit: Duration) -> Ended {
+pub(super) fn classify(
+    engine: &Path,
+    name: &str,
+    status: Option<ExitStatus>,
+    stderr: &CapturedStream,
+    limit: Duration,
+) -> Ended {
     let engine_error = || Ended::EngineError(result_caps::cap_message(stderr.text().trim().to_string()));
     let Some(code) = status.and_then(|s| s.code()) else {
         return Ended::EngineError(format!("the {} CLI was killed by a signal", engine.display()));
@@ -217,7 +223,7 @@ fn classify(engine: &Path, name: &str, status: Option<ExitStatus>, stderr: &Capt
 /// Kills an engine CLI and whatever it started in its process group (see
 /// [`engine_command`]): anything still holding its pipes would keep the
 /// stream readers waiting.
-fn kill_group(child: &mut Child) {
+pub(super) fn kill_group(child: &mut Child) {
     if let Ok(pgid) = i32::try_from(child.id()) {
         // SAFETY: kill(2) on a process group this process created; no memory is involved.
         unsafe { libc::kill(-pgid, libc::SIGKILL) };
@@ -225,7 +231,7 @@ fn kill_group(child: &mut Child) {
     drop(child.kill());
 }
 
-fn kill_container(engine: &Path, name: &str, limit: Duration) {
+pub(super) fn kill_container(engine: &Path, name: &str, limit: Duration) {
     drop(quiet(engine, &["kill", "--signal=KILL", name], limit));
 }
 

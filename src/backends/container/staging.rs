@@ -97,6 +97,42 @@ impl Staging {
         Ok(Self { root, dir, collect_outputs: request.collect_output_files, has_env })
     }
 
+    /// Stages one session cell's files in `/work` (replacing files of the
+    /// same name, never through a link) and its `input.json` (removed when
+    /// the cell has no input), and empties `/work/out` so the cell returns
+    /// only what it writes.
+    pub fn stage_cell(&self, request: &ExecRequest, input: Option<&[u8]>) -> Result<(), ExecError> {
+        let io = |what: &str, e: std::io::Error| InvalidRequest::BadPath { path: what.into(), reason: e.to_string() };
+        let work = hostfs::open_dir(&self.dir, OsStr::new("work")).map_err(|e| io("<staging dir>", e))?;
+        match input {
+            Some(json) => hostfs::replace(&work, OsStr::new("input.json"), json).map_err(|e| io("input.json", e))?,
+            None => match work.remove_file("input.json") {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io("input.json", e).into()),
+                _ => {}
+            },
+        }
+        for file in &request.input_files {
+            let relative = file.relative_path()?;
+            if relative.components().find(|c| *c != Component::CurDir) == Some(Component::Normal("out".as_ref())) {
+                return Err(InvalidRequest::BadPath {
+                    path: file.name.clone(),
+                    reason: "out/ is the output directory".into(),
+                }
+                .into());
+            }
+            let (parent, leaf) = match (relative.parent(), relative.file_name()) {
+                (Some(parent), Some(leaf)) => (parent, leaf),
+                _ => return Err(io(&file.name, std::io::Error::other("names no file")).into()),
+            };
+            let parent = hostfs::create_dirs(&work, parent, Some(0o755)).map_err(|e| io(&file.name, e))?;
+            hostfs::replace(&parent, leaf, &file.content).map_err(|e| io(&file.name, e))?;
+        }
+        if self.collect_outputs {
+            hostfs::empty_tree(&self.root.path().join("out")).map_err(|e| io("out", e))?;
+        }
+        Ok(())
+    }
+
     /// The directory seen at `/work`.
     pub fn work(&self) -> PathBuf {
         self.root.path().join("work")

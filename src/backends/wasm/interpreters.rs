@@ -106,8 +106,13 @@ pub fn interpreters_dir() -> Option<PathBuf> {
     conventions::cache_dir("EXECBOX_INTERPRETERS_DIR", "interpreters")
 }
 
-/// An interpreter compiled to WebAssembly, as a backend of its own.
-pub struct WasmInterpreter {
+/// An interpreter compiled to WebAssembly, as a backend of its own. Cheap
+/// to clone (shared): a Python session keeps one.
+#[derive(Clone)]
+pub struct WasmInterpreter(Arc<InterpreterInner>);
+
+#[doc(hidden)]
+pub struct InterpreterInner {
     kind: Interpreter,
     engine: Arc<WasmEngine>,
     /// This backend's module cache (the interpreter's module only).
@@ -119,6 +124,13 @@ pub struct WasmInterpreter {
     warm_size: usize,
     warm: OnceLock<WarmPool>,
     caps: BackendCapabilities,
+}
+
+impl std::ops::Deref for WasmInterpreter {
+    type Target = InterpreterInner;
+    fn deref(&self) -> &InterpreterInner {
+        &self.0
+    }
 }
 
 impl WasmInterpreter {
@@ -191,7 +203,7 @@ impl WasmInterpreter {
             output_files: false,
         };
         let module_path = dir.map(|d| d.join(kind.file_name()));
-        Ok(Self {
+        Ok(Self(Arc::new(InterpreterInner {
             kind,
             engine,
             cache,
@@ -200,7 +212,7 @@ impl WasmInterpreter {
             warm_size: 0,
             warm: OnceLock::new(),
             caps,
-        })
+        })))
     }
 
     /// Keeps `size` instances pre-started (CPython only; 0: none). A
@@ -208,7 +220,11 @@ impl WasmInterpreter {
     /// when several requests come. Each warm instance holds one of the
     /// engine's instance slots while it waits.
     pub fn with_warm_pool(mut self, size: usize) -> Self {
-        self.warm_size = if self.kind == Interpreter::Python { size } else { 0 };
+        let size = if self.kind == Interpreter::Python { size } else { 0 };
+        match Arc::get_mut(&mut self.0) {
+            Some(inner) => inner.warm_size = size,
+            None => tracing::error!("WasmInterpreter::with_warm_pool called after the backend was shared; ignored"),
+        }
         self
     }
 
@@ -228,12 +244,15 @@ impl WasmInterpreter {
         &self.engine
     }
 
-    /// The warm pool, started with the module on first use.
+    /// The warm pool, started with the module on first use; `None` when it
+    /// keeps no instances.
     fn warm_pool(&self, compiled: &Arc<Compiled>) -> Option<&WarmPool> {
-        if self.warm_size == 0 {
-            return None;
-        }
-        Some(self.warm.get_or_init(|| {
+        (self.warm_size > 0).then(|| self.pool(compiled))
+    }
+
+    /// The pool, even of size 0 (sessions start their instances through it).
+    fn pool(&self, compiled: &Arc<Compiled>) -> &WarmPool {
+        self.warm.get_or_init(|| {
             WarmPool::start(
                 self.engine.clone(),
                 self.kind.backend_name(),
@@ -241,7 +260,31 @@ impl WasmInterpreter {
                 warm_args(),
                 self.warm_size,
             )
-        }))
+        })
+    }
+
+    /// Opens a Python session: a live instance from the warm pool (or a
+    /// new one) running the session loop. See [`PythonSession`](super::PythonSession).
+    pub fn open_session(&self) -> Result<super::PythonSession, ExecError> {
+        if self.kind != Interpreter::Python {
+            return Err(ExecError::internal(self.kind.backend_name(), "only CPython keeps sessions"));
+        }
+        let compiled = self.compiled()?;
+        let warm = self.pool(&compiled).take_for_session().map_err(|reason| ExecError::Busy {
+            backend: super::PythonSession::NAME.into(),
+            reason: format!("no instance for a new session: {reason}"),
+        })?;
+        super::PythonSession::open(self.clone(), warm)
+    }
+
+    /// This backend's capabilities (also what its sessions check against).
+    pub(super) fn capabilities_ref(&self) -> &BackendCapabilities {
+        &self.caps
+    }
+
+    /// The memory cap a run under `policy` gets.
+    pub(super) fn memory_cap_for(&self, policy: &crate::policy::SandboxPolicy) -> usize {
+        self.engine.memory_cap(policy)
     }
 
     /// Which interpreter this is.
@@ -438,5 +481,20 @@ impl Backend for WasmInterpreter {
 
     fn readiness(&self) -> Option<crate::Readiness> {
         (self.warm_size > 0).then(|| crate::Readiness { ready: self.warm_ready(), target: self.warm_size })
+    }
+
+    /// CPython keeps sessions ([`PythonSession`](super::PythonSession)).
+    fn session_backend(&self) -> Option<Arc<dyn crate::sessions::SessionBackend>> {
+        (self.kind == Interpreter::Python).then(|| Arc::new(self.clone()) as Arc<dyn crate::sessions::SessionBackend>)
+    }
+}
+
+impl crate::sessions::SessionBackend for WasmInterpreter {
+    fn session_language(&self) -> Language {
+        self.kind.language()
+    }
+
+    fn open_session(&self, _packages: &[String]) -> Result<Box<dyn crate::sessions::Session>, ExecError> {
+        Ok(Box::new(WasmInterpreter::open_session(self)?))
     }
 }

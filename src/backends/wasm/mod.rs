@@ -41,6 +41,7 @@ pub mod interpreters;
 mod module_limits;
 mod quickjs;
 mod run;
+mod session;
 mod stdio;
 mod ticker;
 mod warm;
@@ -55,6 +56,7 @@ pub use compile::CacheStats;
 pub use engine::WasmEngine;
 pub use interpreters::{Interpreter, WasmInterpreter};
 pub use module_limits::ModuleLimits;
+pub use session::PythonSession;
 
 use crate::capabilities::{
     BackendCapabilities, CostClass, Enforcement, IsolationKind, Language, PayloadKind, RequestFeatures,

@@ -3,7 +3,7 @@
 //! store, and the engine's verdict mapped to an [`Outcome`].
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -58,6 +58,8 @@ pub(super) struct RunControls {
     memory_cap: AtomicUsize,
     /// Largest linear memory so far.
     peak: AtomicUsize,
+    /// Memory was refused since the last [`RunControls::arm`].
+    denied: AtomicBool,
 }
 
 impl RunControls {
@@ -66,6 +68,7 @@ impl RunControls {
             deadline: Mutex::new(deadline),
             memory_cap: AtomicUsize::new(memory_cap),
             peak: AtomicUsize::new(0),
+            denied: AtomicBool::new(false),
         })
     }
 
@@ -77,6 +80,12 @@ impl RunControls {
     pub fn arm(&self, deadline: Deadline, memory_cap: usize) {
         *self.deadline.lock().unwrap_or_else(PoisonError::into_inner) = deadline;
         self.memory_cap.store(memory_cap, Ordering::SeqCst);
+        self.denied.store(false, Ordering::SeqCst);
+    }
+
+    /// True if memory (or a table) was refused since the last `arm`.
+    pub fn denied(&self) -> bool {
+        self.denied.load(Ordering::SeqCst)
     }
 
     /// Largest linear memory so far, in bytes.
@@ -97,6 +106,7 @@ impl ResourceLimiter for MemoryLimits {
     fn memory_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
         if desired > self.controls.memory_cap.load(Ordering::SeqCst) {
             self.denied = true;
+            self.controls.denied.store(true, Ordering::SeqCst);
             return Ok(false); // the guest's memory.grow returns -1
         }
         self.controls.peak.fetch_max(desired, Ordering::SeqCst);
@@ -106,6 +116,7 @@ impl ResourceLimiter for MemoryLimits {
     fn table_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
         if desired > self.table_elements {
             self.denied = true;
+            self.controls.denied.store(true, Ordering::SeqCst);
             return Ok(false);
         }
         Ok(true)

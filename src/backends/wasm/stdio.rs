@@ -9,9 +9,10 @@
 //! records are taken out of the stream before the cap applies.
 
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use tokio::io::AsyncWrite;
@@ -57,6 +58,15 @@ impl CappedPipe {
             sink.text = std::mem::replace(&mut sink.text, BoundedBuffer::new(Some(0))).tapped(tap, kind);
         }
         self
+    }
+
+    /// Starts over like [`CappedPipe::reset`], with `records` taking the
+    /// runner's records out of the stream (a session cell's status).
+    pub fn reset_with_records(&self, cap: Option<u64>, records: ResultTap, tap: Option<OutputTap>, kind: StreamKind) {
+        let sink = &mut *self.lock();
+        sink.text = BoundedBuffer::new(cap).tapped(tap, kind);
+        sink.tap = Some(records);
+        sink.records = None;
     }
 
     /// Starts over with an empty buffer holding at most `cap` bytes, kept
@@ -141,93 +151,155 @@ impl AsyncWrite for CappedPipe {
     }
 }
 
-/// Stdin that blocks until the code arrives, then yields it and ends: what a
-/// warm interpreter reads its program from. The flag turns true when the
-/// guest first reads (start-up is over).
-pub(super) struct CodeStdin(Arc<Mutex<CodeState>>, Arc<AtomicBool>);
+/// Stdin that delivers framed messages (`<len>\n<bytes>`) as the host
+/// sends them, blocking in between: what a warm interpreter reads its code
+/// from, and a session each cell. Every time the guest blocks for more (it
+/// has read everything sent), the wait counter goes up: the host learns that
+/// a warm instance finished starting, or a session's cell finished.
+pub(super) struct MessageStdin(Arc<Channel>);
 
-enum CodeState {
-    Waiting(tokio::sync::oneshot::Receiver<Vec<u8>>),
-    /// A reader is awaiting the code.
-    Receiving,
-    Data(Bytes),
-    Done,
+/// The host's end of a [`MessageStdin`]. Dropping it ends the stream (the
+/// guest reads end-of-file).
+pub(super) struct MessageSender {
+    tx: tokio::sync::mpsc::UnboundedSender<Vec<u8>>,
+    channel: Arc<Channel>,
 }
 
-impl CodeStdin {
-    /// The stdin, the sender that delivers its one message (dropping the
-    /// sender ends the stream empty), and the "guest is waiting" flag.
-    pub fn new() -> (Self, tokio::sync::oneshot::Sender<Vec<u8>>, Arc<AtomicBool>) {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let waiting = Arc::new(AtomicBool::new(false));
-        (Self(Arc::new(Mutex::new(CodeState::Waiting(rx))), waiting.clone()), tx, waiting)
-    }
+struct Channel {
+    inbox: Mutex<Inbox>,
+    /// Times the guest blocked for more input.
+    waits: AtomicU64,
+    changed: Condvar,
+}
 
-    fn state(&self) -> std::sync::MutexGuard<'_, CodeState> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+struct Inbox {
+    current: Bytes,
+    /// Taken while a reader awaits the next message.
+    rx: Option<tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>>,
+    closed: bool,
+}
+
+impl MessageStdin {
+    pub fn new() -> (Self, MessageSender) {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let channel = Arc::new(Channel {
+            inbox: Mutex::new(Inbox { current: Bytes::new(), rx: Some(rx), closed: false }),
+            waits: AtomicU64::new(0),
+            changed: Condvar::new(),
+        });
+        (Self(channel.clone()), MessageSender { tx, channel })
     }
 }
 
-impl IsTerminal for CodeStdin {
+impl Channel {
+    fn inbox(&self) -> std::sync::MutexGuard<'_, Inbox> {
+        self.inbox.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl MessageSender {
+    /// Sends one message, framed; returns the guest's wait count at that
+    /// moment (the next wait, past it, means the guest read it all and
+    /// blocks again), or `None` if the guest is gone.
+    pub fn send(&self, message: &[u8]) -> Option<u64> {
+        let mut framed = format!("{}\n", message.len()).into_bytes();
+        framed.extend_from_slice(message);
+        // Under the inbox lock: a reader cannot count a wait in between.
+        let _inbox = self.channel.inbox();
+        let waits = self.channel.waits.load(Ordering::SeqCst);
+        self.tx.send(framed).ok()?;
+        Some(waits)
+    }
+
+    /// Times the guest blocked for input so far.
+    pub fn waits(&self) -> u64 {
+        self.channel.waits.load(Ordering::SeqCst)
+    }
+
+    /// Waits until the guest has blocked more than `seen` times (true), or
+    /// `until` passes or `give_up` says so (false; polled every 10 ms).
+    pub fn wait_past(&self, seen: u64, until: Option<Instant>, give_up: impl Fn() -> bool) -> bool {
+        let mut inbox = self.channel.inbox();
+        loop {
+            if self.channel.waits.load(Ordering::SeqCst) > seen {
+                return true;
+            }
+            if give_up() || until.is_some_and(|at| Instant::now() >= at) {
+                return false;
+            }
+            let step = Duration::from_millis(10);
+            let wait = until.map_or(step, |at| at.saturating_duration_since(Instant::now()).min(step));
+            inbox = self.channel.changed.wait_timeout(inbox, wait).unwrap_or_else(PoisonError::into_inner).0;
+        }
+    }
+}
+
+impl IsTerminal for MessageStdin {
     fn is_terminal(&self) -> bool {
         false
     }
 }
 
-impl wasmtime_wasi::cli::StdinStream for CodeStdin {
+impl wasmtime_wasi::cli::StdinStream for MessageStdin {
     fn async_stream(&self) -> Box<dyn tokio::io::AsyncRead + Send + Sync> {
         // Only the p2 stream below is used by WASI preview 1.
         Box::new(tokio::io::empty())
     }
 
     fn p2_stream(&self) -> Box<dyn wasmtime_wasi::p2::InputStream> {
-        Box::new(CodeStdin(self.0.clone(), self.1.clone()))
+        Box::new(MessageStdin(self.0.clone()))
     }
 }
 
-impl wasmtime_wasi::p2::InputStream for CodeStdin {
+impl wasmtime_wasi::p2::InputStream for MessageStdin {
     fn read(&mut self, size: usize) -> StreamResult<Bytes> {
-        let mut state = self.state();
-        if let CodeState::Waiting(rx) = &mut *state {
-            self.1.store(true, Ordering::SeqCst);
-            match rx.try_recv() {
-                Ok(code) => *state = CodeState::Data(Bytes::from(code)),
-                Err(tokio::sync::oneshot::error::TryRecvError::Empty) => return Ok(Bytes::new()),
-                Err(tokio::sync::oneshot::error::TryRecvError::Closed) => *state = CodeState::Done,
-            }
+        let mut inbox = self.0.inbox();
+        if !inbox.current.is_empty() {
+            let take = size.min(inbox.current.len());
+            return Ok(inbox.current.split_to(take));
         }
-        match &mut *state {
-            CodeState::Data(bytes) => {
-                let chunk = bytes.split_to(size.min(bytes.len()));
-                if bytes.is_empty() {
-                    *state = CodeState::Done;
-                }
-                Ok(chunk)
-            }
-            CodeState::Done => Err(wasmtime_wasi::p2::StreamError::Closed),
-            CodeState::Waiting(_) | CodeState::Receiving => Ok(Bytes::new()),
-        }
+        if inbox.closed { Err(wasmtime_wasi::p2::StreamError::Closed) } else { Ok(Bytes::new()) }
     }
 }
 
 #[wasmtime_wasi::async_trait]
-impl Pollable for CodeStdin {
+impl Pollable for MessageStdin {
     async fn ready(&mut self) {
-        let rx = {
-            let mut state = self.state();
-            match std::mem::replace(&mut *state, CodeState::Receiving) {
-                CodeState::Waiting(rx) => rx,
-                other => {
-                    *state = other;
-                    return;
+        let mut rx = {
+            let mut inbox = self.0.inbox();
+            if !inbox.current.is_empty() || inbox.closed {
+                return;
+            }
+            // A message already sent is taken without blocking (and is not
+            // a wait): only a guest that read everything sent blocks.
+            if let Some(rx) = inbox.rx.as_mut() {
+                match rx.try_recv() {
+                    Ok(message) => {
+                        inbox.current = Bytes::from(message);
+                        return;
+                    }
+                    Err(tokio::sync::mpsc::error::TryRecvError::Disconnected) => {
+                        inbox.closed = true;
+                        return;
+                    }
+                    Err(tokio::sync::mpsc::error::TryRecvError::Empty) => {}
                 }
             }
+            // Nothing left to read: the guest blocks (counted under the
+            // lock `send` takes, so a send either precedes it or sees it).
+            self.0.waits.fetch_add(1, Ordering::SeqCst);
+            self.0.changed.notify_all();
+            match inbox.rx.take() {
+                Some(rx) => rx,
+                None => return,
+            }
         };
-        self.1.store(true, Ordering::SeqCst);
-        let next = match rx.await {
-            Ok(code) => CodeState::Data(Bytes::from(code)),
-            Err(_) => CodeState::Done,
-        };
-        *self.state() = next;
+        let next = rx.recv().await;
+        let mut inbox = self.0.inbox();
+        match next {
+            Some(message) => inbox.current = Bytes::from(message),
+            None => inbox.closed = true,
+        }
+        inbox.rx = Some(rx);
     }
 }

@@ -22,7 +22,6 @@
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
@@ -33,7 +32,7 @@ use wasmtime_wasi::FsPerms;
 use super::WasmEngine;
 use super::compile::Compiled;
 use super::run::{self, Preopen, RunControls, Stdio, StoreSetup};
-use super::stdio::{CappedPipe, CodeStdin};
+use super::stdio::{CappedPipe, MessageSender, MessageStdin};
 use crate::error::ExecError;
 use crate::limits::Deadline;
 use crate::policy::Access;
@@ -51,18 +50,18 @@ const BACKOFF_START: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(10);
 
 /// One pre-started instance, waiting for its code.
-struct Warm {
-    code: tokio::sync::oneshot::Sender<Vec<u8>>,
-    controls: Arc<RunControls>,
-    stdio: Stdio,
+pub(super) struct Warm {
+    /// Its stdin: the code, as one message (a session's loop, then cells).
+    pub code: MessageSender,
+    pub controls: Arc<RunControls>,
+    pub stdio: Stdio,
     /// Seen by the guest at `/work` (read-only); the request's files go here.
     /// The directory belongs to the instance's thread and is removed when
     /// that thread ends, never while the guest may still read it.
-    work: PathBuf,
-    done: mpsc::Receiver<Result<ExecResult, ExecError>>,
-    thread: JoinHandle<()>,
-    /// Set once start-up is over and the guest waits for its code.
-    waiting: Arc<AtomicBool>,
+    pub work: PathBuf,
+    /// The instance's end: `_start`'s result, once it returns.
+    pub done: mpsc::Receiver<Result<ExecResult, ExecError>>,
+    pub thread: JoinHandle<()>,
 }
 
 impl Warm {
@@ -196,7 +195,30 @@ impl WarmPool {
 
     /// Instances done starting, waiting for code.
     pub fn ready(&self) -> usize {
-        lock(&self.pool.idle).iter().filter(|w| w.waiting.load(Ordering::SeqCst)).count()
+        lock(&self.pool.idle).iter().filter(|w| w.code.waits() > 0).count()
+    }
+
+    /// An instance of the pool's for a session (its replacement starts at
+    /// once), or a new one started now if none is pooled. `None` if no
+    /// instance slot is free.
+    pub fn take_for_session(&self) -> Result<Warm, String> {
+        let pooled = loop {
+            let Some(warm) = lock(&self.pool.idle).pop_front() else { break None };
+            if !warm.thread.is_finished() {
+                break Some(warm);
+            }
+            drop(warm.thread.join());
+        };
+        let warm = match pooled {
+            Some(warm) => warm,
+            None => match self.pool.start_one(0) {
+                Ok(warm) => warm,
+                Err(StartError::NoSlot) => return Err("every instance slot is busy".into()),
+                Err(StartError::Failed(why)) => return Err(why),
+            },
+        };
+        self.pool.top_up();
+        Ok(warm)
     }
 }
 
@@ -239,7 +261,7 @@ impl Pool {
         warm.stdio.stderr.reset(policy.max_stderr_bytes, tap, crate::limits::StreamKind::Stderr);
         warm.controls.arm(deadline, memory_cap);
         let _ticking = self.engine.ticker().run_guard();
-        if warm.code.send(code.as_bytes().to_vec()).is_err() {
+        if warm.code.send(code.as_bytes()).is_none() {
             // It ended between the check above and now: run fresh instead.
             self.hand_off(warm.thread, true);
             return None;
@@ -353,7 +375,7 @@ impl Pool {
             if !short || *lock(&self.closed) {
                 return;
             }
-            match self.start_one() {
+            match self.start_one(self.size) {
                 Ok(warm) => {
                     *lock(&self.backoff) = Backoff::default();
                     lock(&self.idle).push_back(warm);
@@ -387,14 +409,14 @@ impl Pool {
 
     /// Starts one instance in the background; it joins the idle list at once
     /// (a request that takes it before start-up ends waits for the rest).
-    fn start_one(&self) -> Result<Warm, StartError> {
-        // Never waits, and leaves as many slots free as the pool holds: with
-        // slots scarce, requests need them more.
-        let slot = self.engine.try_acquire_slot(self.size).ok_or(StartError::NoSlot)?;
+    fn start_one(&self, keep_free: usize) -> Result<Warm, StartError> {
+        // Never waits, and (for the pool) leaves as many slots free as the
+        // pool holds: with slots scarce, requests need them more.
+        let slot = self.engine.try_acquire_slot(keep_free).ok_or(StartError::NoSlot)?;
         let work = crate::backends::owner::temp_dir("warm")
             .map_err(|e| StartError::Failed(format!("no temporary directory: {e}")))?;
         let work_path = work.path().to_path_buf();
-        let (stdin, code, waiting) = CodeStdin::new();
+        let (stdin, code) = MessageStdin::new();
         let ceiling = usize::try_from(self.engine.config().max_memory_bytes).unwrap_or(usize::MAX);
         let controls = RunControls::new(Deadline::start(None), ceiling);
         let stdio = Stdio { stdout: CappedPipe::new(Some(0)), stderr: CappedPipe::new(Some(0)) };
@@ -439,7 +461,7 @@ impl Pool {
                 drop(store);
             })
             .map_err(|e| StartError::Failed(format!("cannot spawn a thread: {e}")))?;
-        Ok(Warm { code, controls, stdio, work: work_path, done, thread, waiting })
+        Ok(Warm { code, controls, stdio, work: work_path, done, thread })
     }
 
     fn hand_off(&self, thread: JoinHandle<()>, answered: bool) {

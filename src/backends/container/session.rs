@@ -1,0 +1,410 @@
+//! [`ContainerSession`]: one long-lived, locked-down container whose Python
+//! process keeps its globals across calls (for code that needs what only the
+//! container has: declared packages, output files).
+//!
+//! The container gets the same locked flags as a one-shot run, the data
+//! image when packages are declared, `/work` (read-only: each cell's input
+//! and files are staged there by the host) and `/work/out` (read-write,
+//! emptied before each cell: a cell that collects files gets what it wrote).
+//! Its first process is the in-container timer around `python3` running the
+//! session loop (the same loop as CPython-in-wasm sessions, see
+//! `conventions.rs`), which reads cells from the attached stdin. Per cell:
+//!
+//! - the deadline is the host's: a cell still running at its deadline gets
+//!   the container killed, and the session is lost;
+//! - the output caps and tap are per cell; memory and processes are capped
+//!   for the whole container (cgroup), fixed when it starts
+//!   ([`ContainerConfig::session_memory_bytes`](super::ContainerConfig::session_memory_bytes));
+//! - the cell is over when both streams carry its status record.
+//!
+//! A session's whole life is bounded by
+//! [`ContainerConfig::session_lifetime`](super::ContainerConfig::session_lifetime)
+//! (the in-container timer), and it dies with its host like every container
+//! of execbox's (the watcher and the sweep, see `owners.rs`). Dropping the
+//! session removes the container and its staging directory.
+
+use std::io::{Read, Write};
+use std::process::{Child, ChildStdin, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use super::argv::run_argv;
+use super::staging::Staging;
+use super::{Container, process};
+use crate::backends::conventions;
+use crate::capabilities::Language;
+use crate::error::{BackendRejection, ExecError};
+use crate::limits::records::{ResultTap, marker};
+use crate::limits::{BoundedBuffer, Deadline, OutputTap, StreamKind, nesting, result_caps};
+use crate::matching::{self, Control, Violation};
+use crate::policy::{Access, SandboxPolicy};
+use crate::request::{ExecRequest, Payload};
+use crate::result::{CapturedStream, ExecResult, Outcome, Usage};
+use crate::sessions::Session;
+
+/// How long the container may take to start and run its first (empty) cell.
+const OPEN_LIMIT: Duration = Duration::from_secs(60);
+
+/// A Python session in a container. See the module docs.
+pub struct ContainerSession {
+    backend: Container,
+    name: String,
+    staging: Option<Staging>,
+    /// Opens the session's status records (`\0execbox:<nonce>:`).
+    marker: Vec<u8>,
+    io: Mutex<CellIo>,
+    streams: Arc<Streams>,
+    alive: AtomicBool,
+}
+
+/// The attached CLI and its stdin (held for a whole cell: one at a time).
+struct CellIo {
+    child: Child,
+    stdin: Option<ChildStdin>,
+}
+
+/// Both output streams of the current cell, fed by reader threads.
+struct Streams {
+    sinks: Mutex<[Sink; 2]>,
+    changed: Condvar,
+}
+
+struct Sink {
+    text: BoundedBuffer,
+    records: Option<ResultTap>,
+    /// The stream ended (the container is gone).
+    closed: bool,
+}
+
+impl Streams {
+    fn lock(&self) -> std::sync::MutexGuard<'_, [Sink; 2]> {
+        self.sinks.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// How a cell ended, as the host saw it.
+enum CellEnd {
+    /// Both status records arrived.
+    Done,
+    /// The deadline passed first.
+    TimedOut,
+    /// The container ended.
+    Ended,
+}
+
+impl ContainerSession {
+    /// The name sessions report in results and refusals.
+    pub const NAME: &'static str = "container-session";
+
+    /// Starts the container and checks its loop with an empty cell.
+    pub(super) fn open(backend: Container, packages: &[String]) -> Result<Self, ExecError> {
+        let unavailable = |reason: String| ExecError::BackendUnavailable { backend: Self::NAME.into(), reason };
+        Container::check_available(&backend)?;
+        let nonce = crate::sessions::new_id();
+        let program = conventions::PYTHON_SESSION_LOOP.replace("NONCE", &nonce);
+        let mut template =
+            ExecRequest::source(Language::Python, "").packages(packages.iter().cloned()).collect_output_files();
+        template.policy = SandboxPolicy::strict().memory_bytes(backend.cfg.session_memory_bytes);
+        let staging = Staging::new(&template, None)?;
+        let command = vec!["/usr/bin/python3".to_string(), "-c".to_string(), program];
+        let image = backend.script_image(&template);
+        let spec = backend.spec(&template, &staging, image, command, backend.cfg.session_lifetime)?;
+        let mut child = process::engine_command(&backend.cfg.engine)
+            .args(run_argv(&spec))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| unavailable(format!("cannot run {}: {e}", backend.cfg.engine.display())))?;
+        let streams = Arc::new(Streams { sinks: Mutex::new([sink(), sink()]), changed: Condvar::new() });
+        let pipes: [Option<Box<dyn Read + Send>>; 2] = [
+            child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>),
+            child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>),
+        ];
+        let stdin = child.stdin.take();
+        let session = Self {
+            backend,
+            name: spec.name.clone(),
+            staging: Some(staging),
+            marker: marker(&nonce),
+            io: Mutex::new(CellIo { child, stdin }),
+            streams,
+            alive: AtomicBool::new(true),
+        };
+        for (index, pipe) in pipes.into_iter().enumerate() {
+            let Some(pipe) = pipe else { continue };
+            let streams = session.streams.clone();
+            // Detached: it ends when the container's stream does.
+            let spawned = std::thread::Builder::new()
+                .name("execbox-session-io".into())
+                .stack_size(128 << 10)
+                .spawn(move || read_into(pipe, &streams, index));
+            if let Err(e) = spawned {
+                return Err(unavailable(format!("cannot start a reader thread: {e}")));
+            }
+        }
+        // An empty first cell: the container's start counts here, not
+        // against the caller's first deadline.
+        let probe = ExecRequest::source(Language::Python, "pass")
+            .policy(SandboxPolicy::strict().timeout(OPEN_LIMIT).max_output_bytes(64 << 10));
+        let result = session.run_cell(probe)?;
+        if result.outcome != Outcome::Ok {
+            let why = format!("{} {}", result.message.unwrap_or_default(), result.stderr.text());
+            return Err(unavailable(result_caps::cap_message(format!("the session did not start: {why}"))));
+        }
+        Ok(session)
+    }
+
+    /// What a session cannot do per call (fixed when its container started).
+    fn refusals(&self, request: &ExecRequest) -> Vec<Violation> {
+        let mut violations = matching::check(self.backend.capabilities_ref(), request).err().unwrap_or_default();
+        let mut refuse = |control, requested: String, reason: String| {
+            violations.push(Violation { control, requested, reason });
+        };
+        if request.language != Language::Python {
+            refuse(Control::Language, request.language.to_string(), "container sessions run Python".into());
+        }
+        if !request.args.is_empty() {
+            refuse(Control::Args, format!("{} arguments", request.args.len()), "fixed when the session opens".into());
+        }
+        if !request.env.is_empty() {
+            refuse(Control::Environment, "variables".into(), "fixed (none) when the session opens".into());
+        }
+        if matches!(request.policy.filesystem, Access::Allow(_)) {
+            refuse(Control::Filesystem, "granted directories".into(), "fixed (none) when the session opens".into());
+        }
+        let cap = self.backend.cfg.session_memory_bytes;
+        if let Some(asked) = request.policy.memory_bytes.filter(|asked| *asked < cap) {
+            refuse(
+                Control::Memory,
+                format!("{asked} bytes"),
+                format!("the session's container has a cap of {cap} bytes, fixed when it opened"),
+            );
+        }
+        violations
+    }
+
+    fn lost(&self) -> ExecError {
+        ExecError::BackendUnavailable {
+            backend: Self::NAME.into(),
+            reason:
+                "this session ended (a call timed out, ran out of memory or ended its container); its state is gone"
+                    .into(),
+        }
+    }
+
+    fn run_cell(&self, mut request: ExecRequest) -> Result<ExecResult, ExecError> {
+        crate::executor::validate(&request)?;
+        let violations = self.refusals(&request);
+        if !violations.is_empty() {
+            return Err(ExecError::Refused {
+                rejections: vec![BackendRejection { backend: Self::NAME.into(), violations }],
+            });
+        }
+        let mut io = self.io.lock().unwrap_or_else(PoisonError::into_inner);
+        if !self.alive.load(Ordering::SeqCst) {
+            return Err(self.lost());
+        }
+        let deadline = Deadline::start(Some(self.backend.capabilities_ref().effective_timeout(&request.policy)));
+        let Payload::Source(source) = std::mem::replace(&mut request.payload, Payload::Source(String::new())) else {
+            return Err(ExecError::internal(Self::NAME, "matching let a module payload through"));
+        };
+        let input = nesting::take_bounded_input(&mut request.input, self.backend.cfg.max_input_nesting)?
+            .map(|value| serde_json::to_vec(&value))
+            .transpose()
+            .map_err(|e| ExecError::internal(Self::NAME, format!("cannot serialize input: {e}")))?;
+        let staging = self.staging.as_ref().ok_or_else(|| self.lost())?;
+        staging.stage_cell(&request, input.as_deref())?;
+        self.reset_streams(&request);
+
+        let mut framed = format!("{}\n", source.len()).into_bytes();
+        framed.extend_from_slice(source.as_bytes());
+        let sent = io.stdin.as_mut().map(|stdin| stdin.write_all(&framed).and_then(|()| stdin.flush()));
+        let end = match sent {
+            Some(Ok(())) => self.wait_cell(&deadline),
+            _ => CellEnd::Ended,
+        };
+        let [stdout, stderr] = self.take_streams();
+        let mut result = ExecResult::new(Self::NAME, Outcome::Ok);
+        result.usage = Usage { duration: deadline.elapsed(), ..Usage::default() };
+        match end {
+            CellEnd::Done => {
+                let status = stdout.1.unwrap_or(1);
+                result.exit_code = Some(status);
+                result.stdout = stdout.0;
+                result.stderr = stderr.0;
+                if status == 0 {
+                    result.output = conventions::json_stdout(&result.stdout);
+                } else {
+                    result.outcome = Outcome::Failed;
+                    result.message = Some(format!("the cell failed with status {status}"));
+                }
+                if request.collect_output_files {
+                    let (files, note) = staging.collect_outputs(self.backend.output_limits());
+                    result.output_files = files;
+                    if let Some(note) = note {
+                        result.message = Some(match result.message.take() {
+                            Some(m) => format!("{m}; {note}"),
+                            None => note,
+                        });
+                    }
+                }
+            }
+            CellEnd::TimedOut => {
+                self.alive.store(false, Ordering::SeqCst);
+                process::kill_container(&self.backend.cfg.engine, &self.name, process::KILL_GRACE);
+                result.outcome = Outcome::TimedOut;
+                result.message = Some(deadline.exceeded_message());
+                result.stdout = stdout.0;
+                result.stderr = stderr.0;
+            }
+            CellEnd::Ended => {
+                self.alive.store(false, Ordering::SeqCst);
+                let status = wait_briefly(&mut io.child);
+                let limit = process::KILL_GRACE;
+                let ended = process::classify(&self.backend.cfg.engine, &self.name, status, &stderr.0, limit);
+                (result.outcome, result.message) = match ended {
+                    process::Ended::Exited { oom_killed: true, .. } => {
+                        (Outcome::OutOfMemory, Some("killed by the kernel's OOM killer at the memory cap".into()))
+                    }
+                    process::Ended::Exited { exit_code, .. } => {
+                        (Outcome::Failed, Some(format!("the session's interpreter exited with code {exit_code}")))
+                    }
+                    process::Ended::TimedOut => (Outcome::TimedOut, Some(deadline.exceeded_message())),
+                    process::Ended::EngineError(text) => {
+                        (Outcome::Failed, Some(format!("the container ended: {text}")))
+                    }
+                };
+                result.stdout = stdout.0;
+                result.stderr = stderr.0;
+            }
+        }
+        Ok(result)
+    }
+
+    /// Fresh sinks for a cell: its caps, its tap, a new record reader each.
+    fn reset_streams(&self, request: &ExecRequest) {
+        let policy = &request.policy;
+        let tap: Option<OutputTap> = request.output_tap.clone();
+        let mut sinks = self.streams.lock();
+        for (sink, (cap, kind)) in sinks
+            .iter_mut()
+            .zip([(policy.max_stdout_bytes, StreamKind::Stdout), (policy.max_stderr_bytes, StreamKind::Stderr)])
+        {
+            sink.text = BoundedBuffer::new(cap).tapped(tap.clone(), kind);
+            sink.records = Some(ResultTap::new(self.marker.clone(), Some(1024)));
+        }
+    }
+
+    /// Waits for both status records, the container's end, or the deadline.
+    fn wait_cell(&self, deadline: &Deadline) -> CellEnd {
+        let mut sinks = self.streams.lock();
+        loop {
+            if sinks.iter().all(|s| s.records.as_ref().is_some_and(ResultTap::value_complete)) {
+                return CellEnd::Done;
+            }
+            if sinks.iter().any(|s| s.closed) {
+                return CellEnd::Ended;
+            }
+            let left = deadline.remaining().unwrap_or(Duration::from_secs(3600));
+            if left.is_zero() {
+                return CellEnd::TimedOut;
+            }
+            let wait = left.min(Duration::from_millis(50));
+            sinks = self.streams.changed.wait_timeout(sinks, wait).unwrap_or_else(PoisonError::into_inner).0;
+        }
+    }
+
+    /// Each stream's kept text and, from its record, the cell's status.
+    fn take_streams(&self) -> [(CapturedStream, Option<i32>); 2] {
+        let mut sinks = self.streams.lock();
+        sinks.each_mut().map(|sink| {
+            let mut text = std::mem::replace(&mut sink.text, BoundedBuffer::new(Some(0)));
+            let status = sink.records.take().and_then(|mut tap| {
+                let records = tap.finish(&mut text);
+                let json = records.value.and_then(|v| v.json)?;
+                let value: serde_json::Value = serde_json::from_slice(&json).ok()?;
+                value["status"].as_i64().map(|s| i32::try_from(s).unwrap_or(1))
+            });
+            (text.into_captured(), status)
+        })
+    }
+}
+
+fn sink() -> Sink {
+    Sink { text: BoundedBuffer::new(Some(0)), records: None, closed: false }
+}
+
+/// A reader thread: feeds one stream into its sink, wakes the waiter when
+/// a record completes or the stream ends.
+fn read_into(mut pipe: Box<dyn Read + Send>, streams: &Streams, index: usize) {
+    let mut chunk = [0u8; 16 * 1024];
+    loop {
+        let n = match pipe.read(&mut chunk) {
+            Ok(0) | Err(_) => 0,
+            Ok(n) => n,
+        };
+        let mut sinks = streams.lock();
+        let sink = &mut sinks[index];
+        if n == 0 {
+            sink.closed = true;
+            streams.changed.notify_all();
+            return;
+        }
+        match sink.records.as_mut() {
+            Some(records) => records.feed(&chunk[..n], &mut sink.text),
+            None => sink.text.write(&chunk[..n]),
+        }
+        if sink.records.as_ref().is_some_and(ResultTap::value_complete) {
+            streams.changed.notify_all();
+        }
+    }
+}
+
+/// The CLI's exit status, if it exits within a moment (its container is gone).
+fn wait_briefly(child: &mut Child) -> Option<std::process::ExitStatus> {
+    let until = Instant::now() + Duration::from_secs(2);
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Some(status);
+        }
+        if Instant::now() >= until {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+impl Session for ContainerSession {
+    fn backend(&self) -> &str {
+        Self::NAME
+    }
+
+    fn execute(&self, request: ExecRequest) -> Result<ExecResult, ExecError> {
+        let policy = request.policy.clone();
+        self.run_cell(request).map(|mut result| {
+            result_caps::cap_result(&mut result, &policy);
+            result
+        })
+    }
+
+    fn is_alive(&self) -> bool {
+        self.alive.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for ContainerSession {
+    /// Removes the container (off this thread, by the reaper), ends the CLI
+    /// attached to it, and hands the staging directory over for removal.
+    fn drop(&mut self) {
+        let io = self.io.get_mut().unwrap_or_else(PoisonError::into_inner);
+        drop(io.stdin.take());
+        self.backend.reaper.remove(self.name.clone());
+        process::kill_group(&mut io.child);
+        let _ = io.child.wait();
+        if let Some(staging) = self.staging.take() {
+            self.backend.reaper.discard(staging.into_dir());
+        }
+    }
+}

@@ -1,0 +1,286 @@
+//! [`PythonSession`]: one live CPython-in-wasm instance that runs a request
+//! per call and keeps its globals between calls (a notebook's kernel).
+//!
+//! A session starts from the warm pool (an instance already waiting for its
+//! code), so opening one costs what a pooled run costs; its code is the
+//! session loop ([`PYTHON_SESSION_LOOP`](super::super::conventions)), which
+//! then reads cells from the instance's message stdin. Per cell:
+//!
+//! - the request's `input` is rebound and its `input_files` are staged in
+//!   the instance's `/work` (read-only to the guest; files of earlier cells
+//!   stay);
+//! - the deadline, output caps and an output tap are set for this cell;
+//!   the memory cap applies to the instance as a whole (it only grows);
+//! - the cell is over when the loop blocks for the next one, after writing
+//!   its status record (taken out of stdout by the host);
+//! - a cell that times out, runs out of memory, or ends the interpreter
+//!   ends the session ([`Session::is_alive`] turns false; the registry
+//!   reports it as lost).
+//!
+//! Dropping the session ends its stdin: the loop exits and the instance
+//! thread ends, freeing its instance slot and `/work`.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, mpsc};
+use std::time::{Duration, Instant};
+
+use super::interpreters::WasmInterpreter;
+use super::quickjs::{self, ResultTap};
+use super::run::{RunControls, Stdio};
+use super::stdio::MessageSender;
+use super::warm::Warm;
+use crate::backends::conventions;
+use crate::error::{BackendRejection, ExecError};
+use crate::limits::{Deadline, StreamKind, nesting, result_caps};
+use crate::matching::{self, Control, Violation};
+use crate::policy::Access;
+use crate::request::{ExecRequest, Payload};
+use crate::result::{ExecResult, Outcome};
+use crate::sessions::Session;
+
+/// How long opening a session may take (a pooled instance: milliseconds;
+/// a new one: CPython's start-up, ~0.1–1 s).
+const OPEN_LIMIT: Duration = Duration::from_secs(30);
+
+/// How long past a cell's deadline the host waits for the guest to report
+/// (it stops itself at the deadline; this is a backstop).
+const REPORT_GRACE: Duration = Duration::from_secs(5);
+
+/// A Python session on CPython-in-wasm. See the module docs.
+pub struct PythonSession {
+    interpreter: WasmInterpreter,
+    nonce: String,
+    stdin: MessageSender,
+    controls: Arc<RunControls>,
+    stdio: Stdio,
+    work: PathBuf,
+    done: Mutex<mpsc::Receiver<Result<ExecResult, ExecError>>>,
+    /// Cells run one at a time.
+    turn: Mutex<()>,
+    alive: AtomicBool,
+}
+
+impl PythonSession {
+    /// The name sessions report in results and refusals.
+    pub const NAME: &'static str = "python-wasm-session";
+
+    /// Starts the session loop on `warm` (from `interpreter`'s pool).
+    pub(super) fn open(interpreter: WasmInterpreter, warm: Warm) -> Result<Self, ExecError> {
+        let Warm { code, controls, stdio, work, done, thread } = warm;
+        drop(thread); // detached: it ends when the session's stdin does
+        let nonce = quickjs::nonce();
+        let ceiling = usize::try_from(interpreter.engine().config().max_memory_bytes).unwrap_or(usize::MAX);
+        controls.arm(Deadline::start(Some(OPEN_LIMIT)), ceiling);
+        stdio.stdout.reset(Some(0), None, StreamKind::Stdout);
+        stdio.stderr.reset(Some(64 << 10), None, StreamKind::Stderr);
+        let session = Self {
+            interpreter,
+            nonce: nonce.clone(),
+            stdin: code,
+            controls,
+            stdio,
+            work,
+            done: Mutex::new(done),
+            turn: Mutex::new(()),
+            alive: AtomicBool::new(true),
+        };
+        let engine = session.interpreter.engine().clone();
+        let ticking = engine.ticker().run_guard();
+        let program = conventions::PYTHON_SESSION_LOOP.replace("NONCE", &nonce);
+        let unavailable = |reason: String| ExecError::BackendUnavailable { backend: Self::NAME.into(), reason };
+        let seen = session.stdin.send(program.as_bytes()).ok_or_else(|| unavailable("the instance ended".into()))?;
+        let ready = session.stdin.wait_past(seen, Some(Instant::now() + OPEN_LIMIT), || session.ended());
+        if !ready {
+            let stderr = session.stdio.stderr.take_captured();
+            return Err(unavailable(format!(
+                "the session loop did not start: {}",
+                result_caps::cap_message(stderr.text().into_owned())
+            )));
+        }
+        drop(ticking);
+        Ok(session)
+    }
+
+    /// True once the instance's thread has reported its end.
+    fn ended(&self) -> bool {
+        !matches!(self.done.lock().unwrap_or_else(PoisonError::into_inner).try_recv(), Err(mpsc::TryRecvError::Empty))
+    }
+
+    /// What a session cannot do per call: it was started with no
+    /// arguments, environment, grants or fuel budget.
+    fn refusals(&self, request: &ExecRequest) -> Vec<Violation> {
+        let mut violations = matching::check(self.interpreter.capabilities_ref(), request).err().unwrap_or_default();
+        let mut refuse = |control, requested: String, reason: &str| {
+            violations.push(Violation { control, requested, reason: reason.into() });
+        };
+        if !request.args.is_empty() {
+            refuse(
+                Control::Args,
+                format!("{} arguments", request.args.len()),
+                "a session's argv is fixed when it opens",
+            );
+        }
+        if !request.env.is_empty() {
+            refuse(Control::Environment, "variables".into(), "a session's environment is fixed (empty) when it opens");
+        }
+        if matches!(request.policy.filesystem, Access::Allow(_)) {
+            refuse(
+                Control::Filesystem,
+                "granted directories".into(),
+                "a session's directories are fixed when it opens",
+            );
+        }
+        if let Some(fuel) = request.policy.fuel {
+            refuse(Control::Fuel, format!("{fuel} units"), "a session has no per-call fuel budget");
+        }
+        if !request.packages.is_empty() {
+            refuse(Control::Packages, request.packages.join(", "), "python-wasm has CPython's standard library only");
+        }
+        violations
+    }
+
+    fn lost(&self) -> ExecError {
+        ExecError::BackendUnavailable {
+            backend: Self::NAME.into(),
+            reason:
+                "this session ended (a call timed out, ran out of memory or ended the interpreter); its state is gone"
+                    .into(),
+        }
+    }
+
+    fn run_cell(&self, mut request: ExecRequest) -> Result<ExecResult, ExecError> {
+        crate::executor::validate(&request)?;
+        let violations = self.refusals(&request);
+        if !violations.is_empty() {
+            return Err(ExecError::Refused {
+                rejections: vec![BackendRejection { backend: Self::NAME.into(), violations }],
+            });
+        }
+        let _turn = self.turn.lock().unwrap_or_else(PoisonError::into_inner);
+        if !self.alive.load(Ordering::SeqCst) {
+            return Err(self.lost());
+        }
+        let caps = self.interpreter.capabilities_ref();
+        let deadline = Deadline::start(Some(caps.effective_timeout(&request.policy)));
+        let Payload::Source(source) = std::mem::replace(&mut request.payload, Payload::Source(String::new())) else {
+            return Err(ExecError::internal(Self::NAME, "matching let a module payload through"));
+        };
+        let max_nesting = self.interpreter.engine().config().max_input_nesting;
+        let input = nesting::take_bounded_input(&mut request.input, max_nesting)?
+            .map(|value| serde_json::to_vec(&value))
+            .transpose()
+            .map_err(|e| ExecError::internal(Self::NAME, format!("cannot serialize input: {e}")))?;
+        // This cell's input, or none: never the last cell's.
+        let _ = std::fs::remove_file(self.work.join("input.json"));
+        super::write_staged(&self.work, &request, input.as_deref().map(|json| ("input.json", json)))?;
+
+        let policy = &request.policy;
+        let tap = request.output_tap.clone();
+        let marker = quickjs::marker(&self.nonce);
+        self.stdio.stdout.reset_with_records(
+            policy.max_stdout_bytes,
+            ResultTap::new(marker.clone(), Some(1024)),
+            tap.clone(),
+            StreamKind::Stdout,
+        );
+        self.stdio.stderr.reset_with_records(
+            policy.max_stderr_bytes,
+            ResultTap::new(marker, Some(1024)),
+            tap,
+            StreamKind::Stderr,
+        );
+        self.controls.arm(deadline, self.interpreter.memory_cap_for(policy));
+        let _ticking = self.interpreter.engine().ticker().run_guard();
+
+        let Some(seen) = self.stdin.send(source.as_bytes()) else {
+            self.alive.store(false, Ordering::SeqCst);
+            return Err(self.lost());
+        };
+        let until = deadline.remaining().map(|left| Instant::now() + left + REPORT_GRACE);
+        let finished = self.stdin.wait_past(seen, until, || self.ended());
+        if !finished {
+            return Ok(self.end_of_session(&deadline));
+        }
+        let stdout = self.stdio.stdout.take_captured();
+        let records = self.stdio.stdout.take_records();
+        let stderr = self.stdio.stderr.take_captured();
+        drop(self.stdio.stderr.take_records());
+        let status = records
+            .value
+            .and_then(|v| v.json)
+            .and_then(|json| serde_json::from_slice::<serde_json::Value>(&json).ok())
+            .and_then(|v| v["status"].as_i64())
+            .map(|s| i32::try_from(s).unwrap_or(1));
+        let mut result = ExecResult::new(Self::NAME, Outcome::Ok);
+        result.exit_code = status;
+        result.stdout = stdout;
+        result.stderr = stderr;
+        result.usage.duration = deadline.elapsed();
+        result.usage.peak_memory_bytes = Some(self.controls.peak() as u64);
+        match status {
+            Some(0) => result.output = conventions::json_stdout(&result.stdout),
+            Some(code) if self.controls.denied() => {
+                // The cap was hit: the interpreter's state may be half-built.
+                result.outcome = Outcome::OutOfMemory;
+                result.message = Some(format!("the memory cap was reached (the cell exited with status {code})"));
+                self.alive.store(false, Ordering::SeqCst);
+            }
+            Some(code) => {
+                result.outcome = Outcome::Failed;
+                result.message = Some(format!("the cell failed with status {code}"));
+            }
+            None => {
+                // The loop's own record is missing: the cell broke the loop.
+                result.outcome = Outcome::Failed;
+                result.message = Some("the cell ended without its status (did it read stdin?)".into());
+                self.alive.store(false, Ordering::SeqCst);
+            }
+        }
+        Ok(result)
+    }
+
+    /// The cell did not finish: the instance ended (timed out, out of
+    /// memory, `os._exit`) or never answered. The session is over.
+    fn end_of_session(&self, deadline: &Deadline) -> ExecResult {
+        self.alive.store(false, Ordering::SeqCst);
+        let ended = self.done.lock().unwrap_or_else(PoisonError::into_inner).try_recv();
+        match ended {
+            Ok(Ok(mut result)) => {
+                result.backend = Self::NAME.into();
+                if result.outcome == Outcome::Ok {
+                    result.outcome = Outcome::Failed;
+                    result.message = Some("the interpreter exited during the cell".into());
+                }
+                result.usage.duration = deadline.elapsed();
+                result
+            }
+            _ => {
+                let mut result = ExecResult::new(Self::NAME, Outcome::TimedOut);
+                result.message = Some(deadline.exceeded_message());
+                result.stdout = self.stdio.stdout.take_captured();
+                result.stderr = self.stdio.stderr.take_captured();
+                result.usage.duration = deadline.elapsed();
+                result
+            }
+        }
+    }
+}
+
+impl Session for PythonSession {
+    fn backend(&self) -> &str {
+        Self::NAME
+    }
+
+    fn execute(&self, request: ExecRequest) -> Result<ExecResult, ExecError> {
+        let policy = request.policy.clone();
+        self.run_cell(request).map(|mut result| {
+            result_caps::cap_result(&mut result, &policy);
+            result
+        })
+    }
+
+    fn is_alive(&self) -> bool {
+        self.alive.load(Ordering::SeqCst)
+    }
+}

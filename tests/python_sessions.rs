@@ -1,0 +1,224 @@
+//! Python sessions: CPython-in-wasm instances that keep globals across
+//! cells (and, with declared packages, containers: see
+//! `container_backend.rs`). Through the library's session registry, the
+//! way the agent layer and the MCP server use them.
+#![cfg(feature = "wasm")]
+
+use std::time::{Duration, Instant};
+
+use execbox::backends::WasmInterpreter;
+use execbox::{Backend, ExecRequest, Language, Outcome, SandboxPolicy, SessionConfig, Sessions};
+use serde_json::json;
+
+fn python() -> Option<WasmInterpreter> {
+    let backend = WasmInterpreter::python().expect("engine").with_warm_pool(1);
+    match backend.availability() {
+        Ok(()) => {
+            backend.warm_up().expect("the interpreter loads");
+            Some(backend)
+        }
+        Err(reason) => {
+            assert!(std::env::var_os("EXECBOX_REQUIRE_INTERPRETERS").is_none(), "required but {reason}");
+            eprintln!("skipping: {reason}");
+            None
+        }
+    }
+}
+
+fn cell(code: &str) -> ExecRequest {
+    ExecRequest::source(Language::Python, code).policy(SandboxPolicy::strict().timeout(Duration::from_secs(20)))
+}
+
+fn threads_named(name: &str) -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .flatten()
+        .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name))
+        .count()
+}
+
+#[test]
+fn cells_share_globals_per_session_and_nothing_else() {
+    let Some(py) = python() else { return };
+    let sessions = Sessions::new(SessionConfig::default()).backend(py.clone());
+    sessions.open("a", Language::Python, &[]).unwrap();
+    sessions.open("b", Language::Python, &[]).unwrap();
+    let r =
+        sessions.execute("a", cell("import json\ntotal = 40\ndef twice(n):\n    return 2 * n\nprint('set')")).unwrap();
+    assert_eq!((r.outcome, r.stdout.text().as_ref()), (Outcome::Ok, "set\n"), "{r:?}");
+    let r =
+        sessions.execute("a", cell("print(json.dumps(twice(total) + input['add']))").input(json!({"add": 2}))).unwrap();
+    assert_eq!((r.outcome, r.output.clone()), (Outcome::Ok, Some(json!(82))), "{r:?}");
+    // Stdout and stderr are per cell.
+    let r = sessions.execute("a", cell("import sys\nprint('only this', file=sys.stderr)")).unwrap();
+    assert_eq!((r.stdout.text().as_ref(), r.stderr.text().as_ref()), ("", "only this\n"));
+    // Another session and a stateless run see none of it.
+    let r = sessions.execute("b", cell("print('total' in globals())")).unwrap();
+    assert_eq!(r.stdout.text(), "False\n");
+    let stateless = py.execute(cell("print('total' in globals())")).unwrap();
+    assert_eq!(stateless.stdout.text(), "False\n");
+    // A failing cell keeps the session; its traceback names the caller's lines.
+    let r = sessions.execute("a", cell("x = 1\nraise ValueError('nope')")).unwrap();
+    assert_eq!(r.outcome, Outcome::Failed);
+    assert!(r.stderr.text().contains("line 2") && r.stderr.text().contains("ValueError: nope"), "{r:?}");
+    assert!(!r.stderr.text().contains("_execbox_session"), "the loop's own frame is not shown: {r:?}");
+    let r = sessions.execute("a", cell("print(total, x)")).unwrap();
+    assert_eq!(r.stdout.text(), "40 1\n");
+    // Reading stdin in a cell sees end-of-file, not the next cell.
+    let r = sessions.execute("a", cell("import sys\nprint(repr(sys.stdin.read()))")).unwrap();
+    assert_eq!(r.stdout.text(), "''\n");
+    assert!(sessions.close("a") && sessions.close("b"));
+}
+
+#[test]
+fn a_timed_out_or_out_of_memory_cell_ends_the_session_as_lost() {
+    let Some(py) = python() else { return };
+    let sessions = Sessions::new(SessionConfig::default()).backend(py);
+    sessions.open("slow", Language::Python, &[]).unwrap();
+    sessions.execute("slow", cell("kept = 1")).unwrap();
+    let started = Instant::now();
+    let r = sessions
+        .execute("slow", cell("while True: pass").policy(SandboxPolicy::strict().timeout(Duration::from_millis(300))))
+        .unwrap();
+    assert_eq!(r.outcome, Outcome::TimedOut, "{r:?}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let lost = sessions.execute("slow", cell("print(kept)")).unwrap_err();
+    assert_eq!(lost.kind(), "session_lost", "{lost}");
+
+    sessions.open("big", Language::Python, &[]).unwrap();
+    let bomb = cell("blocks = []\nwhile True:\n    blocks.append(bytearray(8 << 20))")
+        .policy(SandboxPolicy::strict().timeout(Duration::from_secs(20)).memory_bytes(64 << 20));
+    let r = sessions.execute("big", bomb).unwrap();
+    assert_eq!(r.outcome, Outcome::OutOfMemory, "{r:?}");
+    assert_eq!(sessions.execute("big", cell("1")).unwrap_err().kind(), "session_lost");
+}
+
+#[test]
+fn sessions_are_bounded_expire_and_free_everything_on_close() {
+    let Some(py) = python() else { return };
+    let before = threads_named("execbox-warm");
+    let sessions =
+        Sessions::new(SessionConfig { max_sessions: 2, idle_timeout: Duration::from_millis(600) }).backend(py);
+    let a = sessions.open_new(Language::Python, &[]).unwrap();
+    let _b = sessions.open_new(Language::Python, &[]).unwrap();
+    assert_eq!(sessions.open_new(Language::Python, &[]).unwrap_err().kind(), "too_many_sessions");
+    // Declared packages are not python-wasm's: refused, typed.
+    let numpy = ["numpy".to_string()];
+    assert_eq!(sessions.open("n", Language::Python, &numpy).unwrap_err().kind(), "packages_unavailable");
+    sessions.execute(&a, cell("v = 1")).unwrap();
+    // Both expire untouched; their instances' threads end.
+    let until = Instant::now() + Duration::from_secs(15);
+    while (!sessions.is_empty() || threads_named("execbox-warm") > before + 1) && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(sessions.is_empty(), "idle sessions expired");
+    assert_eq!(sessions.execute(&a, cell("v")).unwrap_err().kind(), "session_lost");
+    // At most the pool's own instance is left (it was refilled).
+    assert!(threads_named("execbox-warm") <= before + 1, "{} warm threads", threads_named("execbox-warm"));
+}
+
+// ---- container sessions (declared packages) ------------------------------------
+
+#[cfg(feature = "container")]
+mod containers {
+    use super::*;
+    use execbox::backends::Container;
+
+    fn container() -> Option<Container> {
+        let c = Container::docker();
+        match c.availability() {
+            Ok(()) => Some(c),
+            Err(reason) => {
+                assert!(std::env::var_os("EXECBOX_REQUIRE_CONTAINERS").is_none(), "required but {reason}");
+                eprintln!("skipping: {reason}");
+                None
+            }
+        }
+    }
+
+    fn ours(name_part: &str) -> Vec<String> {
+        let out = std::process::Command::new("docker")
+            .args(["ps", "-aq", "--filter", &format!("label=execbox.owner={}", Container::owner_token())])
+            .output()
+            .unwrap();
+        let _ = name_part;
+        String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect()
+    }
+
+    #[test]
+    fn a_session_with_packages_runs_in_a_container_keeps_state_and_is_removed_on_close() {
+        let Some(c) = container() else { return };
+        let Some(py) = python() else { return };
+        // python-wasm first (cheaper), the container for what it lacks.
+        let sessions = Sessions::new(SessionConfig::default()).backend(py).backend(c);
+        let numpy = ["numpy".to_string()];
+        sessions.open("np", Language::Python, &numpy).unwrap();
+        let before = ours("");
+        assert!(!before.is_empty(), "the session's container runs");
+        let slow = SandboxPolicy::strict().timeout(Duration::from_secs(60));
+        let r = sessions.execute("np", cell("import numpy as np\na = np.arange(10)").policy(slow.clone())).unwrap();
+        assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
+        assert_eq!(r.backend, "container-session");
+        let r = sessions.execute("np", cell("print(int(a.sum()))").policy(slow.clone())).unwrap();
+        assert_eq!((r.outcome, r.output.clone()), (Outcome::Ok, Some(json!(45))), "{r:?}");
+        // A stateless python-wasm session knows nothing of it.
+        sessions.open("plain", Language::Python, &[]).unwrap();
+        let r = sessions.execute("plain", cell("print('a' in globals())")).unwrap();
+        assert_eq!((r.backend.as_str(), r.stdout.text().as_ref()), ("python-wasm-session", "False\n"));
+        // A timed-out cell ends the container session as lost, and kills it.
+        let r = sessions
+            .execute("np", cell("while True: pass").policy(SandboxPolicy::strict().timeout(Duration::from_millis(500))))
+            .unwrap();
+        assert_eq!(r.outcome, Outcome::TimedOut, "{r:?}");
+        assert_eq!(sessions.execute("np", cell("a").policy(slow)).unwrap_err().kind(), "session_lost");
+        sessions.close("plain");
+        // Closed (or lost) sessions leave no container behind.
+        let until = Instant::now() + Duration::from_secs(20);
+        while !ours("").is_empty() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        assert!(ours("").is_empty(), "containers left: {:?}", ours(""));
+    }
+
+    /// The analysis in three cells, through the agent layer: read a
+    /// staged CSV into pandas, aggregate, save a matplotlib PNG.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_data_analysis_in_three_cells_through_the_agent_layer() {
+        use execbox::ExecFile;
+        use execbox::agent::{CodeExecutionInput, CodeExecutor, ExecboxCodeExecutor, InvocationContext};
+        let Some(c) = container() else { return };
+        let Some(py) = python() else { return };
+        let exec = execbox::Executor::builder().backend(py.clone()).backend(c.clone()).build();
+        let sessions = Sessions::new(SessionConfig::default()).backend(py).backend(c);
+        let agent = ExecboxCodeExecutor::new(exec).with_timeout(Duration::from_secs(60)).with_sessions(sessions);
+        let packages = vec!["pandas".to_string(), "matplotlib".to_string()];
+        let step = |code: &str| CodeExecutionInput {
+            execution_id: Some("analysis".into()),
+            packages: packages.clone(),
+            collect_output_files: true,
+            ..CodeExecutionInput::new("python", code)
+        };
+        let csv = "city,sales\nOslo,10\nLima,7\nOslo,5\nLima,1\n";
+        let first = CodeExecutionInput {
+            input_files: vec![ExecFile::new("sales.csv", csv)],
+            ..step("import pandas as pd\ndf = pd.read_csv('sales.csv')\nprint(len(df))")
+        };
+        let ctx = InvocationContext::default();
+        let r = agent.execute_code(&ctx, first).await.unwrap();
+        assert_eq!((r.is_success(), r.stdout.as_str()), (true, "4\n"), "{r:?}");
+        let r = agent
+            .execute_code(&ctx, step("totals = df.groupby('city').sales.sum()\nprint(totals.to_json())"))
+            .await
+            .unwrap();
+        assert_eq!(r.output, Some(json!({"Lima": 8, "Oslo": 15})), "{r:?}");
+        let plot = "import matplotlib.pyplot as plt\ntotals.plot(kind='bar')\nplt.savefig('/work/out/totals.png')";
+        let r = agent.execute_code(&ctx, step(plot)).await.unwrap();
+        assert!(r.is_success(), "{r:?}");
+        assert_eq!(r.output_files.len(), 1, "{r:?}");
+        let png = &r.output_files[0];
+        assert_eq!((png.name.as_str(), png.mime_type.as_deref()), ("totals.png", Some("image/png")));
+        assert!(png.content.starts_with(b"\x89PNG\r\n\x1a\n"), "a PNG");
+        assert!(r.model_text().contains("totals.png"), "the model is told a file came back: {}", r.model_text());
+        assert!(agent.close_session("analysis"));
+    }
+}
