@@ -75,9 +75,7 @@ fn bench(c: &mut Criterion) {
     }
     let mut g = c.benchmark_group("sessions");
     g.sample_size(10).measurement_time(Duration::from_secs(8)).warm_up_time(Duration::from_secs(1));
-    g.bench_function("print/python_container_one_shot", |b| {
-        b.iter(|| black_box(container.execute(print()).unwrap()))
-    });
+    g.bench_function("print/python_container_one_shot", |b| b.iter(|| black_box(container.execute(print()).unwrap())));
     let in_container = Sessions::new(SessionConfig::default()).backend(container.clone());
     let numpy = ["numpy".to_string()];
     in_container.open("bench", Language::Python, &numpy).unwrap();

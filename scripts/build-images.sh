@@ -112,7 +112,9 @@ build_image() {
 # font cache is built once here, into /opt/execbox/mpl, and copied to /tmp
 # by sitecustomize at interpreter start-up (a rebuild costs seconds per run).
 # Then every declared package is imported in the image itself; those that
-# import are the image's `execbox.packages` label.
+# import are the image's `execbox.packages` label. BLAS and OpenMP run one
+# thread (a run has one CPU; and a session ends when a cell leaves threads
+# running, which idle BLAS workers would look like).
 data_image() {
   local tag="$1" recipe="$2" packages="$3" root="$4"
   shift 4
@@ -157,6 +159,8 @@ PY
     --change "LABEL execbox.recipe=$recipe" \
     --change "LABEL execbox.packages=$declared" \
     --change 'ENV MPLBACKEND=Agg' \
+    --change 'ENV OPENBLAS_NUM_THREADS=1' \
+    --change 'ENV OMP_NUM_THREADS=1' \
     --change 'ENV MPLCONFIGDIR=/tmp/matplotlib' \
     --change 'ENV PATH=/usr/local/bin:/usr/bin:/bin' \
     --change 'ENV LANG=C.UTF-8' \

@@ -106,6 +106,9 @@ impl ExecFile {
         if self.name.is_empty() {
             return Err(bad("file name is empty"));
         }
+        if self.name.ends_with('/') {
+            return Err(bad("file names name files, not directories"));
+        }
         if !path.components().all(|c| matches!(c, Component::Normal(_) | Component::CurDir)) {
             return Err(bad("file names must be relative, without `..`"));
         }
@@ -389,6 +392,8 @@ mod tests {
         assert_eq!(serde_json::from_str::<ExecFile>(r#"{"name":"a.bin","content":"AP8K"}"#).unwrap(), file);
         assert!(serde_json::from_str::<ExecFile>(r#"{"name":"a","content":"%%","mime_type":null}"#).is_err());
         assert!(serde_json::from_str::<ExecFile>(r#"{"name":"a.bin","size":4,"content":"AP8K"}"#).is_err());
+        assert!(ExecFile::new("a/", "x").relative_path().is_err(), "a directory name is not a file");
+        assert!(ExecFile::new("a/b", "x").relative_path().is_ok());
     }
 
     #[test]

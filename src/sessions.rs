@@ -112,6 +112,16 @@ pub enum SessionError {
         /// The packages no session backend provides.
         packages: Vec<String>,
     },
+    /// The request pins a backend other than the session's.
+    #[error("session {id:?} runs on {session}, not {requested}")]
+    WrongBackend {
+        /// The id asked for.
+        id: String,
+        /// The session's backend.
+        session: String,
+        /// The backend the request pinned.
+        requested: String,
+    },
     /// A session with this id is already open.
     #[error("a session {id:?} is already open")]
     Exists {
@@ -144,6 +154,7 @@ impl SessionError {
             SessionError::PackagesUnavailable { .. } => "packages_unavailable",
             SessionError::Exists { .. } => "session_exists",
             SessionError::WrongLanguage { .. } => "wrong_language",
+            SessionError::WrongBackend { .. } => "wrong_backend",
             SessionError::Exec(e) => e.kind(),
         }
     }
@@ -198,11 +209,77 @@ struct Entry {
     language: Language,
     /// What its backend provides: later calls may declare these.
     packages: Vec<String>,
-    /// Taken for a whole call: calls run one at a time, in order.
-    turn: Arc<Mutex<()>>,
+    /// Calls run one at a time, in arrival order.
+    turn: Arc<Turns>,
     last_used: Instant,
     /// Calls in flight (a session is never expired under a running call).
     busy: usize,
+}
+
+/// A session's calls, one at a time in arrival order (tickets).
+#[derive(Default)]
+struct Turns {
+    /// (next ticket to hand out, ticket being served).
+    tickets: Mutex<(u64, u64)>,
+    /// Tickets whose callers stopped waiting (their deadline passed).
+    skipped: Mutex<Vec<u64>>,
+    changed: std::sync::Condvar,
+}
+
+/// A call's turn; the next ticket is served when it drops.
+struct Turn<'a>(&'a Turns);
+
+impl Turns {
+    /// Waits for this call's turn, at most `limit` (`None`: no limit).
+    fn take(&self, limit: Option<Duration>) -> Option<Turn<'_>> {
+        let until = limit.map(|l| Instant::now() + l);
+        let mut tickets = self.tickets.lock().unwrap_or_else(|p| p.into_inner());
+        let mine = tickets.0;
+        tickets.0 += 1;
+        while tickets.1 != mine {
+            let left = until.map(|u| u.saturating_duration_since(Instant::now()));
+            if left.is_some_and(|l| l.is_zero()) {
+                // Give the ticket up: the turn passes over it.
+                drop(tickets);
+                self.skip(mine);
+                return None;
+            }
+            let wait = left.unwrap_or(Duration::from_secs(3600));
+            tickets = self.changed.wait_timeout(tickets, wait).unwrap_or_else(|p| p.into_inner()).0;
+        }
+        Some(Turn(self))
+    }
+
+    /// Marks `ticket` as not wanting its turn: served (or skipped when it comes up).
+    fn skip(&self, ticket: u64) {
+        let mut skipped = self.skipped.lock().unwrap_or_else(|p| p.into_inner());
+        skipped.push(ticket);
+        drop(skipped);
+        self.advance();
+    }
+
+    /// Serves the next ticket that is still wanted.
+    fn advance(&self) {
+        let mut tickets = self.tickets.lock().unwrap_or_else(|p| p.into_inner());
+        let mut skipped = self.skipped.lock().unwrap_or_else(|p| p.into_inner());
+        while let Some(at) = skipped.iter().position(|&t| t == tickets.1) {
+            skipped.swap_remove(at);
+            tickets.1 += 1;
+        }
+        drop(skipped);
+        drop(tickets);
+        self.changed.notify_all();
+    }
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        {
+            let mut tickets = self.0.tickets.lock().unwrap_or_else(|p| p.into_inner());
+            tickets.1 += 1;
+        }
+        self.0.advance();
+    }
 }
 
 /// Lost ids remembered at most.
@@ -291,7 +368,7 @@ impl Sessions {
             session,
             language,
             packages: provided,
-            turn: Arc::new(Mutex::new(())),
+            turn: Arc::new(Turns::default()),
             last_used: Instant::now(),
             busy: 0,
         };
@@ -404,6 +481,15 @@ impl Sessions {
                     }
                     entry.busy += 1;
                     entry.last_used = Instant::now();
+                    if let Some(pin) = request.backend.as_deref()
+                        && !entry.session.backend().starts_with(pin)
+                    {
+                        return Err(SessionError::WrongBackend {
+                            id: id.into(),
+                            session: entry.session.backend().to_string(),
+                            requested: pin.to_string(),
+                        });
+                    }
                     break (entry.session.clone(), entry.turn.clone());
                 }
                 if !open_if_unknown {
@@ -415,9 +501,14 @@ impl Sessions {
                 Err(e) => return Err(e),
             }
         };
-        let result = {
-            let _turn = turn.lock().unwrap_or_else(|p| p.into_inner());
-            session.execute(request)
+        // Waiting for earlier calls counts against this call's deadline.
+        let wait = request.policy.timeout_duration();
+        let result = match turn.take(wait) {
+            Some(_turn) => session.execute(request),
+            None => Err(ExecError::Busy {
+                backend: session.backend().to_string(),
+                reason: "earlier calls of this session still ran when this call's deadline passed".into(),
+            }),
         };
         let ended = {
             let mut state = self.inner.lock();
@@ -619,11 +710,39 @@ mod tests {
         assert_eq!(sessions.execute_or_open("a", call("x")).unwrap().output, Some(serde_json::json!(1)));
         assert!(sessions.close("a") && sessions.close("b"));
         assert_eq!((sessions.len(), open.load(Ordering::SeqCst)), (0, 0));
+        // A pin on another backend is refused.
+        sessions.open("p", Language::JavaScript, &[]).unwrap();
+        let pinned = call("x").on_backend("container");
+        assert_eq!(sessions.execute("p", pinned).unwrap_err().kind(), "wrong_backend");
+        assert_eq!(sessions.execute("p", call("x").on_backend("counter")).unwrap().output, Some(serde_json::json!(1)));
+        sessions.close("p");
         assert_eq!(
             sessions.execute("a", ExecRequest::source(Language::Python, "1")).unwrap_err().kind(),
             "unknown_session"
         );
         assert_eq!(sessions.open("p", Language::Python, &[]).unwrap_err().kind(), "stateful_unsupported");
+    }
+
+    #[test]
+    fn turns_are_served_in_order_and_a_waiter_past_its_deadline_gives_up() {
+        let turns = Arc::new(Turns::default());
+        let first = turns.take(None).unwrap();
+        assert!(turns.take(Some(Duration::from_millis(30))).is_none(), "the first still runs");
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let waiters: Vec<_> = (0..4)
+            .map(|i| {
+                let (turns, order) = (turns.clone(), order.clone());
+                let handle = std::thread::spawn(move || {
+                    let _turn = turns.take(Some(Duration::from_secs(10))).unwrap();
+                    order.lock().unwrap().push(i);
+                });
+                std::thread::sleep(Duration::from_millis(30));
+                handle
+            })
+            .collect();
+        drop(first);
+        waiters.into_iter().for_each(|w| w.join().unwrap());
+        assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3], "arrival order, the gave-up ticket skipped");
     }
 
     #[test]

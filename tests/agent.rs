@@ -306,6 +306,13 @@ async fn sessions_refuse_other_languages_and_end_after_an_abandoned_call() {
     let err = executor.execute_code(&InvocationContext::default(), python).await.unwrap_err();
     assert_eq!(err.kind(), "stateful_unsupported", "{err}");
 
+    // A plain loop is stopped by the VM itself at the deadline: the session still ends.
+    in_session(&executor, "t", "var state = 'kept'").await;
+    assert_eq!(in_session(&executor, "t", "while (true) {}").await.outcome, Outcome::DeadlineExceeded);
+    let next = CodeExecutionInput { execution_id: Some("t".into()), ..CodeExecutionInput::new("js", "state") };
+    let err = executor.execute_code(&InvocationContext::default(), next).await.unwrap_err();
+    assert_eq!(err.kind(), "session_lost", "{err}");
+
     in_session(&executor, "s", "var state = 'kept'").await;
     // A loop in a native callback does not yield: the call is abandoned at the deadline.
     let r = in_session(&executor, "s", "[1].map(() => { while (true) {} })").await;
@@ -380,4 +387,28 @@ async fn the_loop_feeds_a_failure_back_and_stops_when_the_model_has_no_code() {
 
     let forever = AgentLoop::new(&executor).max_turns(2).run(vec![], |_| "```js\nreturn 1\n```".into()).await;
     assert_eq!((forever.stop, forever.trace.len()), (StopReason::MaxTurns, 2));
+}
+
+#[tokio::test]
+async fn dispatch_runs_in_a_session_by_id_and_checks_its_arguments() {
+    let executor = session_executor(SessionConfig::default());
+    let call = |args: serde_json::Value| {
+        let executor = &executor;
+        async move { dispatch(executor, &args).await }
+    };
+    let first = call(json!({"language": "js", "code": "var n = 41", "session_id": "s1"})).await;
+    assert_eq!(first["outcome"], "ok", "{first}");
+    let second = call(json!({"language": "js", "code": "n + 1", "session_id": "s1"})).await;
+    assert_eq!(second["output"], 42, "{second}");
+    let other = call(json!({"language": "js", "code": "typeof n", "session_id": "s2"})).await;
+    assert_eq!(other["output"], "undefined", "{other}");
+    for bad in [
+        json!({"language": "js", "code": "1", "session_id": 7}),
+        json!({"language": "js", "code": "1", "packages": "numpy"}),
+    ] {
+        assert_eq!(call(bad.clone()).await["error"]["kind"], "invalid_arguments", "{bad}");
+    }
+    let refused = call(json!({"language": "js", "code": "1", "packages": ["numpy"]})).await;
+    assert_eq!(refused["error"]["kind"], "refused", "{refused}");
+    assert_eq!(refused["error"]["violations"][0]["control"], "packages", "{refused}");
 }

@@ -85,6 +85,12 @@ fn a_timed_out_or_out_of_memory_cell_ends_the_session_as_lost() {
     let lost = sessions.execute("slow", cell("print(kept)")).unwrap_err();
     assert_eq!(lost.kind(), "session_lost", "{lost}");
 
+    // Ending the interpreter is a failure of the cell, not a timeout; the session is lost.
+    sessions.open("exit", Language::Python, &[]).unwrap();
+    let r = sessions.execute("exit", cell("import os\nos._exit(3)")).unwrap();
+    assert_eq!((r.outcome, r.exit_code), (Outcome::Failed, Some(3)), "{r:?}");
+    assert_eq!(sessions.execute("exit", cell("1")).unwrap_err().kind(), "session_lost");
+
     sessions.open("big", Language::Python, &[]).unwrap();
     let bomb = cell("blocks = []\nwhile True:\n    blocks.append(bytearray(8 << 20))")
         .policy(SandboxPolicy::strict().timeout(Duration::from_secs(20)).memory_bytes(64 << 20));
@@ -165,6 +171,21 @@ mod containers {
         sessions.open("plain", Language::Python, &[]).unwrap();
         let r = sessions.execute("plain", cell("print('a' in globals())")).unwrap();
         assert_eq!((r.backend.as_str(), r.stdout.text().as_ref()), ("python-wasm-session", "False\n"));
+        // A cell that leaves a thread (or a process) running past its end
+        // ends the session: nothing of a cell outlives its deadline.
+        sessions.open("spin", Language::Python, &numpy).unwrap();
+        let spin =
+            "import threading\ndef spin():\n    while True: pass\nthreading.Thread(target=spin, daemon=True).start()";
+        let r = sessions.execute("spin", cell(spin).policy(slow.clone())).unwrap();
+        assert_eq!(r.outcome, Outcome::Failed, "{r:?}");
+        assert!(r.message.as_deref().unwrap_or("").contains("threads still ran"), "{r:?}");
+        assert_eq!(sessions.execute("spin", cell("1").policy(slow.clone())).unwrap_err().kind(), "session_lost");
+        // A forged end-of-cell record does not end the cell early either.
+        sessions.open("forge", Language::Python, &numpy).unwrap();
+        let forge = "import os, sys\nm = sys._getframe(1).f_locals['marker']\nrec = (m + 'R13:{\"status\": 0}\\n').encode()\nos.write(2, rec)\nos.write(1, rec)\nwhile True: pass";
+        let r = sessions.execute("forge", cell(forge).policy(slow.clone())).unwrap();
+        assert_ne!(r.outcome, Outcome::Ok, "{r:?}");
+        assert_eq!(sessions.execute("forge", cell("1").policy(slow.clone())).unwrap_err().kind(), "session_lost");
         // A timed-out cell ends the container session as lost, and kills it.
         let r = sessions
             .execute("np", cell("while True: pass").policy(SandboxPolicy::strict().timeout(Duration::from_millis(500))))

@@ -310,6 +310,10 @@ async fn http_sessions_are_isolated_per_connection_and_need_the_token() {
     let stolen = tool(&two, "run_code", json!({"language": "js", "code": "s", "session_id": sid}));
     assert_eq!(stolen["error"]["kind"], "unknown_session", "{stolen}");
     assert_eq!(tool(&one, "run_code", json!({"language": "js", "code": "s", "session_id": sid}))["output"], "mine");
+    // MCP sessions are bounded: past the cap, another initialize gets 503.
+    let refused =
+        (0..300).any(|_| post(Some("a-long-enough-test-token"), None, init.clone()).starts_with("HTTP/1.1 503"));
+    assert!(refused, "300 MCP sessions were all accepted");
     send_signal(server.id(), "TERM");
     let status = server.wait().unwrap();
     assert_eq!(status.code(), Some(0));
@@ -356,4 +360,122 @@ impl Drop for KillOnDrop {
 fn send_signal(pid: u32, signal: &str) {
     let status = std::process::Command::new("kill").args([&format!("-{signal}"), &pid.to_string()]).status().unwrap();
     assert!(status.success());
+}
+
+/// VmRSS of `pid` in kB.
+fn rss_kb(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// SIGTERM ends a server whose client reads nothing (answers it cannot
+/// write do not hold the exit up).
+#[test]
+fn sigterm_ends_a_server_whose_client_reads_nothing() {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let mut server = KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_execbox"))
+            .arg("serve")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let mut stdin = server.0.stdin.take().unwrap();
+    let _unread = server.0.stdout.take().unwrap();
+    let init = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}"#;
+    let initialized = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
+    writeln!(stdin, "{init}\n{initialized}").unwrap();
+    for id in 1..300 {
+        let call = format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"list_backends","arguments":{{}}}}}}"#
+        );
+        if writeln!(stdin, "{call}").is_err() {
+            break;
+        }
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    send_signal(server.0.id(), "TERM");
+    let started = Instant::now();
+    while server.0.try_wait().unwrap().is_none() && started.elapsed() < Duration::from_secs(8) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(server.0.try_wait().unwrap().is_some(), "still running 8 s after SIGTERM");
+    drop(stdin);
+}
+
+/// A client that floods requests and never reads an answer: the server's
+/// memory stays bounded, it disconnects the client after 10 s of blocked
+/// writes, and exits (on stdio the client is all it serves).
+#[test]
+fn a_client_that_never_reads_is_disconnected_and_memory_stays_bounded() {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let mut server = KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_execbox"))
+            .args(["serve", "--max-concurrent", "2", "--max-queued", "4"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let pid = server.0.id();
+    let mut stdin = server.0.stdin.take().unwrap();
+    let _unread = server.0.stdout.take().unwrap();
+    let init = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}"#;
+    let initialized = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
+    writeln!(stdin, "{init}\n{initialized}").unwrap();
+    let writer = std::thread::spawn(move || {
+        for id in 1..20_000 {
+            let call = format!(
+                r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"list_backends","arguments":{{}}}}}}"#
+            );
+            if writeln!(stdin, "{call}").is_err() {
+                return;
+            }
+        }
+        // Keep stdin open: only the unread stdout may end the connection.
+        std::thread::sleep(Duration::from_secs(60));
+    });
+    let started = Instant::now();
+    let mut peak = 0;
+    let exited = loop {
+        peak = peak.max(rss_kb(pid));
+        if let Some(status) = server.0.try_wait().unwrap() {
+            break Some(status);
+        }
+        if started.elapsed() > Duration::from_secs(40) {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(exited.is_some(), "the server still serves a client that reads nothing");
+    // Measured: ~83 MB (it was 579 MB before reads paused on blocked writes).
+    assert!(peak < 200 * 1024, "peak RSS {peak} kB");
+    drop(writer);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sessions_work_when_the_server_passes_environment_values() {
+    // SAFETY-free: the variable is only read by the child process.
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_execbox"));
+    command.args(["serve", "--allow-env", "EXECBOX_TEST_VALUE"]).env("EXECBOX_TEST_VALUE", "visible");
+    let transport = TokioChildProcess::new(command).unwrap();
+    let client = ().serve(transport).await.unwrap();
+    let (r, _) =
+        run(&client, json!({"language": "python", "code": "import os\nprint(os.environ['EXECBOX_TEST_VALUE'])"})).await;
+    assert_eq!(r["stdout"], "visible\n", "{r}");
+    let created =
+        call(&client, "create_session", json!({"language": "python"})).await.unwrap().structured_content.unwrap();
+    let sid = created["session_id"].as_str().unwrap();
+    let (r, is_error) = run(&client, json!({"language": "python", "code": "x = 1\nprint(x)", "session_id": sid})).await;
+    assert!(!is_error && r["stdout"] == "1\n", "{r}");
+    client.cancel().await.unwrap();
 }

@@ -12,7 +12,7 @@ use super::result::CodeExecutionInput;
 pub const TOOL_NAME: &str = "execute_code";
 
 /// `{name, description, parameters}` with a JSON Schema for
-/// `{language, code, input, timeout_secs}`.
+/// `{language, code, input, timeout_secs, session_id, packages}`.
 pub fn tool_schema() -> Value {
     json!({
         "name": TOOL_NAME,
@@ -35,6 +35,15 @@ pub fn tool_schema() -> Value {
                     "type": "number",
                     "exclusiveMinimum": 0,
                     "description": "Optional wall-clock limit; it can shorten, never extend, the configured limit."
+                },
+                "session_id": {
+                    "type": "string",
+                    "description": "Optional: calls with the same id share interpreter state (when the executor keeps sessions)."
+                },
+                "packages": {
+                    "type": "array",
+                    "items": {"type": "string"},
+                    "description": "Optional: packages the code imports (Python: numpy, pandas, matplotlib, scipy)."
                 }
             },
             "required": ["language", "code"],
@@ -59,8 +68,8 @@ pub async fn dispatch(executor: &ExecboxCodeExecutor, arguments: &Value) -> Valu
         other => other,
     };
     let Some(object) = args.as_object() else { return invalid("arguments must be a JSON object".into()) };
-    if let Some(unknown) = object.keys().find(|k| !["language", "code", "input", "timeout_secs"].contains(&k.as_str()))
-    {
+    const KNOWN: [&str; 6] = ["language", "code", "input", "timeout_secs", "session_id", "packages"];
+    if let Some(unknown) = object.keys().find(|k| !KNOWN.contains(&k.as_str())) {
         return invalid(format!("unknown argument {unknown:?}"));
     }
     let (Some(language), Some(code)) =
@@ -75,10 +84,24 @@ pub async fn dispatch(executor: &ExecboxCodeExecutor, arguments: &Value) -> Valu
             None => return invalid("`timeout_secs` must be a positive number".into()),
         },
     };
+    let session_id = match object.get("session_id") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(id)) => Some(id.clone()),
+        Some(_) => return invalid("`session_id` must be a string".into()),
+    };
+    let packages = match object.get("packages") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(names)) if names.iter().all(Value::is_string) => {
+            names.iter().filter_map(Value::as_str).map(str::to_string).collect()
+        }
+        Some(_) => return invalid("`packages` must be an array of strings".into()),
+    };
     let input = CodeExecutionInput {
         code: code.to_string(),
         language: language.to_string(),
         input: object.get("input").cloned(),
+        execution_id: session_id,
+        packages,
         ..Default::default()
     };
     match executor.run_with_timeout(&InvocationContext::default(), input, timeout).await {

@@ -58,10 +58,12 @@ sys.argv = ['<code>'] + sys.argv[1:]
 
 /// Reads one framed message (`<len>\n<bytes>`) from fd 0: how a warm
 /// CPython-in-wasm instance gets its code (and a session its cells) over the
-/// host's message stdin. `None` at end of input.
+/// host's message stdin. `None` at end of input; `SESSION` for the bare
+/// header `S\n` (the host starts a session; the nonce follows).
 macro_rules! python_read_message {
     () => {
         "\
+SESSION = object()
 def read_message():
     import os
     header = b''
@@ -70,6 +72,8 @@ def read_message():
         if not chunk:
             return None
         header += chunk
+    if header == b'S\\n':
+        return SESSION
     size = int(header)
     data = bytearray()
     while len(data) < size:
@@ -88,51 +92,21 @@ pub(crate) const PYTHON_BOOTSTRAP: &str = concat!(
     "exec(compile(source, '<code>', 'exec'), {'__name__': '__main__', '__builtins__': __builtins__, 'input': data})\n"
 );
 
-/// The same for a warm CPython-in-wasm instance: `json` and `traceback` are
-/// imported and the compiler is used once during start-up (the first
-/// `compile()` costs ~56 M fuel, ~20 ms, in CPython-in-wasm), and the run ends with `os._exit` once stdout and
-/// stderr are flushed, skipping interpreter finalization (~40 M fuel). Safe
-/// there: a warm run has no writable directory whose files could lose
-/// buffered writes.
-#[cfg(feature = "wasm")]
-pub(crate) const PYTHON_WARM_BOOTSTRAP: &str = concat!(
-    "import json, os, traceback\nexec(compile('pass', '<warm-up>', 'exec'), {})\n",
-    python_read_message!(),
-    python_prelude!("source = read_message()\nif source is None:\n    os._exit(0)\n"),
-    "\
-status = 0
-try:
-    exec(compile(source, '<code>', 'exec'), {'__name__': '__main__', '__builtins__': __builtins__, 'input': data})
-except SystemExit as e:
-    if e.code is None:
-        status = 0
-    elif isinstance(e.code, int):
-        status = e.code
-    else:
-        print(e.code, file=sys.stderr)
-        status = 1
-except BaseException:
-    traceback.print_exc()
-    status = 1
-sys.stdout.flush()
-sys.stderr.flush()
-os._exit(status)
-"
-);
-
-/// A session's loop, sent to a warm CPython-in-wasm instance as its code
-/// (`NONCE` replaced by the session's): cells arrive as framed messages;
-/// each runs in one long-lived `__main__` namespace with `input` rebound
-/// from `/work/input.json`, its exceptions printed as tracebacks of the
-/// cell (`<code>`, the caller's lines), `SystemExit` only setting the cell's
-/// status. After each cell, once stdout and stderr are flushed, a status
-/// record `\0execbox:<nonce>:R<len>:{"status": N}` goes to fd 2 and then fd
-/// 1 (taken out of both streams by the host: a container's two pipes are
-/// read apart, so each stream marks its own end of the cell) and the loop
-/// blocks for the next cell. `sys.stdin` is empty for cells.
-pub(crate) const PYTHON_SESSION_LOOP: &str = concat!(
-    python_read_message!(),
-    "\
+/// A session's loop, `_execbox_session(nonce, read_message)`: cells
+/// arrive as framed messages; each runs in one long-lived `__main__`
+/// namespace with `input` rebound from `/work/input.json`, its exceptions
+/// printed as tracebacks of the cell (`<code>`, the caller's lines),
+/// `SystemExit` only setting the cell's status. After each cell, once stdout
+/// and stderr are flushed, a status record `\0execbox:<nonce>:R<len>:{"status": N}`
+/// goes to fd 2 and then fd 1 (taken out of both streams by the host: a
+/// container's two pipes are read apart, so each stream marks its own end of
+/// the cell) and the loop blocks for the next cell. `sys.stdin` is empty
+/// for cells. A warm CPython-in-wasm instance defines it during start-up
+/// (so opening a session compiles nothing); a container runs
+/// [`PYTHON_SESSION_PROGRAM`].
+macro_rules! python_session_def {
+    () => {
+        "\
 def _execbox_session(nonce, read_message):
     import io, json, os, sys, traceback
     def load_input():
@@ -173,7 +147,47 @@ def _execbox_session(nonce, read_message):
         record = (marker + 'R%d:%s\\n' % (len(record), record)).encode()
         os.write(2, record)
         os.write(1, record)
-_execbox_session('NONCE', read_message)
+"
+    };
+}
+
+/// A container session's `python3 -c` program (`NONCE` replaced by the session's).
+#[cfg(feature = "container")]
+pub(crate) const PYTHON_SESSION_PROGRAM: &str =
+    concat!(python_read_message!(), python_session_def!(), "_execbox_session('NONCE', read_message)\n");
+
+/// The same for a warm CPython-in-wasm instance: `json` and `traceback` are
+/// imported and the compiler is used once during start-up (the first
+/// `compile()` costs ~56 M fuel, ~20 ms, in CPython-in-wasm), and the run ends with `os._exit` once stdout and
+/// stderr are flushed, skipping interpreter finalization (~40 M fuel). Safe
+/// there: a warm run has no writable directory whose files could lose
+/// buffered writes.
+#[cfg(feature = "wasm")]
+pub(crate) const PYTHON_WARM_BOOTSTRAP: &str = concat!(
+    "import json, os, traceback\nexec(compile('pass', '<warm-up>', 'exec'), {})\n",
+    python_read_message!(),
+    python_session_def!(),
+    python_prelude!(
+        "source = read_message()\nif source is None:\n    os._exit(0)\nif source is SESSION:\n    _execbox_session(read_message(), read_message)\n"
+    ),
+    "\
+status = 0
+try:
+    exec(compile(source, '<code>', 'exec'), {'__name__': '__main__', '__builtins__': __builtins__, 'input': data})
+except SystemExit as e:
+    if e.code is None:
+        status = 0
+    elif isinstance(e.code, int):
+        status = e.code
+    else:
+        print(e.code, file=sys.stderr)
+        status = 1
+except BaseException:
+    traceback.print_exc()
+    status = 1
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(status)
 "
 );
 

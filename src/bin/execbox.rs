@@ -350,7 +350,11 @@ fn serve(args: ServeArgs) -> ExitCode {
     if let Some(n) = args.max_concurrent {
         cfg.max_concurrent = n.max(1);
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    // Every tool passes the run gate before it takes a blocking thread: a
+    // flood never holds more than this.
+    let blocking = cfg.max_concurrent + 16;
+    let runtime = match tokio::runtime::Builder::new_multi_thread().max_blocking_threads(blocking).enable_all().build()
+    {
         Ok(runtime) => runtime,
         Err(e) => return fail(format!("cannot start the async runtime: {e}")),
     };

@@ -31,7 +31,7 @@ pub mod tools;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -132,21 +132,41 @@ impl Server {
     /// ends or `stop` is cancelled; then drains (see [`Server::drain`]).
     pub async fn serve_stdio(&self, stop: CancellationToken) -> std::io::Result<()> {
         use rmcp::ServiceExt;
+        let stalled = Arc::new(Stall::default());
+        let stdout = Watched { inner: tokio::io::stdout(), stall: stalled.clone() };
+        let stdin = Paced { inner: tokio::io::stdin(), stall: stalled.clone() };
         let running = self
             .handler()
-            .serve((tokio::io::stdin(), tokio::io::stdout()))
+            .serve((stdin, stdout))
             .await
             .map_err(|e| std::io::Error::other(format!("MCP handshake on stdio failed: {e}")))?;
         let cancel = running.cancellation_token();
         let waiting = running.waiting();
         tokio::pin!(waiting);
+        let stuck = stalled.clone();
+        let unread = async move {
+            // A client that stops reading would make the server queue
+            // answers without bound: it is disconnected instead.
+            loop {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                if stuck.stalled_for() > WRITE_STALL_LIMIT {
+                    return;
+                }
+            }
+        };
         tokio::select! {
             _ = &mut waiting => {}
+            _ = unread => {
+                tracing::warn!("the client read nothing for {WRITE_STALL_LIMIT:?}: disconnecting it");
+                cancel.cancel();
+                let _ = tokio::time::timeout(Duration::from_secs(2), &mut waiting).await;
+            }
             _ = stop.cancelled() => {
                 // Let in-flight calls answer before the transport closes.
                 self.drain().await;
                 cancel.cancel();
-                let _ = waiting.await;
+                // Answers a client does not read cannot hold the exit up.
+                let _ = tokio::time::timeout(Duration::from_secs(2), &mut waiting).await;
             }
         }
         self.drain().await;
@@ -180,11 +200,22 @@ impl Server {
             // The bearer token (or loopback) is the access control; hosts
             // are not checked, so clients may use any name for this address.
             .disable_allowed_hosts();
-        let service =
-            StreamableHttpService::new(move || Ok(server.handler()), Arc::new(LocalSessionManager::default()), config);
-        let mut router = axum::Router::new().nest_service("/mcp", service);
+        let mut manager = LocalSessionManager::default();
+        // An MCP session unused this long goes, with the execbox sessions it opened.
+        manager.session_config.keep_alive = Some(self.shared.cfg.sessions.idle_timeout);
+        let manager = Arc::new(manager);
+        let service = StreamableHttpService::new(move || Ok(server.handler()), manager.clone(), config);
+        let limits = Arc::new(HttpLimits {
+            requests: tokio::sync::Semaphore::new(MAX_HTTP_REQUESTS),
+            max_sessions: MAX_HTTP_SESSIONS,
+            manager,
+        });
+        let mut router = axum::Router::new()
+            .nest_service("/mcp", service)
+            .layer(axum::middleware::from_fn(move |req, next| admit(limits.clone(), req, next)));
         if let Some(token) = token {
             let token = Arc::new(token);
+            // Outermost: nothing is looked at before the token.
             router = router.layer(axum::middleware::from_fn(move |req, next| bearer(token.clone(), req, next)));
         }
         let listener = tokio::net::TcpListener::bind(addr).await?;
@@ -214,6 +245,145 @@ impl Server {
         })
         .await;
     }
+}
+
+/// How long stdout may stay unwritable (the client reads nothing) before the
+/// client is disconnected.
+const WRITE_STALL_LIMIT: Duration = Duration::from_secs(10);
+
+/// Since when writes have been blocked (ms since `epoch`; 0: not blocked).
+/// While they are, no request is read (backpressure: a client that stops
+/// reading answers stops being read, so nothing queues without bound).
+#[derive(Default)]
+struct Stall {
+    since_ms: std::sync::atomic::AtomicU64,
+    epoch: std::sync::OnceLock<std::time::Instant>,
+    /// The reader waiting for writes to move.
+    reader: std::sync::Mutex<Option<std::task::Waker>>,
+}
+
+impl Stall {
+    fn now_ms(&self) -> u64 {
+        self.epoch.get_or_init(std::time::Instant::now).elapsed().as_millis() as u64 + 1
+    }
+
+    fn blocked(&self) {
+        let now = self.now_ms();
+        let _ = self.since_ms.compare_exchange(0, now, Ordering::SeqCst, Ordering::SeqCst);
+    }
+
+    fn moved(&self) {
+        if self.since_ms.swap(0, Ordering::SeqCst) != 0
+            && let Some(waker) = self.reader.lock().unwrap_or_else(|p| p.into_inner()).take()
+        {
+            waker.wake();
+        }
+    }
+
+    fn is_blocked(&self) -> bool {
+        self.since_ms.load(Ordering::SeqCst) != 0
+    }
+
+    fn stalled_for(&self) -> Duration {
+        match self.since_ms.load(Ordering::SeqCst) {
+            0 => Duration::ZERO,
+            since => Duration::from_millis(self.now_ms().saturating_sub(since)),
+        }
+    }
+}
+
+/// A reader that reads nothing while the writer is blocked (see [`Stall`]).
+struct Paced<R> {
+    inner: R,
+    stall: Arc<Stall>,
+}
+
+impl<R: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Paced<R> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        if self.stall.is_blocked() {
+            *self.stall.reader.lock().unwrap_or_else(|p| p.into_inner()) = Some(cx.waker().clone());
+            // Moved meanwhile: its wake-up may have missed the waker.
+            if self.stall.is_blocked() {
+                return std::task::Poll::Pending;
+            }
+        }
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+/// A writer that records when it is blocked (see [`Stall`]).
+struct Watched<W> {
+    inner: W,
+    stall: Arc<Stall>,
+}
+
+impl<W: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Watched<W> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll_write(cx, buf);
+        match polled {
+            std::task::Poll::Pending => self.stall.blocked(),
+            std::task::Poll::Ready(_) => self.stall.moved(),
+        }
+        polled
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll_flush(cx);
+        match polled {
+            std::task::Poll::Pending => self.stall.blocked(),
+            std::task::Poll::Ready(_) => self.stall.moved(),
+        }
+        polled
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// HTTP requests handled at once; more get 503 at once.
+const MAX_HTTP_REQUESTS: usize = 256;
+
+/// MCP sessions (HTTP clients) at once; another `initialize` gets 503.
+const MAX_HTTP_SESSIONS: usize = 256;
+
+struct HttpLimits {
+    requests: tokio::sync::Semaphore,
+    max_sessions: usize,
+    manager: Arc<rmcp::transport::streamable_http_server::session::local::LocalSessionManager>,
+}
+
+/// Bounds what HTTP clients can hold: requests in flight and MCP sessions.
+async fn admit(
+    limits: Arc<HttpLimits>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let unavailable = |why: &'static str| (axum::http::StatusCode::SERVICE_UNAVAILABLE, why).into_response();
+    let Ok(_permit) = limits.requests.try_acquire() else {
+        return unavailable("too many requests at once");
+    };
+    let opens_session =
+        request.method() == axum::http::Method::POST && !request.headers().contains_key("mcp-session-id");
+    if opens_session && limits.manager.sessions.read().await.len() >= limits.max_sessions {
+        return unavailable("too many MCP sessions; close one (DELETE) or wait for one to expire");
+    }
+    next.run(request).await
 }
 
 /// Lets a request through only with the right bearer token.

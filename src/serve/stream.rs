@@ -18,6 +18,14 @@ use crate::limits::{OutputTap, StreamKind};
 /// chunks are dropped (and counted), never queued without bound.
 const CHANNEL_CHUNKS: usize = 256;
 
+/// Bytes in flight between a run's threads and the notifier, at most.
+const CHANNEL_BYTES: usize = 1 << 20;
+
+/// How long a finished run's remaining lines may take to go out; the rest
+/// is dropped (and counted): a client that reads slowly cannot make calls
+/// pile up notifiers.
+const FINISH_LIMIT: Duration = Duration::from_secs(1);
+
 /// A line longer than this is sent in pieces.
 const MAX_LINE_BYTES: usize = 16 << 10;
 
@@ -25,6 +33,7 @@ const MAX_LINE_BYTES: usize = 16 << 10;
 pub struct LineStream {
     tap: OutputTap,
     dropped: Arc<AtomicU64>,
+    queued: Arc<AtomicU64>,
     done: tokio::sync::oneshot::Sender<()>,
     task: JoinHandle<()>,
 }
@@ -34,15 +43,19 @@ impl LineStream {
     pub fn start(peer: Peer<RoleServer>, level: LoggingLevel) -> Self {
         let (tx, rx) = mpsc::channel::<(StreamKind, Vec<u8>)>(CHANNEL_CHUNKS);
         let dropped = Arc::new(AtomicU64::new(0));
-        let counter = dropped.clone();
+        let queued = Arc::new(AtomicU64::new(0));
+        let (counter, in_flight) = (dropped.clone(), queued.clone());
         let tap = OutputTap::new(move |kind, bytes| {
-            if tx.try_send((kind, bytes.to_vec())).is_err() {
-                counter.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+            let n = bytes.len() as u64;
+            let room = in_flight.fetch_add(n, Ordering::SeqCst) + n <= CHANNEL_BYTES as u64;
+            if !room || tx.try_send((kind, bytes.to_vec())).is_err() {
+                in_flight.fetch_sub(n, Ordering::SeqCst);
+                counter.fetch_add(n, Ordering::Relaxed);
             }
         });
         let (done, finished) = tokio::sync::oneshot::channel();
-        let task = tokio::spawn(notify_lines(peer, level, rx, finished));
-        Self { tap, dropped, done, task }
+        let task = tokio::spawn(notify_lines(peer, level, rx, finished, queued.clone()));
+        Self { tap, dropped, queued, done, task }
     }
 
     /// The tap to put on the request.
@@ -54,14 +67,21 @@ impl LineStream {
     /// what was dropped. A backend that keeps a clone of the tap (an
     /// abandoned instance) cannot hold this up.
     pub async fn finish(self, peer: &Peer<RoleServer>, level: LoggingLevel) {
-        let LineStream { tap, dropped, done, task } = self;
+        let LineStream { tap, dropped, queued, done, task } = self;
         drop(tap);
         let _ = done.send(());
-        let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+        let abort = task.abort_handle();
+        if tokio::time::timeout(FINISH_LIMIT, task).await.is_err() {
+            // Whatever is still queued is dropped with the task.
+            abort.abort();
+            dropped.fetch_add(queued.swap(0, Ordering::SeqCst), Ordering::Relaxed);
+        }
         let dropped = dropped.load(Ordering::Relaxed);
         if dropped > 0 {
-            let data = json!({"note": format!("{dropped} bytes of output were not streamed (the client read too slowly); the result holds them")});
-            send(peer, level, "execbox", data).await;
+            let note = format!(
+                "{dropped} bytes of output were not streamed (the client read too slowly); the result holds what the caps kept"
+            );
+            let _ = tokio::time::timeout(FINISH_LIMIT, send(peer, level, "execbox", json!({"note": note}))).await;
         }
     }
 }
@@ -72,6 +92,7 @@ async fn notify_lines(
     level: LoggingLevel,
     mut rx: mpsc::Receiver<(StreamKind, Vec<u8>)>,
     mut finished: tokio::sync::oneshot::Receiver<()>,
+    queued: Arc<AtomicU64>,
 ) {
     let mut pending: [Vec<u8>; 2] = [Vec::new(), Vec::new()];
     let mut running = true;
@@ -89,6 +110,7 @@ async fn notify_lines(
             rx.try_recv().ok()
         };
         let Some((kind, bytes)) = chunk else { break };
+        queued.fetch_sub(bytes.len() as u64, Ordering::SeqCst);
         let buf = &mut pending[kind as usize];
         buf.extend_from_slice(&bytes);
         while let Some(end) =

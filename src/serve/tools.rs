@@ -29,6 +29,10 @@ use crate::request::{ExecFile, ExecRequest, Payload};
 use crate::result::{ExecResult, Outcome};
 use crate::sessions::SessionError;
 
+/// How long `list_backends`, `create_session` and `close_session` wait for a
+/// turn: they use the blocking pool too, so they pass the same gate as runs.
+const OTHER_TOOLS_WAIT: Duration = Duration::from_secs(10);
+
 /// The handler of one MCP connection. Its sessions are its own: ids are
 /// looked up under this connection only, and close when it goes.
 #[derive(Clone)]
@@ -198,9 +202,15 @@ impl ExecboxMcp {
             let bytes = mb.saturating_mul(1 << 20);
             policy.memory_bytes = Some(policy.memory_bytes.map_or(bytes, |ceiling| ceiling.min(bytes)));
         }
+        if args.session_id.is_some() {
+            // A session's environment is fixed (empty) when it opens.
+            policy.environment = crate::policy::Access::Deny;
+        }
         let mut request = ExecRequest::new(language, payload).policy(policy);
         request.input = args.input;
-        request.env = self.shared.cfg.env.clone();
+        if args.session_id.is_none() {
+            request.env = self.shared.cfg.env.clone();
+        }
         for file in args.files.unwrap_or_default() {
             let content = base64::engine::general_purpose::STANDARD
                 .decode(file.content_base64.as_bytes())
@@ -287,6 +297,10 @@ impl ExecboxMcp {
             warm capacity, and how it enforces each control. Also the server's policy ceiling and load limits, \
             and the languages that have sessions.")]
     async fn list_backends(&self, Parameters(_): Parameters<NoArgs>) -> Result<CallToolResult, McpError> {
+        let _turn = match self.shared.gate.enter(OTHER_TOOLS_WAIT).await {
+            Ok(turn) => turn,
+            Err(e) => return Ok(refusal(&e)),
+        };
         let shared = self.shared.clone();
         let status = tokio::task::spawn_blocking(move || shared.exec.status())
             .await
@@ -332,6 +346,10 @@ impl ExecboxMcp {
         Parameters(CreateSessionArgs { language, packages }): Parameters<CreateSessionArgs>,
     ) -> Result<CallToolResult, McpError> {
         let language = Language::from(language);
+        let _turn = match self.shared.gate.enter(OTHER_TOOLS_WAIT).await {
+            Ok(turn) => turn,
+            Err(e) => return Ok(refusal(&e)),
+        };
         let sessions = self.shared.sessions.clone();
         let connection = self.connection.clone();
         let packages = packages.unwrap_or_default();
@@ -357,6 +375,10 @@ impl ExecboxMcp {
         &self,
         Parameters(CloseSessionArgs { session_id }): Parameters<CloseSessionArgs>,
     ) -> Result<CallToolResult, McpError> {
+        let _turn = match self.shared.gate.enter(OTHER_TOOLS_WAIT).await {
+            Ok(turn) => turn,
+            Err(e) => return Ok(refusal(&e)),
+        };
         let sessions = self.shared.sessions.clone();
         let key = self.connection.key(&session_id);
         let closed = tokio::task::spawn_blocking(move || sessions.close(&key))

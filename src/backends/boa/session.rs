@@ -26,7 +26,7 @@ use crate::error::{BackendRejection, ExecError};
 use crate::limits::{Deadline, result_caps};
 use crate::matching::{self, Control, Violation};
 use crate::request::ExecRequest;
-use crate::result::ExecResult;
+use crate::result::{ExecResult, Outcome};
 
 /// A JavaScript realm kept alive across calls. Dropping it kills its worker.
 pub struct JsSession {
@@ -116,10 +116,14 @@ impl JsSession {
                 Err(ended())
             }
             Conversation::Finished { mut result, reusable } => {
-                if !reusable {
+                // A timed-out or out-of-memory call ends the session, as on
+                // every backend (the realm may be half-way through anything).
+                let ends = matches!(result.outcome, Outcome::TimedOut | Outcome::OutOfMemory | Outcome::OutOfFuel);
+                if !reusable || ends {
                     *slot = None;
                     self.alive.store(false, Ordering::SeqCst);
                 }
+                result.backend = Self::NAME.into();
                 result_caps::cap_result(&mut result, &policy);
                 Ok(*result)
             }

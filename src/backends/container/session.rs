@@ -56,6 +56,9 @@ pub struct ContainerSession {
     io: Mutex<CellIo>,
     streams: Arc<Streams>,
     alive: AtomicBool,
+    /// The container's first process (the timer) as the host sees it, to
+    /// check after each cell that nothing of the cell still runs.
+    init_pid: Mutex<Option<u32>>,
 }
 
 /// The attached CLI and its stdin (held for a whole cell: one at a time).
@@ -102,7 +105,7 @@ impl ContainerSession {
         let unavailable = |reason: String| ExecError::BackendUnavailable { backend: Self::NAME.into(), reason };
         Container::check_available(&backend)?;
         let nonce = crate::sessions::new_id();
-        let program = conventions::PYTHON_SESSION_LOOP.replace("NONCE", &nonce);
+        let program = conventions::PYTHON_SESSION_PROGRAM.replace("NONCE", &nonce);
         let mut template =
             ExecRequest::source(Language::Python, "").packages(packages.iter().cloned()).collect_output_files();
         template.policy = SandboxPolicy::strict().memory_bytes(backend.cfg.session_memory_bytes);
@@ -131,6 +134,7 @@ impl ContainerSession {
             io: Mutex::new(CellIo { child, stdin }),
             streams,
             alive: AtomicBool::new(true),
+            init_pid: Mutex::new(None),
         };
         for (index, pipe) in pipes.into_iter().enumerate() {
             let Some(pipe) = pipe else { continue };
@@ -152,6 +156,24 @@ impl ContainerSession {
         if result.outcome != Outcome::Ok {
             let why = format!("{} {}", result.message.unwrap_or_default(), result.stderr.text());
             return Err(unavailable(result_caps::cap_message(format!("the session did not start: {why}"))));
+        }
+        // Running now (the probe answered): where its processes are.
+        let inspected = process::bounded_output(
+            process::engine_command(&session.backend.cfg.engine).args([
+                "inspect",
+                "--format={{.State.Pid}}",
+                &session.name,
+            ]),
+            process::HOUSEKEEPING_TIMEOUT,
+            4096,
+        );
+        let pid = inspected.ok().and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse::<u32>().ok());
+        match pid.filter(|p| *p > 0) {
+            Some(pid) => *session.init_pid.lock().unwrap_or_else(PoisonError::into_inner) = Some(pid),
+            None => tracing::warn!(
+                container = session.name,
+                "cannot see the session's processes: leftovers of a cell go unchecked"
+            ),
         }
         Ok(session)
     }
@@ -229,6 +251,16 @@ impl ContainerSession {
         let mut result = ExecResult::new(Self::NAME, Outcome::Ok);
         result.usage = Usage { duration: deadline.elapsed(), ..Usage::default() };
         match end {
+            CellEnd::Done if let Some(left) = self.leftovers() => {
+                // The loop said the cell is over, but something of it runs
+                // on (a thread, a child, a forged record): end the session.
+                self.alive.store(false, Ordering::SeqCst);
+                process::kill_container(&self.backend.cfg.engine, &self.name, process::KILL_GRACE);
+                result.outcome = Outcome::Failed;
+                result.message = Some(format!("{left} after the cell returned: the session ended"));
+                result.stdout = stdout.0;
+                result.stderr = stderr.0;
+            }
             CellEnd::Done => {
                 let status = stdout.1.unwrap_or(1);
                 result.exit_code = Some(status);
@@ -330,6 +362,85 @@ impl ContainerSession {
             (text.into_captured(), status)
         })
     }
+}
+
+impl ContainerSession {
+    /// What of the last cell still runs, if anything: more processes than
+    /// the timer and the interpreter, more threads than its one, or the
+    /// interpreter not blocked reading its next cell. Read from the host's
+    /// `/proc` (the program cannot fake it); `None` when the container's
+    /// processes cannot be seen from here.
+    fn leftovers(&self) -> Option<String> {
+        let init = (*self.init_pid.lock().unwrap_or_else(PoisonError::into_inner))?;
+        // The loop writes its record, then blocks: give it a moment to get there.
+        let until = Instant::now() + Duration::from_millis(500);
+        loop {
+            let found = inspect_tree(init)?;
+            let verdict = match found {
+                Tree { processes, .. } if processes > 2 => Some(format!("{} processes still ran", processes - 2)),
+                Tree { threads, .. } if threads > 1 => Some(format!("{} threads still ran", threads - 1)),
+                Tree { reading: false, .. } => Some("the interpreter was still running".to_string()),
+                _ => None,
+            };
+            if verdict.is_none() || Instant::now() >= until {
+                return verdict;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// The container's processes below its first one.
+struct Tree {
+    /// Processes, the first included.
+    processes: usize,
+    /// Threads of the interpreter (the first process's child).
+    threads: usize,
+    /// The interpreter is blocked in `read` on fd 0.
+    reading: bool,
+}
+
+/// Walks `/proc` from `init` (children of every thread); `None` if `init`
+/// cannot be read (another PID namespace, or it is gone).
+fn inspect_tree(init: u32) -> Option<Tree> {
+    let children = |pid: u32| -> Vec<u32> {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return Vec::new() };
+        tasks
+            .flatten()
+            .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+            .flat_map(|list| list.split_whitespace().filter_map(|c| c.parse().ok()).collect::<Vec<u32>>())
+            .collect()
+    };
+    std::fs::metadata(format!("/proc/{init}")).ok()?;
+    let mut all = vec![init];
+    let mut at = 0;
+    while at < all.len() && all.len() < 4096 {
+        let next = children(all[at]);
+        all.extend(next);
+        at += 1;
+    }
+    let interpreter = children(init).first().copied();
+    let threads = interpreter
+        .and_then(|pid| std::fs::read_to_string(format!("/proc/{pid}/status")).ok())
+        .and_then(|s| {
+            s.lines().find_map(|l| l.strip_prefix("Threads:").map(|n| n.trim().parse::<usize>().unwrap_or(1)))
+        })
+        .unwrap_or(1);
+    let reading = interpreter.is_some_and(|pid| {
+        match std::fs::read_to_string(format!("/proc/{pid}/syscall")) {
+            // x86_64 read(2) is syscall 0; its first argument the fd.
+            Ok(text) => {
+                let mut fields = text.split_whitespace();
+                matches!((fields.next(), fields.next()), (Some("0"), Some("0x0")))
+            }
+            // Not allowed to look: at least it must not be running.
+            Err(_) => std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|s| s.rsplit(')').next().and_then(|r| r.split_whitespace().next()).map(|st| st != "R"))
+                .unwrap_or(true),
+        }
+    });
+    Some(Tree { processes: all.len(), threads, reading })
 }
 
 fn sink() -> Sink {

@@ -2,9 +2,10 @@
 //! per call and keeps its globals between calls (a notebook's kernel).
 //!
 //! A session starts from the warm pool (an instance already waiting for its
-//! code), so opening one costs what a pooled run costs; its code is the
-//! session loop ([`PYTHON_SESSION_LOOP`](super::super::conventions)), which
-//! then reads cells from the instance's message stdin. Per cell:
+//! code, with the session loop already defined during its start-up), so
+//! opening one costs about what a pooled run costs: the host sends `S` and
+//! the session's nonce, and the loop reads cells from the instance's message
+//! stdin. Per cell:
 //!
 //! - the request's `input` is rebound and its `input_files` are staged in
 //!   the instance's `/work` (read-only to the guest; files of earlier cells
@@ -47,6 +48,12 @@ const OPEN_LIMIT: Duration = Duration::from_secs(30);
 /// (it stops itself at the deadline; this is a backstop).
 const REPORT_GRACE: Duration = Duration::from_secs(5);
 
+/// The instance thread's end: its channel, and the result once received.
+struct Ended {
+    rx: mpsc::Receiver<Result<ExecResult, ExecError>>,
+    result: Option<Result<ExecResult, ExecError>>,
+}
+
 /// A Python session on CPython-in-wasm. See the module docs.
 pub struct PythonSession {
     interpreter: WasmInterpreter,
@@ -55,7 +62,7 @@ pub struct PythonSession {
     controls: Arc<RunControls>,
     stdio: Stdio,
     work: PathBuf,
-    done: Mutex<mpsc::Receiver<Result<ExecResult, ExecError>>>,
+    done: Mutex<Ended>,
     /// Cells run one at a time.
     turn: Mutex<()>,
     alive: AtomicBool,
@@ -81,15 +88,16 @@ impl PythonSession {
             controls,
             stdio,
             work,
-            done: Mutex::new(done),
+            done: Mutex::new(Ended { rx: done, result: None }),
             turn: Mutex::new(()),
             alive: AtomicBool::new(true),
         };
         let engine = session.interpreter.engine().clone();
         let ticking = engine.ticker().run_guard();
-        let program = conventions::PYTHON_SESSION_LOOP.replace("NONCE", &nonce);
         let unavailable = |reason: String| ExecError::BackendUnavailable { backend: Self::NAME.into(), reason };
-        let seen = session.stdin.send(program.as_bytes()).ok_or_else(|| unavailable("the instance ended".into()))?;
+        // The loop is defined in the warm bootstrap: `S` starts it with the nonce.
+        let seen = session.stdin.send_raw(b"S\n".to_vec()).ok_or_else(|| unavailable("the instance ended".into()))?;
+        session.stdin.send(nonce.as_bytes()).ok_or_else(|| unavailable("the instance ended".into()))?;
         let ready = session.stdin.wait_past(seen, Some(Instant::now() + OPEN_LIMIT), || session.ended());
         if !ready {
             let stderr = session.stdio.stderr.take_captured();
@@ -102,9 +110,20 @@ impl PythonSession {
         Ok(session)
     }
 
-    /// True once the instance's thread has reported its end.
+    /// True once the instance's thread has reported its end (kept for
+    /// [`PythonSession::end_of_session`]).
     fn ended(&self) -> bool {
-        !matches!(self.done.lock().unwrap_or_else(PoisonError::into_inner).try_recv(), Err(mpsc::TryRecvError::Empty))
+        let mut done = self.done.lock().unwrap_or_else(PoisonError::into_inner);
+        if done.result.is_none() {
+            match done.rx.try_recv() {
+                Ok(result) => done.result = Some(result),
+                Err(mpsc::TryRecvError::Empty) => return false,
+                Err(mpsc::TryRecvError::Disconnected) => {
+                    done.result = Some(Err(ExecError::internal(Self::NAME, "the instance thread ended")));
+                }
+            }
+        }
+        true
     }
 
     /// What a session cannot do per call: it was started with no
@@ -244,9 +263,14 @@ impl PythonSession {
     /// memory, `os._exit`) or never answered. The session is over.
     fn end_of_session(&self, deadline: &Deadline) -> ExecResult {
         self.alive.store(false, Ordering::SeqCst);
-        let ended = self.done.lock().unwrap_or_else(PoisonError::into_inner).try_recv();
+        // The thread may report its end a moment after the guest stopped.
+        let until = Instant::now() + Duration::from_millis(500);
+        while !self.ended() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let ended = self.done.lock().unwrap_or_else(PoisonError::into_inner).result.take();
         match ended {
-            Ok(Ok(mut result)) => {
+            Some(Ok(mut result)) => {
                 result.backend = Self::NAME.into();
                 if result.outcome == Outcome::Ok {
                     result.outcome = Outcome::Failed;

@@ -204,6 +204,12 @@ impl MessageSender {
     pub fn send(&self, message: &[u8]) -> Option<u64> {
         let mut framed = format!("{}\n", message.len()).into_bytes();
         framed.extend_from_slice(message);
+        self.send_raw(framed)
+    }
+
+    /// Sends `bytes` as they are (e.g. the bare `S\n` that starts a
+    /// session); returns what [`MessageSender::send`] does.
+    pub fn send_raw(&self, framed: Vec<u8>) -> Option<u64> {
         // Under the inbox lock: a reader cannot count a wait in between.
         let _inbox = self.channel.inbox();
         let waits = self.channel.waits.load(Ordering::SeqCst);
