@@ -67,7 +67,7 @@ build_image() {
   local work
   work="$(mktemp -d /tmp/execbox-image.XXXXXX)"
   # shellcheck disable=SC2064
-  trap "rm -rf '$work'" RETURN
+  trap "rm -rf '$work'" RETURN EXIT
   mkdir -p "$work/debs" "$work/rootfs"
   local packages
   if [ -n "$verify" ]; then
