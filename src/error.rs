@@ -232,7 +232,6 @@ struct ViolationJson<'a> {
 /// invalid module's reason can quote the payload).
 impl Serialize for ExecError {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeStruct;
         let violations: Vec<ViolationJson<'_>> = match self {
             ExecError::Refused { rejections } => rejections
                 .iter()
@@ -247,10 +246,22 @@ impl Serialize for ExecError {
                 .collect(),
             _ => Vec::new(),
         };
-        let mut s = serializer.serialize_struct("ExecError", 3)?;
-        s.serialize_field("kind", self.kind())?;
-        s.serialize_field("message", &cap_message(self.to_string()))?;
-        s.serialize_field("violations", &violations)?;
-        s.end()
+        serialize_error(serializer, self.kind(), self.to_string(), &violations)
     }
+}
+
+/// The error JSON shape `{"kind", "message", "violations"}` (the message
+/// capped), for every error type that has it.
+pub(crate) fn serialize_error<S: serde::Serializer, V: Serialize>(
+    serializer: S,
+    kind: &str,
+    message: String,
+    violations: &[V],
+) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeStruct;
+    let mut s = serializer.serialize_struct("Error", 3)?;
+    s.serialize_field("kind", kind)?;
+    s.serialize_field("message", &cap_message(message))?;
+    s.serialize_field("violations", violations)?;
+    s.end()
 }

@@ -515,7 +515,7 @@ fn prepare(request: &mut ExecRequest, caps: &BackendCapabilities) -> SandboxPoli
 }
 
 /// Caps the fields of a result that are not streams (see [`result_caps`]).
-fn finish(result: Result<ExecResult, ExecError>, policy: &SandboxPolicy) -> Result<ExecResult, ExecError> {
+pub(crate) fn finish(result: Result<ExecResult, ExecError>, policy: &SandboxPolicy) -> Result<ExecResult, ExecError> {
     result.map(|mut r| {
         result_caps::cap_result(&mut r, policy);
         r

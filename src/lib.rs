@@ -32,6 +32,7 @@ pub mod error;
 pub mod executor;
 pub mod limits;
 pub mod matching;
+mod nonce;
 pub mod policy;
 pub mod request;
 pub mod result;

@@ -163,15 +163,10 @@ impl SessionError {
 /// [`ExecError`]'s JSON shape: `{"kind", "message", "violations"}`.
 impl Serialize for SessionError {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeStruct;
-        if let SessionError::Exec(e) = self {
-            return e.serialize(serializer);
+        match self {
+            SessionError::Exec(e) => e.serialize(serializer),
+            _ => crate::error::serialize_error(serializer, self.kind(), self.to_string(), &[] as &[()]),
         }
-        let mut s = serializer.serialize_struct("SessionError", 3)?;
-        s.serialize_field("kind", self.kind())?;
-        s.serialize_field("message", &crate::limits::result_caps::cap_message(self.to_string()))?;
-        s.serialize_field("violations", &[] as &[()])?;
-        s.end()
     }
 }
 
@@ -603,29 +598,46 @@ fn expire(weak: Weak<Inner>) {
     }
 }
 
+/// Checks one call of a session backend's (`name`): the executor's
+/// validation, matching against `caps`, what every session fixes when it
+/// opens (arguments, environment, granted directories), and `own`, the
+/// session's own refusals. `Refused` names every unmet control.
+#[cfg(any(feature = "wasm", feature = "container"))]
+pub(crate) fn check_call(
+    name: &str,
+    caps: &crate::capabilities::BackendCapabilities,
+    request: &ExecRequest,
+    own: Vec<crate::matching::Violation>,
+) -> Result<(), ExecError> {
+    use crate::matching::{Control, Violation};
+    crate::executor::validate(request)?;
+    let mut violations = crate::matching::check(caps, request).err().unwrap_or_default();
+    let fixed = |control, requested: String| Violation {
+        control,
+        requested,
+        reason: "a session's arguments, environment and directories are fixed (none) when it opens".into(),
+    };
+    if !request.args.is_empty() {
+        violations.push(fixed(Control::Args, format!("{} arguments", request.args.len())));
+    }
+    if !request.env.is_empty() {
+        violations.push(fixed(Control::Environment, "variables".into()));
+    }
+    if matches!(request.policy.filesystem, crate::policy::Access::Allow(_)) {
+        violations.push(fixed(Control::Filesystem, "granted directories".into()));
+    }
+    violations.extend(own);
+    if violations.is_empty() {
+        return Ok(());
+    }
+    Err(ExecError::Refused {
+        rejections: vec![crate::error::BackendRejection { backend: name.to_string(), violations }],
+    })
+}
+
 /// A new session id: 128 random bits as hex.
 pub fn new_id() -> String {
-    format!("{:016x}{:016x}", random_u64(), random_u64())
-}
-
-/// A random u64 from the OS (session ids must not be guessable by another
-/// client of the same server).
-pub(crate) fn random_u64() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut bytes = [0u8; 8];
-    if getrandom(&mut bytes) {
-        return u64::from_ne_bytes(bytes);
-    }
-    // Fallback: std's randomly keyed SipHash over the time.
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(Instant::now().elapsed().as_nanos());
-    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
-    h.finish()
-}
-
-fn getrandom(buf: &mut [u8]) -> bool {
-    use std::io::Read;
-    std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(buf)).is_ok()
+    crate::nonce::hex128()
 }
 
 #[cfg(test)]

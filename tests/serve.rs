@@ -125,11 +125,7 @@ async fn a_tool_call_cannot_widen_any_control() {
 #[tokio::test(flavor = "multi_thread")]
 async fn excess_calls_get_busy_and_a_flood_leaves_the_server_serving() {
     let (client, pid) = connect(&["--max-concurrent", "1", "--max-queued", "2"]).await;
-    let rss = || {
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-        let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap().to_string();
-        line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap()
-    };
+    let rss = || rss_kb(pid);
     run(&client, json!({"language": "js", "code": "return 1"})).await;
     let before = rss();
     let peer = client.peer().clone();
@@ -362,6 +358,36 @@ fn send_signal(pid: u32, signal: &str) {
     assert!(status.success());
 }
 
+/// `execbox serve args` over pipes, initialized, with its stdin and an
+/// stdout nobody reads (held, so the pipe stays open and fills).
+fn unread_server(args: &[&str]) -> (KillOnDrop, std::process::ChildStdin, std::process::ChildStdout) {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let mut server = KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_execbox"))
+            .arg("serve")
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let mut stdin = server.0.stdin.take().unwrap();
+    let stdout = server.0.stdout.take().unwrap();
+    let init = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}"#;
+    let initialized = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
+    writeln!(stdin, "{init}\n{initialized}").unwrap();
+    (server, stdin, stdout)
+}
+
+/// A `tools/call` of `list_backends` with JSON-RPC id `id`.
+fn list_backends_call(id: u64) -> String {
+    format!(
+        r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"list_backends","arguments":{{}}}}}}"#
+    )
+}
+
 /// VmRSS of `pid` in kB.
 fn rss_kb(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
@@ -377,26 +403,9 @@ fn rss_kb(pid: u32) -> u64 {
 #[test]
 fn sigterm_ends_a_server_whose_client_reads_nothing() {
     use std::io::Write;
-    use std::process::{Command, Stdio};
-    let mut server = KillOnDrop(
-        Command::new(env!("CARGO_BIN_EXE_execbox"))
-            .arg("serve")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let mut stdin = server.0.stdin.take().unwrap();
-    let _unread = server.0.stdout.take().unwrap();
-    let init = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}"#;
-    let initialized = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
-    writeln!(stdin, "{init}\n{initialized}").unwrap();
+    let (mut server, mut stdin, _unread) = unread_server(&[]);
     for id in 1..300 {
-        let call = format!(
-            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"list_backends","arguments":{{}}}}}}"#
-        );
-        if writeln!(stdin, "{call}").is_err() {
+        if writeln!(stdin, "{}", list_backends_call(id)).is_err() {
             break;
         }
     }
@@ -416,28 +425,11 @@ fn sigterm_ends_a_server_whose_client_reads_nothing() {
 #[test]
 fn a_client_that_never_reads_is_disconnected_and_memory_stays_bounded() {
     use std::io::Write;
-    use std::process::{Command, Stdio};
-    let mut server = KillOnDrop(
-        Command::new(env!("CARGO_BIN_EXE_execbox"))
-            .args(["serve", "--max-concurrent", "2", "--max-queued", "4"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let (mut server, mut stdin, _unread) = unread_server(&["--max-concurrent", "2", "--max-queued", "4"]);
     let pid = server.0.id();
-    let mut stdin = server.0.stdin.take().unwrap();
-    let _unread = server.0.stdout.take().unwrap();
-    let init = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}"#;
-    let initialized = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
-    writeln!(stdin, "{init}\n{initialized}").unwrap();
     let writer = std::thread::spawn(move || {
         for id in 1..20_000 {
-            let call = format!(
-                r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"list_backends","arguments":{{}}}}}}"#
-            );
-            if writeln!(stdin, "{call}").is_err() {
+            if writeln!(stdin, "{}", list_backends_call(id)).is_err() {
                 return;
             }
         }

@@ -64,17 +64,13 @@ impl CodeExecutorError {
 /// [`ExecError`]'s JSON shape: `{"kind", "message", "violations"}`.
 impl serde::Serialize for CodeExecutorError {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeStruct;
         match self {
-            CodeExecutorError::Exec(e) => return e.serialize(serializer),
-            CodeExecutorError::Session(e) => return e.serialize(serializer),
-            CodeExecutorError::UnknownLanguage { .. } => {}
+            CodeExecutorError::Exec(e) => e.serialize(serializer),
+            CodeExecutorError::Session(e) => e.serialize(serializer),
+            CodeExecutorError::UnknownLanguage { .. } => {
+                crate::error::serialize_error(serializer, self.kind(), self.to_string(), &[] as &[()])
+            }
         }
-        let mut s = serializer.serialize_struct("CodeExecutorError", 3)?;
-        s.serialize_field("kind", self.kind())?;
-        s.serialize_field("message", &crate::limits::result_caps::cap_message(self.to_string()))?;
-        s.serialize_field("violations", &[] as &[Value])?;
-        s.end()
     }
 }
 

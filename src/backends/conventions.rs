@@ -1,6 +1,6 @@
 //! Conventions shared by the backends: what a language means on every
-//! backend that runs it (Python in a container and in wasm), where execbox
-//! keeps its caches, and the nonces that keep runs apart.
+//! backend that runs it (Python in a container and in wasm, sessions
+//! included) and where execbox keeps its caches.
 
 use std::path::PathBuf;
 
@@ -18,24 +18,12 @@ pub(crate) fn cache_dir(env_var: &str, name: &str) -> Option<PathBuf> {
     Some(base.join("execbox").join(name))
 }
 
-/// A random nonce (std's per-instance random hash keys mixed with the time):
-/// container names and output markers that no other run, in this process or
-/// another, shares.
-pub(crate) fn random_u64() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
-    hasher.finish()
-}
-
-/// Reads the code (`$read_source`, which sets `source`), then binds `input`
-/// from `/work/input.json` (or `None`). Stdin is read first: a warm
-/// interpreter waits there, and its input file is written before the code
-/// is sent.
-macro_rules! python_prelude {
-    ($read_source:expr) => {
-        concat!(
-            "\
+/// `load_input()`: the JSON in `/work/input.json`, or `None`; and
+/// `exit_status(e)`: the status a `SystemExit` stands for, as CPython's own
+/// exit would report it.
+macro_rules! python_helpers {
+    () => {
+        "\
 import sys
 def load_input():
     try:
@@ -46,7 +34,25 @@ def load_input():
     import json
     with f:
         return json.load(f)
-",
+def exit_status(e):
+    if e.code is None:
+        return 0
+    if isinstance(e.code, int):
+        return e.code
+    print(e.code, file=sys.stderr)
+    return 1
+"
+    };
+}
+
+/// Reads the code (`$read_source`, which sets `source`), then binds `input`
+/// from `/work/input.json` (or `None`). Stdin is read first: a warm
+/// interpreter waits there, and its input file is written before the code
+/// is sent.
+macro_rules! python_prelude {
+    ($read_source:expr) => {
+        concat!(
+            python_helpers!(),
             $read_source,
             "\
 data = load_input()
@@ -101,21 +107,15 @@ pub(crate) const PYTHON_BOOTSTRAP: &str = concat!(
 /// goes to fd 2 and then fd 1 (taken out of both streams by the host: a
 /// container's two pipes are read apart, so each stream marks its own end of
 /// the cell) and the loop blocks for the next cell. `sys.stdin` is empty
-/// for cells. A warm CPython-in-wasm instance defines it during start-up
-/// (so opening a session compiles nothing); a container runs
+/// for cells. It calls the module's `load_input` and `exit_status`
+/// (`python_helpers!`). A warm CPython-in-wasm instance defines it during
+/// start-up (so opening a session compiles nothing); a container runs
 /// [`PYTHON_SESSION_PROGRAM`].
 macro_rules! python_session_def {
     () => {
         "\
 def _execbox_session(nonce, read_message):
     import io, json, os, sys, traceback
-    def load_input():
-        try:
-            f = open('/work/input.json', encoding='utf-8')
-        except FileNotFoundError:
-            return None
-        with f:
-            return json.load(f)
     scope = {'__name__': '__main__', '__builtins__': __builtins__}
     marker = '\\0execbox:' + nonce + ':'
     while True:
@@ -128,13 +128,7 @@ def _execbox_session(nonce, read_message):
         try:
             exec(compile(source, '<code>', 'exec'), scope)
         except SystemExit as e:
-            if e.code is None:
-                status = 0
-            elif isinstance(e.code, int):
-                status = e.code
-            else:
-                print(e.code, file=sys.stderr)
-                status = 1
+            status = exit_status(e)
         except BaseException as e:
             traceback.print_exception(type(e), e, e.__traceback__.tb_next)
             status = 1
@@ -153,8 +147,12 @@ def _execbox_session(nonce, read_message):
 
 /// A container session's `python3 -c` program (`NONCE` replaced by the session's).
 #[cfg(feature = "container")]
-pub(crate) const PYTHON_SESSION_PROGRAM: &str =
-    concat!(python_read_message!(), python_session_def!(), "_execbox_session('NONCE', read_message)\n");
+pub(crate) const PYTHON_SESSION_PROGRAM: &str = concat!(
+    python_helpers!(),
+    python_read_message!(),
+    python_session_def!(),
+    "_execbox_session('NONCE', read_message)\n"
+);
 
 /// The same for a warm CPython-in-wasm instance: `json` and `traceback` are
 /// imported and the compiler is used once during start-up (the first
@@ -175,13 +173,7 @@ status = 0
 try:
     exec(compile(source, '<code>', 'exec'), {'__name__': '__main__', '__builtins__': __builtins__, 'input': data})
 except SystemExit as e:
-    if e.code is None:
-        status = 0
-    elif isinstance(e.code, int):
-        status = e.code
-    else:
-        print(e.code, file=sys.stderr)
-        status = 1
+    status = exit_status(e)
 except BaseException:
     traceback.print_exc()
     status = 1

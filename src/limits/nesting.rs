@@ -22,6 +22,19 @@ pub fn take_bounded_input(slot: &mut Option<Value>, max: usize) -> Result<Option
     }
 }
 
+/// [`take_bounded_input`], serialized as the JSON text a program reads
+/// (`input.json`, stdin); `backend` names the (never expected) failure.
+pub fn take_input_json(
+    slot: &mut Option<Value>,
+    max: usize,
+    backend: &str,
+) -> Result<Option<Vec<u8>>, crate::ExecError> {
+    take_bounded_input(slot, max)?
+        .map(|value| serde_json::to_vec(&value))
+        .transpose()
+        .map_err(|e| crate::ExecError::internal(backend, format!("cannot serialize input: {e}")))
+}
+
 /// Returns the nesting depth of `value` if it exceeds `max` (containers count
 /// one level each), without recursion.
 pub fn json_depth_exceeds(value: &Value, max: usize) -> Option<usize> {

@@ -280,6 +280,15 @@ impl Stall {
         }
     }
 
+    /// Records what a write or flush returned, and returns it.
+    fn note<T>(&self, polled: std::task::Poll<T>) -> std::task::Poll<T> {
+        match polled {
+            std::task::Poll::Pending => self.blocked(),
+            std::task::Poll::Ready(_) => self.moved(),
+        }
+        polled
+    }
+
     fn is_blocked(&self) -> bool {
         self.since_ms.load(Ordering::SeqCst) != 0
     }
@@ -328,11 +337,7 @@ impl<W: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Watched<W> {
         buf: &[u8],
     ) -> std::task::Poll<std::io::Result<usize>> {
         let polled = std::pin::Pin::new(&mut self.inner).poll_write(cx, buf);
-        match polled {
-            std::task::Poll::Pending => self.stall.blocked(),
-            std::task::Poll::Ready(_) => self.stall.moved(),
-        }
-        polled
+        self.stall.note(polled)
     }
 
     fn poll_flush(
@@ -340,11 +345,7 @@ impl<W: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Watched<W> {
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
         let polled = std::pin::Pin::new(&mut self.inner).poll_flush(cx);
-        match polled {
-            std::task::Poll::Pending => self.stall.blocked(),
-            std::task::Poll::Ready(_) => self.stall.moved(),
-        }
-        polled
+        self.stall.note(polled)
     }
 
     fn poll_shutdown(

@@ -286,7 +286,7 @@ impl ExecboxMcp {
             lines.finish(&peer, level).await;
         }
         Ok(match outcome {
-            Ok(result) => rendered(&result),
+            Ok(result) => rendered(result),
             Err(Refusal::Exec(e)) => refusal(&e),
             Err(Refusal::Session(e)) => refusal(&e),
         })
@@ -442,7 +442,7 @@ enum Refusal {
 
 /// A run's result: the CLI's JSON as structuredContent, a short text, and
 /// image files as images.
-fn rendered(result: &ExecResult) -> CallToolResult {
+fn rendered(result: ExecResult) -> CallToolResult {
     let body = result.to_json();
     let mut text = format!(
         "[{}] {} in {:.1} ms{}\n",
@@ -451,13 +451,16 @@ fn rendered(result: &ExecResult) -> CallToolResult {
         result.usage.duration.as_secs_f64() * 1e3,
         result.exit_code.filter(|c| *c != 0).map(|c| format!(" (exit code {c})")).unwrap_or_default()
     );
-    let body_text = crate::agent::CodeExecutionResult::from(result.clone()).model_text();
-    if let Some(message) = result.message.as_ref().filter(|m| !body_text.contains(m.as_str())) {
+    let (message, is_error) = (result.message.clone(), result.outcome != Outcome::Ok);
+    // The model's text is the agent layer's (the result moves there: no copy of its streams and files).
+    let model = crate::agent::CodeExecutionResult::from(result);
+    let body_text = model.model_text();
+    if let Some(message) = message.filter(|m| !body_text.contains(m.as_str())) {
         text.push_str(&format!("{message}\n"));
     }
     text.push_str(&body_text);
-    let mut out = structured(body, text, result.outcome != Outcome::Ok);
-    for file in result.output_files.iter().filter(|f| f.mime_type.as_deref().is_some_and(|m| m.starts_with("image/"))) {
+    let mut out = structured(body, text, is_error);
+    for file in model.output_files.iter().filter(|f| f.mime_type.as_deref().is_some_and(|m| m.starts_with("image/"))) {
         let data = base64::engine::general_purpose::STANDARD.encode(&file.content);
         out.content.push(ContentBlock::image(data, file.mime_type.clone().unwrap_or_default()));
     }

@@ -85,7 +85,7 @@ pub(super) fn replace(dir: &Dir, name: &OsStr, bytes: &[u8]) -> io::Result<()> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(e),
     }
-    let temp = format!(".execbox-save-{:016x}", super::conventions::random_u64());
+    let temp = format!(".execbox-save-{:016x}", crate::nonce::random_u64());
     let written = dir
         .open_with(&temp, OpenOptions::new().write(true).create_new(true).mode(0o666))
         .and_then(|mut file| file.write_all(bytes))
@@ -149,7 +149,7 @@ pub(super) fn copy_regular(
     if !meta.is_file() || meta.len() > max {
         return Err(io::Error::other(format!("{} is not a regular file of at most {max} bytes", show(from_name))));
     }
-    let temp = format!(".execbox-copy-{:016x}", super::conventions::random_u64());
+    let temp = format!(".execbox-copy-{:016x}", crate::nonce::random_u64());
     let copied = (|| {
         let mut target = to.open_with(&temp, OpenOptions::new().write(true).create_new(true).mode(mode))?;
         let written = io::copy(&mut source.take(max.saturating_add(1)), &mut target)?;
@@ -186,7 +186,7 @@ pub(crate) fn remove_tree(path: &Path) -> io::Result<()> {
 /// [`remove_tree`], without recursion and without following links.
 pub(crate) fn empty_tree(path: &Path) -> io::Result<()> {
     let root = open_ambient(path)?;
-    let lifted = format!(".execbox-lifted-{:016x}-", super::conventions::random_u64());
+    let lifted = format!(".execbox-lifted-{:016x}-", crate::nonce::random_u64());
     let mut count = 0u64;
     loop {
         let mut emptied = true;

@@ -332,7 +332,7 @@ impl Container {
         let n = RUN_COUNTER.fetch_add(1, Ordering::Relaxed);
         Ok(RunSpec {
             // pid + counter + nonce: unique even across processes with reused pids.
-            name: format!("execbox-{}-{n}-{:08x}", std::process::id(), conventions::random_u64() as u32),
+            name: format!("execbox-{}-{n}-{:08x}", std::process::id(), crate::nonce::random_u64() as u32),
             image,
             memory_bytes,
             cpus: self.cfg.cpus,
@@ -506,10 +506,7 @@ impl Container {
 
     /// The request's JSON input, serialized (bounded in depth first).
     fn input_json(&self, request: &mut ExecRequest) -> Result<Option<Vec<u8>>, ExecError> {
-        nesting::take_bounded_input(&mut request.input, self.cfg.max_input_nesting)?
-            .map(|value| serde_json::to_vec(&value))
-            .transpose()
-            .map_err(|e| ExecError::internal(Self::NAME, format!("cannot serialize input: {e}")))
+        nesting::take_input_json(&mut request.input, self.cfg.max_input_nesting, Self::NAME)
     }
 }
 

@@ -321,7 +321,7 @@ fn compile(
     .collect();
     let n = super::RUN_COUNTER.fetch_add(1, Ordering::Relaxed);
     let spec = RunSpec {
-        name: format!("execbox-rustc-{}-{n}-{:08x}", std::process::id(), super::conventions::random_u64() as u32),
+        name: format!("execbox-rustc-{}-{n}-{:08x}", std::process::id(), crate::nonce::random_u64() as u32),
         image: backend.cfg.rust_image.clone(),
         memory_bytes: cfg.compile_memory_bytes,
         cpus: cfg.compile_cpus,

@@ -34,11 +34,11 @@ use super::staging::Staging;
 use super::{Container, process};
 use crate::backends::conventions;
 use crate::capabilities::Language;
-use crate::error::{BackendRejection, ExecError};
+use crate::error::ExecError;
 use crate::limits::records::{ResultTap, marker};
 use crate::limits::{BoundedBuffer, Deadline, OutputTap, StreamKind, nesting, result_caps};
-use crate::matching::{self, Control, Violation};
-use crate::policy::{Access, SandboxPolicy};
+use crate::matching::{Control, Violation};
+use crate::policy::SandboxPolicy;
 use crate::request::{ExecRequest, Payload};
 use crate::result::{CapturedStream, ExecResult, Outcome, Usage};
 use crate::sessions::Session;
@@ -178,31 +178,24 @@ impl ContainerSession {
         Ok(session)
     }
 
-    /// What a session cannot do per call (fixed when its container started).
+    /// What this session cannot do per call, beyond what every session
+    /// fixes when it opens (see `sessions::check_call`).
     fn refusals(&self, request: &ExecRequest) -> Vec<Violation> {
-        let mut violations = matching::check(self.backend.capabilities_ref(), request).err().unwrap_or_default();
-        let mut refuse = |control, requested: String, reason: String| {
-            violations.push(Violation { control, requested, reason });
-        };
+        let mut violations = Vec::new();
         if request.language != Language::Python {
-            refuse(Control::Language, request.language.to_string(), "container sessions run Python".into());
-        }
-        if !request.args.is_empty() {
-            refuse(Control::Args, format!("{} arguments", request.args.len()), "fixed when the session opens".into());
-        }
-        if !request.env.is_empty() {
-            refuse(Control::Environment, "variables".into(), "fixed (none) when the session opens".into());
-        }
-        if matches!(request.policy.filesystem, Access::Allow(_)) {
-            refuse(Control::Filesystem, "granted directories".into(), "fixed (none) when the session opens".into());
+            violations.push(Violation {
+                control: Control::Language,
+                requested: request.language.to_string(),
+                reason: "container sessions run Python".into(),
+            });
         }
         let cap = self.backend.cfg.session_memory_bytes;
         if let Some(asked) = request.policy.memory_bytes.filter(|asked| *asked < cap) {
-            refuse(
-                Control::Memory,
-                format!("{asked} bytes"),
-                format!("the session's container has a cap of {cap} bytes, fixed when it opened"),
-            );
+            violations.push(Violation {
+                control: Control::Memory,
+                requested: format!("{asked} bytes"),
+                reason: format!("the session's container has a cap of {cap} bytes, fixed when it opened"),
+            });
         }
         violations
     }
@@ -217,13 +210,8 @@ impl ContainerSession {
     }
 
     fn run_cell(&self, mut request: ExecRequest) -> Result<ExecResult, ExecError> {
-        crate::executor::validate(&request)?;
-        let violations = self.refusals(&request);
-        if !violations.is_empty() {
-            return Err(ExecError::Refused {
-                rejections: vec![BackendRejection { backend: Self::NAME.into(), violations }],
-            });
-        }
+        let own = self.refusals(&request);
+        crate::sessions::check_call(Self::NAME, self.backend.capabilities_ref(), &request, own)?;
         let mut io = self.io.lock().unwrap_or_else(PoisonError::into_inner);
         if !self.alive.load(Ordering::SeqCst) {
             return Err(self.lost());
@@ -232,10 +220,7 @@ impl ContainerSession {
         let Payload::Source(source) = std::mem::replace(&mut request.payload, Payload::Source(String::new())) else {
             return Err(ExecError::internal(Self::NAME, "matching let a module payload through"));
         };
-        let input = nesting::take_bounded_input(&mut request.input, self.backend.cfg.max_input_nesting)?
-            .map(|value| serde_json::to_vec(&value))
-            .transpose()
-            .map_err(|e| ExecError::internal(Self::NAME, format!("cannot serialize input: {e}")))?;
+        let input = nesting::take_input_json(&mut request.input, self.backend.cfg.max_input_nesting, Self::NAME)?;
         let staging = self.staging.as_ref().ok_or_else(|| self.lost())?;
         staging.stage_cell(&request, input.as_deref())?;
         self.reset_streams(&request);
@@ -494,10 +479,7 @@ impl Session for ContainerSession {
 
     fn execute(&self, request: ExecRequest) -> Result<ExecResult, ExecError> {
         let policy = request.policy.clone();
-        self.run_cell(request).map(|mut result| {
-            result_caps::cap_result(&mut result, &policy);
-            result
-        })
+        crate::executor::finish(self.run_cell(request), &policy)
     }
 
     fn is_alive(&self) -> bool {

@@ -68,22 +68,9 @@ impl Staging {
             hostfs::write_new(&work, OsStr::new("input.json"), json, 0o644).map_err(|e| io("input.json", e))?;
         }
         for file in &request.input_files {
-            let relative = file.relative_path()?;
-            if relative.components().find(|c| *c != Component::CurDir) == Some(Component::Normal("out".as_ref()))
-                && request.collect_output_files
-            {
-                return Err(InvalidRequest::BadPath {
-                    path: file.name.clone(),
-                    reason: "out/ is the output directory".into(),
-                }
-                .into());
-            }
-            let (parent, leaf) = match (relative.parent(), relative.file_name()) {
-                (Some(parent), Some(leaf)) => (parent, leaf),
-                _ => return Err(io(&file.name, std::io::Error::other("names no file")).into()),
-            };
-            let parent = hostfs::create_dirs(&work, parent, Some(0o755)).map_err(|e| io(&file.name, e))?;
-            hostfs::write_new(&parent, leaf, &file.content, 0o644).map_err(|e| io(&file.name, e))?;
+            stage_file(&work, file, request.collect_output_files, |dir, leaf| {
+                hostfs::write_new(dir, leaf, &file.content, 0o644)
+            })?;
         }
         if request.collect_output_files {
             hostfs::create_dirs(&work, Path::new("out"), Some(0o755)).map_err(|e| io("out", e))?;
@@ -112,20 +99,7 @@ impl Staging {
             },
         }
         for file in &request.input_files {
-            let relative = file.relative_path()?;
-            if relative.components().find(|c| *c != Component::CurDir) == Some(Component::Normal("out".as_ref())) {
-                return Err(InvalidRequest::BadPath {
-                    path: file.name.clone(),
-                    reason: "out/ is the output directory".into(),
-                }
-                .into());
-            }
-            let (parent, leaf) = match (relative.parent(), relative.file_name()) {
-                (Some(parent), Some(leaf)) => (parent, leaf),
-                _ => return Err(io(&file.name, std::io::Error::other("names no file")).into()),
-            };
-            let parent = hostfs::create_dirs(&work, parent, Some(0o755)).map_err(|e| io(&file.name, e))?;
-            hostfs::replace(&parent, leaf, &file.content).map_err(|e| io(&file.name, e))?;
+            stage_file(&work, file, self.collect_outputs, |dir, leaf| hostfs::replace(dir, leaf, &file.content))?;
         }
         if self.collect_outputs {
             hostfs::empty_tree(&self.root.path().join("out")).map_err(|e| io("out", e))?;
@@ -303,6 +277,33 @@ pub(super) fn grant_mount(host: &Path, guest: &Path, writable: bool) -> Result<M
         return Err(bad(host, "does not exist on the host"));
     }
     Ok(Mount { host: host.to_path_buf(), guest: guest_text.to_string(), writable })
+}
+
+/// Puts `file` under `work` (its directories made `0o755`) with `write`,
+/// given the directory handle and the file's last name. With `out_reserved`
+/// (the output directory is mounted there) a name under `out/` is refused.
+fn stage_file(
+    work: &Dir,
+    file: &ExecFile,
+    out_reserved: bool,
+    write: impl FnOnce(&Dir, &OsStr) -> std::io::Result<()>,
+) -> Result<(), ExecError> {
+    let io = |e: std::io::Error| InvalidRequest::BadPath { path: file.name.clone(), reason: e.to_string() };
+    let relative = file.relative_path()?;
+    if out_reserved
+        && relative.components().find(|c| *c != Component::CurDir) == Some(Component::Normal("out".as_ref()))
+    {
+        return Err(
+            InvalidRequest::BadPath { path: file.name.clone(), reason: "out/ is the output directory".into() }.into()
+        );
+    }
+    let (parent, leaf) = match (relative.parent(), relative.file_name()) {
+        (Some(parent), Some(leaf)) => (parent, leaf),
+        _ => return Err(io(std::io::Error::other("names no file")).into()),
+    };
+    let parent = hostfs::create_dirs(work, parent, Some(0o755)).map_err(io)?;
+    write(&parent, leaf).map_err(io)?;
+    Ok(())
 }
 
 /// The `NAME=VALUE` lines of an env file; refuses what the format cannot carry.

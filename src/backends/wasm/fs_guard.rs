@@ -71,10 +71,11 @@ pub(super) fn path_rename(
     new_path: i32,
     new_path_len: i32,
 ) -> wasmtime::Result<i32> {
-    with_wasi(&mut caller, |wasi, memory| {
-        if let Some(refused) = refuse_symlink_source(wasi, memory, fd, 0, old_path, old_path_len) {
-            return Ok(refused);
+    with_wasi(&mut caller, |wasi, memory, fuel| {
+        if is_symlink(wasi, memory, fd, old_path, old_path_len) {
+            return Ok(errno(Errno::Perm));
         }
+        wasi.set_hostcall_fuel(fuel);
         in_tokio(p1::path_rename(wasi, memory, fd, old_path, old_path_len, new_fd, new_path, new_path_len))
     })
 }
@@ -92,45 +93,13 @@ pub(super) fn path_link(
     new_path: i32,
     new_path_len: i32,
 ) -> wasmtime::Result<i32> {
-    with_wasi(&mut caller, |wasi, memory| {
-        if let Some(refused) = refuse_symlink_source(wasi, memory, old_fd, 0, old_path, old_path_len) {
-            return Ok(refused);
+    with_wasi(&mut caller, |wasi, memory, fuel| {
+        if is_symlink(wasi, memory, old_fd, old_path, old_path_len) {
+            return Ok(errno(Errno::Perm));
         }
+        wasi.set_hostcall_fuel(fuel);
         in_tokio(p1::path_link(wasi, memory, old_fd, old_flags, old_path, old_path_len, new_fd, new_path, new_path_len))
     })
-}
-
-/// Runs `f` with the guest's WASI context and memory, hostcall fuel set.
-fn with_wasi(
-    caller: &mut Caller<'_, GuestState>,
-    f: impl FnOnce(&mut WasiP1Ctx, &mut GuestMemory<'_>) -> wasmtime::Result<i32>,
-) -> wasmtime::Result<i32> {
-    let Some(Extern::Memory(memory)) = caller.get_export("memory") else {
-        wasmtime::bail!("missing required memory export");
-    };
-    let fuel = caller.as_context_mut().hostcall_fuel();
-    let (bytes, state) = memory.data_and_store_mut(caller);
-    let wasi: &mut WasiP1Ctx = &mut state.wasi;
-    wasi.set_hostcall_fuel(fuel);
-    f(wasi, &mut GuestMemory::Unshared(bytes))
-}
-
-/// `Some(EPERM)` when `path` under `fd`, looked up with `flags`, is a
-/// symlink; `None` otherwise (a missing path fails in the call itself).
-fn refuse_symlink_source(
-    wasi: &mut WasiP1Ctx,
-    memory: &mut GuestMemory<'_>,
-    fd: i32,
-    flags: i32,
-    path: i32,
-    path_len: i32,
-) -> Option<i32> {
-    let Ok(flags) = Lookupflags::try_from(flags) else { return Some(errno(Errno::Inval)) };
-    let target = GuestPtr::<str>::new((path as u32, path_len as u32));
-    match in_tokio(WasiSnapshotPreview1::path_filestat_get(wasi, memory, Fd::from(fd), flags, target)) {
-        Ok(stat) if stat.filetype == Filetype::SymbolicLink => Some(errno(Errno::Perm)),
-        _ => None,
-    }
 }
 
 /// `path_open` for regular files, directories and symlinks only; see the
@@ -148,43 +117,69 @@ pub(super) fn path_open(
     fdflags: i32,
     opened_fd: i32,
 ) -> wasmtime::Result<i32> {
+    with_wasi(&mut caller, |wasi, memory, fuel| {
+        let Ok(flags) = Lookupflags::try_from(dirflags) else { return Ok(errno(Errno::Inval)) };
+        match filetype(wasi, memory, fd, flags, path, path_len) {
+            Ok(Filetype::RegularFile | Filetype::Directory | Filetype::SymbolicLink) => {}
+            Ok(_) => return Ok(errno(Errno::Nxio)),
+            // Missing, not permitted, outside the preopen...: the open below
+            // fails the same way, or creates a regular file (`O_CREAT`).
+            Err(e) if e.downcast_ref().is_some() => {}
+            // wasmtime-wasi traps on a socket's file type: refuse it as such.
+            Err(_) => return Ok(errno(Errno::Nxio)),
+        }
+        wasi.set_hostcall_fuel(fuel);
+        in_tokio(p1::path_open(
+            wasi,
+            memory,
+            fd,
+            dirflags,
+            path,
+            path_len,
+            oflags,
+            fs_rights_base,
+            fs_rights_inheriting,
+            fdflags,
+            opened_fd,
+        ))
+    })
+}
+
+/// Runs `f` with the guest's WASI context and memory, hostcall fuel set;
+/// `f` gets the fuel too, to set it again before the call it forwards.
+fn with_wasi(
+    caller: &mut Caller<'_, GuestState>,
+    f: impl FnOnce(&mut WasiP1Ctx, &mut GuestMemory<'_>, usize) -> wasmtime::Result<i32>,
+) -> wasmtime::Result<i32> {
     let Some(Extern::Memory(memory)) = caller.get_export("memory") else {
         wasmtime::bail!("missing required memory export");
     };
     let fuel = caller.as_context_mut().hostcall_fuel();
-    let (bytes, state) = memory.data_and_store_mut(&mut caller);
+    let (bytes, state) = memory.data_and_store_mut(caller);
     let wasi: &mut WasiP1Ctx = &mut state.wasi;
-    let mut memory = GuestMemory::Unshared(bytes);
+    wasi.set_hostcall_fuel(fuel);
+    f(wasi, &mut GuestMemory::Unshared(bytes), fuel)
+}
 
-    let Ok(flags) = Lookupflags::try_from(dirflags) else { return Ok(errno(Errno::Inval)) };
+/// The type of `path` under `fd`, looked up with `flags` (nothing is
+/// written to guest memory).
+fn filetype(
+    wasi: &mut WasiP1Ctx,
+    memory: &mut GuestMemory<'_>,
+    fd: i32,
+    flags: Lookupflags,
+    path: i32,
+    path_len: i32,
+) -> Result<Filetype, wasmtime_wasi::p1::types::Error> {
     let target = GuestPtr::<str>::new((path as u32, path_len as u32));
-    wasi.set_hostcall_fuel(fuel);
-    let stat = in_tokio(WasiSnapshotPreview1::path_filestat_get(wasi, &mut memory, Fd::from(fd), flags, target));
-    match stat {
-        Ok(stat) => match stat.filetype {
-            Filetype::RegularFile | Filetype::Directory | Filetype::SymbolicLink => {}
-            _ => return Ok(errno(Errno::Nxio)),
-        },
-        // Missing, not permitted, outside the preopen...: the open below
-        // fails the same way, or creates a regular file (`O_CREAT`).
-        Err(e) if e.downcast_ref().is_some() => {}
-        // wasmtime-wasi traps on a socket's file type: refuse it as such.
-        Err(_) => return Ok(errno(Errno::Nxio)),
-    }
-    wasi.set_hostcall_fuel(fuel);
-    in_tokio(p1::path_open(
-        wasi,
-        &mut memory,
-        fd,
-        dirflags,
-        path,
-        path_len,
-        oflags,
-        fs_rights_base,
-        fs_rights_inheriting,
-        fdflags,
-        opened_fd,
-    ))
+    in_tokio(WasiSnapshotPreview1::path_filestat_get(wasi, memory, Fd::from(fd), flags, target))
+        .map(|stat| stat.filetype)
+}
+
+/// True when `path` under `fd`, not followed, is a symlink (a missing path
+/// fails in the call itself).
+fn is_symlink(wasi: &mut WasiP1Ctx, memory: &mut GuestMemory<'_>, fd: i32, path: i32, path_len: i32) -> bool {
+    matches!(filetype(wasi, memory, fd, Lookupflags::empty(), path, path_len), Ok(Filetype::SymbolicLink))
 }
 
 /// Filesystems with regular files whose reads or opens can wait forever.

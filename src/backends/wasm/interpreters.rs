@@ -349,10 +349,7 @@ impl WasmInterpreter {
             );
             return Ok(early_result(name, Outcome::TimedOut, message, &deadline));
         }
-        let input = nesting::take_bounded_input(&mut request.input, self.engine.config().max_input_nesting)?
-            .map(|value| serde_json::to_vec(&value))
-            .transpose()
-            .map_err(|e| ExecError::internal(name, format!("cannot serialize input: {e}")))?;
+        let input = nesting::take_input_json(&mut request.input, self.engine.config().max_input_nesting, name)?;
 
         if self.kind == Interpreter::Python
             && WarmPool::fits(&request)

@@ -41,8 +41,7 @@ const MAIN: &str = "__execbox_main";
 
 /// A per-run nonce: 128 random bits as hex.
 pub(super) fn nonce() -> String {
-    use crate::backends::conventions::random_u64;
-    format!("{:016x}{:016x}", random_u64(), random_u64())
+    crate::nonce::hex128()
 }
 
 pub(super) use crate::limits::records::{Records, ResultTap, Returned, marker};

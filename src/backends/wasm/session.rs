@@ -32,10 +32,9 @@ use super::run::{RunControls, Stdio};
 use super::stdio::MessageSender;
 use super::warm::Warm;
 use crate::backends::conventions;
-use crate::error::{BackendRejection, ExecError};
+use crate::error::ExecError;
 use crate::limits::{Deadline, StreamKind, nesting, result_caps};
-use crate::matching::{self, Control, Violation};
-use crate::policy::Access;
+use crate::matching::{Control, Violation};
 use crate::request::{ExecRequest, Payload};
 use crate::result::{ExecResult, Outcome};
 use crate::sessions::Session;
@@ -126,35 +125,23 @@ impl PythonSession {
         true
     }
 
-    /// What a session cannot do per call: it was started with no
-    /// arguments, environment, grants or fuel budget.
+    /// What this session cannot do per call, beyond what every session
+    /// fixes when it opens (see `sessions::check_call`).
     fn refusals(&self, request: &ExecRequest) -> Vec<Violation> {
-        let mut violations = matching::check(self.interpreter.capabilities_ref(), request).err().unwrap_or_default();
-        let mut refuse = |control, requested: String, reason: &str| {
-            violations.push(Violation { control, requested, reason: reason.into() });
-        };
-        if !request.args.is_empty() {
-            refuse(
-                Control::Args,
-                format!("{} arguments", request.args.len()),
-                "a session's argv is fixed when it opens",
-            );
-        }
-        if !request.env.is_empty() {
-            refuse(Control::Environment, "variables".into(), "a session's environment is fixed (empty) when it opens");
-        }
-        if matches!(request.policy.filesystem, Access::Allow(_)) {
-            refuse(
-                Control::Filesystem,
-                "granted directories".into(),
-                "a session's directories are fixed when it opens",
-            );
-        }
+        let mut violations = Vec::new();
         if let Some(fuel) = request.policy.fuel {
-            refuse(Control::Fuel, format!("{fuel} units"), "a session has no per-call fuel budget");
+            violations.push(Violation {
+                control: Control::Fuel,
+                requested: format!("{fuel} units"),
+                reason: "a session has no per-call fuel budget".into(),
+            });
         }
         if !request.packages.is_empty() {
-            refuse(Control::Packages, request.packages.join(", "), "python-wasm has CPython's standard library only");
+            violations.push(Violation {
+                control: Control::Packages,
+                requested: request.packages.join(", "),
+                reason: "python-wasm has CPython's standard library only".into(),
+            });
         }
         violations
     }
@@ -169,13 +156,8 @@ impl PythonSession {
     }
 
     fn run_cell(&self, mut request: ExecRequest) -> Result<ExecResult, ExecError> {
-        crate::executor::validate(&request)?;
-        let violations = self.refusals(&request);
-        if !violations.is_empty() {
-            return Err(ExecError::Refused {
-                rejections: vec![BackendRejection { backend: Self::NAME.into(), violations }],
-            });
-        }
+        let own = self.refusals(&request);
+        crate::sessions::check_call(Self::NAME, self.interpreter.capabilities_ref(), &request, own)?;
         let _turn = self.turn.lock().unwrap_or_else(PoisonError::into_inner);
         if !self.alive.load(Ordering::SeqCst) {
             return Err(self.lost());
@@ -186,10 +168,7 @@ impl PythonSession {
             return Err(ExecError::internal(Self::NAME, "matching let a module payload through"));
         };
         let max_nesting = self.interpreter.engine().config().max_input_nesting;
-        let input = nesting::take_bounded_input(&mut request.input, max_nesting)?
-            .map(|value| serde_json::to_vec(&value))
-            .transpose()
-            .map_err(|e| ExecError::internal(Self::NAME, format!("cannot serialize input: {e}")))?;
+        let input = nesting::take_input_json(&mut request.input, max_nesting, Self::NAME)?;
         // This cell's input, or none: never the last cell's.
         let _ = std::fs::remove_file(self.work.join("input.json"));
         super::write_staged(&self.work, &request, input.as_deref().map(|json| ("input.json", json)))?;
@@ -298,10 +277,7 @@ impl Session for PythonSession {
 
     fn execute(&self, request: ExecRequest) -> Result<ExecResult, ExecError> {
         let policy = request.policy.clone();
-        self.run_cell(request).map(|mut result| {
-            result_caps::cap_result(&mut result, &policy);
-            result
-        })
+        crate::executor::finish(self.run_cell(request), &policy)
     }
 
     fn is_alive(&self) -> bool {
