@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use boa_engine::{Context, JsValue, Source, context::ContextBuilder, js_string, property::Attribute};
 use criterion::{Criterion, criterion_group, criterion_main};
 use execbox::backends::{BoaJs, BoaJsConfig, BoaJsInThread};
-use execbox::{Backend, ExecRequest, Executor, SandboxPolicy, check};
+use execbox::{Backend, ExecRequest, Executor, Language, SandboxPolicy, SessionBackend, SessionSpec, check};
 use serde_json::{Value, json};
 
 const TRANSFORM: &str = "return input.items.filter(x => x % 3 !== 0).map(x => x * 2).reduce((a, b) => a + b, 0);";
@@ -114,7 +114,8 @@ fn bench(c: &mut Criterion) {
     // What replacing a killed worker costs (off the request path): spawn,
     // exec, warm-up, seccomp, first context, ready.
     g.bench_function("contained_worker_start", |b| {
-        b.iter(|| black_box(contained.open_session().unwrap()));
+        let spec = SessionSpec::new(Language::JavaScript);
+        b.iter(|| black_box(SessionBackend::open_session(&contained, &spec).unwrap()));
     });
 
     let caps = contained.capabilities().clone();

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use execbox::backends::{Container, WasmInterpreter};
-use execbox::{Backend, ExecRequest, Language, SandboxPolicy, SessionConfig, Sessions};
+use execbox::{Backend, ExecRequest, Language, SandboxPolicy, SessionConfig, SessionSpec, Sessions};
 use serde_json::json;
 
 fn print() -> ExecRequest {
@@ -43,8 +43,8 @@ fn bench(c: &mut Criterion) {
             total
         })
     });
-    let sessions = Sessions::new(SessionConfig::default()).backend(python.clone());
-    sessions.open("bench", Language::Python, &[]).unwrap();
+    let sessions = Sessions::builder().config(SessionConfig::default()).backend(python.clone()).build();
+    sessions.open("bench", SessionSpec::new(Language::Python)).unwrap();
     g.bench_function("print/python_wasm_session_cell", |b| {
         b.iter(|| {
             let r = sessions.execute("bench", print()).unwrap();
@@ -59,7 +59,7 @@ fn bench(c: &mut Criterion) {
                 wait_for_pool();
                 let id = format!("open-{i}");
                 let started = Instant::now();
-                sessions.open(&id, Language::Python, &[]).unwrap();
+                sessions.open(&id, SessionSpec::new(Language::Python)).unwrap();
                 total += started.elapsed();
                 sessions.close(&id);
             }
@@ -76,9 +76,9 @@ fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("sessions");
     g.sample_size(10).measurement_time(Duration::from_secs(8)).warm_up_time(Duration::from_secs(1));
     g.bench_function("print/python_container_one_shot", |b| b.iter(|| black_box(container.execute(print()).unwrap())));
-    let in_container = Sessions::new(SessionConfig::default()).backend(container.clone());
+    let in_container = Sessions::builder().config(SessionConfig::default()).backend(container.clone()).build();
     let numpy = ["numpy".to_string()];
-    in_container.open("bench", Language::Python, &numpy).unwrap();
+    in_container.open("bench", SessionSpec::new(Language::Python).packages(numpy.clone())).unwrap();
     g.bench_function("print/python_container_session_cell", |b| {
         b.iter(|| {
             let r = in_container.execute("bench", print()).unwrap();

@@ -24,6 +24,7 @@
 //! assert_eq!(out.output, Some(json!([2, 4, 6])));
 //! ```
 
+pub mod admission;
 pub mod agent;
 pub mod backends;
 pub mod capabilities;
@@ -42,6 +43,7 @@ pub mod sessions;
 #[cfg(any(feature = "js", feature = "wasm"))]
 pub mod worker;
 
+pub use admission::Admitted;
 pub use capabilities::{
     BackendCapabilities, CostClass, Enforcement, IsolationKind, Language, PayloadKind, RequestFeatures,
     SurfaceCapability,
@@ -53,4 +55,4 @@ pub use matching::{Control, Violation, check};
 pub use policy::{Access, PathGrant, PathGrants, SandboxPolicy};
 pub use request::{ExecFile, ExecRequest, Payload};
 pub use result::{CapturedStream, Diagnostic, ExecResult, FailureKind, Outcome, Usage};
-pub use sessions::{Session, SessionBackend, SessionConfig, SessionError, Sessions};
+pub use sessions::{Session, SessionBackend, SessionConfig, SessionError, SessionSpec, Sessions, SessionsBuilder};

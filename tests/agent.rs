@@ -255,7 +255,7 @@ fn large_inputs_scan_in_linear_time() {
 fn session_executor(cfg: SessionConfig) -> ExecboxCodeExecutor {
     let js = BoaJs::default();
     ExecboxCodeExecutor::new(Executor::builder().backend(js.clone()).build())
-        .with_sessions(Sessions::new(cfg).backend(js))
+        .with_sessions(Sessions::builder().config(cfg).backend(js).build())
 }
 
 async fn in_session(executor: &ExecboxCodeExecutor, id: &str, code: &str) -> execbox::agent::CodeExecutionResult {

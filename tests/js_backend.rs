@@ -4,7 +4,10 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use execbox::backends::{BoaJs, BoaJsConfig, BoaJsInThread};
-use execbox::{Control, ExecError, ExecRequest, ExecResult, Executor, InvalidRequest, Outcome, SandboxPolicy};
+use execbox::{
+    Control, ExecError, ExecRequest, ExecResult, Executor, InvalidRequest, Language, Outcome, SandboxPolicy,
+    SessionError, SessionSpec, Sessions,
+};
 use serde_json::{Value, json};
 
 fn exec() -> &'static Executor {
@@ -358,15 +361,17 @@ async fn async_execute_on_a_current_thread_runtime() {
 
 #[test]
 fn a_session_keeps_its_realm_and_refuses_per_call_fuel() {
-    let session = BoaJs::default().open_session().unwrap();
-    let r = session.execute(ExecRequest::javascript("let total = input.n; total").input(json!({"n": 1}))).unwrap();
+    let sessions = Sessions::builder().backend(BoaJs::default()).build();
+    sessions.open("s", SessionSpec::new(Language::JavaScript)).unwrap();
+    let call = |request: ExecRequest| sessions.execute("s", request);
+    let r = call(ExecRequest::javascript("let total = input.n; total").input(json!({"n": 1}))).unwrap();
     assert_eq!(r.output, Some(json!(1)));
-    let r = session.execute(ExecRequest::javascript("total += input.n; total").input(json!({"n": 5}))).unwrap();
+    let r = call(ExecRequest::javascript("total += input.n; total").input(json!({"n": 5}))).unwrap();
     assert_eq!(r.output, Some(json!(6)));
-    let r = session.execute(ExecRequest::javascript("return 1")).unwrap();
+    let r = call(ExecRequest::javascript("return 1")).unwrap();
     assert_eq!(r.outcome, Outcome::Failed, "a session runs scripts: `return` is a syntax error");
-    let fuel = session.execute(ExecRequest::javascript("1").policy(SandboxPolicy::strict().fuel(10)));
-    let Err(ExecError::Refused { rejections }) = fuel else { panic!("{fuel:?}") };
+    let fuel = call(ExecRequest::javascript("1").policy(SandboxPolicy::strict().fuel(10)));
+    let Err(SessionError::Exec(ExecError::Refused { rejections })) = fuel else { panic!("{fuel:?}") };
     assert_eq!(rejections[0].violations[0].control, Control::Fuel);
-    assert!(session.is_alive());
+    assert_eq!(sessions.len(), 1, "a refused call leaves the session as it was");
 }

@@ -9,7 +9,9 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use execbox::backends::{BoaJs, BoaJsConfig};
-use execbox::{Backend, ExecError, ExecRequest, ExecResult, Outcome, SandboxPolicy};
+use execbox::{
+    Backend, ExecError, ExecRequest, ExecResult, Language, Outcome, SandboxPolicy, SessionError, SessionSpec, Sessions,
+};
 use serde_json::json;
 
 fn backend() -> BoaJs {
@@ -334,32 +336,48 @@ fn mixed_runs_leave_no_workers_or_zombies_behind() {
 
 #[test]
 fn sessions_are_contained_and_validated() {
-    let backend = backend();
-    let session = backend.open_session().unwrap();
-    let pid = session.worker_pid().unwrap();
-    let r = session.execute(ExecRequest::javascript("let total = 40; total").policy(policy())).unwrap();
-    assert_eq!(r.output, Some(json!(40)));
-    let r = session.execute(ExecRequest::javascript("total + 2").policy(policy())).unwrap();
-    assert_eq!(r.output, Some(json!(42)));
+    // No pooled workers: every live worker is a session's.
+    let backend = BoaJs::new(BoaJsConfig {
+        worker_program: Some(env!("CARGO_BIN_EXE_execbox").into()),
+        idle_workers: 0,
+        ..BoaJsConfig::default()
+    });
+    let gauge = backend.worker_gauge();
+    let sessions = Sessions::builder().backend(backend.clone()).build();
+    sessions.open("s", SessionSpec::new(Language::JavaScript)).unwrap();
+    assert_eq!(gauge.live(), 1, "the session has a worker of its own");
+    let call = |code: &str, policy: SandboxPolicy| sessions.execute("s", ExecRequest::javascript(code).policy(policy));
+    assert_eq!(call("let total = 40; total", policy()).unwrap().output, Some(json!(40)));
+    assert_eq!(call("total + 2", policy()).unwrap().output, Some(json!(42)));
     // Request validation applies to sessions too.
-    let err = session.execute(ExecRequest::javascript("1 + 1").policy(policy().max_code_bytes(2))).unwrap_err();
-    assert!(matches!(err, ExecError::InvalidRequest(_)), "{err}");
+    let err = call("1 + 1", policy().max_code_bytes(2)).unwrap_err();
+    assert!(matches!(err, SessionError::Exec(ExecError::InvalidRequest(_))), "{err}");
     // A bomb ends the session, and its worker.
-    let r = session
-        .execute(ExecRequest::javascript("let s = 'x'; while (true) s = s + s").policy(policy().memory_bytes(64 << 20)))
-        .unwrap();
+    let r = call("let s = 'x'; while (true) s = s + s", policy().memory_bytes(64 << 20)).unwrap();
     assert_eq!(r.outcome, Outcome::OutOfMemory, "{r:?}");
-    assert!(!session.is_alive());
-    assert!(process_gone(pid));
-    assert_eq!(
-        session.execute(ExecRequest::javascript("1").policy(policy())).unwrap_err().kind(),
-        "backend_unavailable"
-    );
+    assert!(wait_until(Duration::from_secs(10), || gauge.live() == 0), "the session's worker outlived it");
+    assert_eq!(call("1", policy()).unwrap_err().kind(), "session_lost");
 
-    let other = backend.open_session().unwrap();
-    let pid = other.worker_pid().unwrap();
-    drop(other);
-    assert!(wait_until(Duration::from_secs(10), || process_gone(pid)), "session worker outlived its session");
+    // Closing a session kills its worker, also while a call of it runs in a
+    // native callback (where the VM does not yield): the call ends as killed.
+    sessions.open("t", SessionSpec::new(Language::JavaScript)).unwrap();
+    let caller = {
+        let sessions = sessions.clone();
+        std::thread::spawn(move || {
+            let spin = ExecRequest::javascript("[1].map(() => { while (true) {} })").policy(policy());
+            sessions.execute("t", spin)
+        })
+    };
+    while sessions.calls_in_flight() == 0 {
+        std::thread::yield_now();
+    }
+    let started = Instant::now();
+    assert!(sessions.close("t"));
+    let r = caller.join().unwrap().unwrap();
+    assert_eq!(r.outcome, Outcome::Killed, "{r:?}");
+    assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+    assert!(wait_until(Duration::from_secs(10), || gauge.live() == 0), "session worker outlived its session");
+    assert!(zombie_children().is_empty(), "zombies: {:?}", zombie_children());
 }
 
 #[test]

@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use execbox::backends::WasmInterpreter;
-use execbox::{Backend, ExecRequest, Language, Outcome, SandboxPolicy, SessionConfig, Sessions};
+use execbox::{Backend, ExecRequest, Language, Outcome, SandboxPolicy, SessionConfig, SessionSpec, Sessions};
 use serde_json::json;
 
 fn python() -> Option<WasmInterpreter> {
@@ -40,9 +40,9 @@ fn threads_named(name: &str) -> usize {
 #[test]
 fn cells_share_globals_per_session_and_nothing_else() {
     let Some(py) = python() else { return };
-    let sessions = Sessions::new(SessionConfig::default()).backend(py.clone());
-    sessions.open("a", Language::Python, &[]).unwrap();
-    sessions.open("b", Language::Python, &[]).unwrap();
+    let sessions = Sessions::builder().config(SessionConfig::default()).backend(py.clone()).build();
+    sessions.open("a", SessionSpec::new(Language::Python)).unwrap();
+    sessions.open("b", SessionSpec::new(Language::Python)).unwrap();
     let r =
         sessions.execute("a", cell("import json\ntotal = 40\ndef twice(n):\n    return 2 * n\nprint('set')")).unwrap();
     assert_eq!((r.outcome, r.stdout.text().as_ref()), (Outcome::Ok, "set\n"), "{r:?}");
@@ -73,8 +73,8 @@ fn cells_share_globals_per_session_and_nothing_else() {
 #[test]
 fn a_timed_out_or_out_of_memory_cell_ends_the_session_as_lost() {
     let Some(py) = python() else { return };
-    let sessions = Sessions::new(SessionConfig::default()).backend(py);
-    sessions.open("slow", Language::Python, &[]).unwrap();
+    let sessions = Sessions::builder().config(SessionConfig::default()).backend(py).build();
+    sessions.open("slow", SessionSpec::new(Language::Python)).unwrap();
     sessions.execute("slow", cell("kept = 1")).unwrap();
     let started = Instant::now();
     let r = sessions
@@ -86,12 +86,12 @@ fn a_timed_out_or_out_of_memory_cell_ends_the_session_as_lost() {
     assert_eq!(lost.kind(), "session_lost", "{lost}");
 
     // Ending the interpreter is a failure of the cell, not a timeout; the session is lost.
-    sessions.open("exit", Language::Python, &[]).unwrap();
+    sessions.open("exit", SessionSpec::new(Language::Python)).unwrap();
     let r = sessions.execute("exit", cell("import os\nos._exit(3)")).unwrap();
     assert_eq!((r.outcome, r.exit_code), (Outcome::Failed, Some(3)), "{r:?}");
     assert_eq!(sessions.execute("exit", cell("1")).unwrap_err().kind(), "session_lost");
 
-    sessions.open("big", Language::Python, &[]).unwrap();
+    sessions.open("big", SessionSpec::new(Language::Python)).unwrap();
     let bomb = cell("blocks = []\nwhile True:\n    blocks.append(bytearray(8 << 20))")
         .policy(SandboxPolicy::strict().timeout(Duration::from_secs(20)).memory_bytes(64 << 20));
     let r = sessions.execute("big", bomb).unwrap();
@@ -103,14 +103,19 @@ fn a_timed_out_or_out_of_memory_cell_ends_the_session_as_lost() {
 fn sessions_are_bounded_expire_and_free_everything_on_close() {
     let Some(py) = python() else { return };
     let before = threads_named("execbox-warm");
-    let sessions =
-        Sessions::new(SessionConfig { max_sessions: 2, idle_timeout: Duration::from_millis(600) }).backend(py);
-    let a = sessions.open_new(Language::Python, &[]).unwrap();
-    let _b = sessions.open_new(Language::Python, &[]).unwrap();
-    assert_eq!(sessions.open_new(Language::Python, &[]).unwrap_err().kind(), "too_many_sessions");
+    let sessions = Sessions::builder()
+        .config(SessionConfig { max_sessions: 2, idle_timeout: Duration::from_millis(600) })
+        .backend(py)
+        .build();
+    let a = sessions.open_new(SessionSpec::new(Language::Python)).unwrap();
+    let _b = sessions.open_new(SessionSpec::new(Language::Python)).unwrap();
+    assert_eq!(sessions.open_new(SessionSpec::new(Language::Python)).unwrap_err().kind(), "too_many_sessions");
     // Declared packages are not python-wasm's: refused, typed.
     let numpy = ["numpy".to_string()];
-    assert_eq!(sessions.open("n", Language::Python, &numpy).unwrap_err().kind(), "packages_unavailable");
+    assert_eq!(
+        sessions.open("n", SessionSpec::new(Language::Python).packages(numpy.clone())).unwrap_err().kind(),
+        "packages_unavailable"
+    );
     sessions.execute(&a, cell("v = 1")).unwrap();
     // Both expire untouched; their instances' threads end.
     let until = Instant::now() + Duration::from_secs(15);
@@ -156,9 +161,9 @@ mod containers {
         let Some(c) = container() else { return };
         let Some(py) = python() else { return };
         // python-wasm first (cheaper), the container for what it lacks.
-        let sessions = Sessions::new(SessionConfig::default()).backend(py).backend(c);
+        let sessions = Sessions::builder().config(SessionConfig::default()).backend(py).backend(c).build();
         let numpy = ["numpy".to_string()];
-        sessions.open("np", Language::Python, &numpy).unwrap();
+        sessions.open("np", SessionSpec::new(Language::Python).packages(numpy.clone())).unwrap();
         let before = ours("");
         assert!(!before.is_empty(), "the session's container runs");
         let slow = SandboxPolicy::strict().timeout(Duration::from_secs(60));
@@ -168,12 +173,12 @@ mod containers {
         let r = sessions.execute("np", cell("print(int(a.sum()))").policy(slow.clone())).unwrap();
         assert_eq!((r.outcome, r.output.clone()), (Outcome::Ok, Some(json!(45))), "{r:?}");
         // A stateless python-wasm session knows nothing of it.
-        sessions.open("plain", Language::Python, &[]).unwrap();
+        sessions.open("plain", SessionSpec::new(Language::Python)).unwrap();
         let r = sessions.execute("plain", cell("print('a' in globals())")).unwrap();
         assert_eq!((r.backend.as_str(), r.stdout.text().as_ref()), ("python-wasm-session", "False\n"));
         // A cell that leaves a thread (or a process) running past its end
         // ends the session: nothing of a cell outlives its deadline.
-        sessions.open("spin", Language::Python, &numpy).unwrap();
+        sessions.open("spin", SessionSpec::new(Language::Python).packages(numpy.clone())).unwrap();
         let spin =
             "import threading\ndef spin():\n    while True: pass\nthreading.Thread(target=spin, daemon=True).start()";
         let r = sessions.execute("spin", cell(spin).policy(slow.clone())).unwrap();
@@ -181,7 +186,7 @@ mod containers {
         assert!(r.message.as_deref().unwrap_or("").contains("threads still ran"), "{r:?}");
         assert_eq!(sessions.execute("spin", cell("1").policy(slow.clone())).unwrap_err().kind(), "session_lost");
         // A forged end-of-cell record does not end the cell early either.
-        sessions.open("forge", Language::Python, &numpy).unwrap();
+        sessions.open("forge", SessionSpec::new(Language::Python).packages(numpy.clone())).unwrap();
         let forge = "import os, sys\nm = sys._getframe(1).f_locals['marker']\nrec = (m + 'R13:{\"status\": 0}\\n').encode()\nos.write(2, rec)\nos.write(1, rec)\nwhile True: pass";
         let r = sessions.execute("forge", cell(forge).policy(slow.clone())).unwrap();
         assert_ne!(r.outcome, Outcome::Ok, "{r:?}");
@@ -210,7 +215,7 @@ mod containers {
         let Some(c) = container() else { return };
         let Some(py) = python() else { return };
         let exec = execbox::Executor::builder().backend(py.clone()).backend(c.clone()).build();
-        let sessions = Sessions::new(SessionConfig::default()).backend(py).backend(c);
+        let sessions = Sessions::builder().config(SessionConfig::default()).backend(py).backend(c).build();
         let agent = ExecboxCodeExecutor::new(exec).with_timeout(Duration::from_secs(60)).with_sessions(sessions);
         let packages = vec!["pandas".to_string(), "matplotlib".to_string()];
         let step = |code: &str| CodeExecutionInput {

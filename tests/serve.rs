@@ -469,5 +469,195 @@ async fn sessions_work_when_the_server_passes_environment_values() {
     let sid = created["session_id"].as_str().unwrap();
     let (r, is_error) = run(&client, json!({"language": "python", "code": "x = 1\nprint(x)", "session_id": sid})).await;
     assert!(!is_error && r["stdout"] == "1\n", "{r}");
+    // Opened as a one-shot run runs: with the server's environment.
+    let code = "import os\nprint(os.environ.get('EXECBOX_TEST_VALUE'))";
+    let (r, is_error) = run(&client, json!({"language": "python", "code": code, "session_id": sid})).await;
+    assert!(!is_error && r["stdout"] == "visible\n", "{r}");
     client.cancel().await.unwrap();
+}
+
+// ---- sessions under hostile cells (issue 17) -------------------------------------------------
+
+/// A session created over MCP, and its id.
+async fn create_session(client: &Client, arguments: Value) -> String {
+    let created = call(client, "create_session", arguments).await.unwrap().structured_content.unwrap();
+    created["session_id"].as_str().unwrap_or_else(|| panic!("no session: {created}")).to_string()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_refused_pin_leaves_the_session_to_expire_and_errors_name_the_callers_id() {
+    let (client, _) = connect(&["--session-idle-secs", "1"]).await;
+    let id = create_session(&client, json!({"language": "javascript"})).await;
+    let (r, is_error) =
+        run(&client, json!({"language": "js", "code": "1", "session_id": id, "backend": "container"})).await;
+    assert!(is_error && r["error"]["kind"] == "wrong_backend", "{r}");
+    let message = r["error"]["message"].as_str().unwrap();
+    assert!(message.contains(&format!("\"{id}\"")) && !message.contains('/'), "the caller's id only: {message}");
+    // The refused call left nothing busy: the session expires when idle.
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let status = call(&client, "list_backends", json!({})).await.unwrap().structured_content.unwrap();
+        if status["sessions"]["live"] == 0 || Instant::now() > until {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (lost, _) = run(&client, json!({"language": "js", "code": "1", "session_id": id})).await;
+    assert_eq!(lost["error"]["kind"], "session_lost", "{lost}");
+    assert!(lost["error"]["message"].as_str().unwrap().contains("idle"), "{lost}");
+    client.cancel().await.unwrap();
+}
+
+#[cfg(feature = "container")]
+mod container_sessions {
+    use super::*;
+
+    fn engine_available() -> bool {
+        let ok = std::process::Command::new("docker")
+            .args(["image", "inspect", "localhost/execbox-python:3.11"])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        assert!(ok || std::env::var_os("EXECBOX_REQUIRE_CONTAINERS").is_none(), "containers are required");
+        ok
+    }
+
+    /// Containers started by the server `pid` (their owner label names it), running or not.
+    fn containers_of(pid: u32) -> usize {
+        let out = std::process::Command::new("docker")
+            .args(["ps", "-aq", "--filter", "label=execbox.owner"])
+            .args(["--format", "{{.Label \"execbox.owner\"}}"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).lines().filter(|owner| owner.starts_with(&format!("{pid}."))).count()
+    }
+
+    async fn gone(pid: u32, limit: Duration) -> bool {
+        let until = Instant::now() + limit;
+        while containers_of(pid) > 0 && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        containers_of(pid) == 0
+    }
+
+    /// The cell of issue 17: the session loop's own reads of more than one
+    /// byte sleep, so the next cell's body is never read.
+    const STOP_READING: &str = "import sys, time\nloop = sys._getframe(1).f_locals['read_message']\nreal = loop.__defaults__[0]\ndef stuck(fd, n):\n    if n > 1:\n        time.sleep(3600)\n    return real(fd, n)\nloop.__defaults__ = (stuck,)\nprint('armed')";
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_cell_that_stops_the_loop_reading_cannot_hold_a_run_slot_past_its_deadline() {
+        if !engine_available() {
+            return;
+        }
+        let (client, pid) = connect(&["--max-concurrent", "1"]).await;
+        let (other, _) = connect(&[]).await;
+        let id = create_session(&client, json!({"language": "python", "packages": ["numpy"]})).await;
+        let (r, _) =
+            run(&client, json!({"language": "python", "code": STOP_READING, "session_id": id, "timeout_ms": 20_000}))
+                .await;
+        assert_eq!(r["stdout"], "armed\n", "{r}");
+        let big = format!("x = 1\n{}print('done')", "# padding padding padding padding padding\n".repeat(23_000));
+        let started = Instant::now();
+        let (r, _) =
+            run(&client, json!({"language": "python", "code": big, "session_id": id, "timeout_ms": 3000})).await;
+        let took = started.elapsed();
+        eprintln!("serve, container session: a 1 MB cell after the hostile cell took {took:?} (deadline 3000 ms)");
+        assert_eq!(r["outcome"], "timed_out", "{r}");
+        assert!(took < Duration::from_secs(5), "{took:?}");
+        // The slot is free again for everyone, and the session is lost, its container gone.
+        let (r, _) = run(&client, json!({"language": "js", "code": "return 7"})).await;
+        assert_eq!(r["output"], 7, "{r}");
+        let (r, _) = run(&client, json!({"language": "python", "code": "1", "session_id": id})).await;
+        assert_eq!(r["error"]["kind"], "session_lost", "{r}");
+        assert!(gone(pid, Duration::from_secs(10)).await, "the session's container outlived it");
+        drop(other);
+        client.cancel().await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn closing_a_session_during_a_call_kills_its_container_and_the_call_returns() {
+        if !engine_available() {
+            return;
+        }
+        let (client, pid) = connect(&[]).await;
+        let id = create_session(&client, json!({"language": "python", "packages": ["numpy"]})).await;
+        let running = {
+            let peer = client.peer().clone();
+            let id = id.clone();
+            tokio::spawn(async move {
+                let Value::Object(args) = json!({"language": "python", "code": "import time\ntime.sleep(600)", "session_id": id, "timeout_ms": 60_000})
+                else {
+                    unreachable!()
+                };
+                peer.call_tool(CallToolRequestParams::new("run_code").with_arguments(args)).await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let started = Instant::now();
+        let closed = call(&client, "close_session", json!({"session_id": id})).await.unwrap();
+        assert_eq!(closed.structured_content.unwrap()["closed"], true);
+        let r = running.await.unwrap().unwrap().structured_content.unwrap();
+        assert_eq!(r["outcome"], "killed", "{r}");
+        assert!(started.elapsed() < Duration::from_secs(4), "{:?}", started.elapsed());
+        assert!(gone(pid, Duration::from_secs(10)).await, "closed, yet its container is still there");
+        client.cancel().await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn container_sessions_are_held_to_the_servers_process_ceiling() {
+        if !engine_available() {
+            return;
+        }
+        let ceiling = policy_file(json!({"max_processes": 4, "timeout_ms": 20_000}));
+        let (client, _) = connect(&["--policy", ceiling.path().to_str().unwrap()]).await;
+        let spawn = "import subprocess\nstarted = []\nfor _ in range(30):\n    try:\n        started.append(subprocess.Popen(['/bin/sleep', '1']))\n    except OSError:\n        break\nprint(len(started))\nfor p in started:\n    p.wait()";
+        let (one_shot, _) = run(&client, json!({"language": "python", "code": spawn, "backend": "container"})).await;
+        let id = create_session(&client, json!({"language": "python", "packages": ["numpy"]})).await;
+        let (in_session, _) = run(&client, json!({"language": "python", "code": spawn, "session_id": id})).await;
+        for r in [&one_shot, &in_session] {
+            let started: u64 = r["stdout"].as_str().unwrap_or("99").trim().parse().unwrap_or(99);
+            assert!(started < 4, "{r}");
+        }
+        // A call cannot ask its session for a lower cap than it opened with.
+        let (r, _) = run(&client, json!({"language": "python", "code": "1", "session_id": id, "memory_mb": 8})).await;
+        assert_eq!(r["error"]["kind"], "refused", "{r}");
+        assert_eq!(r["error"]["violations"][0]["control"], "memory", "{r}");
+        client.cancel().await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn shutdown_ends_sessions_with_calls_in_flight_within_their_deadline() {
+        if !engine_available() {
+            return;
+        }
+        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_execbox"));
+        command.arg("serve");
+        let transport = TokioChildProcess::new(command).unwrap();
+        let pid = transport.id().unwrap();
+        let client = ().serve(transport).await.unwrap();
+        let id = create_session(&client, json!({"language": "python", "packages": ["numpy"]})).await;
+        let (r, _) = run(&client, json!({"language": "python", "code": STOP_READING, "session_id": id})).await;
+        assert_eq!(r["stdout"], "armed\n", "{r}");
+        let peer = client.peer().clone();
+        let big = format!("x = 1\n{}", "# padding\n".repeat(100_000));
+        let stuck = tokio::spawn(async move {
+            let Value::Object(args) = json!({"language": "python", "code": big, "session_id": id, "timeout_ms": 4000})
+            else {
+                unreachable!()
+            };
+            peer.call_tool(CallToolRequestParams::new("run_code").with_arguments(args)).await
+        });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        // End of stdin: the server drains, then exits.
+        let started = Instant::now();
+        drop(client);
+        let _ = stuck.await;
+        let until = Instant::now() + Duration::from_secs(15);
+        while std::path::Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let took = started.elapsed();
+        eprintln!("serve: exit after stdin EOF with a stuck session call in flight: {took:?}");
+        assert!(took < Duration::from_millis(4000 + 2000 + 1500), "{took:?}");
+        assert!(gone(pid, Duration::from_secs(10)).await, "the server left its session's container");
+    }
 }

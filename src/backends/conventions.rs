@@ -65,16 +65,21 @@ sys.argv = ['<code>'] + sys.argv[1:]
 /// Reads one framed message (`<len>\n<bytes>`) from fd 0: how a warm
 /// CPython-in-wasm instance gets its code (and a session its cells) over the
 /// host's message stdin. `None` at end of input; `SESSION` for the bare
-/// header `S\n` (the host starts a session; the nonce follows).
+/// header `S\n` (the host starts a session; the nonce follows). `os.read`
+/// is bound when the function is defined, so a cell that replaces it does
+/// not change how the next cell is read (a first line only: a cell can
+/// reach anything in its interpreter, and the host's deadline on every
+/// cell is what holds).
 macro_rules! python_read_message {
     () => {
         "\
 SESSION = object()
-def read_message():
-    import os
+def read_message(_read=__import__('os').read):
     header = b''
     while not header.endswith(b'\\n'):
-        chunk = os.read(0, 1)
+        if len(header) > 20:
+            return None
+        chunk = _read(0, 1)
         if not chunk:
             return None
         header += chunk
@@ -83,7 +88,7 @@ def read_message():
     size = int(header)
     data = bytearray()
     while len(data) < size:
-        chunk = os.read(0, size - len(data))
+        chunk = _read(0, size - len(data))
         if not chunk:
             return None
         data += chunk

@@ -2,6 +2,18 @@
 
 use std::time::{Duration, Instant};
 
+/// How long past its deadline an in-process guest (a wasm instance) may take
+/// to report before its caller stops waiting and answers `timed_out`. The
+/// guest stops itself at the deadline; this is a backstop for one stuck in
+/// the host, which then ends by itself (its blocking calls end at the
+/// deadline too).
+pub const REPORT_GRACE: Duration = Duration::from_secs(1);
+
+/// How long past its deadline any run may take to return, on every backend:
+/// a container's kill on the daemon side and its CLI's exit are bounded by
+/// this (`KILL_GRACE`), and every other backend answers sooner.
+pub const RUN_GRACE: Duration = Duration::from_secs(2);
+
 /// A point in time after which a run is `timed_out`; `None` means no limit.
 #[derive(Clone, Copy, Debug)]
 pub struct Deadline {

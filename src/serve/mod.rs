@@ -17,8 +17,9 @@
 //!   a connection's sessions close when it does. Calls within one session
 //!   run one at a time.
 //! - **Shutdown** (SIGTERM, SIGINT, stdin EOF on stdio): new calls are
-//!   refused, runs in flight finish or time out, then sessions close and
-//!   containers and staging directories are removed.
+//!   refused, runs in flight finish or time out (the drain waits no longer
+//!   than the latest deadline in flight plus the kill grace), then sessions
+//!   are killed and containers and staging directories are removed.
 
 mod gate;
 // MCP logging notifications are what clients use for output today; rmcp
@@ -226,15 +227,15 @@ impl Server {
         Ok(())
     }
 
-    /// Refuses new calls, waits for runs in flight (each bounded by its own
-    /// deadline; at most the ceiling's timeout plus 10 s in all), closes
-    /// every session and removes what the backends started outside this
-    /// process (containers, staging directories).
+    /// Refuses new calls, waits for runs in flight (no longer than the
+    /// latest deadline in flight plus the kill grace), then kills every
+    /// session (also one whose call is still running) and removes what the
+    /// backends started outside this process (containers, staging
+    /// directories).
     pub async fn drain(&self) {
         let shared = &self.shared;
         shared.gate.close();
-        let limit = Duration::from_millis(shared.cfg.policy.timeout_ms.unwrap_or(300_000)) + Duration::from_secs(10);
-        if !shared.gate.drained(limit).await {
+        if !shared.gate.drained().await {
             tracing::warn!(running = shared.gate.active(), "runs still in flight at shutdown");
         }
         let sessions = shared.sessions.clone();

@@ -27,11 +27,19 @@ use crate::capabilities::Language;
 use crate::error::ExecError;
 use crate::request::{ExecFile, ExecRequest, Payload};
 use crate::result::{ExecResult, Outcome};
-use crate::sessions::SessionError;
+use crate::sessions::{SessionError, SessionSpec};
 
 /// How long `list_backends`, `create_session` and `close_session` wait for a
 /// turn: they use the blocking pool too, so they pass the same gate as runs.
 const OTHER_TOOLS_WAIT: Duration = Duration::from_secs(10);
+
+/// The longest `list_backends` and `close_session` run (the container
+/// engine's housekeeping commands are bounded by 15 s).
+const OTHER_TOOLS_LIMIT: Duration = Duration::from_secs(20);
+
+/// The longest `create_session` runs (a container session's start is
+/// bounded by 60 s).
+const SESSION_OPEN_LIMIT: Duration = Duration::from_secs(65);
 
 /// The handler of one MCP connection. Its sessions are its own: ids are
 /// looked up under this connection only, and close when it goes.
@@ -202,13 +210,10 @@ impl ExecboxMcp {
             let bytes = mb.saturating_mul(1 << 20);
             policy.memory_bytes = Some(policy.memory_bytes.map_or(bytes, |ceiling| ceiling.min(bytes)));
         }
-        if args.session_id.is_some() {
-            // A session's environment is fixed (empty) when it opens.
-            policy.environment = crate::policy::Access::Deny;
-        }
         let mut request = ExecRequest::new(language, payload).policy(policy);
         request.input = args.input;
         if args.session_id.is_none() {
+            // A session's environment is the server's too, fixed when it opened.
             request.env = self.shared.cfg.env.clone();
         }
         for file in args.files.unwrap_or_default() {
@@ -245,7 +250,7 @@ impl ExecboxMcp {
     ) -> Result<CallToolResult, McpError> {
         let (mut request, session_id) = self.request(args)?;
         let timeout = Duration::from_millis(request.policy.timeout_ms.unwrap_or(30_000));
-        let turn = match self.shared.gate.enter(timeout).await {
+        let turn = match self.shared.gate.enter(timeout, timeout + crate::limits::deadline::RUN_GRACE).await {
             Ok(turn) => turn,
             Err(e) => return Ok(refusal(&e)),
         };
@@ -265,16 +270,8 @@ impl ExecboxMcp {
                 tokio::task::spawn_blocking(move || sessions.execute(&key, request))
                     .await
                     .unwrap_or_else(|e| Err(ExecError::internal(super::SERVER, format!("session task: {e}")).into()))
-                    .map_err(|e| match e {
-                        // Ids are per connection: name the caller's id, not the key.
-                        SessionError::Unknown { .. } => SessionError::Unknown { id: id.clone() },
-                        SessionError::Lost { reason, .. } => SessionError::Lost { id: id.clone(), reason },
-                        SessionError::WrongLanguage { session, requested, .. } => {
-                            SessionError::WrongLanguage { id: id.clone(), session, requested }
-                        }
-                        other => other,
-                    })
-                    .map_err(Refusal::Session)
+                    // Ids are per connection: name the caller's id, never the key.
+                    .map_err(|e| Refusal::Session(e.with_id(&id)))
             }
             None => self.shared.exec.execute(request).await.map_err(Refusal::Exec),
         };
@@ -297,7 +294,7 @@ impl ExecboxMcp {
             warm capacity, and how it enforces each control. Also the server's policy ceiling and load limits, \
             and the languages that have sessions.")]
     async fn list_backends(&self, Parameters(_): Parameters<NoArgs>) -> Result<CallToolResult, McpError> {
-        let _turn = match self.shared.gate.enter(OTHER_TOOLS_WAIT).await {
+        let _turn = match self.shared.gate.enter(OTHER_TOOLS_WAIT, OTHER_TOOLS_LIMIT).await {
             Ok(turn) => turn,
             Err(e) => return Ok(refusal(&e)),
         };
@@ -346,16 +343,23 @@ impl ExecboxMcp {
         Parameters(CreateSessionArgs { language, packages }): Parameters<CreateSessionArgs>,
     ) -> Result<CallToolResult, McpError> {
         let language = Language::from(language);
-        let _turn = match self.shared.gate.enter(OTHER_TOOLS_WAIT).await {
+        let _turn = match self.shared.gate.enter(OTHER_TOOLS_WAIT, SESSION_OPEN_LIMIT).await {
             Ok(turn) => turn,
             Err(e) => return Ok(refusal(&e)),
         };
         let sessions = self.shared.sessions.clone();
         let connection = self.connection.clone();
-        let packages = packages.unwrap_or_default();
+        // Opened exactly as a one-shot run would run: under the server's
+        // policy (the registry holds it to the ceiling) with its environment.
+        let mut spec =
+            SessionSpec::new(language).packages(packages.unwrap_or_default()).policy(self.shared.cfg.policy.clone());
+        spec.env = self.shared.cfg.env.clone();
         let opened = tokio::task::spawn_blocking(move || {
             let id = crate::sessions::new_id();
-            sessions.open(&connection.key(&id), language, &packages).map(|()| id)
+            match sessions.open(&connection.key(&id), spec) {
+                Ok(()) => Ok(id),
+                Err(e) => Err(e.with_id(&id)),
+            }
         })
         .await
         .map_err(|e| McpError::internal_error(format!("session task: {e}"), None))?;
@@ -375,7 +379,7 @@ impl ExecboxMcp {
         &self,
         Parameters(CloseSessionArgs { session_id }): Parameters<CloseSessionArgs>,
     ) -> Result<CallToolResult, McpError> {
-        let _turn = match self.shared.gate.enter(OTHER_TOOLS_WAIT).await {
+        let _turn = match self.shared.gate.enter(OTHER_TOOLS_WAIT, OTHER_TOOLS_LIMIT).await {
             Ok(turn) => turn,
             Err(e) => return Ok(refusal(&e)),
         };

@@ -19,6 +19,8 @@ use serde::de::DeserializeOwned;
 
 use super::frame::{self, FrameReader, RecvError};
 use super::{PROTOCOL, PROTOCOL_ENV, ROLE_ENV, Role};
+use crate::limits::child::ChildHandle;
+use crate::limits::write::{Endpoint, WriteError, set_nonblocking, write_all_until};
 
 /// How a worker is started: which binary, which role, and its stack.
 #[derive(Clone, Debug)]
@@ -38,6 +40,8 @@ pub(crate) struct WorkerProcess {
     /// `MSG_NOSIGNAL`, a dead worker is an `EPIPE` error, never a `SIGPIPE`
     /// that would kill a host which does not ignore it.
     to_worker: UnixStream,
+    /// Names the process for kills from other threads (see [`ChildHandle`]).
+    handle: ChildHandle,
     /// Frames from the worker (its stdout), non-blocking.
     frames: FrameReader<UnixStream>,
     stderr: ChildStderr,
@@ -50,6 +54,24 @@ pub(crate) struct WorkerProcess {
     hard_as: Option<u64>,
     #[cfg_attr(not(feature = "js"), allow(dead_code))]
     host_cpus: Option<rustix::thread::CpuSet>,
+}
+
+/// Why a frame did not reach a worker.
+#[derive(Debug)]
+pub(crate) enum SendError {
+    /// The deadline passed first: the worker may have started reading the
+    /// frame, so it must not be given another.
+    TimedOut,
+    /// The worker is gone (or the frame could not be built), after `written` bytes.
+    Closed { written: usize },
+}
+
+impl SendError {
+    /// True if no byte reached the worker: nothing of the frame was seen.
+    #[cfg_attr(not(feature = "js"), allow(dead_code))]
+    pub fn nothing_sent(&self) -> bool {
+        matches!(self, SendError::Closed { written: 0 })
+    }
 }
 
 /// How a worker ended, for the caller's message and outcome.
@@ -91,19 +113,22 @@ impl WorkerProcess {
         self.pid.as_raw_nonzero().get() as u32
     }
 
-    /// Sends one frame (blocking: the worker reads as soon as it is idle,
-    /// and the pipe holds 64 KiB).
-    pub fn send(&mut self, message: &impl Serialize) -> io::Result<()> {
-        let bytes = frame::encode(message)?;
-        let mut sent = 0;
-        while sent < bytes.len() {
-            match rustix::net::send(&self.to_worker, &bytes[sent..], rustix::net::SendFlags::NOSIGNAL) {
-                Ok(n) => sent += n,
-                Err(rustix::io::Errno::INTR) => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-        Ok(())
+    /// Sends one frame, waiting for the worker to read it at most until
+    /// `until`. A worker reads as soon as it is idle; one that does not (it
+    /// is busy, stuck or hostile) costs the caller its deadline, no more.
+    pub fn send(&mut self, message: &impl Serialize, until: Option<Instant>) -> Result<(), SendError> {
+        let bytes = frame::encode(message).map_err(|_| SendError::Closed { written: 0 })?;
+        write_all_until(&self.to_worker, Endpoint::Socket, &bytes, until).map_err(|e| match e {
+            WriteError::TimedOut => SendError::TimedOut,
+            WriteError::Closed { written } => SendError::Closed { written },
+        })
+    }
+
+    /// A handle that kills this worker from any thread, even while another
+    /// thread talks to it (a session closed during its call).
+    #[cfg_attr(not(feature = "js"), allow(dead_code))]
+    pub fn handle(&self) -> ChildHandle {
+        self.handle.clone()
     }
 
     /// Receives one frame, waiting at most until `until`.
@@ -172,7 +197,7 @@ impl WorkerProcess {
         if self.status.is_some() {
             return;
         }
-        let _ = rustix::process::kill_process(self.pid, Signal::KILL);
+        self.handle.kill();
         self.status = self.child.wait().ok();
     }
 
@@ -180,13 +205,8 @@ impl WorkerProcess {
     /// (killing it if it lingers) and reads what it left on stderr.
     pub fn death(&mut self) -> Death {
         if self.status.is_none() {
-            let until = Instant::now() + Duration::from_millis(500);
-            while Instant::now() < until {
-                if let Ok(Some(status)) = self.child.try_wait() {
-                    self.status = Some(status);
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(1));
+            if self.handle.wait_exit(Some(Instant::now() + Duration::from_millis(500))) {
+                self.status = self.child.try_wait().ok().flatten();
             }
             if self.status.is_none() {
                 self.kill();
@@ -296,7 +316,9 @@ fn start(spec: &SpawnSpec) -> io::Result<WorkerProcess> {
     let frames = FrameReader::new(from_worker)?;
     let hard_as = rustix::process::getrlimit(Resource::As).maximum;
     let host_cpus = rustix::thread::sched_getaffinity(None).ok();
-    Ok(WorkerProcess { child, pid, to_worker, frames, stderr, statm, status: None, hard_as, host_cpus })
+    set_nonblocking(&to_worker)?;
+    let handle = ChildHandle::of(&child)?;
+    Ok(WorkerProcess { child, pid, to_worker, handle, frames, stderr, statm, status: None, hard_as, host_cpus })
 }
 
 /// Runs in the child between fork and exec: new session, death with the

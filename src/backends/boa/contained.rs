@@ -28,7 +28,7 @@ use crate::limits::{BoundedBuffer, Deadline};
 use crate::request::ExecRequest;
 use crate::result::{ExecResult, Outcome};
 use crate::worker::frame::{MAX_FRAME_BYTES, RecvError};
-use crate::worker::process::{Death, SpawnSpec, WorkerProcess};
+use crate::worker::process::{Death, SendError, SpawnSpec, WorkerProcess};
 use crate::worker::{EXIT_PROTOCOL_MISMATCH, Role};
 
 /// JavaScript on boa in contained worker processes. Cheap to clone (clones
@@ -234,8 +234,8 @@ impl Core {
             WorkerProcess::spawn(spec).map_err(|e| format!("cannot start the worker program {program}: {e}"))?;
         let live = LiveCount::new(&self.live);
         let init = Init { engine: self.cfg.engine(), session };
-        let sent = process.send(&init);
         let until = Instant::now() + self.cfg.worker_start_timeout;
+        let sent = process.send(&init, Some(until));
         let answer = match sent {
             Ok(()) => process.recv::<FromWorker>(Some(until), 1 << 10),
             Err(_) => Err(RecvError::Closed),
@@ -469,10 +469,21 @@ pub(super) fn converse(worker: &mut WorkerProcess, job: &mut Job, deadline: &Dea
     let mut stdout = BoundedBuffer::new(job.max_stdout);
     let mut stderr = BoundedBuffer::new(job.max_stderr);
     worker.pin_to_this_cpu();
-    if worker.send(&ToWorkerRef::Run(job)).is_err() {
-        return Conversation::NotStarted;
-    }
     let until = deadline.remaining().map(|left| Instant::now() + left + grace);
+    match worker.send(&ToWorkerRef::Run(job), until) {
+        Ok(()) => {}
+        Err(e) if e.nothing_sent() => return Conversation::NotStarted,
+        Err(SendError::TimedOut) => {
+            // The worker did not take the whole job before the deadline.
+            worker.kill();
+            let mut result = ExecResult::new(BoaJs::NAME, Outcome::TimedOut);
+            result.message = Some(deadline.exceeded_message());
+            result.usage.duration = deadline.elapsed();
+            return Conversation::Finished { result: Box::new(result), reusable: false };
+        }
+        // It died while taking the job: its death says how (below).
+        Err(SendError::Closed { .. }) => {}
+    }
     let max_frame = frame_limit(job);
     // The worker's running counts of what the code wrote (kept or not).
     let mut totals = (0u64, 0u64);

@@ -7,14 +7,15 @@
 //! is a syntax error. `input` is rebound on every call.
 //!
 //! The session's worker is contained like any `boa-js` worker (seccomp, dies
-//! with the host, killed when the session drops). Per call: the deadline,
-//! output caps, nesting bounds and request validation (`max_code_bytes`,
-//! environment) hold as for a single run. The memory cap covers the whole
+//! with the host, killed when the session drops or is killed). Calls are
+//! admitted by the session registry like one-shot runs (see
+//! [`crate::sessions`]); per call the deadline, output caps and nesting
+//! bounds hold as for a single run. The memory cap covers the whole
 //! session: the worker may grow to its size when the session opened plus the
 //! call's cap. Per-call `fuel` is refused (boa's instruction budget is set
 //! when a context is built, and the context lives as long as the session).
 //! A call that times out, runs out of memory or crashes the engine ends the
-//! session: [`JsSession::is_alive`] turns false and later calls fail.
+//! session.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
@@ -22,20 +23,26 @@ use std::sync::{Mutex, PoisonError};
 use super::BoaJs;
 use super::contained::{Conversation, Limits, Worker, converse};
 use super::engine::Mode;
-use crate::error::{BackendRejection, ExecError};
-use crate::limits::{Deadline, result_caps};
-use crate::matching::{self, Control, Violation};
+use crate::admission::Admitted;
+use crate::capabilities::{BackendCapabilities, Language};
+use crate::error::ExecError;
+use crate::limits::child::ChildHandle;
+use crate::matching::{Control, Violation};
 use crate::request::ExecRequest;
 use crate::result::{ExecResult, Outcome};
+use crate::sessions::{Session, SessionBackend, SessionSpec};
 
 /// A JavaScript realm kept alive across calls. Dropping it kills its worker.
 pub struct JsSession {
     backend: BoaJs,
-    /// Held for a whole call: calls on one session run one at a time, in order.
+    /// Held for a whole call.
     worker: Mutex<Option<Worker>>,
+    /// Kills the worker from any thread (see [`Session::kill`]).
+    handle: ChildHandle,
     /// The worker's size when the session opened: the base of its memory cap.
     baseline: u64,
     alive: AtomicBool,
+    killed: AtomicBool,
 }
 
 impl std::fmt::Debug for JsSession {
@@ -47,30 +54,27 @@ impl std::fmt::Debug for JsSession {
 impl BoaJs {
     /// Opens a session: a worker process of its own with a fresh realm,
     /// started now (tens of milliseconds).
-    pub fn open_session(&self) -> Result<JsSession, ExecError> {
+    pub(crate) fn open_session(&self) -> Result<JsSession, ExecError> {
         let core = self.core();
         let mut worker = core
             .start_worker(true)
             .map_err(|reason| ExecError::BackendUnavailable { backend: JsSession::NAME.into(), reason })?;
         let baseline = worker.process.vm_bytes().map_err(|e| ExecError::internal(JsSession::NAME, e.to_string()))?;
+        let handle = worker.process.handle();
         Ok(JsSession {
             backend: self.clone(),
             worker: Mutex::new(Some(worker)),
+            handle,
             baseline,
             alive: AtomicBool::new(true),
+            killed: AtomicBool::new(false),
         })
     }
 }
 
 impl JsSession {
-    /// The name sessions report in refusals.
+    /// The name sessions report in results and refusals.
     pub const NAME: &'static str = "boa-js-session";
-
-    /// False once a call ended the session (timeout, memory, crash): the
-    /// state is gone and later calls fail.
-    pub fn is_alive(&self) -> bool {
-        self.alive.load(Ordering::SeqCst)
-    }
 
     /// The session worker's process id, while it lives (for tests and audits).
     #[doc(hidden)]
@@ -78,41 +82,51 @@ impl JsSession {
         self.worker.lock().unwrap_or_else(PoisonError::into_inner).as_ref().map(|w| w.process.pid())
     }
 
-    /// Runs `request` in this session's realm. Validated and refused like a
-    /// run on [`BoaJs`] would be, and also when it asks for per-call `fuel`.
-    pub fn execute(&self, mut request: ExecRequest) -> Result<ExecResult, ExecError> {
-        crate::executor::validate(&request)?;
+    fn end(&self, slot: &mut Option<Worker>) {
+        *slot = None;
+        self.alive.store(false, Ordering::SeqCst);
+    }
+}
+
+impl Session for JsSession {
+    fn backend(&self) -> &str {
+        Self::NAME
+    }
+
+    fn capabilities(&self) -> &BackendCapabilities {
+        &self.backend.core().caps
+    }
+
+    /// Per-call `fuel`: the instruction budget is fixed when the session's
+    /// context is built.
+    fn refusals(&self, request: &ExecRequest) -> Vec<Violation> {
+        fuel_refusal(request.policy.fuel)
+    }
+
+    fn execute(&self, call: Admitted) -> Result<ExecResult, ExecError> {
         let core = self.backend.core();
-        let mut violations = matching::check(&core.caps, &request).err().unwrap_or_default();
-        if let Some(fuel) = request.policy.fuel {
-            violations.push(Violation {
-                control: Control::Fuel,
-                requested: format!("{fuel} units"),
-                reason: "a session's instruction budget is fixed when it opens, not per call".into(),
-            });
-        }
-        if !violations.is_empty() {
-            return Err(ExecError::Refused {
-                rejections: vec![BackendRejection { backend: Self::NAME.into(), violations }],
-            });
-        }
-        request.policy.timeout_ms.get_or_insert(core.caps.default_timeout_ms);
-        let policy = request.policy.clone();
-        let cap = policy.memory_bytes.unwrap_or(core.cfg.default_memory_bytes);
-        let mut job = super::job(&core.cfg, &core.caps, request, Mode::Script, false)?;
-        let deadline = Deadline::start(job.timeout);
+        let deadline = call.deadline();
+        let cap = call.policy().memory_bytes.unwrap_or(core.cfg.default_memory_bytes);
+        let mut job = super::job(&core.cfg, &core.caps, call.into_request(), Mode::Script, false)?;
 
         let mut slot = self.worker.lock().unwrap_or_else(PoisonError::into_inner);
+        if self.killed.load(Ordering::SeqCst) {
+            self.end(&mut slot);
+            return Ok(crate::sessions::killed_result(Self::NAME, &deadline));
+        }
         let Some(worker) = slot.as_mut() else { return Err(ended()) };
         let size = worker.process.vm_bytes().unwrap_or(u64::MAX);
         let limits =
             Limits { memory: self.baseline.saturating_add(cap).saturating_sub(size), grace: core.cfg.deadline_grace };
         let conversation = converse(&mut worker.process, &mut job, &deadline, limits);
         worker.process.unpin();
+        if self.killed.load(Ordering::SeqCst) {
+            self.end(&mut slot);
+            return Ok(crate::sessions::killed_result(Self::NAME, &deadline));
+        }
         match conversation {
             Conversation::NotStarted => {
-                *slot = None;
-                self.alive.store(false, Ordering::SeqCst);
+                self.end(&mut slot);
                 Err(ended())
             }
             Conversation::Finished { mut result, reusable } => {
@@ -120,40 +134,57 @@ impl JsSession {
                 // every backend (the realm may be half-way through anything).
                 let ends = matches!(result.outcome, Outcome::TimedOut | Outcome::OutOfMemory | Outcome::OutOfFuel);
                 if !reusable || ends {
-                    *slot = None;
-                    self.alive.store(false, Ordering::SeqCst);
+                    self.end(&mut slot);
                 }
                 result.backend = Self::NAME.into();
-                result_caps::cap_result(&mut result, &policy);
                 Ok(*result)
             }
         }
     }
-}
-
-impl crate::sessions::Session for JsSession {
-    fn backend(&self) -> &str {
-        Self::NAME
-    }
-
-    fn execute(&self, request: ExecRequest) -> Result<ExecResult, ExecError> {
-        JsSession::execute(self, request)
-    }
 
     fn is_alive(&self) -> bool {
-        JsSession::is_alive(self)
+        self.alive.load(Ordering::SeqCst)
+    }
+
+    /// Kills the worker (through its pidfd: no lock the call holds is needed).
+    fn kill(&self) {
+        self.killed.store(true, Ordering::SeqCst);
+        self.alive.store(false, Ordering::SeqCst);
+        self.handle.kill();
     }
 }
 
 /// JavaScript sessions: a worker process each.
-impl crate::sessions::SessionBackend for BoaJs {
-    fn session_language(&self) -> crate::Language {
-        crate::Language::JavaScript
+impl SessionBackend for BoaJs {
+    fn session_name(&self) -> &str {
+        JsSession::NAME
     }
 
-    fn open_session(&self, _packages: &[String]) -> Result<Box<dyn crate::sessions::Session>, ExecError> {
+    fn session_language(&self) -> Language {
+        Language::JavaScript
+    }
+
+    fn session_capabilities(&self) -> &BackendCapabilities {
+        &self.core().caps
+    }
+
+    fn open_refusals(&self, spec: &SessionSpec) -> Vec<Violation> {
+        fuel_refusal(spec.policy.fuel)
+    }
+
+    fn open_session(&self, _spec: &SessionSpec) -> Result<Box<dyn Session>, ExecError> {
         Ok(Box::new(BoaJs::open_session(self)?))
     }
+}
+
+fn fuel_refusal(fuel: Option<u64>) -> Vec<Violation> {
+    fuel.map(|fuel| Violation {
+        control: Control::Fuel,
+        requested: format!("{fuel} units"),
+        reason: "a session's instruction budget is fixed when its context is built, not per call".into(),
+    })
+    .into_iter()
+    .collect()
 }
 
 fn ended() -> ExecError {

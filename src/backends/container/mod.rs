@@ -110,8 +110,9 @@ pub struct ContainerConfig {
     pub default_timeout: Duration,
     /// The Rust pipeline.
     pub rust: RustConfig,
-    /// A Python session's memory cap (its container's cgroup, fixed when it
-    /// starts); a call asking for a lower cap is refused.
+    /// A Python session's memory cap when its spec's policy states none
+    /// (its container's cgroup, fixed when it starts); a call asking for a
+    /// lower cap than the session's is refused.
     pub session_memory_bytes: u64,
     /// Longest life of a session's container (its in-container timer).
     pub session_lifetime: Duration,
@@ -644,15 +645,26 @@ impl Backend for Container {
 }
 
 impl crate::sessions::SessionBackend for Container {
+    fn session_name(&self) -> &str {
+        ContainerSession::NAME
+    }
+
     fn session_language(&self) -> Language {
         Language::Python
+    }
+
+    fn session_capabilities(&self) -> &BackendCapabilities {
+        &self.caps
     }
 
     fn session_packages(&self) -> Vec<String> {
         self.data_image_packages()
     }
 
-    fn open_session(&self, packages: &[String]) -> Result<Box<dyn crate::sessions::Session>, ExecError> {
-        Ok(Box::new(ContainerSession::open(self.clone(), packages)?))
+    fn open_session(
+        &self,
+        spec: &crate::sessions::SessionSpec,
+    ) -> Result<Box<dyn crate::sessions::Session>, ExecError> {
+        Ok(Box::new(ContainerSession::open(self.clone(), spec)?))
     }
 }

@@ -11,10 +11,15 @@
 //! `conventions.rs`), which reads cells from the attached stdin. Per cell:
 //!
 //! - the deadline is the host's: a cell still running at its deadline gets
-//!   the container killed, and the session is lost;
+//!   the container killed, and the session is lost. The cell itself is
+//!   written to the container's stdin without blocking, within the same
+//!   deadline: a session loop that stops reading cannot hold the host;
 //! - the output caps and tap are per cell; memory and processes are capped
-//!   for the whole container (cgroup), fixed when it starts
-//!   ([`ContainerConfig::session_memory_bytes`](super::ContainerConfig::session_memory_bytes));
+//!   for the whole container (cgroup), fixed when it starts from the
+//!   session's spec (its policy's caps, else
+//!   [`ContainerConfig::session_memory_bytes`](super::ContainerConfig::session_memory_bytes)
+//!   and the default process cap), as are its granted directories and
+//!   environment; a call asking for a lower cap is refused;
 //! - the cell is over when both streams carry its status record.
 //!
 //! A session's whole life is bounded by
@@ -23,7 +28,7 @@
 //! of execbox's (the watcher and the sweep, see `owners.rs`). Dropping the
 //! session removes the container and its staging directory.
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::process::{Child, ChildStdin, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
@@ -32,16 +37,19 @@ use std::time::{Duration, Instant};
 use super::argv::run_argv;
 use super::staging::Staging;
 use super::{Container, process};
+use crate::admission::Admitted;
 use crate::backends::conventions;
-use crate::capabilities::Language;
+use crate::capabilities::{BackendCapabilities, Language};
 use crate::error::ExecError;
+use crate::limits::child::ChildHandle;
 use crate::limits::records::{ResultTap, marker};
-use crate::limits::{BoundedBuffer, Deadline, OutputTap, StreamKind, nesting, result_caps};
+use crate::limits::write::{Endpoint, WriteError, set_nonblocking, write_all_until};
+use crate::limits::{BoundedBuffer, Deadline, OutputTap, StreamKind, result_caps};
 use crate::matching::{Control, Violation};
 use crate::policy::SandboxPolicy;
-use crate::request::{ExecRequest, Payload};
+use crate::request::ExecRequest;
 use crate::result::{CapturedStream, ExecResult, Outcome, Usage};
-use crate::sessions::Session;
+use crate::sessions::{Session, SessionSpec};
 
 /// How long the container may take to start and run its first (empty) cell.
 const OPEN_LIMIT: Duration = Duration::from_secs(60);
@@ -54,8 +62,14 @@ pub struct ContainerSession {
     /// Opens the session's status records (`\0execbox:<nonce>:`).
     marker: Vec<u8>,
     io: Mutex<CellIo>,
+    /// Kills the attached CLI from any thread (see [`Session::kill`]).
+    cli: ChildHandle,
+    /// The memory and process caps of its container, fixed when it started.
+    memory_bytes: u64,
+    pids: u64,
     streams: Arc<Streams>,
     alive: AtomicBool,
+    killed: AtomicBool,
     /// The container's first process (the timer) as the host sees it, to
     /// check after each cell that nothing of the cell still runs.
     init_pid: Mutex<Option<u32>>,
@@ -94,21 +108,25 @@ enum CellEnd {
     TimedOut,
     /// The container ended.
     Ended,
+    /// The session was killed.
+    Killed,
 }
 
 impl ContainerSession {
     /// The name sessions report in results and refusals.
     pub const NAME: &'static str = "container-session";
 
-    /// Starts the container and checks its loop with an empty cell.
-    pub(super) fn open(backend: Container, packages: &[String]) -> Result<Self, ExecError> {
+    /// Starts the container under `spec` (its memory and process caps,
+    /// granted directories and environment) and checks its loop with an
+    /// empty cell.
+    pub(super) fn open(backend: Container, spec: &SessionSpec) -> Result<Self, ExecError> {
         let unavailable = |reason: String| ExecError::BackendUnavailable { backend: Self::NAME.into(), reason };
         Container::check_available(&backend)?;
         let nonce = crate::sessions::new_id();
         let program = conventions::PYTHON_SESSION_PROGRAM.replace("NONCE", &nonce);
-        let mut template =
-            ExecRequest::source(Language::Python, "").packages(packages.iter().cloned()).collect_output_files();
-        template.policy = SandboxPolicy::strict().memory_bytes(backend.cfg.session_memory_bytes);
+        let mut template = spec.template().collect_output_files();
+        let memory_bytes = *template.policy.memory_bytes.get_or_insert(backend.cfg.session_memory_bytes);
+        let pids = *template.policy.max_processes.get_or_insert(backend.cfg.default_pids);
         let staging = Staging::new(&template, None)?;
         let command = vec!["/usr/bin/python3".to_string(), "-c".to_string(), program];
         let image = backend.script_image(&template);
@@ -126,14 +144,30 @@ impl ContainerSession {
             child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>),
         ];
         let stdin = child.stdin.take();
+        let cli = match ChildHandle::of(&child) {
+            Ok(handle) => handle,
+            Err(e) => {
+                process::kill_group(&mut child);
+                let _ = child.wait();
+                backend.reaper.remove(spec.name.clone());
+                return Err(unavailable(format!("cannot watch the engine CLI: {e}")));
+            }
+        };
+        if let Some(Err(e)) = stdin.as_ref().map(set_nonblocking) {
+            tracing::warn!(error = %e, "cannot make a session's stdin non-blocking");
+        }
         let session = Self {
             backend,
             name: spec.name.clone(),
             staging: Some(staging),
             marker: marker(&nonce),
             io: Mutex::new(CellIo { child, stdin }),
+            cli,
+            memory_bytes,
+            pids,
             streams,
             alive: AtomicBool::new(true),
+            killed: AtomicBool::new(false),
             init_pid: Mutex::new(None),
         };
         for (index, pipe) in pipes.into_iter().enumerate() {
@@ -152,7 +186,7 @@ impl ContainerSession {
         // against the caller's first deadline.
         let probe = ExecRequest::source(Language::Python, "pass")
             .policy(SandboxPolicy::strict().timeout(OPEN_LIMIT).max_output_bytes(64 << 10));
-        let result = session.run_cell(probe)?;
+        let result = session.run_cell(Admitted::new(probe, session.backend.capabilities_ref()))?;
         if result.outcome != Outcome::Ok {
             let why = format!("{} {}", result.message.unwrap_or_default(), result.stderr.text());
             return Err(unavailable(result_caps::cap_message(format!("the session did not start: {why}"))));
@@ -178,9 +212,10 @@ impl ContainerSession {
         Ok(session)
     }
 
-    /// What this session cannot do per call, beyond what every session
-    /// fixes when it opens (see `sessions::check_call`).
-    fn refusals(&self, request: &ExecRequest) -> Vec<Violation> {
+    /// What this session cannot do per call: its container's memory and
+    /// process caps were fixed when it started, so a call cannot ask for
+    /// lower ones.
+    fn fixed_cap_refusals(&self, request: &ExecRequest) -> Vec<Violation> {
         let mut violations = Vec::new();
         if request.language != Language::Python {
             violations.push(Violation {
@@ -189,13 +224,16 @@ impl ContainerSession {
                 reason: "container sessions run Python".into(),
             });
         }
-        let cap = self.backend.cfg.session_memory_bytes;
-        if let Some(asked) = request.policy.memory_bytes.filter(|asked| *asked < cap) {
-            violations.push(Violation {
-                control: Control::Memory,
-                requested: format!("{asked} bytes"),
-                reason: format!("the session's container has a cap of {cap} bytes, fixed when it opened"),
-            });
+        let fixed = |control, asked: u64, cap: u64, unit: &str| Violation {
+            control,
+            requested: format!("{asked} {unit}"),
+            reason: format!("the session's container has a cap of {cap} {unit}, fixed when it opened"),
+        };
+        if let Some(asked) = request.policy.memory_bytes.filter(|asked| *asked < self.memory_bytes) {
+            violations.push(fixed(Control::Memory, asked, self.memory_bytes, "bytes"));
+        }
+        if let Some(asked) = request.policy.max_processes.filter(|asked| *asked < self.pids) {
+            violations.push(fixed(Control::Processes, asked, self.pids, "processes"));
         }
         violations
     }
@@ -209,28 +247,33 @@ impl ContainerSession {
         }
     }
 
-    fn run_cell(&self, mut request: ExecRequest) -> Result<ExecResult, ExecError> {
-        let own = self.refusals(&request);
-        crate::sessions::check_call(Self::NAME, self.backend.capabilities_ref(), &request, own)?;
+    fn run_cell(&self, mut call: Admitted) -> Result<ExecResult, ExecError> {
         let mut io = self.io.lock().unwrap_or_else(PoisonError::into_inner);
         if !self.alive.load(Ordering::SeqCst) {
             return Err(self.lost());
         }
-        let deadline = Deadline::start(Some(self.backend.capabilities_ref().effective_timeout(&request.policy)));
-        let Payload::Source(source) = std::mem::replace(&mut request.payload, Payload::Source(String::new())) else {
-            return Err(ExecError::internal(Self::NAME, "matching let a module payload through"));
-        };
-        let input = nesting::take_input_json(&mut request.input, self.backend.cfg.max_input_nesting, Self::NAME)?;
+        let deadline = call.deadline();
+        let source = call.take_source(Self::NAME)?;
+        let input = call.take_input_json(self.backend.cfg.max_input_nesting, Self::NAME)?;
+        let request = call.request();
         let staging = self.staging.as_ref().ok_or_else(|| self.lost())?;
-        staging.stage_cell(&request, input.as_deref())?;
-        self.reset_streams(&request);
+        staging.stage_cell(request, input.as_deref())?;
+        self.reset_streams(request);
 
         let mut framed = format!("{}\n", source.len()).into_bytes();
         framed.extend_from_slice(source.as_bytes());
-        let sent = io.stdin.as_mut().map(|stdin| stdin.write_all(&framed).and_then(|()| stdin.flush()));
+        drop(source);
+        let until = deadline.remaining().map(|left| Instant::now() + left);
+        let sent = match io.stdin.as_ref() {
+            Some(stdin) => write_all_until(stdin, Endpoint::Pipe, &framed, until),
+            None => Err(WriteError::Closed { written: 0 }),
+        };
         let end = match sent {
-            Some(Ok(())) => self.wait_cell(&deadline),
-            _ => CellEnd::Ended,
+            Ok(()) => self.wait_cell(&deadline),
+            // The loop stopped reading: the cell is as good as running past its deadline.
+            Err(WriteError::TimedOut) => CellEnd::TimedOut,
+            Err(WriteError::Closed { .. }) if self.killed.load(Ordering::SeqCst) => CellEnd::Killed,
+            Err(WriteError::Closed { .. }) => CellEnd::Ended,
         };
         let [stdout, stderr] = self.take_streams();
         let mut result = ExecResult::new(Self::NAME, Outcome::Ok);
@@ -257,7 +300,7 @@ impl ContainerSession {
                     result.outcome = Outcome::Failed;
                     result.message = Some(format!("the cell failed with status {status}"));
                 }
-                if request.collect_output_files {
+                if call.request().collect_output_files {
                     let (files, note) = staging.collect_outputs(self.backend.output_limits());
                     result.output_files = files;
                     if let Some(note) = note {
@@ -276,9 +319,20 @@ impl ContainerSession {
                 result.stdout = stdout.0;
                 result.stderr = stderr.0;
             }
+            CellEnd::Killed => {
+                self.alive.store(false, Ordering::SeqCst);
+                let mut killed = crate::sessions::killed_result(Self::NAME, &deadline);
+                killed.stdout = stdout.0;
+                killed.stderr = stderr.0;
+                return Ok(killed);
+            }
+            CellEnd::Ended if self.killed.load(Ordering::SeqCst) => {
+                self.alive.store(false, Ordering::SeqCst);
+                return Ok(crate::sessions::killed_result(Self::NAME, &deadline));
+            }
             CellEnd::Ended => {
                 self.alive.store(false, Ordering::SeqCst);
-                let status = wait_briefly(&mut io.child);
+                let status = self.wait_briefly(&mut io.child);
                 let limit = process::KILL_GRACE;
                 let ended = process::classify(&self.backend.cfg.engine, &self.name, status, &stderr.0, limit);
                 (result.outcome, result.message) = match ended {
@@ -318,6 +372,9 @@ impl ContainerSession {
     fn wait_cell(&self, deadline: &Deadline) -> CellEnd {
         let mut sinks = self.streams.lock();
         loop {
+            if self.killed.load(Ordering::SeqCst) {
+                return CellEnd::Killed;
+            }
             if sinks.iter().all(|s| s.records.as_ref().is_some_and(ResultTap::value_complete)) {
                 return CellEnd::Done;
             }
@@ -458,17 +515,11 @@ fn read_into(mut pipe: Box<dyn Read + Send>, streams: &Streams, index: usize) {
     }
 }
 
-/// The CLI's exit status, if it exits within a moment (its container is gone).
-fn wait_briefly(child: &mut Child) -> Option<std::process::ExitStatus> {
-    let until = Instant::now() + Duration::from_secs(2);
-    loop {
-        if let Ok(Some(status)) = child.try_wait() {
-            return Some(status);
-        }
-        if Instant::now() >= until {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(10));
+impl ContainerSession {
+    /// The CLI's exit status, if it exits within a moment (its container is gone).
+    fn wait_briefly(&self, child: &mut Child) -> Option<std::process::ExitStatus> {
+        self.cli.wait_exit(Some(Instant::now() + Duration::from_secs(2)));
+        child.try_wait().ok().flatten()
     }
 }
 
@@ -477,13 +528,34 @@ impl Session for ContainerSession {
         Self::NAME
     }
 
-    fn execute(&self, request: ExecRequest) -> Result<ExecResult, ExecError> {
-        let policy = request.policy.clone();
-        crate::executor::finish(self.run_cell(request), &policy)
+    fn capabilities(&self) -> &BackendCapabilities {
+        self.backend.capabilities_ref()
+    }
+
+    fn refusals(&self, request: &ExecRequest) -> Vec<Violation> {
+        self.fixed_cap_refusals(request)
+    }
+
+    fn execute(&self, call: Admitted) -> Result<ExecResult, ExecError> {
+        self.run_cell(call)
     }
 
     fn is_alive(&self) -> bool {
         self.alive.load(Ordering::SeqCst)
+    }
+
+    /// Kills the container on the daemon side and the CLI attached to it
+    /// (through its pidfd: no lock the call holds is needed). A call
+    /// blocked writing to the container's stdin or waiting for its streams
+    /// sees them close and returns as `killed`.
+    fn kill(&self) {
+        if self.killed.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        self.alive.store(false, Ordering::SeqCst);
+        self.streams.changed.notify_all();
+        process::kill_container(&self.backend.cfg.engine, &self.name, process::KILL_GRACE);
+        self.cli.kill();
     }
 }
 

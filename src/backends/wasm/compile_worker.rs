@@ -33,7 +33,7 @@ use wasmtime::{Config, Engine};
 
 use crate::limits::Deadline;
 use crate::worker::frame::{self, RecvError};
-use crate::worker::process::{Death, SpawnSpec, WorkerProcess};
+use crate::worker::process::{Death, SendError, SpawnSpec, WorkerProcess};
 use crate::worker::{EXIT_PROTOCOL_MISMATCH, Role, lockdown};
 
 /// Most compile workers alive at once (concurrent compiles of different
@@ -219,7 +219,7 @@ impl CompileWorkers {
             Some(left) => Instant::now() + left.min(START_LIMIT),
             None => Instant::now() + START_LIMIT,
         };
-        let answer = match worker.send(&ToCompiler::Init(self.settings)) {
+        let answer = match worker.send(&ToCompiler::Init(self.settings), Some(until)) {
             Ok(()) => worker.recv::<FromCompiler>(Some(until), 1 << 10),
             Err(_) => Err(RecvError::Closed),
         };
@@ -238,13 +238,22 @@ impl CompileWorkers {
     }
 
     fn converse(&self, worker: &mut WorkerProcess, wasm: &[u8], deadline: &Deadline) -> Compiled {
-        if worker.limit_memory(self.max_memory).is_err()
-            || worker.send(&ToCompiler::Compile(STANDARD.encode(wasm))).is_err()
-        {
+        let until = deadline.remaining().map(|left| Instant::now() + left);
+        if worker.limit_memory(self.max_memory).is_err() {
             worker.kill();
             return Compiled::Unavailable("the compile worker died before it took the module".into());
         }
-        let until = deadline.remaining().map(|left| Instant::now() + left);
+        match worker.send(&ToCompiler::Compile(STANDARD.encode(wasm)), until) {
+            Ok(()) => {}
+            Err(SendError::TimedOut) => {
+                worker.kill();
+                return Compiled::TimedOut;
+            }
+            Err(SendError::Closed { .. }) => {
+                worker.kill();
+                return Compiled::Unavailable("the compile worker died before it took the module".into());
+            }
+        }
         match worker.recv::<FromCompiler>(until, frame::MAX_FRAME_BYTES) {
             Ok(FromCompiler::Compiled(artifact)) => match STANDARD.decode(artifact) {
                 Ok(bytes) => Compiled::Artifact(bytes),

@@ -263,14 +263,19 @@ impl WasmInterpreter {
         })
     }
 
-    /// Opens a Python session: a live instance from the warm pool (or a
-    /// new one) running the session loop. See [`PythonSession`](super::PythonSession).
-    pub fn open_session(&self) -> Result<super::PythonSession, ExecError> {
+    /// Opens a Python session under `spec`: a live instance from the warm
+    /// pool (or a new one, with the spec's environment and directories)
+    /// running the session loop. See [`PythonSession`](super::PythonSession).
+    fn open_session(&self, spec: &crate::sessions::SessionSpec) -> Result<super::PythonSession, ExecError> {
         if self.kind != Interpreter::Python {
             return Err(ExecError::internal(self.kind.backend_name(), "only CPython keeps sessions"));
         }
+        let setup = super::warm::SessionSetup {
+            env: spec.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            preopens: super::policy_preopens(&spec.policy)?,
+        };
         let compiled = self.compiled()?;
-        let warm = self.pool(&compiled).take_for_session().map_err(|reason| ExecError::Busy {
+        let warm = self.pool(&compiled).take_for_session(setup).map_err(|reason| ExecError::Busy {
             backend: super::PythonSession::NAME.into(),
             reason: format!("no instance for a new session: {reason}"),
         })?;
@@ -487,11 +492,27 @@ impl Backend for WasmInterpreter {
 }
 
 impl crate::sessions::SessionBackend for WasmInterpreter {
+    fn session_name(&self) -> &str {
+        super::PythonSession::NAME
+    }
+
     fn session_language(&self) -> Language {
         self.kind.language()
     }
 
-    fn open_session(&self, _packages: &[String]) -> Result<Box<dyn crate::sessions::Session>, ExecError> {
-        Ok(Box::new(WasmInterpreter::open_session(self)?))
+    fn session_capabilities(&self) -> &BackendCapabilities {
+        &self.caps
+    }
+
+    /// A session's instance gets its fuel budget at start-up, not per spec.
+    fn open_refusals(&self, spec: &crate::sessions::SessionSpec) -> Vec<crate::matching::Violation> {
+        super::session::fuel_refusal(spec.policy.fuel)
+    }
+
+    fn open_session(
+        &self,
+        spec: &crate::sessions::SessionSpec,
+    ) -> Result<Box<dyn crate::sessions::Session>, ExecError> {
+        Ok(Box::new(WasmInterpreter::open_session(self, spec)?))
     }
 }

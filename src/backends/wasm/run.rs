@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use wasmtime::{Caller, Engine, Linker, ResourceLimiter, Store, Trap};
@@ -55,6 +55,9 @@ pub(crate) struct GuestState {
 /// code arrives.
 pub(super) struct RunControls {
     deadline: Mutex<Deadline>,
+    /// Wakes a guest sleeping in `poll_oneoff` when the deadline moves
+    /// (a killed session's is moved to now).
+    moved: Condvar,
     memory_cap: AtomicUsize,
     /// Largest linear memory so far.
     peak: AtomicUsize,
@@ -66,6 +69,7 @@ impl RunControls {
     pub fn new(deadline: Deadline, memory_cap: usize) -> Arc<Self> {
         Arc::new(Self {
             deadline: Mutex::new(deadline),
+            moved: Condvar::new(),
             memory_cap: AtomicUsize::new(memory_cap),
             peak: AtomicUsize::new(0),
             denied: AtomicBool::new(false),
@@ -81,6 +85,32 @@ impl RunControls {
         *self.deadline.lock().unwrap_or_else(PoisonError::into_inner) = deadline;
         self.memory_cap.store(memory_cap, Ordering::SeqCst);
         self.denied.store(false, Ordering::SeqCst);
+        self.moved.notify_all();
+    }
+
+    /// Moves the deadline to now: the guest stops at its next epoch tick,
+    /// and a guest sleeping in `poll_oneoff` wakes and stops at once.
+    pub fn expire_now(&self) {
+        *self.deadline.lock().unwrap_or_else(PoisonError::into_inner) = Deadline::start(Some(Duration::ZERO));
+        self.moved.notify_all();
+    }
+
+    /// Sleeps for `wait`, or until the deadline if that comes first
+    /// (true: the deadline was reached). Wakes when the deadline moves.
+    fn sleep(&self, wait: Duration) -> bool {
+        let until = Instant::now() + wait;
+        let mut deadline = self.deadline.lock().unwrap_or_else(PoisonError::into_inner);
+        loop {
+            if deadline.expired() {
+                return true;
+            }
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            let step = deadline.remaining().map_or(left, |d| d.min(left));
+            deadline = self.moved.wait_timeout(deadline, step).unwrap_or_else(PoisonError::into_inner).0;
+        }
     }
 
     /// True if memory (or a table) was refused since the last `arm`.
@@ -236,14 +266,8 @@ fn poll_oneoff(
     }
 
     let wait = pending.iter().map(|&(_, _, due)| due).min().unwrap_or_default();
-    if !wait.is_zero() {
-        if let Some(remaining) = caller.data().controls.deadline().remaining()
-            && wait >= remaining
-        {
-            std::thread::sleep(remaining);
-            return Err(wasmtime::Error::new(DeadlineReached));
-        }
-        std::thread::sleep(wait);
+    if !wait.is_zero() && caller.data().controls.sleep(wait) {
+        return Err(wasmtime::Error::new(DeadlineReached));
     }
 
     let mut count = 0u32;

@@ -5,7 +5,9 @@
 //! code, with the session loop already defined during its start-up), so
 //! opening one costs about what a pooled run costs: the host sends `S` and
 //! the session's nonce, and the loop reads cells from the instance's message
-//! stdin. Per cell:
+//! stdin. A session opened with environment values or granted directories
+//! gets an instance started for it with them instead (CPython's start-up,
+//! ~0.1 s). Per cell:
 //!
 //! - the request's `input` is rebound and its `input_files` are staged in
 //!   the instance's `/work` (read-only to the guest; files of earlier cells
@@ -18,8 +20,13 @@
 //!   ends the session ([`Session::is_alive`] turns false; the registry
 //!   reports it as lost).
 //!
-//! Dropping the session ends its stdin: the loop exits and the instance
-//! thread ends, freeing its instance slot and `/work`.
+//! The host never blocks on the guest: sending a cell is a message on an
+//! unbounded in-memory channel, and the wait for the cell's end is bounded
+//! by its deadline plus [`REPORT_GRACE`]. [`Session::kill`] moves the
+//! deadline to now (the guest stops at its next epoch tick, or wakes from a
+//! sleep) and ends its stdin (a guest blocked reading it reads end-of-file).
+//! Dropping the session does the same: the instance thread ends, freeing
+//! its instance slot and `/work`.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -31,27 +38,20 @@ use super::quickjs::{self, ResultTap};
 use super::run::{RunControls, Stdio};
 use super::stdio::MessageSender;
 use super::warm::Warm;
+use crate::admission::Admitted;
 use crate::backends::conventions;
+use crate::capabilities::BackendCapabilities;
 use crate::error::ExecError;
-use crate::limits::{Deadline, StreamKind, nesting, result_caps};
+use crate::limits::deadline::REPORT_GRACE;
+use crate::limits::{Deadline, StreamKind, result_caps};
 use crate::matching::{Control, Violation};
-use crate::request::{ExecRequest, Payload};
+use crate::request::ExecRequest;
 use crate::result::{ExecResult, Outcome};
 use crate::sessions::Session;
 
 /// How long opening a session may take (a pooled instance: milliseconds;
 /// a new one: CPython's start-up, ~0.1–1 s).
 const OPEN_LIMIT: Duration = Duration::from_secs(30);
-
-/// How long past a cell's deadline the host waits for the guest to report
-/// (it stops itself at the deadline; this is a backstop).
-const REPORT_GRACE: Duration = Duration::from_secs(5);
-
-/// The instance thread's end: its channel, and the result once received.
-struct Ended {
-    rx: mpsc::Receiver<Result<ExecResult, ExecError>>,
-    result: Option<Result<ExecResult, ExecError>>,
-}
 
 /// A Python session on CPython-in-wasm. See the module docs.
 pub struct PythonSession {
@@ -61,10 +61,16 @@ pub struct PythonSession {
     controls: Arc<RunControls>,
     stdio: Stdio,
     work: PathBuf,
+    /// The instance thread's end: `_start`'s result, once it returns.
     done: Mutex<Ended>,
-    /// Cells run one at a time.
-    turn: Mutex<()>,
     alive: AtomicBool,
+    killed: AtomicBool,
+}
+
+/// The instance thread's end: its channel, and the result once received.
+struct Ended {
+    rx: mpsc::Receiver<Result<ExecResult, ExecError>>,
+    result: Option<Result<ExecResult, ExecError>>,
 }
 
 impl PythonSession {
@@ -88,8 +94,8 @@ impl PythonSession {
             stdio,
             work,
             done: Mutex::new(Ended { rx: done, result: None }),
-            turn: Mutex::new(()),
             alive: AtomicBool::new(true),
+            killed: AtomicBool::new(false),
         };
         let engine = session.interpreter.engine().clone();
         let ticking = engine.ticker().run_guard();
@@ -112,38 +118,23 @@ impl PythonSession {
     /// True once the instance's thread has reported its end (kept for
     /// [`PythonSession::end_of_session`]).
     fn ended(&self) -> bool {
+        self.wait_end(Duration::ZERO)
+    }
+
+    /// Waits at most `limit` for the instance's thread to report its end;
+    /// true once it has.
+    fn wait_end(&self, limit: Duration) -> bool {
         let mut done = self.done.lock().unwrap_or_else(PoisonError::into_inner);
         if done.result.is_none() {
-            match done.rx.try_recv() {
+            match done.rx.recv_timeout(limit) {
                 Ok(result) => done.result = Some(result),
-                Err(mpsc::TryRecvError::Empty) => return false,
-                Err(mpsc::TryRecvError::Disconnected) => {
+                Err(mpsc::RecvTimeoutError::Timeout) => return false,
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
                     done.result = Some(Err(ExecError::internal(Self::NAME, "the instance thread ended")));
                 }
             }
         }
         true
-    }
-
-    /// What this session cannot do per call, beyond what every session
-    /// fixes when it opens (see `sessions::check_call`).
-    fn refusals(&self, request: &ExecRequest) -> Vec<Violation> {
-        let mut violations = Vec::new();
-        if let Some(fuel) = request.policy.fuel {
-            violations.push(Violation {
-                control: Control::Fuel,
-                requested: format!("{fuel} units"),
-                reason: "a session has no per-call fuel budget".into(),
-            });
-        }
-        if !request.packages.is_empty() {
-            violations.push(Violation {
-                control: Control::Packages,
-                requested: request.packages.join(", "),
-                reason: "python-wasm has CPython's standard library only".into(),
-            });
-        }
-        violations
     }
 
     fn lost(&self) -> ExecError {
@@ -155,25 +146,20 @@ impl PythonSession {
         }
     }
 
-    fn run_cell(&self, mut request: ExecRequest) -> Result<ExecResult, ExecError> {
-        let own = self.refusals(&request);
-        crate::sessions::check_call(Self::NAME, self.interpreter.capabilities_ref(), &request, own)?;
-        let _turn = self.turn.lock().unwrap_or_else(PoisonError::into_inner);
+    fn run_cell(&self, mut call: Admitted) -> Result<ExecResult, ExecError> {
         if !self.alive.load(Ordering::SeqCst) {
             return Err(self.lost());
         }
-        let caps = self.interpreter.capabilities_ref();
-        let deadline = Deadline::start(Some(caps.effective_timeout(&request.policy)));
-        let Payload::Source(source) = std::mem::replace(&mut request.payload, Payload::Source(String::new())) else {
-            return Err(ExecError::internal(Self::NAME, "matching let a module payload through"));
-        };
+        let deadline = call.deadline();
+        let source = call.take_source(Self::NAME)?;
         let max_nesting = self.interpreter.engine().config().max_input_nesting;
-        let input = nesting::take_input_json(&mut request.input, max_nesting, Self::NAME)?;
+        let input = call.take_input_json(max_nesting, Self::NAME)?;
+        let request = call.request();
         // This cell's input, or none: never the last cell's.
         let _ = std::fs::remove_file(self.work.join("input.json"));
-        super::write_staged(&self.work, &request, input.as_deref().map(|json| ("input.json", json)))?;
+        super::write_staged(&self.work, request, input.as_deref().map(|json| ("input.json", json)))?;
 
-        let policy = &request.policy;
+        let policy = call.policy();
         let tap = request.output_tap.clone();
         let marker = quickjs::marker(&self.nonce);
         self.stdio.stdout.reset_with_records(
@@ -196,7 +182,10 @@ impl PythonSession {
             return Err(self.lost());
         };
         let until = deadline.remaining().map(|left| Instant::now() + left + REPORT_GRACE);
-        let finished = self.stdin.wait_past(seen, until, || self.ended());
+        let finished = self.stdin.wait_past(seen, until, || self.killed.load(Ordering::SeqCst) || self.ended());
+        if self.killed.load(Ordering::SeqCst) {
+            return Ok(crate::sessions::killed_result(Self::NAME, &deadline));
+        }
         if !finished {
             return Ok(self.end_of_session(&deadline));
         }
@@ -242,11 +231,11 @@ impl PythonSession {
     /// memory, `os._exit`) or never answered. The session is over.
     fn end_of_session(&self, deadline: &Deadline) -> ExecResult {
         self.alive.store(false, Ordering::SeqCst);
+        // The instance stops itself at the deadline; a stuck one is told to.
+        self.controls.expire_now();
+        self.stdin.close();
         // The thread may report its end a moment after the guest stopped.
-        let until = Instant::now() + Duration::from_millis(500);
-        while !self.ended() && Instant::now() < until {
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        self.wait_end(Duration::from_millis(500));
         let ended = self.done.lock().unwrap_or_else(PoisonError::into_inner).result.take();
         match ended {
             Some(Ok(mut result)) => {
@@ -275,12 +264,55 @@ impl Session for PythonSession {
         Self::NAME
     }
 
-    fn execute(&self, request: ExecRequest) -> Result<ExecResult, ExecError> {
-        let policy = request.policy.clone();
-        crate::executor::finish(self.run_cell(request), &policy)
+    fn capabilities(&self) -> &BackendCapabilities {
+        self.interpreter.capabilities_ref()
+    }
+
+    /// Per-call `fuel` (the instance's budget is set when it starts) and
+    /// packages (CPython's standard library only).
+    fn refusals(&self, request: &ExecRequest) -> Vec<Violation> {
+        let mut violations = fuel_refusal(request.policy.fuel);
+        if !request.packages.is_empty() {
+            violations.push(Violation {
+                control: Control::Packages,
+                requested: request.packages.join(", "),
+                reason: "python-wasm has CPython's standard library only".into(),
+            });
+        }
+        violations
+    }
+
+    fn execute(&self, call: Admitted) -> Result<ExecResult, ExecError> {
+        self.run_cell(call)
     }
 
     fn is_alive(&self) -> bool {
         self.alive.load(Ordering::SeqCst)
     }
+
+    fn kill(&self) {
+        self.killed.store(true, Ordering::SeqCst);
+        self.alive.store(false, Ordering::SeqCst);
+        self.controls.expire_now();
+        self.stdin.close();
+    }
+}
+
+impl Drop for PythonSession {
+    /// Ends the instance: its thread stops and frees its slot and `/work`.
+    fn drop(&mut self) {
+        self.controls.expire_now();
+        self.stdin.close();
+    }
+}
+
+/// A session has no per-call fuel: its instance's budget is set at start-up.
+pub(super) fn fuel_refusal(fuel: Option<u64>) -> Vec<Violation> {
+    fuel.map(|fuel| Violation {
+        control: Control::Fuel,
+        requested: format!("{fuel} units"),
+        reason: "a session has no per-call fuel budget".into(),
+    })
+    .into_iter()
+    .collect()
 }

@@ -161,7 +161,8 @@ pub(super) struct MessageStdin(Arc<Channel>);
 /// The host's end of a [`MessageStdin`]. Dropping it ends the stream (the
 /// guest reads end-of-file).
 pub(super) struct MessageSender {
-    tx: tokio::sync::mpsc::UnboundedSender<Vec<u8>>,
+    /// `None` once closed.
+    tx: Mutex<Option<tokio::sync::mpsc::UnboundedSender<Vec<u8>>>>,
     channel: Arc<Channel>,
 }
 
@@ -187,7 +188,7 @@ impl MessageStdin {
             waits: AtomicU64::new(0),
             changed: Condvar::new(),
         });
-        (Self(channel.clone()), MessageSender { tx, channel })
+        (Self(channel.clone()), MessageSender { tx: Mutex::new(Some(tx)), channel })
     }
 }
 
@@ -213,8 +214,14 @@ impl MessageSender {
         // Under the inbox lock: a reader cannot count a wait in between.
         let _inbox = self.channel.inbox();
         let waits = self.channel.waits.load(Ordering::SeqCst);
-        self.tx.send(framed).ok()?;
+        self.tx.lock().unwrap_or_else(PoisonError::into_inner).as_ref()?.send(framed).ok()?;
         Some(waits)
+    }
+
+    /// Ends the stream now: the guest reads end-of-file, also if it is
+    /// blocked reading (a killed session; a one-shot run's code is sent).
+    pub fn close(&self) {
+        drop(self.tx.lock().unwrap_or_else(PoisonError::into_inner).take());
     }
 
     /// Times the guest blocked for input so far.

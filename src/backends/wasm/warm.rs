@@ -35,13 +35,10 @@ use super::run::{self, Preopen, RunControls, Stdio, StoreSetup};
 use super::stdio::{CappedPipe, MessageSender, MessageStdin};
 use crate::error::ExecError;
 use crate::limits::Deadline;
+use crate::limits::deadline::REPORT_GRACE;
 use crate::policy::Access;
 use crate::request::ExecRequest;
 use crate::result::{ExecResult, Outcome};
-
-/// How long past its deadline a run may take to report before the caller
-/// stops waiting (the guest stops itself at the deadline; this is a backstop).
-const REPORT_GRACE: Duration = Duration::from_secs(5);
 
 /// First wait before starting instances again after a failed start (no
 /// temporary directory, no thread, no free slot); doubled per failure in a
@@ -198,20 +195,27 @@ impl WarmPool {
         lock(&self.pool.idle).iter().filter(|w| w.code.waits() > 0).count()
     }
 
-    /// An instance of the pool's for a session (its replacement starts at
-    /// once), or a new one started now if none is pooled. `None` if no
-    /// instance slot is free.
-    pub fn take_for_session(&self) -> Result<Warm, String> {
-        let pooled = loop {
-            let Some(warm) = lock(&self.pool.idle).pop_front() else { break None };
-            if !warm.thread.is_finished() {
-                break Some(warm);
+    /// An instance for a session: with no environment and no granted
+    /// directories, one of the pool's (its replacement starts at once) or a
+    /// new one if none is pooled; otherwise a new one started now with
+    /// `setup`'s environment and directories (what a pooled instance could
+    /// not be given after its start). `Err` if no instance slot is free.
+    pub fn take_for_session(&self, setup: SessionSetup) -> Result<Warm, String> {
+        let plain = setup.env.is_empty() && setup.preopens.is_empty();
+        let pooled = if plain {
+            loop {
+                let Some(warm) = lock(&self.pool.idle).pop_front() else { break None };
+                if !warm.thread.is_finished() {
+                    break Some(warm);
+                }
+                drop(warm.thread.join());
             }
-            drop(warm.thread.join());
+        } else {
+            None
         };
         let warm = match pooled {
             Some(warm) => warm,
-            None => match self.pool.start_one(0) {
+            None => match self.pool.start_one(0, setup) {
                 Ok(warm) => warm,
                 Err(StartError::NoSlot) => return Err("every instance slot is busy".into()),
                 Err(StartError::Failed(why)) => return Err(why),
@@ -220,6 +224,14 @@ impl WarmPool {
         self.pool.top_up();
         Ok(warm)
     }
+}
+
+/// What a session's instance starts with beyond the pool's own: its
+/// environment and granted directories (fixed for its life).
+#[derive(Default)]
+pub(super) struct SessionSetup {
+    pub env: Vec<(String, String)>,
+    pub preopens: Vec<Preopen>,
 }
 
 impl Pool {
@@ -266,6 +278,9 @@ impl Pool {
             self.hand_off(warm.thread, true);
             return None;
         }
+        // The code is all it gets: a read of stdin after it is end-of-file,
+        // never a wait the deadline cannot interrupt.
+        warm.code.close();
         let result = match deadline.remaining() {
             Some(left) => warm.done.recv_timeout(left + REPORT_GRACE),
             None => warm.done.recv().map_err(|_| RecvTimeoutError::Disconnected),
@@ -375,7 +390,7 @@ impl Pool {
             if !short || *lock(&self.closed) {
                 return;
             }
-            match self.start_one(self.size) {
+            match self.start_one(self.size, SessionSetup::default()) {
                 Ok(warm) => {
                     *lock(&self.backoff) = Backoff::default();
                     lock(&self.idle).push_back(warm);
@@ -409,7 +424,7 @@ impl Pool {
 
     /// Starts one instance in the background; it joins the idle list at once
     /// (a request that takes it before start-up ends waits for the rest).
-    fn start_one(&self, keep_free: usize) -> Result<Warm, StartError> {
+    fn start_one(&self, keep_free: usize, setup: SessionSetup) -> Result<Warm, StartError> {
         // Never waits, and (for the pool) leaves as many slots free as the
         // pool holds: with slots scarce, requests need them more.
         let slot = self.engine.try_acquire_slot(keep_free).ok_or(StartError::NoSlot)?;
@@ -435,9 +450,10 @@ impl Pool {
                 // pool slot, then `/work` goes, then the slot is given back.
                 let _slot = slot;
                 let work = work;
-                let preopens =
-                    [Preopen { host: work.path().to_path_buf(), guest: "/work".into(), perms: FsPerms::ReadOnly }];
-                let setup = StoreSetup { args: &args, env: &[], preopens: &preopens, fuel: None };
+                let mut preopens =
+                    vec![Preopen { host: work.path().to_path_buf(), guest: "/work".into(), perms: FsPerms::ReadOnly }];
+                preopens.extend(setup.preopens);
+                let setup = StoreSetup { args: &args, env: &setup.env, preopens: &preopens, fuel: None };
                 let mut store =
                     match run::new_store(&engine, compiled.abi, stdin, &thread_stdio, &setup, thread_controls) {
                         Ok(store) => store,

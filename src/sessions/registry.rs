@@ -1,0 +1,805 @@
+//! The registry of live sessions: opening, admission of calls, expiry and
+//! the overrun backstop, closing. See the module docs of [`crate::sessions`].
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::{Duration, Instant};
+
+use super::turns::Turns;
+use super::{CALL_OVERRUN_LIMIT, Session, SessionBackend, SessionError, SessionSpec, fixed_at_open};
+use crate::admission::{self, Admitted};
+use crate::capabilities::Language;
+use crate::error::{BackendRejection, ExecError};
+use crate::matching::{self, Control, Violation};
+use crate::policy::SandboxPolicy;
+use crate::request::ExecRequest;
+use crate::result::ExecResult;
+
+/// Bounds on sessions.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SessionConfig {
+    /// Most sessions live (or opening) at once. Default 16.
+    pub max_sessions: usize,
+    /// A session unused this long is closed. Default 5 minutes.
+    pub idle_timeout: Duration,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        Self { max_sessions: 16, idle_timeout: Duration::from_secs(300) }
+    }
+}
+
+/// The registry of live sessions. Cheap to clone (shared). Build with
+/// [`Sessions::builder`] or [`Sessions::for_executor`].
+#[derive(Clone)]
+pub struct Sessions {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Sessions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sessions").field("cfg", &self.inner.cfg).field("live", &self.len()).finish_non_exhaustive()
+    }
+}
+
+/// Builds a [`Sessions`] registry: its bounds, its session backends (the
+/// first added for a language that can honour a spec opens it), and the
+/// ceiling every session and call is held to.
+#[derive(Default)]
+pub struct SessionsBuilder {
+    cfg: SessionConfig,
+    backends: Vec<Arc<dyn SessionBackend>>,
+    ceiling: Option<SandboxPolicy>,
+}
+
+impl SessionsBuilder {
+    /// Sets the bounds (default: [`SessionConfig::default`]).
+    pub fn config(mut self, cfg: SessionConfig) -> Self {
+        self.cfg = cfg;
+        self
+    }
+
+    /// Adds a backend that opens sessions.
+    pub fn backend(self, backend: impl SessionBackend + 'static) -> Self {
+        self.shared_backend(Arc::new(backend))
+    }
+
+    /// Adds a shared backend that opens sessions.
+    pub fn shared_backend(mut self, backend: Arc<dyn SessionBackend>) -> Self {
+        self.backends.push(backend);
+        self
+    }
+
+    /// Holds every session's spec and every call to `ceiling` (see
+    /// [`SandboxPolicy::within`]), as an executor's ceiling holds its runs.
+    pub fn ceiling(mut self, ceiling: SandboxPolicy) -> Self {
+        self.ceiling = Some(ceiling);
+        self
+    }
+
+    /// Finishes the registry.
+    pub fn build(self) -> Sessions {
+        Sessions {
+            inner: Arc::new(Inner {
+                cfg: self.cfg,
+                backends: self.backends,
+                ceiling: self.ceiling,
+                state: Mutex::new(State::default()),
+            }),
+        }
+    }
+}
+
+struct Inner {
+    cfg: SessionConfig,
+    backends: Vec<Arc<dyn SessionBackend>>,
+    ceiling: Option<SandboxPolicy>,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    live: HashMap<String, Entry>,
+    /// Sessions being opened: they count against the bound.
+    opening: usize,
+    /// Ids of sessions that ended without a close, with why; each is
+    /// reported once. Bounded: the oldest are forgotten.
+    lost: VecDeque<(String, String)>,
+    expiry_running: bool,
+    /// Numbers calls in flight.
+    next_call: u64,
+}
+
+struct Entry {
+    session: Arc<dyn Session>,
+    spec: Arc<SessionSpec>,
+    /// What its backend provides: later calls may declare these.
+    packages: Vec<String>,
+    /// Calls run one at a time, in arrival order.
+    turns: Arc<Turns>,
+    last_used: Instant,
+    /// Calls in flight (waiting for their turn or running), each with the
+    /// moment past which it overran its deadline (see [`CALL_OVERRUN_LIMIT`]).
+    calls: HashMap<u64, Instant>,
+}
+
+/// Lost ids remembered at most.
+const MAX_LOST: usize = 1024;
+
+impl Sessions {
+    /// A registry to configure; see [`SessionsBuilder`].
+    pub fn builder() -> SessionsBuilder {
+        SessionsBuilder::default()
+    }
+
+    /// A registry whose sessions open on the executor's backends that keep
+    /// state ([`Backend::session_backend`](crate::Backend::session_backend)),
+    /// in selection order, held to the executor's ceiling.
+    pub fn for_executor(cfg: SessionConfig, executor: &crate::Executor) -> Self {
+        let mut builder = executor
+            .backends()
+            .filter_map(|b| b.session_backend())
+            .fold(Self::builder().config(cfg), SessionsBuilder::shared_backend);
+        if let Some(ceiling) = executor.ceiling() {
+            builder = builder.ceiling(ceiling.clone());
+        }
+        builder.build()
+    }
+
+    /// The bounds in use.
+    pub fn config(&self) -> &SessionConfig {
+        &self.inner.cfg
+    }
+
+    /// The ceiling sessions and calls are held to, if any.
+    pub fn ceiling(&self) -> Option<&SandboxPolicy> {
+        self.inner.ceiling.as_ref()
+    }
+
+    /// Languages that have sessions here.
+    pub fn languages(&self) -> Vec<Language> {
+        let mut languages: Vec<Language> = self.inner.backends.iter().map(|b| b.session_language()).collect();
+        languages.dedup();
+        languages
+    }
+
+    /// Live sessions.
+    pub fn len(&self) -> usize {
+        self.inner.lock().live.len()
+    }
+
+    /// True when no session is live.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Calls in flight (waiting for their turn or running), all sessions together.
+    pub fn calls_in_flight(&self) -> usize {
+        self.inner.lock().live.values().map(|e| e.calls.len()).sum()
+    }
+
+    /// Opens a session under `id`: its spec is held to the ceiling, then the
+    /// first session backend of its language that provides its packages and
+    /// enforces everything it states opens it. If none can, the refusal
+    /// names, per backend, every unmet control.
+    pub fn open(&self, id: &str, spec: SessionSpec) -> Result<(), SessionError> {
+        let spec = self.hold_spec(spec)?;
+        let backend = self.backend_for(&spec)?;
+        let reserved = {
+            let mut state = self.inner.lock();
+            if state.live.contains_key(id) {
+                return Err(SessionError::Exists { id: id.into() });
+            }
+            let max = self.inner.cfg.max_sessions;
+            if state.live.len() + state.opening >= max {
+                return Err(SessionError::TooMany { max });
+            }
+            // A new session under a lost id is a deliberate fresh start.
+            state.lost.retain(|(lost, _)| lost != id);
+            Opening::reserve(&self.inner, &mut state)
+        };
+        let opened = backend.open_session(&spec);
+        let provided = backend.session_packages();
+        let mut state = self.inner.lock();
+        reserved.finish(&mut state);
+        let session: Arc<dyn Session> = Arc::from(opened?);
+        if state.live.contains_key(id) {
+            // Another caller opened the same id meanwhile: theirs stays;
+            // this one ends (outside the lock).
+            drop(state);
+            session.kill();
+            return Err(SessionError::Exists { id: id.into() });
+        }
+        let entry = Entry {
+            session,
+            spec: Arc::new(spec),
+            packages: provided,
+            turns: Arc::new(Turns::default()),
+            last_used: Instant::now(),
+            calls: HashMap::new(),
+        };
+        state.live.insert(id.to_string(), entry);
+        self.start_expiry(&mut state);
+        Ok(())
+    }
+
+    /// Opens a session under a new random id, and returns it.
+    pub fn open_new(&self, spec: SessionSpec) -> Result<String, SessionError> {
+        let id = super::new_id();
+        self.open(&id, spec)?;
+        Ok(id)
+    }
+
+    /// Runs `request` in session `id`: [`SessionError::Unknown`] if none is
+    /// open, [`SessionError::Lost`] (once) if it ended. Blocks, at most about
+    /// the request's deadline plus 2 s.
+    pub fn execute(&self, id: &str, request: ExecRequest) -> Result<ExecResult, SessionError> {
+        self.run(id, request, false)
+    }
+
+    /// Like [`Sessions::execute`], but opens a session under the request's
+    /// own spec ([`SessionSpec::of_request`]) when none has this id (the
+    /// agent layer's semantics: the id is the caller's). A lost session is
+    /// still reported once first.
+    pub fn execute_or_open(&self, id: &str, request: ExecRequest) -> Result<ExecResult, SessionError> {
+        self.run(id, request, true)
+    }
+
+    /// Closes session `id` now: its interpreter is killed, even while a
+    /// call of it runs (that call ends as `killed`). False if none was open.
+    pub fn close(&self, id: &str) -> bool {
+        self.close_where(|key| key == id) > 0
+    }
+
+    /// Closes every session whose id `matches` (e.g. all of one client's),
+    /// as [`Sessions::close`] does; returns how many.
+    pub fn close_where(&self, matches: impl Fn(&str) -> bool) -> usize {
+        let removed: Vec<Entry> = {
+            let mut state = self.inner.lock();
+            state.lost.retain(|(id, _)| !matches(id));
+            let ids: Vec<String> = state.live.keys().filter(|id| matches(id)).cloned().collect();
+            ids.iter().filter_map(|id| state.live.remove(id)).collect()
+        };
+        end_all(&removed);
+        removed.len()
+    }
+
+    /// Closes every session (e.g. at shutdown).
+    pub fn close_all(&self) -> usize {
+        self.close_where(|_| true)
+    }
+
+    /// Validates the spec and holds its policy to the ceiling.
+    fn hold_spec(&self, mut spec: SessionSpec) -> Result<SessionSpec, SessionError> {
+        let mut template = spec.template();
+        admission::hold(&mut template, self.inner.ceiling.as_ref())?;
+        spec.policy = template.policy;
+        Ok(spec)
+    }
+
+    /// The first session backend of the spec's language that provides its
+    /// packages and enforces everything it states.
+    fn backend_for(&self, spec: &SessionSpec) -> Result<Arc<dyn SessionBackend>, SessionError> {
+        let language = spec.language;
+        let of_language: Vec<&Arc<dyn SessionBackend>> =
+            self.inner.backends.iter().filter(|b| b.session_language() == language).collect();
+        if of_language.is_empty() {
+            return Err(SessionError::Unsupported { language });
+        }
+        let template = spec.template();
+        let mut rejections = Vec::new();
+        let mut unprovided = spec.packages.clone();
+        for backend in of_language {
+            let provided = backend.session_packages();
+            let lacks: Vec<String> =
+                spec.packages.iter().filter(|p| !provided.iter().any(|h| h.eq_ignore_ascii_case(p))).cloned().collect();
+            unprovided.retain(|p| lacks.contains(p));
+            let mut violations = Vec::new();
+            if !lacks.is_empty() {
+                violations.push(Violation {
+                    control: Control::Packages,
+                    requested: lacks.join(", "),
+                    reason: format!("{} sessions provide {}", backend.session_name(), list_or_none(&provided)),
+                });
+            }
+            violations.extend(matching::check(backend.session_capabilities(), &template).err().unwrap_or_default());
+            violations.extend(backend.open_refusals(spec));
+            if violations.is_empty() {
+                return Ok(backend.clone());
+            }
+            rejections.push(BackendRejection { backend: backend.session_name().to_string(), violations });
+        }
+        if !unprovided.is_empty() {
+            return Err(SessionError::PackagesUnavailable { language, packages: unprovided });
+        }
+        Err(SessionError::Exec(ExecError::Refused { rejections }))
+    }
+
+    fn run(&self, id: &str, mut request: ExecRequest, open_if_unknown: bool) -> Result<ExecResult, SessionError> {
+        admission::hold(&mut request, self.inner.ceiling.as_ref())?;
+        let (session, turns, call, in_flight) = loop {
+            {
+                let mut state = self.inner.lock();
+                if let Some(at) = state.lost.iter().position(|(lost, _)| lost == id) {
+                    let (id, reason) = state.lost.remove(at).unwrap_or_default();
+                    return Err(SessionError::Lost { id, reason });
+                }
+                let next_call = state.next_call;
+                if let Some(entry) = state.live.get_mut(id) {
+                    let call = admit_call(id, entry, request)?;
+                    let overdue =
+                        call.deadline().remaining().map_or(Instant::now() + Duration::from_secs(86_400), |left| {
+                            Instant::now() + left + CALL_OVERRUN_LIMIT
+                        });
+                    entry.calls.insert(next_call, overdue);
+                    entry.last_used = Instant::now();
+                    let found = (entry.session.clone(), entry.turns.clone());
+                    state.next_call += 1;
+                    let in_flight = InFlight { inner: &self.inner, id, session: found.0.clone(), call: next_call };
+                    break (found.0, found.1, call, in_flight);
+                }
+                if !open_if_unknown {
+                    return Err(SessionError::Unknown { id: id.into() });
+                }
+            }
+            match self.open(id, SessionSpec::of_request(&request)) {
+                Ok(()) | Err(SessionError::Exists { .. }) => continue,
+                Err(e) => return Err(e),
+            }
+        };
+        // Waiting for earlier calls counts against this call's deadline.
+        let policy = call.policy().clone();
+        let result = match turns.take(call.deadline().remaining()) {
+            Some(_turn) => Admitted::finish(&policy, session.execute(call)),
+            None => Err(ExecError::Busy {
+                backend: session.backend().to_string(),
+                reason: "earlier calls of this session still ran when this call's deadline passed".into(),
+            }),
+        };
+        drop(in_flight);
+        let ended = self.end_if_dead(id, &session, &result);
+        let mut result = result?;
+        if ended {
+            let note = "the session ended with this call: its state is gone";
+            result.message = Some(match result.message.take() {
+                Some(message) => format!("{message} ({note})"),
+                None => note.to_string(),
+            });
+        }
+        Ok(result)
+    }
+
+    /// If `session` (still `id`'s) died with a call, records it as lost and
+    /// removes it; true if so.
+    fn end_if_dead(&self, id: &str, session: &Arc<dyn Session>, result: &Result<ExecResult, ExecError>) -> bool {
+        let removed = {
+            let mut state = self.inner.lock();
+            let ours = state.live.get(id).is_some_and(|e| Arc::ptr_eq(&e.session, session));
+            if !ours || session.is_alive() {
+                return false;
+            }
+            let reason = match result {
+                Ok(r) => format!("a call ended as {}", r.outcome.as_str()),
+                Err(e) => format!("a call failed: {e}"),
+            };
+            state.remember_lost(id.to_string(), reason);
+            state.live.remove(id)
+        };
+        end_all(removed.as_slice());
+        true
+    }
+
+    /// Starts the expiry thread if it is not running.
+    fn start_expiry(&self, state: &mut State) {
+        if state.expiry_running {
+            return;
+        }
+        let weak = Arc::downgrade(&self.inner);
+        let spawned = std::thread::Builder::new().name("execbox-session-expiry".into()).spawn(move || expire(weak));
+        match spawned {
+            Ok(_) => state.expiry_running = true,
+            Err(e) => tracing::warn!(error = %e, "no session expiry thread; idle sessions close when touched"),
+        }
+    }
+}
+
+/// Admits one call to `entry`'s session: the session's language, packages
+/// and backend, then matching against its capabilities, what it fixed when
+/// it opened, and its own refusals, every unmet control named.
+fn admit_call(id: &str, entry: &Entry, request: ExecRequest) -> Result<Admitted, SessionError> {
+    let session = &entry.session;
+    if entry.spec.language != request.language {
+        return Err(SessionError::WrongLanguage {
+            id: id.into(),
+            session: entry.spec.language,
+            requested: request.language,
+        });
+    }
+    let lacks: Vec<String> = request
+        .packages
+        .iter()
+        .filter(|p| !entry.packages.iter().any(|h| h.eq_ignore_ascii_case(p)))
+        .cloned()
+        .collect();
+    if !lacks.is_empty() {
+        return Err(SessionError::PackagesUnavailable { language: request.language, packages: lacks });
+    }
+    if let Some(pin) = request.backend.as_deref()
+        && !session.backend().starts_with(pin)
+    {
+        return Err(SessionError::WrongBackend {
+            id: id.into(),
+            session: session.backend().to_string(),
+            requested: pin.to_string(),
+        });
+    }
+    let mut violations = matching::check(session.capabilities(), &request).err().unwrap_or_default();
+    violations.extend(fixed_at_open(&entry.spec, &request));
+    violations.extend(session.refusals(&request));
+    if !violations.is_empty() {
+        let rejections = vec![BackendRejection { backend: session.backend().to_string(), violations }];
+        return Err(SessionError::Exec(ExecError::Refused { rejections }));
+    }
+    Ok(Admitted::new(request, session.capabilities()))
+}
+
+/// A call in flight: counted on its session's entry until it drops,
+/// whichever way the call returns.
+struct InFlight<'a> {
+    inner: &'a Inner,
+    id: &'a str,
+    session: Arc<dyn Session>,
+    call: u64,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        let mut state = self.inner.lock();
+        if let Some(entry) = state.live.get_mut(self.id)
+            && Arc::ptr_eq(&entry.session, &self.session)
+        {
+            entry.calls.remove(&self.call);
+            entry.last_used = Instant::now();
+        }
+    }
+}
+
+/// A session being opened, counted against the bound until it is live or
+/// its opening failed.
+struct Opening<'a> {
+    inner: &'a Inner,
+    counted: bool,
+}
+
+impl<'a> Opening<'a> {
+    fn reserve(inner: &'a Inner, state: &mut State) -> Self {
+        state.opening += 1;
+        Self { inner, counted: true }
+    }
+
+    /// Stops counting it, under the lock the caller holds.
+    fn finish(mut self, state: &mut State) {
+        state.opening -= 1;
+        self.counted = false;
+    }
+}
+
+impl Drop for Opening<'_> {
+    fn drop(&mut self) {
+        if self.counted {
+            self.inner.lock().opening -= 1;
+        }
+    }
+}
+
+impl State {
+    fn remember_lost(&mut self, id: String, reason: String) {
+        self.lost.push_back((id, reason));
+        while self.lost.len() > MAX_LOST {
+            self.lost.pop_front();
+        }
+    }
+}
+
+impl Inner {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Kills the sessions of removed entries (outside the registry's lock),
+/// then drops them.
+fn end_all(removed: &[Entry]) {
+    for entry in removed {
+        entry.session.kill();
+    }
+}
+
+fn list_or_none(names: &[String]) -> String {
+    if names.is_empty() { "no third-party packages".into() } else { names.join(", ") }
+}
+
+/// The expiry thread: closes idle sessions and kills those whose call
+/// overran its deadline, until none is live or the registry is gone.
+fn expire(weak: Weak<Inner>) {
+    loop {
+        let Some(inner) = weak.upgrade() else { return };
+        let idle = inner.cfg.idle_timeout;
+        let tick = (idle / 4).clamp(Duration::from_millis(20), Duration::from_millis(500));
+        let ended: Vec<Entry> = {
+            let mut state = inner.lock();
+            let now = Instant::now();
+            let mut ended = Vec::new();
+            let ids: Vec<(String, &'static str)> = state
+                .live
+                .iter()
+                .filter_map(|(id, e)| {
+                    if e.calls.values().any(|overdue| now >= *overdue) {
+                        Some((id.clone(), "overran"))
+                    } else if e.calls.is_empty() && e.last_used.elapsed() >= idle {
+                        Some((id.clone(), "idle"))
+                    } else {
+                        None
+                    }
+                })
+                .collect();
+            for (id, why) in ids {
+                if let Some(entry) = state.live.remove(&id) {
+                    let reason = match why {
+                        "overran" => format!(
+                            "a call still ran {} s past its deadline, so the session was killed",
+                            CALL_OVERRUN_LIMIT.as_secs()
+                        ),
+                        _ => format!("idle for longer than {} ms", idle.as_millis()),
+                    };
+                    if why == "overran" {
+                        tracing::error!(session = %id, "a session call overran its deadline: killed by the registry");
+                    }
+                    state.remember_lost(id, reason);
+                    ended.push(entry);
+                }
+            }
+            if state.live.is_empty() && state.opening == 0 {
+                state.expiry_running = false;
+                drop(state);
+                end_all(&ended);
+                return;
+            }
+            ended
+        };
+        end_all(&ended);
+        drop(ended);
+        // Sleep without keeping the registry alive past its owners.
+        drop(inner);
+        std::thread::sleep(tick);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::capabilities::BackendCapabilities;
+    use crate::result::Outcome;
+
+    /// A session that counts calls, dies on code "die" and hangs on "hang"
+    /// until killed.
+    struct Counter {
+        calls: AtomicUsize,
+        alive: AtomicBool,
+        killed: (Mutex<bool>, std::sync::Condvar),
+        open: Arc<AtomicUsize>,
+        caps: BackendCapabilities,
+    }
+
+    impl Drop for Counter {
+        fn drop(&mut self) {
+            self.open.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    impl Session for Counter {
+        fn backend(&self) -> &str {
+            "counter"
+        }
+        fn capabilities(&self) -> &BackendCapabilities {
+            &self.caps
+        }
+        fn execute(&self, mut call: Admitted) -> Result<ExecResult, ExecError> {
+            let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+            let code = call.take_source("counter")?;
+            if code == "die" {
+                self.alive.store(false, Ordering::SeqCst);
+                return Ok(ExecResult::new("counter", Outcome::TimedOut));
+            }
+            if code == "hang" {
+                // Ignores its deadline on purpose: only a kill ends it.
+                let (lock, changed) = &self.killed;
+                let mut killed = lock.lock().unwrap();
+                while !*killed {
+                    killed = changed.wait(killed).unwrap();
+                }
+                return Ok(ExecResult::new("counter", Outcome::Killed));
+            }
+            let mut r = ExecResult::new("counter", Outcome::Ok);
+            r.output = Some(serde_json::json!(n));
+            Ok(r)
+        }
+        fn is_alive(&self) -> bool {
+            self.alive.load(Ordering::SeqCst)
+        }
+        fn kill(&self) {
+            self.alive.store(false, Ordering::SeqCst);
+            *self.killed.0.lock().unwrap() = true;
+            self.killed.1.notify_all();
+        }
+    }
+
+    struct Opener(Arc<AtomicUsize>, BackendCapabilities);
+
+    impl SessionBackend for Opener {
+        fn session_name(&self) -> &str {
+            "counter"
+        }
+        fn session_language(&self) -> Language {
+            Language::JavaScript
+        }
+        fn session_capabilities(&self) -> &BackendCapabilities {
+            &self.1
+        }
+        fn open_session(&self, _spec: &SessionSpec) -> Result<Box<dyn Session>, ExecError> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Ok(Box::new(Counter {
+                calls: AtomicUsize::new(0),
+                alive: AtomicBool::new(true),
+                killed: Default::default(),
+                open: self.0.clone(),
+                caps: self.1.clone(),
+            }))
+        }
+    }
+
+    fn caps() -> BackendCapabilities {
+        use crate::capabilities::*;
+        let yes = || Enforcement::enforced("test");
+        BackendCapabilities {
+            isolation: IsolationKind::InProcess,
+            cost: CostClass::Low,
+            languages: vec![Language::JavaScript],
+            payloads: vec![crate::capabilities::PayloadKind::Source],
+            features: RequestFeatures { json_input: true, ..Default::default() },
+            network: SurfaceCapability { deny: yes(), allow_list: Enforcement::not_enforced("test") },
+            filesystem: SurfaceCapability { deny: yes(), allow_list: Enforcement::not_enforced("test") },
+            environment: SurfaceCapability { deny: yes(), allow_list: Enforcement::not_enforced("test") },
+            timeout: yes(),
+            memory: yes(),
+            fuel: yes(),
+            stdout_cap: yes(),
+            stderr_cap: yes(),
+            processes: yes(),
+            default_timeout_ms: 1000,
+        }
+    }
+
+    fn registry(cfg: SessionConfig) -> (Sessions, Arc<AtomicUsize>) {
+        let open = Arc::new(AtomicUsize::new(0));
+        (Sessions::builder().config(cfg).backend(Opener(open.clone(), caps())).build(), open)
+    }
+
+    fn call(code: &str) -> ExecRequest {
+        ExecRequest::javascript(code)
+    }
+
+    fn js() -> SessionSpec {
+        SessionSpec::new(Language::JavaScript)
+    }
+
+    #[test]
+    fn state_is_kept_per_id_and_a_lost_session_is_reported_once() {
+        let (sessions, open) = registry(SessionConfig::default());
+        assert_eq!(sessions.execute("a", call("x")).unwrap_err().kind(), "unknown_session");
+        sessions.open("a", js()).unwrap();
+        assert_eq!(sessions.open("a", js()).unwrap_err().kind(), "session_exists");
+        assert_eq!(sessions.open("n", js().packages(["numpy"])).unwrap_err().kind(), "packages_unavailable");
+        assert_eq!(sessions.execute("a", call("x")).unwrap().output, Some(serde_json::json!(1)));
+        assert_eq!(sessions.execute("a", call("x")).unwrap().output, Some(serde_json::json!(2)));
+        assert_eq!(sessions.execute_or_open("b", call("x")).unwrap().output, Some(serde_json::json!(1)));
+        let ended = sessions.execute("a", call("die")).unwrap();
+        assert!(ended.message.unwrap().contains("session ended"));
+        assert_eq!(open.load(Ordering::SeqCst), 1, "the lost session was freed");
+        let lost = sessions.execute_or_open("a", call("x")).unwrap_err();
+        assert_eq!(lost.kind(), "session_lost", "{lost}");
+        assert!(lost.to_string().contains("timed_out"), "{lost}");
+        // Reported once; then the id is free again.
+        assert_eq!(sessions.execute_or_open("a", call("x")).unwrap().output, Some(serde_json::json!(1)));
+        assert!(sessions.close("a") && sessions.close("b"));
+        assert_eq!((sessions.len(), open.load(Ordering::SeqCst)), (0, 0));
+        // A pin on another backend is refused, and leaves nothing in flight.
+        sessions.open("p", js()).unwrap();
+        let pinned = call("x").on_backend("container");
+        assert_eq!(sessions.execute("p", pinned).unwrap_err().kind(), "wrong_backend");
+        assert_eq!(sessions.calls_in_flight(), 0);
+        assert_eq!(sessions.execute("p", call("x").on_backend("counter")).unwrap().output, Some(serde_json::json!(1)));
+        sessions.close("p");
+        assert_eq!(
+            sessions.execute("a", ExecRequest::source(Language::Python, "1")).unwrap_err().kind(),
+            "unknown_session"
+        );
+        assert_eq!(sessions.open("p", SessionSpec::new(Language::Python)).unwrap_err().kind(), "stateful_unsupported");
+        // An opening spec the backend cannot enforce is refused, naming the control.
+        let grants = crate::policy::Access::Allow(vec!["example.org".to_string()]);
+        let refused = sessions.open("g", js().policy(SandboxPolicy::host_local().network(grants))).unwrap_err();
+        assert_eq!(refused.kind(), "refused", "{refused}");
+        assert!(refused.to_string().contains("network"), "{refused}");
+    }
+
+    #[test]
+    fn refused_and_pinned_calls_leave_nothing_busy_so_the_session_still_expires() {
+        let (sessions, open) = registry(SessionConfig { max_sessions: 4, idle_timeout: Duration::from_millis(100) });
+        sessions.open("a", js()).unwrap();
+        for refused in [
+            call("x").on_backend("container"),
+            ExecRequest::source(Language::Python, "x"),
+            call("x").packages(["numpy"]),
+            call("x").arg("1"),
+            call("x").policy(SandboxPolicy::strict().max_code_bytes(0)),
+        ] {
+            assert!(sessions.execute("a", refused).is_err());
+        }
+        assert_eq!(sessions.calls_in_flight(), 0);
+        let until = Instant::now() + Duration::from_secs(10);
+        while !sessions.is_empty() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!((sessions.len(), open.load(Ordering::SeqCst)), (0, 0), "expired");
+    }
+
+    #[test]
+    fn closing_kills_a_session_whose_call_hangs_and_the_call_returns() {
+        let (sessions, open) = registry(SessionConfig::default());
+        sessions.open("h", js()).unwrap();
+        let caller = {
+            let sessions = sessions.clone();
+            std::thread::spawn(move || sessions.execute("h", call("hang")))
+        };
+        while sessions.calls_in_flight() == 0 {
+            std::thread::yield_now();
+        }
+        assert!(sessions.close("h"));
+        let result = caller.join().unwrap().unwrap();
+        assert_eq!(result.outcome, Outcome::Killed);
+        assert_eq!((sessions.len(), sessions.calls_in_flight(), open.load(Ordering::SeqCst)), (0, 0, 0));
+    }
+
+    #[test]
+    fn a_call_that_overruns_its_deadline_gets_its_session_killed() {
+        let (sessions, open) = registry(SessionConfig::default());
+        sessions.open("h", js()).unwrap();
+        let started = Instant::now();
+        let hung = call("hang").policy(SandboxPolicy::strict().timeout(Duration::from_millis(100)));
+        let result = sessions.execute("h", hung).unwrap();
+        assert_eq!(result.outcome, Outcome::Killed);
+        assert!(started.elapsed() < Duration::from_millis(100) + CALL_OVERRUN_LIMIT + Duration::from_secs(2));
+        assert_eq!(sessions.execute("h", call("x")).unwrap_err().kind(), "session_lost");
+        assert_eq!(open.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn the_count_is_bounded_and_idle_sessions_expire_as_lost() {
+        let (sessions, open) = registry(SessionConfig { max_sessions: 2, idle_timeout: Duration::from_millis(200) });
+        let a = sessions.open_new(js()).unwrap();
+        let b = sessions.open_new(js()).unwrap();
+        assert_ne!(a, b);
+        assert_eq!(sessions.open_new(js()).unwrap_err().kind(), "too_many_sessions");
+        let until = Instant::now() + Duration::from_secs(10);
+        while !sessions.is_empty() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!((sessions.len(), open.load(Ordering::SeqCst)), (0, 0), "expired without being touched");
+        let lost = sessions.execute(&a, call("x")).unwrap_err();
+        assert!(lost.to_string().contains("idle"), "{lost}");
+        assert_eq!(sessions.close_where(|id| id == b), 0, "already gone");
+    }
+}

@@ -1,0 +1,347 @@
+//! Sessions under hostile cells, on every session backend (contained boa,
+//! CPython-in-wasm, containers): a cell that stops its session loop from
+//! reading cannot make the next call outlive its deadline, closing a session
+//! kills it even while a call of it runs, and random interleavings of every
+//! kind of call leave nothing busy, live or running.
+#![cfg(all(feature = "js", feature = "wasm"))]
+
+use std::time::{Duration, Instant};
+
+use execbox::backends::{BoaJs, BoaJsConfig, WasmInterpreter};
+use execbox::{
+    Backend, ExecRequest, Language, Outcome, SandboxPolicy, SessionBackend, SessionConfig, SessionSpec, Sessions,
+};
+
+/// How far past its deadline a session call may return (issue 17: within
+/// the deadline plus 2 s).
+const OVERRUN: Duration = Duration::from_secs(2);
+
+fn js() -> BoaJs {
+    BoaJs::new(BoaJsConfig {
+        worker_program: Some(env!("CARGO_BIN_EXE_execbox").into()),
+        idle_workers: 0,
+        ..BoaJsConfig::default()
+    })
+}
+
+fn python() -> Option<WasmInterpreter> {
+    let backend = WasmInterpreter::python().expect("engine").with_warm_pool(1);
+    match backend.availability() {
+        Ok(()) => {
+            backend.warm_up().expect("the interpreter loads");
+            Some(backend)
+        }
+        Err(reason) => {
+            assert!(std::env::var_os("EXECBOX_REQUIRE_INTERPRETERS").is_none(), "required but {reason}");
+            eprintln!("skipping: {reason}");
+            None
+        }
+    }
+}
+
+fn timed(ms: u64) -> SandboxPolicy {
+    SandboxPolicy::strict().timeout(Duration::from_millis(ms))
+}
+
+/// A cell that makes the session loop's own reads of more than one byte
+/// sleep for an hour: the loop then reads the next cell's header and
+/// blocks in the middle of its body. (It rebinds the loop's `read`, bound
+/// when the loop was defined, through the loop's frame: the first line of
+/// defence does not hold against a cell, the host's deadline must.)
+const STOP_READING: &str = "\
+import sys, time
+loop = sys._getframe(1).f_locals['read_message']
+real = loop.__defaults__[0]
+def stuck(fd, n):
+    if n > 1:
+        time.sleep(3600)
+    return real(fd, n)
+loop.__defaults__ = (stuck,)
+print('armed')
+";
+
+/// About 1 MB of Python that would print `done`.
+fn big_cell() -> String {
+    format!("x = 0\n{}print('done')\n", "# padding padding padding padding padding padding\n".repeat(20_000))
+}
+
+/// Runs a big cell after `STOP_READING` and checks it ends typed within its deadline plus [`OVERRUN`].
+fn the_next_call_still_meets_its_deadline(sessions: &Sessions, id: &str, policy: impl Fn(u64) -> SandboxPolicy) {
+    let armed =
+        sessions.execute(id, ExecRequest::source(Language::Python, STOP_READING).policy(policy(20_000))).unwrap();
+    assert_eq!((armed.outcome, armed.stdout.text().as_ref()), (Outcome::Ok, "armed\n"), "{armed:?}");
+    let started = Instant::now();
+    let r = sessions.execute(id, ExecRequest::source(Language::Python, big_cell()).policy(policy(3_000))).unwrap();
+    let took = started.elapsed();
+    eprintln!("{id}: a 1 MB cell after a cell that stopped the loop reading: {:?} after a 3000 ms deadline", took);
+    assert_eq!(r.outcome, Outcome::TimedOut, "{r:?}");
+    assert!(took < Duration::from_millis(3_000) + OVERRUN, "{took:?}");
+    assert_eq!(sessions.execute(id, ExecRequest::source(Language::Python, "1")).unwrap_err().kind(), "session_lost");
+}
+
+#[test]
+fn a_python_wasm_cell_that_stops_the_loop_reading_cannot_hold_the_next_call() {
+    let Some(py) = python() else { return };
+    let sessions = Sessions::builder().backend(py).build();
+    sessions.open("py", SessionSpec::new(Language::Python)).unwrap();
+    // Replacing os.read itself no longer reaches the loop.
+    let plain = "import os, time\nreal = os.read\nos.read = lambda fd, n: time.sleep(3600) if n > 1 else real(fd, n)";
+    sessions.execute("py", ExecRequest::source(Language::Python, plain)).unwrap();
+    let r = sessions.execute("py", ExecRequest::source(Language::Python, big_cell())).unwrap();
+    assert_eq!((r.outcome, r.stdout.text().as_ref()), (Outcome::Ok, "done\n"), "{r:?}");
+    the_next_call_still_meets_its_deadline(&sessions, "py", timed);
+    assert_eq!(sessions.calls_in_flight(), 0);
+}
+
+#[test]
+fn a_one_megabyte_js_cell_meets_its_deadline_after_hostile_cells() {
+    let backend = js();
+    let gauge = backend.worker_gauge();
+    let sessions = Sessions::builder().backend(backend).build();
+    sessions.open("js", SessionSpec::new(Language::JavaScript)).unwrap();
+    // A cell that leaves an endless chain of jobs behind it is stopped at its deadline.
+    let chain = "function again() { return Promise.resolve().then(again) }; again(); 1";
+    let started = Instant::now();
+    let r = sessions.execute("js", ExecRequest::javascript(chain).policy(timed(500))).unwrap();
+    eprintln!("js: an endless job chain: {:?} after a 500 ms deadline", started.elapsed());
+    assert!(started.elapsed() < Duration::from_millis(500) + OVERRUN);
+    assert_ne!(r.outcome, Outcome::Ok, "{r:?}");
+    sessions.open("big", SessionSpec::new(Language::JavaScript)).unwrap();
+    let big = format!("/*{}*/ while (true) {{}}", "x".repeat(1 << 20));
+    let started = Instant::now();
+    let r = sessions.execute("big", ExecRequest::javascript(big).policy(timed(3_000).max_code_bytes(2 << 20))).unwrap();
+    let took = started.elapsed();
+    eprintln!("js: a 1 MB cell that loops: {took:?} after a 3000 ms deadline");
+    assert_eq!(r.outcome, Outcome::TimedOut, "{r:?}");
+    assert!(took < Duration::from_millis(3_000) + OVERRUN, "{took:?}");
+    sessions.close_all();
+    let until = Instant::now() + Duration::from_secs(10);
+    while gauge.live() > 0 && Instant::now() < until {
+        std::thread::yield_now();
+    }
+    assert_eq!(gauge.live(), 0, "a session worker outlived its session");
+}
+
+#[test]
+fn closing_a_python_wasm_session_during_a_call_kills_it_at_once() {
+    let Some(py) = python() else { return };
+    let sessions = Sessions::builder().backend(py).build();
+    sessions.open("sleepy", SessionSpec::new(Language::Python)).unwrap();
+    for code in ["import time\ntime.sleep(60)", "while True: pass"] {
+        let caller = {
+            let sessions = sessions.clone();
+            let code = code.to_string();
+            std::thread::spawn(move || {
+                sessions.execute("sleepy", ExecRequest::source(Language::Python, code).policy(timed(60_000)))
+            })
+        };
+        while sessions.calls_in_flight() == 0 {
+            std::thread::yield_now();
+        }
+        // Let the cell get going.
+        std::thread::sleep(Duration::from_millis(200));
+        let started = Instant::now();
+        assert!(sessions.close("sleepy"));
+        let r = caller.join().unwrap().unwrap();
+        assert_eq!(r.outcome, Outcome::Killed, "{code}: {r:?}");
+        assert!(started.elapsed() < Duration::from_secs(1), "{code}: {:?}", started.elapsed());
+        sessions.open("sleepy", SessionSpec::new(Language::Python)).unwrap();
+    }
+}
+
+/// A small deterministic generator (xorshift64*), so a failing
+/// interleaving can be replayed from its seed.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 33) % n
+    }
+}
+
+/// One step of an interleaving.
+#[derive(Debug, Clone, Copy)]
+enum Step {
+    Open,
+    Ok,
+    Fails,
+    TimesOut,
+    WrongBackend,
+    WrongLanguage,
+    Close,
+}
+
+const STEPS: [Step; 7] =
+    [Step::Open, Step::Ok, Step::Fails, Step::TimesOut, Step::WrongBackend, Step::WrongLanguage, Step::Close];
+
+/// Code for a step, in the session's language.
+fn code(language: Language, step: Step) -> &'static str {
+    match (language, step) {
+        (Language::JavaScript, Step::Ok) => "var n = (typeof n === 'number' ? n : 0) + 1; n",
+        (Language::JavaScript, Step::Fails) => "throw new Error('no')",
+        (Language::JavaScript, Step::TimesOut) => "while (true) {}",
+        (_, Step::Ok) => "n = globals().get('n', 0) + 1\nprint(n)",
+        (_, Step::Fails) => "raise ValueError('no')",
+        (_, Step::TimesOut) => "while True: pass",
+        _ => "1",
+    }
+}
+
+/// Random interleavings of open, call (ok, failing, timing out, wrong
+/// backend, wrong language), close and idle expiry, from three threads at
+/// once; afterwards nothing is busy or live.
+fn interleave(sessions: &Sessions, spec: SessionSpec, seed: u64, steps: usize) {
+    let language = spec.language;
+    let other = if language == Language::Python { Language::JavaScript } else { Language::Python };
+    std::thread::scope(|scope| {
+        for thread in 0..3u64 {
+            let spec = spec.clone();
+            scope.spawn(move || {
+                let mut rng = Rng(seed ^ (thread + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+                for _ in 0..steps {
+                    let id = format!("s{}", rng.below(3));
+                    let step = STEPS[rng.below(STEPS.len() as u64) as usize];
+                    let request = |language| {
+                        let deadline = if matches!(step, Step::TimesOut) { 300 } else { 20_000 };
+                        ExecRequest::source(language, code(language, step))
+                            .policy(spec.policy.clone().timeout(Duration::from_millis(deadline)))
+                            .packages(spec.packages.clone())
+                    };
+                    let outcome = match step {
+                        Step::Open => sessions.open(&id, spec.clone()).map(|()| None),
+                        Step::Close => Ok(sessions.close(&id).then_some(None).flatten()),
+                        Step::WrongBackend => {
+                            sessions.execute(&id, request(language).on_backend("nowhere")).map(|r| Some(r.outcome))
+                        }
+                        Step::WrongLanguage => sessions.execute(&id, request(other)).map(|r| Some(r.outcome)),
+                        _ => sessions.execute(&id, request(language)).map(|r| Some(r.outcome)),
+                    };
+                    match (step, outcome) {
+                        (Step::WrongBackend | Step::WrongLanguage, Ok(Some(o))) => {
+                            panic!("seed {seed}: {step:?} ran ({o:?})")
+                        }
+                        (Step::Ok, Ok(Some(o))) => {
+                            assert!(matches!(o, Outcome::Ok | Outcome::Killed), "seed {seed}: {step:?} {o:?}")
+                        }
+                        (Step::TimesOut, Ok(Some(o))) => {
+                            assert!(matches!(o, Outcome::TimedOut | Outcome::Killed), "seed {seed}: {step:?} {o:?}")
+                        }
+                        (_, Err(e)) => assert!(
+                            [
+                                "unknown_session",
+                                "session_lost",
+                                "session_exists",
+                                "wrong_backend",
+                                "wrong_language",
+                                "too_many_sessions",
+                                "busy",
+                                "backend_unavailable",
+                            ]
+                            .contains(&e.kind()),
+                            "seed {seed}: {step:?}: {e}"
+                        ),
+                        _ => {}
+                    }
+                }
+            });
+        }
+    });
+    // Idle expiry takes what the steps left open.
+    let until = Instant::now() + Duration::from_secs(30);
+    while (!sessions.is_empty() || sessions.calls_in_flight() > 0) && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!((sessions.len(), sessions.calls_in_flight()), (0, 0), "seed {seed}: sessions left live or busy");
+}
+
+fn registry(backend: impl SessionBackend + 'static) -> Sessions {
+    let cfg = SessionConfig { max_sessions: 4, idle_timeout: Duration::from_millis(400) };
+    Sessions::builder().config(cfg).backend(backend).build()
+}
+
+#[test]
+fn random_interleavings_on_js_sessions_leave_nothing_behind() {
+    let backend = js();
+    let gauge = backend.worker_gauge();
+    let sessions = registry(backend);
+    for seed in [1, 2, 3] {
+        interleave(&sessions, SessionSpec::new(Language::JavaScript), seed, 25);
+    }
+    let until = Instant::now() + Duration::from_secs(10);
+    while gauge.live() > 0 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(gauge.live(), 0, "session workers outlived their sessions");
+}
+
+#[test]
+fn random_interleavings_on_python_wasm_sessions_leave_nothing_behind() {
+    let Some(py) = python() else { return };
+    let engine = py.engine().clone();
+    let sessions = registry(py.clone());
+    for seed in [4, 5] {
+        interleave(&sessions, SessionSpec::new(Language::Python), seed, 20);
+    }
+    // Every instance slot but the warm pool's is free again.
+    let until = Instant::now() + Duration::from_secs(10);
+    while engine.slots_in_use() > py.warm_idle() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(engine.slots_in_use(), py.warm_idle(), "instances outlived their sessions");
+}
+
+#[cfg(feature = "container")]
+#[test]
+fn random_interleavings_on_container_sessions_leave_no_container() {
+    use execbox::backends::Container;
+    let container = Container::docker();
+    if let Err(reason) = container.availability() {
+        assert!(std::env::var_os("EXECBOX_REQUIRE_CONTAINERS").is_none(), "required but {reason}");
+        eprintln!("skipping: {reason}");
+        return;
+    }
+    let sessions = registry(container);
+    let spec = SessionSpec::new(Language::Python).policy(SandboxPolicy::strict().timeout(Duration::from_secs(20)));
+    interleave(&sessions, spec, 6, 12);
+    let ours = || {
+        let out = std::process::Command::new("docker")
+            .args([
+                "ps",
+                "-q",
+                "--filter",
+                &format!("label=execbox.owner={}", execbox::backends::Container::owner_token()),
+            ])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).lines().count()
+    };
+    let until = Instant::now() + Duration::from_secs(20);
+    while ours() > 0 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(ours(), 0, "containers outlived their sessions");
+}
+
+#[cfg(feature = "container")]
+#[test]
+fn a_container_cell_that_stops_the_loop_reading_cannot_hold_the_next_call() {
+    use execbox::backends::Container;
+    let container = Container::docker();
+    if let Err(reason) = container.availability() {
+        assert!(std::env::var_os("EXECBOX_REQUIRE_CONTAINERS").is_none(), "required but {reason}");
+        eprintln!("skipping: {reason}");
+        return;
+    }
+    let sessions = Sessions::builder().backend(container).build();
+    let slow = |ms: u64| timed(ms);
+    sessions.open("c", SessionSpec::new(Language::Python)).unwrap();
+    the_next_call_still_meets_its_deadline(&sessions, "c", slow);
+    let running = std::process::Command::new("docker")
+        .args(["ps", "-q", "--filter", &format!("label=execbox.owner={}", Container::owner_token())])
+        .output()
+        .unwrap();
+    assert!(running.stdout.is_empty(), "the session's container still runs");
+}
