@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
+use execbox::Executor;
 use execbox::backends::Container;
 use execbox::backends::container::run_argv;
 use execbox::{Backend, ExecRequest, Language, SandboxPolicy};
@@ -41,7 +42,7 @@ fn bench(c: &mut Criterion) {
 
     g.bench_function("python_print_execbox", |b| {
         b.iter(|| {
-            let r = container.execute(python_print()).expect("runs");
+            let r = Executor::run_on(&container, python_print()).expect("runs");
             assert_eq!(r.output, Some(json!(2)), "{r:?}");
             black_box(r);
         })
@@ -77,10 +78,10 @@ fn bench(c: &mut Criterion) {
             .input(json!({"items": [1, 2, 3]}))
             .policy(SandboxPolicy::strict().timeout(Duration::from_secs(30)))
     };
-    match container.execute(rust(RUST_TRANSFORM)) {
+    match Executor::run_on(&container, rust(RUST_TRANSFORM)) {
         Ok(r) if r.is_ok() => {
             g.bench_function("rust_transform_cached", |b| {
-                b.iter(|| black_box(container.execute(rust(RUST_TRANSFORM)).expect("runs")))
+                b.iter(|| black_box(Executor::run_on(&container, rust(RUST_TRANSFORM)).expect("runs")))
             });
             let unseen = AtomicU64::new(0);
             g.sample_size(10).measurement_time(Duration::from_secs(40));
@@ -88,7 +89,7 @@ fn bench(c: &mut Criterion) {
                 b.iter(|| {
                     let n = unseen.fetch_add(1, Ordering::Relaxed);
                     let code = format!("// bench {} {n}\n{RUST_TRANSFORM}", std::process::id());
-                    let r = container.execute(rust(&code)).expect("runs");
+                    let r = Executor::run_on(&container, rust(&code)).expect("runs");
                     assert!(r.is_ok(), "{r:?}");
                 })
             });

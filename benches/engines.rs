@@ -11,6 +11,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
+use execbox::Executor;
 use execbox::backends::{BoaJs, Container, WasmGuest, WasmInterpreter};
 use execbox::{Backend, ExecRequest, Language, SandboxPolicy};
 use serde_json::{Value, json};
@@ -37,7 +38,7 @@ fn expected() -> Value {
 
 /// Runs `request` and checks it produced the expected output.
 fn check(backend: &dyn Backend, request: ExecRequest, want: &Value) {
-    let r = backend.execute(request).expect("runs");
+    let r = Executor::run_on(backend, request).expect("runs");
     assert_eq!(r.output.as_ref(), Some(want), "{}: {r:?}", backend.name());
     black_box(r);
 }
@@ -62,7 +63,8 @@ fn bench(c: &mut Criterion) {
     });
 
     let quickjs = WasmInterpreter::quickjs().expect("engine");
-    match quickjs.availability().and_then(|()| quickjs.warm_up().map_err(|e| e.to_string())) {
+    match quickjs.availability().map_err(|e| e.to_string()).and_then(|()| quickjs.warm_up().map_err(|e| e.to_string()))
+    {
         Ok(()) => g.bench_function("transform/quickjs_wasm", |b| {
             b.iter(|| check(&quickjs, ExecRequest::javascript(JS).input(input()).policy(policy()), &want))
         }),
@@ -74,8 +76,10 @@ fn bench(c: &mut Criterion) {
 
     let fresh = WasmInterpreter::python().expect("engine").with_warm_pool(0);
     let pooled = WasmInterpreter::python().expect("engine").with_warm_pool(2);
-    let loaded =
-        fresh.availability().and_then(|()| fresh.warm_up().and_then(|()| pooled.warm_up()).map_err(|e| e.to_string()));
+    let loaded = fresh
+        .availability()
+        .map_err(|e| e.to_string())
+        .and_then(|()| fresh.warm_up().and_then(|()| pooled.warm_up()).map_err(|e| e.to_string()));
     match loaded {
         Ok(()) => {
             let transform = || ExecRequest::source(Language::Python, PYTHON).input(input()).policy(policy());
@@ -123,7 +127,7 @@ fn bench(c: &mut Criterion) {
         b.iter(|| check(&container, ExecRequest::source(Language::Python, "print(1+1)").policy(policy()), &json!(2)))
     });
     let rust = || ExecRequest::source(Language::Rust, RUST).input(input()).policy(policy());
-    match container.execute(rust()) {
+    match Executor::run_on(&container, rust()) {
         Ok(r) if r.is_ok() => {
             g.bench_function("transform/rust_container_cached", |b| b.iter(|| check(&container, rust(), &want)));
         }

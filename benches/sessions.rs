@@ -9,6 +9,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
+use execbox::Executor;
 use execbox::backends::{Container, WasmInterpreter};
 use execbox::{Backend, ExecRequest, Language, SandboxPolicy, SessionConfig, SessionSpec, Sessions};
 use serde_json::json;
@@ -19,7 +20,9 @@ fn print() -> ExecRequest {
 
 fn bench(c: &mut Criterion) {
     let python = WasmInterpreter::python().expect("engine").with_warm_pool(2);
-    if let Err(reason) = python.availability().and_then(|()| python.warm_up().map_err(|e| e.to_string())) {
+    if let Err(reason) =
+        python.availability().map_err(|e| e.to_string()).and_then(|()| python.warm_up().map_err(|e| e.to_string()))
+    {
         eprintln!("skipping python-wasm sessions: {reason}");
         return;
     }
@@ -36,7 +39,7 @@ fn bench(c: &mut Criterion) {
             for _ in 0..iters {
                 wait_for_pool();
                 let started = Instant::now();
-                let r = python.execute(print()).unwrap();
+                let r = Executor::run_on(&python, print()).unwrap();
                 total += started.elapsed();
                 assert_eq!(r.output, Some(json!(2)));
             }
@@ -75,7 +78,9 @@ fn bench(c: &mut Criterion) {
     }
     let mut g = c.benchmark_group("sessions");
     g.sample_size(10).measurement_time(Duration::from_secs(8)).warm_up_time(Duration::from_secs(1));
-    g.bench_function("print/python_container_one_shot", |b| b.iter(|| black_box(container.execute(print()).unwrap())));
+    g.bench_function("print/python_container_one_shot", |b| {
+        b.iter(|| black_box(Executor::run_on(&container, print()).unwrap()))
+    });
     let in_container = Sessions::builder().config(SessionConfig::default()).backend(container.clone()).build();
     let numpy = ["numpy".to_string()];
     in_container.open("bench", SessionSpec::new(Language::Python).packages(numpy.clone())).unwrap();

@@ -8,8 +8,9 @@ use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use criterion::{Criterion, criterion_group, criterion_main};
+use execbox::Executor;
 use execbox::backends::{WasmGuest, WasmGuestConfig};
-use execbox::{Backend, ExecRequest, SandboxPolicy};
+use execbox::{ExecRequest, SandboxPolicy};
 use serde_json::json;
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, Linker, Module, PoolingAllocationConfig, Store, TypedFunc};
 
@@ -36,7 +37,7 @@ fn unseen(module: &[u8], n: u64) -> Vec<u8> {
 }
 
 fn run(backend: &WasmGuest, request: ExecRequest) {
-    let result = backend.execute(request).expect("runs");
+    let result = Executor::run_on(backend, request).expect("runs");
     assert!(result.is_ok(), "{result:?}");
     black_box(result);
 }

@@ -18,9 +18,9 @@
 //! [`Admitted::finish`], which caps the fields that are not streams.
 
 use crate::capabilities::BackendCapabilities;
-use crate::error::ExecError;
+use crate::error::{ExecError, InvalidRequest};
 use crate::limits::{Deadline, nesting, result_caps};
-use crate::policy::SandboxPolicy;
+use crate::policy::{Access, SandboxPolicy};
 use crate::request::{ExecRequest, Payload};
 use crate::result::ExecResult;
 
@@ -75,6 +75,16 @@ impl Admitted {
         }
     }
 
+    /// Takes the module bytes out (matching admitted only module payloads
+    /// to a backend that calls this).
+    #[cfg_attr(not(feature = "wasm"), allow(dead_code))]
+    pub(crate) fn take_module(&mut self, backend: &str) -> Result<Vec<u8>, ExecError> {
+        match std::mem::replace(&mut self.request.payload, Payload::WasmModule(Vec::new())) {
+            Payload::WasmModule(module) => Ok(module),
+            Payload::Source(_) => Err(ExecError::internal(backend, "matching let a source payload through")),
+        }
+    }
+
     /// Takes the JSON input out, serialized (checked for depth first).
     #[cfg_attr(not(any(feature = "wasm", feature = "container")), allow(dead_code))]
     pub(crate) fn take_input_json(&mut self, max_nesting: usize, backend: &str) -> Result<Option<Vec<u8>>, ExecError> {
@@ -94,11 +104,94 @@ impl Admitted {
     }
 }
 
-/// Steps 1 and 2: validates `request` and holds it to `ceiling` in place.
+/// Steps 1 and 2: holds `request` to `ceiling` in place, then validates
+/// it (under the held policy: its code size and environment allow-list).
 pub(crate) fn hold(request: &mut ExecRequest, ceiling: Option<&SandboxPolicy>) -> Result<(), ExecError> {
     if let Some(ceiling) = ceiling {
         request.policy = request.policy.within(ceiling)?;
     }
-    crate::executor::validate(request)?;
+    validate(request)?;
+    Ok(())
+}
+
+/// Most packages a request may declare.
+pub const MAX_PACKAGES: usize = 64;
+
+/// Step 1: checks that hold whichever backend runs the request.
+pub(crate) fn validate(request: &ExecRequest) -> Result<(), InvalidRequest> {
+    validate_env(request)?;
+    validate_packages(&request.packages)?;
+    let policy = &request.policy;
+    if let Some(max) = policy.max_code_bytes {
+        let size = request.payload.len() as u64;
+        if size > max {
+            return Err(InvalidRequest::CodeTooLarge { size, max });
+        }
+    }
+    if !request.env.is_empty() {
+        let allowed: &[String] = match &policy.environment {
+            Access::Allow(names) => names,
+            Access::Deny => &[],
+            // Not asked: the request's own values are the grant; matching
+            // still requires a backend that can pass exactly those.
+            Access::NotAsked => return Ok(()),
+        };
+        let names: Vec<String> = request.env.keys().filter(|k| !allowed.contains(k)).cloned().collect();
+        if !names.is_empty() {
+            return Err(InvalidRequest::EnvNotAllowed { names });
+        }
+    }
+    Ok(())
+}
+
+/// Package names are import names: `[A-Za-z0-9_.-]`, 1 to 100 bytes; at
+/// most [`MAX_PACKAGES`].
+pub(crate) fn validate_packages(packages: &[String]) -> Result<(), InvalidRequest> {
+    let bad = |reason: String| InvalidRequest::BadPackages { reason };
+    if packages.len() > MAX_PACKAGES {
+        return Err(bad(format!("{} packages, at most {MAX_PACKAGES}", packages.len())));
+    }
+    for name in packages {
+        let ok =
+            (1..=100).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
+        if !ok {
+            return Err(bad(format!(
+                "{:?} is not a package name ([A-Za-z0-9_.-], at most 100 bytes)",
+                crate::limits::text::cap_text(name.clone(), 100)
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Longest environment value accepted, in bytes (container env files are
+/// read line by line with a 64 KiB line limit).
+pub const MAX_ENV_VALUE_BYTES: usize = 32 << 10;
+
+/// Checks that every variable can reach the program exactly as given: a
+/// portable name (`[A-Za-z_][A-Za-z0-9_]*`: engines rewrite others, e.g.
+/// docker trims `\u{85}X` to `X`), not a dynamic-loader variable (`LD_*`),
+/// and a value without NUL, at most [`MAX_ENV_VALUE_BYTES`].
+pub(crate) fn validate_env(request: &ExecRequest) -> Result<(), InvalidRequest> {
+    for (name, value) in &request.env {
+        let bad = |reason: String| InvalidRequest::BadEnv { name: name.clone(), reason };
+        let mut chars = name.bytes();
+        let portable = chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == b'_')
+            && chars.all(|c| c.is_ascii_alphanumeric() || c == b'_');
+        if !portable || name.len() > 256 {
+            return Err(bad("names must match [A-Za-z_][A-Za-z0-9_]* (at most 256 bytes)".into()));
+        }
+        if name.starts_with("LD_") {
+            // They would reach the sandbox's own helpers (the container's
+            // in-container timer) before the program.
+            return Err(bad("dynamic-loader variables (LD_*) cannot be passed".into()));
+        }
+        if value.len() > MAX_ENV_VALUE_BYTES {
+            return Err(bad(format!("the value is {} bytes, over the limit of {MAX_ENV_VALUE_BYTES}", value.len())));
+        }
+        if value.contains('\0') {
+            return Err(bad("values cannot hold NUL".into()));
+        }
+    }
     Ok(())
 }

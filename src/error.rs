@@ -6,8 +6,8 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::capabilities::Language;
-use crate::limits::result_caps::cap_message;
-use crate::matching::Violation;
+use crate::limits::text::cap_message;
+use crate::violation::Violation;
 
 /// Why one backend was not chosen.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -99,6 +99,34 @@ pub enum InvalidRequest {
         /// The offending names.
         names: Vec<String>,
     },
+}
+
+/// A configuration that cannot be honoured: the caller's to fix (or, for
+/// [`ConfigError::Unsupported`], the machine cannot do what it asks).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// A setting's value cannot be used as given.
+    #[error("{setting}: {reason}")]
+    Invalid {
+        /// The setting (e.g. `ContainerConfig::extra_run_args`).
+        setting: &'static str,
+        /// Why not, and what would do.
+        reason: String,
+    },
+    /// This machine cannot do what the configuration asks.
+    #[error("unsupported here: {reason}")]
+    Unsupported {
+        /// What is missing.
+        reason: String,
+    },
+}
+
+impl ConfigError {
+    /// A [`ConfigError::Invalid`] of `setting`.
+    pub fn invalid(setting: &'static str, reason: impl Into<String>) -> Self {
+        ConfigError::Invalid { setting, reason: reason.into() }
+    }
 }
 
 /// Why a request was not run, or an executor fault.
@@ -209,6 +237,23 @@ impl ExecError {
         }
     }
 
+    /// For people: the error in one line, or a refusal as one line per
+    /// unmet control and backend; every text capped like a result's message.
+    pub fn describe(&self) -> String {
+        match self {
+            ExecError::Refused { rejections } => {
+                let mut text = "refused: no backend can enforce this request".to_string();
+                for r in rejections {
+                    for v in &r.violations {
+                        text.push_str(&format!("\n  {}: {}", r.backend, cap_message(v.to_string())));
+                    }
+                }
+                text
+            }
+            other => cap_message(other.to_string()),
+        }
+    }
+
     /// `{"error": <this error's JSON>}`: what `execbox run --json` prints
     /// when nothing ran.
     pub fn to_json(&self) -> Value {
@@ -221,7 +266,7 @@ impl ExecError {
 #[derive(Serialize)]
 struct ViolationJson<'a> {
     backend: &'a str,
-    control: crate::matching::Control,
+    control: crate::violation::Control,
     requested: String,
     reason: String,
 }

@@ -26,8 +26,10 @@
 
 pub mod admission;
 pub mod agent;
+mod backend;
 pub mod backends;
 pub mod capabilities;
+mod config;
 pub mod defaults;
 pub mod error;
 pub mod executor;
@@ -40,19 +42,23 @@ pub mod result;
 #[cfg(feature = "serve")]
 pub mod serve;
 pub mod sessions;
+pub mod violation;
 #[cfg(any(feature = "js", feature = "wasm"))]
 pub mod worker;
 
 pub use admission::Admitted;
+pub use backend::{Backend, Readiness, Unavailable};
 pub use capabilities::{
     BackendCapabilities, CostClass, Enforcement, IsolationKind, Language, PayloadKind, RequestFeatures,
     SurfaceCapability,
 };
+pub use config::RunDefaults;
 pub use defaults::BackendsConfig;
-pub use error::{BackendRejection, ExecError, InvalidRequest};
-pub use executor::{Backend, BackendStatus, Executor, ExecutorBuilder, Readiness, WeakExecutor};
-pub use matching::{Control, Violation, check};
+pub use error::{BackendRejection, ConfigError, ExecError, InvalidRequest};
+pub use executor::{BackendStatus, Executor, ExecutorBuilder, WeakExecutor};
+pub use matching::check;
 pub use policy::{Access, PathGrant, PathGrants, SandboxPolicy};
 pub use request::{ExecFile, ExecRequest, Payload};
 pub use result::{CapturedStream, Diagnostic, ExecResult, FailureKind, Outcome, Usage};
 pub use sessions::{Session, SessionBackend, SessionConfig, SessionError, SessionSpec, Sessions, SessionsBuilder};
+pub use violation::{Control, Violation};

@@ -13,7 +13,7 @@ use execbox::agent::{
 };
 use execbox::backends::BoaJs;
 use execbox::{
-    Backend, BackendCapabilities, CapturedStream, CostClass, Enforcement, ExecError, ExecRequest, ExecResult, Executor,
+    Backend, BackendCapabilities, CapturedStream, CostClass, Enforcement, ExecError, ExecResult, Executor,
     IsolationKind, Language, Outcome as RunOutcome, PayloadKind, RequestFeatures, SandboxPolicy, SurfaceCapability,
 };
 use serde_json::json;
@@ -71,7 +71,7 @@ impl Backend for Flaky {
     fn capabilities(&self) -> &BackendCapabilities {
         &self.caps
     }
-    fn execute(&self, _request: ExecRequest) -> Result<ExecResult, ExecError> {
+    fn execute(&self, _call: execbox::Admitted) -> Result<ExecResult, ExecError> {
         let n = self.calls.fetch_add(1, Ordering::SeqCst);
         if n < self.failures {
             return Err((self.error)());

@@ -71,7 +71,7 @@ fn python(code: &str) -> ExecRequest {
 }
 
 fn run(backend: &Container, request: ExecRequest) -> ExecResult {
-    backend.execute(request).expect("execute")
+    Executor::run_on(backend, request).expect("execute")
 }
 
 fn stdout(r: &ExecResult) -> String {
@@ -158,7 +158,7 @@ fn missing_engine_is_unavailable_with_the_fix() {
     let container =
         Container::with_config(ContainerConfig { engine: "/nonexistent/docker".into(), ..Default::default() }).unwrap();
     let reason = container.availability().unwrap_err();
-    assert!(reason.contains("scripts/start-container-engine.sh"), "{reason}");
+    assert!(reason.fix.as_deref().unwrap_or("").contains("scripts/start-container-engine.sh"), "{reason}");
     let exec = Executor::builder().backend(container).build();
     match exec.execute_blocking(python("print(1)")) {
         Err(ExecError::BackendUnavailable { backend, reason }) => {
@@ -235,7 +235,7 @@ fn a_time_out_returns_within_the_grace_even_when_the_engine_hangs() {
     let c = Container::with_config(ContainerConfig { engine, ..Default::default() }).unwrap();
     let limit = Duration::from_secs(1);
     let started = Instant::now();
-    let r = c.execute(python("while True: pass").policy(SandboxPolicy::strict().timeout(limit))).unwrap();
+    let r = Executor::run_on(&c, python("while True: pass").policy(SandboxPolicy::strict().timeout(limit))).unwrap();
     let took = started.elapsed();
     assert_eq!(r.outcome, Outcome::TimedOut, "{r:?}");
     // The kill gets the grace, then the CLI is killed: deadline + grace, plus spawn overhead.
@@ -250,7 +250,7 @@ fn classifying_an_exit_is_bounded_when_the_engine_hangs() {
     let c = Container::with_config(ContainerConfig { engine, ..Default::default() }).unwrap();
     let limit = Duration::from_secs(1);
     let started = Instant::now();
-    let err = c.execute(python("pass").policy(SandboxPolicy::strict().timeout(limit))).unwrap_err();
+    let err = Executor::run_on(&c, python("pass").policy(SandboxPolicy::strict().timeout(limit))).unwrap_err();
     let took = started.elapsed();
     assert_eq!(err.kind(), "internal", "{err}");
     assert!(took < limit + KILL_GRACE + OVERHEAD, "took {took:?}");
@@ -789,6 +789,6 @@ fn the_callers_path_cannot_break_the_in_container_timer_and_loader_variables_are
         .policy(SandboxPolicy::strict().environment(Access::Allow(vec!["PATH".into()])));
     let r = run(&c, shell);
     assert_eq!((r.outcome, stdout(&r).trim()), (Outcome::Ok, "/nope"), "{r:?}");
-    let err = c.execute(env("LD_PRELOAD", "/tmp/x.so")).unwrap_err();
+    let err = Executor::run_on(&c, env("LD_PRELOAD", "/tmp/x.so")).unwrap_err();
     assert!(matches!(err, ExecError::InvalidRequest(InvalidRequest::BadEnv { .. })), "{err}");
 }

@@ -8,6 +8,7 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
+use execbox::Executor;
 use execbox::backends::{BoaJs, BoaJsConfig};
 use execbox::{
     Backend, ExecError, ExecRequest, ExecResult, Language, Outcome, SandboxPolicy, SessionError, SessionSpec, Sessions,
@@ -23,13 +24,13 @@ fn policy() -> SandboxPolicy {
 }
 
 fn run(backend: &BoaJs, code: &str, policy: SandboxPolicy) -> Result<ExecResult, ExecError> {
-    backend.execute(ExecRequest::javascript(code).policy(policy))
+    Executor::run_on(backend, ExecRequest::javascript(code).policy(policy))
 }
 
 /// The backend still answers an ordinary request correctly.
 fn still_serves(backend: &BoaJs) {
     let request = ExecRequest::javascript("return input.map(x => x * 2)").input(json!([1, 2])).policy(policy());
-    let r = backend.execute(request).unwrap();
+    let r = Executor::run_on(backend, request).unwrap();
     assert_eq!((r.outcome, r.output), (Outcome::Ok, Some(json!([2, 4]))));
 }
 
@@ -306,13 +307,13 @@ fn mixed_runs_leave_no_workers_or_zombies_behind() {
                     };
                     // Hostile runs end at a short deadline; ordinary ones have room to wait for a worker.
                     let timeout = Duration::from_millis(if hostile_run { 1500 } else { 20_000 });
-                    let r = backend
-                        .execute(
-                            ExecRequest::javascript(code)
-                                .input(json!({"n": n}))
-                                .policy(policy().timeout(timeout).memory_bytes(64 << 20)),
-                        )
-                        .unwrap();
+                    let r = Executor::run_on(
+                        &backend,
+                        ExecRequest::javascript(code)
+                            .input(json!({"n": n}))
+                            .policy(policy().timeout(timeout).memory_bytes(64 << 20)),
+                    )
+                    .unwrap();
                     if hostile_run {
                         assert_ne!(r.outcome, Outcome::Ok, "{r:?}");
                     } else {
@@ -500,8 +501,8 @@ fn input_at_the_nesting_bound_is_accepted_and_one_deeper_is_refused() {
     let at_bound = ExecRequest::javascript("let d = 0; for (let v = input; Array.isArray(v); v = v[0]) d++; return d")
         .input(nested(127))
         .policy(policy());
-    let r = js.execute(at_bound).unwrap();
+    let r = Executor::run_on(&js, at_bound).unwrap();
     assert_eq!((r.outcome, r.output.clone()), (Outcome::Ok, Some(json!(127))), "{r:?}");
     let over = ExecRequest::javascript("return 1").input(nested(129)).policy(policy());
-    assert_eq!(js.execute(over).unwrap_err().kind(), "invalid_request");
+    assert_eq!(Executor::run_on(&js, over).unwrap_err().kind(), "invalid_request");
 }

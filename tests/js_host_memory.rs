@@ -4,8 +4,9 @@
 
 use std::time::Duration;
 
+use execbox::Executor;
 use execbox::backends::{BoaJs, BoaJsConfig};
-use execbox::{Backend, ExecRequest, Outcome, SandboxPolicy};
+use execbox::{ExecRequest, Outcome, SandboxPolicy};
 use serde_json::json;
 
 fn rss_bytes() -> u64 {
@@ -20,11 +21,12 @@ fn memory_bombs_and_huge_values_leave_the_host_flat() {
         ..BoaJsConfig::default()
     });
     let policy = SandboxPolicy::strict().timeout(Duration::from_secs(10));
-    let warm = backend.execute(ExecRequest::javascript("return 1").policy(policy.clone())).unwrap();
+    let warm = Executor::run_on(&backend, ExecRequest::javascript("return 1").policy(policy.clone())).unwrap();
     assert_eq!(warm.outcome, Outcome::Ok);
     let before = rss_bytes();
     for code in ["let a = []; while (true) a.push('x'.repeat(1e6) + a.length)", "let s = 'x'; while (true) s = s + s"] {
-        let r = backend.execute(ExecRequest::javascript(code).policy(policy.clone().memory_bytes(64 << 20))).unwrap();
+        let r = Executor::run_on(&backend, ExecRequest::javascript(code).policy(policy.clone().memory_bytes(64 << 20)))
+            .unwrap();
         assert_eq!(r.outcome, Outcome::OutOfMemory, "{r:?}");
         assert!(r.message.unwrap().contains("67108864"));
     }
@@ -35,13 +37,15 @@ fn memory_bombs_and_huge_values_leave_the_host_flat() {
         "console.log('x'.repeat(2 ** 24)); return 1",
         "throw 'y'.repeat(10000000)",
     ] {
-        let r = backend.execute(ExecRequest::javascript(code).policy(policy.clone())).unwrap();
+        let r = Executor::run_on(&backend, ExecRequest::javascript(code).policy(policy.clone())).unwrap();
         assert!(r.message.as_deref().unwrap_or("").len() < 4200, "{code}");
     }
     let grown = rss_bytes().saturating_sub(before);
     assert!(grown < 32 << 20, "the host grew by {} MiB", grown >> 20);
-    let r = backend
-        .execute(ExecRequest::javascript("return input.map(x => x * 2)").input(json!([1, 2])).policy(policy))
-        .unwrap();
+    let r = Executor::run_on(
+        &backend,
+        ExecRequest::javascript("return input.map(x => x * 2)").input(json!([1, 2])).policy(policy),
+    )
+    .unwrap();
     assert_eq!(r.output, Some(json!([2, 4])));
 }

@@ -203,10 +203,10 @@ impl Backend for Fake {
     fn capabilities(&self) -> &BackendCapabilities {
         &self.caps
     }
-    fn availability(&self) -> Result<(), String> {
-        if self.available { Ok(()) } else { Err("engine missing: run scripts/setup".into()) }
+    fn availability(&self) -> Result<(), execbox::Unavailable> {
+        if self.available { Ok(()) } else { Err(execbox::Unavailable::new("engine missing", "run scripts/setup")) }
     }
-    fn execute(&self, _request: ExecRequest) -> Result<ExecResult, ExecError> {
+    fn execute(&self, _call: execbox::Admitted) -> Result<ExecResult, ExecError> {
         self.runs.fetch_add(1, Ordering::SeqCst);
         let mut result = ExecResult::new(self.name, Outcome::Ok);
         result.exit_code = Some(0);

@@ -6,6 +6,7 @@
 
 use std::time::{Duration, Instant};
 
+use execbox::Executor;
 use execbox::backends::WasmInterpreter;
 use execbox::{Backend, ExecRequest, Language, Outcome, SandboxPolicy, SessionConfig, SessionSpec, Sessions};
 use serde_json::json;
@@ -55,7 +56,7 @@ fn cells_share_globals_per_session_and_nothing_else() {
     // Another session and a stateless run see none of it.
     let r = sessions.execute("b", cell("print('total' in globals())")).unwrap();
     assert_eq!(r.stdout.text(), "False\n");
-    let stateless = py.execute(cell("print('total' in globals())")).unwrap();
+    let stateless = Executor::run_on(&py, cell("print('total' in globals())")).unwrap();
     assert_eq!(stateless.stdout.text(), "False\n");
     // A failing cell keeps the session; its traceback names the caller's lines.
     let r = sessions.execute("a", cell("x = 1\nraise ValueError('nope')")).unwrap();

@@ -28,7 +28,7 @@ fn backend() -> &'static WasmGuest {
 }
 
 fn run(request: ExecRequest) -> ExecResult {
-    backend().execute(request).expect("execute")
+    Executor::run_on(backend(), request).expect("execute")
 }
 
 fn tool(args: &[&str]) -> ExecRequest {
@@ -127,7 +127,7 @@ fn command_gets_json_input_on_stdin() {
 
 #[test]
 fn command_with_stdin_and_input_is_invalid() {
-    let err = backend().execute(tool(&["cat"]).stdin(b"x".to_vec()).input(json!(1))).unwrap_err();
+    let err = Executor::run_on(backend(), tool(&["cat"]).stdin(b"x".to_vec()).input(json!(1))).unwrap_err();
     assert!(matches!(err, ExecError::InvalidRequest(InvalidRequest::Conflict(_))), "{err:?}");
 }
 
@@ -248,7 +248,7 @@ fn nothing_outside_a_preopen_is_reachable() {
 fn missing_preopen_directory_is_a_bad_path() {
     let policy = SandboxPolicy::strict()
         .filesystem(Access::Allow(PathGrants::new().read_only_at("/definitely/not/here", "/data")));
-    let err = backend().execute(tool(&["ls", "/data"]).policy(policy)).unwrap_err();
+    let err = Executor::run_on(backend(), tool(&["ls", "/data"]).policy(policy)).unwrap_err();
     assert!(matches!(err, ExecError::InvalidRequest(InvalidRequest::BadPath { .. })), "{err:?}");
 }
 
@@ -272,7 +272,7 @@ fn input_files_are_staged_read_only_and_removed() {
 fn input_file_names_cannot_escape() {
     for name in ["../evil", "/etc/evil", "", "a/../../b", "."] {
         let file = ExecFile { name: name.into(), content: vec![], mime_type: None };
-        let err = backend().execute(tool(&["ls", "/input"]).input_file(file)).unwrap_err();
+        let err = Executor::run_on(backend(), tool(&["ls", "/input"]).input_file(file)).unwrap_err();
         assert!(matches!(err, ExecError::InvalidRequest(InvalidRequest::BadPath { .. })), "{name:?}: {err:?}");
     }
 }
@@ -382,7 +382,7 @@ fn stdout_flood_is_truncated_at_the_cap_and_counted() {
 
 #[test]
 fn missing_import_is_refused_before_running() {
-    let err = backend().execute(ExecRequest::wasm(guest!(wat "missing_import"))).unwrap_err();
+    let err = Executor::run_on(backend(), ExecRequest::wasm(guest!(wat "missing_import"))).unwrap_err();
     let ExecError::InvalidRequest(InvalidRequest::InvalidModule { reason }) = &err else { panic!("{err:?}") };
     assert!(reason.contains("launch_missiles"), "{reason}");
 }
@@ -396,7 +396,7 @@ fn malformed_modules_are_invalid_requests() {
         b"(module (func (export \"_start\") (param i32)))",
     ];
     for bytes in cases {
-        let err = backend().execute(ExecRequest::wasm(bytes.to_vec())).unwrap_err();
+        let err = Executor::run_on(backend(), ExecRequest::wasm(bytes.to_vec())).unwrap_err();
         assert!(
             matches!(err, ExecError::InvalidRequest(InvalidRequest::InvalidModule { .. })),
             "{:?}: {err:?}",
@@ -411,7 +411,7 @@ fn deep_input_is_refused_without_overflowing() {
     for _ in 0..100_000 {
         deep = serde_json::Value::Array(vec![deep]);
     }
-    let err = backend().execute(ExecRequest::wasm(guest!(wat "echo_json")).input(deep)).unwrap_err();
+    let err = Executor::run_on(backend(), ExecRequest::wasm(guest!(wat "echo_json")).input(deep)).unwrap_err();
     assert!(matches!(err, ExecError::InvalidRequest(InvalidRequest::TooDeep { .. })), "{err:?}");
 }
 
@@ -420,8 +420,8 @@ fn deep_input_is_refused_without_overflowing() {
 #[test]
 fn second_call_of_a_module_does_not_recompile() {
     let wasm = WasmGuest::new().unwrap();
-    wasm.execute(ExecRequest::wasm(guest!(wat "hello"))).unwrap();
-    wasm.execute(ExecRequest::wasm(guest!(wat "hello"))).unwrap();
+    Executor::run_on(&wasm, ExecRequest::wasm(guest!(wat "hello"))).unwrap();
+    Executor::run_on(&wasm, ExecRequest::wasm(guest!(wat "hello"))).unwrap();
     let stats = wasm.cache_stats();
     assert_eq!((stats.compiled, stats.memory_hits, stats.entries), (1, 1, 1), "{stats:?}");
 }
@@ -431,12 +431,15 @@ fn disk_cache_serves_a_new_engine() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = WasmGuestConfig { disk_cache_dir: Some(dir.path().join("cache")), ..WasmGuestConfig::default() };
     let first = WasmGuest::with_config(cfg.clone()).unwrap();
-    assert_eq!(stdout(&first.execute(ExecRequest::wasm(guest!(wat "hello"))).unwrap()), "hello from wasm\n");
+    assert_eq!(stdout(&Executor::run_on(&first, ExecRequest::wasm(guest!(wat "hello"))).unwrap()), "hello from wasm\n");
     assert_eq!(first.cache_stats().compiled, 1);
     drop(first);
 
     let second = WasmGuest::with_config(cfg.clone()).unwrap();
-    assert_eq!(stdout(&second.execute(ExecRequest::wasm(guest!(wat "hello"))).unwrap()), "hello from wasm\n");
+    assert_eq!(
+        stdout(&Executor::run_on(&second, ExecRequest::wasm(guest!(wat "hello"))).unwrap()),
+        "hello from wasm\n"
+    );
     let stats = second.cache_stats();
     assert_eq!((stats.compiled, stats.disk_hits), (0, 1), "{stats:?}");
 
@@ -445,7 +448,7 @@ fn disk_cache_serves_a_new_engine() {
         std::fs::write(entry.unwrap().path(), b"corrupt").unwrap();
     }
     let third = WasmGuest::with_config(cfg).unwrap();
-    assert_eq!(third.execute(ExecRequest::wasm(guest!(wat "hello"))).unwrap().outcome, Outcome::Ok);
+    assert_eq!(Executor::run_on(&third, ExecRequest::wasm(guest!(wat "hello"))).unwrap().outcome, Outcome::Ok);
     assert_eq!(third.cache_stats().compiled, 1);
 }
 
@@ -454,10 +457,10 @@ fn cache_evicts_least_recently_used_modules() {
     let wasm =
         WasmGuest::with_config(WasmGuestConfig { module_cache_entries: 2, ..WasmGuestConfig::default() }).unwrap();
     for module in [guest!(wat "hello"), guest!(wat "echo_json"), guest!(wat "hello"), guest!(wat "exit42")] {
-        wasm.execute(ExecRequest::wasm(module)).unwrap();
+        Executor::run_on(&wasm, ExecRequest::wasm(module)).unwrap();
     }
     // hello was used last before exit42 arrived, so echo_json was evicted.
-    wasm.execute(ExecRequest::wasm(guest!(wat "hello"))).unwrap();
+    Executor::run_on(&wasm, ExecRequest::wasm(guest!(wat "hello"))).unwrap();
     let stats = wasm.cache_stats();
     assert_eq!((stats.compiled, stats.memory_hits, stats.entries), (3, 2, 2), "{stats:?}");
 }
@@ -471,7 +474,7 @@ fn a_burst_beyond_the_pool_waits_and_only_an_expired_wait_is_busy() {
     wasm.precompile(&guest!(prebuilt "wasi_tool")).unwrap();
     wasm.precompile(&guest!(wat "hello")).unwrap();
     std::thread::scope(|s| {
-        let sleeper = s.spawn(|| wasm.execute(tool(&["sleep", "1500"])).unwrap());
+        let sleeper = s.spawn(|| Executor::run_on(&wasm, tool(&["sleep", "1500"])).unwrap());
         let until = Instant::now() + Duration::from_secs(30);
         while wasm.engine().slots_in_use() == 0 && Instant::now() < until {
             std::thread::sleep(Duration::from_millis(2));
@@ -479,14 +482,14 @@ fn a_burst_beyond_the_pool_waits_and_only_an_expired_wait_is_busy() {
         assert_eq!(wasm.engine().slots_in_use(), 1, "the sleeper holds the only slot");
         // A run whose deadline passes while it waits is refused, as busy, naming its backend...
         let short = SandboxPolicy::strict().timeout(Duration::from_millis(100));
-        let err = wasm.execute(ExecRequest::wasm(guest!(wat "hello")).policy(short)).unwrap_err();
+        let err = Executor::run_on(&wasm, ExecRequest::wasm(guest!(wat "hello")).policy(short)).unwrap_err();
         assert!(
             matches!(&err, ExecError::Busy { backend, reason } if backend == "wasm" && reason.contains("slots")),
             "{err:?}"
         );
         assert_eq!(err.kind(), "busy");
         // ...one whose deadline allows waiting waits for the slot and runs.
-        let r = wasm.execute(ExecRequest::wasm(guest!(wat "hello"))).unwrap();
+        let r = Executor::run_on(&wasm, ExecRequest::wasm(guest!(wat "hello"))).unwrap();
         assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
         assert_eq!(stdout(&sleeper.join().unwrap()), "awake\n");
     });
@@ -497,7 +500,7 @@ fn a_burst_beyond_the_pool_waits_and_only_an_expired_wait_is_busy() {
 async fn direct_call_from_an_async_worker_does_not_panic() {
     // Sync WASI would block on a nested runtime here; the backend moves the
     // run to a thread of its own.
-    let r = backend().execute(tool(&["cat"]).stdin(b"async".to_vec())).unwrap();
+    let r = Executor::run_on(backend(), tool(&["cat"]).stdin(b"async".to_vec())).unwrap();
     assert_eq!(stdout(&r), "async");
 }
 
@@ -578,8 +581,11 @@ fn modules_that_would_compile_for_minutes_are_refused_naming_the_limit() {
         ("50,000 locals", binary_module(1, &[1, 0xd0, 0x86, 0x03, 0x7f, 0x0b]), "max_locals_per_function"),
         ("48 bodies of 100 KB", binary_module(48, &body(&[0x01; 100 << 10])), "max_total_body_bytes"),
     ];
+    // Past strict's 1 MiB of code: the module limits, not the policy, are under test.
+    let roomy = SandboxPolicy::strict().max_code_bytes(8 << 20);
     for (what, module, limit) in cases {
-        let reason = invalid_module_reason(backend().execute(ExecRequest::wasm(module)).unwrap_err());
+        let request = ExecRequest::wasm(module).policy(roomy.clone());
+        let reason = invalid_module_reason(Executor::run_on(backend(), request).unwrap_err());
         assert!(reason.contains(limit) && reason.contains("module_limits"), "{what}: {reason}");
     }
 }
@@ -597,14 +603,14 @@ fn module_limits_come_from_the_config() {
     let mut cfg = WasmGuestConfig::default();
     cfg.module_limits.max_functions = 10;
     let strict = WasmGuest::with_config(cfg).unwrap();
-    assert_eq!(strict.execute(ExecRequest::wasm(guest!(wat "hello"))).unwrap().outcome, Outcome::Ok);
-    let reason = invalid_module_reason(strict.execute(tool(&["args"])).unwrap_err());
+    assert_eq!(Executor::run_on(&strict, ExecRequest::wasm(guest!(wat "hello"))).unwrap().outcome, Outcome::Ok);
+    let reason = invalid_module_reason(Executor::run_on(&strict, tool(&["args"])).unwrap_err());
     assert!(reason.contains("max_functions") && reason.contains("at most 10"), "{reason}");
 
     let mut cfg = WasmGuestConfig::default();
     cfg.module_limits.max_module_bytes = 1_000;
     let tiny = WasmGuest::with_config(cfg).unwrap();
-    let reason = invalid_module_reason(tiny.execute(tool(&["args"])).unwrap_err());
+    let reason = invalid_module_reason(Executor::run_on(&tiny, tool(&["args"])).unwrap_err());
     assert!(reason.contains("max_module_bytes"), "{reason}");
 }
 
@@ -614,12 +620,12 @@ fn a_compile_that_ends_after_the_deadline_is_timed_out() {
     // Thousands of functions: tens of ms of Cranelift at least, never 1 ms.
     let module = binary_module(3_000, &body(&[0x41, 0x01, 0x1a].repeat(40)));
     let tight = SandboxPolicy::strict().timeout(Duration::from_millis(1));
-    let r = wasm.execute(ExecRequest::wasm(module.clone()).policy(tight)).unwrap();
+    let r = Executor::run_on(&wasm, ExecRequest::wasm(module.clone()).policy(tight)).unwrap();
     assert_eq!(r.outcome, Outcome::TimedOut, "{r:?}");
     assert_eq!(r.message.as_deref(), Some("deadline of 1 ms exceeded while compiling the module, before it ran"));
     assert!(r.usage.duration >= Duration::from_millis(1), "the duration includes the compile: {r:?}");
     // With time to spare it runs (from the cache, if the first compile finished).
-    let r = wasm.execute(ExecRequest::wasm(module)).unwrap();
+    let r = Executor::run_on(&wasm, ExecRequest::wasm(module)).unwrap();
     assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
     assert_eq!(wasm.cache_stats().compiled, 1, "compiled once: {:?}", wasm.cache_stats());
 }
@@ -635,23 +641,23 @@ fn a_heavy_compile_is_stopped_at_the_deadline_in_its_worker() {
     let wasm = WasmGuest::new().unwrap();
     assert!(wasm.engine().compiles_contained(), "the execbox binary serves as compile worker here");
     let started = Instant::now();
-    let tight = SandboxPolicy::strict().timeout(Duration::from_millis(300));
-    let r = wasm.execute(ExecRequest::wasm(heavy_module()).policy(tight)).unwrap();
+    let tight = SandboxPolicy::strict().timeout(Duration::from_millis(300)).max_code_bytes(8 << 20);
+    let r = Executor::run_on(&wasm, ExecRequest::wasm(heavy_module()).policy(tight)).unwrap();
     assert_eq!(r.outcome, Outcome::TimedOut, "{r:?}");
     assert!(r.message.unwrap().ends_with("while compiling the module, before it ran"));
     // The host waited for the deadline, not for Cranelift.
     assert!(started.elapsed() < Duration::from_millis(1500), "{:?}", started.elapsed());
     assert_eq!(wasm.cache_stats().compiled, 0);
     // The host is free at once: the next run is served.
-    assert_eq!(wasm.execute(ExecRequest::wasm(guest!(wat "hello"))).unwrap().outcome, Outcome::Ok);
+    assert_eq!(Executor::run_on(&wasm, ExecRequest::wasm(guest!(wat "hello"))).unwrap().outcome, Outcome::Ok);
 }
 
 #[test]
 fn a_compile_over_its_memory_cap_is_out_of_memory() {
     let cfg = WasmGuestConfig { max_compile_memory_bytes: 4 << 20, ..WasmGuestConfig::default() };
     let wasm = WasmGuest::with_config(cfg).unwrap();
-    let roomy = SandboxPolicy::strict().timeout(Duration::from_secs(120));
-    let r = wasm.execute(ExecRequest::wasm(heavy_module()).policy(roomy)).unwrap();
+    let roomy = SandboxPolicy::strict().timeout(Duration::from_secs(120)).max_code_bytes(8 << 20);
+    let r = Executor::run_on(&wasm, ExecRequest::wasm(heavy_module()).policy(roomy)).unwrap();
     assert_eq!(r.outcome, Outcome::OutOfMemory, "{r:?}");
     assert!(r.message.unwrap().contains("compile memory cap"));
 }
@@ -661,11 +667,11 @@ fn without_a_worker_modules_compile_in_process_within_the_static_limits() {
     let cfg = WasmGuestConfig { worker_program: Some("/nonexistent/execbox".into()), ..WasmGuestConfig::default() };
     let wasm = WasmGuest::with_config(cfg).unwrap();
     assert!(!wasm.engine().compiles_contained());
-    assert_eq!(wasm.execute(ExecRequest::wasm(guest!(wat "hello"))).unwrap().outcome, Outcome::Ok);
+    assert_eq!(Executor::run_on(&wasm, ExecRequest::wasm(guest!(wat "hello"))).unwrap().outcome, Outcome::Ok);
     let cfg = WasmGuestConfig { compile_in_worker: false, ..WasmGuestConfig::default() };
     let wasm = WasmGuest::with_config(cfg).unwrap();
     assert!(!wasm.engine().compiles_contained());
-    assert_eq!(wasm.execute(ExecRequest::wasm(guest!(wat "hello"))).unwrap().outcome, Outcome::Ok);
+    assert_eq!(Executor::run_on(&wasm, ExecRequest::wasm(guest!(wat "hello"))).unwrap().outcome, Outcome::Ok);
 }
 
 #[test]
@@ -678,7 +684,7 @@ fn concurrent_runs_of_a_new_module_compile_it_once() {
             .map(|_| {
                 s.spawn(|| {
                     barrier.wait();
-                    wasm.execute(ExecRequest::wasm(module.clone())).unwrap()
+                    Executor::run_on(&wasm, ExecRequest::wasm(module.clone())).unwrap()
                 })
             })
             .collect();
@@ -732,7 +738,7 @@ fn fifos_sockets_and_devices_in_a_grant_are_refused_not_waited_on() {
         let (tx, rx) = std::sync::mpsc::channel();
         let request = tool(args).policy(rw.clone());
         std::thread::spawn(move || {
-            let _ = tx.send(backend().execute(request));
+            let _ = tx.send(Executor::run_on(backend(), request));
         });
         let Ok(result) = rx.recv_timeout(Duration::from_secs(20)) else {
             // Release the blocked host thread before failing.
@@ -756,7 +762,7 @@ fn grants_on_filesystems_whose_reads_can_block_are_refused() {
     // host thread past its deadline.
     for host in ["/proc", "/", "/sys/class"] {
         let policy = SandboxPolicy::strict().filesystem(Access::Allow(PathGrants::new().read_only_at(host, "/data")));
-        let err = backend().execute(tool(&["read", "/data/kmsg"]).policy(policy)).unwrap_err();
+        let err = Executor::run_on(backend(), tool(&["read", "/data/kmsg"]).policy(policy)).unwrap_err();
         assert!(
             matches!(&err, ExecError::InvalidRequest(InvalidRequest::BadPath { reason, .. }) if reason.contains("block")),
             "{host}: {err:?}"
@@ -814,13 +820,13 @@ fn disk_cache_skips_artifacts_others_could_have_written() {
     let dir = root.path().join("cache");
     let cfg = WasmGuestConfig { disk_cache_dir: Some(dir.clone()), ..Default::default() };
     let first = WasmGuest::with_config(cfg.clone()).unwrap();
-    assert_eq!(first.execute(ExecRequest::wasm(guest!(wat "hello"))).unwrap().outcome, Outcome::Ok);
+    assert_eq!(Executor::run_on(&first, ExecRequest::wasm(guest!(wat "hello"))).unwrap().outcome, Outcome::Ok);
     drop(first);
     let artifact = std::fs::read_dir(&dir).unwrap().next().unwrap().unwrap().path();
 
     chmod(&artifact, 0o666);
     let second = WasmGuest::with_config(cfg.clone()).unwrap();
-    assert_eq!(second.execute(ExecRequest::wasm(guest!(wat "hello"))).unwrap().outcome, Outcome::Ok);
+    assert_eq!(Executor::run_on(&second, ExecRequest::wasm(guest!(wat "hello"))).unwrap().outcome, Outcome::Ok);
     assert_eq!((second.cache_stats().disk_hits, second.cache_stats().compiled), (0, 1), "a group-writable artifact");
 
     // A symlink in place of the artifact is not followed.
@@ -829,7 +835,7 @@ fn disk_cache_skips_artifacts_others_could_have_written() {
     chmod(&elsewhere, 0o600);
     std::os::unix::fs::symlink(&elsewhere, &artifact).unwrap();
     let third = WasmGuest::with_config(cfg).unwrap();
-    assert_eq!(third.execute(ExecRequest::wasm(guest!(wat "hello"))).unwrap().outcome, Outcome::Ok);
+    assert_eq!(Executor::run_on(&third, ExecRequest::wasm(guest!(wat "hello"))).unwrap().outcome, Outcome::Ok);
     assert_eq!((third.cache_stats().disk_hits, third.cache_stats().compiled), (0, 1), "a symlinked artifact");
 }
 
@@ -841,7 +847,7 @@ fn a_refused_pool_reservation_is_visible() {
     assert!(!wasm.pooling_allocator());
     let memory = &wasm.capabilities().memory;
     assert!(format!("{memory:?}").contains("allocated on demand"), "{memory:?}");
-    assert_eq!(wasm.execute(ExecRequest::wasm(guest!(wat "hello"))).unwrap().outcome, Outcome::Ok);
+    assert_eq!(Executor::run_on(&wasm, ExecRequest::wasm(guest!(wat "hello"))).unwrap().outcome, Outcome::Ok);
 
     assert!(backend().pooling_allocator(), "the default pool fits here");
     assert!(format!("{:?}", backend().capabilities().memory).contains("pooling allocator of 32 slots"));
@@ -889,7 +895,7 @@ fn runs_without_a_policy_timeout_get_the_backends_default() {
         tool(&["sleep", "600000"]),
     ] {
         // Called directly: no executor fills the timeout in.
-        let r = wasm.execute(request.policy(unbounded.clone())).unwrap();
+        let r = Executor::run_on(&wasm, request.policy(unbounded.clone())).unwrap();
         assert_eq!(r.outcome, Outcome::TimedOut, "{r:?}");
         assert_eq!(r.message.as_deref(), Some("deadline of 300 ms exceeded"), "{r:?}");
     }

@@ -49,7 +49,7 @@ fn python(code: &str) -> ExecRequest {
 }
 
 fn run(backend: &WasmInterpreter, request: ExecRequest) -> ExecResult {
-    backend.execute(request).expect("execute")
+    Executor::run_on(backend, request).expect("execute")
 }
 
 // ---- Python --------------------------------------------------------------------
@@ -359,15 +359,15 @@ fn a_run_that_cannot_get_a_slot_in_time_is_busy_naming_its_backend() {
     wasm.precompile(&tool).unwrap();
     let sleeper = ExecRequest::wasm(tool).arg("sleep").arg("2000");
     std::thread::scope(|s| {
-        let slept = s.spawn(|| wasm.execute(sleeper).unwrap());
+        let slept = s.spawn(|| Executor::run_on(&wasm, sleeper).unwrap());
         let until = Instant::now() + Duration::from_secs(30);
         while engine.slots_in_use() == 0 && Instant::now() < until {
             std::thread::sleep(Duration::from_millis(2));
         }
         let short = python("print(1)").policy(SandboxPolicy::strict().timeout(Duration::from_millis(100)));
-        let err = py.execute(short).unwrap_err();
+        let err = Executor::run_on(&py, short).unwrap_err();
         assert!(matches!(&err, execbox::ExecError::Busy { backend, .. } if backend == "python-wasm"), "{err:?}");
-        let r = py.execute(python("print(2)")).unwrap();
+        let r = Executor::run_on(&py, python("print(2)")).unwrap();
         assert_eq!(r.output, Some(json!(2)), "waited for the slot: {r:?}");
         assert_eq!(slept.join().unwrap().outcome, Outcome::Ok);
     });
@@ -395,7 +395,7 @@ fn interpreter_runs_without_a_policy_timeout_get_the_default() {
         (&qjs, ExecRequest::javascript("while (true) {}")),
     ];
     for (backend, request) in cases {
-        let r = backend.execute(request.policy(unbounded.clone())).unwrap();
+        let r = Executor::run_on(backend, request.policy(unbounded.clone())).unwrap();
         assert_eq!(r.outcome, Outcome::TimedOut, "{r:?}");
         assert_eq!(r.message.as_deref(), Some("deadline of 1500 ms exceeded"), "{r:?}");
     }

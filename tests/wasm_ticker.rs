@@ -63,7 +63,7 @@ fn a_deadline_holds_under_cpu_contention() {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
 
-    use execbox::{Backend, ExecRequest, Outcome, SandboxPolicy};
+    use execbox::{ExecRequest, Outcome, SandboxPolicy};
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let wasm = WasmGuest::new().unwrap();
     let stop = Arc::new(AtomicBool::new(false));
@@ -81,7 +81,7 @@ fn a_deadline_holds_under_cpu_contention() {
         .collect();
     let request = ExecRequest::wasm(&b"(module (func (export \"_start\") (loop br 0)))"[..])
         .policy(SandboxPolicy::strict().timeout(Duration::from_millis(1000)));
-    let result = wasm.execute(request).unwrap();
+    let result = Executor::run_on(&wasm, request).unwrap();
     stop.store(true, Ordering::Relaxed);
     spinners.into_iter().for_each(|t| t.join().unwrap());
     assert_eq!(result.outcome, Outcome::TimedOut);

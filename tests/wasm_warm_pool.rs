@@ -8,6 +8,7 @@
 
 use std::time::{Duration, Instant};
 
+use execbox::Executor;
 use execbox::backends::WasmInterpreter;
 use execbox::{Backend, ExecRequest, Language, Outcome, SandboxPolicy};
 use serde_json::json;
@@ -32,7 +33,7 @@ fn a_pool_whose_starts_failed_refills_after_a_backoff() {
     assert_eq!(py.warm_idle(), 0, "no warm instance can start without a temporary directory");
 
     // Requests still run, on fresh instances (no input: no staging needed).
-    let r = py.execute(python("print(1)")).unwrap();
+    let r = Executor::run_on(&py, python("print(1)")).unwrap();
     assert_eq!((r.outcome, r.output.clone()), (Outcome::Ok, Some(json!(1))), "{r:?}");
     assert!(r.usage.fuel.is_some(), "a fresh instance ran it");
 
@@ -40,13 +41,13 @@ fn a_pool_whose_starts_failed_refills_after_a_backoff() {
     // SAFETY: as above.
     unsafe { std::env::set_var("TMPDIR", &tmp) };
     std::thread::sleep(Duration::from_millis(500));
-    let r = py.execute(python("print(2)")).unwrap();
+    let r = Executor::run_on(&py, python("print(2)")).unwrap();
     assert_eq!(r.output, Some(json!(2)));
     assert_eq!(py.warm_idle(), 2, "the pool refilled");
     let until = Instant::now() + Duration::from_secs(120);
     while py.warm_ready() < 1 && Instant::now() < until {
         std::thread::sleep(Duration::from_millis(5));
     }
-    let r = py.execute(python("print(3)")).unwrap();
+    let r = Executor::run_on(&py, python("print(3)")).unwrap();
     assert_eq!((r.output, r.usage.fuel), (Some(json!(3)), None), "served by a warm instance");
 }

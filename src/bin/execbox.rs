@@ -5,10 +5,10 @@
 //! 128 + N when signal N (SIGTERM, SIGINT, SIGHUP) ended it, after it
 //! removed the containers and staging directories it started.
 
+use parking_lot::Mutex;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
@@ -211,7 +211,7 @@ fn exit_on_signals(exec: execbox::WeakExecutor) -> std::io::Result<()> {
     let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP])?;
     std::thread::Builder::new().name("execbox-signals".into()).spawn(move || {
         if let Some(signal) = signals.forever().next() {
-            let _answering = ANSWERING.lock().unwrap_or_else(|p| p.into_inner());
+            let _answering = ANSWERING.lock();
             if let Some(exec) = exec.upgrade() {
                 exec.shutdown();
             }
@@ -255,7 +255,7 @@ fn run(args: RunArgs) -> ExitCode {
     exec.prepare_for(&request, Duration::from_secs(10));
     let executed = exec.execute_blocking(request);
     // Not released: the process exits with this answer.
-    std::mem::forget(ANSWERING.lock().unwrap_or_else(|p| p.into_inner()));
+    std::mem::forget(ANSWERING.lock());
     match executed {
         Ok(result) => {
             // The program ran either way: a save that fails is reported
@@ -557,20 +557,7 @@ fn print_out(line: &str) {
 }
 
 fn describe(err: &ExecError) -> String {
-    let mut text = execbox::limits::result_caps::cap_message(err.to_string());
-    if let ExecError::Refused { rejections } = err {
-        text = "refused: no backend can enforce this request".into();
-        for r in rejections {
-            for v in &r.violations {
-                text.push_str(&format!(
-                    "\n  {}: {}",
-                    r.backend,
-                    execbox::limits::result_caps::cap_message(v.to_string())
-                ));
-            }
-        }
-    }
-    text
+    err.describe()
 }
 
 fn print_human(result: &ExecResult) {

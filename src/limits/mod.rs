@@ -5,11 +5,12 @@
 #[cfg(any(feature = "js", feature = "wasm", feature = "container"))]
 pub(crate) mod child;
 pub mod deadline;
-pub mod nesting;
+pub(crate) mod nesting;
 pub mod output;
 #[cfg(any(feature = "wasm", feature = "container"))]
 pub(crate) mod records;
-pub mod result_caps;
+pub(crate) mod result_caps;
+pub(crate) mod text;
 #[cfg(any(feature = "js", feature = "wasm", feature = "container"))]
 pub(crate) mod write;
 

@@ -129,15 +129,15 @@ mod tests {
 
     #[test]
     fn a_tap_sees_only_what_is_kept() {
-        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = Arc::new(parking_lot::Mutex::new(Vec::new()));
         let sink = seen.clone();
-        let tap = OutputTap::new(move |kind, bytes| sink.lock().unwrap().push((kind, bytes.to_vec())));
+        let tap = OutputTap::new(move |kind, bytes| sink.lock().push((kind, bytes.to_vec())));
         let mut b = BoundedBuffer::new(Some(4)).tapped(Some(tap), StreamKind::Stderr);
         b.write(b"ab");
         b.write_str("c\u{e9}");
         b.write(b"zzz");
         let kept: Vec<_> = ["ab", "c", "z"].iter().map(|s| (StreamKind::Stderr, s.as_bytes().to_vec())).collect();
-        assert_eq!(*seen.lock().unwrap(), kept);
+        assert_eq!(*seen.lock(), kept);
         assert_eq!(b.into_captured().total_bytes, 8);
     }
 

@@ -7,53 +7,15 @@
 //! | field | bound |
 //! |---|---|
 //! | `output` | its JSON text at most the policy's `max_stdout_bytes`; a larger value is dropped, `output_truncated` is set and the run is `failed` |
-//! | `message` | [`MAX_MESSAGE_BYTES`], cut at a character boundary with a note saying how long it was |
-//! | `diagnostics` | [`MAX_DIAGNOSTICS`] entries, each message at most [`MAX_MESSAGE_BYTES`] |
+//! | `message` | [`MAX_MESSAGE_BYTES`](super::text::MAX_MESSAGE_BYTES), cut at a character boundary with a note saying how long it was |
+//! | `diagnostics` | [`MAX_DIAGNOSTICS`] entries, each message at most [`MAX_MESSAGE_BYTES`](super::text::MAX_MESSAGE_BYTES) |
 
-use crate::policy::SandboxPolicy;
-use crate::result::{ExecResult, Outcome};
-
-/// Longest `message` (and diagnostic message) kept, in bytes.
-pub const MAX_MESSAGE_BYTES: usize = 4096;
+use super::text::cap_message;
 
 /// Most diagnostics kept.
 pub const MAX_DIAGNOSTICS: usize = 64;
-
-/// Longest list of names (skipped files, ...) spelled out in a message;
-/// the rest are counted.
-pub const MAX_LISTED_NAMES: usize = 16;
-
-/// `text` cut to [`MAX_MESSAGE_BYTES`] at a character boundary, with a note
-/// of its full length when cut.
-pub fn cap_message(text: String) -> String {
-    cap_text(text, MAX_MESSAGE_BYTES)
-}
-
-/// `text` cut to `max` bytes at a character boundary, with a note of its full
-/// length when cut (the note may take the result slightly past `max`).
-pub fn cap_text(mut text: String, max: usize) -> String {
-    if text.len() <= max {
-        return text;
-    }
-    let total = text.len();
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    text.truncate(end);
-    text.push_str(&format!("… [cut: {total} bytes in all]"));
-    text
-}
-
-/// "a, b, c and 7 more": at most [`MAX_LISTED_NAMES`] items spelled out.
-pub fn list_names<S: AsRef<str>>(names: &[S]) -> String {
-    let shown: Vec<&str> = names.iter().take(MAX_LISTED_NAMES).map(AsRef::as_ref).collect();
-    let mut text = shown.join(", ");
-    if names.len() > shown.len() {
-        text.push_str(&format!(" and {} more", names.len() - shown.len()));
-    }
-    text
-}
+use crate::policy::SandboxPolicy;
+use crate::result::{ExecResult, Outcome};
 
 /// Whether `value` serializes to at most `max` bytes of JSON; stops
 /// serializing as soon as it is over.
@@ -112,23 +74,6 @@ pub fn cap_result(result: &mut ExecResult, policy: &SandboxPolicy) {
 mod tests {
     use super::*;
     use serde_json::json;
-
-    #[test]
-    fn long_messages_are_cut_on_a_char_boundary() {
-        let text = "é".repeat(MAX_MESSAGE_BYTES);
-        let capped = cap_message(text);
-        assert!(capped.len() < MAX_MESSAGE_BYTES + 64);
-        assert!(capped.ends_with(&format!("[cut: {} bytes in all]", 2 * MAX_MESSAGE_BYTES)));
-        assert_eq!(cap_message("short".into()), "short");
-    }
-
-    #[test]
-    fn names_are_listed_up_to_a_bound() {
-        let names: Vec<String> = (0..100).map(|i| format!("f{i}")).collect();
-        let text = list_names(&names);
-        assert!(text.ends_with("f15 and 84 more"), "{text}");
-        assert_eq!(list_names(&["a", "b"]), "a, b");
-    }
 
     #[test]
     fn output_over_the_cap_is_dropped_and_flagged() {

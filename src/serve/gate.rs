@@ -3,8 +3,8 @@
 //! neither crashes the server nor grows its memory.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
@@ -29,7 +29,7 @@ pub struct Gate {
 #[derive(Default)]
 struct Active {
     count: AtomicUsize,
-    ends: std::sync::Mutex<HashMap<u64, Instant>>,
+    ends: parking_lot::Mutex<HashMap<u64, Instant>>,
     next: AtomicU64,
     idle: Notify,
 }
@@ -44,7 +44,7 @@ pub struct Turn {
 
 impl Drop for Turn {
     fn drop(&mut self) {
-        self.active.ends.lock().unwrap_or_else(PoisonError::into_inner).remove(&self.id);
+        self.active.ends.lock().remove(&self.id);
         if self.active.count.fetch_sub(1, Ordering::SeqCst) == 1 {
             self.active.idle.notify_waiters();
         }
@@ -104,7 +104,7 @@ impl Gate {
         }
         let id = self.active.next.fetch_add(1, Ordering::SeqCst);
         let ends = Instant::now() + limit;
-        self.active.ends.lock().unwrap_or_else(PoisonError::into_inner).insert(id, ends);
+        self.active.ends.lock().insert(id, ends);
         self.active.count.fetch_add(1, Ordering::SeqCst);
         Ok(Turn { _permit: permit, active: self.active.clone(), id })
     }
@@ -123,7 +123,7 @@ impl Gate {
             if self.active.count.load(Ordering::SeqCst) == 0 {
                 return true;
             }
-            let latest = self.active.ends.lock().unwrap_or_else(PoisonError::into_inner).values().max().copied();
+            let latest = self.active.ends.lock().values().max().copied();
             let left = latest.map_or(Duration::ZERO, |at| at.saturating_duration_since(Instant::now()));
             if left.is_zero() {
                 return self.active.count.load(Ordering::SeqCst) == 0;

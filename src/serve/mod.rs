@@ -260,7 +260,7 @@ struct Stall {
     since_ms: std::sync::atomic::AtomicU64,
     epoch: std::sync::OnceLock<std::time::Instant>,
     /// The reader waiting for writes to move.
-    reader: std::sync::Mutex<Option<std::task::Waker>>,
+    reader: parking_lot::Mutex<Option<std::task::Waker>>,
 }
 
 impl Stall {
@@ -275,7 +275,7 @@ impl Stall {
 
     fn moved(&self) {
         if self.since_ms.swap(0, Ordering::SeqCst) != 0
-            && let Some(waker) = self.reader.lock().unwrap_or_else(|p| p.into_inner()).take()
+            && let Some(waker) = self.reader.lock().take()
         {
             waker.wake();
         }
@@ -315,7 +315,7 @@ impl<R: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Paced<R> {
         buf: &mut tokio::io::ReadBuf<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
         if self.stall.is_blocked() {
-            *self.stall.reader.lock().unwrap_or_else(|p| p.into_inner()) = Some(cx.waker().clone());
+            *self.stall.reader.lock() = Some(cx.waker().clone());
             // Moved meanwhile: its wake-up may have missed the waker.
             if self.stall.is_blocked() {
                 return std::task::Poll::Pending;

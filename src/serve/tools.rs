@@ -7,8 +7,9 @@
 //! the JSON `execbox run --json` prints (an [`ExecResult`], or
 //! `{"error": {...}}`); the text content is a short rendering for a model.
 
+use parking_lot::Mutex;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -229,7 +230,7 @@ impl ExecboxMcp {
     }
 
     fn log_level(&self) -> Option<LoggingLevel> {
-        *self.connection.log_level.lock().unwrap_or_else(|p| p.into_inner())
+        *self.connection.log_level.lock()
     }
 }
 
@@ -323,7 +324,7 @@ impl ExecboxMcp {
         let mut text = String::new();
         for b in &status {
             let langs: Vec<&str> = b.capabilities.languages.iter().map(|l| l.as_str()).collect();
-            let state = match (&b.unavailable_reason, &b.readiness) {
+            let state = match (&b.unavailable, &b.readiness) {
                 (Some(reason), _) => format!("unavailable: {reason}"),
                 (None, Some(r)) => format!("available ({} of {} warm)", r.ready, r.target),
                 (None, None) => "available".into(),
@@ -434,7 +435,7 @@ impl ServerHandler for ExecboxMcp {
         request: SetLevelRequestParams,
         _context: RequestContext<RoleServer>,
     ) -> Result<(), McpError> {
-        *self.connection.log_level.lock().unwrap_or_else(|p| p.into_inner()) = Some(request.level);
+        *self.connection.log_level.lock() = Some(request.level);
         Ok(())
     }
 }

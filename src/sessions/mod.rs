@@ -43,10 +43,10 @@ pub use registry::{SessionConfig, Sessions, SessionsBuilder};
 use crate::admission::Admitted;
 use crate::capabilities::{BackendCapabilities, Language};
 use crate::error::ExecError;
-use crate::matching::{Control, Violation};
 use crate::policy::{Access, SandboxPolicy};
 use crate::request::ExecRequest;
 use crate::result::ExecResult;
+use crate::violation::{Control, Violation};
 
 /// How long past its deadline a session call may still run before the
 /// registry kills its session (a backstop: every backend ends its calls
@@ -240,7 +240,7 @@ fn describe<T: std::fmt::Debug>(access: &Access<T>) -> String {
         Access::Deny => "deny".to_string(),
         Access::Allow(list) => format!("allow {list:?}"),
     };
-    crate::limits::result_caps::cap_message(text)
+    crate::limits::text::cap_message(text)
 }
 
 /// The result of a call whose session was closed (killed) while it ran.

@@ -1,8 +1,9 @@
 //! The registry of live sessions: opening, admission of calls, expiry and
 //! the overrun backstop, closing. See the module docs of [`crate::sessions`].
 
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use super::turns::Turns;
@@ -10,10 +11,11 @@ use super::{CALL_OVERRUN_LIMIT, Session, SessionBackend, SessionError, SessionSp
 use crate::admission::{self, Admitted};
 use crate::capabilities::Language;
 use crate::error::{BackendRejection, ExecError};
-use crate::matching::{self, Control, Violation};
+use crate::matching;
 use crate::policy::SandboxPolicy;
 use crate::request::ExecRequest;
 use crate::result::ExecResult;
+use crate::violation::{Control, Violation};
 
 /// Bounds on sessions.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -504,7 +506,7 @@ impl State {
 
 impl Inner {
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        self.state.lock()
     }
 }
 
@@ -589,7 +591,7 @@ mod tests {
     struct Counter {
         calls: AtomicUsize,
         alive: AtomicBool,
-        killed: (Mutex<bool>, std::sync::Condvar),
+        killed: (Mutex<bool>, parking_lot::Condvar),
         open: Arc<AtomicUsize>,
         caps: BackendCapabilities,
     }
@@ -617,9 +619,9 @@ mod tests {
             if code == "hang" {
                 // Ignores its deadline on purpose: only a kill ends it.
                 let (lock, changed) = &self.killed;
-                let mut killed = lock.lock().unwrap();
+                let mut killed = lock.lock();
                 while !*killed {
-                    killed = changed.wait(killed).unwrap();
+                    changed.wait(&mut killed);
                 }
                 return Ok(ExecResult::new("counter", Outcome::Killed));
             }
@@ -632,7 +634,7 @@ mod tests {
         }
         fn kill(&self) {
             self.alive.store(false, Ordering::SeqCst);
-            *self.killed.0.lock().unwrap() = true;
+            *self.killed.0.lock() = true;
             self.killed.1.notify_all();
         }
     }

@@ -1,6 +1,6 @@
 //! [`Turns`]: a session's calls, one at a time, in arrival order.
 
-use std::sync::{Condvar, Mutex, PoisonError};
+use parking_lot::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 /// Tickets: each call takes the next one and waits until it is served.
@@ -20,7 +20,7 @@ impl Turns {
     /// Waits for this call's turn, at most `limit` (`None`: no limit).
     pub fn take(&self, limit: Option<Duration>) -> Option<Turn<'_>> {
         let until = limit.map(|l| Instant::now() + l);
-        let mut tickets = self.tickets.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut tickets = self.tickets.lock();
         let mine = tickets.0;
         tickets.0 += 1;
         while tickets.1 != mine {
@@ -32,21 +32,21 @@ impl Turns {
                 return None;
             }
             let wait = left.unwrap_or(Duration::from_secs(3600));
-            tickets = self.changed.wait_timeout(tickets, wait).unwrap_or_else(PoisonError::into_inner).0;
+            self.changed.wait_for(&mut tickets, wait);
         }
         Some(Turn(self))
     }
 
     /// Marks `ticket` as not wanting its turn: served (or skipped when it comes up).
     fn skip(&self, ticket: u64) {
-        self.skipped.lock().unwrap_or_else(PoisonError::into_inner).push(ticket);
+        self.skipped.lock().push(ticket);
         self.advance();
     }
 
     /// Serves the next ticket that is still wanted.
     fn advance(&self) {
-        let mut tickets = self.tickets.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut skipped = self.skipped.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut tickets = self.tickets.lock();
+        let mut skipped = self.skipped.lock();
         while let Some(at) = skipped.iter().position(|&t| t == tickets.1) {
             skipped.swap_remove(at);
             tickets.1 += 1;
@@ -59,7 +59,7 @@ impl Turns {
 
 impl Drop for Turn<'_> {
     fn drop(&mut self) {
-        self.0.tickets.lock().unwrap_or_else(PoisonError::into_inner).1 += 1;
+        self.0.tickets.lock().1 += 1;
         self.0.advance();
     }
 }
@@ -81,11 +81,11 @@ mod tests {
                 let (mine, order) = (turns.clone(), order.clone());
                 let handle = std::thread::spawn(move || {
                     let _turn = mine.take(Some(Duration::from_secs(10))).unwrap();
-                    order.lock().unwrap().push(i);
+                    order.lock().push(i);
                 });
                 // Arrival order is ticket order: wait until this waiter has
                 // its ticket (0 and 1 went to the first two calls).
-                while turns.tickets.lock().unwrap().0 < 3 + i {
+                while turns.tickets.lock().0 < 3 + i {
                     std::thread::yield_now();
                 }
                 handle
@@ -93,6 +93,6 @@ mod tests {
             .collect();
         drop(first);
         waiters.into_iter().for_each(|w| w.join().unwrap());
-        assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3], "arrival order, the gave-up ticket skipped");
+        assert_eq!(*order.lock(), vec![0, 1, 2, 3], "arrival order, the gave-up ticket skipped");
     }
 }

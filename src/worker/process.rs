@@ -2,6 +2,7 @@
 //! session with the host as its reaper of last resort, talk to it in frames,
 //! cap its address space, kill it, and say how it died.
 
+use parking_lot::Mutex;
 use std::fs::File;
 use std::io::{self, Read};
 use std::os::fd::AsFd;
@@ -9,8 +10,8 @@ use std::os::unix::net::UnixStream;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStderr, Command, ExitStatus, Stdio};
+use std::sync::OnceLock;
 use std::sync::mpsc;
-use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, Resource, Rlimit, Signal};
@@ -100,7 +101,7 @@ impl WorkerProcess {
     /// Starts a worker on the process-wide spawner thread (see [`spawner`]).
     pub fn spawn(spec: &SpawnSpec) -> io::Result<Self> {
         let (reply, answer) = mpsc::sync_channel(1);
-        let sent = spawner().lock().unwrap_or_else(|p| p.into_inner()).send((spec.clone(), reply));
+        let sent = spawner().lock().send((spec.clone(), reply));
         if sent.is_err() {
             return Err(io::Error::other("the worker spawner thread is gone"));
         }

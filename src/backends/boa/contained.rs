@@ -9,10 +9,11 @@
 //! and gives it back when the run ended cleanly. A worker that timed out,
 //! crashed or misbehaved is killed and never reused.
 
+use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::collections::VecDeque;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -20,12 +21,12 @@ use serde_json::Value;
 use super::engine::{Job, Mode};
 use super::worker::{FromWorker, Init, ToWorkerRef};
 use super::{BoaJsConfig, WorkerGauge};
+use crate::admission::Admitted;
+use crate::backend::{Backend, Unavailable};
 use crate::capabilities::BackendCapabilities;
 use crate::error::ExecError;
-use crate::executor::Backend;
-use crate::limits::result_caps::cap_message;
+use crate::limits::text::cap_message;
 use crate::limits::{BoundedBuffer, Deadline};
-use crate::request::ExecRequest;
 use crate::result::{ExecResult, Outcome};
 use crate::worker::frame::{MAX_FRAME_BYTES, RecvError};
 use crate::worker::process::{Death, SendError, SpawnSpec, WorkerProcess};
@@ -205,7 +206,7 @@ impl BoaJs {
             if left.is_zero() {
                 return false;
             }
-            state = core.changed.wait_timeout(state, left).unwrap_or_else(|p| p.into_inner()).0;
+            core.changed.wait_for(&mut state, left);
         }
     }
 
@@ -218,7 +219,7 @@ impl BoaJs {
 
 impl Core {
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.lock()
     }
 
     fn unavailable(&self, reason: impl Into<String>) -> ExecError {
@@ -300,11 +301,7 @@ impl Core {
             }
             state.waiting += 1;
             self.changed.notify_all();
-            state = self
-                .changed
-                .wait_timeout(state, left.min(Duration::from_secs(3600)))
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            self.changed.wait_for(&mut state, left.min(Duration::from_secs(3600)));
             state.waiting -= 1;
         }
     }
@@ -350,10 +347,10 @@ impl Core {
     }
 
     /// Runs a request's job on a pooled worker.
-    fn execute(&self, request: ExecRequest) -> Result<ExecResult, ExecError> {
-        let memory = request.policy.memory_bytes.unwrap_or(self.cfg.default_memory_bytes);
-        let mut job = super::job(&self.cfg, &self.caps, request, Mode::FunctionBody, false)?;
-        let deadline = Deadline::start(job.timeout);
+    fn execute(&self, call: Admitted) -> Result<ExecResult, ExecError> {
+        let memory = call.policy().memory_bytes.unwrap_or(self.cfg.default_memory_bytes);
+        let deadline = call.deadline();
+        let mut job = super::job(&self.cfg, call, Mode::FunctionBody, false)?;
         // A worker that died while idle is found when the job is sent;
         // nothing ran then, so another worker is tried.
         for _ in 0..3 {
@@ -398,13 +395,12 @@ fn refill(core: &Core) {
             if short && live < core.cfg.max_workers.max(1) {
                 break;
             }
-            state = core.changed.wait(state).unwrap_or_else(|p| p.into_inner());
+            core.changed.wait(&mut state);
         }
         if state.failures_in_a_row > 0 {
             // Back off after failures: 50 ms, 100 ms, ... up to 5 s.
             let pause = Duration::from_millis(50u64 << state.failures_in_a_row.min(7)).min(Duration::from_secs(5));
-            let (next, _) = core.changed.wait_timeout(state, pause).unwrap_or_else(|p| p.into_inner());
-            state = next;
+            core.changed.wait_for(&mut state, pause);
             if state.shutdown {
                 continue;
             }
@@ -632,18 +628,18 @@ impl Backend for BoaJs {
         &self.handle.core.caps
     }
 
-    fn availability(&self) -> Result<(), String> {
+    fn availability(&self) -> Result<(), Unavailable> {
         let core = &self.handle.core;
-        core.spec.as_ref().map_err(Clone::clone)?;
+        core.spec.as_ref().map_err(|e| Unavailable::because(e.clone()))?;
         let state = core.lock();
         match &state.spawn_error {
-            Some(error) if state.idle.is_empty() && state.busy == 0 => Err(error.clone()),
+            Some(error) if state.idle.is_empty() && state.busy == 0 => Err(Unavailable::because(error.clone())),
             _ => Ok(()),
         }
     }
 
-    fn execute(&self, request: ExecRequest) -> Result<ExecResult, ExecError> {
-        self.handle.core.execute(request)
+    fn execute(&self, call: Admitted) -> Result<ExecResult, ExecError> {
+        self.handle.core.execute(call)
     }
 
     /// Waits for a ready worker (the pool starts its workers when built).

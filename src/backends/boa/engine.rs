@@ -24,7 +24,7 @@ use serde_json::Value;
 use super::EngineSettings;
 use super::realm::{self, Console, ConsoleSink, GuardLimits, OutputJson, RunDeadline};
 use crate::limits::Deadline;
-use crate::limits::result_caps::cap_message;
+use crate::limits::text::cap_message;
 use crate::result::Outcome;
 
 /// How the source is evaluated.

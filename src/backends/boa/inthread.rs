@@ -12,21 +12,22 @@
 //! backend drops the idle list, which ends idle threads; busy threads end
 //! after their job.
 
+use parking_lot::Mutex;
 use std::panic::AssertUnwindSafe;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError, SyncSender};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 
 use super::engine::{Job, Mode, Prepared, RunReport};
 use super::realm::{SharedStreams, Streams};
 use super::{BoaJsConfig, WorkerGauge};
 use crate::SandboxPolicy;
+use crate::admission::Admitted;
+use crate::backend::Backend;
 use crate::capabilities::BackendCapabilities;
 use crate::error::ExecError;
-use crate::executor::Backend;
 use crate::limits::{BoundedBuffer, Deadline};
-use crate::request::ExecRequest;
 use crate::result::{ExecResult, Outcome};
 
 /// JavaScript on boa in host threads. Cheap to clone (shares its threads).
@@ -73,9 +74,10 @@ impl Backend for BoaJsInThread {
         &self.caps
     }
 
-    fn execute(&self, request: ExecRequest) -> Result<ExecResult, ExecError> {
-        let job = super::job(&self.pool.cfg, &self.caps, request, Mode::FunctionBody, true)?;
-        self.pool.run(job)
+    fn execute(&self, call: Admitted) -> Result<ExecResult, ExecError> {
+        let deadline = call.deadline();
+        let job = super::job(&self.pool.cfg, call, Mode::FunctionBody, true)?;
+        self.pool.run(job, deadline)
     }
 }
 
@@ -120,9 +122,8 @@ impl Pool {
     }
 
     /// Runs one job; returns by the deadline (plus grace) whatever the code does.
-    fn run(&self, job: Job) -> Reply {
+    fn run(&self, job: Job, deadline: Deadline) -> Reply {
         let budget = job.budget;
-        let deadline = Deadline::start(job.timeout);
         let streams = Arc::new(Mutex::new(Streams {
             stdout: BoundedBuffer::new(job.max_stdout),
             stderr: BoundedBuffer::new(job.max_stderr),
@@ -143,7 +144,7 @@ impl Pool {
     fn dispatch(&self, mut assignment: Assignment, budget: u64) -> Result<(), ExecError> {
         loop {
             let worker = {
-                let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+                let mut idle = self.idle.lock();
                 // Prefer a thread whose context already has this budget.
                 let pos = idle.iter().rposition(|w| w.budget == budget).or(idle.len().checked_sub(1));
                 pos.map(|i| idle.swap_remove(i))
@@ -176,7 +177,7 @@ impl Pool {
 
     /// Registers an idle thread; false if enough are idle already.
     fn park(&self, worker: IdleWorker) -> bool {
-        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let mut idle = self.idle.lock();
         if idle.len() >= self.cfg.idle_workers {
             return false;
         }
@@ -200,7 +201,7 @@ fn answer(prepared: &mut Prepared, assignment: Assignment) {
 fn assemble(report: RunReport, deadline: &Deadline, streams: &Arc<Mutex<Streams>>) -> ExecResult {
     let mut result = ExecResult::new(BoaJsInThread::NAME, report.outcome);
     {
-        let s = streams.lock().unwrap_or_else(|p| p.into_inner());
+        let s = streams.lock();
         result.stdout = s.stdout.snapshot();
         result.stderr = s.stderr.snapshot();
     }
@@ -272,7 +273,7 @@ fn worker_main(pool: Weak<Pool>, cfg: BoaJsConfig, mut budget: u64, mut next: Op
 /// The result for a caller that stopped waiting at the deadline while the
 /// thread was inside native code; the thread is stopped by its budget.
 fn abandoned(deadline: &Deadline, streams: &Arc<Mutex<Streams>>) -> ExecResult {
-    let s = streams.lock().unwrap_or_else(|p| p.into_inner());
+    let s = streams.lock();
     let mut result = ExecResult::new(BoaJsInThread::NAME, Outcome::TimedOut);
     result.stdout = s.stdout.snapshot();
     result.stderr = s.stderr.snapshot();

@@ -42,13 +42,13 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::admission::Admitted;
 use crate::capabilities::{
     BackendCapabilities, CostClass, Enforcement, IsolationKind, Language, PayloadKind, RequestFeatures,
     SurfaceCapability,
 };
 use crate::error::{ExecError, InvalidRequest};
 use crate::limits::nesting;
-use crate::request::{ExecRequest, Payload};
 
 /// The deadline of a run whose policy states none.
 const DEFAULT_TIMEOUT_MS: u64 = 30_000;
@@ -204,30 +204,23 @@ impl WorkerGauge {
     }
 }
 
-/// Checks a request's code and input and turns it into a job. Contained
-/// runs get no instruction budget unless the policy asks for `fuel` (the
-/// host's kill ends runaway code); in-thread runs get the backstop.
-fn job(
-    cfg: &BoaJsConfig,
-    caps: &BackendCapabilities,
-    mut request: ExecRequest,
-    mode: engine::Mode,
-    backstop: bool,
-) -> Result<engine::Job, ExecError> {
+/// Checks an admitted call's code and input and turns it into a job.
+/// Contained runs get no instruction budget unless the policy asks for
+/// `fuel` (the host's kill ends runaway code); in-thread runs get the
+/// backstop.
+fn job(cfg: &BoaJsConfig, mut call: Admitted, mode: engine::Mode, backstop: bool) -> Result<engine::Job, ExecError> {
     let max = cfg.max_nesting;
-    let source = match std::mem::replace(&mut request.payload, Payload::Source(String::new())) {
-        Payload::Source(s) => s,
-        Payload::WasmModule(_) => {
-            return Err(ExecError::internal("boa", "matching let a non-source payload through"));
-        }
-    };
+    let source = call.take_source("boa")?;
     if let Some(depth) = nesting::source_nesting_exceeds(&source, max) {
         return Err(InvalidRequest::TooDeep { what: "code", depth, max }.into());
     }
+    let deadline = call.deadline();
+    let mut request = call.into_request();
     let input = nesting::take_bounded_input(&mut request.input, max)?;
-    let (budget, fuel_asked) = match request.policy.fuel {
+    let policy = &request.policy;
+    let (budget, fuel_asked) = match policy.fuel {
         Some(fuel) => (fuel, true),
-        None if backstop => (cfg.backstop_budget(request.policy.timeout_ms), false),
+        None if backstop => (cfg.backstop_budget(policy.timeout_ms), false),
         None => (u64::MAX, false),
     };
     Ok(engine::Job {
@@ -236,9 +229,9 @@ fn job(
         input,
         budget,
         fuel_asked,
-        timeout: Some(caps.effective_timeout(&request.policy)),
-        max_stdout: request.policy.max_stdout_bytes,
-        max_stderr: request.policy.max_stderr_bytes,
+        timeout: deadline.limit(),
+        max_stdout: policy.max_stdout_bytes,
+        max_stderr: policy.max_stderr_bytes,
     })
 }
 

@@ -27,9 +27,10 @@
 //!
 //! The originals are captured in the wrappers and unreachable from JS.
 
+use parking_lot::Mutex;
 use std::cell::Cell;
 use std::rc::Rc;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use boa_engine::object::builtins::JsArray;
 use boa_engine::object::{FunctionObjectBuilder, ObjectInitializer};
@@ -61,7 +62,7 @@ pub(super) struct SharedStreams(pub Arc<Mutex<Streams>>);
 
 impl Console for SharedStreams {
     fn line(&self, to_stderr: bool, text: &str) {
-        let mut streams = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut streams = self.0.lock();
         let stream = if to_stderr { &mut streams.stderr } else { &mut streams.stdout };
         stream.write_str(text);
         stream.write_str("\n");
@@ -809,7 +810,7 @@ fn format_value(value: &JsValue, ctx: &mut Context) -> String {
         Err(e) => {
             let text = e.to_string();
             let first = text.lines().next().unwrap_or_default();
-            format!("[unprintable: {}]", crate::limits::result_caps::cap_message(first.to_string()))
+            format!("[unprintable: {}]", crate::limits::text::cap_message(first.to_string()))
         }
     }
 }
@@ -829,7 +830,7 @@ pub(super) fn plain_property(object: &JsObject, key: &str) -> Option<String> {
         };
         if let Some(value) = found {
             return match value.as_string() {
-                Some(s) => Some(crate::limits::result_caps::cap_message(s.to_std_string_escaped())),
+                Some(s) => Some(crate::limits::text::cap_message(s.to_std_string_escaped())),
                 None if value.is_object() => None,
                 None => Some(value.display().to_string()),
             };

@@ -17,8 +17,8 @@
 //! A call that times out, runs out of memory or crashes the engine ends the
 //! session.
 
+use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, PoisonError};
 
 use super::BoaJs;
 use super::contained::{Conversation, Limits, Worker, converse};
@@ -27,10 +27,10 @@ use crate::admission::Admitted;
 use crate::capabilities::{BackendCapabilities, Language};
 use crate::error::ExecError;
 use crate::limits::child::ChildHandle;
-use crate::matching::{Control, Violation};
 use crate::request::ExecRequest;
 use crate::result::{ExecResult, Outcome};
 use crate::sessions::{Session, SessionBackend, SessionSpec};
+use crate::violation::{Control, Violation};
 
 /// A JavaScript realm kept alive across calls. Dropping it kills its worker.
 pub struct JsSession {
@@ -79,7 +79,7 @@ impl JsSession {
     /// The session worker's process id, while it lives (for tests and audits).
     #[doc(hidden)]
     pub fn worker_pid(&self) -> Option<u32> {
-        self.worker.lock().unwrap_or_else(PoisonError::into_inner).as_ref().map(|w| w.process.pid())
+        self.worker.lock().as_ref().map(|w| w.process.pid())
     }
 
     fn end(&self, slot: &mut Option<Worker>) {
@@ -107,9 +107,9 @@ impl Session for JsSession {
         let core = self.backend.core();
         let deadline = call.deadline();
         let cap = call.policy().memory_bytes.unwrap_or(core.cfg.default_memory_bytes);
-        let mut job = super::job(&core.cfg, &core.caps, call.into_request(), Mode::Script, false)?;
+        let mut job = super::job(&core.cfg, call, Mode::Script, false)?;
 
-        let mut slot = self.worker.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut slot = self.worker.lock();
         if self.killed.load(Ordering::SeqCst) {
             self.end(&mut slot);
             return Ok(crate::sessions::killed_result(Self::NAME, &deadline));

@@ -200,7 +200,7 @@ fn panicked(panic: &Box<dyn std::any::Any + Send>) -> RunReport {
         outcome: crate::result::Outcome::Failed,
         output: None,
         output_truncated: false,
-        message: Some(crate::limits::result_caps::cap_message(format!("the JS engine panicked: {text}"))),
+        message: Some(crate::limits::text::cap_message(format!("the JS engine panicked: {text}"))),
         instructions: 0,
     }
 }

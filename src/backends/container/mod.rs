@@ -44,9 +44,10 @@ mod rust;
 mod session;
 mod staging;
 
+use parking_lot::Mutex;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub use argv::{Mount, RunSpec, STOP_DIR, UnsafeExtraArg, check_extra_args, run_argv};
@@ -57,15 +58,16 @@ pub use session::ContainerSession;
 pub use staging::{INPUT_JSON, MAX_OUTPUT_DEPTH, MAX_OUTPUT_ENTRIES, OUTPUT_DIR, WORKDIR};
 
 use super::conventions;
+use crate::admission::Admitted;
+use crate::backend::{Backend, Unavailable};
 use crate::capabilities::{
     BackendCapabilities, CostClass, Enforcement, IsolationKind, Language, PayloadKind, RequestFeatures,
     SurfaceCapability,
 };
 use crate::error::{ExecError, InvalidRequest};
-use crate::executor::Backend;
-use crate::limits::{Deadline, nesting};
+use crate::limits::Deadline;
 use crate::policy::Access;
-use crate::request::{ExecRequest, Payload};
+use crate::request::ExecRequest;
 use crate::result::{ExecResult, Outcome, Usage};
 
 /// Settings of a [`Container`] backend.
@@ -158,7 +160,7 @@ pub struct ContainerInner {
     caps: BackendCapabilities,
     reaper: reaper::Reaper,
     /// Last availability check: when, and its result.
-    availability: Mutex<Option<(Instant, Result<(), String>)>>,
+    availability: Mutex<Option<(Instant, Result<(), Unavailable>)>>,
     /// Last read of the data image's package label: when, and the packages.
     data_packages: Mutex<Option<(Instant, Vec<String>)>>,
     rust: rust::Pipeline,
@@ -256,7 +258,7 @@ impl Container {
 
     /// `Ok` if the engine and images are there, else `backend_unavailable`.
     fn check_available(&self) -> Result<(), ExecError> {
-        Backend::availability(self).map_err(|reason| self.unavailable(reason))
+        Backend::availability(self).map_err(|why| why.into_error(Self::NAME))
     }
 
     /// This backend's capabilities (its sessions check against them too).
@@ -267,7 +269,7 @@ impl Container {
     /// The packages the data image declares (its `execbox.packages`
     /// label), cached like availability; none when the image is missing.
     fn data_image_packages(&self) -> Vec<String> {
-        let mut cached = self.data_packages.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cached = self.data_packages.lock();
         if let Some((at, packages)) = cached.as_ref() {
             let ttl = if packages.is_empty() { Duration::from_secs(2) } else { self.cfg.availability_ttl };
             if at.elapsed() < ttl {
@@ -428,12 +430,6 @@ impl Container {
         Ok(result)
     }
 
-    /// The request's deadline: the policy's, else `default_timeout`. For
-    /// Rust it bounds the compile and the run together.
-    fn deadline(&self, request: &ExecRequest) -> Deadline {
-        Deadline::start(Some(self.caps.effective_timeout(&request.policy)))
-    }
-
     fn output_limits(&self) -> staging::OutputLimits {
         staging::OutputLimits {
             max_files: self.cfg.max_output_files,
@@ -450,7 +446,7 @@ impl Container {
     /// (with the fix), internal otherwise.
     fn engine_error(&self, text: String) -> ExecError {
         self.forget_availability();
-        let text = crate::limits::result_caps::cap_message(text);
+        let text = crate::limits::text::cap_message(text);
         let lower = text.to_ascii_lowercase();
         if lower.contains("no such image") || lower.contains("unable to find image") {
             self.unavailable(format!("{text} — build the images with scripts/build-images.sh"))
@@ -462,12 +458,12 @@ impl Container {
     }
 
     fn forget_availability(&self) {
-        *self.availability.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        *self.availability.lock() = None;
     }
 
     /// Asks the engine whether the images exist (which also proves the
     /// daemon answers).
-    fn check_availability(&self) -> Result<(), String> {
+    fn check_availability(&self) -> Result<(), Unavailable> {
         let images = [&self.cfg.python_image, &self.cfg.rust_image];
         let output = process::bounded_output(
             process::engine_command(&self.cfg.engine).args(["image", "inspect", "--format={{.Id}}"]).args(images),
@@ -475,10 +471,9 @@ impl Container {
             64 << 10,
         )
         .map_err(|e| {
-            format!(
-                "cannot run the container engine {:?}: {e} — install and start one with \
-                     scripts/start-container-engine.sh",
-                self.cfg.engine
+            Unavailable::new(
+                format!("cannot run the container engine {:?}: {e}", self.cfg.engine),
+                "install and start one with scripts/start-container-engine.sh",
             )
         })?;
         if output.status.success() {
@@ -486,28 +481,26 @@ impl Container {
         }
         let text = String::from_utf8_lossy(&output.stderr).trim().to_string();
         if text.to_ascii_lowercase().contains("no such image") {
-            Err(format!("{text} — build the images with scripts/build-images.sh"))
+            Err(Unavailable::new(text, "build the images with scripts/build-images.sh"))
         } else {
-            Err(format!("the engine does not answer: {text} — start one with scripts/start-container-engine.sh"))
+            Err(Unavailable::new(
+                format!("the engine does not answer: {text}"),
+                "start one with scripts/start-container-engine.sh",
+            ))
         }
     }
 
-    fn execute_script(&self, mut request: ExecRequest, deadline: Deadline) -> Result<ExecResult, ExecError> {
-        let Payload::Source(source) = std::mem::replace(&mut request.payload, Payload::Source(String::new())) else {
-            return Err(ExecError::internal(Self::NAME, "matching let a module payload through"));
-        };
-        let input = self.input_json(&mut request)?;
+    fn execute_script(&self, mut call: Admitted) -> Result<ExecResult, ExecError> {
+        let deadline = call.deadline();
+        let source = call.take_source(Self::NAME)?;
+        let input = call.take_input_json(self.cfg.max_input_nesting, Self::NAME)?;
+        let request = call.into_request();
         let staging = staging::Staging::new(&request, input.as_deref())?;
         let command = self.script_command(&request)?;
         let limit = deadline.remaining().unwrap_or(Duration::MAX);
         let spec = self.spec(&request, &staging, self.script_image(&request), command, limit)?;
         let end = self.run_spec(&spec, source.into_bytes(), Caps::of(&request), deadline);
         self.result(end, &deadline, staging)
-    }
-
-    /// The request's JSON input, serialized (bounded in depth first).
-    fn input_json(&self, request: &mut ExecRequest) -> Result<Option<Vec<u8>>, ExecError> {
-        nesting::take_input_json(&mut request.input, self.cfg.max_input_nesting, Self::NAME)
     }
 }
 
@@ -599,9 +592,9 @@ impl Backend for Container {
     /// Cached: a positive answer for `availability_ttl`, a negative one for 2 s.
     /// The first check in a process also starts the cleanup of dead owners'
     /// containers (see the module docs), off the request path.
-    fn availability(&self) -> Result<(), String> {
+    fn availability(&self) -> Result<(), Unavailable> {
         owners::start(&self.cfg.engine);
-        let mut cached = self.availability.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cached = self.availability.lock();
         if let Some((at, result)) = cached.as_ref() {
             let ttl = if result.is_ok() { self.cfg.availability_ttl } else { Duration::from_secs(2) };
             if at.elapsed() < ttl {
@@ -613,12 +606,11 @@ impl Backend for Container {
         result
     }
 
-    fn execute(&self, request: ExecRequest) -> Result<ExecResult, ExecError> {
-        let deadline = self.deadline(&request);
-        self.availability().map_err(|reason| self.unavailable(reason))?;
-        match request.language {
-            Language::Python | Language::Shell => self.execute_script(request, deadline),
-            Language::Rust => rust::execute(self, request, deadline),
+    fn execute(&self, call: Admitted) -> Result<ExecResult, ExecError> {
+        Backend::availability(self).map_err(|why| why.into_error(Self::NAME))?;
+        match call.request().language {
+            Language::Python | Language::Shell => self.execute_script(call),
+            Language::Rust => rust::execute(self, call),
             other => Err(ExecError::internal(Self::NAME, format!("matching let {other} through"))),
         }
     }

@@ -24,11 +24,12 @@
 //! for owners in the same PID namespace of the same boot, so the sweep never
 //! touches another namespace's running containers (a shared daemon socket).
 
+use parking_lot::Mutex;
 use std::collections::HashSet;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::process::{ChildStdin, Stdio};
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use super::process;
@@ -62,13 +63,13 @@ pub(super) fn scope() -> &'static str {
 /// raised: cleanup is a backstop, not a reason to refuse a run.
 pub(super) fn start(engine: &Path) {
     static STARTED: Mutex<Option<HashSet<PathBuf>>> = Mutex::new(None);
-    let mut started = STARTED.lock().unwrap_or_else(|p| p.into_inner());
+    let mut started = STARTED.lock();
     if !started.get_or_insert_with(HashSet::new).insert(engine.to_path_buf()) {
         return;
     }
     drop(started);
     match spawn_watcher(engine) {
-        Ok(pipe) => WATCHERS.lock().unwrap_or_else(|p| p.into_inner()).push(pipe),
+        Ok(pipe) => WATCHERS.lock().push(pipe),
         Err(e) => tracing::warn!(engine = %engine.display(), error = %e, "cannot start the container watcher"),
     }
     let engine = engine.to_path_buf();
@@ -77,7 +78,7 @@ pub(super) fn start(engine: &Path) {
         tracing::debug!(removed, "swept containers of execbox processes that are gone");
     });
     match spawned {
-        Ok(handle) => SWEEPS.lock().unwrap_or_else(|p| p.into_inner()).push(handle),
+        Ok(handle) => SWEEPS.lock().push(handle),
         Err(e) => tracing::warn!(error = %e, "cannot start the container sweep"),
     }
 }
@@ -89,7 +90,7 @@ static SWEEPS: Mutex<Vec<std::thread::JoinHandle<()>>> = Mutex::new(Vec::new());
 /// commands' timeouts): a short-lived process (one CLI run) must not exit
 /// with a sweep half done.
 pub(super) fn finish_sweeps() {
-    let sweeps = std::mem::take(&mut *SWEEPS.lock().unwrap_or_else(|p| p.into_inner()));
+    let sweeps = std::mem::take(&mut *SWEEPS.lock());
     for sweep in sweeps {
         drop(sweep.join());
     }

@@ -15,7 +15,7 @@ use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use crate::limits::{BoundedBuffer, Deadline, OutputTap, StreamKind, result_caps};
+use crate::limits::{BoundedBuffer, Deadline, OutputTap, StreamKind, text};
 use crate::result::CapturedStream;
 
 /// Environment the engine CLI itself needs; nothing else is inherited.
@@ -199,7 +199,7 @@ pub(super) fn classify(
     stderr: &CapturedStream,
     limit: Duration,
 ) -> Ended {
-    let engine_error = || Ended::EngineError(result_caps::cap_message(stderr.text().trim().to_string()));
+    let engine_error = || Ended::EngineError(text::cap_message(stderr.text().trim().to_string()));
     let Some(code) = status.and_then(|s| s.code()) else {
         return Ended::EngineError(format!("the {} CLI was killed by a signal", engine.display()));
     };

@@ -9,8 +9,8 @@
 //! then their directories — which `Drop` drains and joins, so nothing
 //! outlives the backend.
 
+use parking_lot::Mutex;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::thread::JoinHandle;
 
@@ -44,7 +44,7 @@ impl Reaper {
 
     /// Hands `job` to the thread; does it at once if no thread can be started.
     fn send(&self, job: Job) {
-        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut state = self.state.lock();
         if state.is_none() {
             let (tx, rx) = mpsc::channel();
             let engine = self.engine.clone();
@@ -63,7 +63,7 @@ impl Reaper {
 
 impl Drop for Reaper {
     fn drop(&mut self) {
-        let state = self.state.get_mut().unwrap_or_else(|p| p.into_inner()).take();
+        let state = self.state.get_mut().take();
         if let Some((tx, handle)) = state {
             drop(tx);
             drop(handle.join());

@@ -15,10 +15,11 @@
 //! Host-side files (the compile's staging, the binary cache) are handled
 //! through cap-std handles, never through a link (see `hostfs.rs`).
 
+use parking_lot::Mutex;
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use cap_std::fs::Dir;
@@ -27,9 +28,10 @@ use sha2::{Digest, Sha256};
 
 use super::argv::{Mount, RunSpec};
 use super::{Container, KILL_GRACE, RunEnd, hostfs, process};
+use crate::admission::Admitted;
 use crate::error::ExecError;
 use crate::limits::{BoundedBuffer, Deadline};
-use crate::request::{ExecRequest, Payload};
+use crate::request::ExecRequest;
 use crate::result::{Diagnostic, ExecResult, FailureKind, Outcome};
 
 /// Where the compiled program is mounted in the run container.
@@ -166,7 +168,7 @@ impl Pipeline {
     }
 
     fn toolchain(&self) -> Result<Arc<Toolchain>, String> {
-        let mut slot = self.toolchain.lock().unwrap_or_else(|p| p.into_inner());
+        let mut slot = self.toolchain.lock();
         if let Some(found) = slot.as_ref() {
             return Ok(Arc::clone(found));
         }
@@ -219,17 +221,13 @@ pub(super) fn command(request: &ExecRequest) -> Vec<String> {
 }
 
 /// Compiles (or finds) and runs a Rust request, both within `deadline`.
-pub(super) fn execute(
-    backend: &Container,
-    mut request: ExecRequest,
-    deadline: Deadline,
-) -> Result<ExecResult, ExecError> {
-    let Payload::Source(source) = std::mem::replace(&mut request.payload, Payload::Source(String::new())) else {
-        return Err(ExecError::internal(Container::NAME, "matching let a module payload through"));
-    };
+pub(super) fn execute(backend: &Container, mut call: Admitted) -> Result<ExecResult, ExecError> {
+    let deadline = call.deadline();
+    let source = call.take_source(Container::NAME)?;
     let pipeline = &backend.rust;
     let toolchain = pipeline.toolchain().map_err(|reason| backend.unavailable(reason))?;
-    let input = backend.input_json(&mut request)?;
+    let input = call.take_input_json(backend.cfg.max_input_nesting, Container::NAME)?;
+    let request = call.into_request();
 
     let key = cache_key(&toolchain.fingerprint, &source);
     let cached = toolchain.binaries_dir.symlink_metadata(&key).is_ok_and(|meta| meta.is_file());

@@ -28,10 +28,11 @@
 //! of execbox's (the watcher and the sweep, see `owners.rs`). Dropping the
 //! session removes the container and its staging directory.
 
+use parking_lot::{Condvar, Mutex};
 use std::io::Read;
 use std::process::{Child, ChildStdin, Stdio};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::argv::run_argv;
@@ -44,12 +45,12 @@ use crate::error::ExecError;
 use crate::limits::child::ChildHandle;
 use crate::limits::records::{ResultTap, marker};
 use crate::limits::write::{Endpoint, WriteError, set_nonblocking, write_all_until};
-use crate::limits::{BoundedBuffer, Deadline, OutputTap, StreamKind, result_caps};
-use crate::matching::{Control, Violation};
+use crate::limits::{BoundedBuffer, Deadline, OutputTap, StreamKind, text};
 use crate::policy::SandboxPolicy;
 use crate::request::ExecRequest;
 use crate::result::{CapturedStream, ExecResult, Outcome, Usage};
 use crate::sessions::{Session, SessionSpec};
+use crate::violation::{Control, Violation};
 
 /// How long the container may take to start and run its first (empty) cell.
 const OPEN_LIMIT: Duration = Duration::from_secs(60);
@@ -95,8 +96,8 @@ struct Sink {
 }
 
 impl Streams {
-    fn lock(&self) -> std::sync::MutexGuard<'_, [Sink; 2]> {
-        self.sinks.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> parking_lot::MutexGuard<'_, [Sink; 2]> {
+        self.sinks.lock()
     }
 }
 
@@ -189,7 +190,7 @@ impl ContainerSession {
         let result = session.run_cell(Admitted::new(probe, session.backend.capabilities_ref()))?;
         if result.outcome != Outcome::Ok {
             let why = format!("{} {}", result.message.unwrap_or_default(), result.stderr.text());
-            return Err(unavailable(result_caps::cap_message(format!("the session did not start: {why}"))));
+            return Err(unavailable(text::cap_message(format!("the session did not start: {why}"))));
         }
         // Running now (the probe answered): where its processes are.
         let inspected = process::bounded_output(
@@ -203,7 +204,7 @@ impl ContainerSession {
         );
         let pid = inspected.ok().and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse::<u32>().ok());
         match pid.filter(|p| *p > 0) {
-            Some(pid) => *session.init_pid.lock().unwrap_or_else(PoisonError::into_inner) = Some(pid),
+            Some(pid) => *session.init_pid.lock() = Some(pid),
             None => tracing::warn!(
                 container = session.name,
                 "cannot see the session's processes: leftovers of a cell go unchecked"
@@ -248,7 +249,7 @@ impl ContainerSession {
     }
 
     fn run_cell(&self, mut call: Admitted) -> Result<ExecResult, ExecError> {
-        let mut io = self.io.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut io = self.io.lock();
         if !self.alive.load(Ordering::SeqCst) {
             return Err(self.lost());
         }
@@ -386,7 +387,7 @@ impl ContainerSession {
                 return CellEnd::TimedOut;
             }
             let wait = left.min(Duration::from_millis(50));
-            sinks = self.streams.changed.wait_timeout(sinks, wait).unwrap_or_else(PoisonError::into_inner).0;
+            self.streams.changed.wait_for(&mut sinks, wait);
         }
     }
 
@@ -413,7 +414,7 @@ impl ContainerSession {
     /// `/proc` (the program cannot fake it); `None` when the container's
     /// processes cannot be seen from here.
     fn leftovers(&self) -> Option<String> {
-        let init = (*self.init_pid.lock().unwrap_or_else(PoisonError::into_inner))?;
+        let init = (*self.init_pid.lock())?;
         // The loop writes its record, then blocks: give it a moment to get there.
         let until = Instant::now() + Duration::from_millis(500);
         loop {
@@ -563,7 +564,7 @@ impl Drop for ContainerSession {
     /// Removes the container (off this thread, by the reaper), ends the CLI
     /// attached to it, and hands the staging directory over for removal.
     fn drop(&mut self) {
-        let io = self.io.get_mut().unwrap_or_else(PoisonError::into_inner);
+        let io = self.io.get_mut();
         drop(io.stdin.take());
         self.backend.reaper.remove(self.name.clone());
         process::kill_group(&mut io.child);

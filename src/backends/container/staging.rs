@@ -18,7 +18,7 @@ use cap_std::fs::Dir;
 use super::argv::Mount;
 use super::hostfs::{self, ReadRefused};
 use crate::error::{ExecError, InvalidRequest};
-use crate::limits::result_caps;
+use crate::limits::text;
 use crate::request::{ExecFile, ExecRequest};
 
 /// The code's working directory.
@@ -180,7 +180,7 @@ impl Staging {
         }
         let mut notes = Vec::new();
         if !skipped.is_empty() {
-            notes.push(format!("output files left out: {}", result_caps::list_names(&skipped)));
+            notes.push(format!("output files left out: {}", text::list_names(&skipped)));
         }
         if walk.stopped {
             notes.push(format!("out/ holds more than {MAX_OUTPUT_ENTRIES} entries: only those were looked at"));
@@ -310,7 +310,7 @@ fn stage_file(
 fn env_file(request: &ExecRequest) -> Result<Vec<u8>, InvalidRequest> {
     // The executor's rules (portable names, no LD_*, bounded values) hold
     // for direct `Backend::execute` calls too.
-    crate::executor::validate_env(request)?;
+    crate::admission::validate_env(request)?;
     let mut text = String::new();
     for (name, value) in &request.env {
         let bad = |reason: &str| InvalidRequest::BadEnv { name: name.clone(), reason: reason.into() };

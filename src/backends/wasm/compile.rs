@@ -15,12 +15,13 @@
 //! - **pinned** ones (the interpreters): known by sha256, trusted, compiled
 //!   in-process by [`compile_trusted`].
 
+use parking_lot::{Condvar, Mutex};
 use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::io::Write;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
 
 use serde::Serialize;
 use sha2::{Digest, Sha256};
@@ -201,7 +202,7 @@ impl ModuleCache {
     /// the one preparing it, after waiting (until `deadline`) for another run
     /// that already is.
     fn hit_or_lead(&self, key: Key, deadline: &Deadline) -> Result<Lead<'_>, CompileRefusal> {
-        let mut flights = self.in_flight.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut flights = self.in_flight.lock();
         loop {
             if let Some(hit) = self.lookup(&key) {
                 return Ok(Lead::Hit(hit));
@@ -209,11 +210,11 @@ impl ModuleCache {
             if flights.insert(key) {
                 return Ok(Lead::Lead(Flight { cache: self, key }));
             }
-            flights = match deadline.remaining() {
-                None => self.landed.wait(flights).unwrap_or_else(PoisonError::into_inner),
+            match deadline.remaining() {
+                None => self.landed.wait(&mut flights),
                 Some(left) if left.is_zero() => return Err(CompileRefusal::DeadlinePassed),
-                Some(left) => self.landed.wait_timeout(flights, left).unwrap_or_else(PoisonError::into_inner).0,
-            };
+                Some(left) => drop(self.landed.wait_for(&mut flights, left)),
+            }
         }
     }
 
@@ -237,8 +238,8 @@ impl ModuleCache {
         Ok(compiled)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {
-        self.entries.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> parking_lot::MutexGuard<'_, Entries> {
+        self.entries.lock()
     }
 
     fn lookup(&self, key: &Key) -> Option<Arc<Compiled>> {
@@ -279,7 +280,7 @@ struct Flight<'a> {
 
 impl Drop for Flight<'_> {
     fn drop(&mut self) {
-        self.cache.in_flight.lock().unwrap_or_else(PoisonError::into_inner).remove(&self.key);
+        self.cache.in_flight.lock().remove(&self.key);
         self.cache.landed.notify_all();
     }
 }

@@ -22,8 +22,8 @@
 //! One worker is kept warm after a compile; concurrent compiles of
 //! different modules start more (at most [`MAX_COMPILE_WORKERS`]).
 
+use parking_lot::{Condvar, Mutex};
 use std::path::PathBuf;
-use std::sync::{Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
@@ -184,7 +184,7 @@ impl CompileWorkers {
             if left.is_zero() {
                 return Err(Compiled::TimedOut);
             }
-            state = self.freed.wait_timeout(state, left).unwrap_or_else(PoisonError::into_inner).0;
+            self.freed.wait_for(&mut state, left);
         }
     }
 
@@ -205,8 +205,8 @@ impl CompileWorkers {
         drop(surplus); // killed and reaped
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> parking_lot::MutexGuard<'_, State> {
+        self.state.lock()
     }
 
     /// Starts a worker and checks that its artifacts will load here.

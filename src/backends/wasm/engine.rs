@@ -17,7 +17,8 @@
 //!
 //! [`ExecutorBuilder::wasm_backends`]: crate::ExecutorBuilder::wasm_backends
 
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use parking_lot::{Condvar, Mutex};
+use std::sync::Arc;
 
 use wasmtime::{Engine, InstanceAllocationStrategy, Linker, PoolingAllocationConfig};
 
@@ -120,8 +121,8 @@ impl WasmEngine {
                 *busy += 1;
                 return Ok(SlotPermit(Some(self.slots.clone())));
             }
-            busy = match deadline.remaining() {
-                None => self.slots.freed.wait(busy).unwrap_or_else(PoisonError::into_inner),
+            match deadline.remaining() {
+                None => self.slots.freed.wait(&mut busy),
                 Some(left) if left.is_zero() => {
                     return Err(ExecError::Busy {
                         backend: backend.to_string(),
@@ -132,8 +133,8 @@ impl WasmEngine {
                         ),
                     });
                 }
-                Some(left) => self.slots.freed.wait_timeout(busy, left).unwrap_or_else(PoisonError::into_inner).0,
-            };
+                Some(left) => drop(self.slots.freed.wait_for(&mut busy, left)),
+            }
         }
     }
 
@@ -158,8 +159,8 @@ struct Slots {
 }
 
 impl Slots {
-    fn lock(&self) -> std::sync::MutexGuard<'_, usize> {
-        self.busy.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> parking_lot::MutexGuard<'_, usize> {
+        self.busy.lock()
     }
 }
 

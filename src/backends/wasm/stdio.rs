@@ -8,9 +8,10 @@
 //! A pipe may carry a [`ResultTap`] (QuickJS's stdout): the runner's result
 //! records are taken out of the stream before the cap applies.
 
+use parking_lot::{Condvar, Mutex};
 use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -47,8 +48,8 @@ impl CappedPipe {
         Self(Arc::new(Mutex::new(Sink { text: BoundedBuffer::new(cap), tap: Some(tap), records: None })))
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Sink> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> parking_lot::MutexGuard<'_, Sink> {
+        self.0.lock()
     }
 
     /// Also streams what is kept to `tap` (see [`OutputTap`]).
@@ -193,8 +194,8 @@ impl MessageStdin {
 }
 
 impl Channel {
-    fn inbox(&self) -> std::sync::MutexGuard<'_, Inbox> {
-        self.inbox.lock().unwrap_or_else(PoisonError::into_inner)
+    fn inbox(&self) -> parking_lot::MutexGuard<'_, Inbox> {
+        self.inbox.lock()
     }
 }
 
@@ -214,14 +215,14 @@ impl MessageSender {
         // Under the inbox lock: a reader cannot count a wait in between.
         let _inbox = self.channel.inbox();
         let waits = self.channel.waits.load(Ordering::SeqCst);
-        self.tx.lock().unwrap_or_else(PoisonError::into_inner).as_ref()?.send(framed).ok()?;
+        self.tx.lock().as_ref()?.send(framed).ok()?;
         Some(waits)
     }
 
     /// Ends the stream now: the guest reads end-of-file, also if it is
     /// blocked reading (a killed session; a one-shot run's code is sent).
     pub fn close(&self) {
-        drop(self.tx.lock().unwrap_or_else(PoisonError::into_inner).take());
+        drop(self.tx.lock().take());
     }
 
     /// Times the guest blocked for input so far.
@@ -242,7 +243,7 @@ impl MessageSender {
             }
             let step = Duration::from_millis(10);
             let wait = until.map_or(step, |at| at.saturating_duration_since(Instant::now()).min(step));
-            inbox = self.channel.changed.wait_timeout(inbox, wait).unwrap_or_else(PoisonError::into_inner).0;
+            self.channel.changed.wait_for(&mut inbox, wait);
         }
     }
 }

@@ -20,10 +20,11 @@
 //! start that found every slot busy is retried after 100 ms without growing
 //! the backoff. Meanwhile requests run on fresh instances.
 
+use parking_lot::{Condvar, Mutex};
 use std::collections::VecDeque;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -127,8 +128,8 @@ struct Retrier {
     thread: Option<JoinHandle<()>>,
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+fn lock<T>(mutex: &Mutex<T>) -> parking_lot::MutexGuard<'_, T> {
+    mutex.lock()
 }
 
 impl WarmPool {
@@ -310,7 +311,7 @@ impl Pool {
     /// thread, which runs while the pool is short.
     fn top_up(self: &Arc<Self>) {
         self.join_handed(false);
-        let Ok(refilling) = self.refilling.try_lock() else { return };
+        let Some(refilling) = self.refilling.try_lock() else { return };
         let due = lock(&self.backoff).retry_at.is_none_or(|at| Instant::now() >= at);
         if due {
             self.start_instances();
@@ -367,14 +368,14 @@ impl Pool {
             if wait.is_zero() {
                 return true;
             }
-            closed = self.wake.wait_timeout(closed, wait).unwrap_or_else(PoisonError::into_inner).0;
+            self.wake.wait_for(&mut closed, wait);
         }
         false
     }
 
     /// One refill attempt of the retry thread.
     fn start_missing(&self) {
-        let Ok(_refilling) = self.refilling.try_lock() else {
+        let Some(_refilling) = self.refilling.try_lock() else {
             // A request's refill is at work: look again after a pause.
             lock(&self.backoff).retry_at = Some(Instant::now() + BACKOFF_START);
             return;

@@ -1,0 +1,137 @@
+//! [`Backend`]: one way of running code, and what it tells the matrix
+//! about itself (its capabilities, availability and readiness).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::admission::Admitted;
+use crate::capabilities::{BackendCapabilities, Language};
+use crate::error::ExecError;
+use crate::result::ExecResult;
+use crate::sessions::SessionBackend;
+
+/// One way of running code. Implementations must be honest: a control is
+/// declared enforced in [`BackendCapabilities`] only if it holds against
+/// hostile code.
+pub trait Backend: Send + Sync + 'static {
+    /// Unique, stable name (used for pinning and in results).
+    fn name(&self) -> &str;
+
+    /// What this backend runs and enforces.
+    fn capabilities(&self) -> &BackendCapabilities;
+
+    /// `Err` if the backend cannot run anything right now (engine or image
+    /// missing), with how to fix it.
+    fn availability(&self) -> Result<(), Unavailable> {
+        Ok(())
+    }
+
+    /// Runs an admitted request (see [`crate::admission`]: it was validated,
+    /// held to the ceiling and matched against this backend's capabilities,
+    /// and its deadline has started). Blocks until the run ends, at most
+    /// about 2 s past its deadline. A program's failure is an `Ok` result.
+    fn execute(&self, call: Admitted) -> Result<ExecResult, ExecError>;
+
+    /// Gets ready now rather than on the first request: loads modules,
+    /// starts workers or warm instances, and waits at most `limit` for
+    /// pre-started capacity (loading a module always finishes). Failures are
+    /// not returned; they show up, typed, when a request runs. Default:
+    /// nothing to prepare.
+    fn prepare(&self, limit: Duration) {
+        let _ = limit;
+    }
+
+    /// Pre-started capacity, for status displays; `None` when the backend
+    /// keeps none.
+    fn readiness(&self) -> Option<Readiness> {
+        None
+    }
+
+    /// For a host about to exit: stops and removes what this backend
+    /// started outside its own process (containers, staging directories)
+    /// and refuses later runs. Default: nothing outlives the process anyway
+    /// (worker processes die with their host).
+    fn shutdown(&self) {}
+
+    /// Third-party packages this backend provides for `language`, as it can
+    /// tell now (e.g. read from its image). Asked only for requests that
+    /// declare packages. Default: none (the language's standard library).
+    fn packages(&self, language: Language) -> Vec<String> {
+        let _ = language;
+        Vec::new()
+    }
+
+    /// Opens sessions (state kept across calls) for this backend's
+    /// language, if it can.
+    fn session_backend(&self) -> Option<Arc<dyn SessionBackend>> {
+        None
+    }
+}
+
+/// Why a backend cannot run anything now, and how to fix it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{reason}{}", fix.as_ref().map(|fix| format!(" — {fix}")).unwrap_or_default())]
+pub struct Unavailable {
+    /// What is missing or broken.
+    pub reason: String,
+    /// What to do about it, if execbox knows.
+    pub fix: Option<String>,
+}
+
+impl Unavailable {
+    /// `reason`, fixed by `fix`.
+    pub fn new(reason: impl Into<String>, fix: impl Into<String>) -> Self {
+        Self { reason: reason.into(), fix: Some(fix.into()) }
+    }
+
+    /// `reason`, with no known fix.
+    pub fn because(reason: impl Into<String>) -> Self {
+        Self { reason: reason.into(), fix: None }
+    }
+
+    /// The [`ExecError`] of a request this backend could not run.
+    pub fn into_error(self, backend: &str) -> ExecError {
+        ExecError::BackendUnavailable { backend: backend.to_string(), reason: self.to_string() }
+    }
+}
+
+/// How much pre-started capacity a backend holds (warm instances, idle workers).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Readiness {
+    /// Started and waiting for a request now.
+    pub ready: usize,
+    /// How many the backend keeps.
+    pub target: usize,
+}
+
+thread_local! {
+    static ON_BLOCKING_POOL: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Marks the current thread as a tokio blocking-pool thread running one
+/// request, until dropped.
+pub(crate) struct BlockingPoolMark;
+
+impl BlockingPoolMark {
+    pub(crate) fn set() -> Self {
+        ON_BLOCKING_POOL.set(true);
+        BlockingPoolMark
+    }
+}
+
+impl Drop for BlockingPoolMark {
+    fn drop(&mut self) {
+        ON_BLOCKING_POOL.set(false);
+    }
+}
+
+/// True when the current thread may block on a nested runtime: no tokio
+/// runtime is entered here, or the executor moved the run onto tokio's
+/// blocking pool. False on an async worker thread, where a backend that
+/// blocks (e.g. sync WASI) must move to a thread of its own.
+#[cfg_attr(not(feature = "wasm"), allow(dead_code))]
+pub(crate) fn may_block_here() -> bool {
+    ON_BLOCKING_POOL.get() || tokio::runtime::Handle::try_current().is_err()
+}
