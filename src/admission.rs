@@ -1,6 +1,6 @@
 //! Admission: the one path from a request to a run.
 //!
-//! Every entry point (the [`Executor`](crate::Executor), the session
+//! Every entry point (the [`Executor`](crate::executor::Executor), the session
 //! registry, and through them the agent layer, the CLI and the MCP server)
 //! turns a request into an [`Admitted`] run the same way:
 //!
@@ -19,7 +19,8 @@
 
 use crate::capabilities::BackendCapabilities;
 use crate::error::{ExecError, InvalidRequest};
-use crate::limits::{Deadline, nesting, result_caps};
+use crate::limits::deadline::Deadline;
+use crate::limits::{nesting, result_caps};
 use crate::policy::{Access, SandboxPolicy};
 use crate::request::{ExecRequest, Payload};
 use crate::result::ExecResult;

@@ -7,10 +7,11 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::admission::Admitted;
-use crate::capabilities::{BackendCapabilities, Language};
+use crate::capabilities::BackendCapabilities;
 use crate::error::ExecError;
+use crate::language::Language;
 use crate::result::ExecResult;
-use crate::sessions::SessionBackend;
+use crate::sessions::session::SessionBackend;
 
 /// One way of running code. Implementations must be honest: a control is
 /// declared enforced in [`BackendCapabilities`] only if it holds against

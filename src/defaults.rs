@@ -8,17 +8,17 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use crate::error::ExecError;
-use crate::executor::ExecutorBuilder;
+use crate::executor::{Executor, ExecutorBuilder};
 
 /// Settings of the default backends. `Default` is what
-/// [`Executor::with_default_backends`](crate::Executor::with_default_backends) uses.
+/// [`Executor::with_default_backends`](crate::executor::Executor::with_default_backends) uses.
 ///
 /// One rule for failures, whoever builds the matrix: a setting the caller
 /// made that cannot be honoured (a cache directory others can write, a
 /// container configuration with an unsafe flag) is an error; what the
 /// machine lacks (no container engine, no interpreter modules, no address
 /// space for the instance pool) leaves that backend out or unavailable, with
-/// the reason in [`Backend::availability`](crate::Backend::availability).
+/// the reason in [`Backend::availability`](crate::backend::Backend::availability).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct BackendsConfig {
@@ -83,6 +83,23 @@ impl ExecutorBuilder {
         }
         let _ = cfg;
         Ok(builder)
+    }
+}
+
+impl Executor {
+    /// Every backend compiled in with its default configuration
+    /// ([`BackendsConfig::default`](crate::defaults::BackendsConfig), see
+    /// [`ExecutorBuilder::default_backends`]). The container backend reports
+    /// itself unavailable until an engine and its images exist.
+    pub fn with_default_backends() -> Self {
+        match Self::builder().default_backends(&BackendsConfig::default()) {
+            Ok(builder) => builder.build(),
+            Err(e) => {
+                // The defaults name no setting that can be refused.
+                tracing::error!(error = %e, "default backends");
+                Self::builder().build()
+            }
+        }
     }
 }
 

@@ -5,7 +5,7 @@ use std::fmt;
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::capabilities::Language;
+use crate::language::Language;
 use crate::limits::text::cap_message;
 use crate::violation::Violation;
 
@@ -79,7 +79,7 @@ pub enum InvalidRequest {
         reason: String,
     },
     /// The request's policy asks for more than the executor's ceiling allows
-    /// (see [`SandboxPolicy::within`](crate::SandboxPolicy::within)).
+    /// (see [`SandboxPolicy::within`](crate::policy::SandboxPolicy::within)).
     #[error("the policy asks for more {control} access than the configured ceiling allows: {}", beyond.join(", "))]
     OverCeiling {
         /// Which control (`network`, `filesystem`, `environment`).

@@ -92,21 +92,6 @@ impl Executor {
         Self::builder().backend(backend).build()
     }
 
-    /// Every backend compiled in with its default configuration
-    /// ([`BackendsConfig::default`](crate::BackendsConfig), see
-    /// [`ExecutorBuilder::default_backends`]). The container backend reports
-    /// itself unavailable until an engine and its images exist.
-    pub fn with_default_backends() -> Self {
-        match Self::builder().default_backends(&crate::BackendsConfig::default()) {
-            Ok(builder) => builder.build(),
-            Err(e) => {
-                // The defaults name no setting that can be refused.
-                tracing::error!(error = %e, "default backends");
-                Self::builder().build()
-            }
-        }
-    }
-
     /// The ceiling every request is held to, if one was set.
     pub fn ceiling(&self) -> Option<&SandboxPolicy> {
         self.ceiling.as_deref()

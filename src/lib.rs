@@ -33,6 +33,8 @@ mod config;
 pub mod defaults;
 pub mod error;
 pub mod executor;
+mod file;
+mod language;
 pub mod limits;
 pub mod matching;
 mod nonce;
@@ -49,16 +51,17 @@ pub mod worker;
 pub use admission::Admitted;
 pub use backend::{Backend, Readiness, Unavailable};
 pub use capabilities::{
-    BackendCapabilities, CostClass, Enforcement, IsolationKind, Language, PayloadKind, RequestFeatures,
-    SurfaceCapability,
+    BackendCapabilities, CostClass, Enforcement, IsolationKind, PayloadKind, RequestFeatures, SurfaceCapability,
 };
 pub use config::RunDefaults;
 pub use defaults::BackendsConfig;
 pub use error::{BackendRejection, ConfigError, ExecError, InvalidRequest};
 pub use executor::{BackendStatus, Executor, ExecutorBuilder, WeakExecutor};
+pub use file::ExecFile;
+pub use language::Language;
 pub use matching::check;
 pub use policy::{Access, PathGrant, PathGrants, SandboxPolicy};
-pub use request::{ExecFile, ExecRequest, Payload};
+pub use request::{ExecRequest, Payload};
 pub use result::{CapturedStream, Diagnostic, ExecResult, FailureKind, Outcome, Usage};
 pub use sessions::{Session, SessionBackend, SessionConfig, SessionError, SessionSpec, Sessions, SessionsBuilder};
 pub use violation::{Control, Violation};

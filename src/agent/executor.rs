@@ -8,12 +8,13 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::result::{CodeExecutionInput, CodeExecutionResult};
-use crate::capabilities::Language;
 use crate::error::ExecError;
 use crate::executor::Executor;
+use crate::language::Language;
 use crate::policy::SandboxPolicy;
 use crate::request::{ExecRequest, Payload};
-use crate::sessions::{SessionError, Sessions};
+use crate::sessions::error::SessionError;
+use crate::sessions::registry::Sessions;
 
 /// A boxed future, so [`CodeExecutor`] stays usable as `dyn CodeExecutor`.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

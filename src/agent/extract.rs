@@ -2,7 +2,7 @@
 //! linear pass (no regex, no backtracking), so a huge reply without any
 //! delimiter costs one scan.
 
-use crate::capabilities::Language;
+use crate::language::Language;
 
 /// One delimiter pair: `open` + optional language tag + newline, the code,
 /// then `close`.

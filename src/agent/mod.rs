@@ -1,7 +1,7 @@
 //! The agent-loop contract: how agent frameworks embed execbox.
 //!
 //! - [`CodeExecutor`] (ADK's shape) and [`ExecboxCodeExecutor`], its
-//!   implementation over an [`Executor`](crate::Executor): language ids,
+//!   implementation over an [`Executor`](crate::executor::Executor): language ids,
 //!   one policy, retries of executor errors only, stateful JavaScript sessions.
 //! - [`CodeExecutionResult`]: stdout/stderr/exit code/files plus the
 //!   [`Outcome`] fed back to the model (`DeadlineExceeded` for timeouts) and
@@ -16,7 +16,7 @@ mod extract;
 mod result;
 mod tool;
 
-pub use crate::sessions::{SessionConfig, Sessions};
+pub use crate::sessions::registry::{SessionConfig, Sessions};
 pub use driver::{AgentLoop, LoopReport, Message, Part, Role, StopReason, TraceStep};
 pub use executor::{BoxFuture, CodeExecutor, CodeExecutorError, ExecboxCodeExecutor, InvocationContext};
 pub use extract::{CodeBlock, CodeBlockExtractor, Delimiters, Extraction};

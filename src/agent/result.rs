@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::request::ExecFile;
+use crate::file::ExecFile;
 use crate::result::{ExecResult, Outcome as RunOutcome};
 
 /// Code an agent wants to run.

@@ -1,6 +1,6 @@
 //! Backends: one module per engine, each with the same shape — a public
-//! backend type with a config, its [`BackendCapabilities`](crate::BackendCapabilities),
-//! and an implementation of [`Backend`](crate::Backend).
+//! backend type with a config, its [`BackendCapabilities`](crate::capabilities::BackendCapabilities),
+//! and an implementation of [`Backend`](crate::backend::Backend).
 
 #[cfg(any(feature = "wasm", feature = "container"))]
 mod conventions;

@@ -83,7 +83,7 @@ pub(crate) fn sweep_in(dir: &Path) {
 fn remove_tree(path: &Path) -> std::io::Result<()> {
     #[cfg(feature = "container")]
     {
-        crate::backends::container::remove_tree(path)
+        crate::backends::container::hostfs::remove_tree(path)
     }
     // Without containers, execbox's temp dirs hold only what it staged
     // itself (wasm guests see them read-only): shallow.

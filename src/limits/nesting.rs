@@ -28,11 +28,11 @@ pub fn take_input_json(
     slot: &mut Option<Value>,
     max: usize,
     backend: &str,
-) -> Result<Option<Vec<u8>>, crate::ExecError> {
+) -> Result<Option<Vec<u8>>, crate::error::ExecError> {
     take_bounded_input(slot, max)?
         .map(|value| serde_json::to_vec(&value))
         .transpose()
-        .map_err(|e| crate::ExecError::internal(backend, format!("cannot serialize input: {e}")))
+        .map_err(|e| crate::error::ExecError::internal(backend, format!("cannot serialize input: {e}")))
 }
 
 /// Returns the nesting depth of `value` if it exceeds `max` (containers count

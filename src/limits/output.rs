@@ -17,7 +17,7 @@ pub enum StreamKind {
 }
 
 /// Sees a run's output while it is written, for streaming it to a client
-/// ([`ExecRequest::output_tap`](crate::ExecRequest::output_tap)). It gets
+/// ([`ExecRequest::output_tap`](crate::request::ExecRequest::output_tap)). It gets
 /// only what the caps keep, so a flood reaches it no more than the result.
 /// It is called on the backend's threads, under the stream's lock: it must
 /// return quickly and never block (hand the bytes to a bounded channel).

@@ -4,7 +4,7 @@
 //! output cap applies. Used by the QuickJS runner (the returned value) and
 //! Python sessions (each cell's status).
 
-use crate::limits::BoundedBuffer;
+use crate::limits::output::BoundedBuffer;
 
 /// The bytes that open a record of the run with `nonce`.
 pub(crate) fn marker(nonce: &str) -> Vec<u8> {

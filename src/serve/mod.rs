@@ -42,7 +42,7 @@ use crate::defaults::BackendsConfig;
 use crate::error::ExecError;
 use crate::executor::Executor;
 use crate::policy::SandboxPolicy;
-use crate::sessions::{SessionConfig, Sessions};
+use crate::sessions::registry::{SessionConfig, Sessions};
 
 pub use gate::SERVER;
 pub use tools::ExecboxMcp;

@@ -12,7 +12,7 @@ use serde_json::json;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use crate::limits::{OutputTap, StreamKind};
+use crate::limits::output::{OutputTap, StreamKind};
 
 /// Chunks in flight between a run's threads and the notifier; past this,
 /// chunks are dropped (and counted), never queued without bound.

@@ -24,11 +24,13 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{Limits, Shared, stream};
-use crate::capabilities::Language;
 use crate::error::ExecError;
-use crate::request::{ExecFile, ExecRequest, Payload};
+use crate::file::ExecFile;
+use crate::language::Language;
+use crate::request::{ExecRequest, Payload};
 use crate::result::{ExecResult, Outcome};
-use crate::sessions::{SessionError, SessionSpec};
+use crate::sessions::error::SessionError;
+use crate::sessions::spec::SessionSpec;
 
 /// How long `list_backends`, `create_session` and `close_session` wait for a
 /// turn: they use the blocking pool too, so they pass the same gate as runs.
@@ -356,7 +358,7 @@ impl ExecboxMcp {
             SessionSpec::new(language).packages(packages.unwrap_or_default()).policy(self.shared.cfg.policy.clone());
         spec.env = self.shared.cfg.env.clone();
         let opened = tokio::task::spawn_blocking(move || {
-            let id = crate::sessions::new_id();
+            let id = crate::sessions::session::new_id();
             match sessions.open(&connection.key(&id), spec) {
                 Ok(()) => Ok(id),
                 Err(e) => Err(e.with_id(&id)),

@@ -2,8 +2,8 @@
 
 use serde::Serialize;
 
-use crate::capabilities::Language;
 use crate::error::ExecError;
+use crate::language::Language;
 
 /// Why a session call produced no result.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

@@ -6,11 +6,13 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
+use super::error::SessionError;
+use super::session::{CALL_OVERRUN_LIMIT, Session, SessionBackend};
+use super::spec::{SessionSpec, fixed_at_open};
 use super::turns::Turns;
-use super::{CALL_OVERRUN_LIMIT, Session, SessionBackend, SessionError, SessionSpec, fixed_at_open};
 use crate::admission::{self, Admitted};
-use crate::capabilities::Language;
 use crate::error::{BackendRejection, ExecError};
+use crate::language::Language;
 use crate::matching;
 use crate::policy::SandboxPolicy;
 use crate::request::ExecRequest;
@@ -136,9 +138,9 @@ impl Sessions {
     }
 
     /// A registry whose sessions open on the executor's backends that keep
-    /// state ([`Backend::session_backend`](crate::Backend::session_backend)),
+    /// state ([`Backend::session_backend`](crate::backend::Backend::session_backend)),
     /// in selection order, held to the executor's ceiling.
-    pub fn for_executor(cfg: SessionConfig, executor: &crate::Executor) -> Self {
+    pub fn for_executor(cfg: SessionConfig, executor: &crate::executor::Executor) -> Self {
         let mut builder = executor
             .backends()
             .filter_map(|b| b.session_backend())
@@ -228,7 +230,7 @@ impl Sessions {
 
     /// Opens a session under a new random id, and returns it.
     pub fn open_new(&self, spec: SessionSpec) -> Result<String, SessionError> {
-        let id = super::new_id();
+        let id = super::session::new_id();
         self.open(&id, spec)?;
         Ok(id)
     }

@@ -19,7 +19,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::frame::{self, FrameReader, RecvError};
-use super::{PROTOCOL, PROTOCOL_ENV, ROLE_ENV, Role};
+use super::role::{HOOKED, PROGRAM_ENV, PROTOCOL, PROTOCOL_ENV, ROLE_ENV, Role};
 use crate::limits::child::ChildHandle;
 use crate::limits::write::{Endpoint, WriteError, set_nonblocking, write_all_until};
 
@@ -364,11 +364,11 @@ pub(crate) fn find_program(explicit: Option<&Path>) -> Result<PathBuf, String> {
     if let Some(path) = explicit {
         return existing(path.to_path_buf(), "configured");
     }
-    if let Some(path) = std::env::var_os(super::PROGRAM_ENV) {
-        return existing(path.into(), super::PROGRAM_ENV);
+    if let Some(path) = std::env::var_os(PROGRAM_ENV) {
+        return existing(path.into(), PROGRAM_ENV);
     }
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this executable: {e}"))?;
-    if super::HOOKED.get().is_some() {
+    if HOOKED.get().is_some() {
         return Ok(exe);
     }
     let candidates =

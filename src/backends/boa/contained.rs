@@ -25,12 +25,13 @@ use crate::admission::Admitted;
 use crate::backend::{Backend, Unavailable};
 use crate::capabilities::BackendCapabilities;
 use crate::error::ExecError;
+use crate::limits::deadline::Deadline;
+use crate::limits::output::BoundedBuffer;
 use crate::limits::text::cap_message;
-use crate::limits::{BoundedBuffer, Deadline};
 use crate::result::{ExecResult, Outcome};
 use crate::worker::frame::{MAX_FRAME_BYTES, RecvError};
 use crate::worker::process::{Death, SendError, SpawnSpec, WorkerProcess};
-use crate::worker::{EXIT_PROTOCOL_MISMATCH, Role};
+use crate::worker::role::{EXIT_PROTOCOL_MISMATCH, Role};
 
 /// JavaScript on boa in contained worker processes. Cheap to clone (clones
 /// share the pool); the pool's workers are killed when the last clone drops.
@@ -136,7 +137,7 @@ impl BoaJs {
     /// [`BoaJsConfig::idle_workers`] workers in the background.
     pub fn new(cfg: BoaJsConfig) -> Self {
         let spec = crate::worker::process::find_program(cfg.worker_program.as_deref()).and_then(|program| {
-            if crate::worker::lockdown_supported() {
+            if crate::worker::lockdown::supported() {
                 Ok(SpawnSpec { program, role: Role::BoaJs, stack_bytes: cfg.worker_stack_bytes as u64 })
             } else {
                 Err(format!("no seccomp filter for {}: workers cannot be locked down here", std::env::consts::ARCH))
@@ -647,12 +648,12 @@ impl Backend for BoaJs {
         self.wait_ready(limit);
     }
 
-    fn readiness(&self) -> Option<crate::Readiness> {
-        Some(crate::Readiness { ready: self.ready_workers(), target: self.handle.core.cfg.idle_workers })
+    fn readiness(&self) -> Option<crate::backend::Readiness> {
+        Some(crate::backend::Readiness { ready: self.ready_workers(), target: self.handle.core.cfg.idle_workers })
     }
 
     /// Sessions in worker processes of their own ([`JsSession`](super::JsSession)).
-    fn session_backend(&self) -> Option<Arc<dyn crate::sessions::SessionBackend>> {
+    fn session_backend(&self) -> Option<Arc<dyn crate::sessions::session::SessionBackend>> {
         Some(Arc::new(self.clone()))
     }
 }

@@ -23,7 +23,7 @@ use serde_json::Value;
 
 use super::EngineSettings;
 use super::realm::{self, Console, ConsoleSink, GuardLimits, OutputJson, RunDeadline};
-use crate::limits::Deadline;
+use crate::limits::deadline::Deadline;
 use crate::limits::text::cap_message;
 use crate::result::Outcome;
 

@@ -22,12 +22,13 @@ use std::sync::{Arc, Weak};
 use super::engine::{Job, Mode, Prepared, RunReport};
 use super::realm::{SharedStreams, Streams};
 use super::{BoaJsConfig, WorkerGauge};
-use crate::SandboxPolicy;
 use crate::admission::Admitted;
 use crate::backend::Backend;
 use crate::capabilities::BackendCapabilities;
 use crate::error::ExecError;
-use crate::limits::{BoundedBuffer, Deadline};
+use crate::limits::deadline::Deadline;
+use crate::limits::output::BoundedBuffer;
+use crate::policy::SandboxPolicy;
 use crate::result::{ExecResult, Outcome};
 
 /// JavaScript on boa in host threads. Cheap to clone (shares its threads).

@@ -44,10 +44,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::admission::Admitted;
 use crate::capabilities::{
-    BackendCapabilities, CostClass, Enforcement, IsolationKind, Language, PayloadKind, RequestFeatures,
-    SurfaceCapability,
+    BackendCapabilities, CostClass, Enforcement, IsolationKind, PayloadKind, RequestFeatures, SurfaceCapability,
 };
 use crate::error::{ExecError, InvalidRequest};
+use crate::language::Language;
 use crate::limits::nesting;
 
 /// The deadline of a run whose policy states none.

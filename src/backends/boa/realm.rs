@@ -39,8 +39,8 @@ use boa_engine::value::IntegerOrInfinity;
 use boa_engine::{Context, JsBigInt, JsNativeError, JsObject, JsResult, JsString, JsValue, NativeFunction, js_string};
 
 use super::EngineSettings;
-use crate::limits::BoundedBuffer;
 use crate::limits::nesting;
+use crate::limits::output::BoundedBuffer;
 
 /// Where `console.*` lines go during a run: a bounded buffer shared with a
 /// waiting host thread (in-thread), or frames to the host (worker process).
@@ -87,7 +87,7 @@ impl From<&EngineSettings> for GuardLimits {
 }
 
 /// Context data: the current run's deadline, for long native walks.
-pub(super) struct RunDeadline(pub crate::limits::Deadline);
+pub(super) struct RunDeadline(pub crate::limits::deadline::Deadline);
 
 /// Context data: how deep guarded built-ins that recurse through user-visible
 /// methods (`join` via `toString`, `toLocaleString`) are nested right now,

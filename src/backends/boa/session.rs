@@ -24,12 +24,14 @@ use super::BoaJs;
 use super::contained::{Conversation, Limits, Worker, converse};
 use super::engine::Mode;
 use crate::admission::Admitted;
-use crate::capabilities::{BackendCapabilities, Language};
+use crate::capabilities::BackendCapabilities;
 use crate::error::ExecError;
+use crate::language::Language;
 use crate::limits::child::ChildHandle;
 use crate::request::ExecRequest;
 use crate::result::{ExecResult, Outcome};
-use crate::sessions::{Session, SessionBackend, SessionSpec};
+use crate::sessions::session::{Session, SessionBackend};
+use crate::sessions::spec::SessionSpec;
 use crate::violation::{Control, Violation};
 
 /// A JavaScript realm kept alive across calls. Dropping it kills its worker.
@@ -112,7 +114,7 @@ impl Session for JsSession {
         let mut slot = self.worker.lock();
         if self.killed.load(Ordering::SeqCst) {
             self.end(&mut slot);
-            return Ok(crate::sessions::killed_result(Self::NAME, &deadline));
+            return Ok(crate::sessions::session::killed_result(Self::NAME, &deadline));
         }
         let Some(worker) = slot.as_mut() else { return Err(ended()) };
         let size = worker.process.vm_bytes().unwrap_or(u64::MAX);
@@ -122,7 +124,7 @@ impl Session for JsSession {
         worker.process.unpin();
         if self.killed.load(Ordering::SeqCst) {
             self.end(&mut slot);
-            return Ok(crate::sessions::killed_result(Self::NAME, &deadline));
+            return Ok(crate::sessions::session::killed_result(Self::NAME, &deadline));
         }
         match conversation {
             Conversation::NotStarted => {

@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use super::EngineSettings;
 use super::engine::{Job, Prepared, RunReport};
 use super::realm::Console;
-use crate::limits::Deadline;
+use crate::limits::deadline::Deadline;
 use crate::worker::{frame, lockdown};
 
 /// The first frame a worker receives.

@@ -21,7 +21,7 @@ use std::path::{Component, Path};
 use cap_fs_ext::{DirExt, FollowSymlinks, OpenOptionsFollowExt};
 use cap_std::fs::{Dir, DirBuilder, DirBuilderExt, OpenOptions, OpenOptionsExt, Permissions, PermissionsExt};
 
-use crate::request::ExecFile;
+use crate::file::ExecFile;
 
 /// Opens a directory by its host path: the one ambient step. The path is the
 /// caller's (a temp dir execbox made, the configured cache, `--output-dir`),

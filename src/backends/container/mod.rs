@@ -35,8 +35,7 @@
 //! host about to exit on a signal.
 
 mod argv;
-mod hostfs;
-pub(crate) use hostfs::remove_tree;
+pub(crate) mod hostfs;
 mod owners;
 mod process;
 mod reaper;
@@ -61,11 +60,11 @@ use super::conventions;
 use crate::admission::Admitted;
 use crate::backend::{Backend, Unavailable};
 use crate::capabilities::{
-    BackendCapabilities, CostClass, Enforcement, IsolationKind, Language, PayloadKind, RequestFeatures,
-    SurfaceCapability,
+    BackendCapabilities, CostClass, Enforcement, IsolationKind, PayloadKind, RequestFeatures, SurfaceCapability,
 };
 use crate::error::{ExecError, InvalidRequest};
-use crate::limits::Deadline;
+use crate::language::Language;
+use crate::limits::deadline::Deadline;
 use crate::policy::Access;
 use crate::request::ExecRequest;
 use crate::result::{ExecResult, Outcome, Usage};
@@ -566,7 +565,7 @@ fn capabilities(cfg: &ContainerConfig) -> BackendCapabilities {
 struct Caps {
     stdout: Option<u64>,
     stderr: Option<u64>,
-    tap: Option<crate::limits::OutputTap>,
+    tap: Option<crate::limits::output::OutputTap>,
 }
 
 impl Caps {
@@ -631,12 +630,12 @@ impl Backend for Container {
     }
 
     /// Python sessions in containers ([`ContainerSession`]).
-    fn session_backend(&self) -> Option<Arc<dyn crate::sessions::SessionBackend>> {
+    fn session_backend(&self) -> Option<Arc<dyn crate::sessions::session::SessionBackend>> {
         Some(Arc::new(self.clone()))
     }
 }
 
-impl crate::sessions::SessionBackend for Container {
+impl crate::sessions::session::SessionBackend for Container {
     fn session_name(&self) -> &str {
         ContainerSession::NAME
     }
@@ -655,8 +654,8 @@ impl crate::sessions::SessionBackend for Container {
 
     fn open_session(
         &self,
-        spec: &crate::sessions::SessionSpec,
-    ) -> Result<Box<dyn crate::sessions::Session>, ExecError> {
+        spec: &crate::sessions::spec::SessionSpec,
+    ) -> Result<Box<dyn crate::sessions::session::Session>, ExecError> {
         Ok(Box::new(ContainerSession::open(self.clone(), spec)?))
     }
 }

@@ -15,7 +15,9 @@ use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use crate::limits::{BoundedBuffer, Deadline, OutputTap, StreamKind, text};
+use crate::limits::deadline::Deadline;
+use crate::limits::output::{BoundedBuffer, OutputTap, StreamKind};
+use crate::limits::text;
 use crate::result::CapturedStream;
 
 /// Environment the engine CLI itself needs; nothing else is inherited.

@@ -30,7 +30,8 @@ use super::argv::{Mount, RunSpec};
 use super::{Container, KILL_GRACE, RunEnd, hostfs, process};
 use crate::admission::Admitted;
 use crate::error::ExecError;
-use crate::limits::{BoundedBuffer, Deadline};
+use crate::limits::deadline::Deadline;
+use crate::limits::output::BoundedBuffer;
 use crate::request::ExecRequest;
 use crate::result::{Diagnostic, ExecResult, FailureKind, Outcome};
 

@@ -40,16 +40,20 @@ use super::staging::Staging;
 use super::{Container, process};
 use crate::admission::Admitted;
 use crate::backends::conventions;
-use crate::capabilities::{BackendCapabilities, Language};
+use crate::capabilities::BackendCapabilities;
 use crate::error::ExecError;
+use crate::language::Language;
 use crate::limits::child::ChildHandle;
+use crate::limits::deadline::Deadline;
+use crate::limits::output::{BoundedBuffer, OutputTap, StreamKind};
 use crate::limits::records::{ResultTap, marker};
+use crate::limits::text;
 use crate::limits::write::{Endpoint, WriteError, set_nonblocking, write_all_until};
-use crate::limits::{BoundedBuffer, Deadline, OutputTap, StreamKind, text};
 use crate::policy::SandboxPolicy;
 use crate::request::ExecRequest;
 use crate::result::{CapturedStream, ExecResult, Outcome, Usage};
-use crate::sessions::{Session, SessionSpec};
+use crate::sessions::session::Session;
+use crate::sessions::spec::SessionSpec;
 use crate::violation::{Control, Violation};
 
 /// How long the container may take to start and run its first (empty) cell.
@@ -123,7 +127,7 @@ impl ContainerSession {
     pub(super) fn open(backend: Container, spec: &SessionSpec) -> Result<Self, ExecError> {
         let unavailable = |reason: String| ExecError::BackendUnavailable { backend: Self::NAME.into(), reason };
         Container::check_available(&backend)?;
-        let nonce = crate::sessions::new_id();
+        let nonce = crate::sessions::session::new_id();
         let program = conventions::PYTHON_SESSION_PROGRAM.replace("NONCE", &nonce);
         let mut template = spec.template().collect_output_files();
         let memory_bytes = *template.policy.memory_bytes.get_or_insert(backend.cfg.session_memory_bytes);
@@ -322,14 +326,14 @@ impl ContainerSession {
             }
             CellEnd::Killed => {
                 self.alive.store(false, Ordering::SeqCst);
-                let mut killed = crate::sessions::killed_result(Self::NAME, &deadline);
+                let mut killed = crate::sessions::session::killed_result(Self::NAME, &deadline);
                 killed.stdout = stdout.0;
                 killed.stderr = stderr.0;
                 return Ok(killed);
             }
             CellEnd::Ended if self.killed.load(Ordering::SeqCst) => {
                 self.alive.store(false, Ordering::SeqCst);
-                return Ok(crate::sessions::killed_result(Self::NAME, &deadline));
+                return Ok(crate::sessions::session::killed_result(Self::NAME, &deadline));
             }
             CellEnd::Ended => {
                 self.alive.store(false, Ordering::SeqCst);

@@ -18,8 +18,9 @@ use cap_std::fs::Dir;
 use super::argv::Mount;
 use super::hostfs::{self, ReadRefused};
 use crate::error::{ExecError, InvalidRequest};
+use crate::file::ExecFile;
 use crate::limits::text;
-use crate::request::{ExecFile, ExecRequest};
+use crate::request::ExecRequest;
 
 /// The code's working directory.
 pub const WORKDIR: &str = "/work";

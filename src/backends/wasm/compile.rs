@@ -31,7 +31,7 @@ use super::compile_worker::{CompileWorkers, Compiled as Contained};
 use super::module_limits::{self, Ceilings, ModuleLimits, StaticRefusal};
 use super::run::GuestState;
 use crate::error::InvalidRequest;
-use crate::limits::Deadline;
+use crate::limits::deadline::Deadline;
 
 /// The wasmtime release this crate pins; part of the on-disk cache key
 /// (wasmtime's own compatibility hash covers it too).

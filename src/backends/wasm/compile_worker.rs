@@ -31,10 +31,11 @@ use base64::engine::general_purpose::STANDARD;
 use serde::{Deserialize, Serialize};
 use wasmtime::{Config, Engine};
 
-use crate::limits::Deadline;
+use crate::limits::deadline::Deadline;
 use crate::worker::frame::{self, RecvError};
+use crate::worker::lockdown;
 use crate::worker::process::{Death, SendError, SpawnSpec, WorkerProcess};
-use crate::worker::{EXIT_PROTOCOL_MISMATCH, Role, lockdown};
+use crate::worker::role::{EXIT_PROTOCOL_MISMATCH, Role};
 
 /// Most compile workers alive at once (concurrent compiles of different
 /// modules); more wait within their deadline.

@@ -15,7 +15,7 @@
 //! [`ExecError::Busy`] naming its backend. Warm interpreter instances hold a
 //! permit while they wait for code.
 //!
-//! [`ExecutorBuilder::wasm_backends`]: crate::ExecutorBuilder::wasm_backends
+//! [`ExecutorBuilder::wasm_backends`]: crate::executor::ExecutorBuilder::wasm_backends
 
 use parking_lot::{Condvar, Mutex};
 use std::sync::Arc;
@@ -27,7 +27,7 @@ use super::compile_worker::{CompileSettings, CompileWorkers};
 use super::run::{self, GuestState};
 use super::ticker::EpochTicker;
 use crate::error::ExecError;
-use crate::limits::Deadline;
+use crate::limits::deadline::Deadline;
 
 /// A wasmtime engine with everything its runs share: the epoch ticker
 /// thread, the WASI linker (with execbox's own `poll_oneoff`, `path_open` and

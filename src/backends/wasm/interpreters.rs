@@ -41,9 +41,10 @@ use super::{WasmEngine, WasmGuestConfig, early_result, quickjs};
 use crate::admission::Admitted;
 use crate::backend::{Backend, Unavailable};
 use crate::backends::conventions;
-use crate::capabilities::{BackendCapabilities, CostClass, Language, PayloadKind, RequestFeatures};
+use crate::capabilities::{BackendCapabilities, CostClass, PayloadKind, RequestFeatures};
 use crate::error::{ExecError, InvalidRequest};
-use crate::limits::Deadline;
+use crate::language::Language;
+use crate::limits::deadline::Deadline;
 use crate::request::ExecRequest;
 use crate::result::{ExecResult, Outcome};
 
@@ -268,7 +269,7 @@ impl WasmInterpreter {
     /// Opens a Python session under `spec`: a live instance from the warm
     /// pool (or a new one, with the spec's environment and directories)
     /// running the session loop. See [`PythonSession`](super::PythonSession).
-    fn open_session(&self, spec: &crate::sessions::SessionSpec) -> Result<super::PythonSession, ExecError> {
+    fn open_session(&self, spec: &crate::sessions::spec::SessionSpec) -> Result<super::PythonSession, ExecError> {
         if self.kind != Interpreter::Python {
             return Err(ExecError::internal(self.kind.backend_name(), "only CPython keeps sessions"));
         }
@@ -426,9 +427,9 @@ impl WasmInterpreter {
                 let tap = quickjs::ResultTap::new(quickjs::marker(&nonce), job.max_stdout);
                 let stdio = Stdio {
                     stdout: CappedPipe::tapped(job.max_stdout, tap)
-                        .with_tap(job.tap.clone(), crate::limits::StreamKind::Stdout),
+                        .with_tap(job.tap.clone(), crate::limits::output::StreamKind::Stdout),
                     stderr: CappedPipe::new(job.max_stderr)
-                        .with_tap(job.tap.clone(), crate::limits::StreamKind::Stderr),
+                        .with_tap(job.tap.clone(), crate::limits::output::StreamKind::Stderr),
                 };
                 let stdout = stdio.stdout.clone();
                 let max_stdout = job.max_stdout;
@@ -478,17 +479,18 @@ impl Backend for WasmInterpreter {
         }
     }
 
-    fn readiness(&self) -> Option<crate::Readiness> {
-        (self.warm_size > 0).then(|| crate::Readiness { ready: self.warm_ready(), target: self.warm_size })
+    fn readiness(&self) -> Option<crate::backend::Readiness> {
+        (self.warm_size > 0).then(|| crate::backend::Readiness { ready: self.warm_ready(), target: self.warm_size })
     }
 
     /// CPython keeps sessions ([`PythonSession`](super::PythonSession)).
-    fn session_backend(&self) -> Option<Arc<dyn crate::sessions::SessionBackend>> {
-        (self.kind == Interpreter::Python).then(|| Arc::new(self.clone()) as Arc<dyn crate::sessions::SessionBackend>)
+    fn session_backend(&self) -> Option<Arc<dyn crate::sessions::session::SessionBackend>> {
+        (self.kind == Interpreter::Python)
+            .then(|| Arc::new(self.clone()) as Arc<dyn crate::sessions::session::SessionBackend>)
     }
 }
 
-impl crate::sessions::SessionBackend for WasmInterpreter {
+impl crate::sessions::session::SessionBackend for WasmInterpreter {
     fn session_name(&self) -> &str {
         super::PythonSession::NAME
     }
@@ -502,14 +504,14 @@ impl crate::sessions::SessionBackend for WasmInterpreter {
     }
 
     /// A session's instance gets its fuel budget at start-up, not per spec.
-    fn open_refusals(&self, spec: &crate::sessions::SessionSpec) -> Vec<crate::violation::Violation> {
+    fn open_refusals(&self, spec: &crate::sessions::spec::SessionSpec) -> Vec<crate::violation::Violation> {
         super::session::fuel_refusal(spec.policy.fuel)
     }
 
     fn open_session(
         &self,
-        spec: &crate::sessions::SessionSpec,
-    ) -> Result<Box<dyn crate::sessions::Session>, ExecError> {
+        spec: &crate::sessions::spec::SessionSpec,
+    ) -> Result<Box<dyn crate::sessions::session::Session>, ExecError> {
         Ok(Box::new(WasmInterpreter::open_session(self, spec)?))
     }
 }

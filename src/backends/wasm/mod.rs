@@ -61,11 +61,11 @@ pub use session::PythonSession;
 use crate::admission::Admitted;
 use crate::backend::{Backend, may_block_here};
 use crate::capabilities::{
-    BackendCapabilities, CostClass, Enforcement, IsolationKind, Language, PayloadKind, RequestFeatures,
-    SurfaceCapability,
+    BackendCapabilities, CostClass, Enforcement, IsolationKind, PayloadKind, RequestFeatures, SurfaceCapability,
 };
 use crate::error::{ExecError, InvalidRequest};
-use crate::limits::Deadline;
+use crate::language::Language;
+use crate::limits::deadline::Deadline;
 use crate::policy::Access;
 use crate::request::ExecRequest;
 use crate::result::{ExecResult, Outcome};

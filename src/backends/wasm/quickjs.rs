@@ -155,7 +155,7 @@ fn error_from_stderr(stderr: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limits::BoundedBuffer;
+    use crate::limits::output::BoundedBuffer;
 
     const MARK: &[u8] = b"\0execbox:00ff:";
 

@@ -19,7 +19,8 @@ use super::fs_guard;
 use super::stdio::CappedPipe;
 use super::ticker::ticks_for;
 use crate::error::{ExecError, InvalidRequest};
-use crate::limits::{Deadline, StreamKind};
+use crate::limits::deadline::Deadline;
+use crate::limits::output::StreamKind;
 use crate::result::{ExecResult, Outcome};
 
 /// Everything one run needs, taken from the request.
@@ -33,7 +34,7 @@ pub(super) struct Job {
     pub memory_cap: usize,
     pub max_stdout: Option<u64>,
     pub max_stderr: Option<u64>,
-    pub tap: Option<crate::limits::OutputTap>,
+    pub tap: Option<crate::limits::output::OutputTap>,
 }
 
 /// A host directory the guest sees at `guest`.

@@ -43,11 +43,13 @@ use crate::admission::Admitted;
 use crate::backends::conventions;
 use crate::capabilities::BackendCapabilities;
 use crate::error::ExecError;
+use crate::limits::deadline::Deadline;
 use crate::limits::deadline::REPORT_GRACE;
-use crate::limits::{Deadline, StreamKind, text};
+use crate::limits::output::StreamKind;
+use crate::limits::text;
 use crate::request::ExecRequest;
 use crate::result::{ExecResult, Outcome};
-use crate::sessions::Session;
+use crate::sessions::session::Session;
 use crate::violation::{Control, Violation};
 
 /// How long opening a session may take (a pooled instance: milliseconds;
@@ -185,7 +187,7 @@ impl PythonSession {
         let until = deadline.remaining().map(|left| Instant::now() + left + REPORT_GRACE);
         let finished = self.stdin.wait_past(seen, until, || self.killed.load(Ordering::SeqCst) || self.ended());
         if self.killed.load(Ordering::SeqCst) {
-            return Ok(crate::sessions::killed_result(Self::NAME, &deadline));
+            return Ok(crate::sessions::session::killed_result(Self::NAME, &deadline));
         }
         if !finished {
             return Ok(self.end_of_session(&deadline));

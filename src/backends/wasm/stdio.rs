@@ -21,7 +21,7 @@ use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
 
 use super::quickjs::{Records, ResultTap};
-use crate::limits::{BoundedBuffer, OutputTap, StreamKind};
+use crate::limits::output::{BoundedBuffer, OutputTap, StreamKind};
 use crate::result::CapturedStream;
 
 /// Largest write the guest is told it may make at once.

@@ -35,7 +35,7 @@ use super::compile::Compiled;
 use super::run::{self, Preopen, RunControls, Stdio, StoreSetup};
 use super::stdio::{CappedPipe, MessageSender, MessageStdin};
 use crate::error::ExecError;
-use crate::limits::Deadline;
+use crate::limits::deadline::Deadline;
 use crate::limits::deadline::REPORT_GRACE;
 use crate::policy::Access;
 use crate::request::ExecRequest;
@@ -270,8 +270,8 @@ impl Pool {
             return Some(Err(e));
         }
         let tap = request.output_tap.clone();
-        warm.stdio.stdout.reset(policy.max_stdout_bytes, tap.clone(), crate::limits::StreamKind::Stdout);
-        warm.stdio.stderr.reset(policy.max_stderr_bytes, tap, crate::limits::StreamKind::Stderr);
+        warm.stdio.stdout.reset(policy.max_stdout_bytes, tap.clone(), crate::limits::output::StreamKind::Stdout);
+        warm.stdio.stderr.reset(policy.max_stderr_bytes, tap, crate::limits::output::StreamKind::Stderr);
         warm.controls.arm(deadline, memory_cap);
         let _ticking = self.engine.ticker().run_guard();
         if warm.code.send(code.as_bytes()).is_none() {
