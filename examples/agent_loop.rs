@@ -16,7 +16,7 @@ async fn main() {
         let failures = history
             .iter()
             .flat_map(|m| &m.parts)
-            .filter(|p| matches!(p, Part::CodeResult { outcome: execbox::agent::Outcome::Failed, .. }))
+            .filter(|p| matches!(p, Part::CodeResult { outcome: execbox::agent::ModelOutcome::Failed, .. }))
             .count();
         let results = history.iter().filter(|m| m.role == Role::Tool).count();
         match (results, failures) {

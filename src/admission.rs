@@ -42,7 +42,11 @@ impl Admitted {
     /// backend's, and its deadline starts now.
     pub(crate) fn new(mut request: ExecRequest, caps: &BackendCapabilities) -> Self {
         let timeout = *request.policy.timeout_ms.get_or_insert(caps.default_timeout_ms);
-        let deadline = Deadline::start(Some(std::time::Duration::from_millis(timeout)));
+        let limit = Some(std::time::Duration::from_millis(timeout));
+        let deadline = match request.deadline_from {
+            Some(start) => Deadline::started_at(start, limit),
+            None => Deadline::start(limit),
+        };
         Self { request, deadline }
     }
 

@@ -174,3 +174,30 @@ impl BackendCapabilities {
         std::time::Duration::from_millis(policy.timeout_ms.unwrap_or(self.default_timeout_ms))
     }
 }
+
+#[cfg(test)]
+impl BackendCapabilities {
+    /// A JavaScript backend that enforces everything but allow-lists: for
+    /// unit tests of what uses capabilities.
+    pub(crate) fn test_fixture() -> Self {
+        let yes = || Enforcement::enforced("test");
+        let surface = || SurfaceCapability { deny: yes(), allow_list: Enforcement::not_enforced("test") };
+        BackendCapabilities {
+            isolation: IsolationKind::InProcess,
+            cost: CostClass::Low,
+            languages: vec![Language::JavaScript],
+            payloads: vec![PayloadKind::Source],
+            features: RequestFeatures { json_input: true, ..Default::default() },
+            network: surface(),
+            filesystem: surface(),
+            environment: surface(),
+            timeout: yes(),
+            memory: yes(),
+            fuel: yes(),
+            stdout_cap: yes(),
+            stderr_cap: yes(),
+            processes: yes(),
+            default_timeout_ms: 1000,
+        }
+    }
+}

@@ -7,7 +7,8 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::ExecError;
+use crate::config::setters;
+use crate::error::ConfigError;
 use crate::executor::{Executor, ExecutorBuilder};
 
 /// Settings of the default backends. `Default` is what
@@ -21,21 +22,45 @@ use crate::executor::{Executor, ExecutorBuilder};
 /// the reason in [`Backend::availability`](crate::backend::Backend::availability).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
 pub struct BackendsConfig {
-    /// The container engine CLI (`docker`, `podman`, or a path). Default `docker`.
+    /// The container engine CLI (`docker`, `podman`, or a path).
+    ///
+    /// # Default
+    /// `docker`.
     pub container_engine: PathBuf,
-    /// Keep compiled wasm modules here across processes (`None`: in memory only).
+    /// Keep compiled wasm modules here across processes.
+    ///
+    /// # Default
+    /// `None` (in memory only).
     pub wasm_cache_dir: Option<PathBuf>,
-    /// Where `python.wasm` and `quickjs.wasm` are (`None`: the default
-    /// directory of `scripts/fetch-interpreters.sh`, see
-    /// [`interpreters_dir`](crate::backends::wasm::interpreters::interpreters_dir)).
+    /// Where `python.wasm` and `quickjs.wasm` are.
+    ///
+    /// # Default
+    /// `None`: the directory `scripts/fetch-interpreters.sh` fills
+    /// (`$EXECBOX_INTERPRETERS_DIR`, else `~/.cache/execbox/interpreters`).
     pub interpreters_dir: Option<PathBuf>,
-    /// CPython-in-wasm instances kept started and waiting for code. Default
-    /// 2; a one-shot process should use 0.
+    /// CPython-in-wasm instances kept started and waiting for code; a
+    /// one-shot process should use 0.
+    ///
+    /// # Default
+    /// 2.
     pub python_warm_pool: usize,
-    /// JavaScript worker processes kept started and waiting. Default 2.
+    /// JavaScript worker processes kept started and waiting.
+    ///
+    /// # Default
+    /// 2.
     pub js_idle_workers: usize,
 }
+
+setters!(BackendsConfig {
+    container_engine: PathBuf,
+    python_warm_pool: usize,
+    js_idle_workers: usize,
+} some {
+    wasm_cache_dir: PathBuf,
+    interpreters_dir: PathBuf,
+});
 
 impl Default for BackendsConfig {
     fn default() -> Self {
@@ -56,7 +81,7 @@ impl ExecutorBuilder {
     /// on one shared [`WasmEngine`](crate::backends::WasmEngine) (feature `wasm`), and
     /// [`Container`](crate::backends::Container) (feature `container`).
     /// Errors only for settings that cannot be honoured (see [`BackendsConfig`]).
-    pub fn default_backends(self, cfg: &BackendsConfig) -> Result<Self, ExecError> {
+    pub fn default_backends(self, cfg: &BackendsConfig) -> Result<Self, ConfigError> {
         #[allow(unused_mut)]
         let mut builder = self;
         // What killed execbox processes left in the temp dir goes now, in
@@ -77,8 +102,8 @@ impl ExecutorBuilder {
         {
             use crate::backends::{Container, ContainerConfig};
             let config = ContainerConfig { engine: cfg.container_engine.clone(), ..Default::default() };
-            let container =
-                Container::with_config(config).map_err(|e| ExecError::internal(Container::NAME, e.to_string()))?;
+            let container = Container::with_config(config)
+                .map_err(|e| ConfigError::invalid("ContainerConfig::extra_run_args", e.to_string()))?;
             builder = builder.backend(container);
         }
         let _ = cfg;
@@ -122,7 +147,7 @@ impl ExecutorBuilder {
 
 /// The wasm guest backend and the interpreters, on one engine.
 #[cfg(feature = "wasm")]
-fn wasm_backends(mut builder: ExecutorBuilder, cfg: &BackendsConfig) -> Result<ExecutorBuilder, ExecError> {
+fn wasm_backends(mut builder: ExecutorBuilder, cfg: &BackendsConfig) -> Result<ExecutorBuilder, ConfigError> {
     use crate::backends::wasm::interpreters::interpreters_dir;
     use crate::backends::{Interpreter, WasmEngine, WasmGuest, WasmGuestConfig, WasmInterpreter};
     let engine_cfg = WasmGuestConfig { disk_cache_dir: cfg.wasm_cache_dir.clone(), ..Default::default() };
@@ -135,7 +160,9 @@ fn wasm_backends(mut builder: ExecutorBuilder, cfg: &BackendsConfig) -> Result<E
         }
     };
     // A cache directory the caller named but that cannot be used safely is theirs to fix.
-    builder = builder.backend(WasmGuest::on_engine(engine.clone())?);
+    let guest = WasmGuest::on_engine(engine.clone())
+        .map_err(|e| ConfigError::invalid("BackendsConfig::wasm_cache_dir", e.to_string()))?;
+    builder = builder.backend(guest);
     let dir = cfg.interpreters_dir.clone().or_else(interpreters_dir);
     for kind in [Interpreter::QuickJs, Interpreter::Python] {
         match WasmInterpreter::on_engine(kind, dir.clone(), engine.clone()) {

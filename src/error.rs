@@ -93,6 +93,15 @@ pub enum InvalidRequest {
         /// What is wrong.
         reason: String,
     },
+    /// An argument of the request (on the command line, or of a tool call)
+    /// cannot be used as given.
+    #[error("{name}: {reason}")]
+    Argument {
+        /// The argument (e.g. `--input`).
+        name: String,
+        /// Why not.
+        reason: String,
+    },
     /// The request sets environment variables the policy does not allow.
     #[error("environment variables not allowed by the policy: {}", names.join(", "))]
     EnvNotAllowed {
@@ -126,6 +135,23 @@ impl ConfigError {
     /// A [`ConfigError::Invalid`] of `setting`.
     pub fn invalid(setting: &'static str, reason: impl Into<String>) -> Self {
         ConfigError::Invalid { setting, reason: reason.into() }
+    }
+
+    /// Stable snake_case kind for JSON: `config`.
+    pub fn kind(&self) -> &'static str {
+        "config"
+    }
+
+    /// `{"error": <this error's JSON>}`, as [`ExecError::to_json`].
+    pub fn to_json(&self) -> Value {
+        json!({"error": self})
+    }
+}
+
+/// [`ExecError`]'s JSON shape: `{"kind": "config", "message", "violations": []}`.
+impl Serialize for ConfigError {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serialize_error(serializer, self.kind(), self.to_string(), &[] as &[()])
     }
 }
 

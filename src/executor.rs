@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use tracing::Span;
 
 use crate::admission::{self, Admitted};
 use crate::backend::{Backend, BlockingPoolMark, Readiness, Unavailable};
@@ -13,6 +14,7 @@ use crate::capabilities::BackendCapabilities;
 use crate::error::{BackendRejection, ExecError};
 use crate::limits::{nesting, text};
 use crate::matching;
+use crate::observe;
 use crate::policy::SandboxPolicy;
 use crate::request::ExecRequest;
 use crate::result::ExecResult;
@@ -183,12 +185,16 @@ impl Executor {
             backend.availability().map_err(|why| why.into_error(backend.name()))
         });
         if let Err(err) = fits {
+            observe::refused(&request, &err, None);
             discard(request);
             return Err(err);
         }
+        let span = observe::run_span(backend.name(), &request, None);
         let call = Admitted::new(request, backend.capabilities());
         let policy = call.policy().clone();
-        Admitted::finish(&policy, backend.execute(call))
+        let result = Admitted::finish(&policy, span.in_scope(|| backend.execute(call)));
+        observe::finished(&span, &result);
+        result
     }
 
     /// [`Executor::select`] for a request already held to the ceiling: the
@@ -230,14 +236,16 @@ impl Executor {
 
     /// Admission (see [`crate::admission`]): validates and holds `request`,
     /// picks its backend and admits it there, its deadline started.
-    fn admit(&self, mut request: ExecRequest) -> Result<(Arc<dyn Backend>, Admitted), ExecError> {
+    fn admit(&self, mut request: ExecRequest) -> Result<(Arc<dyn Backend>, Admitted, Span), ExecError> {
         let selected = admission::hold(&mut request, self.ceiling.as_deref()).and_then(|()| self.select_held(&request));
         match selected {
             Ok(backend) => {
+                let span = observe::run_span(backend.name(), &request, None);
                 let call = Admitted::new(request, backend.capabilities());
-                Ok((Arc::clone(backend), call))
+                Ok((Arc::clone(backend), call, span))
             }
             Err(err) => {
+                observe::refused(&request, &err, None);
                 discard(request);
                 Err(err)
             }
@@ -247,30 +255,35 @@ impl Executor {
     /// Runs `request` on the calling thread (blocks until the result, at
     /// most about 2 s past the deadline). Refusals return before any code runs.
     pub fn execute_blocking(&self, request: ExecRequest) -> Result<ExecResult, ExecError> {
-        let (backend, call) = self.admit(request)?;
+        let (backend, call, span) = self.admit(request)?;
         let policy = call.policy().clone();
-        Admitted::finish(&policy, backend.execute(call))
+        let result = Admitted::finish(&policy, span.in_scope(|| backend.execute(call)));
+        observe::finished(&span, &result);
+        result
     }
 
     /// Runs `request` without blocking the async caller: inside a tokio
     /// runtime the run happens on its blocking pool; elsewhere, inline.
     pub async fn execute(&self, request: ExecRequest) -> Result<ExecResult, ExecError> {
-        let (backend, call) = self.admit(request)?;
+        let (backend, call, span) = self.admit(request)?;
         let policy = call.policy().clone();
         let result = match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
                 let name = backend.name().to_string();
+                let in_span = span.clone();
                 let run = move || {
                     let _marked = BlockingPoolMark::set();
-                    backend.execute(call)
+                    in_span.in_scope(|| backend.execute(call))
                 };
                 handle.spawn_blocking(run).await.unwrap_or_else(|join_err| {
                     Err(ExecError::internal(&name, format!("worker task failed: {join_err}")))
                 })
             }
-            Err(_) => backend.execute(call),
+            Err(_) => span.in_scope(|| backend.execute(call)),
         };
-        Admitted::finish(&policy, result)
+        let result = Admitted::finish(&policy, result);
+        observe::finished(&span, &result);
+        result
     }
 }
 

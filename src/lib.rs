@@ -38,6 +38,7 @@ mod language;
 pub mod limits;
 pub mod matching;
 mod nonce;
+mod observe;
 pub mod policy;
 pub mod request;
 pub mod result;

@@ -222,6 +222,26 @@ impl SandboxPolicy {
         }
     }
 
+    /// Asks for nothing: every access control not asked, every limit unset.
+    /// Held to a ceiling ([`SandboxPolicy::within`]) it becomes the ceiling,
+    /// so a caller that sets only a deadline gets the ceiling's everything
+    /// else. Run without a ceiling, each backend's own defaults apply (its
+    /// default deadline: no run goes unbounded).
+    pub fn unstated() -> Self {
+        Self {
+            network: Access::NotAsked,
+            filesystem: Access::NotAsked,
+            environment: Access::NotAsked,
+            timeout_ms: None,
+            memory_bytes: None,
+            fuel: None,
+            max_stdout_bytes: None,
+            max_stderr_bytes: None,
+            max_code_bytes: None,
+            max_processes: None,
+        }
+    }
+
     /// Sets the wall-clock limit.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout_ms = Some(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX));

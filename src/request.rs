@@ -93,6 +93,11 @@ pub struct ExecRequest {
     /// runs in a worker process and delivers its console output with the
     /// result only.
     pub output_tap: Option<OutputTap>,
+    /// When the run's deadline starts counting, if before admission: a
+    /// caller that queued the request (a server's run slot) set it, so the
+    /// wait counts against the deadline (never in JSON). See
+    /// [`ExecRequest::deadline_from`].
+    pub(crate) deadline_from: Option<std::time::Instant>,
 }
 
 impl ExecRequest {
@@ -111,6 +116,7 @@ impl ExecRequest {
             backend: None,
             packages: Vec::new(),
             output_tap: None,
+            deadline_from: None,
         }
     }
 
@@ -180,6 +186,14 @@ impl ExecRequest {
     /// Declares the packages the code needs (see [`ExecRequest::packages`]).
     pub fn packages<S: Into<String>>(mut self, names: impl IntoIterator<Item = S>) -> Self {
         self.packages.extend(names.into_iter().map(Into::into));
+        self
+    }
+
+    /// Counts the run's deadline from `instant` (e.g. when the caller began
+    /// waiting for a slot to run it) instead of from admission: time spent
+    /// waiting is time the run does not get.
+    pub fn deadline_from(mut self, instant: std::time::Instant) -> Self {
+        self.deadline_from = Some(instant);
         self
     }
 
@@ -265,6 +279,7 @@ impl TryFrom<RequestJson> for ExecRequest {
             backend: j.backend,
             packages: j.packages,
             output_tap: None,
+            deadline_from: None,
         })
     }
 }

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use execbox::agent::{
     AgentLoop, CodeBlockExtractor, CodeExecutionInput, CodeExecutor, CodeExecutorError, Delimiters,
-    ExecboxCodeExecutor, InvocationContext, Message, Outcome, Part, SessionConfig, Sessions, StopReason, dispatch,
-    tool_schema,
+    ExecboxCodeExecutor, InvocationContext, Message, ModelOutcome as Outcome, Part, Role, SessionConfig, Sessions,
+    StopReason, dispatch, tool_schema,
 };
 use execbox::backends::BoaJs;
 use execbox::{
@@ -280,7 +280,7 @@ async fn sessions_keep_state_within_an_id_and_never_across_ids() {
 
 #[tokio::test]
 async fn idle_sessions_expire_and_the_count_is_bounded() {
-    let executor = session_executor(SessionConfig { max_sessions: 2, idle_timeout: Duration::from_secs(1) });
+    let executor = session_executor(SessionConfig::default().max_sessions(2).idle_timeout(Duration::from_secs(1)));
     in_session(&executor, "a", "var kept = 1").await;
     in_session(&executor, "b", "1").await;
     let third = CodeExecutionInput { execution_id: Some("c".into()), ..CodeExecutionInput::new("js", "1") };
@@ -387,6 +387,27 @@ async fn the_loop_feeds_a_failure_back_and_stops_when_the_model_has_no_code() {
 
     let forever = AgentLoop::new(&executor).max_turns(2).run(vec![], |_| "```js\nreturn 1\n```".into()).await;
     assert_eq!((forever.stop, forever.trace.len()), (StopReason::MaxTurns, 2));
+}
+
+#[tokio::test]
+async fn the_loop_awaits_an_async_model() {
+    let executor = ExecboxCodeExecutor::new(Executor::builder().backend(BoaJs::default()).build());
+    // A stand-in for an async LLM client: it awaits (a timer here) before each reply.
+    let mut asked = 0;
+    let model = async |history: &[Message]| {
+        asked += 1;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        if history.iter().any(|m| m.role == Role::Tool) {
+            "Done: 3.".to_string()
+        } else {
+            "```js\nreturn 1 + 2\n```".to_string()
+        }
+    };
+    let report = AgentLoop::new(&executor).run_async(vec![Message::user("1 + 2?")], model).await;
+    assert_eq!(report.stop, StopReason::NoCode);
+    assert_eq!(report.trace.len(), 1);
+    assert_eq!(report.trace[0].outcome, Outcome::Ok);
+    assert_eq!(asked, 2);
 }
 
 #[tokio::test]

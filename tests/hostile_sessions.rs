@@ -258,7 +258,7 @@ fn interleave(sessions: &Sessions, spec: SessionSpec, seed: u64, steps: usize) {
 }
 
 fn registry(backend: impl SessionBackend + 'static) -> Sessions {
-    let cfg = SessionConfig { max_sessions: 4, idle_timeout: Duration::from_millis(400) };
+    let cfg = SessionConfig::default().max_sessions(4).idle_timeout(Duration::from_millis(400));
     Sessions::builder().config(cfg).backend(backend).build()
 }
 

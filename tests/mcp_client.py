@@ -86,13 +86,10 @@ async def exercise(session: ClientSession, logs: list, transport: str):
     check("boa-js" in names and "python-wasm" in names, f"{transport}: backends {names}")
     check("javascript" in r.structured_content["sessions"]["languages"], f"{transport}: session languages")
 
-    # Malformed arguments are a JSON-RPC error, not a tool result.
-    try:
-        await session.call_tool("run_code", {"language": "javascript", "code": "1", "policy": {}})
-    except Exception as e:  # the SDK raises on JSON-RPC errors
-        check("policy" in str(e), f"{transport}: malformed error {e}")
-    else:
-        raise AssertionError(f"{transport}: malformed arguments were accepted")
+    # Malformed arguments are a tool result the model can read (SEP-1303), not a JSON-RPC error.
+    r = await session.call_tool("run_code", {"language": "javascript", "code": "1", "policy": {}})
+    check(r.is_error and r.structured_content["error"]["kind"] == "invalid_arguments", f"{transport}: malformed {r}")
+    check("policy" in r.structured_content["error"]["message"], f"{transport}: malformed names the field {r}")
 
 
 def logging_callback(logs):

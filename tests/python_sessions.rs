@@ -105,7 +105,7 @@ fn sessions_are_bounded_expire_and_free_everything_on_close() {
     let Some(py) = python() else { return };
     let before = threads_named("execbox-warm");
     let sessions = Sessions::builder()
-        .config(SessionConfig { max_sessions: 2, idle_timeout: Duration::from_millis(600) })
+        .config(SessionConfig::default().max_sessions(2).idle_timeout(Duration::from_millis(600)))
         .backend(py)
         .build();
     let a = sessions.open_new(SessionSpec::new(Language::Python)).unwrap();

@@ -66,17 +66,22 @@ async fn results_are_the_cli_json_and_failures_and_refusals_are_tool_errors() {
     assert_eq!(refused["error"]["kind"], "refused", "{refused}");
     assert_eq!(refused["error"]["violations"][0]["control"], "language");
 
-    // Only malformed arguments are JSON-RPC errors.
-    for bad in [
-        json!({"language": "cobol", "code": "1"}),
-        json!({"code": "1"}),
-        json!({"language": "js", "code": "1", "timeout_ms": 0}),
-        json!({"language": "js", "code": "1", "files": [{"name": "a", "content_base64": "%%%"}]}),
+    // Malformed arguments are tool errors a model can read (SEP-1303), naming what is wrong.
+    for (bad, named) in [
+        (json!({"language": "cobol", "code": "1"}), "cobol"),
+        (json!({"code": "1"}), "language"),
+        (json!({"language": "js", "code": "1", "timeout_ms": 0}), "timeout_ms"),
+        (json!({"language": "js", "code": "1", "files": [{"name": "a", "content_base64": "%%%"}]}), "content_base64"),
     ] {
-        match call(&client, "run_code", bad.clone()).await {
-            Err(ServiceError::McpError(e)) => assert_eq!(e.code.0, -32602, "{bad}: {e:?}"),
-            other => panic!("{bad}: expected a JSON-RPC error, got {other:?}"),
-        }
+        let (r, is_error) = run(&client, bad.clone()).await;
+        assert!(is_error, "{bad}: {r}");
+        assert_eq!(r["error"]["kind"], "invalid_arguments", "{bad}: {r}");
+        assert!(r["error"]["message"].as_str().unwrap().contains(named), "{bad}: {r}");
+    }
+    // Only a call that names no tool of this server is a JSON-RPC error.
+    match call(&client, "no_such_tool", json!({})).await {
+        Err(ServiceError::McpError(e)) => assert_eq!(e.code.0, -32602, "{e:?}"),
+        other => panic!("expected a JSON-RPC error, got {other:?}"),
     }
     client.cancel().await.unwrap();
 }
@@ -98,7 +103,7 @@ async fn a_tool_call_cannot_widen_any_control() {
     // The output cap holds.
     let (r, _) = run(&client, json!({"language": "js", "code": "console.log('x'.repeat(1000))"})).await;
     assert_eq!((r["stdout_truncated"].as_bool(), r["stdout"].as_str().map(str::len)), (Some(true), Some(64)));
-    // No argument names a grant: each is a JSON-RPC error, nothing runs.
+    // No argument names a grant: each is an invalid-arguments tool error, nothing runs.
     for (name, value) in [
         ("policy", json!({"network": {"mode": "not_asked"}})),
         ("env", json!({"HOME": "/root"})),
@@ -110,8 +115,9 @@ async fn a_tool_call_cannot_widen_any_control() {
     ] {
         let mut args = json!({"language": "js", "code": "return 1"});
         args[name] = value;
-        let e = call(&client, "run_code", args).await.unwrap_err();
-        assert!(matches!(&e, ServiceError::McpError(err) if err.code.0 == -32602), "{name}: {e:?}");
+        let (r, is_error) = run(&client, args).await;
+        assert!(is_error && r["error"]["kind"] == "invalid_arguments", "{name}: {r}");
+        assert!(r["error"]["message"].as_str().unwrap().contains(name), "{name}: {r}");
     }
     // Python sees no host environment.
     let (r, _) =

@@ -6,7 +6,7 @@ use sha2::{Digest, Sha256};
 
 use super::executor::{CodeExecutor, InvocationContext};
 use super::extract::CodeBlockExtractor;
-use super::result::{CodeExecutionInput, Outcome};
+use super::result::{CodeExecutionInput, ModelOutcome};
 
 /// Who a message is from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -39,7 +39,7 @@ pub enum Part {
     /// What a code block did, as the model should see it.
     CodeResult {
         /// How it ended.
-        outcome: Outcome,
+        outcome: ModelOutcome,
         /// Combined output, structured output and truncation notes, or why nothing ran.
         output: String,
     },
@@ -86,7 +86,7 @@ pub struct TraceStep {
     /// The backend that ran it (`None` if nothing ran).
     pub backend: Option<String>,
     /// How it ended.
-    pub outcome: Outcome,
+    pub outcome: ModelOutcome,
     /// Wall-clock time of the run.
     pub duration_ms: f64,
     /// Bytes written to stdout and stderr (kept or not).
@@ -158,11 +158,23 @@ impl<'a, E: CodeExecutor + ?Sized> AgentLoop<'a, E> {
         self
     }
 
-    /// Runs the loop from `history`, asking `model` for each reply.
-    pub async fn run(&self, mut history: Vec<Message>, mut model: impl FnMut(&[Message]) -> String) -> LoopReport {
+    /// Runs the loop from `history`, asking `model` for each reply (a
+    /// plain closure: a scripted model, or a blocking client). For a model
+    /// behind an async client, see [`AgentLoop::run_async`].
+    pub async fn run(&self, history: Vec<Message>, mut model: impl FnMut(&[Message]) -> String) -> LoopReport {
+        self.run_async(history, async |history: &[Message]| model(history)).await
+    }
+
+    /// Runs the loop from `history`, awaiting `model` for each reply: an
+    /// async closure, e.g. `async |history| client.complete(history).await`.
+    pub async fn run_async(
+        &self,
+        mut history: Vec<Message>,
+        mut model: impl AsyncFnMut(&[Message]) -> String,
+    ) -> LoopReport {
         let mut trace = Vec::new();
         for turn in 0..self.max_turns {
-            let reply = model(&history);
+            let reply = model(&history).await;
             let extraction = self.extractor.extract(&reply);
             history.push(Message { role: Role::Model, parts: model_parts(&reply, &extraction) });
             let blocks: Vec<_> = extraction.runnable().collect();
@@ -181,9 +193,9 @@ impl<'a, E: CodeExecutor + ?Sized> AgentLoop<'a, E> {
                     turn,
                     block: index,
                     language: language.as_str().to_string(),
-                    code_sha256: Sha256::digest(block.code.as_bytes()).iter().map(|b| format!("{b:02x}")).collect(),
+                    code_sha256: format!("{:x}", Sha256::digest(block.code.as_bytes())),
                     backend: None,
-                    outcome: Outcome::Failed,
+                    outcome: ModelOutcome::Failed,
                     duration_ms: 0.0,
                     output_bytes: 0,
                     truncated: false,
@@ -201,7 +213,7 @@ impl<'a, E: CodeExecutor + ?Sized> AgentLoop<'a, E> {
                     Err(err) => {
                         step.error = Some(err.to_string());
                         Part::CodeResult {
-                            outcome: Outcome::Failed,
+                            outcome: ModelOutcome::Failed,
                             output: format!("execbox did not run this code: {err}"),
                         }
                     }

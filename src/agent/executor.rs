@@ -78,7 +78,7 @@ impl serde::Serialize for CodeExecutorError {
 /// Runs model-written code for an agent framework (ADK's shape).
 pub trait CodeExecutor: Send + Sync {
     /// Runs one piece of code. A program's failure or timeout is an `Ok`
-    /// result with that [`Outcome`](super::Outcome).
+    /// result with that [`ModelOutcome`](super::ModelOutcome).
     fn execute_code<'a>(
         &'a self,
         ctx: &'a InvocationContext,
@@ -200,10 +200,9 @@ impl ExecboxCodeExecutor {
         let mut request = self.request(input)?;
         request.policy = request.policy.timeout(timeout);
         if let (Some(id), Some(sessions)) = (session_id, &self.sessions) {
-            // Sessions run outside the executor: hold them to its ceiling here.
-            if let Some(ceiling) = self.executor.ceiling() {
-                request.policy = request.policy.within(ceiling).map_err(ExecError::from)?;
-            }
+            // The registry holds calls to its own ceiling; a registry built
+            // without the executor's is held to the executor's here too.
+            crate::admission::hold(&mut request, self.executor.ceiling())?;
             let sessions = sessions.clone();
             let run = move || sessions.execute_or_open(&id, request);
             let result = match tokio::runtime::Handle::try_current() {

@@ -4,7 +4,7 @@
 //!   implementation over an [`Executor`](crate::executor::Executor): language ids,
 //!   one policy, retries of executor errors only, stateful JavaScript sessions.
 //! - [`CodeExecutionResult`]: stdout/stderr/exit code/files plus the
-//!   [`Outcome`] fed back to the model (`DeadlineExceeded` for timeouts) and
+//!   [`ModelOutcome`] fed back to the model (`DeadlineExceeded` for timeouts) and
 //!   explicit truncation metadata.
 //! - [`CodeBlockExtractor`]: fenced code blocks in model text, linear time.
 //! - [`AgentLoop`]: reply → code → results → reply, with a trace.
@@ -20,5 +20,5 @@ pub use crate::sessions::registry::{SessionConfig, Sessions};
 pub use driver::{AgentLoop, LoopReport, Message, Part, Role, StopReason, TraceStep};
 pub use executor::{BoxFuture, CodeExecutor, CodeExecutorError, ExecboxCodeExecutor, InvocationContext};
 pub use extract::{CodeBlock, CodeBlockExtractor, Delimiters, Extraction};
-pub use result::{CodeExecutionInput, CodeExecutionResult, Outcome};
+pub use result::{CodeExecutionInput, CodeExecutionResult, ModelOutcome};
 pub use tool::{TOOL_NAME, dispatch, tool_schema};

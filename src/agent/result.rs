@@ -44,7 +44,7 @@ impl CodeExecutionInput {
 /// The outcome reported back to the model with a result.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Outcome {
+pub enum ModelOutcome {
     /// Not known (e.g. the result was built by hand).
     #[default]
     Unspecified,
@@ -69,7 +69,7 @@ pub struct CodeExecutionResult {
     /// The process's exit code; `None` for in-process engines.
     pub exit_code: Option<i32>,
     /// The outcome for the model.
-    pub outcome: Outcome,
+    pub outcome: ModelOutcome,
     /// Structured output (JS return value, JSON stdout of container programs).
     pub output: Option<Value>,
     /// True if stdout was cut at the policy's cap.
@@ -156,14 +156,14 @@ impl CodeExecutionResult {
 impl From<ExecResult> for CodeExecutionResult {
     fn from(r: ExecResult) -> Self {
         let outcome = match r.outcome {
-            RunOutcome::Ok => Outcome::Ok,
-            RunOutcome::TimedOut => Outcome::DeadlineExceeded,
-            _ => Outcome::Failed,
+            RunOutcome::Ok => ModelOutcome::Ok,
+            RunOutcome::TimedOut => ModelOutcome::DeadlineExceeded,
+            _ => ModelOutcome::Failed,
         };
         let mut stderr = r.stderr.text().into_owned();
         // A failure must never look like a success: without a process there
         // is no exit code, so the reason goes to stderr.
-        if outcome != Outcome::Ok
+        if outcome != ModelOutcome::Ok
             && stderr.is_empty()
             && let Some(message) = &r.message
         {

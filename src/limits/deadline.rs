@@ -28,6 +28,12 @@ impl Deadline {
         Self { start, at: limit.and_then(|l| start.checked_add(l)) }
     }
 
+    /// A deadline whose clock started at `start` (in the past: time already
+    /// spent waiting counts).
+    pub fn started_at(start: Instant, limit: Option<Duration>) -> Self {
+        Self { start, at: limit.and_then(|l| start.checked_add(l)) }
+    }
+
     /// True once the limit has passed.
     pub fn expired(&self) -> bool {
         self.at.is_some_and(|at| Instant::now() >= at)

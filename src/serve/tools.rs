@@ -1,9 +1,9 @@
 //! The MCP tools: `run_code`, `list_backends`, `create_session`,
 //! `close_session`.
 //!
-//! A program's failure (`failed`, `timed_out`, ...) and a refusal are
-//! ordinary tool results with `isError: true`; only malformed arguments are
-//! JSON-RPC errors (`-32602`). `structuredContent` of `run_code` is exactly
+//! A program's failure (`failed`, `timed_out`, ...), a refusal and
+//! malformed arguments (`invalid_arguments`, SEP-1303) are ordinary tool
+//! results with `isError: true`. `structuredContent` of `run_code` is exactly
 //! the JSON `execbox run --json` prints (an [`ExecResult`], or
 //! `{"error": {...}}`); the text content is a short rendering for a model.
 
@@ -23,10 +23,13 @@ use rmcp::{ErrorData as McpError, ServerHandler, schemars, tool, tool_handler, t
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{Limits, Shared, stream};
+use super::gate::SERVER;
+use super::shared::{Limits, Shared};
+use super::stream;
 use crate::error::ExecError;
 use crate::file::ExecFile;
 use crate::language::Language;
+use crate::policy::SandboxPolicy;
 use crate::request::{ExecRequest, Payload};
 use crate::result::{ExecResult, Outcome};
 use crate::sessions::error::SessionError;
@@ -191,27 +194,29 @@ impl ExecboxMcp {
         Self { shared, connection, tool_router: Self::tool_router() }
     }
 
-    /// The request a call becomes: the server's policy, tightened by the
-    /// call's deadline and memory cap; the server's environment values.
-    fn request(&self, args: RunCodeArgs) -> Result<(ExecRequest, Option<String>), McpError> {
+    /// The request a call becomes: it asks only for the call's deadline and
+    /// memory cap (the executor and the session registry hold it to the
+    /// server's policy, which supplies everything else), with the server's
+    /// environment values. `Err`: an argument that cannot be used, in words
+    /// for the model.
+    fn request(&self, args: RunCodeArgs) -> Result<(ExecRequest, Option<String>), String> {
         let language = Language::from(args.language);
         let payload = match language {
             Language::Wasm => Payload::WasmModule(args.code.into_bytes()),
             _ => Payload::Source(args.code),
         };
-        let mut policy = self.shared.cfg.policy.clone();
+        let mut policy = SandboxPolicy::unstated();
         if let Some(ms) = args.timeout_ms {
             if ms == 0 {
-                return Err(McpError::invalid_params("timeout_ms must be at least 1", None));
+                return Err("timeout_ms must be at least 1".into());
             }
-            policy.timeout_ms = Some(policy.timeout_ms.map_or(ms, |ceiling| ceiling.min(ms)));
+            policy.timeout_ms = Some(ms);
         }
         if let Some(mb) = args.memory_mb {
             if mb == 0 {
-                return Err(McpError::invalid_params("memory_mb must be at least 1", None));
+                return Err("memory_mb must be at least 1".into());
             }
-            let bytes = mb.saturating_mul(1 << 20);
-            policy.memory_bytes = Some(policy.memory_bytes.map_or(bytes, |ceiling| ceiling.min(bytes)));
+            policy.memory_bytes = Some(mb.saturating_mul(1 << 20));
         }
         let mut request = ExecRequest::new(language, payload).policy(policy);
         request.input = args.input;
@@ -222,7 +227,7 @@ impl ExecboxMcp {
         for file in args.files.unwrap_or_default() {
             let content = base64::engine::general_purpose::STANDARD
                 .decode(file.content_base64.as_bytes())
-                .map_err(|e| McpError::invalid_params(format!("file {:?}: content_base64: {e}", file.name), None))?;
+                .map_err(|e| format!("file {:?}: content_base64: {e}", file.name))?;
             request.input_files.push(ExecFile::new(file.name, content));
         }
         request.collect_output_files = args.collect_files.unwrap_or(false);
@@ -251,12 +256,18 @@ impl ExecboxMcp {
         Parameters(args): Parameters<RunCodeArgs>,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, McpError> {
-        let (mut request, session_id) = self.request(args)?;
-        let timeout = Duration::from_millis(request.policy.timeout_ms.unwrap_or(30_000));
+        let queued_at = std::time::Instant::now();
+        let (mut request, session_id) = match self.request(args) {
+            Ok(parts) => parts,
+            Err(message) => return Ok(invalid_arguments("run_code", &message)),
+        };
+        let timeout = Duration::from_millis(self.shared.run_timeout_ms(request.policy.timeout_ms));
         let turn = match self.shared.gate.enter(timeout, timeout + crate::limits::deadline::RUN_GRACE).await {
             Ok(turn) => turn,
             Err(e) => return Ok(refusal(&e)),
         };
+        // The wait for a run slot counts against the call's deadline.
+        request = request.deadline_from(queued_at);
         let peer = context.peer.clone();
         let level = self.log_level().filter(|l| level_rank(*l) <= level_rank(LoggingLevel::Info));
         let lines = level.map(|_| stream::LineStream::start(peer.clone(), LoggingLevel::Info));
@@ -272,7 +283,7 @@ impl ExecboxMcp {
                 let key = self.connection.key(&id);
                 tokio::task::spawn_blocking(move || sessions.execute(&key, request))
                     .await
-                    .unwrap_or_else(|e| Err(ExecError::internal(super::SERVER, format!("session task: {e}")).into()))
+                    .unwrap_or_else(|e| Err(ExecError::internal(SERVER, format!("session task: {e}")).into()))
                     // Ids are per connection: name the caller's id, never the key.
                     .map_err(|e| Refusal::Session(e.with_id(&id)))
             }
@@ -408,10 +419,11 @@ impl ServerHandler for ExecboxMcp {
             )
     }
 
-    /// Malformed arguments are JSON-RPC errors (`-32602`), not tool results:
-    /// checked here against each tool's own argument type before the
-    /// router sees them (rmcp's router would turn them into `isError`
-    /// results).
+    /// Malformed arguments are tool results with `isError: true` and the
+    /// reason, which a model can read and correct (MCP 2025-11-25,
+    /// SEP-1303), checked here against each tool's own argument type before
+    /// the router sees them; only a request that is not a `tools/call` at
+    /// all, or names no tool of this server, is a JSON-RPC error.
     async fn call_tool(
         &self,
         request: rmcp::model::CallToolRequestParams,
@@ -426,7 +438,7 @@ impl ServerHandler for ExecboxMcp {
             _ => Ok(()), // the router answers unknown tools
         };
         if let Err(e) = checked {
-            return Err(McpError::invalid_params(format!("invalid arguments for {}: {e}", request.name), None));
+            return Ok(invalid_arguments(&request.name, &e.to_string()).into());
         }
         let call = rmcp::handler::server::tool::ToolCallContext::new(self, request, context);
         self.tool_router.call(call).await
@@ -472,6 +484,14 @@ fn rendered(result: ExecResult) -> CallToolResult {
         out.content.push(ContentBlock::image(data, file.mime_type.clone().unwrap_or_default()));
     }
     out
+}
+
+/// Arguments a tool cannot use: `{"error": {"kind": "invalid_arguments",
+/// "message", "violations": []}}`, `isError`.
+fn invalid_arguments(tool: &str, reason: &str) -> CallToolResult {
+    let message = crate::limits::text::cap_message(format!("invalid arguments for {tool}: {reason}"));
+    let body = json!({"error": {"kind": "invalid_arguments", "message": message, "violations": []}});
+    structured(body, format!("invalid_arguments: {message}"), true)
 }
 
 /// A refusal or an error before any result: `{"error": {...}}`, `isError`.

@@ -21,12 +21,21 @@ use crate::violation::{Control, Violation};
 
 /// Bounds on sessions.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct SessionConfig {
-    /// Most sessions live (or opening) at once. Default 16.
+    /// Most sessions live (or opening) at once.
+    ///
+    /// # Default
+    /// 16.
     pub max_sessions: usize,
-    /// A session unused this long is closed. Default 5 minutes.
+    /// A session unused this long is closed (and reported lost once).
+    ///
+    /// # Default
+    /// 5 minutes.
     pub idle_timeout: Duration,
 }
+
+crate::config::setters!(SessionConfig { max_sessions: usize, idle_timeout: Duration });
 
 impl Default for SessionConfig {
     fn default() -> Self {
@@ -113,6 +122,9 @@ struct State {
     expiry_running: bool,
     /// Numbers calls in flight.
     next_call: u64,
+    /// Calls whose session the backstop killed because they overran their
+    /// deadline: they end as `timed_out`, not as closed.
+    overran: std::collections::HashSet<u64>,
 }
 
 struct Entry {
@@ -354,14 +366,19 @@ impl Sessions {
         };
         // Waiting for earlier calls counts against this call's deadline.
         let policy = call.policy().clone();
+        let span = crate::observe::run_span(session.backend(), call.request(), Some(id));
         let result = match turns.take(call.deadline().remaining()) {
-            Some(_turn) => Admitted::finish(&policy, session.execute(call)),
+            Some(_turn) => Admitted::finish(&policy, span.in_scope(|| session.execute(call))),
             None => Err(ExecError::Busy {
                 backend: session.backend().to_string(),
                 reason: "earlier calls of this session still ran when this call's deadline passed".into(),
             }),
         };
+        crate::observe::finished(&span, &result);
+        let call_number = in_flight.call;
         drop(in_flight);
+        let overran = self.inner.lock().overran.remove(&call_number);
+        let result = if overran { result.map(overran_result) } else { result };
         let ended = self.end_if_dead(id, &session, &result);
         let mut result = result?;
         if ended {
@@ -443,9 +460,20 @@ fn admit_call(id: &str, entry: &Entry, request: ExecRequest) -> Result<Admitted,
     violations.extend(session.refusals(&request));
     if !violations.is_empty() {
         let rejections = vec![BackendRejection { backend: session.backend().to_string(), violations }];
-        return Err(SessionError::Exec(ExecError::Refused { rejections }));
+        let refused = ExecError::Refused { rejections };
+        crate::observe::refused(&request, &refused, Some(id));
+        return Err(SessionError::Exec(refused));
     }
     Ok(Admitted::new(request, session.capabilities()))
+}
+
+/// The result of a call whose session the backstop killed for running
+/// [`CALL_OVERRUN_LIMIT`] past its deadline: `timed_out`, saying so.
+fn overran_result(mut result: ExecResult) -> ExecResult {
+    result.outcome = crate::result::Outcome::TimedOut;
+    result.message =
+        Some(format!("the call ran {} s past its deadline, so its session was killed", CALL_OVERRUN_LIMIT.as_secs()));
+    result
 }
 
 /// A call in flight: counted on its session's entry until it drops,
@@ -535,6 +563,12 @@ fn expire(weak: Weak<Inner>) {
             let mut state = inner.lock();
             let now = Instant::now();
             let mut ended = Vec::new();
+            let overdue: Vec<u64> = state
+                .live
+                .values()
+                .flat_map(|e| e.calls.iter().filter(|(_, at)| now >= **at).map(|(call, _)| *call))
+                .collect();
+            state.overran.extend(overdue);
             let ids: Vec<(String, &'static str)> = state
                 .live
                 .iter()
@@ -666,25 +700,7 @@ mod tests {
     }
 
     fn caps() -> BackendCapabilities {
-        use crate::capabilities::*;
-        let yes = || Enforcement::enforced("test");
-        BackendCapabilities {
-            isolation: IsolationKind::InProcess,
-            cost: CostClass::Low,
-            languages: vec![Language::JavaScript],
-            payloads: vec![crate::capabilities::PayloadKind::Source],
-            features: RequestFeatures { json_input: true, ..Default::default() },
-            network: SurfaceCapability { deny: yes(), allow_list: Enforcement::not_enforced("test") },
-            filesystem: SurfaceCapability { deny: yes(), allow_list: Enforcement::not_enforced("test") },
-            environment: SurfaceCapability { deny: yes(), allow_list: Enforcement::not_enforced("test") },
-            timeout: yes(),
-            memory: yes(),
-            fuel: yes(),
-            stdout_cap: yes(),
-            stderr_cap: yes(),
-            processes: yes(),
-            default_timeout_ms: 1000,
-        }
+        BackendCapabilities::test_fixture()
     }
 
     fn registry(cfg: SessionConfig) -> (Sessions, Arc<AtomicUsize>) {
@@ -784,9 +800,15 @@ mod tests {
         let started = Instant::now();
         let hung = call("hang").policy(SandboxPolicy::strict().timeout(Duration::from_millis(100)));
         let result = sessions.execute("h", hung).unwrap();
-        assert_eq!(result.outcome, Outcome::Killed);
+        assert_eq!(result.outcome, Outcome::TimedOut, "{result:?}");
+        assert!(result.message.unwrap().contains("past its deadline"));
         assert!(started.elapsed() < Duration::from_millis(100) + CALL_OVERRUN_LIMIT + Duration::from_secs(2));
         assert_eq!(sessions.execute("h", call("x")).unwrap_err().kind(), "session_lost");
+        // The expiry thread drops the session it killed right after the kill.
+        let until = Instant::now() + Duration::from_secs(10);
+        while open.load(Ordering::SeqCst) > 0 && Instant::now() < until {
+            std::thread::yield_now();
+        }
         assert_eq!(open.load(Ordering::SeqCst), 0);
     }
 

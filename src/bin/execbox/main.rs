@@ -1,0 +1,271 @@
+//! The `execbox` command line: run code under a policy (`run`), list the
+//! backends (`backends`), serve the matrix over MCP (`serve`).
+//!
+//! Exit codes: 0 the program ran and its outcome is `ok`; 1 it ran and the
+//! outcome is anything else; 2 nothing ran (refusal, invalid request, usage);
+//! 128 + N when signal N (SIGTERM, SIGINT, SIGHUP) ended it, after it
+//! removed the containers and staging directories it started.
+//!
+//! Modules by job: `run` (a one-shot run and its request), `serve` (the MCP
+//! server's start and stop), `render` (what is printed).
+
+mod render;
+mod run;
+#[cfg(feature = "serve")]
+mod serve;
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use execbox::{BackendsConfig, Executor};
+
+#[derive(Parser)]
+#[command(name = "execbox", version, about = "Run untrusted code under a policy that fails closed")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run code once and report the result.
+    Run(Box<RunArgs>),
+    /// Serve the matrix over MCP (stdio by default, or streamable HTTP at /mcp).
+    #[cfg(feature = "serve")]
+    Serve(Box<ServeArgs>),
+    /// List the registered backends and what they enforce.
+    Backends {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        backends: BackendFlags,
+    },
+}
+
+/// `execbox serve`'s flags.
+#[cfg(feature = "serve")]
+#[derive(clap::Args)]
+pub(crate) struct ServeArgs {
+    /// Serve streamable HTTP at http://ADDR/mcp instead of stdio (e.g. 127.0.0.1:8931).
+    #[arg(long, value_name = "ADDR")]
+    pub(crate) http: Option<std::net::SocketAddr>,
+    /// A file holding the bearer token HTTP clients must send; required for a non-loopback ADDR.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) token_file: Option<PathBuf>,
+    /// The policy ceiling, a SandboxPolicy in JSON (missing fields take strict's values; default: strict).
+    /// Grants (directories, environment names) come only from here.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) policy: Option<PathBuf>,
+    /// Pass this variable's value from the server's environment to every run (repeatable; adds the
+    /// name to the policy's environment allow-list).
+    #[arg(long = "allow-env", value_name = "NAME")]
+    pub(crate) allow_env: Vec<String>,
+    /// Runs at once (default: 4 per core).
+    #[arg(long, value_name = "N")]
+    pub(crate) max_concurrent: Option<usize>,
+    /// Calls that may wait for a run slot; more are refused as busy at once.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub(crate) max_queued: usize,
+    /// Warm CPython-in-wasm instances kept ready.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    pub(crate) python_warm_pool: usize,
+    /// JavaScript worker processes kept ready.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    pub(crate) js_idle_workers: usize,
+    /// Live sessions at most (all clients together).
+    #[arg(long, value_name = "N", default_value_t = 16)]
+    pub(crate) max_sessions: usize,
+    /// A session unused this many seconds is closed.
+    #[arg(long, value_name = "SECS", default_value_t = 300)]
+    pub(crate) session_idle_secs: u64,
+    /// How the log on stderr is written (`EXECBOX_LOG` sets the level, e.g. `info` for one span per run; default warn).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub(crate) log_format: LogFormat,
+    #[command(flatten)]
+    pub(crate) backends: BackendFlags,
+}
+
+/// What every command configures about the backends (one
+/// [`BackendsConfig`] for `run`, `backends` and `serve`).
+#[derive(clap::Args, Clone)]
+pub(crate) struct BackendFlags {
+    /// Container engine CLI for python, shell and rust.
+    #[arg(long, value_name = "docker|podman", env = "EXECBOX_ENGINE", default_value = "docker")]
+    pub(crate) engine: PathBuf,
+    /// Keep compiled wasm modules in this directory across runs.
+    #[arg(long, value_name = "DIR", env = "EXECBOX_WASM_CACHE_DIR")]
+    pub(crate) wasm_cache_dir: Option<PathBuf>,
+}
+
+impl BackendFlags {
+    /// The matrix's settings, with the pool sizes of this kind of process.
+    pub(crate) fn config(&self, js_idle_workers: usize, python_warm_pool: usize) -> BackendsConfig {
+        let mut config = BackendsConfig::default()
+            .container_engine(self.engine.clone())
+            .js_idle_workers(js_idle_workers)
+            .python_warm_pool(python_warm_pool);
+        config.wasm_cache_dir = self.wasm_cache_dir.clone();
+        config
+    }
+}
+
+#[derive(clap::Args)]
+pub(crate) struct RunArgs {
+    /// Language id: js/javascript, python, shell, rust, wasm (`--code` is WAT text, `--file` a .wasm or .wat file).
+    #[arg(long, default_value = "js")]
+    pub(crate) lang: String,
+    /// The code itself.
+    #[arg(long, conflicts_with = "file", required_unless_present = "file")]
+    pub(crate) code: Option<String>,
+    /// Read the code from a file.
+    #[arg(long)]
+    pub(crate) file: Option<PathBuf>,
+    /// JSON input (JS and Python: the `input` binding; Rust: `run`'s argument; wasm: the JSON-ABI
+    /// argument, or stdin of a WASI command; containers also get it as /work/input.json).
+    #[arg(long)]
+    pub(crate) input: Option<String>,
+    /// Wall-clock limit in milliseconds (default: the strict policy's 5000).
+    #[arg(long)]
+    pub(crate) timeout_ms: Option<u64>,
+    /// Instruction/fuel budget.
+    #[arg(long)]
+    pub(crate) fuel: Option<u64>,
+    /// Require a memory cap of this many MiB.
+    #[arg(long)]
+    pub(crate) memory_mb: Option<u64>,
+    /// Cap on each of stdout and stderr, in bytes.
+    #[arg(long)]
+    pub(crate) max_output_bytes: Option<u64>,
+    /// Largest accepted code (module) in bytes (default: the strict policy's 1 MiB).
+    #[arg(long)]
+    pub(crate) max_code_bytes: Option<u64>,
+    /// Standard input for the program, from a file (`-`: this process's stdin).
+    #[arg(long, value_name = "FILE")]
+    pub(crate) stdin_file: Option<PathBuf>,
+    /// A command-line argument for the program (repeatable).
+    #[arg(long = "arg", value_name = "ARG", allow_hyphen_values = true)]
+    pub(crate) args: Vec<String>,
+    /// Pass this variable from execbox's own environment (repeatable).
+    #[arg(long = "allow-env", value_name = "NAME")]
+    pub(crate) allow_env: Vec<String>,
+    /// Pass NAME=VALUE explicitly (repeatable).
+    #[arg(long = "env", value_name = "NAME=VALUE")]
+    pub(crate) env: Vec<String>,
+    /// Grant a host directory as HOST:GUEST[:ro|rw] (repeatable; default ro).
+    #[arg(long = "preopen", value_name = "HOST:GUEST[:ro|rw]")]
+    pub(crate) preopens: Vec<String>,
+    /// Stage a host file for the program as PATH[:NAME] (repeatable; NAME defaults to the file
+    /// name). Containers see it under /work, wasm guests under /input.
+    #[arg(long = "input-file", value_name = "PATH[:NAME]")]
+    pub(crate) input_files: Vec<String>,
+    /// Collect the files the program writes to /work/out and save them here.
+    #[arg(long, value_name = "DIR")]
+    pub(crate) output_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub(crate) backends: BackendFlags,
+    /// A package the code needs (repeatable; Python: numpy, pandas, matplotlib, scipy on the
+    /// container's data image). Only a backend that provides every one is chosen.
+    #[arg(long = "package", value_name = "NAME")]
+    pub(crate) packages: Vec<String>,
+    /// Run on this backend only.
+    #[arg(long)]
+    pub(crate) backend: Option<String>,
+    /// Print exactly one JSON object on stdout.
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// How the log on stderr is written (`EXECBOX_LOG` sets the level; default warn).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub(crate) log_format: LogFormat,
+}
+
+/// How the log (warnings, and with `EXECBOX_LOG=info` one span per run)
+/// is written to stderr.
+#[derive(Clone, Copy, Debug, Default, ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line (with the span's fields).
+    Json,
+}
+
+/// Writes the log to stderr: `EXECBOX_LOG` filters it (tracing's
+/// `EnvFilter` syntax; default `default_level`).
+fn init_log(format: LogFormat, default_level: &str) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("EXECBOX_LOG").unwrap_or_else(|_| EnvFilter::new(default_level));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let installed = match format {
+        LogFormat::Text => builder.with_ansi(false).try_init(),
+        LogFormat::Json => builder.json().with_current_span(true).with_span_list(false).try_init(),
+    };
+    if let Err(e) = installed {
+        eprintln!("execbox: no log: {e}");
+    }
+}
+
+fn main() -> ExitCode {
+    // Spawned as a worker (contained JS, wasm compiles), serve and exit; otherwise go on.
+    #[cfg(any(feature = "js", feature = "wasm"))]
+    execbox::worker::serve_if_worker();
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Run(args) => {
+            init_log(args.log_format, "warn");
+            run::run(*args)
+        }
+        #[cfg(feature = "serve")]
+        Command::Serve(args) => {
+            init_log(args.log_format, "warn");
+            serve::serve(*args)
+        }
+        Command::Backends { json, backends: flags } => {
+            init_log(LogFormat::Text, "warn");
+            // A listing starts nothing it would not use.
+            match Executor::builder().default_backends(&flags.config(0, 0)) {
+                Ok(builder) => render::backends(&builder.build(), json),
+                Err(err) => render::refuse_config(json, &err),
+            }
+        }
+    }
+}
+
+/// On SIGTERM, SIGINT or SIGHUP (a closed terminal): shuts the executor's
+/// backends down (kills and removes the containers this process started,
+/// removes its staging directories) and exits with 128 + the signal. A
+/// result already being printed is finished first. The handler holds the
+/// executor weakly, so an ordinary exit still waits for the backends'
+/// own cleanup.
+pub(crate) const MAX_INPUT_FILE_BYTES: u64 = 64 << 20;
+
+/// Reads at most `max` bytes of a regular file, or of this process's stdin
+/// for `-`. Anything but a regular file (a FIFO, socket or device, which
+/// could block or never end) is refused: opened non-blocking and checked
+/// on the handle, so a path swapped for a FIFO cannot hang the CLI.
+pub(crate) fn read(path: &Path, max: u64, limit: &str) -> Result<Vec<u8>, String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let name = path.display();
+    let source: Box<dyn Read> = if path == Path::new("-") {
+        Box::new(std::io::stdin())
+    } else {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path)
+            .map_err(|e| format!("cannot read {name}: {e}"))?;
+        let meta = file.metadata().map_err(|e| format!("cannot read {name}: {e}"))?;
+        if !meta.is_file() {
+            return Err(format!("cannot read {name}: not a regular file (FIFOs, sockets and devices are refused)"));
+        }
+        Box::new(file)
+    };
+    let mut bytes = Vec::new();
+    source.take(max.saturating_add(1)).read_to_end(&mut bytes).map_err(|e| format!("cannot read {name}: {e}"))?;
+    if bytes.len() as u64 > max {
+        return Err(format!("{name} is over {max} bytes ({limit})"));
+    }
+    Ok(bytes)
+}

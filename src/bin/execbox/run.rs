@@ -1,0 +1,232 @@
+//! `execbox run`: one request, built from the command line, run once.
+
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use execbox::{
+    Access, ExecError, ExecFile, ExecRequest, Executor, InvalidRequest, Language, Outcome, PathGrants, Payload,
+    SandboxPolicy,
+};
+use parking_lot::Mutex;
+use serde_json::Value;
+
+#[cfg(feature = "container")]
+use execbox::backends::container::OutputDir;
+
+use super::render::{self, print_out};
+use super::{MAX_INPUT_FILE_BYTES, RunArgs, read};
+
+/// Held from the moment a result is in until the process exits, so a signal
+/// arriving then waits for the answer instead of cutting it off, and an
+/// answer never follows a signal's cleanup.
+static ANSWERING: Mutex<()> = Mutex::new(());
+
+/// On SIGTERM, SIGINT or SIGHUP (a closed terminal): shuts the executor's
+/// backends down (kills and removes the containers this process started,
+/// removes its staging directories) and exits with 128 + the signal. A
+/// result already being printed is finished first. The handler holds the
+/// executor weakly, so an ordinary exit still waits for the backends'
+/// own cleanup.
+fn exit_on_signals(exec: execbox::WeakExecutor) -> std::io::Result<()> {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP])?;
+    std::thread::Builder::new().name("execbox-signals".into()).spawn(move || {
+        if let Some(signal) = signals.forever().next() {
+            let _answering = ANSWERING.lock();
+            if let Some(exec) = exec.upgrade() {
+                exec.shutdown();
+            }
+            std::process::exit(128 + signal);
+        }
+    })?;
+    Ok(())
+}
+
+/// Runs one request and prints its result (or why nothing ran).
+pub(crate) fn run(args: RunArgs) -> ExitCode {
+    let as_json = args.json;
+    let invalid = |name: &str, reason: String| {
+        render::refuse(as_json, &ExecError::from(InvalidRequest::Argument { name: name.into(), reason }))
+    };
+    // Opened before the run: the program cannot redirect the save by
+    // swapping the path for a link (see `OutputDir`).
+    let output_dir = match args.output_dir.as_deref().map(OutputDir::open).transpose() {
+        Ok(dir) => dir,
+        Err(e) => {
+            let path = args.output_dir.as_deref().unwrap_or(Path::new("")).display();
+            return invalid("--output-dir", format!("{path}: {e}"));
+        }
+    };
+    // One run per process: one JS worker (starting now, while the rest is
+    // built), no warm Python pool (it would only cost start-ups at exit).
+    let exec = match Executor::builder().default_backends(&args.backends.config(1, 0)) {
+        Ok(builder) => builder.build(),
+        Err(err) => return render::refuse_config(as_json, &err),
+    };
+    if let Err(e) = exit_on_signals(exec.downgrade()) {
+        eprintln!("execbox: cannot handle signals: {e}");
+        return ExitCode::from(2);
+    }
+    let request = match build_request(args) {
+        Ok(r) => r,
+        Err((name, reason)) => return invalid(&name, reason),
+    };
+    // What a server does at start-up: the backend that will run this gets
+    // ready (a JS worker started, an interpreter loaded or compiled once)
+    // before the request's deadline starts.
+    exec.prepare_for(&request, Duration::from_secs(10));
+    let executed = exec.execute_blocking(request);
+    // Not released: the process exits with this answer.
+    std::mem::forget(ANSWERING.lock());
+    match executed {
+        Ok(result) => {
+            // The program ran either way: a save that fails is reported
+            // after its result, on stderr, with exit code 1.
+            let saved = output_dir.as_ref().map(|dir| match dir.save(&result.output_files) {
+                Ok(()) => Ok(format!("[{} output files saved to {}]", result.output_files.len(), dir.path().display())),
+                Err(e) => Err(format!("execbox: output files not saved: {e} (in {})", dir.path().display())),
+            });
+            if as_json {
+                print_out(&result.to_json().to_string());
+            } else {
+                render::print_human(&result);
+            }
+            match saved {
+                Some(Err(e)) => {
+                    eprintln!("{e}");
+                    return ExitCode::from(1);
+                }
+                Some(Ok(note)) if !as_json => eprintln!("{note}"),
+                _ => {}
+            }
+            if result.outcome == Outcome::Ok { ExitCode::SUCCESS } else { ExitCode::from(1) }
+        }
+        Err(err) => render::refuse(as_json, &err),
+    }
+}
+
+/// The request the command line describes; `Err((argument, reason))`.
+fn build_request(args: RunArgs) -> Result<ExecRequest, (String, String)> {
+    let arg = |name: &str| {
+        let name = name.to_string();
+        move |reason: String| (name, reason)
+    };
+    let language = Language::from_id(&args.lang)
+        .ok_or_else(|| ("--lang".to_string(), format!("unknown language {:?}", args.lang)))?;
+    let code = match (args.code, &args.file) {
+        (Some(code), _) => code.into_bytes(),
+        (None, Some(path)) => {
+            let max = args.max_code_bytes.or(SandboxPolicy::strict().max_code_bytes).unwrap_or(u64::MAX);
+            read(path, max, "the policy's max_code_bytes").map_err(arg("--file"))?
+        }
+        (None, None) => return Err(("--code".into(), "give --code or --file".into())),
+    };
+    let payload = if language == Language::Wasm {
+        Payload::WasmModule(code)
+    } else {
+        let name = args.file.as_ref().map_or("--code".to_string(), |p| p.display().to_string());
+        let flag = if args.file.is_some() { "--file" } else { "--code" };
+        Payload::Source(String::from_utf8(code).map_err(|_| (flag.to_string(), format!("{name} is not valid UTF-8")))?)
+    };
+    let mut policy = SandboxPolicy::strict();
+    if let Some(ms) = args.timeout_ms {
+        policy = policy.timeout(Duration::from_millis(ms));
+    }
+    if let Some(fuel) = args.fuel {
+        policy = policy.fuel(fuel);
+    }
+    if let Some(mb) = args.memory_mb {
+        policy = policy.memory_bytes(mb.saturating_mul(1 << 20));
+    }
+    if let Some(bytes) = args.max_output_bytes {
+        policy = policy.max_output_bytes(bytes);
+    }
+    if let Some(bytes) = args.max_code_bytes {
+        policy = policy.max_code_bytes(bytes);
+    }
+    let mut env_names = Vec::new();
+    let mut request = ExecRequest::new(language, payload);
+    for name in args.allow_env {
+        let value = std::env::var(&name)
+            .map_err(|_| ("--allow-env".to_string(), format!("{name}: not set in this environment")))?;
+        env_names.push(name.clone());
+        request = request.env(name, value);
+    }
+    for pair in args.env {
+        let (name, value) =
+            pair.split_once('=').ok_or_else(|| ("--env".to_string(), format!("{pair:?}: expected NAME=VALUE")))?;
+        env_names.push(name.to_string());
+        request = request.env(name, value);
+    }
+    if !env_names.is_empty() {
+        policy = policy.environment(Access::Allow(env_names));
+    }
+    if !args.preopens.is_empty() {
+        let mut grants = PathGrants::new();
+        for spec in &args.preopens {
+            grants = match spec.split(':').collect::<Vec<_>>()[..] {
+                [host, guest] | [host, guest, "ro"] => grants.read_only_at(host, guest),
+                [host, guest, "rw"] => grants.read_write_at(host, guest),
+                _ => return Err(("--preopen".into(), format!("{spec:?}: expected HOST:GUEST[:ro|rw]"))),
+            };
+        }
+        policy = policy.filesystem(Access::Allow(grants));
+    }
+    request = request.policy(policy);
+    for arg in args.args {
+        request = request.arg(arg);
+    }
+    if let Some(path) = &args.stdin_file {
+        let bytes =
+            read(path, MAX_INPUT_FILE_BYTES, "execbox's limit for standard input").map_err(arg("--stdin-file"))?;
+        request = request.stdin(bytes);
+    }
+    if let Some(text) = args.input {
+        let value: Value =
+            serde_json::from_str(&text).map_err(|e| ("--input".to_string(), format!("not valid JSON: {e}")))?;
+        request = request.input(value);
+    }
+    for spec in &args.input_files {
+        let (path, name) = match spec.rsplit_once(':') {
+            Some((path, name)) => (Path::new(path), name.to_string()),
+            None => {
+                let path = Path::new(spec);
+                let name =
+                    path.file_name().ok_or_else(|| ("--input-file".to_string(), format!("{spec:?} names no file")))?;
+                (path, name.to_string_lossy().into_owned())
+            }
+        };
+        request = request.input_file(ExecFile::new(
+            name,
+            read(path, MAX_INPUT_FILE_BYTES, "execbox's limit per input file").map_err(arg("--input-file"))?,
+        ));
+    }
+    if args.output_dir.is_some() {
+        request = request.collect_output_files();
+    }
+    if let Some(name) = args.backend {
+        request = request.on_backend(name);
+    }
+    request = request.packages(args.packages);
+    Ok(request)
+}
+
+/// Largest `--input-file` or `--stdin-file` the CLI reads, in bytes.
+/// Without the container backend no backend returns files: `--output-dir`
+/// is refused before anything runs.
+#[cfg(not(feature = "container"))]
+struct OutputDir(std::convert::Infallible);
+
+#[cfg(not(feature = "container"))]
+impl OutputDir {
+    fn open(_: &Path) -> std::io::Result<Self> {
+        Err(std::io::Error::other("this execbox has no container backend, the only one that returns files"))
+    }
+    fn path(&self) -> &Path {
+        match self.0 {}
+    }
+    fn save(&self, _: &[ExecFile]) -> Result<(), String> {
+        match self.0 {}
+    }
+}

@@ -1,0 +1,53 @@
+//! [`ServeConfig`]: how `execbox serve` runs.
+
+use std::collections::BTreeMap;
+
+use crate::config::setters;
+use crate::defaults::BackendsConfig;
+use crate::policy::SandboxPolicy;
+use crate::sessions::registry::SessionConfig;
+
+/// How `execbox serve` runs. `Default`: the strict policy as the ceiling,
+/// 4 runs at once per core, 64 waiting, the default session bounds and
+/// backends.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct ServeConfig {
+    /// The ceiling every call is held to (and the policy of a call that
+    /// asks for nothing).
+    pub policy: SandboxPolicy,
+    /// Environment values every run gets (their names must be in the
+    /// policy's environment allow-list).
+    pub env: BTreeMap<String, String>,
+    /// Runs at once.
+    pub max_concurrent: usize,
+    /// Calls waiting for a run slot; more are refused as `busy` at once.
+    pub max_queued: usize,
+    /// Bounds on sessions (all connections together).
+    pub sessions: SessionConfig,
+    /// The backends' settings (pool sizes, engine, caches).
+    pub backends: BackendsConfig,
+}
+
+impl Default for ServeConfig {
+    fn default() -> Self {
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        Self {
+            policy: SandboxPolicy::strict(),
+            env: BTreeMap::new(),
+            max_concurrent: 4 * cores,
+            max_queued: 64,
+            sessions: SessionConfig::default(),
+            backends: BackendsConfig::default(),
+        }
+    }
+}
+
+setters!(ServeConfig {
+    policy: SandboxPolicy,
+    env: BTreeMap<String, String>,
+    max_concurrent: usize,
+    max_queued: usize,
+    sessions: SessionConfig,
+    backends: BackendsConfig,
+});

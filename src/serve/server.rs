@@ -1,0 +1,167 @@
+//! [`Server`]: the matrix, the gate and the session registry, served over
+//! stdio or streamable HTTP, and drained at shutdown.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::config::ServeConfig;
+use super::gate::Gate;
+use super::http::{HttpLimits, MAX_HTTP_REQUESTS, MAX_HTTP_SESSIONS, admit, bearer};
+use super::shared::Shared;
+use super::stdio::{Paced, Stall, WRITE_STALL_LIMIT, Watched};
+use super::tools::ExecboxMcp;
+use crate::error::ConfigError;
+use crate::executor::Executor;
+use crate::sessions::registry::Sessions;
+
+/// The server's state: the matrix (prepared in the background), the gate
+/// and the session registry. Build once, then serve one or more transports.
+#[derive(Clone)]
+pub struct Server {
+    shared: Arc<Shared>,
+}
+
+impl Server {
+    /// Builds the matrix from `cfg` (an error only for settings that cannot
+    /// be honoured) and starts preparing every backend in the background:
+    /// JS workers, the warm Python pool, interpreter modules.
+    pub fn new(cfg: ServeConfig) -> Result<Self, ConfigError> {
+        let exec = Executor::builder().default_backends(&cfg.backends)?.ceiling(cfg.policy.clone()).build();
+        exec.prepare_all();
+        let sessions = Sessions::for_executor(cfg.sessions.clone(), &exec);
+        let gate = Gate::new(cfg.max_concurrent, cfg.max_queued);
+        Ok(Self { shared: Arc::new(Shared { exec, cfg, gate, sessions, next_connection: AtomicU64::new(1) }) })
+    }
+
+    /// The executor behind the tools.
+    pub fn executor(&self) -> &Executor {
+        &self.shared.exec
+    }
+
+    /// A handler for one MCP connection.
+    pub fn handler(&self) -> ExecboxMcp {
+        ExecboxMcp::new(self.shared.clone())
+    }
+
+    /// Serves one client over this process's stdin and stdout until stdin
+    /// ends or `stop` is cancelled; then drains (see [`Server::drain`]).
+    pub async fn serve_stdio(&self, stop: CancellationToken) -> std::io::Result<()> {
+        use rmcp::ServiceExt;
+        let stalled = Arc::new(Stall::default());
+        let stdout = Watched { inner: tokio::io::stdout(), stall: stalled.clone() };
+        let stdin = Paced { inner: tokio::io::stdin(), stall: stalled.clone() };
+        let running = self
+            .handler()
+            .serve((stdin, stdout))
+            .await
+            .map_err(|e| std::io::Error::other(format!("MCP handshake on stdio failed: {e}")))?;
+        let cancel = running.cancellation_token();
+        let waiting = running.waiting();
+        tokio::pin!(waiting);
+        let stuck = stalled.clone();
+        let unread = async move {
+            // A client that stops reading would make the server queue
+            // answers without bound: it is disconnected instead.
+            loop {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                if stuck.stalled_for() > WRITE_STALL_LIMIT {
+                    return;
+                }
+            }
+        };
+        tokio::select! {
+            _ = &mut waiting => {}
+            _ = unread => {
+                tracing::warn!("the client read nothing for {WRITE_STALL_LIMIT:?}: disconnecting it");
+                cancel.cancel();
+                let _ = tokio::time::timeout(Duration::from_secs(2), &mut waiting).await;
+            }
+            _ = stop.cancelled() => {
+                // Let in-flight calls answer before the transport closes.
+                self.drain().await;
+                cancel.cancel();
+                // Answers a client does not read cannot hold the exit up.
+                let _ = tokio::time::timeout(Duration::from_secs(2), &mut waiting).await;
+            }
+        }
+        self.drain().await;
+        Ok(())
+    }
+
+    /// Serves streamable HTTP at `http://addr/mcp` until `stop` is
+    /// cancelled. With `token`, every request must carry `Authorization:
+    /// Bearer <token>` (else 401). Refuses (`InvalidInput`) to bind a
+    /// non-loopback address without a token.
+    pub async fn serve_http(
+        &self,
+        addr: SocketAddr,
+        token: Option<String>,
+        stop: CancellationToken,
+        bound: impl FnOnce(SocketAddr),
+    ) -> std::io::Result<()> {
+        use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+        use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+        if !addr.ip().is_loopback() && token.is_none() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!(
+                    "refusing to serve {addr} without --token-file: only loopback addresses may go without a bearer token"
+                ),
+            ));
+        }
+        let server = self.clone();
+        let config = StreamableHttpServerConfig::default()
+            .with_cancellation_token(stop.child_token())
+            // The bearer token (or loopback) is the access control; hosts
+            // are not checked, so clients may use any name for this address.
+            .disable_allowed_hosts();
+        let mut manager = LocalSessionManager::default();
+        // An MCP session unused this long goes, with the execbox sessions it opened.
+        manager.session_config.keep_alive = Some(self.shared.cfg.sessions.idle_timeout);
+        let manager = Arc::new(manager);
+        let service = StreamableHttpService::new(move || Ok(server.handler()), manager.clone(), config);
+        let limits = Arc::new(HttpLimits {
+            requests: tokio::sync::Semaphore::new(MAX_HTTP_REQUESTS),
+            max_sessions: MAX_HTTP_SESSIONS,
+            manager,
+        });
+        let mut router = axum::Router::new()
+            .nest_service("/mcp", service)
+            .layer(axum::middleware::from_fn(move |req, next| admit(limits.clone(), req, next)));
+        if let Some(token) = token {
+            let token = Arc::new(token);
+            // Outermost: nothing is looked at before the token.
+            router = router.layer(axum::middleware::from_fn(move |req, next| bearer(token.clone(), req, next)));
+        }
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        bound(listener.local_addr()?);
+        let shutdown = stop.clone();
+        axum::serve(listener, router).with_graceful_shutdown(async move { shutdown.cancelled().await }).await?;
+        self.drain().await;
+        Ok(())
+    }
+
+    /// Refuses new calls, waits for runs in flight (no longer than the
+    /// latest deadline in flight plus the kill grace), then kills every
+    /// session (also one whose call is still running) and removes what the
+    /// backends started outside this process (containers, staging
+    /// directories).
+    pub async fn drain(&self) {
+        let shared = &self.shared;
+        shared.gate.close();
+        if !shared.gate.drained().await {
+            tracing::warn!(running = shared.gate.active(), "runs still in flight at shutdown");
+        }
+        let sessions = shared.sessions.clone();
+        let exec = shared.exec.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            sessions.close_all();
+            exec.shutdown();
+        })
+        .await;
+    }
+}
