@@ -514,6 +514,31 @@ async fn a_refused_pin_leaves_the_session_to_expire_and_errors_name_the_callers_
     client.cancel().await.unwrap();
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn the_wait_for_a_run_slot_counts_against_the_calls_deadline() {
+    let (client, _) = connect(&["--max-concurrent", "1"]).await;
+    let peer = client.peer().clone();
+    let first = tokio::spawn(async move {
+        let Value::Object(args) = json!({"language": "js", "code": "while (true) {}", "timeout_ms": 2000}) else {
+            unreachable!()
+        };
+        peer.call_tool(CallToolRequestParams::new("run_code").with_arguments(args)).await
+    });
+    // Let the first call take the only slot.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    let (r, is_error) = run(&client, json!({"language": "js", "code": "while (true) {}", "timeout_ms": 2000})).await;
+    let took = started.elapsed();
+    assert!(is_error, "{r}");
+    // Either no slot came free within its deadline (busy), or it ran with what was left.
+    let kind = r["error"]["kind"].as_str().or(r["outcome"].as_str()).unwrap_or_default().to_string();
+    assert!(kind == "busy" || kind == "timed_out", "{r}");
+    // Before the fix: 1.7 s waiting, then a fresh 2 s deadline.
+    assert!(took < Duration::from_millis(3_000), "{took:?}: the wait did not count");
+    first.await.unwrap().unwrap();
+    client.cancel().await.unwrap();
+}
+
 #[cfg(feature = "container")]
 mod container_sessions {
     use super::*;
