@@ -15,7 +15,7 @@
 //!
 //! Only this module makes an [`Admitted`], so a backend that takes one
 //! cannot be reached around the policy. Results leave through
-//! [`Admitted::finish`], which caps the fields that are not streams.
+//! `Admitted::finish`, which caps the fields that are not streams.
 
 use crate::capabilities::BackendCapabilities;
 use crate::error::{ExecError, InvalidRequest};

@@ -52,7 +52,7 @@ impl ExecutorBuilder {
     /// [`SandboxPolicy::within`] the ceiling before a backend is chosen, so
     /// no request gets a longer deadline, a larger cap or a grant the
     /// ceiling lacks (an allow-list beyond it is an
-    /// [`InvalidRequest::OverCeiling`]). Sessions opened outside the
+    /// [`InvalidRequest::OverCeiling`](crate::error::InvalidRequest::OverCeiling)). Sessions opened outside the
     /// executor are not covered: hold their requests to it yourself.
     pub fn ceiling(mut self, ceiling: SandboxPolicy) -> Self {
         self.ceiling = Some(ceiling);

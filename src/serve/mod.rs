@@ -3,7 +3,7 @@
 //! sessions of one long-lived process.
 //!
 //! - **Tools**: `run_code`, `list_backends`, `create_session`,
-//!   `close_session` (see [`tools`]).
+//!   `close_session` (see [`ExecboxMcp`]).
 //! - **The configured policy is a ceiling** ([`ServeConfig::policy`]): a
 //!   call may shorten the deadline or lower the memory cap, nothing else.
 //!   Grants (directories, environment values, the container engine) come
