@@ -330,7 +330,7 @@ fn concurrent_runs_do_not_mix_output() {
 
 #[test]
 fn dropping_the_backend_ends_its_threads() {
-    let backend = BoaJs::new(BoaJsConfig { idle_workers: 2, ..BoaJsConfig::default() });
+    let backend = BoaJs::new(BoaJsConfig::default().idle_workers(2)).unwrap();
     let gauge = backend.worker_gauge();
     let exec = Executor::builder().backend(backend).build();
     for _ in 0..3 {
