@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::backends::boa::config::EngineSettings;
+use crate::backends::boa::lexer;
 use crate::backends::boa::realm;
 use crate::backends::boa::realm::console::{Console, ConsoleSink};
 use crate::backends::boa::realm::data::{GuardLimits, RunDeadline, plain_property};
@@ -36,8 +37,14 @@ use crate::result::Outcome;
 pub(crate) enum Mode {
     /// A function body: `return` sets the output; nothing outlives the call.
     FunctionBody,
-    /// A script in a long-lived realm (sessions): top-level declarations
-    /// persist, the completion value (last expression statement) is the output.
+    /// A cell in a long-lived realm (sessions). A cell that parses as a
+    /// script runs as one: its top-level declarations persist, and the
+    /// completion value (of the last expression statement) is the output.
+    /// A cell that does not, but has a `return` outside every function (see
+    /// [`lexer::has_top_level_return`]), runs as a function body instead,
+    /// exactly like a [`Mode::FunctionBody`] run: `return` sets the output,
+    /// earlier cells' declarations are in scope, and its own declarations
+    /// are local to the cell.
     Script,
 }
 
@@ -189,7 +196,19 @@ impl Prepared {
                 *wrapped = true;
                 parse(&wrap(&job.source), ctx)?
             }
-            Mode::Script => parse(&job.source, ctx)?,
+            Mode::Script => match parse(&job.source, ctx) {
+                Ok(script) => script,
+                // Only a cell that is no script but is a function body runs
+                // as one; otherwise the script's own error stands.
+                Err(err) if lexer::has_top_level_return(&job.source) => match parse(&wrap(&job.source), ctx) {
+                    Ok(script) => {
+                        *wrapped = true;
+                        script
+                    }
+                    Err(_) => return Err(err.into()),
+                },
+                Err(err) => return Err(err.into()),
+            },
         };
         drop(job.source);
         let value =

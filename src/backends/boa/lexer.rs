@@ -1,7 +1,9 @@
-//! A JavaScript lexer just deep enough to tell, before boa's parser sees
-//! any text, how deeply the source nests ([`source_nesting_exceeds`]):
-//! boa's recursive-descent parser uses native stack per level, and an
-//! overflow aborts the process.
+//! A JavaScript lexer just deep enough for two questions asked before boa's
+//! parser sees any text: how deeply the source nests
+//! ([`source_nesting_exceeds`]: boa's recursive-descent parser uses native
+//! stack per level, and an overflow aborts the process), and whether a
+//! session cell has a `return` outside every function
+//! ([`has_top_level_return`]).
 //!
 //! Linear time, constant native stack, on any input.
 
@@ -29,6 +31,26 @@ pub(crate) fn source_nesting_exceeds(source: &str, max: usize) -> Option<usize> 
     Scanner::default()
         .run(bytes, max)
         .or_else(|| Scanner { regex_after_close: true, ..Scanner::default() }.run(bytes, max))
+}
+
+/// Whether `source` has a `return` keyword outside every function body (a
+/// session cell that then runs as a function body, see
+/// [`engine`](crate::backends::boa::engine)).
+///
+/// A `{` opens a function body after `=>`, and after a `)` that does not
+/// close the head of `if`, `while`, `for`, `with`, `switch` or `catch`
+/// (functions, methods, getters and setters); every other `{` is a block or
+/// an object. Strings, template text, comments and regexes are skipped as
+/// for [`source_nesting_exceeds`], scanned both ways a `/` may be read. An
+/// approximation, so its answer is only ever a hint: the caller also asks
+/// the parser (a cell that parses as a script never runs as a function).
+pub(crate) fn has_top_level_return(source: &str) -> bool {
+    let bytes = source.as_bytes();
+    [false, true].into_iter().any(|regex_after_close| {
+        let mut scanner = Scanner { regex_after_close, ..Scanner::default() };
+        scanner.run(bytes, usize::MAX);
+        scanner.top_level_return
+    })
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -74,6 +96,24 @@ struct Scanner {
     regex_after_close: bool,
     /// The last word was `else` (so an `if` after it nests once with it).
     last_was_else: bool,
+    /// Significant tokens seen so far, to tell which one came right before
+    /// a `{`.
+    tokens: usize,
+    /// `tokens` just after the last `=>`.
+    arrow_at: Option<usize>,
+    /// `tokens` just after the last `)` that closed a block head's
+    /// parentheses (`if (…)`, `switch (…)`, `catch (…)`, …).
+    head_close_at: Option<usize>,
+    /// `switch` or `catch` awaits its `(`.
+    expect_block_head: bool,
+    /// Bracket depths whose `(` follows `switch` or `catch`.
+    block_heads: Vec<usize>,
+    /// Per open frame: whether it is a function body.
+    bodies: Vec<bool>,
+    /// Open function bodies.
+    function_depth: usize,
+    /// A `return` keyword outside every function body was seen.
+    top_level_return: bool,
 }
 
 /// Statement heads followed by a parenthesized condition.
@@ -135,6 +175,7 @@ impl Scanner {
                     if postfix {
                         self.last = Some(b')');
                         self.last_word.clear();
+                        self.tokens += 1;
                         continue;
                     }
                 }
@@ -148,11 +189,18 @@ impl Scanner {
                 }
                 b'(' | b'[' | b'{' => {
                     let condition = c == b'(' && std::mem::take(&mut self.expect_condition);
+                    let block_head = std::mem::take(&mut self.expect_block_head) && c == b'(';
+                    let body = c == b'{'
+                        && (self.arrow_at == Some(self.tokens)
+                            || (self.last == Some(b')') && self.head_close_at != Some(self.tokens)));
                     self.statement_token();
                     if condition {
                         self.conditions.push(self.brackets + 1);
                     }
-                    self.open(Frame::Bracket(c));
+                    if block_head {
+                        self.block_heads.push(self.brackets + 1);
+                    }
+                    self.open(Frame::Bracket(c), body);
                     i += 1;
                 }
                 b')' | b']' | b'}' => {
@@ -164,7 +212,12 @@ impl Scanner {
                         // Back in template text; no code token ended here.
                         continue;
                     }
+                    if self.block_heads.last() == Some(&level) {
+                        self.block_heads.pop();
+                        self.head_close_at = Some(self.tokens + 1);
+                    }
                     if self.conditions.last() == Some(&level) {
+                        self.head_close_at = Some(self.tokens + 1);
                         self.conditions.pop();
                         self.stmt_armed = true;
                         self.stmt_boundary = false;
@@ -189,6 +242,7 @@ impl Scanner {
                     let prev = i.checked_sub(1).map(|p| s[p]);
                     if next == Some(b'>') {
                         self.extend_chain();
+                        self.arrow_at = Some(self.tokens + 1);
                         i += 2;
                     } else if next == Some(b'=') {
                         i = skip_while(s, i, b'=');
@@ -221,7 +275,13 @@ impl Scanner {
                         self.last_word.clear();
                         self.last_word.extend_from_slice(&s[start..i]);
                         self.last = Some(b'a');
+                        self.tokens += 1;
                         let keyword = !self.last_word_is_property;
+                        let word = self.last_word.as_slice();
+                        self.expect_block_head = keyword && (word == b"switch" || word == b"catch");
+                        if keyword && word == b"return" && self.function_depth == 0 {
+                            self.top_level_return = true;
+                        }
                         if keyword && PREFIX_WORDS.contains(&self.last_word.as_slice()) {
                             self.extend_unary();
                         } else {
@@ -238,6 +298,7 @@ impl Scanner {
             }
             self.last = Some(c);
             self.last_word.clear();
+            self.tokens += 1;
             if self.depth() > max {
                 return Some(self.depth());
             }
@@ -301,8 +362,11 @@ impl Scanner {
         self.set_statements(0);
     }
 
-    fn open(&mut self, frame: Frame) {
+    /// Opens a bracket or a template's `${`; `body` if it is a function body.
+    fn open(&mut self, frame: Frame, body: bool) {
         self.stack.push(frame);
+        self.bodies.push(body);
+        self.function_depth += usize::from(body);
         self.chains.push(0);
         self.unary.push(0);
         self.stmt.push(0);
@@ -313,6 +377,9 @@ impl Scanner {
         // Unbalanced closers are the parser's problem, not a depth risk.
         if matches!(self.stack.last(), Some(Frame::Bracket(_) | Frame::TemplateExpr)) {
             self.stack.pop();
+            if self.bodies.pop() == Some(true) {
+                self.function_depth -= 1;
+            }
             self.brackets -= 1;
             let chain = self.chains.pop().unwrap_or(0);
             self.chain_total -= chain;
@@ -381,13 +448,15 @@ impl Scanner {
                     self.stack.pop();
                     self.last = Some(b'`');
                     self.last_word.clear();
+                    self.tokens += 1;
                     self.end_operand();
                     return i + 1;
                 }
                 b'$' if s.get(i + 1) == Some(&b'{') => {
-                    self.open(Frame::TemplateExpr);
+                    self.open(Frame::TemplateExpr, false);
                     self.last = Some(b'{');
                     self.last_word.clear();
+                    self.tokens += 1;
                     return i + 2;
                 }
                 _ => i += 1,
@@ -555,5 +624,45 @@ mod tests {
         assert_eq!(depth("a ?? b; c?.d; e ?.5 : 1"), 1);
         assert_eq!(depth("f = a => b => c"), 3);
         assert!(source_nesting_exceeds(&"a=".repeat(100_000), 1000).is_some());
+    }
+
+    #[test]
+    fn a_return_outside_every_function_is_found() {
+        for code in [
+            "return 1",
+            "let k = 1; return k + 1",
+            "if (x) { return 1 } 2",
+            "if (x) return 1",
+            "for (const a of b) { return a }",
+            "while (true) { return 1 }",
+            "do { return 1 } while (0)",
+            "switch (x) { case 1: return 2 }",
+            "try { f() } catch (e) { return 2 }",
+            "try { f() } catch { return 2 } finally {}",
+            "label: { return 1 }",
+            "function f() { return 1 }\nreturn f()",
+            "const g = () => { return 1 }; return g()",
+            "if (x) /'/.test(s); return 1",
+        ] {
+            assert!(has_top_level_return(code), "{code}");
+        }
+    }
+
+    #[test]
+    fn a_return_inside_a_function_is_not_top_level() {
+        for code in [
+            "function f() { return 1 } f()",
+            "const g = (a, b) => { if (a) { return b } }; g(1, 2)",
+            "const h = async x => { return x }",
+            "({ m() { return 1 }, get p() { return 2 }, set p(v) { return } })",
+            "class A { m() { if (x) { return 1 } } static s() { return 2 } }",
+            "[1].map(function (x) { return x * 2 })",
+            "`${ (() => { return 1 })() }`",
+            "'return'; \"return\"; // return\n/* return */ o.return; /return/.test(s)",
+            "function* g() { yield 1; return 2 } async function a() { try { return 1 } catch (e) { return 2 } }",
+            "let k = 1; k",
+        ] {
+            assert!(!has_top_level_return(code), "{code}");
+        }
     }
 }

@@ -26,7 +26,8 @@
 //!
 //! Sessions ([`JsSession`], on [`BoaJs`]) keep one realm across calls; a
 //! cell runs as a script (its declarations persist, its last expression is
-//! the output; see [`JsSession`]).
+//! the output), or as a function body when it has a top-level `return` (see
+//! [`JsSession`] for the exact rules).
 //!
 //! Both backends are configured by [`BoaJsConfig`] and count their workers
 //! with a [`WorkerGauge`].

@@ -24,10 +24,22 @@ use crate::violation::{Control, Violation};
 /// own. Opened through the session registry ([`crate::sessions`]) on a
 /// [`BoaJs`] backend. Dropping it kills its worker.
 ///
-/// Each call's code runs as a **script**: top-level `let`, `const`,
-/// `function`, `class` and `var` declarations persist into later calls, and
-/// the value of the last expression statement is the `output` (like a
-/// REPL); `return` is a syntax error. `input` is rebound on every call.
+/// Each call's code (a *cell*) runs as a **script**: top-level `let`,
+/// `const`, `function`, `class` and `var` declarations persist into later
+/// calls, and the value of the last expression statement is the `output`
+/// (like a REPL). `input` is rebound on every call.
+///
+/// A cell may also **`return`** at its top level, as a one-shot run's code
+/// does: `return x` sets the `output` to `x` (a returned Promise is
+/// awaited). Such a cell (one that is not a valid script but has a `return`
+/// outside every function) runs as a *function body* in the session's
+/// global scope, exactly like a one-shot run's code: it sees and can assign
+/// everything earlier cells declared, but **its own top-level declarations
+/// are local to the cell** (as in any function) and do not persist; to keep
+/// a value from such a cell, assign a name an earlier cell declared, or a
+/// property of `globalThis`. Such a cell containing `await` runs as an
+/// `async` function body. Cells without a top-level `return` run as scripts
+/// (a `return` inside a nested function belongs to that function).
 ///
 /// The worker is contained like any `boa-js` worker (seccomp, dies with the
 /// host, killed when the session drops or is killed). Calls are admitted by
