@@ -94,7 +94,7 @@ fn bench(c: &mut Criterion) {
 
     // The contained default: one worker process per run, a pipe round trip.
     let contained = BoaJs::default();
-    wait_ready(|| contained.ready_workers() == BoaJsConfig::default().idle_workers);
+    wait_ready(|| contained.readiness().map(|r| r.ready) == Some(BoaJsConfig::default().idle_workers));
     let exec = Executor::builder().backend(contained.clone()).build();
     assert_eq!(exec.execute_blocking(request()).unwrap().output, Some(json!(6534)));
     g.bench_function("contained_paced", |b| {

@@ -91,8 +91,9 @@ impl ExecutorBuilder {
         #[cfg(feature = "js")]
         {
             use crate::backends::{BoaJs, BoaJsConfig};
-            builder =
-                builder.backend(BoaJs::new(BoaJsConfig { idle_workers: cfg.js_idle_workers, ..Default::default() }));
+            let js = BoaJs::new(BoaJsConfig::default().idle_workers(cfg.js_idle_workers))
+                .map_err(|e| ExecError::internal(BoaJs::NAME, e.to_string()))?;
+            builder = builder.backend(js);
         }
         #[cfg(feature = "wasm")]
         {

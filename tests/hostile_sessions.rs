@@ -17,11 +17,7 @@ use execbox::{
 const OVERRUN: Duration = Duration::from_secs(2);
 
 fn js() -> BoaJs {
-    BoaJs::new(BoaJsConfig {
-        worker_program: Some(env!("CARGO_BIN_EXE_execbox").into()),
-        idle_workers: 0,
-        ..BoaJsConfig::default()
-    })
+    BoaJs::new(BoaJsConfig::default().worker_program(env!("CARGO_BIN_EXE_execbox")).idle_workers(0)).unwrap()
 }
 
 fn python() -> Option<WasmInterpreter> {

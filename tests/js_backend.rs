@@ -330,7 +330,7 @@ fn concurrent_runs_do_not_mix_output() {
 
 #[test]
 fn dropping_the_backend_ends_its_threads() {
-    let backend = BoaJs::new(BoaJsConfig { idle_workers: 2, ..BoaJsConfig::default() });
+    let backend = BoaJs::new(BoaJsConfig::default().idle_workers(2)).unwrap();
     let gauge = backend.worker_gauge();
     let exec = Executor::builder().backend(backend).build();
     for _ in 0..3 {
@@ -359,6 +359,52 @@ async fn async_execute_on_a_current_thread_runtime() {
     assert_eq!(r.output, Some(json!("x")));
 }
 
+/// Issue 18 item 8: a session cell may `return` like a one-shot run; cells
+/// without a top-level `return` run as scripts, as before.
+#[test]
+fn a_session_cell_may_return_its_output() {
+    let sessions = Sessions::builder().backend(BoaJs::default()).build();
+    sessions.open("s", SessionSpec::new(Language::JavaScript)).unwrap();
+    let output = |code: &str| {
+        let r = sessions.execute("s", ExecRequest::javascript(code)).unwrap();
+        assert_eq!(r.outcome, Outcome::Ok, "{code}: {r:?}");
+        r.output
+    };
+    assert_eq!(output("let k = 41; function twice(x) { return 2 * x } k"), Some(json!(41)));
+    // A top-level `return` sets the output, and sees earlier declarations.
+    assert_eq!(output("return k + 1"), Some(json!(42)));
+    assert_eq!(output("if (k > 40) { return 'big' } 'small'"), Some(json!("big")));
+    assert_eq!(output("for (const x of [1, 2, 3]) { if (x * k > 100) return x } return 0"), Some(json!(3)));
+    // Assigning an earlier cell's names from a returning cell persists...
+    assert_eq!(output("k = 100; return twice(k)"), Some(json!(200)));
+    assert_eq!(output("k"), Some(json!(100)));
+    // ...its own declarations are local to the cell (it runs as a function body).
+    assert_eq!(output("let local = 5; globalThis.kept = local; return local"), Some(json!(5)));
+    assert_eq!(output("[typeof local, kept]"), Some(json!(["undefined", 5])));
+    // A returned promise is awaited; `await` makes the cell an async body.
+    assert_eq!(output("return Promise.resolve(k + 1)"), Some(json!(101)));
+    assert_eq!(output("const v = await Promise.resolve(7); return v * 2"), Some(json!(14)));
+    // `return` inside nested functions is theirs: the cell stays a script,
+    // its declarations persist and its last expression is the output.
+    assert_eq!(
+        output("const add = (a, b) => { return a + b }; function three() { return 3 } add(three(), k)"),
+        Some(json!(103))
+    );
+    assert_eq!(output("add(1, 1) + three()"), Some(json!(5)));
+    assert_eq!(output("const o = { m() { return 'm' } }; o.m()"), Some(json!("m")));
+    // The last-expression fallback is unchanged, and so is a cell with no value.
+    assert_eq!(output("k + 1; k + 2"), Some(json!(102)));
+    assert_eq!(output("let nothing = 1"), None);
+    // A syntax error with a `return` in it is reported as a syntax error.
+    let r = sessions.execute("s", ExecRequest::javascript("return (")).unwrap();
+    assert_eq!(r.outcome, Outcome::Failed, "{r:?}");
+    assert!(r.message.as_deref().unwrap_or("").starts_with("SyntaxError"), "{r:?}");
+    // A thrown error in a returning cell fails the call, like a one-shot run.
+    let r = sessions.execute("s", ExecRequest::javascript("throw new Error('no'); return 1")).unwrap();
+    assert_eq!((r.outcome, r.message.as_deref()), (Outcome::Failed, Some("Error: no")));
+    assert_eq!(output("k"), Some(json!(100)), "the session lives on");
+}
+
 #[test]
 fn a_session_keeps_its_realm_and_refuses_per_call_fuel() {
     let sessions = Sessions::builder().backend(BoaJs::default()).build();
@@ -369,7 +415,9 @@ fn a_session_keeps_its_realm_and_refuses_per_call_fuel() {
     let r = call(ExecRequest::javascript("total += input.n; total").input(json!({"n": 5}))).unwrap();
     assert_eq!(r.output, Some(json!(6)));
     let r = call(ExecRequest::javascript("return 1")).unwrap();
-    assert_eq!(r.outcome, Outcome::Failed, "a session runs scripts: `return` is a syntax error");
+    assert_eq!((r.outcome, r.output), (Outcome::Ok, Some(json!(1))), "a top-level `return` sets the output");
+    let r = call(ExecRequest::javascript("let = ;")).unwrap();
+    assert_eq!(r.outcome, Outcome::Failed, "a syntax error is still one");
     let fuel = call(ExecRequest::javascript("1").policy(SandboxPolicy::strict().fuel(10)));
     let Err(SessionError::Exec(ExecError::Refused { rejections })) = fuel else { panic!("{fuel:?}") };
     assert_eq!(rejections[0].violations[0].control, Control::Fuel);

@@ -16,7 +16,7 @@ use execbox::{
 use serde_json::json;
 
 fn backend() -> BoaJs {
-    BoaJs::new(BoaJsConfig { worker_program: Some(env!("CARGO_BIN_EXE_execbox").into()), ..BoaJsConfig::default() })
+    BoaJs::new(BoaJsConfig::default().worker_program(env!("CARGO_BIN_EXE_execbox"))).unwrap()
 }
 
 fn policy() -> SandboxPolicy {
@@ -58,6 +58,11 @@ fn zombie_children() -> Vec<u32> {
         }
     }
     zombies
+}
+
+/// Workers started and waiting for a request.
+fn ready(backend: &BoaJs) -> usize {
+    backend.readiness().map_or(0, |r| r.ready)
 }
 
 fn wait_until(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
@@ -223,12 +228,9 @@ fn the_caps_hold_for_the_returned_value_and_the_message() {
 
 #[test]
 fn a_timed_out_worker_is_killed_and_uses_no_cpu() {
-    let backend = BoaJs::new(BoaJsConfig {
-        idle_workers: 1,
-        worker_program: Some(env!("CARGO_BIN_EXE_execbox").into()),
-        ..Default::default()
-    });
-    assert!(wait_until(Duration::from_secs(20), || backend.ready_workers() == 1));
+    let backend =
+        BoaJs::new(BoaJsConfig::default().idle_workers(1).worker_program(env!("CARGO_BIN_EXE_execbox"))).unwrap();
+    assert!(wait_until(Duration::from_secs(20), || ready(&backend) == 1));
     let pid = backend.idle_worker_pids()[0];
     let start = Instant::now();
     let r = run(&backend, "[1].map(() => { while (true) {} })", policy().timeout(Duration::from_millis(300))).unwrap();
@@ -238,7 +240,7 @@ fn a_timed_out_worker_is_killed_and_uses_no_cpu() {
     assert!(process_gone(pid), "worker {pid} still exists");
     assert!(zombie_children().is_empty());
     // A replacement is started off the request path.
-    assert!(wait_until(Duration::from_secs(20), || backend.ready_workers() == 1));
+    assert!(wait_until(Duration::from_secs(20), || ready(&backend) == 1));
     assert_ne!(backend.idle_worker_pids()[0], pid);
 }
 
@@ -256,7 +258,7 @@ fn libc_sigsys() -> i32 {
 #[test]
 fn workers_run_in_their_own_session_and_die_with_their_host() {
     let backend = backend();
-    assert!(wait_until(Duration::from_secs(20), || backend.ready_workers() >= 1));
+    assert!(wait_until(Duration::from_secs(20), || ready(&backend) >= 1));
     let pid = backend.idle_worker_pids()[0];
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
     let fields: Vec<&str> = stat.rsplit(')').next().unwrap().split_whitespace().collect();
@@ -281,12 +283,9 @@ fn workers_run_in_their_own_session_and_die_with_their_host() {
 /// answer, and afterwards the pool is back to its idle size with no zombies.
 #[test]
 fn mixed_runs_leave_no_workers_or_zombies_behind() {
-    let backend = BoaJs::new(BoaJsConfig {
-        idle_workers: 2,
-        max_workers: 8,
-        worker_program: Some(env!("CARGO_BIN_EXE_execbox").into()),
-        ..Default::default()
-    });
+    let backend =
+        BoaJs::new(BoaJsConfig::default().idle_workers(2).max_workers(8).worker_program(env!("CARGO_BIN_EXE_execbox")))
+            .unwrap();
     let gauge = backend.worker_gauge();
     let hostile = [
         "[1].map(() => { while (true) {} })",
@@ -326,7 +325,7 @@ fn mixed_runs_leave_no_workers_or_zombies_behind() {
         }
     });
     assert!(
-        wait_until(Duration::from_secs(20), || gauge.live() == 2 && backend.ready_workers() == 2),
+        wait_until(Duration::from_secs(20), || gauge.live() == 2 && ready(&backend) == 2),
         "live workers: {}",
         gauge.live()
     );
@@ -338,11 +337,8 @@ fn mixed_runs_leave_no_workers_or_zombies_behind() {
 #[test]
 fn sessions_are_contained_and_validated() {
     // No pooled workers: every live worker is a session's.
-    let backend = BoaJs::new(BoaJsConfig {
-        worker_program: Some(env!("CARGO_BIN_EXE_execbox").into()),
-        idle_workers: 0,
-        ..BoaJsConfig::default()
-    });
+    let backend =
+        BoaJs::new(BoaJsConfig::default().worker_program(env!("CARGO_BIN_EXE_execbox")).idle_workers(0)).unwrap();
     let gauge = backend.worker_gauge();
     let sessions = Sessions::builder().backend(backend.clone()).build();
     sessions.open("s", SessionSpec::new(Language::JavaScript)).unwrap();
@@ -383,15 +379,14 @@ fn sessions_are_contained_and_validated() {
 
 #[test]
 fn no_worker_program_is_unavailable_with_the_fix() {
-    let backend =
-        BoaJs::new(BoaJsConfig { worker_program: Some("/nonexistent/execbox".into()), ..BoaJsConfig::default() });
+    let backend = BoaJs::new(BoaJsConfig::default().worker_program("/nonexistent/execbox")).unwrap();
     let err = run(&backend, "return 1", policy()).unwrap_err();
     assert_eq!(err.kind(), "backend_unavailable", "{err}");
     assert!(err.to_string().contains("/nonexistent/execbox"), "{err}");
     assert!(backend.availability().is_err());
 
     // A binary that is not an execbox worker.
-    let backend = BoaJs::new(BoaJsConfig { worker_program: Some("/bin/true".into()), ..BoaJsConfig::default() });
+    let backend = BoaJs::new(BoaJsConfig::default().worker_program("/bin/true")).unwrap();
     let err = run(&backend, "return 1", policy()).unwrap_err();
     assert_eq!(err.kind(), "backend_unavailable", "{err}");
     assert!(err.to_string().contains("serve_if_worker"), "{err}");
@@ -459,17 +454,15 @@ fn review_findings_stay_fixed() {
 
 #[test]
 fn a_cold_pool_reports_starting_workers_not_busy_ones() {
-    let backend = BoaJs::new(BoaJsConfig {
-        idle_workers: 1,
-        worker_program: Some(env!("CARGO_BIN_EXE_execbox").into()),
-        ..Default::default()
-    });
+    let backend =
+        BoaJs::new(BoaJsConfig::default().idle_workers(1).worker_program(env!("CARGO_BIN_EXE_execbox"))).unwrap();
     match run(&backend, "return 1", policy().timeout(Duration::from_millis(1))) {
         Err(ExecError::Busy { reason, .. }) => assert!(reason.contains("still starting"), "{reason}"),
         Ok(r) => assert_eq!(r.outcome, Outcome::TimedOut), // the worker won the race
         Err(e) => panic!("{e}"),
     }
-    assert!(backend.wait_ready(Duration::from_secs(20)));
+    backend.prepare(Duration::from_secs(20));
+    assert!(ready(&backend) >= 1);
     still_serves(&backend);
 }
 

@@ -16,10 +16,7 @@ fn rss_bytes() -> u64 {
 
 #[test]
 fn memory_bombs_and_huge_values_leave_the_host_flat() {
-    let backend = BoaJs::new(BoaJsConfig {
-        worker_program: Some(env!("CARGO_BIN_EXE_execbox").into()),
-        ..BoaJsConfig::default()
-    });
+    let backend = BoaJs::new(BoaJsConfig::default().worker_program(env!("CARGO_BIN_EXE_execbox"))).unwrap();
     let policy = SandboxPolicy::strict().timeout(Duration::from_secs(10));
     let warm = Executor::run_on(&backend, ExecRequest::javascript("return 1").policy(policy.clone())).unwrap();
     assert_eq!(warm.outcome, Outcome::Ok);

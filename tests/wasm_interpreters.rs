@@ -217,7 +217,7 @@ fn js_goes_to_contained_boa_and_to_quickjs_when_boa_has_no_worker() {
     assert_eq!(exec.select(&python("print(1)")).unwrap().name(), "python-wasm");
     // Without a worker program boa is unavailable, and QuickJS, which also
     // enforces everything, takes the request (never in-process boa).
-    let no_worker = BoaJs::new(BoaJsConfig { worker_program: Some("/nonexistent".into()), ..Default::default() });
+    let no_worker = BoaJs::new(BoaJsConfig::default().worker_program("/nonexistent")).unwrap();
     let exec = Executor::builder().backend(no_worker).backend(WasmInterpreter::quickjs().unwrap()).build();
     assert_eq!(exec.select(&capped).unwrap().name(), "quickjs-wasm");
     assert_eq!(exec.execute_blocking(capped).unwrap().output, Some(json!(1)));

@@ -11,30 +11,42 @@
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::collections::VecDeque;
-use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
+use std::sync::{Arc, Once};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::engine::{Job, Mode};
-use super::worker::{FromWorker, Init, ToWorkerRef};
-use super::{BoaJsConfig, WorkerGauge};
 use crate::admission::Admitted;
-use crate::backend::{Backend, Unavailable};
+use crate::backend::{Backend, Readiness, Unavailable};
+use crate::backends::boa::capabilities;
+use crate::backends::boa::config::BoaJsConfig;
+use crate::backends::boa::engine::{Job, Mode};
+use crate::backends::boa::gauge::{LiveCount, WorkerGauge};
+use crate::backends::boa::job::job;
+use crate::backends::boa::worker::{FromWorker, Init, ToWorkerRef};
 use crate::capabilities::BackendCapabilities;
-use crate::error::ExecError;
+use crate::error::{ConfigError, ExecError};
 use crate::limits::deadline::Deadline;
 use crate::limits::output::BoundedBuffer;
 use crate::limits::text::cap_message;
 use crate::result::{ExecResult, Outcome};
 use crate::worker::frame::{MAX_FRAME_BYTES, RecvError};
 use crate::worker::process::{Death, SendError, SpawnSpec, WorkerProcess};
-use crate::worker::role::{EXIT_PROTOCOL_MISMATCH, Role};
+use crate::worker::role::{EXIT_PROTOCOL_MISMATCH, PROGRAM_ENV, Role};
 
-/// JavaScript on boa in contained worker processes. Cheap to clone (clones
-/// share the pool); the pool's workers are killed when the last clone drops.
+/// JavaScript on boa in contained worker processes (`boa-js`, see
+/// [`crate::backends::boa`] for what a run means and what is enforced).
+/// Cheap to clone (clones share the pool); the pool's workers are killed
+/// when the last clone drops.
+///
+/// Its workers run a program that serves as an execbox worker (see
+/// [`crate::worker`]): a program using the library calls
+/// `execbox::worker::serve_if_worker()` first thing in `main`, or points
+/// `EXECBOX_WORKER` (or [`BoaJsConfig::worker_program`]) at an `execbox`
+/// binary. Without one the backend is unavailable (saying so, with the fix)
+/// and a default matrix runs JavaScript elsewhere (QuickJS in wasm, about 4×
+/// slower).
 #[derive(Clone)]
 pub struct BoaJs {
     handle: Arc<Handle>,
@@ -52,11 +64,11 @@ impl Drop for Handle {
     }
 }
 
-pub(super) struct Core {
+pub(crate) struct Core {
     pub cfg: BoaJsConfig,
     pub caps: BackendCapabilities,
     /// How to start a worker, or why none can be.
-    spec: Result<SpawnSpec, String>,
+    spec: Result<SpawnSpec, Unavailable>,
     state: Mutex<State>,
     changed: Condvar,
     live: Arc<AtomicUsize>,
@@ -73,12 +85,12 @@ struct State {
     waiting: usize,
     shutdown: bool,
     /// Why the last start failed (cleared by the next success).
-    spawn_error: Option<String>,
+    spawn_error: Option<Unavailable>,
     failures_in_a_row: u32,
 }
 
 /// A worker process, counted by the backend's [`WorkerGauge`] while it lives.
-pub(super) struct Worker {
+pub(crate) struct Worker {
     pub process: WorkerProcess,
     /// Its `Ready` after the last run was read: its next context is built.
     ready: bool,
@@ -102,32 +114,22 @@ impl Worker {
     }
 }
 
-struct LiveCount(Arc<AtomicUsize>);
-
-impl LiveCount {
-    fn new(live: &Arc<AtomicUsize>) -> Self {
-        live.fetch_add(1, Ordering::SeqCst);
-        Self(live.clone())
-    }
-}
-
-impl Drop for LiveCount {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
 impl std::fmt::Debug for BoaJs {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("BoaJs").field("config", &self.handle.core.cfg).finish_non_exhaustive()
     }
 }
 
+/// With [`BoaJsConfig::default`], which is always valid.
 impl Default for BoaJs {
     fn default() -> Self {
-        Self::new(BoaJsConfig::default())
+        Self::start(BoaJsConfig::default())
     }
 }
+
+/// How to give `boa-js` a worker program when none was configured.
+const NO_WORKER_FIX: &str = "call execbox::worker::serve_if_worker() first thing in main, set EXECBOX_WORKER to an \
+                             execbox binary, or set BoaJsConfig::worker_program";
 
 impl BoaJs {
     /// The backend's name.
@@ -135,15 +137,22 @@ impl BoaJs {
 
     /// Starts the pool: the refill thread begins starting
     /// [`BoaJsConfig::idle_workers`] workers in the background.
-    pub fn new(cfg: BoaJsConfig) -> Self {
-        let spec = crate::worker::process::find_program(cfg.worker_program.as_deref()).and_then(|program| {
-            if crate::worker::lockdown::supported() {
-                Ok(SpawnSpec { program, role: Role::BoaJs, stack_bytes: cfg.worker_stack_bytes as u64 })
-            } else {
-                Err(format!("no seccomp filter for {}: workers cannot be locked down here", std::env::consts::ARCH))
-            }
-        });
-        let caps = super::contained_capabilities(&cfg);
+    ///
+    /// Errors: [`ConfigError::Invalid`] for a setting no run could work
+    /// with (see [`BoaJsConfig`]). A machine that cannot run workers (no
+    /// worker program, no seccomp filter for this architecture) is not an
+    /// error here: the backend reports itself unavailable, with the fix
+    /// ([`Backend::availability`]). With no worker program found, it also
+    /// logs one warning per process (`tracing`), since a default matrix then
+    /// quietly runs JavaScript on a slower backend.
+    pub fn new(cfg: BoaJsConfig) -> Result<Self, ConfigError> {
+        cfg.validate()?;
+        Ok(Self::start(cfg))
+    }
+
+    fn start(cfg: BoaJsConfig) -> Self {
+        let spec = spawn_spec(&cfg);
+        let caps = capabilities::contained(&cfg);
         let core = Arc::new(Core {
             cfg,
             caps,
@@ -159,37 +168,25 @@ impl BoaJs {
                 .stack_size(256 << 10)
                 .spawn(move || refill(&thread_core));
             if let Err(e) = started {
-                core.lock().spawn_error = Some(format!("cannot start the refill thread: {e}"));
+                core.lock().spawn_error = Some(Unavailable::because(format!("cannot start the refill thread: {e}")));
             }
         }
         Self { handle: Arc::new(Handle { core }) }
     }
 
-    pub(super) fn core(&self) -> &Arc<Core> {
+    pub(crate) fn core(&self) -> &Arc<Core> {
         &self.handle.core
     }
 
     /// Counts this backend's live worker processes without keeping the
     /// backend alive: for leak checks.
     pub fn worker_gauge(&self) -> WorkerGauge {
-        WorkerGauge(self.handle.core.live.clone())
-    }
-
-    /// The worker program in use, or why there is none.
-    pub fn worker_program(&self) -> Result<PathBuf, String> {
-        self.handle.core.spec.as_ref().map(|s| s.program.clone()).map_err(Clone::clone)
-    }
-
-    /// Workers started and waiting for a request.
-    pub fn ready_workers(&self) -> usize {
-        self.handle.core.lock().idle.len()
+        WorkerGauge::new(&self.handle.core.live)
     }
 
     /// Waits until at least one worker is ready, or `limit` passes, or no
-    /// worker can be started; true if one is ready. For one-shot processes
-    /// (the CLI) whose first request should not count worker start-up
-    /// against its deadline.
-    pub fn wait_ready(&self, limit: Duration) -> bool {
+    /// worker can be started; true if one is ready.
+    fn wait_ready(&self, limit: Duration) -> bool {
         let core = &self.handle.core;
         if core.spec.is_err() {
             return false;
@@ -218,22 +215,64 @@ impl BoaJs {
     }
 }
 
+/// How to start a worker, or why none can be (with the fix). Warns once per
+/// process when no worker program is found.
+fn spawn_spec(cfg: &BoaJsConfig) -> Result<SpawnSpec, Unavailable> {
+    static WARNED: Once = Once::new();
+    let program = crate::worker::process::find_program(cfg.worker_program.as_deref()).map_err(|reason| {
+        let unavailable = if cfg.worker_program.is_some() {
+            Unavailable::new(reason, "set BoaJsConfig::worker_program to an execbox binary of this build")
+        } else if std::env::var_os(PROGRAM_ENV).is_some() {
+            Unavailable::new(reason, format!("point {PROGRAM_ENV} at an execbox binary of this build"))
+        } else if reason.starts_with("no worker program") {
+            Unavailable::new("no worker program", NO_WORKER_FIX)
+        } else {
+            Unavailable::new(reason, NO_WORKER_FIX)
+        };
+        warn_no_worker(&WARNED, &unavailable);
+        unavailable
+    })?;
+    if !crate::worker::lockdown::supported() {
+        return Err(Unavailable::new(
+            format!("no seccomp filter for {}: workers cannot be locked down here", std::env::consts::ARCH),
+            "run on x86_64 or aarch64 Linux (or, for trusted code only, register BoaJsInThread)",
+        ));
+    }
+    Ok(SpawnSpec { program, role: Role::BoaJs, stack_bytes: cfg.worker_stack_bytes as u64 })
+}
+
+/// Warns, once per `once`, that `boa-js` has no worker program: a library
+/// user who forgot `serve_if_worker()` otherwise only sees JavaScript run
+/// slower (a default matrix falls back to QuickJS in wasm).
+fn warn_no_worker(once: &Once, why: &Unavailable) {
+    once.call_once(|| {
+        tracing::warn!(
+            "boa-js cannot start JavaScript workers ({}): JavaScript runs on a slower backend (QuickJS in wasm, \
+             about 4x slower) or not at all. Fix: {}",
+            why.reason,
+            why.fix.as_deref().unwrap_or(NO_WORKER_FIX)
+        );
+    });
+}
+
 impl Core {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock()
     }
 
-    fn unavailable(&self, reason: impl Into<String>) -> ExecError {
-        ExecError::BackendUnavailable { backend: BoaJs::NAME.into(), reason: reason.into() }
+    fn unavailable(&self, why: Unavailable) -> ExecError {
+        why.into_error(BoaJs::NAME)
     }
 
     /// Starts one worker: spawn, hand it its settings, wait until it is
     /// locked down and ready. `session` workers keep their context.
-    pub fn start_worker(&self, session: bool) -> Result<Worker, String> {
+    pub(crate) fn start_worker(&self, session: bool) -> Result<Worker, Unavailable> {
         let spec = self.spec.as_ref().map_err(Clone::clone)?;
         let program = spec.program.display().to_string();
-        let mut process =
-            WorkerProcess::spawn(spec).map_err(|e| format!("cannot start the worker program {program}: {e}"))?;
+        let of_this_build =
+            || format!("point {PROGRAM_ENV} or BoaJsConfig::worker_program at an execbox binary of this build");
+        let mut process = WorkerProcess::spawn(spec)
+            .map_err(|e| Unavailable::because(format!("cannot start the worker program {program}: {e}")))?;
         let live = LiveCount::new(&self.live);
         let init = Init { engine: self.cfg.engine(), session };
         let until = Instant::now() + self.cfg.worker_start_timeout;
@@ -244,36 +283,50 @@ impl Core {
         };
         match answer {
             Ok(FromWorker::Ready) => {}
-            Ok(_) => return Err(format!("the worker program {program} answered out of turn")),
-            Err(RecvError::TimedOut) => {
-                return Err(format!(
-                    "the worker program {program} was not ready within {} ms",
-                    self.cfg.worker_start_timeout.as_millis()
+            Ok(_) => {
+                return Err(Unavailable::new(
+                    format!("the worker program {program} answered out of turn"),
+                    of_this_build(),
                 ));
             }
-            Err(RecvError::Invalid(why)) => return Err(format!("the worker program {program} sent {why}")),
+            Err(RecvError::TimedOut) => {
+                return Err(Unavailable::new(
+                    format!(
+                        "the worker program {program} was not ready within {} ms",
+                        self.cfg.worker_start_timeout.as_millis()
+                    ),
+                    "raise BoaJsConfig::worker_start_timeout on a slow or loaded machine",
+                ));
+            }
+            Err(RecvError::Invalid(why)) => {
+                return Err(Unavailable::new(format!("the worker program {program} sent {why}"), of_this_build()));
+            }
             Err(RecvError::Closed) => {
                 return Err(match process.death() {
-                    Death::Exited { code: EXIT_PROTOCOL_MISMATCH, .. } => format!(
-                        "{program} is another build of execbox (protocol mismatch): point EXECBOX_WORKER or \
-                         worker_program at a binary of this build"
+                    Death::Exited { code: EXIT_PROTOCOL_MISMATCH, .. } => Unavailable::new(
+                        format!("{program} is another build of execbox (protocol mismatch)"),
+                        of_this_build(),
                     ),
-                    Death::Exited { code: 0, stderr } if stderr.is_empty() => {
-                        format!("{program} exited without serving: it does not call execbox::worker::serve_if_worker()")
-                    }
-                    death => format!("the worker program {program} failed to start: {}", describe_death(&death)),
+                    Death::Exited { code: 0, stderr } if stderr.is_empty() => Unavailable::new(
+                        format!("{program} exited without serving"),
+                        "a program serving as worker calls execbox::worker::serve_if_worker() first thing in main",
+                    ),
+                    death => Unavailable::because(format!(
+                        "the worker program {program} failed to start: {}",
+                        describe_death(&death)
+                    )),
                 });
             }
         }
         // Until a run sets its own cap, an idle worker may grow only this much.
-        let _ = process.limit_memory(self.cfg.default_memory_bytes);
+        let _ = process.limit_memory(self.cfg.defaults.memory_bytes);
         Ok(Worker { process, ready: true, pinned: false, _live: live })
     }
 
     /// Takes a ready worker, waiting for one until `deadline`.
     fn acquire(&self, deadline: &Deadline) -> Result<Worker, ExecError> {
-        if let Err(reason) = &self.spec {
-            return Err(self.unavailable(reason.clone()));
+        if let Err(why) = &self.spec {
+            return Err(self.unavailable(why.clone()));
         }
         let mut state = self.lock();
         loop {
@@ -284,7 +337,7 @@ impl Core {
                 return Ok(worker);
             }
             if state.shutdown {
-                return Err(self.unavailable("the backend was dropped"));
+                return Err(self.unavailable(Unavailable::because("the backend was dropped")));
             }
             if let Some(error) = &state.spawn_error
                 && state.busy == 0
@@ -349,9 +402,9 @@ impl Core {
 
     /// Runs a request's job on a pooled worker.
     fn execute(&self, call: Admitted) -> Result<ExecResult, ExecError> {
-        let memory = call.policy().memory_bytes.unwrap_or(self.cfg.default_memory_bytes);
+        let memory = call.policy().memory_bytes.unwrap_or(self.cfg.defaults.memory_bytes);
         let deadline = call.deadline();
-        let mut job = super::job(&self.cfg, call, Mode::FunctionBody, false)?;
+        let mut job = job(&self.cfg, call, Mode::FunctionBody, false)?;
         // A worker that died while idle is found when the job is sent;
         // nothing ran then, so another worker is tried.
         for _ in 0..3 {
@@ -367,7 +420,7 @@ impl Core {
                 }
             }
         }
-        Err(self.unavailable("three workers in a row died before they could take the job"))
+        Err(self.unavailable(Unavailable::because("three workers in a row died before they could take the job")))
     }
 }
 
@@ -436,7 +489,7 @@ fn refill(core: &Core) {
 }
 
 /// How a conversation with a worker ended.
-pub(super) enum Conversation {
+pub(crate) enum Conversation {
     /// The worker was gone before it took the job: nothing ran.
     NotStarted,
     /// The run has a result; `reusable` if the worker may serve again.
@@ -445,7 +498,7 @@ pub(super) enum Conversation {
 
 /// The limits of one conversation.
 #[derive(Clone, Copy)]
-pub(super) struct Limits {
+pub(crate) struct Limits {
     /// Bytes the worker may grow by during the run (and while it builds its
     /// next context afterwards).
     pub memory: u64,
@@ -457,7 +510,7 @@ pub(super) struct Limits {
 /// Runs `job` on `worker`: caps its memory, sends the job with what is left
 /// of `deadline`, collects its output, and kills it if it has not answered
 /// `grace` after the deadline.
-pub(super) fn converse(worker: &mut WorkerProcess, job: &mut Job, deadline: &Deadline, limits: Limits) -> Conversation {
+pub(crate) fn converse(worker: &mut WorkerProcess, job: &mut Job, deadline: &Deadline, limits: Limits) -> Conversation {
     let Limits { memory, grace } = limits;
     if worker.limit_memory(memory).is_err() {
         return Conversation::NotStarted;
@@ -631,10 +684,10 @@ impl Backend for BoaJs {
 
     fn availability(&self) -> Result<(), Unavailable> {
         let core = &self.handle.core;
-        core.spec.as_ref().map_err(|e| Unavailable::because(e.clone()))?;
+        core.spec.as_ref().map_err(Clone::clone)?;
         let state = core.lock();
         match &state.spawn_error {
-            Some(error) if state.idle.is_empty() && state.busy == 0 => Err(Unavailable::because(error.clone())),
+            Some(error) if state.idle.is_empty() && state.busy == 0 => Err(error.clone()),
             _ => Ok(()),
         }
     }
@@ -648,12 +701,79 @@ impl Backend for BoaJs {
         self.wait_ready(limit);
     }
 
-    fn readiness(&self) -> Option<crate::backend::Readiness> {
-        Some(crate::backend::Readiness { ready: self.ready_workers(), target: self.handle.core.cfg.idle_workers })
+    fn readiness(&self) -> Option<Readiness> {
+        let core = &self.handle.core;
+        Some(Readiness { ready: core.lock().idle.len(), target: core.cfg.idle_workers })
     }
 
-    /// Sessions in worker processes of their own ([`JsSession`](super::JsSession)).
+    /// Sessions in worker processes of their own ([`JsSession`](crate::backends::JsSession)).
     fn session_backend(&self) -> Option<Arc<dyn crate::sessions::session::SessionBackend>> {
         Some(Arc::new(self.clone()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Counts WARN events and keeps their text.
+    #[derive(Default)]
+    struct Warnings {
+        count: AtomicUsize,
+        text: Mutex<String>,
+    }
+
+    struct Text<'a>(&'a mut String);
+
+    impl tracing::field::Visit for Text<'_> {
+        fn record_debug(&mut self, _field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+            self.0.push_str(&format!("{value:?}"));
+        }
+    }
+
+    impl tracing::Subscriber for Warnings {
+        fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+            tracing::span::Id::from_u64(1)
+        }
+        fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+        fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+        fn event(&self, event: &tracing::Event<'_>) {
+            if *event.metadata().level() == tracing::Level::WARN {
+                self.count.fetch_add(1, Ordering::SeqCst);
+                event.record(&mut Text(&mut self.text.lock()));
+            }
+        }
+        fn enter(&self, _: &tracing::span::Id) {}
+        fn exit(&self, _: &tracing::span::Id) {}
+    }
+
+    #[test]
+    fn no_worker_program_is_warned_once_with_the_fix() {
+        let warnings = Arc::new(Warnings::default());
+        let once = Once::new();
+        let why = Unavailable::new("no worker program", NO_WORKER_FIX);
+        tracing::subscriber::with_default(warnings.clone(), || {
+            warn_no_worker(&once, &why);
+            warn_no_worker(&once, &why);
+        });
+        assert_eq!(warnings.count.load(Ordering::SeqCst), 1);
+        let text = warnings.text.lock().clone();
+        assert!(text.contains("execbox::worker::serve_if_worker() first thing in main"), "{text}");
+        assert!(text.contains("EXECBOX_WORKER"), "{text}");
+    }
+
+    #[test]
+    fn a_missing_worker_program_is_unavailable_with_a_fix() {
+        let backend =
+            BoaJs::new(BoaJsConfig::default().worker_program("/nonexistent/execbox").idle_workers(0)).unwrap();
+        let why = backend.availability().unwrap_err();
+        assert!(why.reason.contains("/nonexistent/execbox"), "{why}");
+        assert!(why.fix.unwrap().contains("BoaJsConfig::worker_program"));
+        assert!(BoaJs::new(BoaJsConfig::default().max_workers(0)).is_err());
+        assert!(crate::backends::boa::inthread::BoaJsInThread::new(BoaJsConfig::default().yield_every(0)).is_err());
     }
 }

@@ -21,25 +21,36 @@ use boa_engine::{Context, JsError, JsResult, JsValue, Script, Source, js_string}
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::EngineSettings;
-use super::realm::{self, Console, ConsoleSink, GuardLimits, OutputJson, RunDeadline};
+use crate::backends::boa::config::EngineSettings;
+use crate::backends::boa::lexer;
+use crate::backends::boa::realm;
+use crate::backends::boa::realm::console::{Console, ConsoleSink};
+use crate::backends::boa::realm::data::{GuardLimits, RunDeadline, plain_property};
+use crate::backends::boa::realm::guards;
+use crate::backends::boa::realm::snapshot::{OutputJson, output_json};
 use crate::limits::deadline::Deadline;
 use crate::limits::text::cap_message;
 use crate::result::Outcome;
 
 /// How the source is evaluated.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(super) enum Mode {
+pub(crate) enum Mode {
     /// A function body: `return` sets the output; nothing outlives the call.
     FunctionBody,
-    /// A script in a long-lived realm (sessions): top-level declarations
-    /// persist, the completion value (last expression statement) is the output.
+    /// A cell in a long-lived realm (sessions). A cell that parses as a
+    /// script runs as one: its top-level declarations persist, and the
+    /// completion value (of the last expression statement) is the output.
+    /// A cell that does not, but has a `return` outside every function (see
+    /// [`lexer::has_top_level_return`]), runs as a function body instead,
+    /// exactly like a [`Mode::FunctionBody`] run: `return` sets the output,
+    /// earlier cells' declarations are in scope, and its own declarations
+    /// are local to the cell.
     Script,
 }
 
 /// What one run needs (sent to a worker process as a frame).
 #[derive(Debug, Serialize, Deserialize)]
-pub(super) struct Job {
+pub(crate) struct Job {
     pub source: String,
     pub mode: Mode,
     /// Sent as JSON text inside the frame: parsed from depth 0 in the
@@ -74,7 +85,7 @@ mod json_text {
 
 /// How a run ended, without its streams (sent back by a worker as a frame).
 #[derive(Debug, Serialize, Deserialize)]
-pub(super) struct RunReport {
+pub(crate) struct RunReport {
     pub outcome: Outcome,
     /// The returned value as JSON text (what `JSON.stringify` made of it).
     pub output: Option<String>,
@@ -86,7 +97,7 @@ pub(super) struct RunReport {
 }
 
 /// A fresh context with the realm installed, waiting for one job.
-pub(super) struct Prepared {
+pub(crate) struct Prepared {
     ctx: Context,
     queue: Rc<JobQueue>,
     hooks: Rc<Hooks>,
@@ -98,7 +109,7 @@ pub(super) struct Prepared {
 impl Prepared {
     pub fn new(budget: u64, settings: &EngineSettings) -> JsResult<Self> {
         let queue = Rc::new(JobQueue::default());
-        let hooks = Rc::new(Hooks { unhandled: RefCell::default(), max_nesting: settings.max_nesting });
+        let hooks = Rc::new(Hooks { unhandled: RefCell::default() });
         let mut ctx = ContextBuilder::new()
             .job_executor(queue.clone())
             .host_hooks(hooks.clone())
@@ -121,11 +132,11 @@ impl Prepared {
         self.hooks.unhandled.borrow_mut().clear();
         let start_remaining = self.ctx.instructions_remaining();
         let (fuel_asked, budget, max_output) = (job.fuel_asked, job.budget, job.max_stdout);
-        let wrapped = job.mode == Mode::FunctionBody;
+        let mut wrapped = false;
 
         let mut report =
             RunReport { outcome: Outcome::Ok, output: None, output_truncated: false, message: None, instructions: 0 };
-        match self.evaluate(job, deadline) {
+        match self.evaluate(job, deadline, &mut wrapped) {
             Ok(text) => match (text, max_output) {
                 (Some(text), Some(max)) if text.len() as u64 > max => {
                     report.outcome = Outcome::Failed;
@@ -166,8 +177,10 @@ impl Prepared {
         report
     }
 
-    /// The returned value's JSON text, if it has one.
-    fn evaluate(&mut self, job: Job, deadline: &Deadline) -> Result<Option<String>, Stop> {
+    /// The returned value's JSON text, if it has one. Sets `wrapped` if the
+    /// code ran inside the function wrapper (its syntax errors' columns are
+    /// then corrected for the wrapper's prefix).
+    fn evaluate(&mut self, job: Job, deadline: &Deadline, wrapped: &mut bool) -> Result<Option<String>, Stop> {
         let yield_every = self.settings.yield_every;
         let ctx = &mut self.ctx;
         let input = match &job.input {
@@ -176,13 +189,28 @@ impl Prepared {
         };
         ctx.register_global_property(js_string!("input"), input, Attribute::WRITABLE | Attribute::CONFIGURABLE)?;
 
-        let source = match job.mode {
-            Mode::FunctionBody => wrap(&job.source),
-            Mode::Script => job.source,
-        };
         drop(job.input);
-        let script = Script::parse(Source::from_bytes(source.as_bytes()), None, ctx)?;
-        drop(source);
+        let parse = |source: &str, ctx: &mut Context| Script::parse(Source::from_bytes(source.as_bytes()), None, ctx);
+        let script = match job.mode {
+            Mode::FunctionBody => {
+                *wrapped = true;
+                parse(&wrap(&job.source), ctx)?
+            }
+            Mode::Script => match parse(&job.source, ctx) {
+                Ok(script) => script,
+                // Only a cell that is no script but is a function body runs
+                // as one; otherwise the script's own error stands.
+                Err(err) if lexer::has_top_level_return(&job.source) => match parse(&wrap(&job.source), ctx) {
+                    Ok(script) => {
+                        *wrapped = true;
+                        script
+                    }
+                    Err(_) => return Err(err.into()),
+                },
+                Err(err) => return Err(err.into()),
+            },
+        };
+        drop(job.source);
         let value =
             poll_until(script.evaluate_async_with_budget(ctx, yield_every), deadline).ok_or(Stop::Deadline)??;
         self.queue.drain(ctx, deadline)?;
@@ -219,7 +247,7 @@ impl Prepared {
         }
         // `output` is exactly what JSON.stringify makes of the value,
         // whatever the code did to `JSON`.
-        match realm::output_json(value, job.max_stdout, ctx)? {
+        match output_json(value, job.max_stdout, ctx)? {
             OutputJson::None => Ok(None),
             OutputJson::Text(text) => Ok(Some(text)),
             OutputJson::TooLarge => Err(Stop::OutputTooLarge(job.max_stdout.unwrap_or(u64::MAX))),
@@ -228,7 +256,7 @@ impl Prepared {
 }
 
 /// Why a run stopped before producing a value.
-pub(super) enum Stop {
+pub(crate) enum Stop {
     Deadline,
     OutputTooLarge(u64),
     /// A promise rejected with no handler; the rejection reason, described.
@@ -248,7 +276,6 @@ impl From<JsError> for Stop {
 /// reading it would open `/etc/localtime`).
 struct Hooks {
     unhandled: RefCell<Vec<JsObject>>,
-    max_nesting: usize,
 }
 
 impl HostHooks for Hooks {
@@ -276,15 +303,10 @@ impl HostHooks for Hooks {
         parameters: &[boa_engine::JsString],
         body: &boa_engine::JsString,
         _direct: bool,
-        _context: &mut Context,
+        context: &mut Context,
     ) -> JsResult<()> {
-        let max = self.max_nesting;
         for text in parameters.iter().chain(std::iter::once(body)) {
-            if let Some(depth) = crate::limits::nesting::source_nesting_exceeds(&text.to_std_string_escaped(), max) {
-                return Err(boa_engine::JsNativeError::range()
-                    .with_message(format!("source nests {depth} levels deep, over the limit of {max}"))
-                    .into());
-            }
+            guards::scan(&text.to_std_string_escaped(), context)?;
         }
         Ok(())
     }
@@ -361,8 +383,8 @@ fn describe_value(value: &JsValue) -> String {
         // Primitives display without running code.
         return cap_message(value.display().to_string());
     };
-    let name = realm::plain_property(&object, "name");
-    let message = realm::plain_property(&object, "message");
+    let name = plain_property(&object, "name");
+    let message = plain_property(&object, "message");
     match (name, message) {
         (Some(name), Some(message)) if !message.is_empty() => cap_message(format!("{name}: {message}")),
         (Some(name), _) => cap_message(name),
@@ -389,7 +411,7 @@ fn fix_first_line_column(message: &str) -> String {
 /// process by the host's kill). No timers exist in this realm, so only
 /// promise and generic jobs ever arrive.
 #[derive(Default)]
-pub(super) struct JobQueue(RefCell<VecDeque<job::Job>>);
+pub(crate) struct JobQueue(RefCell<VecDeque<job::Job>>);
 
 impl JobQueue {
     fn drain(&self, ctx: &mut Context, deadline: &Deadline) -> Result<(), Stop> {

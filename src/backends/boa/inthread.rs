@@ -2,7 +2,8 @@
 //! that needs the last microseconds. Not a sandbox against hostile code: a
 //! native stack overflow or allocation failure inside boa aborts the host,
 //! and there is no memory cap (see the README's threat table). Registered
-//! only explicitly; the default executor uses the contained [`super::BoaJs`].
+//! only explicitly; the default executor uses the contained
+//! [`BoaJs`](crate::backends::BoaJs).
 //!
 //! Each worker thread builds a context *before* it registers as idle, so a
 //! request normally pays only for its own code. After a job the dirty
@@ -15,32 +16,38 @@
 use parking_lot::Mutex;
 use std::panic::AssertUnwindSafe;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
 use std::sync::mpsc::{self, RecvTimeoutError, SyncSender};
 use std::sync::{Arc, Weak};
 
-use super::engine::{Job, Mode, Prepared, RunReport};
-use super::realm::{SharedStreams, Streams};
-use super::{BoaJsConfig, WorkerGauge};
 use crate::admission::Admitted;
 use crate::backend::Backend;
+use crate::backends::boa::capabilities;
+use crate::backends::boa::config::BoaJsConfig;
+use crate::backends::boa::engine::{Job, Mode, Prepared, RunReport};
+use crate::backends::boa::gauge::{LiveCount, WorkerGauge};
+use crate::backends::boa::job::job;
+use crate::backends::boa::realm::console::{SharedStreams, Streams};
 use crate::capabilities::BackendCapabilities;
-use crate::error::ExecError;
+use crate::error::{ConfigError, ExecError};
 use crate::limits::deadline::Deadline;
 use crate::limits::output::BoundedBuffer;
 use crate::policy::SandboxPolicy;
 use crate::result::{ExecResult, Outcome};
 
-/// JavaScript on boa in host threads. Cheap to clone (shares its threads).
+/// JavaScript on boa in host threads (`boa-js-inthread`): for trusted code
+/// only (see [`crate::backends::boa`]). Cheap to clone (clones share the
+/// threads); idle threads end when the last clone drops.
 #[derive(Clone)]
 pub struct BoaJsInThread {
     pool: Arc<Pool>,
     caps: Arc<BackendCapabilities>,
 }
 
+/// With [`BoaJsConfig::default`], which is always valid.
 impl Default for BoaJsInThread {
     fn default() -> Self {
-        Self::new(BoaJsConfig::default())
+        Self::start(BoaJsConfig::default())
     }
 }
 
@@ -54,15 +61,22 @@ impl BoaJsInThread {
     /// The backend's name.
     pub const NAME: &'static str = "boa-js-inthread";
 
-    /// Starts the backend; idle threads build their contexts in the background.
-    pub fn new(config: BoaJsConfig) -> Self {
-        let caps = Arc::new(super::inthread_capabilities(&config));
+    /// Starts the backend: [`BoaJsConfig::idle_workers`] threads build
+    /// their contexts in the background. Errors: [`ConfigError::Invalid`]
+    /// for a setting no run could work with (see [`BoaJsConfig`]).
+    pub fn new(config: BoaJsConfig) -> Result<Self, ConfigError> {
+        config.validate()?;
+        Ok(Self::start(config))
+    }
+
+    fn start(config: BoaJsConfig) -> Self {
+        let caps = Arc::new(capabilities::inthread(&config));
         Self { pool: Pool::start(config), caps }
     }
 
     /// Counts this backend's live threads without keeping the backend alive.
     pub fn worker_gauge(&self) -> WorkerGauge {
-        WorkerGauge(self.pool.live.clone())
+        WorkerGauge::new(&self.pool.live)
     }
 }
 
@@ -77,7 +91,7 @@ impl Backend for BoaJsInThread {
 
     fn execute(&self, call: Admitted) -> Result<ExecResult, ExecError> {
         let deadline = call.deadline();
-        let job = super::job(&self.pool.cfg, call, Mode::FunctionBody, true)?;
+        let job = job(&self.pool.cfg, call, Mode::FunctionBody, true)?;
         self.pool.run(job, deadline)
     }
 }
@@ -164,7 +178,7 @@ impl Pool {
     fn spawn(&self, budget: u64, first: Option<Assignment>) -> Result<(), ExecError> {
         let me = self.me.clone();
         let cfg = self.cfg.clone();
-        let live = LiveGuard::new(self.live.clone());
+        let live = LiveCount::new(&self.live);
         std::thread::Builder::new()
             .name("execbox-js".into())
             .stack_size(self.cfg.thread_stack_bytes)
@@ -293,20 +307,4 @@ fn panic_text(panic: &Box<dyn std::any::Any + Send>) -> String {
         .map(|s| s.to_string())
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "unknown panic".to_string())
-}
-
-/// Counts a worker thread for as long as it lives.
-struct LiveGuard(Arc<AtomicUsize>);
-
-impl LiveGuard {
-    fn new(live: Arc<AtomicUsize>) -> Self {
-        live.fetch_add(1, Ordering::SeqCst);
-        Self(live)
-    }
-}
-
-impl Drop for LiveGuard {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
-    }
 }

@@ -1,29 +1,15 @@
 //! [`JsSession`]: one long-lived realm in a worker process of its own, for
-//! agents that keep interpreter state across calls.
-//!
-//! In a session the code runs as a **script**: top-level `let`, `const`,
-//! `function` and `var` declarations persist into later calls, and the value
-//! of the last expression statement is the `output` (like a REPL); `return`
-//! is a syntax error. `input` is rebound on every call.
-//!
-//! The session's worker is contained like any `boa-js` worker (seccomp, dies
-//! with the host, killed when the session drops or is killed). Calls are
-//! admitted by the session registry like one-shot runs (see
-//! [`crate::sessions`]); per call the deadline, output caps and nesting
-//! bounds hold as for a single run. The memory cap covers the whole
-//! session: the worker may grow to its size when the session opened plus the
-//! call's cap. Per-call `fuel` is refused (boa's instruction budget is set
-//! when a context is built, and the context lives as long as the session).
-//! A call that times out, runs out of memory or crashes the engine ends the
-//! session.
+//! agents that keep interpreter state across calls. What a cell means is
+//! documented on the type (public); how a cell is evaluated is in the
+//! engine (`Mode::Script`).
 
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::BoaJs;
-use super::contained::{Conversation, Limits, Worker, converse};
-use super::engine::Mode;
 use crate::admission::Admitted;
+use crate::backends::boa::contained::{BoaJs, Conversation, Limits, Worker, converse};
+use crate::backends::boa::engine::Mode;
+use crate::backends::boa::job::job;
 use crate::capabilities::BackendCapabilities;
 use crate::error::ExecError;
 use crate::language::Language;
@@ -34,7 +20,36 @@ use crate::sessions::session::{Session, SessionBackend};
 use crate::sessions::spec::SessionSpec;
 use crate::violation::{Control, Violation};
 
-/// A JavaScript realm kept alive across calls. Dropping it kills its worker.
+/// A JavaScript realm kept alive across calls, in a worker process of its
+/// own. Opened through the session registry ([`crate::sessions`]) on a
+/// [`BoaJs`] backend. Dropping it kills its worker.
+///
+/// Each call's code (a *cell*) runs as a **script**: top-level `let`,
+/// `const`, `function`, `class` and `var` declarations persist into later
+/// calls, and the value of the last expression statement is the `output`
+/// (like a REPL). `input` is rebound on every call.
+///
+/// A cell may also **`return`** at its top level, as a one-shot run's code
+/// does: `return x` sets the `output` to `x` (a returned Promise is
+/// awaited). Such a cell (one that is not a valid script but has a `return`
+/// outside every function) runs as a *function body* in the session's
+/// global scope, exactly like a one-shot run's code: it sees and can assign
+/// everything earlier cells declared, but **its own top-level declarations
+/// are local to the cell** (as in any function) and do not persist; to keep
+/// a value from such a cell, assign a name an earlier cell declared, or a
+/// property of `globalThis`. Such a cell containing `await` runs as an
+/// `async` function body. Cells without a top-level `return` run as scripts
+/// (a `return` inside a nested function belongs to that function).
+///
+/// The worker is contained like any `boa-js` worker (seccomp, dies with the
+/// host, killed when the session drops or is killed). Calls are admitted by
+/// the session registry like one-shot runs; per call the deadline, output
+/// caps and nesting bounds hold as for a single run. The memory cap covers
+/// the whole session: the worker may grow to its size when the session
+/// opened plus the call's cap. Per-call `fuel` is refused (boa's instruction
+/// budget is set when a context is built, and the context lives as long as
+/// the session). A call that times out, runs out of memory or crashes the
+/// engine ends the session.
 pub struct JsSession {
     backend: BoaJs,
     /// Held for a whole call.
@@ -58,9 +73,7 @@ impl BoaJs {
     /// started now (tens of milliseconds).
     pub(crate) fn open_session(&self) -> Result<JsSession, ExecError> {
         let core = self.core();
-        let mut worker = core
-            .start_worker(true)
-            .map_err(|reason| ExecError::BackendUnavailable { backend: JsSession::NAME.into(), reason })?;
+        let mut worker = core.start_worker(true).map_err(|why| why.into_error(JsSession::NAME))?;
         let baseline = worker.process.vm_bytes().map_err(|e| ExecError::internal(JsSession::NAME, e.to_string()))?;
         let handle = worker.process.handle();
         Ok(JsSession {
@@ -77,12 +90,6 @@ impl BoaJs {
 impl JsSession {
     /// The name sessions report in results and refusals.
     pub const NAME: &'static str = "boa-js-session";
-
-    /// The session worker's process id, while it lives (for tests and audits).
-    #[doc(hidden)]
-    pub fn worker_pid(&self) -> Option<u32> {
-        self.worker.lock().as_ref().map(|w| w.process.pid())
-    }
 
     fn end(&self, slot: &mut Option<Worker>) {
         *slot = None;
@@ -108,8 +115,8 @@ impl Session for JsSession {
     fn execute(&self, call: Admitted) -> Result<ExecResult, ExecError> {
         let core = self.backend.core();
         let deadline = call.deadline();
-        let cap = call.policy().memory_bytes.unwrap_or(core.cfg.default_memory_bytes);
-        let mut job = super::job(&core.cfg, call, Mode::Script, false)?;
+        let cap = call.policy().memory_bytes.unwrap_or(core.cfg.defaults.memory_bytes);
+        let mut job = job(&core.cfg, call, Mode::Script, false)?;
 
         let mut slot = self.worker.lock();
         if self.killed.load(Ordering::SeqCst) {

@@ -14,15 +14,15 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::EngineSettings;
-use super::engine::{Job, Prepared, RunReport};
-use super::realm::Console;
+use crate::backends::boa::config::EngineSettings;
+use crate::backends::boa::engine::{Job, Mode, Prepared, RunReport};
+use crate::backends::boa::realm::console::Console;
 use crate::limits::deadline::Deadline;
 use crate::worker::{frame, lockdown};
 
 /// The first frame a worker receives.
 #[derive(Debug, Serialize, Deserialize)]
-pub(super) struct Init {
+pub(crate) struct Init {
     pub engine: EngineSettings,
     /// Keep one context across runs (a session) instead of a fresh one per run.
     pub session: bool,
@@ -30,19 +30,19 @@ pub(super) struct Init {
 
 /// Host → worker, after [`Init`].
 #[derive(Debug, Deserialize)]
-pub(super) enum ToWorker {
+pub(crate) enum ToWorker {
     Run(Job),
 }
 
 /// [`ToWorker`] as the host sends it (by reference: the same JSON).
 #[derive(Serialize)]
-pub(super) enum ToWorkerRef<'a> {
+pub(crate) enum ToWorkerRef<'a> {
     Run(&'a Job),
 }
 
 /// Worker → host.
 #[derive(Debug, Serialize, Deserialize)]
-pub(super) enum FromWorker {
+pub(crate) enum FromWorker {
     /// Locked down with a fresh context, waiting for a job: sent after
     /// start-up and after each run once the next context is built.
     Ready,
@@ -176,7 +176,7 @@ fn warm_up(settings: &EngineSettings) {
                  new Map([[1, 2]]); new Set([1]); Symbol('s').toString(); \
                  return Promise.resolve(1).then(x => x + 1);"
             .into(),
-        mode: super::engine::Mode::FunctionBody,
+        mode: Mode::FunctionBody,
         input: Some(serde_json::json!({"items": [1, 2, 3]})),
         budget: NO_BUDGET,
         fuel_asked: false,
