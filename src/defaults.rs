@@ -90,9 +90,8 @@ impl ExecutorBuilder {
         crate::backends::owner::sweep_stale_temp_dirs();
         #[cfg(feature = "js")]
         {
-            use crate::backends::{BoaJs, BoaJsConfig};
-            let js = BoaJs::new(BoaJsConfig::default().idle_workers(cfg.js_idle_workers))
-                .map_err(|e| ExecError::internal(BoaJs::NAME, e.to_string()))?;
+            use crate::backends::boa::{BoaJs, BoaJsConfig};
+            let js = BoaJs::new(BoaJsConfig::default().idle_workers(cfg.js_idle_workers))?;
             builder = builder.backend(js);
         }
         #[cfg(feature = "wasm")]
