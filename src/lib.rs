@@ -45,6 +45,7 @@ pub mod result;
 #[cfg(feature = "serve")]
 pub mod serve;
 pub mod sessions;
+pub mod tools;
 pub mod violation;
 #[cfg(any(feature = "js", feature = "wasm"))]
 pub mod worker;

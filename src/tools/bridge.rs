@@ -1,0 +1,533 @@
+//! [`ToolBridge`]: one run's dispatcher of tool calls. Every carrier (a JS
+//! worker's socket, a wasm instance's stdio, a container's Unix socket, a
+//! wasm guest's host import) hands it the calls the code makes; it checks
+//! each against the grant and the budget, runs the tool on execbox's tool
+//! runtime within the call's timeout, answers, and keeps the ledger the
+//! result reports.
+//!
+//! What holds whatever the code sends:
+//! - a call names a granted tool, or is answered `not_found`/`not_granted`
+//!   without running anything;
+//! - at most `max_calls` calls run per run and `max_concurrent` at once;
+//!   arguments over `max_argument_bytes` are refused, results over
+//!   `max_result_bytes` cut keeping their shape;
+//! - a call ends by its timeout and never outlives the run: when the run
+//!   ends ([`ToolBridge::finish`]) every call in flight is dropped (an
+//!   upstream call is cancelled) and its ledger entry says `unknown`;
+//! - a tool that panics is a `failed` call, not a crash;
+//! - the code's call ids are only echoed: a reused id is refused.
+
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use super::error::{ToolError, ToolErrorKind};
+use super::frame::{ToolCall, ToolResult, cut_to_fit, json_len};
+use super::limits::{ToolLimits, granted};
+use super::registry::{Tool, ToolRegistry, ToolSpec};
+use crate::limits::deadline::Deadline;
+
+/// How a call in the ledger ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolCallOutcome {
+    /// It returned a value.
+    Ok,
+    /// It ran (or may have run) and failed; see `error`.
+    Error,
+    /// It was refused before it ran (not granted, over budget, malformed):
+    /// it certainly did nothing.
+    Refused,
+    /// The run ended (or the call timed out) while it was in flight: what
+    /// it did is unknown; a write may or may not have happened.
+    Unknown,
+}
+
+/// One call in a result's ledger ([`ExecResult::tool_calls`](crate::result::ExecResult::tool_calls)).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolCallRecord {
+    /// The tool as the code named it.
+    pub tool: String,
+    /// sha256 of the arguments' JSON text as the code sent it (hex).
+    pub args_sha256: String,
+    /// How it ended.
+    pub outcome: ToolCallOutcome,
+    /// The error's kind, unless `ok`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<ToolErrorKind>,
+    /// How long it took, in ms.
+    pub duration_ms: f64,
+    /// Bytes of arguments (JSON).
+    pub bytes_in: u64,
+    /// Bytes of result (JSON) the code got.
+    pub bytes_out: u64,
+    /// The result was cut to the cap.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub truncated: bool,
+}
+
+/// Most ledger entries a result keeps (later calls are counted only).
+pub const MAX_LEDGER: usize = 1024;
+
+/// How long past a call's timeout a blocking caller waits for its answer
+/// (the tool runtime answers at the timeout; this is a backstop).
+const ANSWER_GRACE: Duration = Duration::from_millis(500);
+
+/// One run's tool dispatcher. See the module docs.
+pub struct ToolBridge {
+    registry: ToolRegistry,
+    grants: Vec<String>,
+    limits: ToolLimits,
+    deadline: Deadline,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Calls started (not refused ones).
+    started: u32,
+    /// Calls in flight by the code's id: their ledger index and task.
+    in_flight: HashMap<u64, (usize, tokio::task::AbortHandle)>,
+    ledger: Vec<ToolCallRecord>,
+    /// Calls beyond [`MAX_LEDGER`], counted.
+    dropped: u64,
+    /// The run is over: no call starts, none answers.
+    closed: bool,
+}
+
+/// The tool runtime: tools are async, carriers are threads; tool futures
+/// run here, apart from any runtime of the caller's.
+fn runtime() -> Option<&'static tokio::runtime::Runtime> {
+    static RUNTIME: OnceLock<Option<tokio::runtime::Runtime>> = OnceLock::new();
+    RUNTIME
+        .get_or_init(|| {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .thread_name("execbox-tools")
+                .enable_all()
+                .build()
+                .map_err(|e| tracing::error!(error = %e, "no tool runtime: tool calls fail as unavailable"))
+                .ok()
+        })
+        .as_ref()
+}
+
+impl ToolBridge {
+    /// The bridge of one run: `grants` of `registry`, within `limits`, until `deadline`.
+    pub fn new(registry: ToolRegistry, grants: Vec<String>, limits: ToolLimits, deadline: Deadline) -> Arc<Self> {
+        Arc::new(Self { registry, grants, limits, deadline, state: Mutex::new(State::default()) })
+    }
+
+    /// The specs of the tools this run may call, sorted by name.
+    pub fn granted_specs(&self) -> Vec<Arc<ToolSpec>> {
+        self.registry.tools().filter(|t| granted(&self.grants, &t.spec.name)).map(|t| t.spec.clone()).collect()
+    }
+
+    /// The limits in force.
+    pub fn limits(&self) -> &ToolLimits {
+        &self.limits
+    }
+
+    /// Handles one call: `reply` gets its answer exactly once, inline when
+    /// it is refused or built in, else from the tool runtime — unless the
+    /// run ends first ([`ToolBridge::finish`]), when nobody is listening.
+    pub fn call(self: &Arc<Self>, call: ToolCall, reply: impl FnOnce(ToolResult) + Send + 'static) {
+        let started_at = Instant::now();
+        let args_text = serde_json::to_vec(&call.args).unwrap_or_default();
+        let bytes_in = args_text.len() as u64;
+        let refuse = |kind: ToolErrorKind, message: String| ToolError::new(&call.name, kind, message);
+        // Built in: no grant, no budget, nothing runs.
+        match call.name.as_str() {
+            "tools.list" => {
+                let names: Vec<String> = self.granted_specs().iter().map(|s| s.name.clone()).collect();
+                return reply(ToolResult::value(call.id, serde_json::json!(names), false));
+            }
+            "tools.describe" => {
+                let wanted = call.args.get("name").and_then(Value::as_str).unwrap_or_default();
+                let answer = match self.granted_specs().into_iter().find(|s| s.name == wanted) {
+                    Some(spec) => ToolResult::value(call.id, serde_json::to_value(&*spec).unwrap_or_default(), false),
+                    None => ToolResult::error(
+                        call.id,
+                        refuse(ToolErrorKind::NotFound, format!("no granted tool is called {wanted:?}")),
+                    ),
+                };
+                return reply(answer);
+            }
+            _ => {}
+        }
+        let checked = self.check(&call, bytes_in);
+        let tool = match checked {
+            Ok(tool) => tool,
+            Err(error) => {
+                self.record(
+                    &call.name,
+                    &args_text,
+                    ToolCallOutcome::Refused,
+                    Some(error.kind),
+                    started_at,
+                    bytes_in,
+                    0,
+                    false,
+                );
+                return reply(ToolResult::error(call.id, error));
+            }
+        };
+        let Some(runtime) = runtime() else {
+            let error = refuse(ToolErrorKind::Unavailable, "execbox's tool runtime could not start".into());
+            self.record(
+                &call.name,
+                &args_text,
+                ToolCallOutcome::Refused,
+                Some(error.kind),
+                started_at,
+                bytes_in,
+                0,
+                false,
+            );
+            return reply(ToolResult::error(call.id, error));
+        };
+        let mut state = self.state.lock();
+        if state.closed {
+            drop(state);
+            return reply(ToolResult::error(call.id, refuse(ToolErrorKind::Cancelled, "the run is over".into())));
+        }
+        if state.in_flight.contains_key(&call.id) {
+            drop(state);
+            let error = refuse(ToolErrorKind::Protocol, format!("call id {} is already in flight", call.id));
+            return reply(ToolResult::error(call.id, error));
+        }
+        if state.started >= self.limits.max_calls {
+            drop(state);
+            let error = refuse(
+                ToolErrorKind::BudgetExhausted,
+                format!("this run may make {} tool calls (the policy's tool_limits.max_calls)", self.limits.max_calls),
+            );
+            self.record(
+                &call.name,
+                &args_text,
+                ToolCallOutcome::Refused,
+                Some(error.kind),
+                started_at,
+                bytes_in,
+                0,
+                false,
+            );
+            return reply(ToolResult::error(call.id, error));
+        }
+        if state.in_flight.len() >= self.limits.max_concurrent as usize {
+            drop(state);
+            let error = refuse(
+                ToolErrorKind::TooManyInFlight,
+                format!("at most {} calls may be in flight (tool_limits.max_concurrent)", self.limits.max_concurrent),
+            );
+            self.record(
+                &call.name,
+                &args_text,
+                ToolCallOutcome::Refused,
+                Some(error.kind),
+                started_at,
+                bytes_in,
+                0,
+                false,
+            );
+            return reply(ToolResult::error(call.id, error));
+        }
+        state.started += 1;
+        let index = push_record(
+            &mut state,
+            ToolCallRecord {
+                tool: call.name.clone(),
+                args_sha256: format!("{:x}", Sha256::digest(&args_text)),
+                outcome: ToolCallOutcome::Unknown,
+                error: None,
+                duration_ms: 0.0,
+                bytes_in,
+                bytes_out: 0,
+                truncated: false,
+            },
+        );
+        let timeout =
+            Duration::from_millis(self.limits.call_timeout_ms).min(self.deadline.remaining().unwrap_or(Duration::MAX));
+        let bridge = Arc::clone(self);
+        let approver = self.registry.approver().cloned();
+        let max_result = self.limits.max_result_bytes;
+        let id = call.id;
+        let name = call.name.clone();
+        let task = runtime.spawn(async move {
+            let spec = tool.spec.clone();
+            let work = async {
+                if spec.annotations.requires_approval {
+                    match &approver {
+                        Some(approver) => approver.approve(&spec, &call.args).await.map_err(|why| {
+                            ToolError::new(&spec.name, ToolErrorKind::Denied, format!("not approved: {why}"))
+                        })?,
+                        None => {
+                            return Err(ToolError::new(
+                                &spec.name,
+                                ToolErrorKind::Denied,
+                                "this tool requires approval and the host has no approver",
+                            ));
+                        }
+                    }
+                }
+                // A panicking handler fails its call, not the runtime.
+                let handler = tool.handler.clone();
+                match tokio::spawn(async move { handler.call(call.args).await }).await {
+                    Ok(outcome) => outcome,
+                    Err(e) if e.is_panic() => Err(ToolError::failed(&spec.name, "the tool panicked")),
+                    Err(_) => Err(ToolError::new(&spec.name, ToolErrorKind::Cancelled, "the call was cancelled")),
+                }
+            };
+            let outcome = tokio::time::timeout(timeout, work).await;
+            let (result, outcome, kind, bytes_out, truncated) = match outcome {
+                Ok(Ok(value)) => {
+                    let (value, truncated) = cut_to_fit(value, max_result);
+                    let bytes_out = json_len(&value);
+                    (ToolResult::value(id, value, truncated), ToolCallOutcome::Ok, None, bytes_out, truncated)
+                }
+                Ok(Err(error)) => {
+                    let kind = error.kind;
+                    let outcome =
+                        if kind == ToolErrorKind::Denied { ToolCallOutcome::Refused } else { ToolCallOutcome::Error };
+                    (ToolResult::error(id, error), outcome, Some(kind), 0, false)
+                }
+                Err(_) => {
+                    let message = format!("no answer within {} ms", timeout.as_millis());
+                    let error = ToolError::new(&name, ToolErrorKind::TimedOut, message);
+                    // It was dropped mid-call: whether it acted is unknown.
+                    (ToolResult::error(id, error), ToolCallOutcome::Unknown, Some(ToolErrorKind::TimedOut), 0, false)
+                }
+            };
+            if bridge.settle(id, index, outcome, kind, started_at, bytes_out, truncated) {
+                reply(result);
+            }
+        });
+        state.in_flight.insert(id, (index, task.abort_handle()));
+    }
+
+    /// Handles one call and waits for its answer (for carriers that block:
+    /// a wasm host function, a sync stdio channel). Never waits past the
+    /// call's timeout, nor the run's deadline, by more than a moment.
+    pub fn call_blocking(self: &Arc<Self>, call: ToolCall) -> ToolResult {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let id = call.id;
+        let name = call.name.clone();
+        self.call(call, move |result| {
+            let _ = tx.send(result);
+        });
+        let wait = Duration::from_millis(self.limits.call_timeout_ms)
+            .min(self.deadline.remaining().unwrap_or(Duration::MAX))
+            .saturating_add(ANSWER_GRACE);
+        rx.recv_timeout(wait).unwrap_or_else(|_| {
+            ToolResult::error(id, ToolError::new(name, ToolErrorKind::TimedOut, "no answer before the deadline"))
+        })
+    }
+
+    /// Ends the run's tool calls: no call starts or answers after this;
+    /// calls in flight are dropped (an upstream call is cancelled) and their
+    /// ledger entries stay `unknown`. Returns the ledger and how many calls
+    /// it left out. Idempotent (later calls return an empty ledger).
+    pub fn finish(&self) -> (Vec<ToolCallRecord>, u64) {
+        let mut state = self.state.lock();
+        state.closed = true;
+        for (_, (_, task)) in state.in_flight.drain() {
+            task.abort();
+        }
+        (std::mem::take(&mut state.ledger), std::mem::take(&mut state.dropped))
+    }
+
+    /// The tool a call may run, or why not.
+    fn check(&self, call: &ToolCall, bytes_in: u64) -> Result<Tool, ToolError> {
+        let refuse = |kind, message: String| ToolError::new(&call.name, kind, message);
+        if !call.args.is_object() && !call.args.is_null() {
+            return Err(refuse(ToolErrorKind::InvalidArguments, "arguments must be a JSON object".into()));
+        }
+        if bytes_in > self.limits.max_argument_bytes {
+            return Err(refuse(
+                ToolErrorKind::InvalidArguments,
+                format!(
+                    "arguments are {bytes_in} bytes of JSON, over the limit of {} (tool_limits.max_argument_bytes)",
+                    self.limits.max_argument_bytes
+                ),
+            ));
+        }
+        if self.deadline.expired() {
+            return Err(refuse(ToolErrorKind::Cancelled, "the run's deadline has passed".into()));
+        }
+        let tool = self.registry.get(&call.name).ok_or_else(|| {
+            refuse(ToolErrorKind::NotFound, "no such tool (tools.list() names the granted ones)".into())
+        })?;
+        if !granted(&self.grants, &call.name) {
+            return Err(refuse(ToolErrorKind::NotGranted, "the run's policy does not grant this tool".into()));
+        }
+        Ok(tool.clone())
+    }
+
+    /// Records how call `id` ended; false if the run is over (nobody listens).
+    #[allow(clippy::too_many_arguments)]
+    fn settle(
+        &self,
+        id: u64,
+        index: usize,
+        outcome: ToolCallOutcome,
+        error: Option<ToolErrorKind>,
+        started_at: Instant,
+        bytes_out: u64,
+        truncated: bool,
+    ) -> bool {
+        let mut state = self.state.lock();
+        if state.closed {
+            return false;
+        }
+        state.in_flight.remove(&id);
+        if let Some(record) = state.ledger.get_mut(index) {
+            record.outcome = outcome;
+            record.error = error;
+            record.duration_ms = started_at.elapsed().as_secs_f64() * 1e3;
+            record.bytes_out = bytes_out;
+            record.truncated = truncated;
+        }
+        true
+    }
+
+    /// Records a call that ended at once.
+    #[allow(clippy::too_many_arguments)]
+    fn record(
+        &self,
+        tool: &str,
+        args: &[u8],
+        outcome: ToolCallOutcome,
+        error: Option<ToolErrorKind>,
+        started_at: Instant,
+        bytes_in: u64,
+        bytes_out: u64,
+        truncated: bool,
+    ) {
+        let record = ToolCallRecord {
+            tool: crate::limits::text::cap_text(tool.to_string(), 256),
+            args_sha256: format!("{:x}", Sha256::digest(args)),
+            outcome,
+            error,
+            duration_ms: started_at.elapsed().as_secs_f64() * 1e3,
+            bytes_in,
+            bytes_out,
+            truncated,
+        };
+        push_record(&mut self.state.lock(), record);
+    }
+}
+
+/// Appends to the ledger, or counts past [`MAX_LEDGER`]; returns the index
+/// (past the end when dropped).
+fn push_record(state: &mut State, record: ToolCallRecord) -> usize {
+    if state.ledger.len() >= MAX_LEDGER {
+        state.dropped += 1;
+        return usize::MAX;
+    }
+    state.ledger.push(record);
+    state.ledger.len() - 1
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn registry() -> ToolRegistry {
+        ToolRegistry::builder()
+            .tool(ToolSpec::new("math.add"), |args: Value| async move {
+                Ok(json!(args["a"].as_i64().unwrap_or(0) + args["b"].as_i64().unwrap_or(0)))
+            })
+            .tool(ToolSpec::new("slow.sleep"), |_: Value| async {
+                tokio::time::sleep(Duration::from_secs(60)).await;
+                Ok(Value::Null)
+            })
+            .tool(ToolSpec::new("bad.panic"), |_: Value| async { panic!("boom") })
+            .tool(ToolSpec::new("big.blob"), |_: Value| async { Ok(json!("x".repeat(1 << 20))) })
+            .tool(ToolSpec::new("fail.always"), |_: Value| async { Err(ToolError::failed("fail.always", "nope")) })
+            .tool(
+                ToolSpec::new("gated.write")
+                    .annotations(crate::tools::ToolAnnotations::default().requires_approval(true)),
+                |_: Value| async { Ok(json!("written")) },
+            )
+            .build()
+            .unwrap()
+    }
+
+    fn bridge(grants: &[&str], limits: ToolLimits) -> Arc<ToolBridge> {
+        let grants = grants.iter().map(|s| s.to_string()).collect();
+        ToolBridge::new(registry(), grants, limits, Deadline::start(Some(Duration::from_secs(30))))
+    }
+
+    fn call(id: u64, name: &str, args: Value) -> ToolCall {
+        ToolCall { id, name: name.into(), args }
+    }
+
+    #[test]
+    fn grants_budgets_and_errors_are_typed_and_ledgered() {
+        let b = bridge(
+            &["math.*", "bad.panic", "fail.always", "big.blob", "gated.write"],
+            ToolLimits::default().max_calls(6),
+        );
+        let r = b.call_blocking(call(1, "math.add", json!({"a": 2, "b": 3})));
+        assert_eq!((r.ok, r.value), (true, Some(json!(5))));
+        let kind = |r: ToolResult| r.error.map(|e| e.kind);
+        assert_eq!(kind(b.call_blocking(call(2, "slow.sleep", json!({})))), Some(ToolErrorKind::NotGranted));
+        assert_eq!(kind(b.call_blocking(call(3, "no.such", json!({})))), Some(ToolErrorKind::NotFound));
+        assert_eq!(kind(b.call_blocking(call(4, "math.add", json!([1])))), Some(ToolErrorKind::InvalidArguments));
+        assert_eq!(kind(b.call_blocking(call(5, "bad.panic", json!({})))), Some(ToolErrorKind::Failed));
+        assert_eq!(kind(b.call_blocking(call(6, "fail.always", json!({})))), Some(ToolErrorKind::Failed));
+        let big = b.call_blocking(call(7, "big.blob", json!({})));
+        assert!(big.ok && big.truncated, "{big:?}");
+        assert_eq!(kind(b.call_blocking(call(8, "gated.write", json!({})))), Some(ToolErrorKind::Denied));
+        // Six started (math, panic, fail, blob, gated, and this one): the budget holds.
+        assert!(b.call_blocking(call(9, "math.add", json!({}))).ok);
+        assert_eq!(kind(b.call_blocking(call(10, "math.add", json!({})))), Some(ToolErrorKind::BudgetExhausted));
+        let listed = b.call_blocking(call(11, "tools.list", json!({})));
+        assert_eq!(listed.value.unwrap().as_array().unwrap().len(), 5);
+        let (ledger, dropped) = b.finish();
+        assert_eq!(dropped, 0);
+        let outcomes: Vec<ToolCallOutcome> = ledger.iter().map(|r| r.outcome).collect();
+        use ToolCallOutcome::*;
+        assert_eq!(outcomes, [Ok, Refused, Refused, Refused, Error, Error, Ok, Refused, Ok, Refused]);
+        assert!(ledger[6].truncated);
+        assert_eq!(ledger[0].args_sha256.len(), 64);
+    }
+
+    #[test]
+    fn a_hanging_tool_times_out_and_a_run_that_ends_mid_call_says_unknown() {
+        let b = bridge(&["slow.*"], ToolLimits::default().call_timeout_ms(100));
+        let started = Instant::now();
+        let r = b.call_blocking(call(1, "slow.sleep", json!({})));
+        assert_eq!(r.error.unwrap().kind, ToolErrorKind::TimedOut);
+        assert!(started.elapsed() < Duration::from_secs(5));
+        let b = bridge(&["slow.*"], ToolLimits::default());
+        let (tx, rx) = std::sync::mpsc::channel();
+        b.call(call(1, "slow.sleep", json!({})), move |r| drop(tx.send(r)));
+        // Same id while in flight: refused.
+        let again = b.call_blocking(call(1, "slow.sleep", json!({})));
+        assert_eq!(again.error.unwrap().kind, ToolErrorKind::Protocol);
+        let (ledger, _) = b.finish();
+        assert_eq!(ledger[0].outcome, ToolCallOutcome::Unknown);
+        assert!(rx.recv_timeout(Duration::from_millis(200)).is_err(), "no answer after the run ended");
+        let after = b.call_blocking(call(2, "slow.sleep", json!({})));
+        assert_eq!(after.error.unwrap().kind, ToolErrorKind::Cancelled);
+    }
+
+    #[test]
+    fn concurrency_is_bounded() {
+        let b = bridge(&["slow.*"], ToolLimits::default().max_concurrent(2));
+        for id in 0..2 {
+            b.call(call(id, "slow.sleep", json!({})), drop);
+        }
+        let third = b.call_blocking(call(9, "slow.sleep", json!({})));
+        assert_eq!(third.error.unwrap().kind, ToolErrorKind::TooManyInFlight);
+        b.finish();
+    }
+}

@@ -1,0 +1,27 @@
+//! Code Mode: sandboxed code calls the host's tools.
+//!
+//! - [`ToolRegistry`]: the tools — Rust closures registered in a few lines
+//!   ([`ToolRegistryBuilder::tool`]), and the tools of upstream MCP servers.
+//!   Tools run in the host process with the host's credentials; only
+//!   arguments and results cross into the sandbox.
+//! - A policy grants tools by name or `namespace.*`
+//!   ([`SandboxPolicy::tools`](crate::policy::SandboxPolicy::tools)), with
+//!   budgets ([`ToolLimits`]); the default is none. Only a backend whose
+//!   capabilities enforce the tool bridge runs a request that grants tools.
+//! - [`ToolBridge`]: one run's dispatcher, used by every carrier through one
+//!   frame schema ([`frame`]); it keeps the ledger a result reports
+//!   ([`ToolCallRecord`]).
+
+mod bridge;
+mod error;
+pub mod frame;
+mod limits;
+mod registry;
+
+pub use bridge::{MAX_LEDGER, ToolBridge, ToolCallOutcome, ToolCallRecord};
+pub use error::{ToolError, ToolErrorKind};
+pub use limits::{ToolLimits, granted};
+pub use registry::{
+    Approver, RegistryError, Tool, ToolAnnotations, ToolFuture, ToolHandler, ToolRegistry, ToolRegistryBuilder,
+    ToolSpec,
+};

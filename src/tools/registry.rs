@@ -1,0 +1,332 @@
+//! [`ToolRegistry`]: the host's tools that sandboxed code may call — Rust
+//! closures registered by the library user, and the tools of upstream MCP
+//! servers (see `upstream.rs`). Tools run in the host process with the
+//! host's credentials; only arguments and results cross into the sandbox.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::error::ToolError;
+
+/// A boxed, sendable future (a tool call in flight).
+pub type ToolFuture = Pin<Box<dyn Future<Output = Result<Value, ToolError>> + Send + 'static>>;
+
+/// What runs a tool: an async function of its JSON arguments.
+///
+/// Implemented for every `Fn(Value) -> impl Future<Output = Result<Value,
+/// ToolError>>`, so a closure registers in one line. A handler must stop
+/// work it no longer needs when its future is dropped (the run ended or
+/// the call timed out): execbox drops it then.
+pub trait ToolHandler: Send + Sync + 'static {
+    /// Starts one call with `args` (a JSON object).
+    fn call(&self, args: Value) -> ToolFuture;
+}
+
+impl<F, Fut> ToolHandler for F
+where
+    F: Fn(Value) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Value, ToolError>> + Send + 'static,
+{
+    fn call(&self, args: Value) -> ToolFuture {
+        Box::pin(self(args))
+    }
+}
+
+/// Hints about a tool's effects, as MCP's tool annotations state them.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct ToolAnnotations {
+    /// The tool does not change anything.
+    ///
+    /// # Default
+    /// `false`.
+    pub read_only: bool,
+    /// The tool may change or delete things irreversibly.
+    ///
+    /// # Default
+    /// `false`.
+    pub destructive: bool,
+    /// Each call from code must be approved by the host's approver first
+    /// (see [`ToolRegistryBuilder::approver`]); without one it is denied.
+    ///
+    /// # Default
+    /// `false`.
+    pub requires_approval: bool,
+}
+
+crate::config::setters!(ToolAnnotations { read_only: bool, destructive: bool, requires_approval: bool });
+
+/// A tool's description: what the model and the code see of it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct ToolSpec {
+    /// `namespace.tool`: the namespace is an identifier (`[A-Za-z_][A-Za-z0-9_]*`);
+    /// the tool part is the tool's own name (an upstream server's name as it
+    /// declares it).
+    pub name: String,
+    /// What it does, for the model.
+    ///
+    /// # Default
+    /// Empty.
+    pub description: String,
+    /// The JSON Schema of its arguments (an object).
+    ///
+    /// # Default
+    /// `{"type": "object"}`.
+    pub input_schema: Value,
+    /// The JSON Schema of its result, if declared.
+    ///
+    /// # Default
+    /// `None`.
+    pub output_schema: Option<Value>,
+    /// Its effects.
+    ///
+    /// # Default
+    /// [`ToolAnnotations::default`].
+    pub annotations: ToolAnnotations,
+}
+
+impl ToolSpec {
+    /// A tool called `name` (`namespace.tool`), taking any object.
+    pub fn new(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            description: String::new(),
+            input_schema: serde_json::json!({"type": "object"}),
+            output_schema: None,
+            annotations: ToolAnnotations::default(),
+        }
+    }
+
+    /// The namespace (before the first `.`).
+    pub fn namespace(&self) -> &str {
+        self.name.split_once('.').map_or("", |(ns, _)| ns)
+    }
+
+    /// The tool's own name (after the first `.`).
+    pub fn short_name(&self) -> &str {
+        self.name.split_once('.').map_or(&self.name, |(_, tool)| tool)
+    }
+}
+
+crate::config::setters!(ToolSpec {
+    description: String,
+    input_schema: Value,
+    annotations: ToolAnnotations,
+} some {
+    output_schema: Value,
+});
+
+/// One registered tool: its spec and its handler.
+#[derive(Clone)]
+pub struct Tool {
+    /// What it is.
+    pub spec: Arc<ToolSpec>,
+    pub(crate) handler: Arc<dyn ToolHandler>,
+}
+
+impl std::fmt::Debug for Tool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tool").field("name", &self.spec.name).finish_non_exhaustive()
+    }
+}
+
+/// What the host decides about one call to a tool that requires approval.
+pub trait Approver: Send + Sync + 'static {
+    /// Whether `tool` may run with `args`; `Err(reason)` denies it, the
+    /// reason reaching the code. Waited for within the call's timeout.
+    fn approve(&self, tool: &ToolSpec, args: &Value) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
+}
+
+impl<F, Fut> Approver for F
+where
+    F: Fn(&ToolSpec, &Value) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), String>> + Send + 'static,
+{
+    fn approve(&self, tool: &ToolSpec, args: &Value) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> {
+        Box::pin(self(tool, args))
+    }
+}
+
+/// Why a tool could not be registered.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RegistryError {
+    /// The name is not `namespace.tool` as described on [`ToolSpec::name`].
+    #[error("tool name {name:?}: {reason}")]
+    BadName {
+        /// The name as given.
+        name: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// Two tools have the same name.
+    #[error("tool {name:?} is registered twice")]
+    Duplicate {
+        /// The name.
+        name: String,
+    },
+}
+
+/// The tools sandboxed code may call (when a policy grants them). Cheap to
+/// clone; immutable once built.
+#[derive(Clone, Default)]
+pub struct ToolRegistry {
+    inner: Arc<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    tools: BTreeMap<String, Tool>,
+    approver: Option<Arc<dyn Approver>>,
+}
+
+impl std::fmt::Debug for ToolRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.inner.tools.keys()).finish()
+    }
+}
+
+/// Builds a [`ToolRegistry`].
+#[derive(Default)]
+pub struct ToolRegistryBuilder {
+    tools: Vec<Tool>,
+    approver: Option<Arc<dyn Approver>>,
+}
+
+impl ToolRegistryBuilder {
+    /// Registers `handler` as the tool `spec` describes.
+    ///
+    /// ```
+    /// use execbox::tools::{ToolRegistry, ToolSpec};
+    /// use serde_json::{Value, json};
+    /// let tools = ToolRegistry::builder()
+    ///     .tool(ToolSpec::new("math.add").description("a + b"), |args: Value| async move {
+    ///         Ok(json!(args["a"].as_f64().unwrap_or(0.0) + args["b"].as_f64().unwrap_or(0.0)))
+    ///     })
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!(tools.names(), ["math.add"]);
+    /// ```
+    pub fn tool(mut self, spec: ToolSpec, handler: impl ToolHandler) -> Self {
+        self.tools.push(Tool { spec: Arc::new(spec), handler: Arc::new(handler) });
+        self
+    }
+
+    /// Registers an already built tool (e.g. one of an upstream server's).
+    pub fn add(mut self, tool: Tool) -> Self {
+        self.tools.push(tool);
+        self
+    }
+
+    /// Decides calls to tools that require approval (see
+    /// [`ToolAnnotations::requires_approval`]).
+    pub fn approver(mut self, approver: impl Approver) -> Self {
+        self.approver = Some(Arc::new(approver));
+        self
+    }
+
+    /// Checks every name and finishes the registry.
+    pub fn build(self) -> Result<ToolRegistry, RegistryError> {
+        let mut tools = BTreeMap::new();
+        for tool in self.tools {
+            check_name(&tool.spec.name)?;
+            let name = tool.spec.name.clone();
+            if tools.insert(name.clone(), tool).is_some() {
+                return Err(RegistryError::Duplicate { name });
+            }
+        }
+        Ok(ToolRegistry { inner: Arc::new(Inner { tools, approver: self.approver }) })
+    }
+}
+
+/// `namespace.tool`: an identifier, a dot, then 1 to 128 printable
+/// characters.
+fn check_name(name: &str) -> Result<(), RegistryError> {
+    let bad = |reason: &str| RegistryError::BadName { name: name.to_string(), reason: reason.into() };
+    let Some((ns, tool)) = name.split_once('.') else {
+        return Err(bad("expected namespace.tool"));
+    };
+    let mut chars = ns.bytes();
+    let identifier = chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == b'_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == b'_')
+        && ns.len() <= 64;
+    if !identifier {
+        return Err(bad("the namespace must be an identifier ([A-Za-z_][A-Za-z0-9_]*, at most 64 bytes)"));
+    }
+    if tool.is_empty() || tool.len() > 128 || tool.chars().any(|c| c.is_control()) || tool.contains('*') {
+        return Err(bad("the tool's own name must be 1 to 128 printable characters, without `*`"));
+    }
+    Ok(())
+}
+
+impl ToolRegistry {
+    /// A registry to fill.
+    pub fn builder() -> ToolRegistryBuilder {
+        ToolRegistryBuilder::default()
+    }
+
+    /// Every tool's name, sorted.
+    pub fn names(&self) -> Vec<&str> {
+        self.inner.tools.keys().map(String::as_str).collect()
+    }
+
+    /// The tool called `name`, if any.
+    pub fn get(&self, name: &str) -> Option<&Tool> {
+        self.inner.tools.get(name)
+    }
+
+    /// Every tool, sorted by name.
+    pub fn tools(&self) -> impl Iterator<Item = &Tool> {
+        self.inner.tools.values()
+    }
+
+    /// True when no tool is registered.
+    pub fn is_empty(&self) -> bool {
+        self.inner.tools.is_empty()
+    }
+
+    /// The approver of calls that need one.
+    pub(crate) fn approver(&self) -> Option<&Arc<dyn Approver>> {
+        self.inner.approver.as_ref()
+    }
+
+    /// This registry and `other`'s tools together (`other`'s approver wins
+    /// if both have one).
+    pub fn merged(&self, other: &ToolRegistry) -> Result<ToolRegistry, RegistryError> {
+        let mut builder = ToolRegistry::builder();
+        for tool in self.tools().chain(other.tools()) {
+            builder = builder.add(tool.clone());
+        }
+        builder.approver = other.inner.approver.clone().or_else(|| self.inner.approver.clone());
+        builder.build()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_namespaced_and_unique() {
+        let noop = |_: Value| async { Ok(Value::Null) };
+        for bad in ["plain", ".x", "1ns.x", "ns.", "ns.a*", "n-s.x"] {
+            let err = ToolRegistry::builder().tool(ToolSpec::new(bad), noop).build().unwrap_err();
+            assert!(matches!(err, RegistryError::BadName { .. }), "{bad}: {err}");
+        }
+        let ok = ToolRegistry::builder()
+            .tool(ToolSpec::new("memory.read_graph"), noop)
+            .tool(ToolSpec::new("fs.read-file.v2"), noop)
+            .build()
+            .unwrap();
+        assert_eq!(ok.names(), ["fs.read-file.v2", "memory.read_graph"]);
+        assert_eq!(ok.get("fs.read-file.v2").unwrap().spec.short_name(), "read-file.v2");
+        let twice = ToolRegistry::builder().tool(ToolSpec::new("a.b"), noop).tool(ToolSpec::new("a.b"), noop).build();
+        assert!(matches!(twice, Err(RegistryError::Duplicate { .. })));
+    }
+}
