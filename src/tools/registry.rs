@@ -219,7 +219,7 @@ impl ToolRegistryBuilder {
     }
 
     /// Registers an already built tool (e.g. one of an upstream server's).
-    pub fn add(mut self, tool: Tool) -> Self {
+    pub fn add_tool(mut self, tool: Tool) -> Self {
         self.tools.push(tool);
         self
     }
@@ -301,7 +301,7 @@ impl ToolRegistry {
     pub fn merged(&self, other: &ToolRegistry) -> Result<ToolRegistry, RegistryError> {
         let mut builder = ToolRegistry::builder();
         for tool in self.tools().chain(other.tools()) {
-            builder = builder.add(tool.clone());
+            builder = builder.add_tool(tool.clone());
         }
         builder.approver = other.inner.approver.clone().or_else(|| self.inner.approver.clone());
         builder.build()
