@@ -806,6 +806,10 @@ fn disk_cache_trusts_only_private_directories_and_never_chmods_them() {
     let cfg = |dir: &std::path::Path| WasmGuestConfig::default().disk_cache_dir(dir);
     let err = WasmGuest::new(cfg(&shared)).err().expect("a world-writable cache dir is refused");
     assert!(err.to_string().contains("writable by group or others"), "{err}");
+    assert!(
+        matches!(err, execbox::ConfigError::Invalid { setting: "WasmGuestConfig::disk_cache_dir", .. }),
+        "the caller's setting, named: {err:?}"
+    );
     assert_eq!(mode(&shared), 0o1777, "an existing directory is not chmodded");
 
     let created = root.path().join("a/b/cache");
@@ -899,4 +903,26 @@ fn runs_without_a_policy_timeout_get_the_backends_default() {
         assert_eq!(r.outcome, Outcome::TimedOut, "{r:?}");
         assert_eq!(r.message.as_deref(), Some("deadline of 300 ms exceeded"), "{r:?}");
     }
+}
+
+#[test]
+fn runs_without_a_policy_memory_cap_get_the_backends_default_held_to_its_ceiling() {
+    let uncapped = SandboxPolicy { memory_bytes: None, ..SandboxPolicy::strict() };
+    let bomb = || ExecRequest::wasm(guest!(wat "grow_bomb")).policy(uncapped.clone());
+    let cap: u64 = 32 << 20;
+    let mut cfg = WasmGuestConfig::default();
+    cfg.defaults.memory_bytes = cap;
+    let wasm = WasmGuest::new(cfg).unwrap();
+    let r = Executor::run_on(&wasm, bomb()).unwrap();
+    assert_eq!(r.outcome, Outcome::OutOfMemory, "{r:?}");
+    assert!(r.usage.peak_memory_bytes.unwrap() <= cap, "{r:?}");
+    assert!(r.message.as_deref().unwrap().contains(&format!("memory limit of {cap} bytes")), "{r:?}");
+    // A default above the ceiling gets the ceiling.
+    let ceiling: u64 = 48 << 20;
+    let mut cfg = WasmGuestConfig::default().max_memory_bytes(ceiling).pooled_instances(2);
+    cfg.defaults.memory_bytes = 1 << 40;
+    let wasm = WasmGuest::new(cfg).unwrap();
+    let r = Executor::run_on(&wasm, bomb()).unwrap();
+    assert_eq!(r.outcome, Outcome::OutOfMemory, "{r:?}");
+    assert!(r.message.as_deref().unwrap().contains(&format!("memory limit of {ceiling} bytes")), "{r:?}");
 }

@@ -470,3 +470,20 @@ print(json.dumps(results))
         assert!(std::fs::symlink_metadata(grant.join(made)).is_err(), "{made} was made");
     }
 }
+
+#[test]
+fn prepare_returns_once_a_warm_instance_is_ready() {
+    let Some(_) = python_backend() else { return };
+    let limit = Duration::from_secs(120);
+    let py = WasmInterpreter::new(InterpreterConfig::default().warm_pool(1)).unwrap();
+    let started = Instant::now();
+    py.prepare(limit);
+    assert!(py.warm_ready() >= 1, "prepare waited for the warm instance");
+    assert!(started.elapsed() < limit, "woken when it was ready, not at the limit");
+    // With no pool, prepare loads the module and returns.
+    let cold = WasmInterpreter::new(InterpreterConfig::default().warm_pool(0)).unwrap();
+    let started = Instant::now();
+    cold.prepare(limit);
+    assert!(started.elapsed() < limit);
+    assert_eq!((cold.warm_idle(), cold.readiness()), (0, None));
+}
