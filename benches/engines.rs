@@ -12,7 +12,9 @@ use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use execbox::Executor;
-use execbox::backends::{BoaJs, Container, WasmGuest, WasmInterpreter};
+use execbox::backends::{
+    BoaJs, Container, Interpreter, InterpreterConfig, WasmGuest, WasmGuestConfig, WasmInterpreter,
+};
 use execbox::{Backend, ExecRequest, Language, SandboxPolicy};
 use serde_json::{Value, json};
 
@@ -57,12 +59,12 @@ fn bench(c: &mut Criterion) {
         b.iter(|| check(&boa, ExecRequest::javascript(JS).input(input()).policy(policy()), &want))
     });
 
-    let wasm = WasmGuest::new().expect("wasm");
+    let wasm = WasmGuest::new(WasmGuestConfig::default()).expect("wasm");
     g.bench_function("transform/wasm_c_json_abi", |b| {
         b.iter(|| check(&wasm, ExecRequest::wasm(C_GUEST).input(input()).policy(policy()), &want))
     });
 
-    let quickjs = WasmInterpreter::quickjs().expect("engine");
+    let quickjs = WasmInterpreter::new(InterpreterConfig::default().kind(Interpreter::QuickJs)).expect("engine");
     match quickjs.availability().map_err(|e| e.to_string()).and_then(|()| quickjs.warm_up().map_err(|e| e.to_string()))
     {
         Ok(()) => g.bench_function("transform/quickjs_wasm", |b| {
@@ -74,8 +76,8 @@ fn bench(c: &mut Criterion) {
         }
     };
 
-    let fresh = WasmInterpreter::python().expect("engine").with_warm_pool(0);
-    let pooled = WasmInterpreter::python().expect("engine").with_warm_pool(2);
+    let fresh = WasmInterpreter::new(InterpreterConfig::default().warm_pool(0)).expect("engine");
+    let pooled = WasmInterpreter::new(InterpreterConfig::default().warm_pool(2)).expect("engine");
     let loaded = fresh
         .availability()
         .map_err(|e| e.to_string())

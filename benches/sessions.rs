@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use execbox::Executor;
-use execbox::backends::{Container, WasmInterpreter};
+use execbox::backends::{Container, InterpreterConfig, WasmInterpreter};
 use execbox::{Backend, ExecRequest, Language, SandboxPolicy, SessionConfig, SessionSpec, Sessions};
 use serde_json::json;
 
@@ -19,7 +19,7 @@ fn print() -> ExecRequest {
 }
 
 fn bench(c: &mut Criterion) {
-    let python = WasmInterpreter::python().expect("engine").with_warm_pool(2);
+    let python = WasmInterpreter::new(InterpreterConfig::default().warm_pool(2)).expect("engine");
     if let Err(reason) =
         python.availability().map_err(|e| e.to_string()).and_then(|()| python.warm_up().map_err(|e| e.to_string()))
     {

@@ -43,7 +43,7 @@ fn run(backend: &WasmGuest, request: ExecRequest) {
 }
 
 fn bench(c: &mut Criterion) {
-    let wasm = WasmGuest::new().expect("backend");
+    let wasm = WasmGuest::new(WasmGuestConfig::default()).expect("backend");
     let hello = binary(HELLO);
     let echo = binary(ECHO);
     let mut g = c.benchmark_group("wasm");
@@ -73,7 +73,7 @@ fn bench(c: &mut Criterion) {
     });
 
     // Fuel metering on a tight loop (10 M iterations).
-    let unmetered = WasmGuest::with_config(WasmGuestConfig { consume_fuel: false, ..Default::default() }).unwrap();
+    let unmetered = WasmGuest::new(WasmGuestConfig::default().consume_fuel(false)).unwrap();
     let count_loop = binary(COUNT_LOOP);
     g.sample_size(20);
     g.bench_function("loop_10m_fuel_on", |b| {

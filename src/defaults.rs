@@ -148,27 +148,26 @@ impl ExecutorBuilder {
 /// The wasm guest backend and the interpreters, on one engine.
 #[cfg(feature = "wasm")]
 fn wasm_backends(mut builder: ExecutorBuilder, cfg: &BackendsConfig) -> Result<ExecutorBuilder, ConfigError> {
-    use crate::backends::wasm::interpreters::interpreters_dir;
-    use crate::backends::{Interpreter, WasmEngine, WasmGuest, WasmGuestConfig, WasmInterpreter};
+    use crate::backends::wasm::config::{Interpreter, InterpreterConfig, WasmGuestConfig, interpreters_dir};
+    use crate::backends::wasm::engine::WasmEngine;
+    use crate::backends::wasm::guest_backend::WasmGuest;
+    use crate::backends::wasm::interpreters::WasmInterpreter;
     let engine_cfg = WasmGuestConfig { disk_cache_dir: cfg.wasm_cache_dir.clone(), ..Default::default() };
     let engine = match WasmEngine::new(engine_cfg) {
         Ok(engine) => engine,
-        Err(e) => {
+        Err(e @ ConfigError::Unsupported { .. }) => {
             // Only when even on-demand allocation is refused: the machine's doing.
             tracing::warn!(error = %e, "no wasm backends: cannot build the wasm engine");
             return Ok(builder);
         }
+        // A cache directory the caller named but that cannot be used safely is theirs to fix.
+        Err(e) => return Err(e),
     };
-    // A cache directory the caller named but that cannot be used safely is theirs to fix.
-    let guest = WasmGuest::on_engine(engine.clone())
-        .map_err(|e| ConfigError::invalid("BackendsConfig::wasm_cache_dir", e.to_string()))?;
-    builder = builder.backend(guest);
+    builder = builder.backend(WasmGuest::on_engine(engine.clone()));
     let dir = cfg.interpreters_dir.clone().or_else(interpreters_dir);
     for kind in [Interpreter::QuickJs, Interpreter::Python] {
-        match WasmInterpreter::on_engine(kind, dir.clone(), engine.clone()) {
-            Ok(interpreter) => builder = builder.backend(interpreter.with_warm_pool(cfg.python_warm_pool)),
-            Err(e) => tracing::warn!(error = %e, backend = kind.backend_name(), "interpreter backend not built"),
-        }
+        let interpreter = InterpreterConfig { kind, dir: dir.clone(), warm_pool: cfg.python_warm_pool };
+        builder = builder.backend(WasmInterpreter::on_engine(engine.clone(), interpreter));
     }
     Ok(builder)
 }

@@ -588,7 +588,7 @@ fn executor_routes_python_to_the_container_and_js_in_process() {
     let exec = Executor::builder()
         .backend(c)
         .backend(execbox::backends::BoaJs::default())
-        .backend(WasmGuest::new().unwrap())
+        .backend(WasmGuest::new(Default::default()).unwrap())
         .build();
     assert_eq!(exec.select(&python("print(1)")).unwrap().name(), "container");
     assert_eq!(exec.select(&ExecRequest::javascript("return 1")).unwrap().name(), "boa-js");

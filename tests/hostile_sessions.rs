@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use execbox::backends::{BoaJs, BoaJsConfig, WasmInterpreter};
+use execbox::backends::{BoaJs, BoaJsConfig, InterpreterConfig, WasmInterpreter};
 use execbox::{
     Backend, ExecRequest, Language, Outcome, SandboxPolicy, SessionBackend, SessionConfig, SessionSpec, Sessions,
 };
@@ -21,7 +21,7 @@ fn js() -> BoaJs {
 }
 
 fn python() -> Option<WasmInterpreter> {
-    let backend = WasmInterpreter::python().expect("engine").with_warm_pool(1);
+    let backend = WasmInterpreter::new(InterpreterConfig::default().warm_pool(1)).expect("engine");
     match backend.availability() {
         Ok(()) => {
             backend.warm_up().expect("the interpreter loads");

@@ -395,7 +395,7 @@ mod wasm_routing {
 
     #[test]
     fn fuel_is_refused_when_metering_is_off() {
-        let unmetered = WasmGuest::with_config(WasmGuestConfig { consume_fuel: false, ..Default::default() }).unwrap();
+        let unmetered = WasmGuest::new(WasmGuestConfig::default().consume_fuel(false)).unwrap();
         let exec = Executor::builder().backend(unmetered).build();
         let err =
             exec.execute_blocking(ExecRequest::wasm(HELLO).policy(SandboxPolicy::strict().fuel(1000))).unwrap_err();
@@ -456,8 +456,8 @@ mod container_routing {
 #[cfg(all(feature = "wasm", feature = "container"))]
 #[test]
 fn declared_packages_route_to_the_backend_that_has_them() {
-    use execbox::backends::{Container, WasmInterpreter};
-    let python = WasmInterpreter::python().expect("engine");
+    use execbox::backends::{Container, InterpreterConfig, WasmInterpreter};
+    let python = WasmInterpreter::new(InterpreterConfig::default()).expect("engine");
     let container = Container::docker();
     let container_up = container.availability().is_ok();
     if !container_up {

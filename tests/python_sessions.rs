@@ -7,12 +7,12 @@
 use std::time::{Duration, Instant};
 
 use execbox::Executor;
-use execbox::backends::WasmInterpreter;
+use execbox::backends::{InterpreterConfig, WasmInterpreter};
 use execbox::{Backend, ExecRequest, Language, Outcome, SandboxPolicy, SessionConfig, SessionSpec, Sessions};
 use serde_json::json;
 
 fn python() -> Option<WasmInterpreter> {
-    let backend = WasmInterpreter::python().expect("engine").with_warm_pool(1);
+    let backend = WasmInterpreter::new(InterpreterConfig::default().warm_pool(1)).expect("engine");
     match backend.availability() {
         Ok(()) => {
             backend.warm_up().expect("the interpreter loads");

@@ -24,7 +24,7 @@ macro_rules! guest {
 /// One backend for the whole file: one engine, one module cache.
 fn backend() -> &'static WasmGuest {
     static BACKEND: OnceLock<WasmGuest> = OnceLock::new();
-    BACKEND.get_or_init(|| WasmGuest::new().expect("wasm backend"))
+    BACKEND.get_or_init(|| WasmGuest::new(WasmGuestConfig::default()).expect("wasm backend"))
 }
 
 fn run(request: ExecRequest) -> ExecResult {
@@ -169,7 +169,7 @@ fn environment_holds_only_allowed_request_values() {
 
 #[test]
 fn env_outside_the_allow_list_is_refused_by_the_executor() {
-    let exec = Executor::builder().backend(WasmGuest::new().unwrap()).build();
+    let exec = Executor::builder().backend(WasmGuest::new(WasmGuestConfig::default()).unwrap()).build();
     let err = exec.execute_blocking(tool(&["env"]).env("SECRET", "x")).unwrap_err();
     assert!(matches!(err, ExecError::InvalidRequest(InvalidRequest::EnvNotAllowed { .. })), "{err:?}");
 }
@@ -419,7 +419,7 @@ fn deep_input_is_refused_without_overflowing() {
 
 #[test]
 fn second_call_of_a_module_does_not_recompile() {
-    let wasm = WasmGuest::new().unwrap();
+    let wasm = WasmGuest::new(WasmGuestConfig::default()).unwrap();
     Executor::run_on(&wasm, ExecRequest::wasm(guest!(wat "hello"))).unwrap();
     Executor::run_on(&wasm, ExecRequest::wasm(guest!(wat "hello"))).unwrap();
     let stats = wasm.cache_stats();
@@ -429,13 +429,13 @@ fn second_call_of_a_module_does_not_recompile() {
 #[test]
 fn disk_cache_serves_a_new_engine() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = WasmGuestConfig { disk_cache_dir: Some(dir.path().join("cache")), ..WasmGuestConfig::default() };
-    let first = WasmGuest::with_config(cfg.clone()).unwrap();
+    let cfg = WasmGuestConfig::default().disk_cache_dir(dir.path().join("cache"));
+    let first = WasmGuest::new(cfg.clone()).unwrap();
     assert_eq!(stdout(&Executor::run_on(&first, ExecRequest::wasm(guest!(wat "hello"))).unwrap()), "hello from wasm\n");
     assert_eq!(first.cache_stats().compiled, 1);
     drop(first);
 
-    let second = WasmGuest::with_config(cfg.clone()).unwrap();
+    let second = WasmGuest::new(cfg.clone()).unwrap();
     assert_eq!(
         stdout(&Executor::run_on(&second, ExecRequest::wasm(guest!(wat "hello"))).unwrap()),
         "hello from wasm\n"
@@ -447,15 +447,14 @@ fn disk_cache_serves_a_new_engine() {
     for entry in std::fs::read_dir(dir.path().join("cache")).unwrap() {
         std::fs::write(entry.unwrap().path(), b"corrupt").unwrap();
     }
-    let third = WasmGuest::with_config(cfg).unwrap();
+    let third = WasmGuest::new(cfg).unwrap();
     assert_eq!(Executor::run_on(&third, ExecRequest::wasm(guest!(wat "hello"))).unwrap().outcome, Outcome::Ok);
     assert_eq!(third.cache_stats().compiled, 1);
 }
 
 #[test]
 fn cache_evicts_least_recently_used_modules() {
-    let wasm =
-        WasmGuest::with_config(WasmGuestConfig { module_cache_entries: 2, ..WasmGuestConfig::default() }).unwrap();
+    let wasm = WasmGuest::new(WasmGuestConfig::default().module_cache_entries(2)).unwrap();
     for module in [guest!(wat "hello"), guest!(wat "echo_json"), guest!(wat "hello"), guest!(wat "exit42")] {
         Executor::run_on(&wasm, ExecRequest::wasm(module)).unwrap();
     }
@@ -469,7 +468,7 @@ fn cache_evicts_least_recently_used_modules() {
 
 #[test]
 fn a_burst_beyond_the_pool_waits_and_only_an_expired_wait_is_busy() {
-    let wasm = WasmGuest::with_config(WasmGuestConfig { pooled_instances: 1, ..Default::default() }).unwrap();
+    let wasm = WasmGuest::new(WasmGuestConfig::default().pooled_instances(1)).unwrap();
     // Compile first, so the sleeper holds the only slot when the others start.
     wasm.precompile(&guest!(prebuilt "wasi_tool")).unwrap();
     wasm.precompile(&guest!(wat "hello")).unwrap();
@@ -506,7 +505,7 @@ async fn direct_call_from_an_async_worker_does_not_panic() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn executor_execute_runs_wasm_on_the_blocking_pool() {
-    let exec = Executor::builder().backend(WasmGuest::new().unwrap()).build();
+    let exec = Executor::builder().backend(WasmGuest::new(WasmGuestConfig::default()).unwrap()).build();
     let r = exec.execute(tool(&["args", "x"])).await.unwrap();
     assert_eq!(stdout(&r), "x\n");
 }
@@ -602,21 +601,21 @@ fn modules_within_the_limits_compile_and_run() {
 fn module_limits_come_from_the_config() {
     let mut cfg = WasmGuestConfig::default();
     cfg.module_limits.max_functions = 10;
-    let strict = WasmGuest::with_config(cfg).unwrap();
+    let strict = WasmGuest::new(cfg).unwrap();
     assert_eq!(Executor::run_on(&strict, ExecRequest::wasm(guest!(wat "hello"))).unwrap().outcome, Outcome::Ok);
     let reason = invalid_module_reason(Executor::run_on(&strict, tool(&["args"])).unwrap_err());
     assert!(reason.contains("max_functions") && reason.contains("at most 10"), "{reason}");
 
     let mut cfg = WasmGuestConfig::default();
     cfg.module_limits.max_module_bytes = 1_000;
-    let tiny = WasmGuest::with_config(cfg).unwrap();
+    let tiny = WasmGuest::new(cfg).unwrap();
     let reason = invalid_module_reason(Executor::run_on(&tiny, tool(&["args"])).unwrap_err());
     assert!(reason.contains("max_module_bytes"), "{reason}");
 }
 
 #[test]
 fn a_compile_that_ends_after_the_deadline_is_timed_out() {
-    let wasm = WasmGuest::new().unwrap();
+    let wasm = WasmGuest::new(WasmGuestConfig::default()).unwrap();
     // Thousands of functions: tens of ms of Cranelift at least, never 1 ms.
     let module = binary_module(3_000, &body(&[0x41, 0x01, 0x1a].repeat(40)));
     let tight = SandboxPolicy::strict().timeout(Duration::from_millis(1));
@@ -638,7 +637,7 @@ fn heavy_module() -> Vec<u8> {
 
 #[test]
 fn a_heavy_compile_is_stopped_at_the_deadline_in_its_worker() {
-    let wasm = WasmGuest::new().unwrap();
+    let wasm = WasmGuest::new(WasmGuestConfig::default()).unwrap();
     assert!(wasm.engine().compiles_contained(), "the execbox binary serves as compile worker here");
     let started = Instant::now();
     let tight = SandboxPolicy::strict().timeout(Duration::from_millis(300)).max_code_bytes(8 << 20);
@@ -654,8 +653,8 @@ fn a_heavy_compile_is_stopped_at_the_deadline_in_its_worker() {
 
 #[test]
 fn a_compile_over_its_memory_cap_is_out_of_memory() {
-    let cfg = WasmGuestConfig { max_compile_memory_bytes: 4 << 20, ..WasmGuestConfig::default() };
-    let wasm = WasmGuest::with_config(cfg).unwrap();
+    let cfg = WasmGuestConfig::default().max_compile_memory_bytes(4 << 20);
+    let wasm = WasmGuest::new(cfg).unwrap();
     let roomy = SandboxPolicy::strict().timeout(Duration::from_secs(120)).max_code_bytes(8 << 20);
     let r = Executor::run_on(&wasm, ExecRequest::wasm(heavy_module()).policy(roomy)).unwrap();
     assert_eq!(r.outcome, Outcome::OutOfMemory, "{r:?}");
@@ -664,19 +663,19 @@ fn a_compile_over_its_memory_cap_is_out_of_memory() {
 
 #[test]
 fn without_a_worker_modules_compile_in_process_within_the_static_limits() {
-    let cfg = WasmGuestConfig { worker_program: Some("/nonexistent/execbox".into()), ..WasmGuestConfig::default() };
-    let wasm = WasmGuest::with_config(cfg).unwrap();
+    let cfg = WasmGuestConfig::default().worker_program("/nonexistent/execbox");
+    let wasm = WasmGuest::new(cfg).unwrap();
     assert!(!wasm.engine().compiles_contained());
     assert_eq!(Executor::run_on(&wasm, ExecRequest::wasm(guest!(wat "hello"))).unwrap().outcome, Outcome::Ok);
-    let cfg = WasmGuestConfig { compile_in_worker: false, ..WasmGuestConfig::default() };
-    let wasm = WasmGuest::with_config(cfg).unwrap();
+    let cfg = WasmGuestConfig::default().compile_in_worker(false);
+    let wasm = WasmGuest::new(cfg).unwrap();
     assert!(!wasm.engine().compiles_contained());
     assert_eq!(Executor::run_on(&wasm, ExecRequest::wasm(guest!(wat "hello"))).unwrap().outcome, Outcome::Ok);
 }
 
 #[test]
 fn concurrent_runs_of_a_new_module_compile_it_once() {
-    let wasm = WasmGuest::new().unwrap();
+    let wasm = WasmGuest::new(WasmGuestConfig::default()).unwrap();
     let module = binary_module(2_000, &body(&[0x41, 0x02, 0x1a].repeat(30)));
     let barrier = std::sync::Barrier::new(8);
     std::thread::scope(|s| {
@@ -781,7 +780,7 @@ fn initial_memory_or_table_over_the_ceiling_is_out_of_memory_not_invalid() {
     let r = run(ExecRequest::wasm(b"(module (table 200000 funcref) (func (export \"_start\")))".to_vec()));
     assert_eq!(r.outcome, Outcome::OutOfMemory, "{r:?}");
     // The same verdict through the executor (the README promises it).
-    let exec = Executor::builder().backend(WasmGuest::new().unwrap()).build();
+    let exec = Executor::builder().backend(WasmGuest::new(WasmGuestConfig::default()).unwrap()).build();
     let r = exec.execute_blocking(
         ExecRequest::wasm(guest!(wat "big_initial_memory")).policy(SandboxPolicy::strict().memory_bytes(64 << 20)),
     );
@@ -804,13 +803,17 @@ fn disk_cache_trusts_only_private_directories_and_never_chmods_them() {
     let shared = root.path().join("shared");
     std::fs::create_dir(&shared).unwrap();
     chmod(&shared, 0o1777);
-    let cfg = |dir: &std::path::Path| WasmGuestConfig { disk_cache_dir: Some(dir.into()), ..Default::default() };
-    let err = WasmGuest::with_config(cfg(&shared)).err().expect("a world-writable cache dir is refused");
+    let cfg = |dir: &std::path::Path| WasmGuestConfig::default().disk_cache_dir(dir);
+    let err = WasmGuest::new(cfg(&shared)).err().expect("a world-writable cache dir is refused");
     assert!(err.to_string().contains("writable by group or others"), "{err}");
+    assert!(
+        matches!(err, execbox::ConfigError::Invalid { setting: "WasmGuestConfig::disk_cache_dir", .. }),
+        "the caller's setting, named: {err:?}"
+    );
     assert_eq!(mode(&shared), 0o1777, "an existing directory is not chmodded");
 
     let created = root.path().join("a/b/cache");
-    WasmGuest::with_config(cfg(&created)).unwrap();
+    WasmGuest::new(cfg(&created)).unwrap();
     assert_eq!(mode(&created), 0o700, "a directory execbox creates is owner-only");
 }
 
@@ -818,14 +821,14 @@ fn disk_cache_trusts_only_private_directories_and_never_chmods_them() {
 fn disk_cache_skips_artifacts_others_could_have_written() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("cache");
-    let cfg = WasmGuestConfig { disk_cache_dir: Some(dir.clone()), ..Default::default() };
-    let first = WasmGuest::with_config(cfg.clone()).unwrap();
+    let cfg = WasmGuestConfig::default().disk_cache_dir(dir.clone());
+    let first = WasmGuest::new(cfg.clone()).unwrap();
     assert_eq!(Executor::run_on(&first, ExecRequest::wasm(guest!(wat "hello"))).unwrap().outcome, Outcome::Ok);
     drop(first);
     let artifact = std::fs::read_dir(&dir).unwrap().next().unwrap().unwrap().path();
 
     chmod(&artifact, 0o666);
-    let second = WasmGuest::with_config(cfg.clone()).unwrap();
+    let second = WasmGuest::new(cfg.clone()).unwrap();
     assert_eq!(Executor::run_on(&second, ExecRequest::wasm(guest!(wat "hello"))).unwrap().outcome, Outcome::Ok);
     assert_eq!((second.cache_stats().disk_hits, second.cache_stats().compiled), (0, 1), "a group-writable artifact");
 
@@ -834,7 +837,7 @@ fn disk_cache_skips_artifacts_others_could_have_written() {
     std::fs::rename(&artifact, &elsewhere).unwrap();
     chmod(&elsewhere, 0o600);
     std::os::unix::fs::symlink(&elsewhere, &artifact).unwrap();
-    let third = WasmGuest::with_config(cfg).unwrap();
+    let third = WasmGuest::new(cfg).unwrap();
     assert_eq!(Executor::run_on(&third, ExecRequest::wasm(guest!(wat "hello"))).unwrap().outcome, Outcome::Ok);
     assert_eq!((third.cache_stats().disk_hits, third.cache_stats().compiled), (0, 1), "a symlinked artifact");
 }
@@ -842,14 +845,14 @@ fn disk_cache_skips_artifacts_others_could_have_written() {
 #[test]
 fn a_refused_pool_reservation_is_visible() {
     // Far more slots than any address space holds: the reservation fails.
-    let cfg = WasmGuestConfig { pooled_instances: 50_000_000, ..Default::default() };
-    let wasm = WasmGuest::with_config(cfg).unwrap();
-    assert!(!wasm.pooling_allocator());
+    let cfg = WasmGuestConfig::default().pooled_instances(50_000_000);
+    let wasm = WasmGuest::new(cfg).unwrap();
+    assert!(!wasm.engine().pooling_allocator());
     let memory = &wasm.capabilities().memory;
     assert!(format!("{memory:?}").contains("allocated on demand"), "{memory:?}");
     assert_eq!(Executor::run_on(&wasm, ExecRequest::wasm(guest!(wat "hello"))).unwrap().outcome, Outcome::Ok);
 
-    assert!(backend().pooling_allocator(), "the default pool fits here");
+    assert!(backend().engine().pooling_allocator(), "the default pool fits here");
     assert!(format!("{:?}", backend().capabilities().memory).contains("pooling allocator of 32 slots"));
 }
 
@@ -881,8 +884,9 @@ fn under_an_address_space_limit_the_engine_falls_back_and_still_runs() {
 
 #[test]
 fn runs_without_a_policy_timeout_get_the_backends_default() {
-    let cfg = WasmGuestConfig { default_timeout: Duration::from_millis(300), ..Default::default() };
-    let wasm = WasmGuest::with_config(cfg).unwrap();
+    let mut cfg = WasmGuestConfig::default();
+    cfg.defaults.timeout = Duration::from_millis(300);
+    let wasm = WasmGuest::new(cfg).unwrap();
     let mut unbounded = SandboxPolicy::strict();
     unbounded.timeout_ms = None;
     // Compiled first: the compile would count against the 300 ms too.
@@ -899,4 +903,26 @@ fn runs_without_a_policy_timeout_get_the_backends_default() {
         assert_eq!(r.outcome, Outcome::TimedOut, "{r:?}");
         assert_eq!(r.message.as_deref(), Some("deadline of 300 ms exceeded"), "{r:?}");
     }
+}
+
+#[test]
+fn runs_without_a_policy_memory_cap_get_the_backends_default_held_to_its_ceiling() {
+    let uncapped = SandboxPolicy { memory_bytes: None, ..SandboxPolicy::strict() };
+    let bomb = || ExecRequest::wasm(guest!(wat "grow_bomb")).policy(uncapped.clone());
+    let cap: u64 = 32 << 20;
+    let mut cfg = WasmGuestConfig::default();
+    cfg.defaults.memory_bytes = cap;
+    let wasm = WasmGuest::new(cfg).unwrap();
+    let r = Executor::run_on(&wasm, bomb()).unwrap();
+    assert_eq!(r.outcome, Outcome::OutOfMemory, "{r:?}");
+    assert!(r.usage.peak_memory_bytes.unwrap() <= cap, "{r:?}");
+    assert!(r.message.as_deref().unwrap().contains(&format!("memory limit of {cap} bytes")), "{r:?}");
+    // A default above the ceiling gets the ceiling.
+    let ceiling: u64 = 48 << 20;
+    let mut cfg = WasmGuestConfig::default().max_memory_bytes(ceiling).pooled_instances(2);
+    cfg.defaults.memory_bytes = 1 << 40;
+    let wasm = WasmGuest::new(cfg).unwrap();
+    let r = Executor::run_on(&wasm, bomb()).unwrap();
+    assert_eq!(r.outcome, Outcome::OutOfMemory, "{r:?}");
+    assert!(r.message.as_deref().unwrap().contains(&format!("memory limit of {ceiling} bytes")), "{r:?}");
 }

@@ -9,7 +9,7 @@
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use execbox::backends::{BoaJs, BoaJsConfig, WasmInterpreter};
+use execbox::backends::{BoaJs, BoaJsConfig, Interpreter, InterpreterConfig, WasmInterpreter};
 use execbox::{Backend, ExecRequest, ExecResult, Executor, Language, Outcome, SandboxPolicy};
 use serde_json::json;
 
@@ -36,12 +36,12 @@ fn shared(
 
 fn python_backend() -> Option<&'static WasmInterpreter> {
     static SLOT: OnceLock<Option<WasmInterpreter>> = OnceLock::new();
-    shared(&SLOT, || WasmInterpreter::python().expect("engine"))
+    shared(&SLOT, || WasmInterpreter::new(InterpreterConfig::default()).expect("engine"))
 }
 
 fn quickjs_backend() -> Option<&'static WasmInterpreter> {
     static SLOT: OnceLock<Option<WasmInterpreter>> = OnceLock::new();
-    shared(&SLOT, || WasmInterpreter::quickjs().expect("engine"))
+    shared(&SLOT, || WasmInterpreter::new(InterpreterConfig::default().kind(Interpreter::QuickJs)).expect("engine"))
 }
 
 fn python(code: &str) -> ExecRequest {
@@ -208,8 +208,8 @@ fn js_goes_to_contained_boa_and_to_quickjs_when_boa_has_no_worker() {
     let (Some(_), Some(_)) = (python_backend(), quickjs_backend()) else { return };
     let exec = Executor::builder()
         .backend(BoaJs::default())
-        .backend(WasmInterpreter::quickjs().unwrap())
-        .backend(WasmInterpreter::python().unwrap())
+        .backend(WasmInterpreter::new(InterpreterConfig::default().kind(Interpreter::QuickJs)).unwrap())
+        .backend(WasmInterpreter::new(InterpreterConfig::default()).unwrap())
         .build();
     // Contained boa enforces the memory cap itself.
     let capped = ExecRequest::javascript("return 1").policy(SandboxPolicy::strict().memory_bytes(32 << 20));
@@ -218,7 +218,10 @@ fn js_goes_to_contained_boa_and_to_quickjs_when_boa_has_no_worker() {
     // Without a worker program boa is unavailable, and QuickJS, which also
     // enforces everything, takes the request (never in-process boa).
     let no_worker = BoaJs::new(BoaJsConfig::default().worker_program("/nonexistent")).unwrap();
-    let exec = Executor::builder().backend(no_worker).backend(WasmInterpreter::quickjs().unwrap()).build();
+    let exec = Executor::builder()
+        .backend(no_worker)
+        .backend(WasmInterpreter::new(InterpreterConfig::default().kind(Interpreter::QuickJs)).unwrap())
+        .build();
     assert_eq!(exec.select(&capped).unwrap().name(), "quickjs-wasm");
     assert_eq!(exec.execute_blocking(capped).unwrap().output, Some(json!(1)));
 }
@@ -349,11 +352,10 @@ fn quickjs_runs_that_do_not_return_a_value_are_failed() {
 #[test]
 fn a_run_that_cannot_get_a_slot_in_time_is_busy_naming_its_backend() {
     let Some(_) = python_backend() else { return };
-    use execbox::backends::{Interpreter, WasmEngine, WasmGuest, WasmGuestConfig};
-    let engine = WasmEngine::new(WasmGuestConfig { pooled_instances: 1, ..Default::default() }).unwrap();
-    let wasm = WasmGuest::on_engine(engine.clone()).unwrap();
-    let dir = execbox::backends::wasm::interpreters::interpreters_dir();
-    let py = WasmInterpreter::on_engine(Interpreter::Python, dir, engine.clone()).unwrap().with_warm_pool(0);
+    use execbox::backends::{WasmEngine, WasmGuest, WasmGuestConfig};
+    let engine = WasmEngine::new(WasmGuestConfig::default().pooled_instances(1)).unwrap();
+    let wasm = WasmGuest::on_engine(engine.clone());
+    let py = WasmInterpreter::on_engine(engine.clone(), InterpreterConfig::default().warm_pool(0));
     py.warm_up().unwrap();
     let tool = include_bytes!("../guests/prebuilt/wasi_tool.wasm").to_vec();
     wasm.precompile(&tool).unwrap();
@@ -376,11 +378,12 @@ fn a_run_that_cannot_get_a_slot_in_time_is_busy_naming_its_backend() {
 #[test]
 fn interpreter_runs_without_a_policy_timeout_get_the_default() {
     let (Some(_), Some(_)) = (python_backend(), quickjs_backend()) else { return };
-    use execbox::backends::{Interpreter, WasmGuestConfig};
-    let cfg = WasmGuestConfig { default_timeout: Duration::from_millis(1500), ..Default::default() };
-    let dir = execbox::backends::wasm::interpreters::interpreters_dir();
-    let py = WasmInterpreter::new(Interpreter::Python, dir.clone(), cfg.clone()).unwrap().with_warm_pool(1);
-    let qjs = WasmInterpreter::new(Interpreter::QuickJs, dir, cfg).unwrap();
+    use execbox::backends::{WasmEngine, WasmGuestConfig};
+    let mut cfg = WasmGuestConfig::default();
+    cfg.defaults.timeout = Duration::from_millis(1500);
+    let engine = WasmEngine::new(cfg).unwrap();
+    let py = WasmInterpreter::on_engine(engine.clone(), InterpreterConfig::default().warm_pool(1));
+    let qjs = WasmInterpreter::on_engine(engine, InterpreterConfig::default().kind(Interpreter::QuickJs));
     py.warm_up().unwrap();
     qjs.warm_up().unwrap();
     let until = Instant::now() + Duration::from_secs(60);
@@ -406,14 +409,15 @@ fn an_interpreter_cache_dir_others_can_write_is_not_used() {
     let Some(_) = quickjs_backend() else { return };
     use std::os::unix::fs::PermissionsExt;
     let root = tempfile::tempdir().unwrap();
-    let source = execbox::backends::wasm::interpreters::interpreters_dir().unwrap().join("quickjs.wasm");
+    let source = execbox::backends::wasm::interpreters_dir().unwrap().join("quickjs.wasm");
     std::fs::copy(source, root.path().join("quickjs.wasm")).unwrap();
     let compiled = root.path().join("compiled");
     std::fs::create_dir(&compiled).unwrap();
     std::fs::set_permissions(&compiled, std::fs::Permissions::from_mode(0o777)).unwrap();
     let engine = execbox::backends::WasmEngine::new(Default::default()).unwrap();
     let interpreter = execbox::backends::Interpreter::QuickJs;
-    let qjs = WasmInterpreter::on_engine(interpreter, Some(root.path().into()), engine).unwrap();
+    let cfg = execbox::backends::InterpreterConfig::default().kind(interpreter).dir(root.path());
+    let qjs = WasmInterpreter::on_engine(engine, cfg);
     let r = run(&qjs, js("return 6 * 7"));
     assert_eq!(r.output, Some(json!(42)), "{r:?}");
     assert_eq!(std::fs::read_dir(&compiled).unwrap().count(), 0, "no artifact was written to (or read from) it");
@@ -465,4 +469,21 @@ print(json.dumps(results))
     for made in ["moved", "sub/abs2", "hard", "sub/copy"] {
         assert!(std::fs::symlink_metadata(grant.join(made)).is_err(), "{made} was made");
     }
+}
+
+#[test]
+fn prepare_returns_once_a_warm_instance_is_ready() {
+    let Some(_) = python_backend() else { return };
+    let limit = Duration::from_secs(120);
+    let py = WasmInterpreter::new(InterpreterConfig::default().warm_pool(1)).unwrap();
+    let started = Instant::now();
+    py.prepare(limit);
+    assert!(py.warm_ready() >= 1, "prepare waited for the warm instance");
+    assert!(started.elapsed() < limit, "woken when it was ready, not at the limit");
+    // With no pool, prepare loads the module and returns.
+    let cold = WasmInterpreter::new(InterpreterConfig::default().warm_pool(0)).unwrap();
+    let started = Instant::now();
+    cold.prepare(limit);
+    assert!(started.elapsed() < limit);
+    assert_eq!((cold.warm_idle(), cold.readiness()), (0, None));
 }

@@ -13,7 +13,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use execbox::backends::{Interpreter, WasmEngine, WasmGuest, WasmGuestConfig, WasmInterpreter};
+use execbox::backends::{Interpreter, InterpreterConfig, WasmEngine, WasmGuest, WasmGuestConfig, WasmInterpreter};
 use execbox::{Backend, ExecError, ExecRequest, Executor, Language, Outcome, SandboxPolicy};
 use serde_json::json;
 
@@ -106,10 +106,10 @@ fn answered_nonce(kind: Kind, r: &execbox::ExecResult) -> Option<String> {
 #[test]
 fn soak_mixed_wasm_runs_at_high_concurrency() {
     let engine = WasmEngine::new(WasmGuestConfig::default()).unwrap();
-    let dir = execbox::backends::wasm::interpreters::interpreters_dir();
-    let wasm = Arc::new(WasmGuest::on_engine(engine.clone()).unwrap());
-    let qjs = Arc::new(WasmInterpreter::on_engine(Interpreter::QuickJs, dir.clone(), engine.clone()).unwrap());
-    let py = Arc::new(WasmInterpreter::on_engine(Interpreter::Python, dir, engine.clone()).unwrap());
+    let wasm = Arc::new(WasmGuest::on_engine(engine.clone()));
+    let qjs =
+        Arc::new(WasmInterpreter::on_engine(engine.clone(), InterpreterConfig::default().kind(Interpreter::QuickJs)));
+    let py = Arc::new(WasmInterpreter::on_engine(engine.clone(), InterpreterConfig::default()));
     if let Err(reason) = py.availability().and(qjs.availability()) {
         assert!(std::env::var_os("EXECBOX_REQUIRE_INTERPRETERS").is_none(), "required but {reason}");
         eprintln!("skipping: {reason}");

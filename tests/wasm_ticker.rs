@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use execbox::Executor;
-use execbox::backends::WasmGuest;
+use execbox::backends::{WasmGuest, WasmGuestConfig};
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
@@ -35,7 +35,7 @@ fn settles_at(name: &str, expected: usize) -> usize {
 fn dropping_the_backend_stops_its_ticker_thread() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let before = threads_named("execbox-epoch");
-    let wasm = WasmGuest::new().unwrap();
+    let wasm = WasmGuest::new(WasmGuestConfig::default()).unwrap();
     assert_eq!(settles_at("execbox-epoch", before + 1), before + 1);
     drop(wasm);
     // Drop joins the thread: it is gone at once.
@@ -65,7 +65,7 @@ fn a_deadline_holds_under_cpu_contention() {
 
     use execbox::{ExecRequest, Outcome, SandboxPolicy};
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    let wasm = WasmGuest::new().unwrap();
+    let wasm = WasmGuest::new(WasmGuestConfig::default()).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let spinners: Vec<_> = (0..8)
         .map(|_| {

@@ -9,7 +9,7 @@
 use std::time::{Duration, Instant};
 
 use execbox::Executor;
-use execbox::backends::WasmInterpreter;
+use execbox::backends::{InterpreterConfig, WasmInterpreter};
 use execbox::{Backend, ExecRequest, Language, Outcome, SandboxPolicy};
 use serde_json::json;
 
@@ -19,7 +19,7 @@ fn python(code: &str) -> ExecRequest {
 
 #[test]
 fn a_pool_whose_starts_failed_refills_after_a_backoff() {
-    let py = WasmInterpreter::python().expect("engine");
+    let py = WasmInterpreter::new(InterpreterConfig::default()).expect("engine");
     if let Err(reason) = py.availability() {
         assert!(std::env::var_os("EXECBOX_REQUIRE_INTERPRETERS").is_none(), "required but {reason}");
         eprintln!("skipping: {reason}");

@@ -18,7 +18,8 @@ pub mod wasm;
 
 #[cfg(feature = "wasm")]
 pub use wasm::{
-    CacheStats, Interpreter, ModuleLimits, PythonSession, WasmEngine, WasmGuest, WasmGuestConfig, WasmInterpreter,
+    CacheStats, Interpreter, InterpreterConfig, ModuleLimits, PythonSession, WasmEngine, WasmGuest, WasmGuestConfig,
+    WasmInterpreter,
 };
 
 #[cfg(feature = "container")]

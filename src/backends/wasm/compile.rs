@@ -2,7 +2,7 @@
 //! memory (least recently used evicted) and optionally on disk as serialized
 //! artifacts, so a repeated module is never compiled twice.
 //!
-//! Each entry holds an [`InstancePre`]: imports resolved and type-checked once,
+//! Each entry holds an [`InstancePre`](wasmtime::InstancePre): imports resolved and type-checked once,
 //! so a call only instantiates. The guest ABI is decided here too, so a
 //! module that fits none is refused before anything runs.
 //!
@@ -15,48 +15,27 @@
 //! - **pinned** ones (the interpreters): known by sha256, trusted, compiled
 //!   in-process by [`compile_trusted`].
 
+use lru::LruCache;
 use parking_lot::{Condvar, Mutex};
-use std::collections::{HashMap, HashSet};
-use std::hash::{Hash, Hasher};
-use std::io::Write;
-use std::path::PathBuf;
+use std::collections::HashSet;
+use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::Serialize;
 use sha2::{Digest, Sha256};
-use wasmtime::{Engine, ExternType, InstancePre, Linker, Module, ValType};
+use wasmtime::{Engine, ExternType, Linker, Module, ValType};
 
 use super::compile_worker::{CompileWorkers, Compiled as Contained};
+use super::disk_cache::{DiskCache, Key};
+use super::engine::WasmEngine;
+use super::guest::{Compiled, GuestAbi, GuestState};
 use super::module_limits::{self, Ceilings, ModuleLimits, StaticRefusal};
-use super::run::GuestState;
 use crate::error::InvalidRequest;
 use crate::limits::deadline::Deadline;
 
-/// The wasmtime release this crate pins; part of the on-disk cache key
-/// (wasmtime's own compatibility hash covers it too).
-const WASMTIME_VERSION: &str = "48.0.8";
-
-/// How execbox talks to a guest, decided from its exports.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum GuestAbi {
-    /// A WASI preview-1 command: `_start`, stdio, argv, env, exit code.
-    Command,
-    /// The JSON ABI: `memory`, `alloc(len) -> ptr`, `run(ptr, len) -> (ptr << 32 | len)`;
-    /// `_initialize` runs first when exported (wasi-libc reactors).
-    JsonAbi {
-        /// The module exports `_initialize`.
-        initialize: bool,
-    },
-}
-
-/// A module ready to instantiate.
-pub(super) struct Compiled {
-    pub pre: InstancePre<GuestState>,
-    pub abi: GuestAbi,
-}
-
-/// Counters of the module cache since the backend was built.
+/// Counters of a backend's module cache since the backend was built
+/// ([`WasmGuest::cache_stats`](super::guest_backend::WasmGuest::cache_stats)).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct CacheStats {
     /// Modules compiled from their bytes.
@@ -69,64 +48,61 @@ pub struct CacheStats {
     pub entries: u64,
 }
 
-type Key = [u8; 32];
-
-pub(super) struct ModuleCache {
+/// One backend's compiled modules: in memory (an LRU of `capacity`), on
+/// disk if it has a [`DiskCache`], and the compiles in flight.
+pub(crate) struct ModuleCache {
     engine: Engine,
     linker: Arc<Linker<GuestState>>,
-    capacity: usize,
-    entries: Mutex<Entries>,
-    disk: Option<DiskCache>,
+    /// Least recently used evicted first (the `lru` crate: O(1) lookups,
+    /// inserts and evictions).
+    entries: Mutex<LruCache<Key, Arc<Compiled>>>,
+    disk: Option<Arc<DiskCache>>,
     compiled: AtomicU64,
     memory_hits: AtomicU64,
     disk_hits: AtomicU64,
-    /// Untrusted modules being compiled now: a run that needs one of them
-    /// waits for that compile (within its deadline) instead of starting the
-    /// same compile again, so concurrency does not multiply a heavy module.
+    /// Untrusted modules being compiled now (single flight): a run that
+    /// needs one of them waits for that compile (within its deadline)
+    /// instead of starting the same compile again, so concurrency does not
+    /// multiply a heavy module. The LRU cannot do this: it holds only
+    /// modules that are ready.
     in_flight: Mutex<HashSet<Key>>,
     landed: Condvar,
     /// Where untrusted modules compile (`None`: in this process).
     compiler: Option<Arc<CompileWorkers>>,
 }
 
-#[derive(Default)]
-struct Entries {
-    map: HashMap<Key, (Arc<Compiled>, u64)>,
-    clock: u64,
-}
-
 impl ModuleCache {
-    pub fn new(wasm: &super::WasmEngine, capacity: usize, disk_dir: Option<PathBuf>) -> std::io::Result<Self> {
-        let engine = wasm.engine().clone();
-        let disk = disk_dir.map(|dir| DiskCache::open(dir, &engine)).transpose()?;
-        Ok(Self {
-            engine,
+    /// A cache of `capacity` modules in memory (at least 1) for runs on
+    /// `wasm`, keeping them in `disk` too if given.
+    pub(crate) fn new(wasm: &WasmEngine, capacity: usize, disk: Option<Arc<DiskCache>>) -> Self {
+        let capacity = NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN);
+        Self {
+            engine: wasm.engine().clone(),
             linker: wasm.linker().clone(),
             compiler: wasm.compiler().cloned(),
-            capacity: capacity.max(1),
-            entries: Mutex::default(),
+            entries: Mutex::new(LruCache::new(capacity)),
             disk,
             compiled: AtomicU64::new(0),
             memory_hits: AtomicU64::new(0),
             disk_hits: AtomicU64::new(0),
             in_flight: Mutex::default(),
             landed: Condvar::new(),
-        })
+        }
     }
 
-    pub fn stats(&self) -> CacheStats {
+    pub(crate) fn stats(&self) -> CacheStats {
         CacheStats {
             compiled: self.compiled.load(Ordering::Relaxed),
             memory_hits: self.memory_hits.load(Ordering::Relaxed),
             disk_hits: self.disk_hits.load(Ordering::Relaxed),
-            entries: self.lock().map.len() as u64,
+            entries: self.entries.lock().len() as u64,
         }
     }
 
     /// The ready module for the untrusted payload `bytes` (binary or WAT),
     /// checked against `limits` and `ceilings` and compiled at most once.
     /// `deadline` is the run's: a compile is not started once it has passed.
-    pub fn get_untrusted(
+    pub(crate) fn get_untrusted(
         &self,
         bytes: &[u8],
         limits: &ModuleLimits,
@@ -168,7 +144,7 @@ impl ModuleCache {
     /// neither cache has it; what it returns must hash to `key`. For large
     /// pinned modules (interpreters): a warm disk cache skips reading and
     /// hashing the module itself.
-    pub fn get_pinned<'b>(
+    pub(crate) fn get_pinned<'b>(
         &self,
         key: Key,
         bytes: impl FnOnce() -> Result<std::borrow::Cow<'b, [u8]>, InvalidRequest>,
@@ -223,7 +199,7 @@ impl ModuleCache {
         if let Some(disk) = &self.disk
             && let Err(e) = disk.store(module, key)
         {
-            tracing::debug!(error = %e, dir = %disk.dir.display(), "cannot store a compiled module on disk");
+            tracing::debug!(error = %e, dir = %disk.dir().display(), "cannot store a compiled module on disk");
         }
     }
 
@@ -238,31 +214,12 @@ impl ModuleCache {
         Ok(compiled)
     }
 
-    fn lock(&self) -> parking_lot::MutexGuard<'_, Entries> {
-        self.entries.lock()
-    }
-
     fn lookup(&self, key: &Key) -> Option<Arc<Compiled>> {
-        let mut entries = self.lock();
-        entries.clock += 1;
-        let now = entries.clock;
-        entries.map.get_mut(key).map(|(compiled, used)| {
-            *used = now;
-            compiled.clone()
-        })
+        self.entries.lock().get(key).cloned()
     }
 
     fn insert(&self, key: Key, compiled: Arc<Compiled>) {
-        let mut entries = self.lock();
-        entries.clock += 1;
-        let now = entries.clock;
-        if entries.map.len() >= self.capacity
-            && !entries.map.contains_key(&key)
-            && let Some(oldest) = entries.map.iter().min_by_key(|(_, (_, used))| *used).map(|(k, _)| *k)
-        {
-            entries.map.remove(&oldest);
-        }
-        entries.map.insert(key, (compiled, now));
+        self.entries.lock().put(key, compiled);
     }
 }
 
@@ -287,7 +244,7 @@ impl Drop for Flight<'_> {
 
 /// Why an untrusted module was not made ready.
 #[derive(Debug)]
-pub(super) enum CompileRefusal {
+pub(crate) enum CompileRefusal {
     /// Malformed, invalid, over a static limit, or fitting no ABI.
     Invalid(InvalidRequest),
     /// Its declared minimum memory or table exceeds the backend's ceiling.
@@ -384,143 +341,4 @@ fn guest_abi(module: &Module) -> Result<GuestAbi, InvalidRequest> {
         return Err(bad("JSON ABI: the module must export its `memory`".into()));
     }
     Ok(GuestAbi::JsonAbi { initialize: func("_initialize").is_some() })
-}
-
-/// Serialized modules in one directory, named by module hash and engine key.
-///
-/// Loading a serialized module runs its machine code (wasmtime's
-/// `Module::deserialize` only checks a header), so an artifact is trusted only
-/// when nobody but this user could have written it: the directory must be
-/// ours (our effective uid) and not writable by group or others, and so must
-/// each artifact, checked on the opened file (no symlinks followed). A
-/// directory execbox creates is made owner-only; an existing one is never
-/// chmodded, only checked.
-struct DiskCache {
-    dir: PathBuf,
-    engine_key: String,
-}
-
-impl DiskCache {
-    fn open(dir: PathBuf, engine: &Engine) -> std::io::Result<Self> {
-        if !dir.exists() {
-            if let Some(parent) = dir.parent() {
-                std::fs::create_dir_all(parent)?;
-            }
-            let mut builder = std::fs::DirBuilder::new();
-            #[cfg(unix)]
-            std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
-            match builder.create(&dir) {
-                Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
-                _ => {}
-            }
-        }
-        let meta = std::fs::metadata(&dir)?;
-        if !meta.is_dir() {
-            return Err(std::io::Error::other(format!("{} is not a directory", dir.display())));
-        }
-        owned_privately(&meta).map_err(|why| std::io::Error::other(format!("{}: {why}", dir.display())))?;
-        let mut hasher = Sha256Hasher(Sha256::new());
-        WASMTIME_VERSION.hash(&mut hasher);
-        engine.precompile_compatibility_hash().hash(&mut hasher);
-        let engine_key = hex(&hasher.0.finalize()[..8]);
-        Ok(Self { dir, engine_key })
-    }
-
-    fn path(&self, key: &Key) -> PathBuf {
-        self.dir.join(format!("{}-{}.cwasm", hex(key), self.engine_key))
-    }
-
-    fn load(&self, engine: &Engine, key: &Key) -> Option<Module> {
-        let path = self.path(key);
-        let bytes = match read_private_file(&path) {
-            Ok(bytes) => bytes,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
-            Err(e) => {
-                tracing::warn!(path = %path.display(), error = %e, "not loading a cached wasm artifact");
-                return None;
-            }
-        };
-        // SAFETY: `read_private_file` checked that the artifact is a regular
-        // file owned by this user and writable by nobody else, in a directory
-        // of the same kind (checked in `open`): only this user (through
-        // `store` below) can have written it. wasmtime checks the header,
-        // version and engine config and errors on any mismatch.
-        match unsafe { Module::deserialize(engine, &bytes) } {
-            Ok(module) => Some(module),
-            Err(e) => {
-                tracing::debug!(path = %path.display(), error = %format!("{e:#}"), "discarding a stale wasm artifact");
-                let _ = std::fs::remove_file(&path);
-                None
-            }
-        }
-    }
-
-    fn store(&self, module: &Module, key: &Key) -> std::io::Result<()> {
-        let bytes = module.serialize().map_err(|e| std::io::Error::other(format!("{e:#}")))?;
-        // Created 0600 by tempfile, then renamed into place.
-        let mut file = tempfile::NamedTempFile::new_in(&self.dir)?;
-        file.write_all(&bytes)?;
-        file.persist(self.path(key)).map_err(|e| e.error)?;
-        Ok(())
-    }
-}
-
-/// Reads `path` whole, without following a symlink, if it is a regular file
-/// owned by this user and writable by nobody else. Read, not mmap
-/// (`deserialize_file`): a mapped artifact that someone truncates later
-/// would kill the process with SIGBUS.
-fn read_private_file(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
-    use std::io::Read;
-    let mut options = std::fs::OpenOptions::new();
-    options.read(true);
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::custom_flags(&mut options, libc::O_NOFOLLOW | libc::O_NONBLOCK);
-    let mut file = options.open(path)?;
-    let meta = file.metadata()?;
-    if !meta.is_file() {
-        return Err(std::io::Error::other("not a regular file"));
-    }
-    owned_privately(&meta).map_err(std::io::Error::other)?;
-    let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
-    file.read_to_end(&mut bytes)?;
-    Ok(bytes)
-}
-
-/// `Ok` when `meta` belongs to this process's effective user and is not
-/// writable by group or others.
-#[cfg(unix)]
-fn owned_privately(meta: &std::fs::Metadata) -> Result<(), String> {
-    use std::os::unix::fs::MetadataExt;
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let me = unsafe { libc::geteuid() };
-    if meta.uid() != me {
-        return Err(format!("owned by uid {}, not by this process's uid {me}", meta.uid()));
-    }
-    if meta.mode() & 0o022 != 0 {
-        return Err(format!("writable by group or others (mode {:o})", meta.mode() & 0o7777));
-    }
-    Ok(())
-}
-
-#[cfg(not(unix))]
-fn owned_privately(_meta: &std::fs::Metadata) -> Result<(), String> {
-    Err("ownership cannot be checked on this platform".into())
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// Feeds `Hash` output into sha256, so the key is stable across Rust releases
-/// (unlike `DefaultHasher`).
-struct Sha256Hasher(Sha256);
-
-impl Hasher for Sha256Hasher {
-    fn finish(&self) -> u64 {
-        0 // unused: the digest is read from `.0`
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        self.0.update(bytes);
-    }
 }

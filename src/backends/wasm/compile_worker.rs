@@ -6,7 +6,7 @@
 //! static limits (`module_limits.rs`) bound that to seconds; the worker makes
 //! it a non-event for the host. A compile worker is killed at the run's
 //! deadline and its address space is capped (`RLIMIT_AS` at its size plus
-//! [`WasmGuestConfig::max_compile_memory_bytes`](super::WasmGuestConfig::max_compile_memory_bytes)),
+//! [`WasmGuestConfig::max_compile_memory_bytes`](super::config::WasmGuestConfig::max_compile_memory_bytes)),
 //! so a compile that runs out of either is `timed_out` / `out_of_memory` and
 //! the host is untouched. The worker is locked down like a JS worker
 //! (seccomp, dies with the host, no files).
@@ -39,7 +39,7 @@ use crate::worker::role::{EXIT_PROTOCOL_MISMATCH, Role};
 
 /// Most compile workers alive at once (concurrent compiles of different
 /// modules); more wait within their deadline.
-pub(super) const MAX_COMPILE_WORKERS: usize = 4;
+pub(crate) const MAX_COMPILE_WORKERS: usize = 4;
 
 /// How long a compile worker may take to start, at most (within the run's deadline).
 const START_LIMIT: Duration = Duration::from_secs(10);
@@ -48,7 +48,7 @@ const START_LIMIT: Duration = Duration::from_secs(10);
 /// host's engine: the worker builds its engine from these, without the
 /// pooling allocator (which does not change artifact compatibility).
 #[derive(Clone, Copy, Debug, Serialize, Deserialize)]
-pub(super) struct CompileSettings {
+pub(crate) struct CompileSettings {
     pub consume_fuel: bool,
     pub max_wasm_stack: usize,
     /// The on-demand fallback's small memory reservations (they change how
@@ -78,7 +78,7 @@ fn compatibility(engine: &Engine) -> u64 {
 }
 
 /// How a contained compile ended.
-pub(super) enum Compiled {
+pub(crate) enum Compiled {
     /// The serialized module, for `Module::deserialize` on the host's engine.
     Artifact(Vec<u8>),
     /// The module is invalid (wasmtime's words).
@@ -112,7 +112,7 @@ enum FromCompiler {
 }
 
 /// The host's compile workers of one engine.
-pub(super) struct CompileWorkers {
+pub(crate) struct CompileWorkers {
     settings: CompileSettings,
     /// The host engine's fingerprint: a worker whose artifacts would not load is not used.
     compatibility: u64,

@@ -5,7 +5,8 @@
 //! the pooling allocator's address space (tens of GiB of it, committed only
 //! as used) and starts a ticker thread. `wasm`, `quickjs-wasm` and
 //! `python-wasm` therefore share one ([`ExecutorBuilder::wasm_backends`]
-//! does this); each backend keeps its own module cache.
+//! does this), and with it its instance slots; each backend keeps its own
+//! module cache (the engine's `disk_cache_dir` is opened once, here).
 //!
 //! **Slots.** The pooling allocator has a fixed number of instance slots. A
 //! run takes a [`SlotPermit`] before it instantiates and gives it back after
@@ -22,20 +23,24 @@ use std::sync::Arc;
 
 use wasmtime::{Engine, InstanceAllocationStrategy, Linker, PoolingAllocationConfig};
 
-use super::WasmGuestConfig;
 use super::compile_worker::{CompileSettings, CompileWorkers};
-use super::run::{self, GuestState};
+use super::config::WasmGuestConfig;
+use super::disk_cache::DiskCache;
+use super::guest::GuestState;
+use super::linker;
 use super::ticker::EpochTicker;
-use crate::error::ExecError;
+use crate::backend::may_block_here;
+use crate::error::{ConfigError, ExecError};
 use crate::limits::deadline::Deadline;
+use crate::policy::SandboxPolicy;
 
 /// A wasmtime engine with everything its runs share: the epoch ticker
 /// thread, the WASI linker (with execbox's own `poll_oneoff`, `path_open` and
 /// `path_symlink`) and the instance slots.
 ///
 /// Build one per process and hand it to every wasm backend
-/// ([`WasmGuest::on_engine`](super::WasmGuest::on_engine),
-/// [`WasmInterpreter::on_engine`](super::WasmInterpreter::on_engine)).
+/// ([`WasmGuest::on_engine`](super::guest_backend::WasmGuest::on_engine),
+/// [`WasmInterpreter::on_engine`](super::interpreters::WasmInterpreter::on_engine)).
 /// Dropping the last handle stops the ticker thread.
 pub struct WasmEngine {
     cfg: WasmGuestConfig,
@@ -45,6 +50,8 @@ pub struct WasmEngine {
     slots: Arc<Slots>,
     pooling: bool,
     compiler: Option<Arc<CompileWorkers>>,
+    /// `cfg.disk_cache_dir`, opened and checked.
+    disk: Option<Arc<DiskCache>>,
 }
 
 impl WasmEngine {
@@ -56,19 +63,38 @@ impl WasmEngine {
     /// and says so in [`WasmEngine::pooling_allocator`] and in the
     /// capabilities of the backends built on it. Concurrent runs are still
     /// bounded by `cfg.pooled_instances` then.
-    pub fn new(cfg: WasmGuestConfig) -> Result<Arc<Self>, ExecError> {
-        let fault = |what: &str, e: &dyn std::fmt::Display| ExecError::internal("wasm", format!("{what}: {e:#}"));
+    ///
+    /// Errors: [`ConfigError::Invalid`] for a setting that cannot be used
+    /// (a `disk_cache_dir` that cannot be created or that another user
+    /// could write, a zero `epoch_tick`); [`ConfigError::Unsupported`] when
+    /// this machine cannot run an engine at all (even on-demand allocation
+    /// refused, no thread for the ticker).
+    pub fn new(cfg: WasmGuestConfig) -> Result<Arc<Self>, ConfigError> {
+        let unsupported =
+            |what: &str, e: &dyn std::fmt::Display| ConfigError::Unsupported { reason: format!("{what}: {e:#}") };
+        if cfg.epoch_tick.is_zero() {
+            return Err(ConfigError::invalid(
+                "WasmGuestConfig::epoch_tick",
+                "a zero tick would keep the ticker thread spinning; 1 ms is the default",
+            ));
+        }
         let (engine, pooling, settings) =
-            build_engine(&cfg).map_err(|e| fault("cannot create the wasmtime engine", &e))?;
+            build_engine(&cfg).map_err(|e| unsupported("cannot create the wasmtime engine", &e))?;
+        let disk = match &cfg.disk_cache_dir {
+            Some(dir) => Some(Arc::new(DiskCache::open(dir.clone(), &engine).map_err(|e| {
+                ConfigError::invalid("WasmGuestConfig::disk_cache_dir", format!("cannot use {}: {e}", dir.display()))
+            })?)),
+            None => None,
+        };
         let compiler = cfg.compile_in_worker.then(|| {
             Arc::new(CompileWorkers::new(&engine, settings, cfg.worker_program.clone(), cfg.max_compile_memory_bytes))
         });
-        let linker = run::linker(&engine).map_err(|e| fault("cannot link WASI", &e))?;
+        let linker = linker::linker(&engine).map_err(|e| unsupported("cannot link WASI", &e))?;
         let ticker = EpochTicker::start(engine.clone(), cfg.epoch_tick, cfg.ticker_linger)
-            .map_err(|e| fault("cannot start the epoch ticker", &e))?;
+            .map_err(|e| unsupported("cannot start the epoch ticker", &e))?;
         let capacity = (cfg.pooled_instances > 0).then_some(cfg.pooled_instances as usize);
         let slots = Arc::new(Slots { capacity, busy: Mutex::new(0), freed: Condvar::new() });
-        Ok(Arc::new(Self { cfg, engine, linker: Arc::new(linker), ticker, slots, pooling, compiler }))
+        Ok(Arc::new(Self { cfg, engine, linker: Arc::new(linker), ticker, slots, pooling, compiler, disk }))
     }
 
     /// The settings in use.
@@ -90,30 +116,36 @@ impl WasmEngine {
         self.compiler.as_ref().is_some_and(|c| c.contained())
     }
 
-    pub(super) fn compiler(&self) -> Option<&Arc<CompileWorkers>> {
+    pub(crate) fn compiler(&self) -> Option<&Arc<CompileWorkers>> {
         self.compiler.as_ref()
     }
 
-    /// Instance slots in use right now (runs and warm instances).
+    /// The engine's `disk_cache_dir`, opened (`None` when not configured).
+    pub(crate) fn disk_cache(&self) -> Option<&Arc<DiskCache>> {
+        self.disk.as_ref()
+    }
+
+    /// Instance slots in use right now (runs, warm instances and live
+    /// sessions), out of `pooled_instances`: for status displays.
     pub fn slots_in_use(&self) -> usize {
         *self.slots.lock()
     }
 
-    pub(super) fn engine(&self) -> &Engine {
+    pub(crate) fn engine(&self) -> &Engine {
         &self.engine
     }
 
-    pub(super) fn linker(&self) -> &Arc<Linker<GuestState>> {
+    pub(crate) fn linker(&self) -> &Arc<Linker<GuestState>> {
         &self.linker
     }
 
-    pub(super) fn ticker(&self) -> &EpochTicker {
+    pub(crate) fn ticker(&self) -> &EpochTicker {
         &self.ticker
     }
 
     /// A slot for one instance of `backend`'s, waiting for one until
     /// `deadline`; [`ExecError::Busy`] if none frees up by then.
-    pub(super) fn acquire_slot(&self, deadline: &Deadline, backend: &str) -> Result<SlotPermit, ExecError> {
+    pub(crate) fn acquire_slot(&self, deadline: &Deadline, backend: &str) -> Result<SlotPermit, ExecError> {
         let Some(capacity) = self.slots.capacity else { return Ok(SlotPermit(None)) };
         let mut busy = self.slots.lock();
         loop {
@@ -140,12 +172,45 @@ impl WasmEngine {
 
     /// A slot if one is free now and `keep_free` more stay free after it:
     /// warm instances never wait, and never take the last slots from requests.
-    pub(super) fn try_acquire_slot(&self, keep_free: usize) -> Option<SlotPermit> {
+    pub(crate) fn try_acquire_slot(&self, keep_free: usize) -> Option<SlotPermit> {
         let Some(capacity) = self.slots.capacity else { return Some(SlotPermit(None)) };
         let mut busy = self.slots.lock();
         (busy.saturating_add(1).saturating_add(keep_free) <= capacity).then(|| {
             *busy += 1;
             SlotPermit(Some(self.slots.clone()))
+        })
+    }
+}
+
+impl WasmEngine {
+    /// The linear-memory cap of a run under `policy`: the policy's, else
+    /// [`RunDefaults::memory_bytes`](crate::config::RunDefaults::memory_bytes),
+    /// at most [`WasmGuestConfig::max_memory_bytes`].
+    pub(crate) fn memory_cap(&self, policy: &SandboxPolicy) -> usize {
+        let ceiling = self.cfg.max_memory_bytes;
+        let cap = policy.memory_bytes.unwrap_or(self.cfg.defaults.memory_bytes).min(ceiling);
+        usize::try_from(cap).unwrap_or(usize::MAX)
+    }
+
+    /// Runs `f` here if this thread may block, else on a scoped thread: on an
+    /// async worker thread the sync WASI layer would try to block on a nested
+    /// runtime and panic.
+    pub(crate) fn on_blocking_thread<R: Send>(
+        &self,
+        backend: &str,
+        f: impl FnOnce() -> Result<R, ExecError> + Send,
+    ) -> Result<R, ExecError> {
+        if may_block_here() {
+            return f();
+        }
+        std::thread::scope(|scope| {
+            std::thread::Builder::new()
+                .name("execbox-wasm".into())
+                .stack_size(self.cfg.max_wasm_stack + (2 << 20))
+                .spawn_scoped(scope, f)
+                .map_err(|e| ExecError::internal(backend, format!("cannot spawn: {e}")))?
+                .join()
+                .unwrap_or_else(|_| Err(ExecError::internal(backend, "guest thread panicked")))
         })
     }
 }
@@ -166,7 +231,7 @@ impl Slots {
 
 /// One instance slot, given back when dropped. Drop it only after the store
 /// that used it: the pooling allocator frees the slot with the store.
-pub(super) struct SlotPermit(Option<Arc<Slots>>);
+pub(crate) struct SlotPermit(Option<Arc<Slots>>);
 
 impl Drop for SlotPermit {
     fn drop(&mut self) {
@@ -218,5 +283,40 @@ fn build_engine(cfg: &WasmGuestConfig) -> wasmtime::Result<(Engine, bool, Compil
             settings.small_reservations = true;
             Ok((Engine::new(&settings.config())?, false, settings))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_zero_epoch_tick_is_the_callers_mistake() {
+        let cfg = WasmGuestConfig::default().epoch_tick(std::time::Duration::ZERO).pooled_instances(0);
+        let err = WasmEngine::new(cfg).err().expect("refused");
+        assert!(matches!(err, ConfigError::Invalid { setting: "WasmGuestConfig::epoch_tick", .. }), "{err:?}");
+    }
+
+    #[test]
+    fn an_unusable_cache_dir_is_the_callers_mistake() {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        let cfg = WasmGuestConfig::default().disk_cache_dir(file.path()).pooled_instances(0);
+        let err = WasmEngine::new(cfg).err().expect("refused");
+        assert!(matches!(err, ConfigError::Invalid { setting: "WasmGuestConfig::disk_cache_dir", .. }), "{err:?}");
+    }
+
+    #[test]
+    fn the_memory_cap_is_the_policys_else_the_default_at_most_the_ceiling() {
+        let mut cfg = WasmGuestConfig::default().max_memory_bytes(64 << 20).pooled_instances(0);
+        cfg.defaults.memory_bytes = 16 << 20;
+        let engine = WasmEngine::new(cfg).unwrap();
+        let cap = |memory: Option<u64>| {
+            let mut policy = SandboxPolicy::strict();
+            policy.memory_bytes = memory;
+            engine.memory_cap(&policy)
+        };
+        assert_eq!(cap(None), 16 << 20);
+        assert_eq!(cap(Some(32 << 20)), 32 << 20);
+        assert_eq!(cap(Some(1 << 40)), 64 << 20);
     }
 }

@@ -42,7 +42,7 @@ use wasmtime_wasi::p1::wasi_snapshot_preview1::{self as p1, WasiSnapshotPreview1
 use wasmtime_wasi::runtime::in_tokio;
 use wiggle::{GuestMemory, GuestPtr};
 
-use super::run::{GuestState, Preopen};
+use super::guest::{GuestState, Preopen};
 use crate::error::InvalidRequest;
 
 fn errno(e: Errno) -> i32 {
@@ -50,7 +50,7 @@ fn errno(e: Errno) -> i32 {
 }
 
 /// `path_symlink`: refused, so no guest leaves a link behind.
-pub(super) fn path_symlink(
+pub(crate) fn path_symlink(
     _caller: Caller<'_, GuestState>,
     _old_path: i32,
     _old_path_len: i32,
@@ -62,7 +62,7 @@ pub(super) fn path_symlink(
 }
 
 /// `path_rename`: refused (`EPERM`) when the source is a symlink; see the module docs.
-pub(super) fn path_rename(
+pub(crate) fn path_rename(
     mut caller: Caller<'_, GuestState>,
     fd: i32,
     old_path: i32,
@@ -83,7 +83,7 @@ pub(super) fn path_rename(
 /// `path_link`: refused (`EPERM`) when the source path names a symlink
 /// (looked up without following it, whatever the guest's flags say).
 #[allow(clippy::too_many_arguments)] // the WASI p1 signature
-pub(super) fn path_link(
+pub(crate) fn path_link(
     mut caller: Caller<'_, GuestState>,
     old_fd: i32,
     old_flags: i32,
@@ -105,7 +105,7 @@ pub(super) fn path_link(
 /// `path_open` for regular files, directories and symlinks only; see the
 /// module docs.
 #[allow(clippy::too_many_arguments)] // the WASI p1 signature
-pub(super) fn path_open(
+pub(crate) fn path_open(
     mut caller: Caller<'_, GuestState>,
     fd: i32,
     dirflags: i32,
@@ -193,7 +193,7 @@ fn may_block(fstype: &str) -> bool {
 
 /// Refuses grants on, or containing a mount of, a filesystem whose files
 /// can block the host (see the module docs).
-pub(super) fn refuse_blocking_mounts(preopens: &[Preopen]) -> Result<(), InvalidRequest> {
+pub(crate) fn refuse_blocking_mounts(preopens: &[Preopen]) -> Result<(), InvalidRequest> {
     if preopens.is_empty() {
         return Ok(());
     }

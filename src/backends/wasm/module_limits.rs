@@ -19,6 +19,7 @@
 
 use wasmparser::{Operator, Parser, Payload};
 
+use crate::config::setters;
 use crate::error::InvalidRequest;
 
 /// Static limits on an untrusted module, checked before it is compiled.
@@ -32,9 +33,11 @@ use crate::error::InvalidRequest;
 /// pinned by sha256 (CPython, QuickJS) are trusted and not checked.
 ///
 /// ```
-/// use execbox::backends::WasmGuestConfig;
+/// use execbox::backends::{ModuleLimits, WasmGuestConfig};
 /// let mut cfg = WasmGuestConfig::default();
 /// cfg.module_limits.max_functions = 2_000;
+/// // or, in one chain:
+/// let cfg = WasmGuestConfig::default().module_limits(ModuleLimits::default().max_functions(2_000));
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -74,12 +77,12 @@ pub struct ModuleLimits {
     /// Bytes of one function body (its locals and code).
     ///
     /// # Default
-    /// 256 KiB.
+    /// 128 KiB.
     pub max_function_body_bytes: u32,
     /// Bytes of all function bodies together.
     ///
     /// # Default
-    /// 8 MiB.
+    /// 4 MiB.
     pub max_total_body_bytes: u64,
     /// How deeply `block`, `loop`, `if` and `try_table` may nest in one
     /// function.
@@ -146,9 +149,26 @@ impl Default for ModuleLimits {
     }
 }
 
+setters!(ModuleLimits {
+    max_module_bytes: u64,
+    max_wat_bytes: u64,
+    max_types: u32,
+    max_globals: u32,
+    max_functions: u32,
+    max_function_body_bytes: u32,
+    max_total_body_bytes: u64,
+    max_control_depth: u32,
+    max_blocks_per_function: u32,
+    max_total_blocks: u64,
+    max_locals_per_function: u32,
+    max_total_locals: u64,
+    max_block_locals_per_function: u64,
+    max_total_block_locals: u64,
+});
+
 /// Why a module was refused before compiling.
 #[derive(Debug)]
-pub(super) enum StaticRefusal {
+pub(crate) enum StaticRefusal {
     /// Malformed, or over one of the [`ModuleLimits`]: an `invalid_request`.
     Invalid(InvalidRequest),
     /// Its declared minimum memory or table does not fit the backend's
@@ -163,7 +183,7 @@ impl From<InvalidRequest> for StaticRefusal {
 }
 
 /// The ceilings a module's declared minimums must fit.
-pub(super) struct Ceilings {
+pub(crate) struct Ceilings {
     /// Largest linear memory, in bytes.
     pub memory_bytes: u64,
     /// Largest table, in elements.
@@ -172,7 +192,7 @@ pub(super) struct Ceilings {
 
 /// Checks the binary module `wasm` against `limits` and `ceilings`, reading
 /// it once.
-pub(super) fn check(wasm: &[u8], limits: &ModuleLimits, ceilings: &Ceilings) -> Result<(), StaticRefusal> {
+pub(crate) fn check(wasm: &[u8], limits: &ModuleLimits, ceilings: &Ceilings) -> Result<(), StaticRefusal> {
     let malformed = |e: wasmparser::BinaryReaderError| InvalidRequest::InvalidModule { reason: format!("{e}") };
     let mut functions: u64 = 0;
     let mut total_body: u64 = 0;
@@ -302,7 +322,7 @@ fn control_flow(body: &wasmparser::FunctionBody<'_>, limits: &ModuleLimits) -> R
 
 /// Refuses a payload over [`ModuleLimits::max_module_bytes`] before it is
 /// hashed or parsed.
-pub(super) fn check_size(bytes: &[u8], limits: &ModuleLimits) -> Result<(), InvalidRequest> {
+pub(crate) fn check_size(bytes: &[u8], limits: &ModuleLimits) -> Result<(), InvalidRequest> {
     over("max_module_bytes", bytes.len() as u64, limits.max_module_bytes, "bytes of module")?;
     if !bytes.starts_with(b"\0asm") {
         over(

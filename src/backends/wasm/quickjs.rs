@@ -34,20 +34,19 @@
 //! backend; exit 0 without a value is `failed` ("the returned promise never
 //! settled" when the function returned a promise that never settled).
 
+use crate::limits::records::{Records, Returned};
 use crate::result::{ExecResult, Outcome};
 
 /// The user's function's name in the script.
 const MAIN: &str = "__execbox_main";
 
 /// A per-run nonce: 128 random bits as hex.
-pub(super) fn nonce() -> String {
+pub(crate) fn nonce() -> String {
     crate::nonce::hex128()
 }
 
-pub(super) use crate::limits::records::{Records, ResultTap, Returned, marker};
-
 /// What the guest reads on stdin: the nonce line, then the JSON input.
-pub(super) fn stdin(nonce: &str, input_json: Option<&[u8]>) -> Vec<u8> {
+pub(crate) fn stdin(nonce: &str, input_json: Option<&[u8]>) -> Vec<u8> {
     let mut bytes = Vec::with_capacity(nonce.len() + 1 + input_json.map_or(0, <[u8]>::len));
     bytes.extend_from_slice(nonce.as_bytes());
     bytes.push(b'\n');
@@ -57,7 +56,7 @@ pub(super) fn stdin(nonce: &str, input_json: Option<&[u8]>) -> Vec<u8> {
 
 /// The script for `source` (see the module docs). The code starts on the
 /// script's first line.
-pub(super) fn program(source: &str) -> String {
+pub(crate) fn program(source: &str) -> String {
     let function = if source.contains("await") { "async function" } else { "function" };
     // One line: everything before the user's code sits on line 1.
     let runner = concat!(
@@ -94,7 +93,7 @@ pub(super) fn program(source: &str) -> String {
 
 /// Sets `result`'s `output` (and outcome, when the records say the run did
 /// not return a whole value) from the runner's `records`.
-pub(super) fn take_output(result: &mut ExecResult, records: Records, max_stdout: Option<u64>) {
+pub(crate) fn take_output(result: &mut ExecResult, records: Records, max_stdout: Option<u64>) {
     if result.outcome == Outcome::Ok {
         let failed = |result: &mut ExecResult, why: String| {
             result.outcome = Outcome::Failed;
@@ -156,6 +155,7 @@ fn error_from_stderr(stderr: &str) -> Option<String> {
 mod tests {
     use super::*;
     use crate::limits::output::BoundedBuffer;
+    use crate::limits::records::ResultTap;
 
     const MARK: &[u8] = b"\0execbox:00ff:";
 

@@ -2,20 +2,16 @@
 //! [`InstancePre`](wasmtime::InstancePre), the policy's limits applied to the
 //! store, and the engine's verdict mapped to an [`Outcome`].
 
-use parking_lot::{Condvar, Mutex};
-use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
-use wasmtime::{Caller, Engine, Linker, ResourceLimiter, Store, Trap};
-use wasmtime_wasi::p1::WasiP1Ctx;
+use wasmtime::{Store, Trap};
 use wasmtime_wasi::p2::pipe::MemoryInputPipe;
-use wasmtime_wasi::{FsPerms, HostMonotonicClock, I32Exit, WasiCtxBuilder};
+use wasmtime_wasi::{HostMonotonicClock, I32Exit, WasiCtxBuilder};
 
-use super::compile::{Compiled, GuestAbi};
 use super::engine::{SlotPermit, WasmEngine};
-use super::fs_guard;
+use super::guest::{Compiled, GuestAbi, GuestState, MemoryLimits, Preopen, RunControls};
+use super::linker::DeadlineReached;
 use super::stdio::CappedPipe;
 use super::ticker::ticks_for;
 use crate::error::{ExecError, InvalidRequest};
@@ -23,8 +19,17 @@ use crate::limits::deadline::Deadline;
 use crate::limits::output::StreamKind;
 use crate::result::{ExecResult, Outcome};
 
+/// A result decided before the guest ran (its module could not start, or
+/// its deadline passed while compiling or loading).
+pub(crate) fn early_result(backend: &str, outcome: Outcome, message: String, deadline: &Deadline) -> ExecResult {
+    let mut result = ExecResult::new(backend, outcome);
+    result.message = Some(message);
+    result.usage.duration = deadline.elapsed();
+    result
+}
+
 /// Everything one run needs, taken from the request.
-pub(super) struct Job {
+pub(crate) struct Job {
     /// Bytes on the guest's stdin (commands) or the JSON input (JSON ABI).
     pub guest_input: Vec<u8>,
     pub args: Vec<String>,
@@ -35,136 +40,6 @@ pub(super) struct Job {
     pub max_stdout: Option<u64>,
     pub max_stderr: Option<u64>,
     pub tap: Option<crate::limits::output::OutputTap>,
-}
-
-/// A host directory the guest sees at `guest`.
-pub(super) struct Preopen {
-    pub host: PathBuf,
-    pub guest: String,
-    pub perms: FsPerms,
-}
-
-/// The store's data: the WASI context and the per-run limits.
-pub(crate) struct GuestState {
-    pub(super) wasi: WasiP1Ctx,
-    limits: MemoryLimits,
-    controls: Arc<RunControls>,
-    clock_start: Instant,
-}
-
-/// The limits of a run that the host may set while the guest is already
-/// running: a warm instance gets its deadline and memory cap only when its
-/// code arrives.
-pub(super) struct RunControls {
-    deadline: Mutex<Deadline>,
-    /// Wakes a guest sleeping in `poll_oneoff` when the deadline moves
-    /// (a killed session's is moved to now).
-    moved: Condvar,
-    memory_cap: AtomicUsize,
-    /// Largest linear memory so far.
-    peak: AtomicUsize,
-    /// Memory was refused since the last [`RunControls::arm`].
-    denied: AtomicBool,
-}
-
-impl RunControls {
-    pub fn new(deadline: Deadline, memory_cap: usize) -> Arc<Self> {
-        Arc::new(Self {
-            deadline: Mutex::new(deadline),
-            moved: Condvar::new(),
-            memory_cap: AtomicUsize::new(memory_cap),
-            peak: AtomicUsize::new(0),
-            denied: AtomicBool::new(false),
-        })
-    }
-
-    pub fn deadline(&self) -> Deadline {
-        *self.deadline.lock()
-    }
-
-    /// Starts the run's clock and sets its memory cap.
-    pub fn arm(&self, deadline: Deadline, memory_cap: usize) {
-        *self.deadline.lock() = deadline;
-        self.memory_cap.store(memory_cap, Ordering::SeqCst);
-        self.denied.store(false, Ordering::SeqCst);
-        self.moved.notify_all();
-    }
-
-    /// Moves the deadline to now: the guest stops at its next epoch tick,
-    /// and a guest sleeping in `poll_oneoff` wakes and stops at once.
-    pub fn expire_now(&self) {
-        *self.deadline.lock() = Deadline::start(Some(Duration::ZERO));
-        self.moved.notify_all();
-    }
-
-    /// Sleeps for `wait`, or until the deadline if that comes first
-    /// (true: the deadline was reached). Wakes when the deadline moves.
-    fn sleep(&self, wait: Duration) -> bool {
-        let until = Instant::now() + wait;
-        let mut deadline = self.deadline.lock();
-        loop {
-            if deadline.expired() {
-                return true;
-            }
-            let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return false;
-            }
-            let step = deadline.remaining().map_or(left, |d| d.min(left));
-            self.moved.wait_for(&mut deadline, step);
-        }
-    }
-
-    /// True if memory (or a table) was refused since the last `arm`.
-    pub fn denied(&self) -> bool {
-        self.denied.load(Ordering::SeqCst)
-    }
-
-    /// Largest linear memory so far, in bytes.
-    pub fn peak(&self) -> usize {
-        self.peak.load(Ordering::SeqCst)
-    }
-}
-
-/// Caps linear memory and tables per store and remembers whether the guest
-/// was refused memory, so a failure after that reads as `out_of_memory`.
-struct MemoryLimits {
-    controls: Arc<RunControls>,
-    table_elements: usize,
-    denied: bool,
-}
-
-impl ResourceLimiter for MemoryLimits {
-    fn memory_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
-        if desired > self.controls.memory_cap.load(Ordering::SeqCst) {
-            self.denied = true;
-            self.controls.denied.store(true, Ordering::SeqCst);
-            return Ok(false); // the guest's memory.grow returns -1
-        }
-        self.controls.peak.fetch_max(desired, Ordering::SeqCst);
-        Ok(true)
-    }
-
-    fn table_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
-        if desired > self.table_elements {
-            self.denied = true;
-            self.controls.denied.store(true, Ordering::SeqCst);
-            return Ok(false);
-        }
-        Ok(true)
-    }
-
-    fn instances(&self) -> usize {
-        1
-    }
-
-    fn memories(&self) -> usize {
-        1
-    }
-
-    fn tables(&self) -> usize {
-        8
-    }
 }
 
 /// The guest's monotonic clock, started with the run, so the poll guard can
@@ -181,123 +56,9 @@ impl HostMonotonicClock for GuestClock {
     }
 }
 
-/// The host error that ends a run whose guest sleeps past its deadline.
-#[derive(Debug)]
-struct DeadlineReached;
-
-impl std::fmt::Display for DeadlineReached {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("deadline reached while the guest slept")
-    }
-}
-
-impl std::error::Error for DeadlineReached {}
-
-/// WASI preview 1, with execbox's own `poll_oneoff`, and its own
-/// `path_open`, `path_symlink`, `path_rename` and `path_link` (see `fs_guard.rs`).
-///
-/// Epoch interruption only fires in wasm code, and wasmtime-wasi's
-/// `poll_oneoff` sleeps on the host thread: `sleep(3600)` would hold the
-/// caller for an hour. This replacement never sleeps past the deadline (it
-/// sleeps until the deadline and stops the run as `timed_out`). Every file
-/// descriptor here is always ready (stdin is in memory, files are local,
-/// output is buffered), so a poll with any fd subscription returns at once,
-/// reporting the fds and any clock already due, as wasmtime-wasi would.
-pub(super) fn linker(engine: &Engine) -> wasmtime::Result<Linker<GuestState>> {
-    let mut linker = Linker::new(engine);
-    wasmtime_wasi::p1::add_to_linker_sync(&mut linker, |s: &mut GuestState| &mut s.wasi)?;
-    linker.allow_shadowing(true);
-    linker.func_wrap("wasi_snapshot_preview1", "poll_oneoff", poll_oneoff)?;
-    linker.func_wrap("wasi_snapshot_preview1", "path_open", fs_guard::path_open)?;
-    linker.func_wrap("wasi_snapshot_preview1", "path_symlink", fs_guard::path_symlink)?;
-    linker.func_wrap("wasi_snapshot_preview1", "path_rename", fs_guard::path_rename)?;
-    linker.func_wrap("wasi_snapshot_preview1", "path_link", fs_guard::path_link)?;
-    linker.allow_shadowing(false);
-    Ok(linker)
-}
-
-/// WASI preview-1 errno values used here.
-const ERRNO_SUCCESS: i32 = 0;
-const ERRNO_FAULT: i32 = 21;
-const ERRNO_INVAL: i32 = 28;
-
-fn poll_oneoff(
-    mut caller: Caller<'_, GuestState>,
-    subs: i32,
-    events: i32,
-    n: i32,
-    nevents: i32,
-) -> wasmtime::Result<i32> {
-    const SUB_SIZE: usize = 48; // sizeof(subscription)
-    const EVENT_SIZE: usize = 32; // sizeof(event)
-    const ABSTIME: u16 = 1;
-    let Some(memory) = caller.get_export("memory").and_then(|e| e.into_memory()) else {
-        return Ok(ERRNO_FAULT);
-    };
-    let n = n as u32 as usize;
-    if n == 0 {
-        return Ok(ERRNO_INVAL);
-    }
-    let mut raw = vec![0u8; n.saturating_mul(SUB_SIZE).min(1 << 20)];
-    if raw.len() != n * SUB_SIZE || memory.read(&caller, subs as u32 as usize, &mut raw).is_err() {
-        return Ok(ERRNO_FAULT);
-    }
-
-    // Each subscription: (userdata, event type, time until due; fds are due now).
-    let guest_now = caller.data().clock_start.elapsed();
-    let wall_now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
-    let mut pending = Vec::with_capacity(n);
-    for sub in raw.chunks_exact(SUB_SIZE) {
-        let le_u64 = |at: usize| u64::from_le_bytes(sub[at..at + 8].try_into().unwrap_or([0; 8]));
-        let userdata = le_u64(0);
-        let tag = sub[8];
-        let due = if tag == 0 {
-            let clock_id = u32::from_le_bytes(sub[16..20].try_into().unwrap_or([0; 4]));
-            let timeout = Duration::from_nanos(le_u64(24));
-            let flags = u16::from_le_bytes([sub[40], sub[41]]);
-            match (flags & ABSTIME != 0, clock_id) {
-                (false, _) => timeout,
-                (true, 0) => timeout.saturating_sub(wall_now),
-                (true, 1) => timeout.saturating_sub(guest_now),
-                (true, _) => Duration::ZERO,
-            }
-        } else {
-            Duration::ZERO
-        };
-        pending.push((userdata, tag, due));
-    }
-
-    let wait = pending.iter().map(|&(_, _, due)| due).min().unwrap_or_default();
-    if !wait.is_zero() && caller.data().controls.sleep(wait) {
-        return Err(wasmtime::Error::new(DeadlineReached));
-    }
-
-    let mut count = 0u32;
-    for &(userdata, tag, due) in &pending {
-        if due > wait {
-            continue;
-        }
-        let mut event = [0u8; EVENT_SIZE];
-        event[0..8].copy_from_slice(&userdata.to_le_bytes());
-        event[10] = tag; // event type mirrors the subscription tag
-        if tag != 0 {
-            event[16..24].copy_from_slice(&1u64.to_le_bytes()); // nbytes, as wasmtime-wasi reports
-        }
-        let at = (events as u32 as usize).saturating_add(count as usize * EVENT_SIZE);
-        if memory.write(&mut caller, at, &event).is_err() {
-            return Ok(ERRNO_FAULT);
-        }
-        count += 1;
-    }
-    if memory.write(&mut caller, nevents as u32 as usize, &count.to_le_bytes()).is_err() {
-        return Ok(ERRNO_FAULT);
-    }
-    Ok(ERRNO_SUCCESS)
-}
-
 /// Runs `compiled` under `job`'s limits, as `backend`, within `deadline`
 /// (started by the caller, before the module was looked up or compiled).
-pub(super) fn run(
+pub(crate) fn run(
     engine: &WasmEngine,
     backend: &str,
     compiled: &Compiled,
@@ -317,7 +78,7 @@ pub(super) fn run(
 }
 
 /// [`run`] with the streams made by the caller (QuickJS taps its stdout).
-pub(super) fn run_with(
+pub(crate) fn run_with(
     engine: &WasmEngine,
     backend: &str,
     compiled: &Compiled,
@@ -356,7 +117,7 @@ pub(super) fn run_with(
 
 /// For a store whose deadline is set later ([`RunControls::arm`]): at every
 /// epoch tick, stop the guest once the armed deadline has passed.
-pub(super) fn stop_at_armed_deadline(store: &mut Store<GuestState>) {
+pub(crate) fn stop_at_armed_deadline(store: &mut Store<GuestState>) {
     store.set_epoch_deadline(1);
     store.epoch_deadline_callback(|ctx| {
         if ctx.data().controls.deadline().expired() {
@@ -368,13 +129,13 @@ pub(super) fn stop_at_armed_deadline(store: &mut Store<GuestState>) {
 }
 
 /// A run's capped output streams.
-pub(super) struct Stdio {
+pub(crate) struct Stdio {
     pub stdout: CappedPipe,
     pub stderr: CappedPipe,
 }
 
 /// What a store is built with, besides its streams and controls.
-pub(super) struct StoreSetup<'a> {
+pub(crate) struct StoreSetup<'a> {
     pub args: &'a [String],
     pub env: &'a [(String, String)],
     pub preopens: &'a [Preopen],
@@ -384,7 +145,7 @@ pub(super) struct StoreSetup<'a> {
 
 /// A store with the WASI context, limiter and fuel of one run. The epoch
 /// deadline is the caller's to set.
-pub(super) fn new_store(
+pub(crate) fn new_store(
     engine: &WasmEngine,
     abi: GuestAbi,
     stdin: impl wasmtime_wasi::cli::StdinStream + 'static,
@@ -413,7 +174,7 @@ pub(super) fn new_store(
     let cfg = engine.config();
     let state = GuestState {
         wasi: wasi.build_p1(),
-        limits: MemoryLimits { controls: controls.clone(), table_elements: cfg.max_table_elements, denied: false },
+        limits: MemoryLimits::new(controls.clone(), cfg.max_table_elements),
         controls,
         clock_start,
     };
@@ -429,7 +190,7 @@ pub(super) fn new_store(
 /// The caller holds a slot ([`WasmEngine::acquire_slot`]), so the pool is
 /// never full here; if it is anyway (a slot freed late), the run is refused
 /// as [`ExecError::Busy`] before any guest code ran.
-pub(super) fn instantiate(
+pub(crate) fn instantiate(
     backend: &str,
     compiled: &Compiled,
     store: &mut Store<GuestState>,
@@ -444,7 +205,7 @@ pub(super) fn instantiate(
 
 /// The result of a finished run. `fuel` is the budget the store started
 /// with (`None`: unlimited), for the usage figure.
-pub(super) fn finish(
+pub(crate) fn finish(
     engine: &WasmEngine,
     backend: &str,
     store: &mut Store<GuestState>,
@@ -487,7 +248,7 @@ pub(super) fn finish(
 }
 
 /// How a guest finished without a trap.
-pub(super) enum Finished {
+pub(crate) enum Finished {
     /// A command returned from `_start` (0) or called `proc_exit(0)`.
     Exited(i32),
     /// A JSON-ABI guest returned this document.
@@ -498,7 +259,7 @@ pub(super) enum Finished {
     OverCap(u64),
 }
 
-pub(super) fn call_start(store: &mut Store<GuestState>, instance: wasmtime::Instance) -> wasmtime::Result<Finished> {
+pub(crate) fn call_start(store: &mut Store<GuestState>, instance: wasmtime::Instance) -> wasmtime::Result<Finished> {
     let start = instance.get_typed_func::<(), ()>(&mut *store, "_start")?;
     match start.call(&mut *store, ()) {
         Ok(()) => Ok(Finished::Exited(0)),
@@ -571,8 +332,8 @@ fn classify(
         // Not a trap: an instantiation or host error; its root cause is the message.
         (None, None) => err.root_cause().to_string(),
     };
-    if state.limits.denied {
-        let cap = state.controls.memory_cap.load(Ordering::SeqCst);
+    if state.limits.denied() {
+        let cap = state.controls.memory_cap();
         let message = format!("memory limit of {cap} bytes reached, then {what}");
         return (Outcome::OutOfMemory, exit_code, None, Some(message));
     }

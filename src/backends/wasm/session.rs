@@ -34,9 +34,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
-use super::interpreters::WasmInterpreter;
-use super::quickjs::{self, ResultTap};
-use super::run::{RunControls, Stdio};
+use super::engine::WasmEngine;
+use super::guest::RunControls;
+use super::quickjs;
+use super::run::Stdio;
+use super::staging::write_staged;
 use super::stdio::MessageSender;
 use super::warm::Warm;
 use crate::admission::Admitted;
@@ -46,19 +48,27 @@ use crate::error::ExecError;
 use crate::limits::deadline::Deadline;
 use crate::limits::deadline::REPORT_GRACE;
 use crate::limits::output::StreamKind;
+use crate::limits::records::{ResultTap, marker};
 use crate::limits::text;
 use crate::request::ExecRequest;
 use crate::result::{ExecResult, Outcome};
-use crate::sessions::session::Session;
+use crate::sessions::session::{Session, killed_result};
 use crate::violation::{Control, Violation};
 
 /// How long opening a session may take (a pooled instance: milliseconds;
 /// a new one: CPython's start-up, ~0.1–1 s).
 const OPEN_LIMIT: Duration = Duration::from_secs(30);
 
-/// A Python session on CPython-in-wasm. See the module docs.
+/// A Python session on CPython-in-wasm (`python-wasm-session`): one live
+/// instance whose globals persist across calls, opened through the
+/// `python-wasm` backend's
+/// [`SessionBackend`](crate::sessions::session::SessionBackend) (e.g. by
+/// [`Sessions`](crate::sessions::Sessions)). See the module docs for what
+/// a call keeps and what ends the session.
 pub struct PythonSession {
-    interpreter: WasmInterpreter,
+    engine: Arc<WasmEngine>,
+    /// The `python-wasm` backend's: what calls are checked against.
+    caps: Arc<BackendCapabilities>,
     nonce: String,
     stdin: MessageSender,
     controls: Arc<RunControls>,
@@ -80,17 +90,19 @@ impl PythonSession {
     /// The name sessions report in results and refusals.
     pub const NAME: &'static str = "python-wasm-session";
 
-    /// Starts the session loop on `warm` (from `interpreter`'s pool).
-    pub(super) fn open(interpreter: WasmInterpreter, warm: Warm) -> Result<Self, ExecError> {
+    /// Starts the session loop on `warm` (an instance of `engine`, from the
+    /// `python-wasm` backend whose capabilities are `caps`).
+    pub(crate) fn open(engine: Arc<WasmEngine>, caps: Arc<BackendCapabilities>, warm: Warm) -> Result<Self, ExecError> {
         let Warm { code, controls, stdio, work, done, thread } = warm;
         drop(thread); // detached: it ends when the session's stdin does
         let nonce = quickjs::nonce();
-        let ceiling = usize::try_from(interpreter.engine().config().max_memory_bytes).unwrap_or(usize::MAX);
+        let ceiling = usize::try_from(engine.config().max_memory_bytes).unwrap_or(usize::MAX);
         controls.arm(Deadline::start(Some(OPEN_LIMIT)), ceiling);
         stdio.stdout.reset(Some(0), None, StreamKind::Stdout);
         stdio.stderr.reset(Some(64 << 10), None, StreamKind::Stderr);
         let session = Self {
-            interpreter,
+            engine,
+            caps,
             nonce: nonce.clone(),
             stdin: code,
             controls,
@@ -100,7 +112,7 @@ impl PythonSession {
             alive: AtomicBool::new(true),
             killed: AtomicBool::new(false),
         };
-        let engine = session.interpreter.engine().clone();
+        let engine = session.engine.clone();
         let ticking = engine.ticker().run_guard();
         let unavailable = |reason: String| ExecError::BackendUnavailable { backend: Self::NAME.into(), reason };
         // The loop is defined in the warm bootstrap: `S` starts it with the nonce.
@@ -155,16 +167,16 @@ impl PythonSession {
         }
         let deadline = call.deadline();
         let source = call.take_source(Self::NAME)?;
-        let max_nesting = self.interpreter.engine().config().max_input_nesting;
+        let max_nesting = self.engine.config().defaults.max_input_nesting;
         let input = call.take_input_json(max_nesting, Self::NAME)?;
         let request = call.request();
         // This cell's input, or none: never the last cell's.
         let _ = std::fs::remove_file(self.work.join("input.json"));
-        super::write_staged(&self.work, request, input.as_deref().map(|json| ("input.json", json)))?;
+        write_staged(&self.work, request, input.as_deref().map(|json| ("input.json", json)))?;
 
         let policy = call.policy();
         let tap = request.output_tap.clone();
-        let marker = quickjs::marker(&self.nonce);
+        let marker = marker(&self.nonce);
         self.stdio.stdout.reset_with_records(
             policy.max_stdout_bytes,
             ResultTap::new(marker.clone(), Some(1024)),
@@ -177,8 +189,8 @@ impl PythonSession {
             tap,
             StreamKind::Stderr,
         );
-        self.controls.arm(deadline, self.interpreter.memory_cap_for(policy));
-        let _ticking = self.interpreter.engine().ticker().run_guard();
+        self.controls.arm(deadline, self.engine.memory_cap(policy));
+        let _ticking = self.engine.ticker().run_guard();
 
         let Some(seen) = self.stdin.send(source.as_bytes()) else {
             self.alive.store(false, Ordering::SeqCst);
@@ -187,7 +199,7 @@ impl PythonSession {
         let until = deadline.remaining().map(|left| Instant::now() + left + REPORT_GRACE);
         let finished = self.stdin.wait_past(seen, until, || self.killed.load(Ordering::SeqCst) || self.ended());
         if self.killed.load(Ordering::SeqCst) {
-            return Ok(crate::sessions::session::killed_result(Self::NAME, &deadline));
+            return Ok(killed_result(Self::NAME, &deadline));
         }
         if !finished {
             return Ok(self.end_of_session(&deadline));
@@ -268,7 +280,7 @@ impl Session for PythonSession {
     }
 
     fn capabilities(&self) -> &BackendCapabilities {
-        self.interpreter.capabilities_ref()
+        &self.caps
     }
 
     /// Per-call `fuel` (the instance's budget is set when it starts) and
@@ -310,7 +322,7 @@ impl Drop for PythonSession {
 }
 
 /// A session has no per-call fuel: its instance's budget is set at start-up.
-pub(super) fn fuel_refusal(fuel: Option<u64>) -> Vec<Violation> {
+pub(crate) fn fuel_refusal(fuel: Option<u64>) -> Vec<Violation> {
     fuel.map(|fuel| Violation {
         control: Control::Fuel,
         requested: format!("{fuel} units"),

@@ -20,8 +20,8 @@ use tokio::io::AsyncWrite;
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
 
-use super::quickjs::{Records, ResultTap};
 use crate::limits::output::{BoundedBuffer, OutputTap, StreamKind};
+use crate::limits::records::{Records, ResultTap};
 use crate::result::CapturedStream;
 
 /// Largest write the guest is told it may make at once.
@@ -29,7 +29,7 @@ const WRITE_WINDOW: usize = 64 * 1024;
 
 /// One capped output stream; clones share the buffer.
 #[derive(Clone)]
-pub(super) struct CappedPipe(Arc<Mutex<Sink>>);
+pub(crate) struct CappedPipe(Arc<Mutex<Sink>>);
 
 struct Sink {
     text: BoundedBuffer,
@@ -157,11 +157,15 @@ impl AsyncWrite for CappedPipe {
 /// from, and a session each cell. Every time the guest blocks for more (it
 /// has read everything sent), the wait counter goes up: the host learns that
 /// a warm instance finished starting, or a session's cell finished.
-pub(super) struct MessageStdin(Arc<Channel>);
+///
+/// The host waits for that without polling ([`MessageSender::wait_past`]):
+/// the guest blocking, the stream closing and the guest's end
+/// ([`MessageStdin::end_guard`]) each wake it.
+pub(crate) struct MessageStdin(Arc<Channel>);
 
 /// The host's end of a [`MessageStdin`]. Dropping it ends the stream (the
 /// guest reads end-of-file).
-pub(super) struct MessageSender {
+pub(crate) struct MessageSender {
     /// `None` once closed.
     tx: Mutex<Option<tokio::sync::mpsc::UnboundedSender<Vec<u8>>>>,
     channel: Arc<Channel>,
@@ -171,7 +175,11 @@ struct Channel {
     inbox: Mutex<Inbox>,
     /// Times the guest blocked for more input.
     waits: AtomicU64,
+    /// Notified (under `inbox`) when `waits` goes up, the stream closes or
+    /// the guest ends.
     changed: Condvar,
+    /// Also notified when the guest blocks (shared by a warm pool's instances).
+    blocked: Option<Arc<WaitSignal>>,
 }
 
 struct Inbox {
@@ -179,17 +187,75 @@ struct Inbox {
     /// Taken while a reader awaits the next message.
     rx: Option<tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>>,
     closed: bool,
+    /// The guest's thread has ended (see [`MessageStdin::end_guard`]).
+    guest_ended: bool,
 }
 
 impl MessageStdin {
-    pub fn new() -> (Self, MessageSender) {
+    /// A stdin and its host end; `blocked`, if given, is notified too each
+    /// time the guest blocks for input.
+    pub(crate) fn new(blocked: Option<Arc<WaitSignal>>) -> (Self, MessageSender) {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let channel = Arc::new(Channel {
-            inbox: Mutex::new(Inbox { current: Bytes::new(), rx: Some(rx), closed: false }),
+            inbox: Mutex::new(Inbox { current: Bytes::new(), rx: Some(rx), closed: false, guest_ended: false }),
             waits: AtomicU64::new(0),
             changed: Condvar::new(),
+            blocked,
         });
         (Self(channel.clone()), MessageSender { tx: Mutex::new(Some(tx)), channel })
+    }
+
+    /// For the guest's thread to hold while the guest runs: dropping it says
+    /// the guest has ended (after the thread reported its result), which
+    /// ends a [`MessageSender::wait_past`] at once.
+    pub(crate) fn end_guard(&self) -> GuestEnd {
+        GuestEnd(self.0.clone())
+    }
+}
+
+/// Says, when dropped, that the guest of a [`MessageStdin`] has ended.
+pub(crate) struct GuestEnd(Arc<Channel>);
+
+impl Drop for GuestEnd {
+    fn drop(&mut self) {
+        self.0.inbox().guest_ended = true;
+        self.0.changed.notify_all();
+    }
+}
+
+/// A wake-up shared by several message stdins: notified whenever one of
+/// their guests blocks for input (a warm pool learns that an instance
+/// finished starting), so a waiter needs no polling.
+#[derive(Default)]
+pub(crate) struct WaitSignal {
+    /// Counts notifications; waiters hold it while they check their condition.
+    generation: Mutex<u64>,
+    changed: Condvar,
+}
+
+impl WaitSignal {
+    /// Wakes every waiter, to check its condition again.
+    pub(crate) fn notify(&self) {
+        *self.generation.lock() += 1;
+        self.changed.notify_all();
+    }
+
+    /// Waits until `done()` (true) or until `limit` has passed (false);
+    /// `done` is checked first and after each notification. Whatever makes
+    /// `done` true must notify after it changed (the guest blocking does).
+    pub(crate) fn wait_for(&self, limit: Duration, done: impl Fn() -> bool) -> bool {
+        let until = Instant::now().checked_add(limit);
+        let mut generation = self.generation.lock();
+        loop {
+            if done() {
+                return true;
+            }
+            match until {
+                Some(at) if Instant::now() >= at => return false,
+                Some(at) => drop(self.changed.wait_until(&mut generation, at)),
+                None => self.changed.wait(&mut generation),
+            }
+        }
     }
 }
 
@@ -221,8 +287,12 @@ impl MessageSender {
 
     /// Ends the stream now: the guest reads end-of-file, also if it is
     /// blocked reading (a killed session; a one-shot run's code is sent).
+    /// Wakes a [`MessageSender::wait_past`] in progress, to look at its
+    /// `give_up` again.
     pub fn close(&self) {
         drop(self.tx.lock().take());
+        let _inbox = self.channel.inbox();
+        self.channel.changed.notify_all();
     }
 
     /// Times the guest blocked for input so far.
@@ -231,19 +301,25 @@ impl MessageSender {
     }
 
     /// Waits until the guest has blocked more than `seen` times (true), or
-    /// `until` passes or `give_up` says so (false; polled every 10 ms).
+    /// until the guest has ended, `until` passes or `give_up` says so
+    /// (false). No polling: `give_up` is asked again each time the channel
+    /// changes (the guest blocks, the stream is closed, the guest ends), so
+    /// it may only turn true together with one of those (a killed session
+    /// closes the stream).
     pub fn wait_past(&self, seen: u64, until: Option<Instant>, give_up: impl Fn() -> bool) -> bool {
         let mut inbox = self.channel.inbox();
         loop {
             if self.channel.waits.load(Ordering::SeqCst) > seen {
                 return true;
             }
-            if give_up() || until.is_some_and(|at| Instant::now() >= at) {
+            if inbox.guest_ended || give_up() {
                 return false;
             }
-            let step = Duration::from_millis(10);
-            let wait = until.map_or(step, |at| at.saturating_duration_since(Instant::now()).min(step));
-            self.channel.changed.wait_for(&mut inbox, wait);
+            match until {
+                Some(at) if Instant::now() >= at => return false,
+                Some(at) => drop(self.channel.changed.wait_until(&mut inbox, at)),
+                None => self.channel.changed.wait(&mut inbox),
+            }
         }
     }
 }
@@ -303,6 +379,9 @@ impl Pollable for MessageStdin {
             // lock `send` takes, so a send either precedes it or sees it).
             self.0.waits.fetch_add(1, Ordering::SeqCst);
             self.0.changed.notify_all();
+            if let Some(blocked) = &self.0.blocked {
+                blocked.notify();
+            }
             match inbox.rx.take() {
                 Some(rx) => rx,
                 None => return,
@@ -315,5 +394,60 @@ impl Pollable for MessageStdin {
             None => inbox.closed = true,
         }
         inbox.rx = Some(rx);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+
+    const LONG: Duration = Duration::from_secs(60);
+
+    #[test]
+    fn a_wait_for_the_guest_ends_when_the_guest_does() {
+        let (stdin, sender) = MessageStdin::new(None);
+        let end = stdin.end_guard();
+        std::thread::scope(|s| {
+            s.spawn(move || {
+                std::thread::sleep(Duration::from_millis(50));
+                drop(end);
+            });
+            // No deadline and nothing else to wake it: only the guest's end can.
+            assert!(!sender.wait_past(0, None, || false));
+        });
+    }
+
+    #[test]
+    fn closing_wakes_a_wait_to_look_at_give_up_again() {
+        let (_stdin, sender) = MessageStdin::new(None);
+        let killed = AtomicBool::new(false);
+        let started = Instant::now();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(50));
+                killed.store(true, Ordering::SeqCst);
+                sender.close();
+            });
+            assert!(!sender.wait_past(0, Some(Instant::now() + LONG), || killed.load(Ordering::SeqCst)));
+        });
+        assert!(started.elapsed() < LONG / 2, "woken, not timed out: {:?}", started.elapsed());
+    }
+
+    #[test]
+    fn a_signal_wakes_its_waiter_and_a_wait_ends_at_its_limit() {
+        let signal = WaitSignal::default();
+        let done = AtomicBool::new(false);
+        let started = Instant::now();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(50));
+                done.store(true, Ordering::SeqCst);
+                signal.notify();
+            });
+            assert!(signal.wait_for(LONG, || done.load(Ordering::SeqCst)));
+        });
+        assert!(started.elapsed() < LONG / 2, "woken, not timed out: {:?}", started.elapsed());
+        assert!(!signal.wait_for(Duration::from_millis(20), || false));
     }
 }

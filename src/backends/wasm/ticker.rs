@@ -25,7 +25,7 @@ struct Shared {
     stop: AtomicBool,
 }
 
-pub(super) struct EpochTicker {
+pub(crate) struct EpochTicker {
     shared: Arc<Shared>,
     tick: Duration,
     thread: Option<JoinHandle<()>>,
@@ -72,7 +72,7 @@ impl EpochTicker {
 /// phase of the current tick: the deadline is looked at between `timeout`
 /// and `timeout` plus two ticks (ticks owed from before a run can make it
 /// come sooner; runs check the clock then, see `run.rs`).
-pub(super) fn ticks_for(tick: Duration, timeout: Duration) -> u64 {
+pub(crate) fn ticks_for(tick: Duration, timeout: Duration) -> u64 {
     let tick = tick.as_nanos().max(1);
     u64::try_from(timeout.as_nanos().div_ceil(tick)).unwrap_or(u64::MAX / 2).saturating_add(1).min(u64::MAX / 2)
 }
@@ -88,7 +88,7 @@ impl Drop for EpochTicker {
 }
 
 /// A run in progress; the ticker keeps ticking while any exists.
-pub(super) struct ActiveRun<'a>(&'a Shared);
+pub(crate) struct ActiveRun<'a>(&'a Shared);
 
 impl Drop for ActiveRun<'_> {
     fn drop(&mut self) {

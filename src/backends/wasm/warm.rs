@@ -30,10 +30,11 @@ use std::time::{Duration, Instant};
 
 use wasmtime_wasi::FsPerms;
 
-use super::WasmEngine;
-use super::compile::Compiled;
-use super::run::{self, Preopen, RunControls, Stdio, StoreSetup};
-use super::stdio::{CappedPipe, MessageSender, MessageStdin};
+use super::engine::WasmEngine;
+use super::guest::{Compiled, Preopen, RunControls};
+use super::run::{self, Stdio, StoreSetup};
+use super::staging::write_staged;
+use super::stdio::{CappedPipe, MessageSender, MessageStdin, WaitSignal};
 use crate::error::ExecError;
 use crate::limits::deadline::Deadline;
 use crate::limits::deadline::REPORT_GRACE;
@@ -48,7 +49,7 @@ const BACKOFF_START: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(10);
 
 /// One pre-started instance, waiting for its code.
-pub(super) struct Warm {
+pub(crate) struct Warm {
     /// Its stdin: the code, as one message (a session's loop, then cells).
     pub code: MessageSender,
     pub controls: Arc<RunControls>,
@@ -95,7 +96,7 @@ enum StartError {
 }
 
 /// The pool; the retry thread shares it.
-pub(super) struct WarmPool {
+pub(crate) struct WarmPool {
     pool: Arc<Pool>,
 }
 
@@ -118,6 +119,9 @@ struct Pool {
     wake: Condvar,
     /// The retry thread, while the pool is short.
     retrier: Mutex<Retrier>,
+    /// Notified each time one of the pool's instances blocks for its code
+    /// (done starting).
+    started: Arc<WaitSignal>,
 }
 
 #[derive(Default)]
@@ -154,6 +158,7 @@ impl WarmPool {
             closed: Mutex::new(false),
             wake: Condvar::new(),
             retrier: Mutex::new(Retrier::default()),
+            started: Arc::new(WaitSignal::default()),
         });
         pool.top_up();
         Self { pool }
@@ -193,7 +198,13 @@ impl WarmPool {
 
     /// Instances done starting, waiting for code.
     pub fn ready(&self) -> usize {
-        lock(&self.pool.idle).iter().filter(|w| w.code.waits() > 0).count()
+        self.pool.ready()
+    }
+
+    /// Waits at most `limit` until an instance is ready (at once if the
+    /// pool keeps none); true if one is.
+    pub fn wait_ready(&self, limit: Duration) -> bool {
+        self.pool.size == 0 || self.pool.started.wait_for(limit, || self.pool.ready() > 0)
     }
 
     /// An instance for a session: with no environment and no granted
@@ -230,12 +241,16 @@ impl WarmPool {
 /// What a session's instance starts with beyond the pool's own: its
 /// environment and granted directories (fixed for its life).
 #[derive(Default)]
-pub(super) struct SessionSetup {
+pub(crate) struct SessionSetup {
     pub env: Vec<(String, String)>,
     pub preopens: Vec<Preopen>,
 }
 
 impl Pool {
+    fn ready(&self) -> usize {
+        lock(&self.idle).iter().filter(|w| w.code.waits() > 0).count()
+    }
+
     fn run(
         self: &Arc<Self>,
         code: &str,
@@ -265,7 +280,7 @@ impl Pool {
             warm.retire();
             return None;
         }
-        if let Err(e) = super::write_staged(&warm.work, request, input_json.map(|j| ("input.json", j))) {
+        if let Err(e) = write_staged(&warm.work, request, input_json.map(|j| ("input.json", j))) {
             warm.retire();
             return Some(Err(e));
         }
@@ -395,6 +410,8 @@ impl Pool {
                 Ok(warm) => {
                     *lock(&self.backoff) = Backoff::default();
                     lock(&self.idle).push_back(warm);
+                    // It may have finished starting before it was listed.
+                    self.started.notify();
                 }
                 Err(StartError::NoSlot) => {
                     lock(&self.backoff).retry_at = Some(Instant::now() + BACKOFF_START);
@@ -432,7 +449,8 @@ impl Pool {
         let work = crate::backends::owner::temp_dir("warm")
             .map_err(|e| StartError::Failed(format!("no temporary directory: {e}")))?;
         let work_path = work.path().to_path_buf();
-        let (stdin, code) = MessageStdin::new();
+        let (stdin, code) = MessageStdin::new(Some(self.started.clone()));
+        let ended = stdin.end_guard();
         let ceiling = usize::try_from(self.engine.config().max_memory_bytes).unwrap_or(usize::MAX);
         let controls = RunControls::new(Deadline::start(None), ceiling);
         let stdio = Stdio { stdout: CappedPipe::new(Some(0)), stderr: CappedPipe::new(Some(0)) };
@@ -473,8 +491,10 @@ impl Pool {
                     }
                 };
                 // Answer first: freeing the instance (resetting its memory
-                // slot) is not the caller's wait.
+                // slot) is not the caller's wait. (On the early returns above,
+                // `ended` goes when the thread ends, after its answer.)
                 let _ = done_tx.send(Ok(run::finish(&engine, backend, &mut store, verdict, &thread_stdio, None)));
+                drop(ended);
                 drop(store);
             })
             .map_err(|e| StartError::Failed(format!("cannot spawn a thread: {e}")))?;
