@@ -24,7 +24,11 @@ fn input() -> Value {
 /// The request both backends can run: strict, without the memory cap that
 /// in-thread boa cannot enforce.
 fn request() -> ExecRequest {
-    let policy = SandboxPolicy { memory_bytes: None, ..SandboxPolicy::strict() };
+    let policy = {
+        let mut p = SandboxPolicy::strict();
+        p.memory_bytes = None;
+        p
+    };
     ExecRequest::javascript(TRANSFORM).input(input()).policy(policy)
 }
 

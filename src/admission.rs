@@ -15,7 +15,8 @@
 //!
 //! Only this module makes an [`Admitted`], so a backend that takes one
 //! cannot be reached around the policy. Results leave through
-//! `Admitted::finish`, which caps the fields that are not streams.
+//! one finisher, which ends the run's tool calls into its ledger and caps
+//! the fields that are not streams.
 
 use crate::capabilities::BackendCapabilities;
 use crate::error::{ExecError, InvalidRequest};
@@ -24,16 +25,52 @@ use crate::limits::{nesting, result_caps};
 use crate::policy::{Access, SandboxPolicy};
 use crate::request::{ExecRequest, Payload};
 use crate::result::ExecResult;
+use crate::tools::{ToolBridge, ToolRegistry};
+use std::sync::Arc;
 
 /// A request admitted to run: validated, held to the ceiling, matched
 /// against the backend that runs it, its deadline started.
 ///
 /// The policy it carries is the effective one: every limit the run is held
 /// to, its timeout always set.
-#[derive(Debug)]
 pub struct Admitted {
     request: ExecRequest,
     deadline: Deadline,
+    /// The run's tool dispatcher, when its policy grants tools.
+    tools: Option<Arc<ToolBridge>>,
+}
+
+impl std::fmt::Debug for Admitted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Admitted")
+            .field("request", &self.request)
+            .field("deadline", &self.deadline)
+            .field("tools", &self.tools.is_some())
+            .finish()
+    }
+}
+
+/// What turns a backend's result into the run's: the result caps of its
+/// policy, and the ledger of its tool calls (see [`Admitted::finisher`]).
+pub(crate) struct Finisher {
+    policy: SandboxPolicy,
+    tools: Option<Arc<ToolBridge>>,
+}
+
+impl Finisher {
+    /// Ends the run's tool calls (those in flight are cancelled and left
+    /// `unknown` in the ledger), puts the ledger in the result and caps the
+    /// result's fields that are not streams.
+    pub(crate) fn finish(self, result: Result<ExecResult, ExecError>) -> Result<ExecResult, ExecError> {
+        let ledger = self.tools.as_ref().map(|bridge| bridge.finish().0);
+        result.map(|mut r| {
+            if let Some(ledger) = ledger {
+                r.tool_calls = ledger;
+            }
+            result_caps::cap_result(&mut r, &self.policy);
+            r
+        })
+    }
 }
 
 impl Admitted {
@@ -47,7 +84,39 @@ impl Admitted {
             Some(start) => Deadline::started_at(start, limit),
             None => Deadline::start(limit),
         };
-        Self { request, deadline }
+        Self { request, deadline, tools: None }
+    }
+
+    /// Gives the run its tool bridge when its policy grants tools: the
+    /// granted tools of `registry`, within the policy's tool limits, until
+    /// the run's deadline. A grant that names a tool `registry` lacks (not a
+    /// `namespace.*` pattern: a name) is an invalid request.
+    pub(crate) fn with_tools(mut self, registry: Option<&ToolRegistry>) -> Result<Self, ExecError> {
+        let Some(grants) = self.request.policy.tool_grants() else { return Ok(self) };
+        let registry = registry.cloned().unwrap_or_default();
+        let unknown: Vec<String> = grants
+            .iter()
+            .filter(|g| !g.ends_with(".*") && g.as_str() != "*" && registry.get(g).is_none())
+            .cloned()
+            .collect();
+        if !unknown.is_empty() {
+            return Err(InvalidRequest::UnknownTools { names: unknown }.into());
+        }
+        let bridge = ToolBridge::new(registry, grants.to_vec(), self.request.policy.tool_limits.clone(), self.deadline);
+        self.tools = Some(bridge);
+        Ok(self)
+    }
+
+    /// The run's tool bridge, when its policy grants tools (a backend that
+    /// declares the bridge enforced carries it to the code).
+    pub fn tools(&self) -> Option<&Arc<ToolBridge>> {
+        self.tools.as_ref()
+    }
+
+    /// What finishes this run's result (taken before the backend consumes
+    /// the call).
+    pub(crate) fn finisher(&self) -> Finisher {
+        Finisher { policy: self.request.policy.clone(), tools: self.tools.clone() }
     }
 
     /// The request, with its effective policy.
@@ -94,18 +163,6 @@ impl Admitted {
     #[cfg_attr(not(any(feature = "wasm", feature = "container")), allow(dead_code))]
     pub(crate) fn take_input_json(&mut self, max_nesting: usize, backend: &str) -> Result<Option<Vec<u8>>, ExecError> {
         nesting::take_input_json(&mut self.request.input, max_nesting, backend)
-    }
-
-    /// Caps the fields of `result` that are not streams (see
-    /// [`result_caps`]) by this run's policy.
-    pub(crate) fn finish(
-        policy: &SandboxPolicy,
-        result: Result<ExecResult, ExecError>,
-    ) -> Result<ExecResult, ExecError> {
-        result.map(|mut r| {
-            result_caps::cap_result(&mut r, policy);
-            r
-        })
     }
 }
 

@@ -80,6 +80,15 @@ impl Enforcement {
         Enforcement::Enforced { how: how.into() }
     }
 
+    /// The tool surface of a backend that cannot carry the tool bridge:
+    /// denied by omission, grants not enforced.
+    pub fn no_tool_bridge() -> SurfaceCapability {
+        SurfaceCapability {
+            deny: Enforcement::by_omission("the code has no channel to the host's tools"),
+            allow_list: Enforcement::not_enforced("this backend does not carry the tool bridge"),
+        }
+    }
+
     /// Enforced because the surface does not exist.
     pub fn by_omission(why: impl Into<Cow<'static, str>>) -> Self {
         Enforcement::ByOmission { why: why.into() }
@@ -162,6 +171,11 @@ pub struct BackendCapabilities {
     pub stderr_cap: Enforcement,
     /// Process/thread count cap.
     pub processes: Enforcement,
+    /// Host tools (Code Mode): `deny` holds when the code has no way to
+    /// reach the host's tools; `allow_list` when the backend carries the
+    /// tool bridge (the code reaches exactly the granted tools, within the
+    /// policy's tool limits).
+    pub tools: SurfaceCapability,
     /// The deadline a run gets when its policy states none, in milliseconds:
     /// no backend runs without a limit. The executor writes it into the
     /// request's policy before the run.
@@ -197,6 +211,7 @@ impl BackendCapabilities {
             stdout_cap: yes(),
             stderr_cap: yes(),
             processes: yes(),
+            tools: SurfaceCapability { deny: yes(), allow_list: yes() },
             default_timeout_ms: 1000,
         }
     }

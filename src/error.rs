@@ -102,6 +102,12 @@ pub enum InvalidRequest {
         /// Why not.
         reason: String,
     },
+    /// The policy grants tools by name that no registered tool has.
+    #[error("the policy grants tools that are not registered: {}", names.join(", "))]
+    UnknownTools {
+        /// The names.
+        names: Vec<String>,
+    },
     /// The request sets environment variables the policy does not allow.
     #[error("environment variables not allowed by the policy: {}", names.join(", "))]
     EnvNotAllowed {

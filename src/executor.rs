@@ -18,6 +18,7 @@ use crate::observe;
 use crate::policy::SandboxPolicy;
 use crate::request::ExecRequest;
 use crate::result::ExecResult;
+use crate::tools::ToolRegistry;
 use crate::violation::{Control, Violation};
 
 /// Registers backends for an [`Executor`].
@@ -25,6 +26,7 @@ use crate::violation::{Control, Violation};
 pub struct ExecutorBuilder {
     backends: Vec<Arc<dyn Backend>>,
     ceiling: Option<SandboxPolicy>,
+    tools: Option<ToolRegistry>,
 }
 
 impl ExecutorBuilder {
@@ -59,12 +61,19 @@ impl ExecutorBuilder {
         self
     }
 
+    /// The tools code may call when a request's policy grants them (Code
+    /// Mode; see [`crate::tools`]).
+    pub fn tools(mut self, tools: ToolRegistry) -> Self {
+        self.tools = Some(tools);
+        self
+    }
+
     /// Finishes the matrix.
     pub fn build(self) -> Executor {
         let mut backends = self.backends;
         // Stable: registration order breaks ties within a cost class.
         backends.sort_by_key(|b| b.capabilities().cost);
-        Executor { backends: backends.into(), ceiling: self.ceiling.map(Arc::new) }
+        Executor { backends: backends.into(), ceiling: self.ceiling.map(Arc::new), tools: self.tools }
     }
 }
 
@@ -73,6 +82,7 @@ impl ExecutorBuilder {
 pub struct Executor {
     backends: Arc<[Arc<dyn Backend>]>,
     ceiling: Option<Arc<SandboxPolicy>>,
+    tools: Option<ToolRegistry>,
 }
 
 impl std::fmt::Debug for Executor {
@@ -92,6 +102,11 @@ impl Executor {
     /// tests of one backend).
     pub fn with_backend(backend: impl Backend) -> Self {
         Self::builder().backend(backend).build()
+    }
+
+    /// The tools code may call, if any were registered.
+    pub fn tools(&self) -> Option<&ToolRegistry> {
+        self.tools.as_ref()
     }
 
     /// The ceiling every request is held to, if one was set.
@@ -148,7 +163,11 @@ impl Executor {
     /// A handle that does not keep the backends alive (e.g. for a signal
     /// handler that must not delay their cleanup when the executor drops).
     pub fn downgrade(&self) -> WeakExecutor {
-        WeakExecutor { backends: Arc::downgrade(&self.backends), ceiling: self.ceiling.clone() }
+        WeakExecutor {
+            backends: Arc::downgrade(&self.backends),
+            ceiling: self.ceiling.clone(),
+            tools: self.tools.clone(),
+        }
     }
 
     /// Stops what the backends started outside this process (containers,
@@ -190,9 +209,9 @@ impl Executor {
             return Err(err);
         }
         let span = observe::run_span(backend.name(), &request, None);
-        let call = Admitted::new(request, backend.capabilities());
-        let policy = call.policy().clone();
-        let result = Admitted::finish(&policy, span.in_scope(|| backend.execute(call)));
+        let call = Admitted::new(request, backend.capabilities()).with_tools(None)?;
+        let finisher = call.finisher();
+        let result = finisher.finish(span.in_scope(|| backend.execute(call)));
         observe::finished(&span, &result);
         result
     }
@@ -241,7 +260,7 @@ impl Executor {
         match selected {
             Ok(backend) => {
                 let span = observe::run_span(backend.name(), &request, None);
-                let call = Admitted::new(request, backend.capabilities());
+                let call = Admitted::new(request, backend.capabilities()).with_tools(self.tools.as_ref())?;
                 Ok((Arc::clone(backend), call, span))
             }
             Err(err) => {
@@ -256,8 +275,8 @@ impl Executor {
     /// most about 2 s past the deadline). Refusals return before any code runs.
     pub fn execute_blocking(&self, request: ExecRequest) -> Result<ExecResult, ExecError> {
         let (backend, call, span) = self.admit(request)?;
-        let policy = call.policy().clone();
-        let result = Admitted::finish(&policy, span.in_scope(|| backend.execute(call)));
+        let finisher = call.finisher();
+        let result = finisher.finish(span.in_scope(|| backend.execute(call)));
         observe::finished(&span, &result);
         result
     }
@@ -266,7 +285,7 @@ impl Executor {
     /// runtime the run happens on its blocking pool; elsewhere, inline.
     pub async fn execute(&self, request: ExecRequest) -> Result<ExecResult, ExecError> {
         let (backend, call, span) = self.admit(request)?;
-        let policy = call.policy().clone();
+        let finisher = call.finisher();
         let result = match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
                 let name = backend.name().to_string();
@@ -281,7 +300,7 @@ impl Executor {
             }
             Err(_) => span.in_scope(|| backend.execute(call)),
         };
-        let result = Admitted::finish(&policy, result);
+        let result = finisher.finish(result);
         observe::finished(&span, &result);
         result
     }
@@ -292,12 +311,13 @@ impl Executor {
 pub struct WeakExecutor {
     backends: std::sync::Weak<[Arc<dyn Backend>]>,
     ceiling: Option<Arc<SandboxPolicy>>,
+    tools: Option<ToolRegistry>,
 }
 
 impl WeakExecutor {
     /// The executor, if it is still alive.
     pub fn upgrade(&self) -> Option<Executor> {
-        Some(Executor { backends: self.backends.upgrade()?, ceiling: self.ceiling.clone() })
+        Some(Executor { backends: self.backends.upgrade()?, ceiling: self.ceiling.clone(), tools: self.tools.clone() })
     }
 }
 

@@ -59,6 +59,7 @@ pub fn check(caps: &BackendCapabilities, request: &ExecRequest) -> Result<(), Ve
     r.limit(Control::StdoutCap, p.max_stdout_bytes, "bytes", &caps.stdout_cap);
     r.limit(Control::StderrCap, p.max_stderr_bytes, "bytes", &caps.stderr_cap);
     r.limit(Control::Processes, p.max_processes, "processes", &caps.processes);
+    r.surface(Control::Tools, p.tools.is_asked(), p.tool_grants().is_none(), &caps.tools);
 
     if r.0.is_empty() { Ok(()) } else { Err(r.0) }
 }

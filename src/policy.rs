@@ -152,6 +152,7 @@ impl From<PathGrantRepr> for PathGrant {
 /// serialized policy: a partial policy never loosens a control by omission.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
 pub struct SandboxPolicy {
     /// Outbound network: hosts (`host` or `host:port`) the code may reach.
     pub network: Access<Vec<String>>,
@@ -173,6 +174,13 @@ pub struct SandboxPolicy {
     pub max_code_bytes: Option<u64>,
     /// Largest number of processes/threads the code may create.
     pub max_processes: Option<u64>,
+    /// Host tools the code may call (Code Mode): exact names
+    /// (`memory.read_graph`), namespaces (`memory.*`), or `*`. Only a backend
+    /// whose capabilities enforce the tool bridge runs a request that grants
+    /// tools.
+    pub tools: Access<Vec<String>>,
+    /// How much a run may use its tools (calls, timeouts, sizes).
+    pub tool_limits: crate::tools::ToolLimits,
 }
 
 impl Default for SandboxPolicy {
@@ -202,6 +210,8 @@ impl SandboxPolicy {
             max_stderr_bytes: Some(1 << 20),
             max_code_bytes: Some(1 << 20),
             max_processes: None,
+            tools: Access::Deny,
+            tool_limits: crate::tools::ToolLimits::default(),
         }
     }
 
@@ -219,6 +229,8 @@ impl SandboxPolicy {
             max_stderr_bytes: Some(16 << 20),
             max_code_bytes: Some(16 << 20),
             max_processes: None,
+            tools: Access::NotAsked,
+            tool_limits: crate::tools::ToolLimits::default(),
         }
     }
 
@@ -239,6 +251,8 @@ impl SandboxPolicy {
             max_stderr_bytes: None,
             max_code_bytes: None,
             max_processes: None,
+            tools: Access::NotAsked,
+            tool_limits: crate::tools::ToolLimits::default(),
         }
     }
 
@@ -291,6 +305,26 @@ impl SandboxPolicy {
         self
     }
 
+    /// Grants tools (names, `namespace.*`, or `*`) to the code.
+    pub fn tools<S: Into<String>>(mut self, grants: impl IntoIterator<Item = S>) -> Self {
+        self.tools = Access::Allow(grants.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// Sets the tool budgets.
+    pub fn tool_limits(mut self, limits: crate::tools::ToolLimits) -> Self {
+        self.tool_limits = limits;
+        self
+    }
+
+    /// The granted tools' patterns, if the policy grants any.
+    pub fn tool_grants(&self) -> Option<&[String]> {
+        match &self.tools {
+            Access::Allow(grants) if !grants.is_empty() => Some(grants),
+            _ => None,
+        }
+    }
+
     /// Sets the environment control.
     pub fn environment(mut self, access: Access<Vec<String>>) -> Self {
         self.environment = access;
@@ -331,6 +365,10 @@ impl SandboxPolicy {
             max_stderr_bytes: min(self.max_stderr_bytes, ceiling.max_stderr_bytes),
             max_code_bytes: min(self.max_code_bytes, ceiling.max_code_bytes),
             max_processes: min(self.max_processes, ceiling.max_processes),
+            tools: access_within(&self.tools, &ceiling.tools, "tools", |asked, allowed| {
+                crate::tools::grants_outside(asked, allowed)
+            })?,
+            tool_limits: self.tool_limits.within(&ceiling.tool_limits),
         })
     }
 }

@@ -61,6 +61,7 @@ impl Payload {
 /// fields take strict's values). `code` with language `wasm` is WAT text.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(into = "RequestJson", try_from = "RequestJson")]
+#[non_exhaustive]
 pub struct ExecRequest {
     /// Language of the payload.
     pub language: Language,

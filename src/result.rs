@@ -135,6 +135,7 @@ pub struct Usage {
 
 /// The result of one run.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct ExecResult {
     /// Name of the backend that ran the code.
     pub backend: String,
@@ -163,6 +164,11 @@ pub struct ExecResult {
     pub diagnostics: Vec<Diagnostic>,
     /// Resources used.
     pub usage: Usage,
+    /// The run's tool calls (Code Mode), in the order they were made: what
+    /// each did, so an agent can reconcile after a failure (a call the run
+    /// ended in the middle of says `unknown`). At most
+    /// [`MAX_LEDGER`](crate::tools::MAX_LEDGER) entries.
+    pub tool_calls: Vec<crate::tools::ToolCallRecord>,
 }
 
 impl ExecResult {
@@ -182,6 +188,7 @@ impl ExecResult {
             failure_kind: None,
             diagnostics: Vec::new(),
             usage: Usage::default(),
+            tool_calls: Vec::new(),
         }
     }
 
@@ -221,6 +228,7 @@ struct ResultJsonRef<'a> {
     failure_kind: Option<FailureKind>,
     diagnostics: &'a [Diagnostic],
     output_files: &'a [ExecFile],
+    tool_calls: &'a [crate::tools::ToolCallRecord],
 }
 
 /// The owned side of [`ResultJsonRef`], for clients reading results back.
@@ -263,6 +271,8 @@ struct ResultJson {
     diagnostics: Vec<Diagnostic>,
     #[serde(default)]
     output_files: Vec<ExecFile>,
+    #[serde(default)]
+    tool_calls: Vec<crate::tools::ToolCallRecord>,
 }
 
 impl Serialize for ExecResult {
@@ -287,6 +297,7 @@ impl Serialize for ExecResult {
             failure_kind: self.failure_kind,
             diagnostics: &self.diagnostics,
             output_files: &self.output_files,
+            tool_calls: &self.tool_calls,
         }
         .serialize(serializer)
     }
@@ -322,6 +333,7 @@ impl<'de> Deserialize<'de> for ExecResult {
                 fuel: j.fuel,
                 peak_memory_bytes: j.peak_memory_bytes,
             },
+            tool_calls: j.tool_calls,
         })
     }
 }

@@ -45,6 +45,8 @@ pub enum Control {
     Processes,
     /// Third-party packages the code needs (e.g. Python's numpy).
     Packages,
+    /// Host tools the code may call.
+    Tools,
 }
 
 impl Control {
@@ -68,6 +70,7 @@ impl Control {
             Control::StderrCap => "stderr_cap",
             Control::Processes => "processes",
             Control::Packages => "packages",
+            Control::Tools => "tools",
         }
     }
 }

@@ -59,6 +59,10 @@ impl Flaky {
             stdout_cap: Enforcement::enforced("test"),
             stderr_cap: Enforcement::enforced("test"),
             processes: Enforcement::enforced("test"),
+            tools: execbox::SurfaceCapability {
+                deny: Enforcement::enforced("test"),
+                allow_list: Enforcement::enforced("test"),
+            },
         };
         (Self { failures, error, exit_code, calls: calls.clone(), caps }, calls)
     }

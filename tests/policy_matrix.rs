@@ -47,23 +47,13 @@ fn caps(level: Level) -> BackendCapabilities {
         stdout_cap: e(),
         stderr_cap: e(),
         processes: e(),
+        tools: surface(),
     }
 }
 
 /// A policy that asks nothing at all.
 fn nothing_asked() -> SandboxPolicy {
-    SandboxPolicy {
-        network: Access::NotAsked,
-        filesystem: Access::NotAsked,
-        environment: Access::NotAsked,
-        timeout_ms: None,
-        memory_bytes: None,
-        fuel: None,
-        max_stdout_bytes: None,
-        max_stderr_bytes: None,
-        max_code_bytes: None,
-        max_processes: None,
-    }
+    SandboxPolicy::unstated()
 }
 
 /// One policy per control, asking for just that control.
@@ -79,8 +69,18 @@ fn single_control_policies() -> Vec<(Control, SandboxPolicy)> {
         (Control::Timeout, base().timeout(Duration::from_secs(1))),
         (Control::Memory, base().memory_bytes(1 << 20)),
         (Control::Fuel, base().fuel(1000)),
-        (Control::StdoutCap, SandboxPolicy { max_stdout_bytes: Some(10), ..base() }),
-        (Control::StderrCap, SandboxPolicy { max_stderr_bytes: Some(10), ..base() }),
+        (Control::StdoutCap, {
+            let mut p = base();
+            p.max_stdout_bytes = Some(10);
+            p
+        }),
+        (Control::StderrCap, {
+            let mut p = base();
+            p.max_stderr_bytes = Some(10);
+            p
+        }),
+        (Control::Tools, base().tools(["memory.*"])),
+        (Control::Tools, base().tools(Vec::<String>::new())),
         (Control::Processes, base().max_processes(4)),
     ]
 }
@@ -249,12 +249,12 @@ fn refusal_names_every_backend_and_runs_nothing() {
     let ExecError::Refused { rejections } = &err else { panic!("{err}") };
     let names: Vec<&str> = rejections.iter().map(|r| r.backend.as_str()).collect();
     assert_eq!(names, vec!["x", "y"]);
-    // strict asks: network, filesystem, environment deny; timeout; memory; stdout/stderr caps.
-    assert_eq!(rejections[0].violations.len(), 7);
+    // strict asks: network, filesystem, environment and tools deny; timeout; memory; stdout/stderr caps.
+    assert_eq!(rejections[0].violations.len(), 8);
     assert_eq!(x_runs.load(Ordering::SeqCst) + y_runs.load(Ordering::SeqCst), 0);
     assert_eq!(err.kind(), "refused");
     let json = err.to_json();
-    assert_eq!(json["error"]["violations"].as_array().unwrap().len(), 14);
+    assert_eq!(json["error"]["violations"].as_array().unwrap().len(), 16);
     assert_eq!(json["error"]["violations"][0]["backend"], "x");
     assert_eq!(json["error"]["violations"][0]["control"], "network");
 }
@@ -333,7 +333,11 @@ fn strict_js_runs_contained_and_in_thread_boa_only_when_memory_is_not_asked() {
     let exec = Executor::builder().backend(BoaJsInThread::default()).backend(BoaJs::default()).build();
     let r = exec.execute_blocking(ExecRequest::javascript("return 1")).unwrap();
     assert_eq!(r.backend, "boa-js", "strict asks for a memory cap");
-    let trusted = SandboxPolicy { memory_bytes: None, ..SandboxPolicy::host_local() };
+    let trusted = {
+        let mut p = SandboxPolicy::host_local();
+        p.memory_bytes = None;
+        p
+    };
     let r = exec.execute_blocking(ExecRequest::javascript("return 1").policy(trusted)).unwrap();
     assert_eq!(r.backend, "boa-js-inthread", "registered first, and nothing it cannot enforce is asked");
 }

@@ -341,7 +341,11 @@ fn initial_memory_over_the_cap_is_out_of_memory() {
         run(ExecRequest::wasm(guest!(wat "big_initial_memory")).policy(SandboxPolicy::strict().memory_bytes(64 << 20)));
     assert_eq!(r.outcome, Outcome::OutOfMemory, "{r:?}");
     // Without a policy cap the backend's ceiling (1 GiB) admits it (strict asks for 256 MiB).
-    let uncapped = SandboxPolicy { memory_bytes: None, ..SandboxPolicy::strict() };
+    let uncapped = {
+        let mut p = SandboxPolicy::strict();
+        p.memory_bytes = None;
+        p
+    };
     let r = run(ExecRequest::wasm(guest!(wat "big_initial_memory")).policy(uncapped));
     assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
 }
@@ -907,7 +911,11 @@ fn runs_without_a_policy_timeout_get_the_backends_default() {
 
 #[test]
 fn runs_without_a_policy_memory_cap_get_the_backends_default_held_to_its_ceiling() {
-    let uncapped = SandboxPolicy { memory_bytes: None, ..SandboxPolicy::strict() };
+    let uncapped = {
+        let mut p = SandboxPolicy::strict();
+        p.memory_bytes = None;
+        p
+    };
     let bomb = || ExecRequest::wasm(guest!(wat "grow_bomb")).policy(uncapped.clone());
     let cap: u64 = 32 << 20;
     let mut cfg = WasmGuestConfig::default();

@@ -17,6 +17,7 @@ use crate::matching;
 use crate::policy::SandboxPolicy;
 use crate::request::ExecRequest;
 use crate::result::ExecResult;
+use crate::tools::ToolRegistry;
 use crate::violation::{Control, Violation};
 
 /// Bounds on sessions.
@@ -64,6 +65,7 @@ pub struct SessionsBuilder {
     cfg: SessionConfig,
     backends: Vec<Arc<dyn SessionBackend>>,
     ceiling: Option<SandboxPolicy>,
+    tools: Option<ToolRegistry>,
 }
 
 impl SessionsBuilder {
@@ -91,6 +93,12 @@ impl SessionsBuilder {
         self
     }
 
+    /// The tools session cells may call when their policy grants them.
+    pub fn tools(mut self, tools: ToolRegistry) -> Self {
+        self.tools = Some(tools);
+        self
+    }
+
     /// Finishes the registry.
     pub fn build(self) -> Sessions {
         Sessions {
@@ -98,6 +106,7 @@ impl SessionsBuilder {
                 cfg: self.cfg,
                 backends: self.backends,
                 ceiling: self.ceiling,
+                tools: self.tools,
                 state: Mutex::new(State::default()),
             }),
         }
@@ -108,6 +117,7 @@ struct Inner {
     cfg: SessionConfig,
     backends: Vec<Arc<dyn SessionBackend>>,
     ceiling: Option<SandboxPolicy>,
+    tools: Option<ToolRegistry>,
     state: Mutex<State>,
 }
 
@@ -159,6 +169,9 @@ impl Sessions {
             .fold(Self::builder().config(cfg), SessionsBuilder::shared_backend);
         if let Some(ceiling) = executor.ceiling() {
             builder = builder.ceiling(ceiling.clone());
+        }
+        if let Some(tools) = executor.tools() {
+            builder = builder.tools(tools.clone());
         }
         builder.build()
     }
@@ -343,7 +356,7 @@ impl Sessions {
                 }
                 let next_call = state.next_call;
                 if let Some(entry) = state.live.get_mut(id) {
-                    let call = admit_call(id, entry, request)?;
+                    let call = admit_call(id, entry, request, self.inner.tools.as_ref())?;
                     let overdue =
                         call.deadline().remaining().map_or(Instant::now() + Duration::from_secs(86_400), |left| {
                             Instant::now() + left + CALL_OVERRUN_LIMIT
@@ -365,10 +378,10 @@ impl Sessions {
             }
         };
         // Waiting for earlier calls counts against this call's deadline.
-        let policy = call.policy().clone();
+        let finisher = call.finisher();
         let span = crate::observe::run_span(session.backend(), call.request(), Some(id));
         let result = match turns.take(call.deadline().remaining()) {
-            Some(_turn) => Admitted::finish(&policy, span.in_scope(|| session.execute(call))),
+            Some(_turn) => finisher.finish(span.in_scope(|| session.execute(call))),
             None => Err(ExecError::Busy {
                 backend: session.backend().to_string(),
                 reason: "earlier calls of this session still ran when this call's deadline passed".into(),
@@ -428,7 +441,12 @@ impl Sessions {
 /// Admits one call to `entry`'s session: the session's language, packages
 /// and backend, then matching against its capabilities, what it fixed when
 /// it opened, and its own refusals, every unmet control named.
-fn admit_call(id: &str, entry: &Entry, request: ExecRequest) -> Result<Admitted, SessionError> {
+fn admit_call(
+    id: &str,
+    entry: &Entry,
+    request: ExecRequest,
+    tools: Option<&ToolRegistry>,
+) -> Result<Admitted, SessionError> {
     let session = &entry.session;
     if entry.spec.language != request.language {
         return Err(SessionError::WrongLanguage {
@@ -464,7 +482,7 @@ fn admit_call(id: &str, entry: &Entry, request: ExecRequest) -> Result<Admitted,
         crate::observe::refused(&request, &refused, Some(id));
         return Err(SessionError::Exec(refused));
     }
-    Ok(Admitted::new(request, session.capabilities()))
+    Admitted::new(request, session.capabilities()).with_tools(tools).map_err(SessionError::Exec)
 }
 
 /// The result of a call whose session the backstop killed for running

@@ -102,7 +102,7 @@ struct State {
 
 /// The tool runtime: tools are async, carriers are threads; tool futures
 /// run here, apart from any runtime of the caller's.
-fn runtime() -> Option<&'static tokio::runtime::Runtime> {
+pub(crate) fn tool_runtime() -> Option<&'static tokio::runtime::Runtime> {
     static RUNTIME: OnceLock<Option<tokio::runtime::Runtime>> = OnceLock::new();
     RUNTIME
         .get_or_init(|| {
@@ -177,7 +177,7 @@ impl ToolBridge {
                 return reply(ToolResult::error(call.id, error));
             }
         };
-        let Some(runtime) = runtime() else {
+        let Some(runtime) = tool_runtime() else {
             let error = refuse(ToolErrorKind::Unavailable, "execbox's tool runtime could not start".into());
             self.record(
                 &call.name,

@@ -90,7 +90,6 @@ fn covers(pattern: &str, name: &str) -> bool {
 
 /// The grants of `asked` that `ceiling` does not cover (a pattern is covered
 /// only by one at least as wide).
-#[allow(dead_code)] // wired into SandboxPolicy::within with the policy field
 pub(crate) fn grants_outside(asked: &[String], ceiling: &[String]) -> Vec<String> {
     asked.iter().filter(|g| !ceiling.iter().any(|c| covers(c, g) && (g.as_str() != "*" || c == "*"))).cloned().collect()
 }

@@ -17,11 +17,16 @@ mod error;
 pub mod frame;
 mod limits;
 mod registry;
+#[cfg(feature = "upstream")]
+mod upstream;
 
 pub use bridge::{MAX_LEDGER, ToolBridge, ToolCallOutcome, ToolCallRecord};
 pub use error::{ToolError, ToolErrorKind};
+pub(crate) use limits::grants_outside;
 pub use limits::{ToolLimits, granted};
 pub use registry::{
     Approver, RegistryError, Tool, ToolAnnotations, ToolFuture, ToolHandler, ToolRegistry, ToolRegistryBuilder,
     ToolSpec,
 };
+#[cfg(feature = "upstream")]
+pub use upstream::{UpstreamConfig, UpstreamError, Upstreams, UpstreamsConfig};

@@ -40,6 +40,7 @@ fn common(cfg: &BoaJsConfig, isolation: IsolationKind) -> BackendCapabilities {
         stdout_cap: Enforcement::enforced("console.log/info/debug written through a bounded buffer"),
         stderr_cap: Enforcement::enforced("console.warn/error written through a bounded buffer"),
         processes: none("the realm cannot create processes or threads"),
+        tools: Enforcement::no_tool_bridge(),
         default_timeout_ms: cfg.default_timeout_ms(),
     }
 }

@@ -557,6 +557,7 @@ fn capabilities(cfg: &ContainerConfig) -> BackendCapabilities {
         stdout_cap: E::enforced(cap),
         stderr_cap: E::enforced(cap),
         processes: E::enforced(format!("cgroup --pids-limit (default {})", cfg.default_pids)),
+        tools: E::no_tool_bridge(),
         default_timeout_ms: u64::try_from(cfg.default_timeout.as_millis()).unwrap_or(u64::MAX),
     }
 }

@@ -67,6 +67,7 @@ pub(crate) fn capabilities(engine: &WasmEngine) -> BackendCapabilities {
         stdout_cap: E::enforced("guest writes go through a bounded buffer; the rest is counted and dropped"),
         stderr_cap: E::enforced("guest writes go through a bounded buffer; the rest is counted and dropped"),
         processes: E::by_omission("WASI preview 1 cannot create processes or threads"),
+        tools: E::no_tool_bridge(),
         default_timeout_ms: u64::try_from(cfg.defaults.timeout.as_millis()).unwrap_or(u64::MAX),
     }
 }
