@@ -35,9 +35,12 @@ impl Default for RunDefaults {
 
 /// Generates a chainable setter per field of a config type: fields in the
 /// first braces take their own type; fields after `some` are `Option<T>`
-/// and their setter takes a `T` (anything `Into<T>`) and sets `Some`.
+/// and their setter takes a `T` (anything `Into<T>`) and sets `Some`;
+/// fields after `into` take anything `Into<T>` (e.g. `&str` for a `String`).
 macro_rules! setters {
-    ($ty:ident { $($field:ident : $t:ty),* $(,)? } $(some { $($ofield:ident : $ot:ty),* $(,)? })?) => {
+    ($ty:ident { $($field:ident : $t:ty),* $(,)? }
+     $(some { $($ofield:ident : $ot:ty),* $(,)? })?
+     $(into { $($ifield:ident : $it:ty),* $(,)? })?) => {
         impl $ty {
             $(
                 #[doc = concat!("Sets [`Self::", stringify!($field), "`].")]
@@ -52,6 +55,14 @@ macro_rules! setters {
                 #[must_use]
                 pub fn $ofield(mut self, value: impl Into<$ot>) -> Self {
                     self.$ofield = Some(value.into());
+                    self
+                }
+            )*)?
+            $($(
+                #[doc = concat!("Sets [`Self::", stringify!($ifield), "`].")]
+                #[must_use]
+                pub fn $ifield(mut self, value: impl Into<$it>) -> Self {
+                    self.$ifield = value.into();
                     self
                 }
             )*)?

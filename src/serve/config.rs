@@ -6,6 +6,7 @@ use crate::config::setters;
 use crate::defaults::BackendsConfig;
 use crate::policy::SandboxPolicy;
 use crate::sessions::registry::SessionConfig;
+use crate::tools::ToolRegistry;
 
 /// How `execbox serve` runs. `Default`: the strict policy as the ceiling,
 /// 4 runs at once per core, 64 waiting, the default session bounds and
@@ -27,6 +28,18 @@ pub struct ServeConfig {
     pub sessions: SessionConfig,
     /// The backends' settings (pool sizes, engine, caches).
     pub backends: BackendsConfig,
+    /// Host tools code may call when the policy grants them (Code Mode).
+    ///
+    /// # Default
+    /// None.
+    pub tools: ToolRegistry,
+    /// Upstream MCP servers whose tools code may call (their server name is
+    /// the tools' namespace), in the `mcpServers` shape of MCP clients.
+    ///
+    /// # Default
+    /// None.
+    #[cfg(feature = "upstream")]
+    pub upstreams: crate::tools::UpstreamsConfig,
 }
 
 impl Default for ServeConfig {
@@ -39,6 +52,9 @@ impl Default for ServeConfig {
             max_queued: 64,
             sessions: SessionConfig::default(),
             backends: BackendsConfig::default(),
+            tools: ToolRegistry::default(),
+            #[cfg(feature = "upstream")]
+            upstreams: crate::tools::UpstreamsConfig::default(),
         }
     }
 }
@@ -50,4 +66,8 @@ setters!(ServeConfig {
     max_queued: usize,
     sessions: SessionConfig,
     backends: BackendsConfig,
+    tools: ToolRegistry,
 });
+
+#[cfg(feature = "upstream")]
+setters!(ServeConfig { upstreams: crate::tools::UpstreamsConfig });

@@ -11,12 +11,13 @@ use tokio_util::sync::CancellationToken;
 use super::config::ServeConfig;
 use super::gate::Gate;
 use super::http::{HttpLimits, MAX_HTTP_REQUESTS, MAX_HTTP_SESSIONS, admit, bearer};
-use super::shared::Shared;
+use super::shared::{Connections, Shared, UpstreamStatus};
 use super::stdio::{Paced, Stall, WRITE_STALL_LIMIT, Watched};
 use super::tools::ExecboxMcp;
 use crate::error::ConfigError;
 use crate::executor::Executor;
 use crate::sessions::registry::Sessions;
+use crate::tools::ToolRegistry;
 
 /// The server's state: the matrix (prepared in the background), the gate
 /// and the session registry. Build once, then serve one or more transports.
@@ -29,12 +30,25 @@ impl Server {
     /// Builds the matrix from `cfg` (an error only for settings that cannot
     /// be honoured) and starts preparing every backend in the background:
     /// JS workers, the warm Python pool, interpreter modules.
+    /// Upstream MCP servers that cannot be reached are left out, each with
+    /// a warning, and shown in `list_backends`.
     pub fn new(cfg: ServeConfig) -> Result<Self, ConfigError> {
-        let exec = Executor::builder().default_backends(&cfg.backends)?.ceiling(cfg.policy.clone()).build();
+        let (tools, upstreams, connections) = connect_tools(&cfg)?;
+        let exec =
+            Executor::builder().default_backends(&cfg.backends)?.ceiling(cfg.policy.clone()).tools(tools).build();
         exec.prepare_all();
         let sessions = Sessions::for_executor(cfg.sessions.clone(), &exec);
         let gate = Gate::new(cfg.max_concurrent, cfg.max_queued);
-        Ok(Self { shared: Arc::new(Shared { exec, cfg, gate, sessions, next_connection: AtomicU64::new(1) }) })
+        let shared = Shared {
+            exec,
+            cfg,
+            gate,
+            sessions,
+            next_connection: AtomicU64::new(1),
+            upstreams,
+            _connections: connections,
+        };
+        Ok(Self { shared: Arc::new(shared) })
     }
 
     /// The executor behind the tools.
@@ -163,5 +177,32 @@ impl Server {
             exec.shutdown();
         })
         .await;
+    }
+}
+
+/// The configured tools and the upstream servers' together, how each
+/// upstream fared, and the connections.
+fn connect_tools(cfg: &ServeConfig) -> Result<(ToolRegistry, Vec<UpstreamStatus>, Connections), ConfigError> {
+    #[cfg(feature = "upstream")]
+    {
+        let (upstreams, errors) = crate::tools::Upstreams::connect(&cfg.upstreams);
+        let mut status: Vec<UpstreamStatus> = upstreams
+            .servers()
+            .into_iter()
+            .map(|name| UpstreamStatus { name: name.to_string(), connected: true, reason: None })
+            .collect();
+        for error in errors {
+            tracing::warn!(upstream = %error.server, reason = %error.reason, "upstream MCP server left out");
+            status.push(UpstreamStatus { name: error.server, connected: false, reason: Some(error.reason) });
+        }
+        let theirs = upstreams.registry().map_err(|e| ConfigError::invalid("ServeConfig::upstreams", e.to_string()))?;
+        let tools =
+            cfg.tools.merged(&theirs).map_err(|e| ConfigError::invalid("ServeConfig::upstreams", e.to_string()))?;
+        // The connections live as long as the server.
+        Ok((tools, status, Some(Box::new(upstreams))))
+    }
+    #[cfg(not(feature = "upstream"))]
+    {
+        Ok((cfg.tools.clone(), Vec::new(), None))
     }
 }

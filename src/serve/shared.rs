@@ -18,9 +18,33 @@ pub(crate) struct Shared {
     pub gate: Gate,
     pub sessions: Sessions,
     pub next_connection: AtomicU64,
+    /// The upstream MCP servers and whether they connected.
+    pub upstreams: Vec<UpstreamStatus>,
+    /// Keeps the upstream connections open.
+    pub _connections: Connections,
+}
+
+/// What keeps the upstream connections open (dropped with the server).
+pub(crate) type Connections = Option<Box<dyn std::any::Any + Send + Sync>>;
+
+/// An upstream MCP server as `list_backends` reports it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct UpstreamStatus {
+    pub name: String,
+    pub connected: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 impl Shared {
+    /// The specs of the tools the server's policy grants, sorted by name.
+    pub fn granted_tools(&self) -> Vec<std::sync::Arc<crate::tools::ToolSpec>> {
+        let (Some(registry), Some(grants)) = (self.exec.tools(), self.cfg.policy.tool_grants()) else {
+            return Vec::new();
+        };
+        registry.tools().filter(|t| crate::tools::granted(grants, &t.spec.name)).map(|t| t.spec.clone()).collect()
+    }
+
     /// The deadline a call will run under, in ms: what it asks, held to the
     /// ceiling's; with neither, the longest default of any backend (a
     /// ceiling without a timeout lets each backend use its own).
@@ -78,6 +102,8 @@ mod tests {
             gate: Gate::new(1, 1),
             sessions: Sessions::builder().build(),
             next_connection: AtomicU64::new(1),
+            upstreams: Vec::new(),
+            _connections: None,
             cfg,
         };
         assert_eq!(shared.run_timeout_ms(None), 300_000, "the container-like default, not 30 s");

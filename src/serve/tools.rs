@@ -39,6 +39,9 @@ use crate::sessions::spec::SessionSpec;
 /// turn: they use the blocking pool too, so they pass the same gate as runs.
 const OTHER_TOOLS_WAIT: Duration = Duration::from_secs(10);
 
+/// Most bytes of tool catalog `run_code`'s description carries.
+const CATALOG_BYTES: usize = 12 << 10;
+
 /// The longest `list_backends` and `close_session` run (the container
 /// engine's housekeeping commands are bounded by 15 s).
 const OTHER_TOOLS_LIMIT: Duration = Duration::from_secs(20);
@@ -333,6 +336,11 @@ impl ExecboxMcp {
                 "idle_timeout_ms": sessions.config().idle_timeout.as_millis() as u64,
             },
             "limits": limits,
+            "tools": {
+                "granted": self.shared.granted_tools().iter().map(|s| s.name.clone()).collect::<Vec<_>>(),
+                "upstreams": self.shared.upstreams,
+                "tool_limits": self.shared.cfg.policy.tool_limits,
+            },
         });
         let mut text = String::new();
         for b in &status {
@@ -417,6 +425,39 @@ impl ServerHandler for ExecboxMcp {
                 "execbox runs untrusted code under a policy that fails closed. Use run_code; list_backends shows \
                  what runs where and what is enforced; create_session keeps state between calls.",
             )
+    }
+
+    /// The tools, with `run_code`'s description carrying the catalog of the
+    /// host tools the server's policy grants (so an agent attaches one tool
+    /// instead of N): TypeScript declarations when they fit, else a list,
+    /// else a note on discovering them from code.
+    async fn list_tools(
+        &self,
+        _request: Option<rmcp::model::PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::ListToolsResult, McpError> {
+        let mut tools = self.tool_router.list_all();
+        let granted = self.shared.granted_tools();
+        if !granted.is_empty()
+            && let Some(run_code) = tools.iter_mut().find(|t| t.name == "run_code")
+        {
+            let specs: Vec<&crate::tools::ToolSpec> = granted.iter().map(|s| s.as_ref()).collect();
+            let declarations = crate::tools::catalog::typescript(&specs);
+            let catalog = if declarations.len() <= CATALOG_BYTES {
+                format!("```ts\n{declarations}```")
+            } else {
+                crate::tools::catalog::text(&specs, CATALOG_BYTES)
+            };
+            let description = format!(
+                "{}\n\nCode Mode: the code may call these host tools (JavaScript: `await tools.ns.name({{...}})`; \
+                 Python: `import tools` then `tools.ns.name(**kwargs)`; a failure raises ToolError with .kind). \
+                 Calls per run, timeouts and sizes are limited (list_backends shows tool_limits); the result's \
+                 tool_calls ledger says what each call did.\n{catalog}",
+                run_code.description.as_deref().unwrap_or_default()
+            );
+            run_code.description = Some(description.into());
+        }
+        Ok(rmcp::model::ListToolsResult::with_all_items(tools))
     }
 
     /// Malformed arguments are tool results with `isError: true` and the

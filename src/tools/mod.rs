@@ -13,6 +13,7 @@
 //!   ([`ToolCallRecord`]).
 
 mod bridge;
+pub mod catalog;
 mod error;
 pub mod frame;
 mod limits;

@@ -115,11 +115,12 @@ impl ToolSpec {
 }
 
 crate::config::setters!(ToolSpec {
-    description: String,
     input_schema: Value,
     annotations: ToolAnnotations,
 } some {
     output_schema: Value,
+} into {
+    description: String,
 });
 
 /// One registered tool: its spec and its handler.

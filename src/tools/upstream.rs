@@ -221,7 +221,7 @@ async fn connect_one(
         let full = format!("{name}.{}", tool.name);
         let annotations = tool.annotations.as_ref();
         let spec = ToolSpec::new(&full)
-            .description(tool.description.as_deref().unwrap_or_default().to_string())
+            .description(tool.description.as_deref().unwrap_or_default())
             .input_schema(Value::Object((*tool.input_schema).clone()))
             .annotations(
                 ToolAnnotations::default()
