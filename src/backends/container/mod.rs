@@ -379,7 +379,7 @@ impl Container {
             max_stderr: caps.stderr,
             tap: caps.tap,
         };
-        match process::run(invocation, &self.reaper) {
+        match process::run(invocation, &|name| self.reaper.remove(name.to_string())) {
             Ok(finished) => RunEnd::Finished(finished),
             Err(e) => RunEnd::SpawnFailed(format!("cannot run {}: {e}", self.cfg.engine.display())),
         }

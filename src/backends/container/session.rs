@@ -386,12 +386,14 @@ impl ContainerSession {
             if sinks.iter().any(|s| s.closed) {
                 return CellEnd::Ended;
             }
-            let left = deadline.remaining().unwrap_or(Duration::from_secs(3600));
-            if left.is_zero() {
-                return CellEnd::TimedOut;
+            // Every change that ends the wait notifies `changed` under the
+            // lock (a record completing, a stream closing, a kill): no
+            // periodic re-check is needed.
+            match deadline.remaining() {
+                Some(left) if left.is_zero() => return CellEnd::TimedOut,
+                Some(left) => drop(self.streams.changed.wait_for(&mut sinks, left)),
+                None => self.streams.changed.wait(&mut sinks),
             }
-            let wait = left.min(Duration::from_millis(50));
-            self.streams.changed.wait_for(&mut sinks, wait);
         }
     }
 
@@ -419,7 +421,12 @@ impl ContainerSession {
     /// processes cannot be seen from here.
     fn leftovers(&self) -> Option<String> {
         let init = (*self.init_pid.lock())?;
-        // The loop writes its record, then blocks: give it a moment to get there.
+        // The loop writes its record, then blocks: give it a moment to get
+        // there. This re-reads `/proc` every 10 ms for at most 500 ms on
+        // purpose: what it waits for is a state of the guest's processes
+        // (the interpreter blocked in `read`, nothing else running), not an
+        // exit, and the kernel offers no event for that (a pidfd signals
+        // only exits).
         let until = Instant::now() + Duration::from_millis(500);
         loop {
             let found = inspect_tree(init)?;
@@ -558,6 +565,9 @@ impl Session for ContainerSession {
             return;
         }
         self.alive.store(false, Ordering::SeqCst);
+        // Through the lock: a call between checking `killed` and waiting
+        // cannot miss the wake-up (the lock is only ever held briefly).
+        drop(self.streams.lock());
         self.streams.changed.notify_all();
         process::kill_container(&self.backend.cfg.engine, &self.name, process::KILL_GRACE);
         self.cli.kill();
