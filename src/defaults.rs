@@ -76,9 +76,8 @@ impl ExecutorBuilder {
         #[cfg(feature = "container")]
         {
             use crate::backends::{Container, ContainerConfig};
-            let config = ContainerConfig { engine: cfg.container_engine.clone(), ..Default::default() };
-            let container =
-                Container::with_config(config).map_err(|e| ExecError::internal(Container::NAME, e.to_string()))?;
+            let config = ContainerConfig::default().engine(cfg.container_engine.clone());
+            let container = Container::new(config).map_err(|e| ExecError::internal(Container::NAME, e.to_string()))?;
             builder = builder.backend(container);
         }
         let _ = cfg;
