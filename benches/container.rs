@@ -14,7 +14,6 @@ use std::time::Duration;
 use criterion::{Criterion, criterion_group, criterion_main};
 use execbox::Executor;
 use execbox::backends::Container;
-use execbox::backends::container::run_argv;
 use execbox::{Backend, ExecRequest, Language, SandboxPolicy};
 use serde_json::json;
 
@@ -32,7 +31,7 @@ fn python_print() -> ExecRequest {
 }
 
 fn bench(c: &mut Criterion) {
-    let container = Container::docker();
+    let container = Container::default();
     if let Err(reason) = container.availability() {
         eprintln!("skipping the container bench: {reason}");
         return;
@@ -58,7 +57,7 @@ fn bench(c: &mut Criterion) {
             let mut spec = container.plan(&python_print()).expect("plan");
             spec.name = format!("execbox-bench-raw-{}-{}", std::process::id(), counter.fetch_add(1, Ordering::Relaxed));
             spec.mounts[0].host = work.path().to_path_buf();
-            let mut argv = run_argv(&spec);
+            let mut argv = spec.argv();
             argv.insert(1, "--rm".into());
             let mut child = Command::new("docker")
                 .args(&argv)

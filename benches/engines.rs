@@ -113,7 +113,7 @@ fn bench(c: &mut Criterion) {
     }
     g.finish();
 
-    let container = Container::docker();
+    let container = Container::default();
     if let Err(reason) = container.availability() {
         eprintln!("skipping the container: {reason}");
         return;

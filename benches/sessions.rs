@@ -71,7 +71,7 @@ fn bench(c: &mut Criterion) {
     });
     g.finish();
 
-    let container = Container::docker();
+    let container = Container::default();
     if let Err(reason) = container.availability() {
         eprintln!("skipping container sessions: {reason}");
         return;

@@ -101,9 +101,8 @@ impl ExecutorBuilder {
         #[cfg(feature = "container")]
         {
             use crate::backends::{Container, ContainerConfig};
-            let config = ContainerConfig { engine: cfg.container_engine.clone(), ..Default::default() };
-            let container = Container::with_config(config)
-                .map_err(|e| ConfigError::invalid("ContainerConfig::extra_run_args", e.to_string()))?;
+            let config = ContainerConfig::default().engine(cfg.container_engine.clone());
+            let container = Container::new(config)?;
             builder = builder.backend(container);
         }
         let _ = cfg;

@@ -11,11 +11,11 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use execbox::backends::container::{ContainerConfig, KILL_GRACE, RustConfig, check_extra_args, run_argv};
+use execbox::backends::container::{ContainerConfig, KILL_GRACE, RustConfig};
 use execbox::backends::{Container, WasmGuest};
 use execbox::{
-    Access, Backend, ExecError, ExecFile, ExecRequest, ExecResult, Executor, FailureKind, InvalidRequest, Language,
-    Outcome, PathGrants, SandboxPolicy,
+    Access, Backend, ConfigError, ExecError, ExecFile, ExecRequest, ExecResult, Executor, FailureKind, InvalidRequest,
+    Language, Outcome, PathGrants, SandboxPolicy,
 };
 use serde_json::json;
 
@@ -39,7 +39,7 @@ fn backend_with(label: &str, cfg: ContainerConfig) -> Option<Container> {
     }
     let mut cfg = cfg;
     cfg.extra_run_args.push(format!("--label=execbox.test={label}"));
-    let container = Container::with_config(cfg).expect("config");
+    let container = Container::new(cfg).expect("config");
     if let Err(reason) = container.availability() {
         panic!("an engine answers but the backend is unavailable: {reason}");
     }
@@ -83,16 +83,14 @@ fn stdout(r: &ExecResult) -> String {
 #[test]
 fn argv_carries_every_locked_flag_and_the_policy_limits() {
     let data = tempfile::tempdir().unwrap();
-    let container =
-        Container::with_config(ContainerConfig { extra_run_args: vec!["--runtime=runc".into()], ..Default::default() })
-            .unwrap();
+    let container = Container::new(ContainerConfig::default().extra_run_args(vec!["--runtime=runc".into()])).unwrap();
     let policy = SandboxPolicy::strict()
         .memory_bytes(64 << 20)
         .max_processes(16)
         .environment(Access::Allow(vec!["GREETING".into()]))
         .filesystem(Access::Allow(PathGrants::new().read_only_at(data.path(), "/data")));
     let request = python("print(1)").env("GREETING", "secret-value").policy(policy);
-    let argv = run_argv(&container.plan(&request).unwrap());
+    let argv = container.plan(&request).unwrap().argv();
     for flag in [
         "--network=none",
         "--read-only",
@@ -124,18 +122,25 @@ fn argv_carries_every_locked_flag_and_the_policy_limits() {
 #[test]
 fn extra_args_that_could_weaken_isolation_are_refused() {
     for bad in ["--network=host", "--privileged", "--cap-add=ALL", "-v=/:/host", "--security-opt=seccomp=unconfined"] {
-        let cfg = ContainerConfig { extra_run_args: vec![bad.into()], ..Default::default() };
-        let err = Container::with_config(cfg).err().unwrap_or_else(|| panic!("{bad} accepted"));
-        assert_eq!(err.arg, bad);
+        let cfg = ContainerConfig::default().extra_run_args(vec![bad.into()]);
+        let err = Container::new(cfg).err().unwrap_or_else(|| panic!("{bad} accepted"));
+        match err {
+            ConfigError::Invalid { setting, reason } => {
+                assert_eq!(setting, "ContainerConfig::extra_run_args");
+                assert!(reason.starts_with(&format!("{bad:?} refused")), "{reason}");
+            }
+            other => panic!("{bad}: {other}"),
+        }
     }
-    assert!(check_extra_args(&["--runtime=runsc".into()]).is_ok());
+    let with_extra = |arg: &str| Container::new(ContainerConfig::default().extra_run_args(vec![arg.into()]));
+    assert!(with_extra("--runtime=runsc").is_ok());
     // --init would put the in-container timer under tini, where the program could kill it.
-    assert!(check_extra_args(&["--init".into()]).is_err());
+    assert!(with_extra("--init").is_err());
 }
 
 #[test]
 fn bad_grants_and_env_are_typed_errors() {
-    let container = Container::docker();
+    let container = Container::default();
     let grant = |guest: &str| {
         let policy = SandboxPolicy::strict().filesystem(Access::Allow(PathGrants::new().read_only_at("/tmp", guest)));
         container.plan(&python("").policy(policy)).unwrap_err()
@@ -155,8 +160,7 @@ fn bad_grants_and_env_are_typed_errors() {
 
 #[test]
 fn missing_engine_is_unavailable_with_the_fix() {
-    let container =
-        Container::with_config(ContainerConfig { engine: "/nonexistent/docker".into(), ..Default::default() }).unwrap();
+    let container = Container::new(ContainerConfig::default().engine("/nonexistent/docker")).unwrap();
     let reason = container.availability().unwrap_err();
     assert!(reason.fix.as_deref().unwrap_or("").contains("scripts/start-container-engine.sh"), "{reason}");
     let exec = Executor::builder().backend(container).build();
@@ -171,7 +175,7 @@ fn missing_engine_is_unavailable_with_the_fix() {
 
 #[test]
 fn requests_the_backend_cannot_carry_are_refused_before_running() {
-    let exec = Executor::builder().backend(Container::docker()).build();
+    let exec = Executor::builder().backend(Container::default()).build();
     let refused = |r: ExecRequest| -> Vec<execbox::Control> {
         match exec.select(&r) {
             Err(ExecError::Refused { rejections }) => rejections[0].violations.iter().map(|v| v.control).collect(),
@@ -187,12 +191,12 @@ fn requests_the_backend_cannot_carry_are_refused_before_running() {
 
 #[test]
 fn every_container_carries_its_owner_and_its_own_timer() {
-    let container = Container::docker();
+    let container = Container::default();
     let limit = Duration::from_millis(2500);
     let request = python("print(1)").policy(SandboxPolicy::strict().timeout(limit));
     let spec = container.plan(&request).unwrap();
     assert_eq!(spec.stop_after, limit + KILL_GRACE, "the timer fires a grace after the deadline");
-    let argv = run_argv(&spec);
+    let argv = spec.argv();
     let owner = format!("--label=execbox.owner={}", Container::owner_token());
     assert!(argv.contains(&owner), "{argv:?}");
     assert!(argv.iter().any(|a| a.starts_with("--label=execbox.scope=")), "{argv:?}");
@@ -232,7 +236,7 @@ fn fake_engine(dir: &Path, hang: &[&str], run_exit: Option<i32>) -> std::path::P
 fn a_time_out_returns_within_the_grace_even_when_the_engine_hangs() {
     let dir = tempfile::tempdir().unwrap();
     let engine = fake_engine(dir.path(), &["run", "kill"], None);
-    let c = Container::with_config(ContainerConfig { engine, ..Default::default() }).unwrap();
+    let c = Container::new(ContainerConfig::default().engine(engine)).unwrap();
     let limit = Duration::from_secs(1);
     let started = Instant::now();
     let r = Executor::run_on(&c, python("while True: pass").policy(SandboxPolicy::strict().timeout(limit))).unwrap();
@@ -247,7 +251,7 @@ fn classifying_an_exit_is_bounded_when_the_engine_hangs() {
     let dir = tempfile::tempdir().unwrap();
     // Exit 137 is ambiguous (OOM or not): only `inspect` can tell, and it never answers.
     let engine = fake_engine(dir.path(), &["inspect"], Some(137));
-    let c = Container::with_config(ContainerConfig { engine, ..Default::default() }).unwrap();
+    let c = Container::new(ContainerConfig::default().engine(engine)).unwrap();
     let limit = Duration::from_secs(1);
     let started = Instant::now();
     let err = Executor::run_on(&c, python("pass").policy(SandboxPolicy::strict().timeout(limit))).unwrap_err();
@@ -263,7 +267,7 @@ fn a_container_stops_by_itself_when_nothing_watches_it() {
     let spec = c.plan(&python("").policy(SandboxPolicy::strict().timeout(limit))).unwrap();
     // The exact argv execbox would run, without its staging mounts (plan's are
     // placeholders), started directly: no execbox process watches it.
-    let argv: Vec<String> = run_argv(&spec).into_iter().filter(|a| !a.starts_with("--mount=")).collect();
+    let argv: Vec<String> = spec.argv().into_iter().filter(|a| !a.starts_with("--mount=")).collect();
     let mut child = Command::new("docker")
         .args(&argv)
         .stdin(std::process::Stdio::piped())
@@ -542,7 +546,7 @@ os.symlink('..', '/work/out/up')
 
 #[test]
 fn oversized_output_files_are_cut_by_the_kernel_and_left_out() {
-    let cfg = ContainerConfig { max_output_file_bytes: 4096, ..Default::default() };
+    let cfg = ContainerConfig::default().max_output_file_bytes(4096);
     let Some(c) = backend_with("bigfile", cfg) else { return };
     let code = "\
 try:
@@ -562,7 +566,8 @@ open('/work/out/small.txt', 'w').write('ok')
 
 #[test]
 fn a_flood_of_output_entries_is_walked_within_bounds_and_noted_briefly() {
-    use execbox::backends::container::MAX_OUTPUT_ENTRIES;
+    // The most entries of /work/out the host looks at (see the module docs).
+    const MAX_OUTPUT_ENTRIES: usize = 10_000;
     let Some(c) = backend("manyfiles") else { return };
     let code = "\
 import os
@@ -628,10 +633,7 @@ fn rust_backend(label: &str, cache: &Path) -> Option<Container> {
             std::os::unix::fs::symlink(entry.path(), cache.join(entry.file_name())).unwrap();
         }
     }
-    let cfg = ContainerConfig {
-        rust: RustConfig { cache_dir: Some(cache.to_path_buf()), ..Default::default() },
-        ..Default::default()
-    };
+    let cfg = ContainerConfig::default().rust(RustConfig::default().cache_dir(cache));
     backend_with(label, cfg)
 }
 

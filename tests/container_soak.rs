@@ -73,8 +73,8 @@ async fn a_mix_of_runs_with_endless_loops_leaves_nothing_behind() {
     if !engine_answers() {
         return;
     }
-    let cfg = ContainerConfig { extra_run_args: vec!["--label=execbox.test=soak".into()], ..Default::default() };
-    let container = Container::with_config(cfg).unwrap();
+    let cfg = ContainerConfig::default().extra_run_args(vec!["--label=execbox.test=soak".into()]);
+    let container = Container::new(cfg).unwrap();
     container.availability().expect("images built (scripts/build-images.sh)");
     let exec = Executor::builder().backend(container).build();
 

@@ -293,7 +293,7 @@ fn random_interleavings_on_python_wasm_sessions_leave_nothing_behind() {
 #[test]
 fn random_interleavings_on_container_sessions_leave_no_container() {
     use execbox::backends::Container;
-    let container = Container::docker();
+    let container = Container::default();
     if let Err(reason) = container.availability() {
         assert!(std::env::var_os("EXECBOX_REQUIRE_CONTAINERS").is_none(), "required but {reason}");
         eprintln!("skipping: {reason}");
@@ -325,7 +325,7 @@ fn random_interleavings_on_container_sessions_leave_no_container() {
 #[test]
 fn a_container_cell_that_stops_the_loop_reading_cannot_hold_the_next_call() {
     use execbox::backends::Container;
-    let container = Container::docker();
+    let container = Container::default();
     if let Err(reason) = container.availability() {
         assert!(std::env::var_os("EXECBOX_REQUIRE_CONTAINERS").is_none(), "required but {reason}");
         eprintln!("skipping: {reason}");

@@ -462,7 +462,7 @@ mod container_routing {
 fn declared_packages_route_to_the_backend_that_has_them() {
     use execbox::backends::{Container, InterpreterConfig, WasmInterpreter};
     let python = WasmInterpreter::new(InterpreterConfig::default()).expect("engine");
-    let container = Container::docker();
+    let container = Container::default();
     let container_up = container.availability().is_ok();
     if !container_up {
         assert!(std::env::var_os("EXECBOX_REQUIRE_CONTAINERS").is_none(), "containers are required");

@@ -137,7 +137,7 @@ mod containers {
     use execbox::backends::Container;
 
     fn container() -> Option<Container> {
-        let c = Container::docker();
+        let c = Container::default();
         match c.availability() {
             Ok(()) => Some(c),
             Err(reason) => {

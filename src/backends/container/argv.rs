@@ -19,6 +19,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::error::ConfigError;
+
 /// Caller-supplied extra `run` arguments that cannot weaken isolation. Each
 /// must be one `--flag=value` token (or a bare flag listed with no value), so
 /// nothing can smuggle a second flag in as a "value".
@@ -34,26 +36,20 @@ const ALLOWED_EXTRA_FLAGS: &[(&str, bool)] = &[
     // the program could kill it (only PID 1 ignores the program's SIGKILL).
 ];
 
-/// An extra argument that [`ContainerConfig::extra_run_args`](super::ContainerConfig::extra_run_args) may not hold.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("extra container argument {arg:?} refused: {reason}")]
-pub struct UnsafeExtraArg {
-    /// The argument as given.
-    pub arg: String,
-    /// Why it is refused.
-    pub reason: String,
-}
-
 /// Checks extra `run` arguments against the allow-list. Anything that could
 /// loosen a locked flag (`--network`, `--privileged`, `-v`, `--cap-add`,
-/// `--security-opt`, `--user`, `--env`, ...) is refused, not reordered.
-pub fn check_extra_args(args: &[String]) -> Result<(), UnsafeExtraArg> {
+/// `--security-opt`, `--user`, `--env`, ...) is refused, not reordered: a
+/// [`ConfigError`] naming `ContainerConfig::extra_run_args`, the argument
+/// and why.
+pub(super) fn check_extra_args(args: &[String]) -> Result<(), ConfigError> {
     for arg in args {
         let (flag, value) = match arg.split_once('=') {
             Some((flag, value)) => (flag, Some(value)),
             None => (arg.as_str(), None),
         };
-        let refuse = |reason: &str| UnsafeExtraArg { arg: arg.clone(), reason: reason.into() };
+        let refuse = |reason: &str| {
+            ConfigError::invalid("ContainerConfig::extra_run_args", format!("{arg:?} refused: {reason}"))
+        };
         match ALLOWED_EXTRA_FLAGS.iter().find(|(name, _)| *name == flag) {
             None => {
                 let allowed: Vec<&str> = ALLOWED_EXTRA_FLAGS.iter().map(|(n, _)| *n).collect();
@@ -69,8 +65,9 @@ pub fn check_extra_args(args: &[String]) -> Result<(), UnsafeExtraArg> {
     Ok(())
 }
 
-/// A host path made visible inside the container.
+/// A host path made visible inside the container (a `--mount=type=bind`).
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Mount {
     /// Host file or directory (must exist).
     pub host: PathBuf,
@@ -80,8 +77,11 @@ pub struct Mount {
     pub writable: bool,
 }
 
-/// Everything one `run` needs. [`run_argv`] turns it into arguments.
+/// Everything one `run` needs, as [`Container::plan`](super::Container::plan)
+/// shows it for audits: [`RunSpec::argv`] turns it into the exact arguments
+/// execbox passes to the engine CLI.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct RunSpec {
     /// The container's name, unique per run: timeouts kill it by name on the daemon side.
     pub name: String,
@@ -108,7 +108,8 @@ pub struct RunSpec {
     pub mounts: Vec<Mount>,
     /// Working directory inside the container.
     pub workdir: String,
-    /// Allow-listed extra arguments (see [`check_extra_args`]).
+    /// Allow-listed extra arguments (see
+    /// [`ContainerConfig::extra_run_args`](super::ContainerConfig::extra_run_args)).
     pub extra_args: Vec<String>,
     /// Command and arguments inside the container.
     pub command: Vec<String>,
@@ -119,7 +120,7 @@ pub struct RunSpec {
 }
 
 /// Where the in-container timer's execute-only copy lives (a tmpfs).
-pub const STOP_DIR: &str = "/opt/execbox/stop";
+const STOP_DIR: &str = "/opt/execbox/stop";
 
 /// The container's first process: copy `timeout` execute-only, limit file
 /// sizes, then run the command under the timer. `$1` is the file-size limit
@@ -132,7 +133,7 @@ const STOP_SCRIPT: &str = "/usr/bin/install -m 0111 /usr/bin/timeout /opt/execbo
      exec /opt/execbox/stop/timeout --signal=KILL \"$@\"";
 
 /// Labels on every container: execbox's, and who started it (see
-/// [`super::owners`]), so a later process can clean up after a dead one.
+/// `owners.rs`), so a later process can clean up after a dead one.
 fn locked_labels() -> [String; 3] {
     [
         "--label=execbox=1".into(),
@@ -148,12 +149,20 @@ fn stop_duration(limit: Duration) -> String {
     format!("{}.{:03}s", ms / 1000, ms % 1000)
 }
 
-/// The arguments after the engine program (`docker`/`podman`).
-///
-/// Extra arguments come first and the locked flags after them, so even a flag
-/// that slipped past [`check_extra_args`] would be overridden by the locked
-/// value (for single-valued flags the last one wins).
-pub fn run_argv(spec: &RunSpec) -> Vec<String> {
+impl RunSpec {
+    /// The arguments after the engine program (`docker`/`podman`): every
+    /// locked flag (see the [module docs](super)), the limits, labels,
+    /// mounts, the in-container timer and the command.
+    ///
+    /// Extra arguments come first and the locked flags after them, so even a
+    /// flag that slipped past the allow-list would be overridden by the
+    /// locked value (for single-valued flags the last one wins).
+    pub fn argv(&self) -> Vec<String> {
+        run_argv(self)
+    }
+}
+
+fn run_argv(spec: &RunSpec) -> Vec<String> {
     let mut argv: Vec<String> = vec!["run".into(), "--interactive".into(), format!("--name={}", spec.name)];
     argv.extend(spec.extra_args.iter().cloned());
     argv.extend([

@@ -1,6 +1,8 @@
 //! One container run through the engine CLI: feed stdin, capture both streams
 //! under their caps, enforce the deadline on the daemon side, classify the
-//! exit. Removal is the reaper's, off the request path.
+//! exit. Removal is the caller's (the runner hands the container to its
+//! reaper, off the request path): [`run`] says when through its `remove`
+//! callback.
 //!
 //! **Time bound**: [`run`] returns at most [`KILL_GRACE`] after the deadline,
 //! whatever the daemon does. At the deadline the container is killed on the
@@ -15,6 +17,7 @@ use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use crate::limits::child::ChildHandle;
 use crate::limits::deadline::Deadline;
 use crate::limits::output::{BoundedBuffer, OutputTap, StreamKind};
 use crate::limits::text;
@@ -35,10 +38,16 @@ const CLI_ENV: &[&str] = &[
     "XDG_CONFIG_HOME",
 ];
 
-/// After the deadline, how long the daemon-side kill and the CLI's exit may
-/// take before execbox stops waiting (a `docker kill` takes ~0.2 s here).
-/// Also the margin of the in-container timer over the deadline, so the
-/// host's kill normally comes first.
+/// The most a container run takes past its deadline: a guarantee.
+///
+/// At the deadline the container is killed on the daemon side; the daemon
+/// and the CLI get this long to end it, then execbox stops waiting (the
+/// container is left to the reaper and to its own timer) and returns, so
+/// [`Backend::execute`](crate::backend::Backend::execute) on a
+/// [`Container`](super::Container) returns at most this long after the
+/// deadline whatever the engine does (a `docker kill` takes ~0.2 s). It is
+/// also the margin of the in-container timer over the deadline: a container
+/// whose host died stops by itself at the deadline plus this grace.
 pub const KILL_GRACE: Duration = Duration::from_secs(2);
 
 /// Longest an engine housekeeping command off the request path (remove,
@@ -83,12 +92,21 @@ pub(super) struct Finished {
 }
 
 /// Runs one container to its end, or to its deadline plus [`KILL_GRACE`].
-/// Returns `Err` only if the CLI cannot be spawned at all. The container is
-/// handed to the `reaper` for removal either way.
-pub(super) fn run(inv: Invocation<'_>, reaper: &super::reaper::Reaper) -> std::io::Result<Finished> {
+/// Returns `Err` only if the CLI cannot be spawned (or watched) at all.
+/// Once the CLI has been spawned, whatever follows, `remove` gets the
+/// container's name: a container may exist, and it is the caller's to
+/// remove.
+pub(super) fn run(inv: Invocation<'_>, remove: &dyn Fn(&str)) -> std::io::Result<Finished> {
     let mut command = engine_command(inv.engine);
     command.args(&inv.argv).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = command.spawn()?;
+    let exit = match watch(&mut child) {
+        Ok(exit) => exit,
+        Err(e) => {
+            remove(inv.name);
+            return Err(e);
+        }
+    };
 
     let (stdin, stdout, stderr) = (child.stdin.take(), child.stdout.take(), child.stderr.take());
     let (eof_tx, eof_rx) = mpsc::channel::<()>();
@@ -115,14 +133,14 @@ pub(super) fn run(inv: Invocation<'_>, reaper: &super::reaper::Reaper) -> std::i
         drop(eof_tx);
 
         let mut open_streams = 2;
-        let mut status = wait_end(&mut child, &eof_rx, &mut open_streams, &inv.deadline);
+        let mut status = wait_end(&mut child, &exit, &eof_rx, &mut open_streams, &inv.deadline);
         let timed_out = status.is_none();
         if timed_out {
             // Kill on the daemon side: killing only the CLI would leave the
             // container running. Its streams end once it is gone.
             let grace = Deadline::start(Some(KILL_GRACE));
             kill_container(inv.engine, inv.name, KILL_GRACE);
-            status = wait_end(&mut child, &eof_rx, &mut open_streams, &grace);
+            status = wait_end(&mut child, &exit, &eof_rx, &mut open_streams, &grace);
             if status.is_none() {
                 // The daemon did not answer in time. Stop waiting for it:
                 // the reaper removes the container, its own timer stops it.
@@ -142,14 +160,20 @@ pub(super) fn run(inv: Invocation<'_>, reaper: &super::reaper::Reaper) -> std::i
         let limit = inv.deadline.remaining().map_or(HOUSEKEEPING_TIMEOUT, |left| left.saturating_add(KILL_GRACE));
         classify(inv.engine, inv.name, status, &err, limit)
     };
-    reaper.remove(inv.name.to_string());
+    remove(inv.name);
     Ok(Finished { ended, stdout: out, stderr: err })
 }
 
 /// Waits, within `deadline`, until both streams reached EOF (counted down
 /// in `open`) and the CLI exited: a program that closed its streams and runs
 /// on has not ended. `None` if the deadline passed first.
-fn wait_end(child: &mut Child, eof: &mpsc::Receiver<()>, open: &mut usize, deadline: &Deadline) -> Option<ExitStatus> {
+fn wait_end(
+    child: &mut Child,
+    exit: &ChildHandle,
+    eof: &mpsc::Receiver<()>,
+    open: &mut usize,
+    deadline: &Deadline,
+) -> Option<ExitStatus> {
     while *open > 0 {
         let left = deadline.remaining().unwrap_or(Duration::MAX);
         match eof.recv_timeout(left) {
@@ -158,7 +182,7 @@ fn wait_end(child: &mut Child, eof: &mpsc::Receiver<()>, open: &mut usize, deadl
             Err(mpsc::RecvTimeoutError::Timeout) => return None,
         }
     }
-    wait_within(child, deadline.remaining().unwrap_or(Duration::MAX)).ok().flatten()
+    wait_until(child, exit, until(deadline.remaining())).ok().flatten()
 }
 
 /// Reads a pipe to its end, keeping what fits the cap and counting the rest,
@@ -175,21 +199,30 @@ fn drain(pipe: &mut dyn Read, buffer: &mut BoundedBuffer) {
     }
 }
 
-/// Waits up to `limit` for `child` to exit; `None` if it still runs then.
-/// Polls from 1 ms up to 20 ms apart (no signal handler in a library).
-fn wait_within(child: &mut Child, limit: Duration) -> std::io::Result<Option<ExitStatus>> {
-    let until = Instant::now().checked_add(limit);
-    let mut pause = Duration::from_millis(1);
-    loop {
-        if let Some(status) = child.try_wait()? {
-            return Ok(Some(status));
-        }
-        if until.is_some_and(|until| Instant::now() >= until) {
-            return Ok(None);
-        }
-        std::thread::sleep(pause);
-        pause = (pause * 2).min(Duration::from_millis(20));
+/// A pidfd on a just-spawned CLI, to wait for its exit without polling. If
+/// none can be opened, the CLI is killed and reaped (it is still this
+/// process's unreaped child, so its pid names it) and the error returned.
+fn watch(child: &mut Child) -> std::io::Result<ChildHandle> {
+    ChildHandle::of(child).inspect_err(|_| {
+        kill_group(child);
+        drop(child.wait());
+    })
+}
+
+/// The instant `left` from now; `None` (no bound) for no limit or one past
+/// what an `Instant` can hold.
+fn until(left: Option<Duration>) -> Option<Instant> {
+    left.and_then(|left| Instant::now().checked_add(left))
+}
+
+/// Waits until `child` (watched by `exit`) has exited, or `until` passes:
+/// its status, or `None` if it still runs then. A `poll` on the pidfd, not a
+/// sleep loop.
+fn wait_until(child: &mut Child, exit: &ChildHandle, until: Option<Instant>) -> std::io::Result<Option<ExitStatus>> {
+    if !exit.wait_exit(until) {
+        return Ok(None);
     }
+    child.try_wait()
 }
 
 /// The CLI's exit code, checked against the daemon's record where it is
@@ -258,6 +291,7 @@ pub(super) fn quiet(engine: &Path, args: &[&str], limit: Duration) -> std::io::R
 /// does not finish in time.
 pub(super) fn bounded_output(command: &mut Command, limit: Duration, max_bytes: usize) -> std::io::Result<Output> {
     let mut child = command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
+    let exit = watch(&mut child)?;
     let pipes = [
         child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>),
         child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>),
@@ -272,7 +306,7 @@ pub(super) fn bounded_output(command: &mut Command, limit: Duration, max_bytes: 
                 buffer.into_captured().bytes
             })
         });
-        let status = match wait_within(&mut child, limit) {
+        let status = match wait_until(&mut child, &exit, until(Some(limit))) {
             Ok(Some(status)) => Ok(status),
             finished => {
                 kill_group(&mut child);
@@ -285,4 +319,26 @@ pub(super) fn bounded_output(command: &mut Command, limit: Duration, max_bytes: 
         let (stdout, stderr) = (out.join().unwrap_or_default(), err.join().unwrap_or_default());
         status.map(|status| Output { status, stdout, stderr })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bounded_output_waits_on_the_pidfd_and_kills_what_overruns() {
+        let out = bounded_output(Command::new("/bin/sh").args(["-c", "echo hi"]), Duration::from_secs(10), 1024)
+            .expect("runs");
+        assert_eq!((out.status.success(), out.stdout.as_slice()), (true, b"hi\n".as_slice()));
+        let started = Instant::now();
+        // The grandchild holds the pipes too: killing the group ends it.
+        let err = bounded_output(
+            Command::new("/bin/sh").args(["-c", "sleep 30 & sleep 30"]).process_group(0),
+            Duration::from_millis(200),
+            1024,
+        )
+        .unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::TimedOut);
+        assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
+    }
 }

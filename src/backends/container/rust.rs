@@ -27,7 +27,11 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use super::argv::{Mount, RunSpec};
-use super::{Container, KILL_GRACE, RunEnd, hostfs, process};
+use super::config::RustConfig;
+use super::hostfs;
+use super::process::{self, KILL_GRACE};
+use super::runner::{Caps, NAME, RunEnd, Runner, container_name};
+use super::staging::{Staging, WORKDIR};
 use crate::admission::Admitted;
 use crate::error::ExecError;
 use crate::limits::deadline::Deadline;
@@ -36,7 +40,7 @@ use crate::request::ExecRequest;
 use crate::result::{Diagnostic, ExecResult, FailureKind, Outcome};
 
 /// Where the compiled program is mounted in the run container.
-pub const PROGRAM_PATH: &str = "/opt/execbox/program";
+const PROGRAM_PATH: &str = "/opt/execbox/program";
 const SYSROOT_GUEST: &str = "/opt/rust";
 const DEPS_GUEST: &str = "/opt/execbox/deps";
 
@@ -77,56 +81,6 @@ fn main() {
     println!("{output}");
 }
 "#;
-
-/// Settings of the Rust pipeline.
-#[derive(Clone, Debug)]
-pub struct RustConfig {
-    /// The host's `rustc`; its sysroot is mounted read-only into the compile container.
-    pub rustc: PathBuf,
-    /// Compiled programs and prebuilt crates. `None`: `$EXECBOX_RUST_CACHE`,
-    /// else `$XDG_CACHE_HOME/execbox/rust`, else `~/.cache/execbox/rust`
-    /// (where `scripts/build-rust-deps.sh` puts serde_json).
-    pub cache_dir: Option<PathBuf>,
-    /// `-C opt-level`.
-    pub opt_level: u8,
-    /// Ceiling of one compile. The request's deadline (the policy's
-    /// `timeout_ms`) bounds the compile and the run together; this caps the
-    /// compile's share of it. Default 120 s.
-    pub compile_timeout: Duration,
-    /// Memory cap of the compile container.
-    pub compile_memory_bytes: u64,
-    /// CPUs of the compile container.
-    pub compile_cpus: f64,
-    /// Largest file the compiler may write (the program binary).
-    pub max_binary_bytes: u64,
-    /// Compiled programs kept (least recently used removed).
-    pub cached_binaries: usize,
-}
-
-impl Default for RustConfig {
-    fn default() -> Self {
-        Self {
-            rustc: "rustc".into(),
-            cache_dir: None,
-            opt_level: 1,
-            compile_timeout: Duration::from_secs(120),
-            compile_memory_bytes: 2 << 30,
-            compile_cpus: 2.0,
-            max_binary_bytes: 256 << 20,
-            cached_binaries: 256,
-        }
-    }
-}
-
-impl RustConfig {
-    /// The cache directory in effect.
-    pub fn cache_root(&self) -> Option<PathBuf> {
-        match &self.cache_dir {
-            Some(dir) => Some(dir.clone()),
-            None => crate::backends::conventions::cache_dir("EXECBOX_RUST_CACHE", "rust"),
-        }
-    }
-}
 
 /// The toolchain and crates a compile mounts.
 struct Toolchain {
@@ -221,13 +175,13 @@ pub(super) fn command(request: &ExecRequest) -> Vec<String> {
     std::iter::once(PROGRAM_PATH.to_string()).chain(request.args.iter().cloned()).collect()
 }
 
-/// Compiles (or finds) and runs a Rust request, both within `deadline`.
-pub(super) fn execute(backend: &Container, mut call: Admitted) -> Result<ExecResult, ExecError> {
+/// Compiles (or finds, in `pipeline`'s cache) and runs a Rust request with
+/// `runner`, both within the request's deadline.
+pub(super) fn execute(runner: &Runner, pipeline: &Pipeline, mut call: Admitted) -> Result<ExecResult, ExecError> {
     let deadline = call.deadline();
-    let source = call.take_source(Container::NAME)?;
-    let pipeline = &backend.rust;
-    let toolchain = pipeline.toolchain().map_err(|reason| backend.unavailable(reason))?;
-    let input = call.take_input_json(backend.cfg.max_input_nesting, Container::NAME)?;
+    let source = call.take_source(NAME)?;
+    let toolchain = pipeline.toolchain().map_err(|reason| runner.unavailable(reason))?;
+    let input = call.take_input_json(runner.config().defaults.max_input_nesting, NAME)?;
     let request = call.into_request();
 
     let key = cache_key(&toolchain.fingerprint, &source);
@@ -237,17 +191,18 @@ pub(super) fn execute(backend: &Container, mut call: Admitted) -> Result<ExecRes
         touch(&toolchain.binaries_dir, &key);
     } else {
         pipeline.compiles.fetch_add(1, Ordering::Relaxed);
-        if let Some(failed) = compile(backend, &toolchain, &source, &key, &request, &deadline)? {
+        if let Some(failed) = compile(runner, &pipeline.cfg, &toolchain, &source, &key, &request, &deadline)? {
             return Ok(failed);
         }
     }
 
-    let staging = super::staging::Staging::new(&request, input.as_deref())?;
+    let staging = Staging::new(&request, input.as_deref())?;
     let limit = deadline.remaining().unwrap_or(Duration::MAX);
-    let mut spec = backend.spec(&request, &staging, backend.cfg.rust_image.clone(), command(&request), limit)?;
+    let image = runner.config().rust_image.clone();
+    let mut spec = runner.spec(&request, &staging, image, command(&request), limit)?;
     spec.mounts.push(Mount { host: toolchain.binaries.join(&key), guest: PROGRAM_PATH.into(), writable: false });
-    let end = backend.run_spec(&spec, input.unwrap_or_default(), super::Caps::of(&request), deadline);
-    let mut result = backend.result(end, &deadline, staging)?;
+    let end = runner.run_spec(&spec, input.unwrap_or_default(), Caps::of(&request), deadline);
+    let mut result = runner.result(end, &deadline, staging)?;
     // The harness prints `run`'s value and nothing else: a cut stdout is a
     // cut value, never an `ok` run with no output.
     if result.outcome == Outcome::Ok && result.stdout.truncated {
@@ -265,15 +220,15 @@ pub(super) fn execute(backend: &Container, mut call: Admitted) -> Result<ExecRes
 /// the code did not compile (or the compiler hit a limit): that is the
 /// run's result.
 fn compile(
-    backend: &Container,
+    runner: &Runner,
+    cfg: &RustConfig,
     toolchain: &Toolchain,
     source: &str,
     key: &str,
     request: &ExecRequest,
     deadline: &Deadline,
 ) -> Result<Option<ExecResult>, ExecError> {
-    let cfg = &backend.rust.cfg;
-    let io = |e: std::io::Error| ExecError::internal(Container::NAME, format!("cannot stage the compile: {e}"));
+    let io = |e: std::io::Error| ExecError::internal(NAME, format!("cannot stage the compile: {e}"));
     let dir = crate::backends::owner::temp_dir("rustc").map_err(io)?;
     let handle = hostfs::open_ambient(dir.path()).map_err(io)?;
     let src_dir = hostfs::create_dirs(&handle, Path::new("src"), Some(0o755)).map_err(io)?;
@@ -318,32 +273,32 @@ fn compile(
     .iter()
     .map(|s| s.to_string())
     .collect();
-    let n = super::RUN_COUNTER.fetch_add(1, Ordering::Relaxed);
     let spec = RunSpec {
-        name: format!("execbox-rustc-{}-{n}-{:08x}", std::process::id(), crate::nonce::random_u64() as u32),
-        image: backend.cfg.rust_image.clone(),
+        name: container_name("execbox-rustc-"),
+        image: runner.config().rust_image.clone(),
         memory_bytes: cfg.compile_memory_bytes,
         cpus: cfg.compile_cpus,
         pids: 256,
         tmp_bytes: 512 << 20,
-        user: backend.cfg.user.clone(),
+        user: runner.config().user.clone(),
         max_file_bytes: Some(cfg.max_binary_bytes),
         env_file: None,
         mounts: vec![
-            Mount { host: dir.path().join("src"), guest: super::WORKDIR.into(), writable: false },
+            Mount { host: dir.path().join("src"), guest: WORKDIR.into(), writable: false },
             Mount { host: dir.path().join("target"), guest: "/work/target".into(), writable: true },
             Mount { host: toolchain.sysroot.clone(), guest: SYSROOT_GUEST.into(), writable: false },
             Mount { host: toolchain.deps.clone(), guest: DEPS_GUEST.into(), writable: false },
         ],
-        workdir: super::WORKDIR.into(),
-        extra_args: backend.cfg.extra_run_args.clone(),
+        workdir: WORKDIR.into(),
+        extra_args: runner.config().extra_run_args.clone(),
         command,
         stop_after: compile_deadline.remaining().unwrap_or(Duration::MAX).saturating_add(KILL_GRACE),
     };
-    let caps = super::Caps { stdout: Some(64 << 10), stderr: Some(16 << 20), tap: None };
-    let end = backend.run_spec(&spec, Vec::new(), caps, compile_deadline);
-    let outcome = compiled(backend, end, &target_dir, toolchain, key, request, deadline, user_lines, bound_by_request);
-    backend.reaper.discard(dir);
+    let caps = Caps { stdout: Some(64 << 10), stderr: Some(16 << 20), tap: None };
+    let end = runner.run_spec(&spec, Vec::new(), caps, compile_deadline);
+    let outcome =
+        compiled(runner, cfg, end, &target_dir, toolchain, key, request, deadline, user_lines, bound_by_request);
+    runner.reaper().discard(dir);
     outcome
 }
 
@@ -351,7 +306,8 @@ fn compile(
 /// the program is in the cache.
 #[allow(clippy::too_many_arguments)]
 fn compiled(
-    backend: &Container,
+    runner: &Runner,
+    cfg: &RustConfig,
     end: RunEnd,
     target_dir: &Dir,
     toolchain: &Toolchain,
@@ -361,16 +317,15 @@ fn compiled(
     user_lines: u32,
     bound_by_request: bool,
 ) -> Result<Option<ExecResult>, ExecError> {
-    let cfg = &backend.rust.cfg;
     let finished = match end {
         RunEnd::Finished(f) => f,
-        RunEnd::SpawnFailed(reason) => return Err(backend.unavailable(reason)),
+        RunEnd::SpawnFailed(reason) => return Err(runner.unavailable(reason)),
     };
     let (diagnostics, rendered) = parse_diagnostics(&finished.stderr.bytes, user_lines);
     let mut stderr = BoundedBuffer::new(request.policy.max_stderr_bytes);
     stderr.write_str(&rendered);
     let failed = |outcome: Outcome, message: String, kind: Option<FailureKind>, diagnostics: Vec<Diagnostic>| {
-        let mut result = ExecResult::new(Container::NAME, outcome);
+        let mut result = ExecResult::new(NAME, outcome);
         result.stderr = stderr.clone().into_captured();
         result.message = Some(message);
         result.failure_kind = kind;
@@ -381,7 +336,7 @@ fn compiled(
     match finished.ended {
         process::Ended::Exited { exit_code: 0, .. } => {
             store(target_dir, toolchain, key, cfg)
-                .map_err(|e| ExecError::internal(Container::NAME, format!("cannot cache the compiled program: {e}")))?;
+                .map_err(|e| ExecError::internal(NAME, format!("cannot cache the compiled program: {e}")))?;
             Ok(None)
         }
         process::Ended::Exited { oom_killed: true, .. } => Ok(failed(
@@ -415,7 +370,7 @@ fn compiled(
             };
             Ok(failed(Outcome::TimedOut, message, None, diagnostics))
         }
-        process::Ended::EngineError(text) => Err(backend.engine_error(text)),
+        process::Ended::EngineError(text) => Err(runner.engine_error(text)),
     }
 }
 

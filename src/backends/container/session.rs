@@ -35,9 +35,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use super::argv::run_argv;
+use super::process;
+use super::runner::{self, Runner};
 use super::staging::Staging;
-use super::{Container, process};
 use crate::admission::Admitted;
 use crate::backends::conventions;
 use crate::capabilities::BackendCapabilities;
@@ -61,7 +61,7 @@ const OPEN_LIMIT: Duration = Duration::from_secs(60);
 
 /// A Python session in a container. See the module docs.
 pub struct ContainerSession {
-    backend: Container,
+    runner: Arc<Runner>,
     name: String,
     staging: Option<Staging>,
     /// Opens the session's status records (`\0execbox:<nonce>:`).
@@ -124,25 +124,26 @@ impl ContainerSession {
     /// Starts the container under `spec` (its memory and process caps,
     /// granted directories and environment) and checks its loop with an
     /// empty cell.
-    pub(super) fn open(backend: Container, spec: &SessionSpec) -> Result<Self, ExecError> {
+    pub(super) fn open(runner: Arc<Runner>, spec: &SessionSpec) -> Result<Self, ExecError> {
         let unavailable = |reason: String| ExecError::BackendUnavailable { backend: Self::NAME.into(), reason };
-        Container::check_available(&backend)?;
+        runner.check_available(runner::NAME)?;
+        let cfg = runner.config();
         let nonce = crate::sessions::session::new_id();
         let program = conventions::PYTHON_SESSION_PROGRAM.replace("NONCE", &nonce);
         let mut template = spec.template().collect_output_files();
-        let memory_bytes = *template.policy.memory_bytes.get_or_insert(backend.cfg.session_memory_bytes);
-        let pids = *template.policy.max_processes.get_or_insert(backend.cfg.default_pids);
+        let memory_bytes = *template.policy.memory_bytes.get_or_insert(cfg.session_memory_bytes);
+        let pids = *template.policy.max_processes.get_or_insert(cfg.default_pids);
         let staging = Staging::new(&template, None)?;
         let command = vec!["/usr/bin/python3".to_string(), "-c".to_string(), program];
-        let image = backend.script_image(&template);
-        let spec = backend.spec(&template, &staging, image, command, backend.cfg.session_lifetime)?;
-        let mut child = process::engine_command(&backend.cfg.engine)
-            .args(run_argv(&spec))
+        let image = runner.script_image(&template);
+        let spec = runner.spec(&template, &staging, image, command, cfg.session_lifetime)?;
+        let mut child = process::engine_command(&cfg.engine)
+            .args(spec.argv())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .map_err(|e| unavailable(format!("cannot run {}: {e}", backend.cfg.engine.display())))?;
+            .map_err(|e| unavailable(format!("cannot run {}: {e}", cfg.engine.display())))?;
         let streams = Arc::new(Streams { sinks: Mutex::new([sink(), sink()]), changed: Condvar::new() });
         let pipes: [Option<Box<dyn Read + Send>>; 2] = [
             child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>),
@@ -154,7 +155,7 @@ impl ContainerSession {
             Err(e) => {
                 process::kill_group(&mut child);
                 let _ = child.wait();
-                backend.reaper.remove(spec.name.clone());
+                runner.reaper().remove(spec.name.clone());
                 return Err(unavailable(format!("cannot watch the engine CLI: {e}")));
             }
         };
@@ -162,7 +163,7 @@ impl ContainerSession {
             tracing::warn!(error = %e, "cannot make a session's stdin non-blocking");
         }
         let session = Self {
-            backend,
+            runner,
             name: spec.name.clone(),
             staging: Some(staging),
             marker: marker(&nonce),
@@ -191,14 +192,14 @@ impl ContainerSession {
         // against the caller's first deadline.
         let probe = ExecRequest::source(Language::Python, "pass")
             .policy(SandboxPolicy::strict().timeout(OPEN_LIMIT).max_output_bytes(64 << 10));
-        let result = session.run_cell(Admitted::new(probe, session.backend.capabilities_ref()))?;
+        let result = session.run_cell(Admitted::new(probe, session.runner.capabilities()))?;
         if result.outcome != Outcome::Ok {
             let why = format!("{} {}", result.message.unwrap_or_default(), result.stderr.text());
             return Err(unavailable(text::cap_message(format!("the session did not start: {why}"))));
         }
         // Running now (the probe answered): where its processes are.
         let inspected = process::bounded_output(
-            process::engine_command(&session.backend.cfg.engine).args([
+            process::engine_command(&session.runner.config().engine).args([
                 "inspect",
                 "--format={{.State.Pid}}",
                 &session.name,
@@ -259,7 +260,7 @@ impl ContainerSession {
         }
         let deadline = call.deadline();
         let source = call.take_source(Self::NAME)?;
-        let input = call.take_input_json(self.backend.cfg.max_input_nesting, Self::NAME)?;
+        let input = call.take_input_json(self.runner.config().defaults.max_input_nesting, Self::NAME)?;
         let request = call.request();
         let staging = self.staging.as_ref().ok_or_else(|| self.lost())?;
         staging.stage_cell(request, input.as_deref())?;
@@ -288,7 +289,7 @@ impl ContainerSession {
                 // The loop said the cell is over, but something of it runs
                 // on (a thread, a child, a forged record): end the session.
                 self.alive.store(false, Ordering::SeqCst);
-                process::kill_container(&self.backend.cfg.engine, &self.name, process::KILL_GRACE);
+                process::kill_container(&self.runner.config().engine, &self.name, process::KILL_GRACE);
                 result.outcome = Outcome::Failed;
                 result.message = Some(format!("{left} after the cell returned: the session ended"));
                 result.stdout = stdout.0;
@@ -306,7 +307,7 @@ impl ContainerSession {
                     result.message = Some(format!("the cell failed with status {status}"));
                 }
                 if call.request().collect_output_files {
-                    let (files, note) = staging.collect_outputs(self.backend.output_limits());
+                    let (files, note) = staging.collect_outputs(self.runner.output_limits());
                     result.output_files = files;
                     if let Some(note) = note {
                         result.message = Some(match result.message.take() {
@@ -318,7 +319,7 @@ impl ContainerSession {
             }
             CellEnd::TimedOut => {
                 self.alive.store(false, Ordering::SeqCst);
-                process::kill_container(&self.backend.cfg.engine, &self.name, process::KILL_GRACE);
+                process::kill_container(&self.runner.config().engine, &self.name, process::KILL_GRACE);
                 result.outcome = Outcome::TimedOut;
                 result.message = Some(deadline.exceeded_message());
                 result.stdout = stdout.0;
@@ -339,7 +340,7 @@ impl ContainerSession {
                 self.alive.store(false, Ordering::SeqCst);
                 let status = self.wait_briefly(&mut io.child);
                 let limit = process::KILL_GRACE;
-                let ended = process::classify(&self.backend.cfg.engine, &self.name, status, &stderr.0, limit);
+                let ended = process::classify(&self.runner.config().engine, &self.name, status, &stderr.0, limit);
                 (result.outcome, result.message) = match ended {
                     process::Ended::Exited { oom_killed: true, .. } => {
                         (Outcome::OutOfMemory, Some("killed by the kernel's OOM killer at the memory cap".into()))
@@ -386,12 +387,14 @@ impl ContainerSession {
             if sinks.iter().any(|s| s.closed) {
                 return CellEnd::Ended;
             }
-            let left = deadline.remaining().unwrap_or(Duration::from_secs(3600));
-            if left.is_zero() {
-                return CellEnd::TimedOut;
+            // Every change that ends the wait notifies `changed` under the
+            // lock (a record completing, a stream closing, a kill): no
+            // periodic re-check is needed.
+            match deadline.remaining() {
+                Some(left) if left.is_zero() => return CellEnd::TimedOut,
+                Some(left) => drop(self.streams.changed.wait_for(&mut sinks, left)),
+                None => self.streams.changed.wait(&mut sinks),
             }
-            let wait = left.min(Duration::from_millis(50));
-            self.streams.changed.wait_for(&mut sinks, wait);
         }
     }
 
@@ -419,7 +422,12 @@ impl ContainerSession {
     /// processes cannot be seen from here.
     fn leftovers(&self) -> Option<String> {
         let init = (*self.init_pid.lock())?;
-        // The loop writes its record, then blocks: give it a moment to get there.
+        // The loop writes its record, then blocks: give it a moment to get
+        // there. This re-reads `/proc` every 10 ms for at most 500 ms on
+        // purpose: what it waits for is a state of the guest's processes
+        // (the interpreter blocked in `read`, nothing else running), not an
+        // exit, and the kernel offers no event for that (a pidfd signals
+        // only exits).
         let until = Instant::now() + Duration::from_millis(500);
         loop {
             let found = inspect_tree(init)?;
@@ -534,7 +542,7 @@ impl Session for ContainerSession {
     }
 
     fn capabilities(&self) -> &BackendCapabilities {
-        self.backend.capabilities_ref()
+        self.runner.capabilities()
     }
 
     fn refusals(&self, request: &ExecRequest) -> Vec<Violation> {
@@ -558,8 +566,11 @@ impl Session for ContainerSession {
             return;
         }
         self.alive.store(false, Ordering::SeqCst);
+        // Through the lock: a call between checking `killed` and waiting
+        // cannot miss the wake-up (the lock is only ever held briefly).
+        drop(self.streams.lock());
         self.streams.changed.notify_all();
-        process::kill_container(&self.backend.cfg.engine, &self.name, process::KILL_GRACE);
+        process::kill_container(&self.runner.config().engine, &self.name, process::KILL_GRACE);
         self.cli.kill();
     }
 }
@@ -570,11 +581,11 @@ impl Drop for ContainerSession {
     fn drop(&mut self) {
         let io = self.io.get_mut();
         drop(io.stdin.take());
-        self.backend.reaper.remove(self.name.clone());
+        self.runner.reaper().remove(self.name.clone());
         process::kill_group(&mut io.child);
         let _ = io.child.wait();
         if let Some(staging) = self.staging.take() {
-            self.backend.reaper.discard(staging.into_dir());
+            self.runner.reaper().discard(staging.into_dir());
         }
     }
 }

@@ -22,12 +22,11 @@ use crate::file::ExecFile;
 use crate::limits::text;
 use crate::request::ExecRequest;
 
-/// The code's working directory.
-pub const WORKDIR: &str = "/work";
+/// The code's working directory (`input.json`, the request's JSON `input`,
+/// is staged there when it has one).
+pub(super) const WORKDIR: &str = "/work";
 /// Where the code writes files to return (when the request collects them).
-pub const OUTPUT_DIR: &str = "/work/out";
-/// The request's JSON `input`, when it has one.
-pub const INPUT_JSON: &str = "/work/input.json";
+const OUTPUT_DIR: &str = "/work/out";
 
 /// Guest paths a policy grant may not cover: execbox's own mounts and the
 /// kernel's pseudo-filesystems.
@@ -36,10 +35,10 @@ const RESERVED_GUEST_PATHS: &[&str] = &["/", "/work", "/opt/execbox", "/opt/rust
 /// Most entries of `out/` the host looks at (files, directories, links,
 /// anything): a hostile program can leave millions within its deadline; the
 /// host walks this many and says so when it stopped.
-pub const MAX_OUTPUT_ENTRIES: usize = 10_000;
+const MAX_OUTPUT_ENTRIES: usize = 10_000;
 
 /// Deepest directory of `out/` walked.
-pub const MAX_OUTPUT_DEPTH: usize = 16;
+const MAX_OUTPUT_DEPTH: usize = 16;
 
 /// Limits on the files returned from `out/`.
 #[derive(Clone, Copy, Debug)]

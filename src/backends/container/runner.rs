@@ -1,0 +1,442 @@
+//! [`Runner`]: what runs a container for a spec — the settings, the
+//! capabilities, the reaper, the availability cache — shared by one-shot
+//! runs, the Rust pipeline and sessions. The front door (`mod.rs`) wraps
+//! it as [`Container`](super::Container).
+
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use super::argv::RunSpec;
+use super::config::{ContainerConfig, MIN_MEMORY_BYTES};
+use super::owners;
+use super::process::{self, KILL_GRACE};
+use super::reaper::Reaper;
+use super::staging::{self, Staging, WORKDIR};
+use crate::admission::Admitted;
+use crate::backend::Unavailable;
+use crate::backends::conventions;
+use crate::capabilities::{
+    BackendCapabilities, CostClass, Enforcement, IsolationKind, PayloadKind, RequestFeatures, SurfaceCapability,
+};
+use crate::error::{ExecError, InvalidRequest};
+use crate::language::Language;
+use crate::limits::deadline::Deadline;
+use crate::limits::output::OutputTap;
+use crate::policy::Access;
+use crate::request::ExecRequest;
+use crate::result::{ExecResult, Outcome, Usage};
+
+/// The backend's name in results and refusals.
+pub(super) const NAME: &str = "container";
+
+/// How long a negative availability check (or a missing package label) is trusted.
+const NEGATIVE_TTL: Duration = Duration::from_secs(2);
+
+static RUN_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// A fresh container name `<prefix><pid>-<counter>-<nonce>`: unique even
+/// across processes with reused pids.
+pub(super) fn container_name(prefix: &str) -> String {
+    let n = RUN_COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!("{prefix}{}-{n}-{:08x}", std::process::id(), crate::nonce::random_u64() as u32)
+}
+
+/// Runs containers for specs; see the module docs.
+pub(super) struct Runner {
+    cfg: ContainerConfig,
+    caps: BackendCapabilities,
+    reaper: Reaper,
+    /// Last availability check: when, and its result.
+    availability: Mutex<Option<(Instant, Result<(), Unavailable>)>>,
+    /// Last read of the data image's package label: when, and the packages.
+    data_packages: Mutex<Option<(Instant, Vec<String>)>>,
+    /// Set by [`Runner::shutdown`]: no new container starts.
+    shut_down: AtomicBool,
+}
+
+/// How a [`Runner::run_spec`] ended.
+pub(super) enum RunEnd {
+    Finished(process::Finished),
+    SpawnFailed(String),
+}
+
+/// What a container's output may keep, and who sees it as it comes.
+pub(super) struct Caps {
+    pub stdout: Option<u64>,
+    pub stderr: Option<u64>,
+    pub tap: Option<OutputTap>,
+}
+
+impl Caps {
+    /// The request's caps and tap.
+    pub fn of(request: &ExecRequest) -> Self {
+        Caps {
+            stdout: request.policy.max_stdout_bytes,
+            stderr: request.policy.max_stderr_bytes,
+            tap: request.output_tap.clone(),
+        }
+    }
+}
+
+impl Runner {
+    /// A runner with `cfg` (already checked). Nothing is spawned until the
+    /// first run or availability check.
+    pub fn new(cfg: ContainerConfig) -> Self {
+        Self {
+            caps: capabilities(&cfg),
+            reaper: Reaper::new(cfg.engine.clone()),
+            availability: Mutex::new(None),
+            data_packages: Mutex::new(None),
+            shut_down: AtomicBool::new(false),
+            cfg,
+        }
+    }
+
+    /// The settings in use.
+    pub fn config(&self) -> &ContainerConfig {
+        &self.cfg
+    }
+
+    /// The backend's capabilities (its sessions check against them too).
+    pub fn capabilities(&self) -> &BackendCapabilities {
+        &self.caps
+    }
+
+    /// Removes finished containers and staging directories off the request path.
+    pub fn reaper(&self) -> &Reaper {
+        &self.reaper
+    }
+
+    /// See [`Container::shutdown`](super::Container::shutdown).
+    pub fn shutdown(&self) {
+        self.shut_down.store(true, Ordering::SeqCst);
+        owners::remove_own(&self.cfg.engine, Duration::from_secs(5));
+        owners::remove_own_temp_dirs();
+    }
+
+    /// Cached: a positive answer for `availability_ttl`, a negative one for
+    /// 2 s. The first check in a process also starts the cleanup of dead
+    /// owners' containers (see `owners.rs`), off the request path.
+    pub fn availability(&self) -> Result<(), Unavailable> {
+        owners::start(&self.cfg.engine);
+        let mut cached = self.availability.lock();
+        if let Some((at, result)) = cached.as_ref() {
+            let ttl = if result.is_ok() { self.cfg.availability_ttl } else { NEGATIVE_TTL };
+            if at.elapsed() < ttl {
+                return result.clone();
+            }
+        }
+        let result = self.check_availability();
+        *cached = Some((Instant::now(), result.clone()));
+        result
+    }
+
+    /// `Ok` if the engine and images are there, else `backend_unavailable`
+    /// (named `backend`: this backend's or its sessions').
+    pub fn check_available(&self, backend: &str) -> Result<(), ExecError> {
+        self.availability().map_err(|why| why.into_error(backend))
+    }
+
+    fn forget_availability(&self) {
+        *self.availability.lock() = None;
+    }
+
+    /// Asks the engine whether the images exist (which also proves the
+    /// daemon answers).
+    fn check_availability(&self) -> Result<(), Unavailable> {
+        let engine = self.cfg.engine.display();
+        let images = [&self.cfg.python_image, &self.cfg.rust_image];
+        let output = process::bounded_output(
+            process::engine_command(&self.cfg.engine).args(["image", "inspect", "--format={{.Id}}"]).args(images),
+            process::HOUSEKEEPING_TIMEOUT,
+            64 << 10,
+        )
+        .map_err(|e| {
+            Unavailable::new(
+                format!("cannot run the container engine {engine}: {e}"),
+                "install and start one with scripts/start-container-engine.sh",
+            )
+        })?;
+        if output.status.success() {
+            return Ok(());
+        }
+        let text = crate::limits::text::cap_message(String::from_utf8_lossy(&output.stderr).trim().to_string());
+        if text.to_ascii_lowercase().contains("no such image") {
+            Err(Unavailable::new(
+                format!("execbox's images are missing from {engine} ({text})"),
+                "build them with scripts/build-images.sh",
+            ))
+        } else {
+            Err(Unavailable::new(
+                format!("the container engine {engine} does not answer ({text})"),
+                "start one with scripts/start-container-engine.sh",
+            ))
+        }
+    }
+
+    /// The packages the data image declares (its `execbox.packages`
+    /// label), cached like availability; none when the image is missing.
+    pub fn data_image_packages(&self) -> Vec<String> {
+        let mut cached = self.data_packages.lock();
+        if let Some((at, packages)) = cached.as_ref() {
+            let ttl = if packages.is_empty() { NEGATIVE_TTL } else { self.cfg.availability_ttl };
+            if at.elapsed() < ttl {
+                return packages.clone();
+            }
+        }
+        let format = "--format={{index .Config.Labels \"execbox.packages\"}}";
+        let output = process::bounded_output(
+            process::engine_command(&self.cfg.engine).args(["image", "inspect", format, &self.cfg.python_data_image]),
+            process::HOUSEKEEPING_TIMEOUT,
+            64 << 10,
+        );
+        let packages: Vec<String> = match output {
+            Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout)
+                .trim()
+                .split(',')
+                .filter(|p| !p.is_empty() && *p != "<no value>")
+                .map(str::to_string)
+                .collect(),
+            _ => Vec::new(),
+        };
+        *cached = Some((Instant::now(), packages.clone()));
+        packages
+    }
+
+    /// The image a Python or shell request runs in: the data image when it
+    /// declares packages (matching has checked that the image has them).
+    pub fn script_image(&self, request: &ExecRequest) -> String {
+        if request.packages.is_empty() { self.cfg.python_image.clone() } else { self.cfg.python_data_image.clone() }
+    }
+
+    /// The in-container command of a Python or shell request.
+    pub fn script_command(&self, request: &ExecRequest) -> Result<Vec<String>, ExecError> {
+        let mut command: Vec<String> = match request.language {
+            // Absolute: the request's environment may set its own PATH.
+            Language::Python => vec!["/usr/bin/python3".into(), "-c".into(), conventions::PYTHON_BOOTSTRAP.into()],
+            Language::Shell => vec!["/bin/sh".into(), "-s".into(), "--".into()],
+            other => return Err(ExecError::internal(NAME, format!("no script command for {other}"))),
+        };
+        command.extend(request.args.iter().cloned());
+        Ok(command)
+    }
+
+    /// Builds the run spec of `request` with its staged files; `limit` is
+    /// the time the run has left (the in-container timer adds [`KILL_GRACE`]).
+    pub fn spec(
+        &self,
+        request: &ExecRequest,
+        staging: &Staging,
+        image: String,
+        command: Vec<String>,
+        limit: Duration,
+    ) -> Result<RunSpec, ExecError> {
+        let policy = &request.policy;
+        let memory_bytes = policy.memory_bytes.unwrap_or(self.cfg.defaults.memory_bytes);
+        if memory_bytes < MIN_MEMORY_BYTES {
+            return Err(InvalidRequest::LimitOutOfRange {
+                limit: "memory_bytes",
+                value: memory_bytes,
+                reason: format!("containers need at least {MIN_MEMORY_BYTES} bytes"),
+            }
+            .into());
+        }
+        let pids = policy.max_processes.unwrap_or(self.cfg.default_pids);
+        if pids == 0 {
+            return Err(InvalidRequest::LimitOutOfRange {
+                limit: "max_processes",
+                value: 0,
+                reason: "the program itself is one process".into(),
+            }
+            .into());
+        }
+        let mut mounts = staging.mounts();
+        if let Access::Allow(grants) = &policy.filesystem {
+            for (list, writable) in [(&grants.read_only, false), (&grants.read_write, true)] {
+                for grant in list {
+                    mounts.push(staging::grant_mount(&grant.host, grant.guest_path(), writable)?);
+                }
+            }
+        }
+        Ok(RunSpec {
+            name: container_name("execbox-"),
+            image,
+            memory_bytes,
+            cpus: self.cfg.cpus,
+            pids,
+            tmp_bytes: self.cfg.tmp_bytes,
+            user: self.cfg.user.clone(),
+            max_file_bytes: Some(self.cfg.max_output_file_bytes),
+            env_file: staging.env_file(),
+            mounts,
+            workdir: WORKDIR.into(),
+            extra_args: self.cfg.extra_run_args.clone(),
+            command,
+            stop_after: limit.saturating_add(KILL_GRACE),
+        })
+    }
+
+    /// Runs one container for `spec`, capturing at most `caps` (stdout,
+    /// stderr) bytes, streamed to the request's tap if it has one. The
+    /// container goes to the reaper once it may exist.
+    pub fn run_spec(&self, spec: &RunSpec, stdin: Vec<u8>, caps: Caps, deadline: Deadline) -> RunEnd {
+        if self.shut_down.load(Ordering::SeqCst) {
+            return RunEnd::SpawnFailed("the backend is shutting down".into());
+        }
+        let invocation = process::Invocation {
+            engine: &self.cfg.engine,
+            argv: spec.argv(),
+            name: &spec.name,
+            stdin,
+            deadline,
+            max_stdout: caps.stdout,
+            max_stderr: caps.stderr,
+            tap: caps.tap,
+        };
+        match process::run(invocation, &|name| self.reaper.remove(name.to_string())) {
+            Ok(finished) => RunEnd::Finished(finished),
+            Err(e) => RunEnd::SpawnFailed(format!("cannot run {}: {e}", self.cfg.engine.display())),
+        }
+    }
+
+    /// A result from a finished container; engine errors become `ExecError`s.
+    /// The staging directory goes to the reaper either way.
+    pub fn result(&self, end: RunEnd, deadline: &Deadline, staging: Staging) -> Result<ExecResult, ExecError> {
+        let result = self.result_of(end, deadline, &staging);
+        self.reaper.discard(staging.into_dir());
+        result
+    }
+
+    fn result_of(&self, end: RunEnd, deadline: &Deadline, staging: &Staging) -> Result<ExecResult, ExecError> {
+        let finished = match end {
+            RunEnd::Finished(f) => f,
+            RunEnd::SpawnFailed(reason) => return Err(self.unavailable(reason)),
+        };
+        let (outcome, exit_code, mut message) = match finished.ended {
+            process::Ended::Exited { exit_code: 0, .. } => (Outcome::Ok, Some(0), None),
+            process::Ended::Exited { exit_code, oom_killed: true } => (
+                Outcome::OutOfMemory,
+                Some(exit_code),
+                Some("killed by the kernel's OOM killer at the memory cap".to_string()),
+            ),
+            process::Ended::Exited { exit_code, .. } => {
+                (Outcome::Failed, Some(exit_code), Some(format!("exited with code {exit_code}")))
+            }
+            process::Ended::TimedOut => (Outcome::TimedOut, None, Some(deadline.exceeded_message())),
+            process::Ended::EngineError(text) => return Err(self.engine_error(text)),
+        };
+        let (output_files, note) = staging.collect_outputs(self.output_limits());
+        if let Some(note) = note {
+            message = Some(match message {
+                Some(m) => format!("{m}; {note}"),
+                None => note,
+            });
+        }
+        let mut result = ExecResult::new(NAME, outcome);
+        result.exit_code = exit_code;
+        result.output = conventions::json_stdout(&finished.stdout);
+        result.stdout = finished.stdout;
+        result.stderr = finished.stderr;
+        result.message = message;
+        result.output_files = output_files;
+        result.usage = Usage { duration: deadline.elapsed(), ..Usage::default() };
+        Ok(result)
+    }
+
+    /// The caps on the files a run returns.
+    pub fn output_limits(&self) -> staging::OutputLimits {
+        staging::OutputLimits {
+            max_files: self.cfg.max_output_files,
+            max_file_bytes: self.cfg.max_output_file_bytes,
+            max_total_bytes: self.cfg.max_output_total_bytes,
+        }
+    }
+
+    /// This backend is unavailable because of `reason`.
+    pub fn unavailable(&self, reason: String) -> ExecError {
+        ExecError::BackendUnavailable { backend: NAME.into(), reason }
+    }
+
+    /// An engine failure: unavailable if it names a missing daemon or image
+    /// (with the fix), internal otherwise.
+    pub fn engine_error(&self, text: String) -> ExecError {
+        self.forget_availability();
+        let text = crate::limits::text::cap_message(text);
+        let lower = text.to_ascii_lowercase();
+        if lower.contains("no such image") || lower.contains("unable to find image") {
+            Unavailable::new(text, "build the images with scripts/build-images.sh").into_error(NAME)
+        } else if lower.contains("cannot connect") || lower.contains("is the docker daemon running") {
+            Unavailable::new(text, "start an engine with scripts/start-container-engine.sh").into_error(NAME)
+        } else {
+            ExecError::internal(NAME, format!("the container engine failed: {text}"))
+        }
+    }
+
+    /// Runs a Python or shell request in one container.
+    pub fn execute_script(&self, mut call: Admitted) -> Result<ExecResult, ExecError> {
+        let deadline = call.deadline();
+        let source = call.take_source(NAME)?;
+        let input = call.take_input_json(self.cfg.defaults.max_input_nesting, NAME)?;
+        let request = call.into_request();
+        let staging = Staging::new(&request, input.as_deref())?;
+        let command = self.script_command(&request)?;
+        let limit = deadline.remaining().unwrap_or(Duration::MAX);
+        let spec = self.spec(&request, &staging, self.script_image(&request), command, limit)?;
+        let end = self.run_spec(&spec, source.into_bytes(), Caps::of(&request), deadline);
+        self.result(end, &deadline, staging)
+    }
+}
+
+impl Drop for Runner {
+    /// Waits for the start-up sweep (the reaper, a field, is joined next):
+    /// nothing this backend started outlives it.
+    fn drop(&mut self) {
+        owners::finish_sweeps();
+    }
+}
+
+fn capabilities(cfg: &ContainerConfig) -> BackendCapabilities {
+    use Enforcement as E;
+    let cap = "read by execbox through a bounded buffer while the container runs; the rest is counted and dropped";
+    BackendCapabilities {
+        isolation: IsolationKind::ContainerEphemeral,
+        cost: CostClass::High,
+        languages: vec![Language::Python, Language::Shell, Language::Rust],
+        payloads: vec![PayloadKind::Source],
+        // stdin carries the code (Python, shell) or the JSON input (Rust).
+        features: RequestFeatures { json_input: true, stdin: false, args: true, input_files: true, output_files: true },
+        network: SurfaceCapability {
+            deny: E::enforced("--network=none: the container has only a loopback interface"),
+            allow_list: E::not_enforced("the engine cannot restrict a container's network to a host allow-list"),
+        },
+        filesystem: SurfaceCapability {
+            deny: E::enforced(
+                "read-only root filesystem; no host path is mounted but execbox's own staging \
+                 (/work read-only, /work/out only when output files are collected); /tmp is a private tmpfs",
+            ),
+            allow_list: E::enforced("each granted path is a bind mount, read-only or read-write as granted"),
+        },
+        environment: SurfaceCapability {
+            deny: E::enforced("only the image's own variables; nothing from the host"),
+            allow_list: E::enforced("exactly the request's values for allow-listed names, via a private env file"),
+        },
+        timeout: E::enforced(
+            "at the deadline the named container is killed on the daemon side (SIGKILL); the result comes at \
+             most 2 s (KILL_GRACE) later whatever the daemon does; the container's first process, an \
+             execute-only coreutils timeout, kills the program by itself at the deadline + 2 s even if the \
+             host dies; Rust: the compile and the run share the request's deadline (the compile is also capped \
+             by RustConfig::compile_timeout)",
+        ),
+        memory: E::enforced(format!(
+            "cgroup --memory = --memory-swap (default {} MiB); the OOM killer ends the run",
+            cfg.defaults.memory_bytes >> 20
+        )),
+        fuel: E::not_enforced("containers have no instruction budget; use the timeout"),
+        stdout_cap: E::enforced(cap),
+        stderr_cap: E::enforced(cap),
+        processes: E::enforced(format!("cgroup --pids-limit (default {})", cfg.default_pids)),
+        tools: E::no_tool_bridge(),
+        default_timeout_ms: u64::try_from(cfg.defaults.timeout.as_millis()).unwrap_or(u64::MAX),
+    }
+}
