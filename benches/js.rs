@@ -4,7 +4,9 @@
 //! `cargo bench --bench js`. The transform is filter/map/reduce over 100
 //! numbers with JSON in and out. "Paced" benches sleep 2 ms (untimed) before
 //! each call, as in an agent loop where the model thinks between calls;
-//! "back to back" benches do not.
+//! "back to back" benches do not. The `tool_*` benches are Code Mode: a
+//! no-op Rust tool called from contained boa code and back, once per run
+//! and 100 times in a row in one run.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -12,6 +14,7 @@ use std::time::{Duration, Instant};
 use boa_engine::{Context, JsValue, Source, context::ContextBuilder, js_string, property::Attribute};
 use criterion::{Criterion, criterion_group, criterion_main};
 use execbox::backends::{BoaJs, BoaJsConfig, BoaJsInThread};
+use execbox::tools::{ToolLimits, ToolRegistry, ToolSpec};
 use execbox::{Backend, ExecRequest, Executor, Language, SandboxPolicy, SessionBackend, SessionSpec, check};
 use serde_json::{Value, json};
 
@@ -105,6 +108,29 @@ fn bench(c: &mut Criterion) {
         b.iter_custom(|iters| paced(iters, || exec.execute_blocking(request()).unwrap()))
     });
     g.bench_function("contained_back_to_back", |b| b.iter(|| black_box(exec.execute_blocking(request()).unwrap())));
+
+    // Code Mode: a no-op Rust tool, called from contained code and back.
+    let noop = ToolRegistry::builder()
+        .tool(ToolSpec::new("bench.noop"), |_: Value| async { Ok(Value::Null) })
+        .build()
+        .expect("a valid registry");
+    let with_tools = Executor::builder().backend(contained.clone()).tools(noop).build();
+    let tool_request = |code: &str| {
+        let mut policy = SandboxPolicy::strict().tools(["bench.*"]).tool_limits(ToolLimits::default().max_calls(100));
+        policy.memory_bytes = None;
+        ExecRequest::javascript(code).policy(policy)
+    };
+    const ONE_CALL: &str = "return await tools.bench.noop({})";
+    const HUNDRED_CALLS: &str = "for (let i = 0; i < 100; i++) { await tools.bench.noop({i}); } return 100";
+    let first = with_tools.execute_blocking(tool_request(ONE_CALL)).unwrap();
+    assert_eq!((first.output, first.tool_calls.len()), (Some(Value::Null), 1));
+    assert_eq!(with_tools.execute_blocking(tool_request(HUNDRED_CALLS)).unwrap().output, Some(json!(100)));
+    g.bench_function("tool_contained_one_call", |b| {
+        b.iter(|| black_box(with_tools.execute_blocking(tool_request(ONE_CALL)).unwrap()))
+    });
+    g.bench_function("tool_contained_100_sequential_calls", |b| {
+        b.iter(|| black_box(with_tools.execute_blocking(tool_request(HUNDRED_CALLS)).unwrap()))
+    });
 
     // The in-thread engine: a thread hand-off per run.
     let inthread = Executor::builder().backend(BoaJsInThread::default()).build();

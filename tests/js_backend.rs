@@ -423,3 +423,237 @@ fn a_session_keeps_its_realm_and_refuses_per_call_fuel() {
     assert_eq!(rejections[0].violations[0].control, Control::Fuel);
     assert_eq!(sessions.len(), 1, "a refused call leaves the session as it was");
 }
+
+// ---- Code Mode: `tools` on contained boa, in-thread boa and JS sessions ----
+
+mod code_mode {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::{Duration, Instant};
+
+    use execbox::backends::{BoaJs, BoaJsInThread};
+    use execbox::tools::{ToolCallOutcome, ToolError, ToolErrorKind, ToolLimits, ToolRegistry, ToolSpec};
+    use execbox::{ExecRequest, ExecResult, Executor, Outcome, SandboxPolicy, Sessions};
+    use serde_json::{Value, json};
+    use sha2::{Digest, Sha256};
+
+    fn registry() -> ToolRegistry {
+        ToolRegistry::builder()
+            .tool(ToolSpec::new("math.add").description("a + b".into()), |args: Value| async move {
+                Ok(json!(args["a"].as_i64().unwrap_or(0) + args["b"].as_i64().unwrap_or(0)))
+            })
+            .tool(ToolSpec::new("fail.always"), |_: Value| async { Err(ToolError::failed("fail.always", "nope")) })
+            .tool(ToolSpec::new("slow.sleep"), |args: Value| async move {
+                tokio::time::sleep(Duration::from_millis(args["ms"].as_u64().unwrap_or(0))).await;
+                Ok(json!("slept"))
+            })
+            .tool(ToolSpec::new("slow.hang"), |_: Value| async {
+                std::future::pending::<()>().await;
+                Ok(Value::Null)
+            })
+            .tool(ToolSpec::new("bad.panic"), |_: Value| async { panic!("the tool broke") })
+            .tool(ToolSpec::new("big.blob"), |_: Value| async { Ok(json!("x".repeat(100 << 20))) })
+            .tool(ToolSpec::new("secret.read"), |_: Value| async { Ok(json!("the secret")) })
+            .build()
+            .unwrap()
+    }
+
+    /// Grants every tool but `secret.read`; no memory cap (in-thread boa
+    /// cannot enforce one).
+    fn policy() -> SandboxPolicy {
+        let mut policy = SandboxPolicy::strict()
+            .timeout(Duration::from_secs(10))
+            .tools(["math.*", "fail.*", "slow.*", "bad.*", "big.*"]);
+        policy.memory_bytes = None;
+        policy
+    }
+
+    /// The three JavaScript carriers of the tool bridge.
+    enum Carrier {
+        Executor(Executor),
+        /// Each run in a new session (a call that times out ends its session).
+        Sessions(Sessions, AtomicU64),
+    }
+
+    impl Carrier {
+        fn run(&self, code: &str, policy: SandboxPolicy) -> ExecResult {
+            let request = ExecRequest::javascript(code).policy(policy);
+            match self {
+                Carrier::Executor(exec) => exec.execute_blocking(request).unwrap(),
+                Carrier::Sessions(sessions, next) => {
+                    let id = format!("s{}", next.fetch_add(1, Ordering::SeqCst));
+                    sessions.execute_or_open(&id, request).unwrap()
+                }
+            }
+        }
+    }
+
+    fn carriers() -> Vec<(&'static str, Carrier)> {
+        vec![
+            ("boa-js", Carrier::Executor(Executor::builder().backend(BoaJs::default()).tools(registry()).build())),
+            (
+                "boa-js-inthread",
+                Carrier::Executor(Executor::builder().backend(BoaJsInThread::default()).tools(registry()).build()),
+            ),
+            (
+                "boa-js-session",
+                Carrier::Sessions(
+                    Sessions::builder().backend(BoaJs::default()).tools(registry()).build(),
+                    AtomicU64::new(0),
+                ),
+            ),
+        ]
+    }
+
+    fn ok(carrier: &str, r: &ExecResult) -> Value {
+        assert_eq!(r.outcome, Outcome::Ok, "{carrier}: {r:?}");
+        assert_eq!(r.backend, carrier);
+        r.output.clone().unwrap_or(Value::Null)
+    }
+
+    /// Every test of the carrier contract, on each carrier.
+    #[test]
+    fn every_js_carrier_keeps_the_contract() {
+        for (name, carrier) in carriers() {
+            // Round trip, and the ledger: sha256 of the arguments, outcome, bytes.
+            let r = carrier.run("return await tools.math.add({a: 2, b: 3})", policy());
+            assert_eq!(ok(name, &r), json!(5));
+            assert_eq!(r.tool_calls.len(), 1, "{name}: {:?}", r.tool_calls);
+            let call = &r.tool_calls[0];
+            assert_eq!((call.tool.as_str(), call.outcome), ("math.add", ToolCallOutcome::Ok));
+            assert_eq!(call.args_sha256, format!("{:x}", Sha256::digest(br#"{"a":2,"b":3}"#)));
+            assert_eq!((call.bytes_in, call.bytes_out, call.truncated), (13, 1, false));
+
+            // A failing tool: a ToolError the code catches.
+            let r = carrier.run(
+                "try { await tools.fail.always({}); } catch (e) {
+                     return [e instanceof ToolError, e instanceof Error, e.name, e.kind, e.tool, e.message]; }",
+                policy(),
+            );
+            assert_eq!(ok(name, &r), json!([true, true, "ToolError", "failed", "fail.always", "nope"]));
+            assert_eq!(r.tool_calls[0].outcome, ToolCallOutcome::Error);
+
+            // Not granted: no `tools.secret`, and a call by name is refused.
+            let r = carrier.run(
+                "const kinds = [typeof tools.secret];
+                 try { await tools.call('secret.read', {}); } catch (e) { kinds.push(e.kind); }
+                 try { await tools.call('no.such', {}); } catch (e) { kinds.push(e.kind); }
+                 return kinds",
+                policy(),
+            );
+            assert_eq!(ok(name, &r), json!(["undefined", "not_granted", "not_found"]));
+            assert_eq!(r.tool_calls[0].outcome, ToolCallOutcome::Refused);
+            assert_eq!(r.tool_calls[0].error, Some(ToolErrorKind::NotGranted));
+
+            // list and describe.
+            let r = carrier.run(
+                "const names = await tools.list(); const spec = await tools.describe('math.add');
+                 return [names, spec.description]",
+                policy(),
+            );
+            let names = json!(["bad.panic", "big.blob", "fail.always", "math.add", "slow.hang", "slow.sleep"]);
+            assert_eq!(ok(name, &r), json!([names, "a + b"]));
+
+            // A loop of calls hits max_calls; the code catches it and finishes.
+            let limited = policy().tool_limits(ToolLimits::default().max_calls(3));
+            let r = carrier.run(
+                "let n = 0; for (;;) { try { await tools.math.add({a: n, b: 1}); n++; } catch (e) { return [n, e.kind]; } }",
+                limited,
+            );
+            assert_eq!(ok(name, &r), json!([3, "budget_exhausted"]));
+            assert_eq!(r.tool_calls.len(), 4);
+            assert_eq!(r.tool_calls[3].error, Some(ToolErrorKind::BudgetExhausted));
+
+            // Huge arguments never cross.
+            let r = carrier.run(
+                "try { await tools.math.add({blob: 'x'.repeat(1 << 20)}); } catch (e) { return e.kind; }",
+                policy(),
+            );
+            assert_eq!(ok(name, &r), json!("invalid_arguments"));
+            assert!(r.tool_calls.is_empty(), "{name}: {:?}", r.tool_calls);
+
+            // A 100 MB result is cut to the cap, keeping its shape, and the ledger says so.
+            let r = carrier.run("const v = await tools.big.blob({}); return [typeof v, v.length < 300000]", policy());
+            assert_eq!(ok(name, &r), json!(["string", true]));
+            assert!(r.tool_calls[0].truncated, "{name}: {:?}", r.tool_calls);
+            assert!(r.tool_calls[0].bytes_out <= ToolLimits::default().max_result_bytes);
+
+            // A tool that panics fails its call; the host serves on.
+            let r = carrier.run("try { await tools.bad.panic({}); } catch (e) { return e.kind; }", policy());
+            assert_eq!(ok(name, &r), json!("failed"));
+            assert_eq!(ok(name, &carrier.run("return await tools.math.add({a: 1, b: 1})", policy())), json!(2));
+
+            // A tool that hangs: the call times out...
+            let short = policy().tool_limits(ToolLimits::default().call_timeout_ms(200));
+            let r = carrier.run("try { await tools.slow.hang({}); } catch (e) { return e.kind; }", short);
+            assert_eq!(ok(name, &r), json!("timed_out"));
+            assert_eq!(r.tool_calls[0].outcome, ToolCallOutcome::Unknown);
+            // ...and the run still ends by its deadline.
+            let started = Instant::now();
+            let r = carrier.run("await tools.slow.hang({}); return 1", policy().timeout(Duration::from_millis(700)));
+            assert_eq!(r.outcome, Outcome::TimedOut, "{name}: {r:?}");
+            assert!(started.elapsed() < Duration::from_secs(3), "{name}: {:?}", started.elapsed());
+            assert_eq!(r.tool_calls[0].outcome, ToolCallOutcome::Unknown);
+
+            // Without a grant there is no `tools`, and nothing reaches the host.
+            let mut strict = SandboxPolicy::strict();
+            strict.memory_bytes = None;
+            let r = carrier.run("return [typeof tools, typeof ToolError]", strict);
+            assert_eq!(ok(name, &r), json!(["undefined", "undefined"]));
+            assert!(r.tool_calls.is_empty());
+        }
+    }
+
+    /// `Promise.all` of three slow calls runs them at once.
+    #[test]
+    fn concurrent_calls_run_in_parallel() {
+        for (name, carrier) in carriers() {
+            let r = carrier.run(
+                "const t0 = Date.now();
+                 const all = await Promise.all([1, 2, 3].map(() => tools.slow.sleep({ms: 600})));
+                 return [all, Date.now() - t0]",
+                policy(),
+            );
+            let out = ok(name, &r);
+            assert_eq!(out[0], json!(["slept", "slept", "slept"]));
+            // Three in a row would take 1800 ms.
+            assert!(out[1].as_f64().unwrap() < 1400.0, "{name}: {out}");
+            assert_eq!(r.tool_calls.len(), 3);
+            // Beyond max_concurrent the bridge refuses.
+            let two = policy().tool_limits(ToolLimits::default().max_concurrent(2));
+            let r = carrier.run(
+                "const got = await Promise.allSettled([1, 2, 3].map(() => tools.slow.sleep({ms: 200})));
+                 return got.map(g => g.status === 'fulfilled' ? g.value : g.reason.kind)",
+                two,
+            );
+            assert_eq!(ok(name, &r), json!(["slept", "slept", "too_many_in_flight"]));
+        }
+    }
+
+    /// A session keeps functions that call tools across cells; a cell
+    /// without a grant has no `tools`, and a kept reference is refused.
+    #[test]
+    fn session_cells_call_tools() {
+        let sessions = Sessions::builder().backend(BoaJs::default()).tools(registry()).build();
+        let cell = |code: &str, policy: SandboxPolicy| {
+            sessions.execute_or_open("s", ExecRequest::javascript(code).policy(policy))
+        };
+        let r =
+            cell("async function sum(a, b) { return await tools.math.add({a, b}); } const kept = tools; 1", policy())
+                .unwrap();
+        assert_eq!(ok("boa-js-session", &r), json!(1));
+        let r = cell("return await sum(20, 22)", policy()).unwrap();
+        assert_eq!(ok("boa-js-session", &r), json!(42));
+        assert_eq!(r.tool_calls.len(), 1);
+        let mut strict = SandboxPolicy::strict();
+        strict.memory_bytes = None;
+        let r = cell(
+            "let kind; try { await kept.math.add({a: 1, b: 2}); } catch (e) { kind = e.kind; } return [typeof tools, kind]",
+            strict,
+        )
+        .unwrap();
+        assert_eq!(ok("boa-js-session", &r), json!(["undefined", "not_granted"]));
+        assert!(r.tool_calls.is_empty(), "nothing reached the host");
+        let r = cell("return await sum(1, 2)", policy()).unwrap();
+        assert_eq!(ok("boa-js-session", &r), json!(3), "the grant is per call");
+    }
+}

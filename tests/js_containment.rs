@@ -499,3 +499,69 @@ fn input_at_the_nesting_bound_is_accepted_and_one_deeper_is_refused() {
     let over = ExecRequest::javascript("return 1").input(nested(129)).policy(policy());
     assert_eq!(Executor::run_on(&js, over).unwrap_err().kind(), "invalid_request");
 }
+
+/// Code Mode: a worker killed while the code waits on a tool call ends the
+/// run; the call is `unknown` in the ledger, the tool's work is dropped,
+/// and no process is left behind.
+#[test]
+fn a_worker_killed_mid_call_ends_the_run_and_leaves_the_call_unknown() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex, mpsc};
+
+    use execbox::tools::{ToolCallOutcome, ToolRegistry, ToolSpec};
+    use serde_json::Value;
+
+    /// Set when the hanging tool's future is dropped.
+    struct Dropped(Arc<AtomicBool>);
+    impl Drop for Dropped {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+    let dropped = Arc::new(AtomicBool::new(false));
+    let (called, was_called) = mpsc::channel::<()>();
+    let called = Mutex::new(called);
+    let flag = dropped.clone();
+    let registry = ToolRegistry::builder()
+        .tool(ToolSpec::new("slow.hang"), move |_: Value| {
+            let guard = Dropped(flag.clone());
+            let _ = called.lock().unwrap().send(());
+            async move {
+                let _guard = guard;
+                std::future::pending::<()>().await;
+                Ok(Value::Null)
+            }
+        })
+        .build()
+        .unwrap();
+    let backend =
+        BoaJs::new(BoaJsConfig::default().idle_workers(1).worker_program(env!("CARGO_BIN_EXE_execbox"))).unwrap();
+    let gauge = backend.worker_gauge();
+    assert!(wait_until(Duration::from_secs(20), || ready(&backend) == 1));
+    let pid = backend.idle_worker_pids()[0];
+    let exec = Executor::builder().backend(backend.clone()).tools(registry).build();
+    let policy = policy().timeout(Duration::from_secs(20)).tools(["slow.*"]);
+    let started = Instant::now();
+    let result = std::thread::scope(|scope| {
+        let run = scope.spawn(|| {
+            exec.execute_blocking(ExecRequest::javascript("await tools.slow.hang({}); return 1").policy(policy))
+                .unwrap()
+        });
+        was_called.recv_timeout(Duration::from_secs(10)).expect("the tool was called");
+        let killed = std::process::Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap();
+        assert!(killed.success());
+        run.join().unwrap()
+    });
+    assert_eq!(result.outcome, Outcome::Failed, "{result:?}");
+    assert!(result.message.as_deref().unwrap_or("").contains("killed"), "{result:?}");
+    assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
+    assert_eq!(result.tool_calls.len(), 1);
+    assert_eq!(result.tool_calls[0].outcome, ToolCallOutcome::Unknown);
+    // Nothing left running: the tool's work was dropped, the worker reaped
+    // and replaced, no zombie.
+    assert!(wait_until(Duration::from_secs(5), || dropped.load(Ordering::SeqCst)), "the tool still runs");
+    assert!(process_gone(pid));
+    assert!(zombie_children().is_empty(), "zombies: {:?}", zombie_children());
+    assert!(wait_until(Duration::from_secs(20), || gauge.live() == 1 && ready(&backend) == 1));
+    still_serves(&backend);
+}

@@ -275,9 +275,12 @@ impl ToolBridge {
                         }
                     }
                 }
-                // A panicking handler fails its call, not the runtime.
+                // A panicking handler fails its call, not the runtime. Its
+                // task ends with this future (a timeout, the run's end):
+                // a dropped JoinHandle alone would leave it running.
                 let handler = tool.handler.clone();
-                match tokio::spawn(async move { handler.call(call.args).await }).await {
+                let mut task = AbortOnDrop(tokio::spawn(async move { handler.call(call.args).await }));
+                match (&mut task.0).await {
                     Ok(outcome) => outcome,
                     Err(e) if e.is_panic() => Err(ToolError::failed(&spec.name, "the tool panicked")),
                     Err(_) => Err(ToolError::new(&spec.name, ToolErrorKind::Cancelled, "the call was cancelled")),
@@ -422,6 +425,15 @@ impl ToolBridge {
     }
 }
 
+/// A task aborted when this drops.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// Appends to the ledger, or counts past [`MAX_LEDGER`]; returns the index
 /// (past the end when dropped).
 fn push_record(state: &mut State, record: ToolCallRecord) -> usize {
@@ -518,6 +530,48 @@ mod tests {
         assert!(rx.recv_timeout(Duration::from_millis(200)).is_err(), "no answer after the run ended");
         let after = b.call_blocking(call(2, "slow.sleep", json!({})));
         assert_eq!(after.error.unwrap().kind, ToolErrorKind::Cancelled);
+    }
+
+    #[test]
+    fn a_call_that_times_out_or_outlives_its_run_stops_running() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        struct Dropped(Arc<AtomicUsize>);
+        impl Drop for Dropped {
+            fn drop(&mut self) {
+                self.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let dropped = Arc::new(AtomicUsize::new(0));
+        let started = Arc::new(AtomicUsize::new(0));
+        let (counter, starts) = (dropped.clone(), started.clone());
+        let registry = ToolRegistry::builder()
+            .tool(ToolSpec::new("slow.hang"), move |_: Value| {
+                starts.fetch_add(1, Ordering::SeqCst);
+                let guard = Dropped(counter.clone());
+                async move {
+                    let _guard = guard;
+                    std::future::pending::<()>().await;
+                    Ok(Value::Null)
+                }
+            })
+            .build()
+            .unwrap();
+        let limits = ToolLimits::default().call_timeout_ms(100);
+        let b = ToolBridge::new(registry.clone(), vec!["slow.*".into()], limits, Deadline::start(None));
+        assert_eq!(b.call_blocking(call(1, "slow.hang", json!({}))).error.unwrap().kind, ToolErrorKind::TimedOut);
+        let reaches = |count: &AtomicUsize, n: usize| {
+            let until = Instant::now() + Duration::from_secs(5);
+            while count.load(Ordering::SeqCst) < n && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            count.load(Ordering::SeqCst) >= n
+        };
+        assert!(reaches(&dropped, 1), "the timed-out tool still runs");
+        let b = ToolBridge::new(registry, vec!["slow.*".into()], ToolLimits::default(), Deadline::start(None));
+        b.call(call(2, "slow.hang", json!({})), drop);
+        assert!(reaches(&started, 2));
+        b.finish();
+        assert!(reaches(&dropped, 2), "the tool outlived its run");
     }
 
     #[test]

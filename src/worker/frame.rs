@@ -6,7 +6,7 @@
 //! hostile, and none of that may hang the host.
 
 use std::io::{self, Read};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::time::Instant;
 
 use rustix::event::{PollFd, PollFlags, Timespec, poll};
@@ -78,6 +78,23 @@ impl<R: Read + AsFd> FrameReader<R> {
     /// The next frame, waiting at most until `until` (`None`: no limit).
     /// Frames over `max` bytes are refused.
     pub fn recv<T: DeserializeOwned>(&mut self, until: Option<Instant>, max: usize) -> Result<T, RecvError> {
+        let waited = self.recv_or(until, max, |fd, until| match wait_readable(&fd, until) {
+            true => Waited::Readable,
+            false => Waited::TimedOut,
+        });
+        waited?.ok_or(RecvError::TimedOut)
+    }
+
+    /// [`FrameReader::recv`], where `wait` waits for the pipe to become
+    /// readable (it may do other work meanwhile) and may end the wait early
+    /// ([`Waited::Interrupted`]): then `Ok(None)`, any partial frame kept
+    /// for the next call.
+    pub fn recv_or<T: DeserializeOwned>(
+        &mut self,
+        until: Option<Instant>,
+        max: usize,
+        mut wait: impl FnMut(BorrowedFd<'_>, Option<Instant>) -> Waited,
+    ) -> Result<Option<T>, RecvError> {
         loop {
             let unread = &self.buf[self.start..self.filled];
             if unread.len() >= 4 {
@@ -91,19 +108,26 @@ impl<R: Read + AsFd> FrameReader<R> {
                     if self.start == self.filled {
                         (self.start, self.filled) = (0, 0);
                     }
-                    return parsed.map_err(|e| RecvError::Invalid(format!("an unreadable frame: {e}")));
+                    return parsed.map(Some).map_err(|e| RecvError::Invalid(format!("an unreadable frame: {e}")));
                 }
-                self.fill(4 + len - unread.len(), until)?;
-            } else {
-                self.fill(4 - unread.len(), until)?;
+                if !self.fill(4 + len - unread.len(), until, &mut wait)? {
+                    return Ok(None);
+                }
+            } else if !self.fill(4 - unread.len(), until, &mut wait)? {
+                return Ok(None);
             }
         }
     }
 
     /// Reads at least one more byte (up to what is available and fits),
-    /// with room for `wanted` more, waiting for the pipe to become readable
-    /// until `until`.
-    fn fill(&mut self, wanted: usize, until: Option<Instant>) -> Result<(), RecvError> {
+    /// with room for `wanted` more, waiting with `wait` until `until`;
+    /// false if `wait` was interrupted first.
+    fn fill(
+        &mut self,
+        wanted: usize,
+        until: Option<Instant>,
+        wait: &mut impl FnMut(BorrowedFd<'_>, Option<Instant>) -> Waited,
+    ) -> Result<bool, RecvError> {
         if self.start > 0 {
             // Move the unread bytes to the front.
             self.buf.copy_within(self.start..self.filled, 0);
@@ -118,18 +142,29 @@ impl<R: Read + AsFd> FrameReader<R> {
                 Ok(0) => return Err(RecvError::Closed),
                 Ok(n) => {
                     self.filled += n;
-                    return Ok(());
+                    return Ok(true);
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    if !wait_readable(&self.inner, until) {
-                        return Err(RecvError::TimedOut);
-                    }
-                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => match wait(self.inner.as_fd(), until) {
+                    Waited::Readable => {}
+                    Waited::TimedOut => return Err(RecvError::TimedOut),
+                    Waited::Interrupted => return Ok(false),
+                },
                 Err(_) => return Err(RecvError::Closed),
             }
         }
     }
+}
+
+/// How a wait for a readable pipe ended (see [`FrameReader::recv_or`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Waited {
+    /// The pipe is readable (or hung up, or the wait failed: the read says which).
+    Readable,
+    /// The deadline passed first.
+    TimedOut,
+    /// Something else needs the caller.
+    Interrupted,
 }
 
 /// Waits until `fd` is readable (or hung up); false if `until` passed first.

@@ -3,9 +3,10 @@
 //! cap its address space, kill it, and say how it died.
 
 use parking_lot::Mutex;
+use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{self, Read};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
@@ -14,11 +15,12 @@ use std::sync::OnceLock;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use rustix::event::{PollFd, PollFlags, Timespec, poll};
 use rustix::process::{Pid, Resource, Rlimit, Signal};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::frame::{self, FrameReader, RecvError};
+use super::frame::{self, FrameReader, RecvError, Waited};
 use super::role::{HOOKED, PROGRAM_ENV, PROTOCOL, PROTOCOL_ENV, ROLE_ENV, Role};
 use crate::limits::child::ChildHandle;
 use crate::limits::write::{Endpoint, WriteError, set_nonblocking, write_all_until};
@@ -137,6 +139,56 @@ impl WorkerProcess {
         self.frames.recv(until, max)
     }
 
+    /// Receives one frame like [`WorkerProcess::recv`], meanwhile writing
+    /// `outbox` to the worker as it makes room (never waiting for room
+    /// while a frame could be read: neither side can block the other), and
+    /// returning `Ok(None)` as soon as `wake` becomes readable (the caller
+    /// has frames to add; it clears `wake`). A partial frame read so far is
+    /// kept for the next call.
+    #[cfg_attr(not(feature = "js"), allow(dead_code))]
+    pub fn exchange<T: DeserializeOwned>(
+        &mut self,
+        outbox: &mut Outbox,
+        wake: BorrowedFd<'_>,
+        until: Option<Instant>,
+        max: usize,
+    ) -> Result<Option<T>, RecvError> {
+        let to_worker = &self.to_worker;
+        outbox.write_some(to_worker);
+        self.frames.recv_or(until, max, |from, until| {
+            loop {
+                outbox.write_some(to_worker);
+                let timeout = match until {
+                    None => None,
+                    Some(at) => {
+                        let left = at.saturating_duration_since(Instant::now());
+                        if left.is_zero() {
+                            return Waited::TimedOut;
+                        }
+                        Some(Timespec::try_from(left).unwrap_or(Timespec { tv_sec: i64::MAX, tv_nsec: 0 }))
+                    }
+                };
+                let mut fds = [
+                    PollFd::new(&from, PollFlags::IN),
+                    PollFd::new(&wake, PollFlags::IN),
+                    PollFd::new(to_worker, PollFlags::OUT),
+                ];
+                // Room to write is waited for only while there is something to write.
+                let watched = if outbox.wants_room() { 3 } else { 2 };
+                match poll(&mut fds[..watched], timeout.as_ref()) {
+                    Ok(0) => {}
+                    Ok(_) if !fds[1].revents().is_empty() => return Waited::Interrupted,
+                    Ok(_) if !fds[0].revents().is_empty() => return Waited::Readable,
+                    // Room to write: written at the top of the loop.
+                    Ok(_) => {}
+                    Err(rustix::io::Errno::INTR) => {}
+                    // A poll that fails cannot wait: let the read report the error.
+                    Err(_) => return Waited::Readable,
+                }
+            }
+        })
+    }
+
     /// The worker's address-space size now, in bytes.
     pub fn vm_bytes(&mut self) -> io::Result<u64> {
         use std::os::unix::fs::FileExt;
@@ -237,6 +289,66 @@ impl WorkerProcess {
             }
         }
         String::from_utf8_lossy(&bytes).trim().to_string()
+    }
+}
+
+/// Frames for a worker that the host sends while it also reads from the
+/// worker (see [`WorkerProcess::exchange`]): written as the worker makes
+/// room, never blocking.
+#[derive(Default)]
+#[cfg_attr(not(feature = "js"), allow(dead_code))]
+pub(crate) struct Outbox {
+    frames: VecDeque<Vec<u8>>,
+    /// Bytes of the first frame already written.
+    written: usize,
+    /// A write failed: the worker is gone (its read side says how).
+    closed: bool,
+}
+
+#[cfg_attr(not(feature = "js"), allow(dead_code))]
+impl Outbox {
+    /// Queues one frame holding `message`.
+    pub fn push(&mut self, message: &impl Serialize) -> io::Result<()> {
+        self.frames.push_back(frame::encode(message)?);
+        Ok(())
+    }
+
+    /// Frames not yet written in full.
+    pub fn len(&self) -> usize {
+        self.frames.len()
+    }
+
+    /// True when the worker has seen whole frames only (none was cut
+    /// short): what it reads next is a frame's start.
+    pub fn at_frame_boundary(&self) -> bool {
+        self.written == 0 && !self.closed
+    }
+
+    fn wants_room(&self) -> bool {
+        !self.frames.is_empty() && !self.closed
+    }
+
+    /// Writes what the socket takes now, without waiting.
+    fn write_some(&mut self, to: &UnixStream) {
+        while let Some(front) = self.frames.front() {
+            let flags = rustix::net::SendFlags::NOSIGNAL | rustix::net::SendFlags::DONTWAIT;
+            match rustix::net::send(to, &front[self.written..], flags) {
+                Ok(n) => {
+                    self.written += n;
+                    if self.written == front.len() {
+                        self.frames.pop_front();
+                        self.written = 0;
+                    }
+                }
+                Err(rustix::io::Errno::INTR) => {}
+                Err(rustix::io::Errno::AGAIN) => return,
+                Err(_) => {
+                    self.closed = true;
+                    self.frames.clear();
+                    return;
+                }
+            }
+        }
     }
 }
 

@@ -40,7 +40,10 @@ fn common(cfg: &BoaJsConfig, isolation: IsolationKind) -> BackendCapabilities {
         stdout_cap: Enforcement::enforced("console.log/info/debug written through a bounded buffer"),
         stderr_cap: Enforcement::enforced("console.warn/error written through a bounded buffer"),
         processes: none("the realm cannot create processes or threads"),
-        tools: Enforcement::no_tool_bridge(),
+        tools: SurfaceCapability {
+            deny: none("without a grant the realm has no `tools` object and no channel to the host's tools"),
+            allow_list: Enforcement::not_enforced("set per backend"),
+        },
         default_timeout_ms: cfg.default_timeout_ms(),
     }
 }
@@ -59,6 +62,11 @@ pub(crate) fn contained(cfg: &BoaJsConfig) -> BackendCapabilities {
          an allocation past it ends the run as out_of_memory",
         cfg.defaults.memory_bytes >> 20
     ));
+    caps.tools.allow_list = Enforcement::enforced(
+        "a granted run gets a global `tools` (`await tools.ns.name(args)`) whose calls cross as frames on the \
+         worker's own stdin/stdout (its seccomp filter allows nothing more); the host's tool bridge answers \
+         each against the grant and the tool limits, so only granted tools run",
+    );
     caps
 }
 
@@ -72,6 +80,11 @@ pub(crate) fn inthread(cfg: &BoaJsConfig) -> BackendCapabilities {
     ));
     caps.memory = Enforcement::not_enforced(
         "shares the host's process and boa has no heap limit: use boa-js (contained) for a memory cap",
+    );
+    caps.tools.allow_list = Enforcement::enforced(
+        "a granted run gets a global `tools` (`await tools.ns.name(args)`) whose calls go, as JSON converted \
+         once, to the host's tool bridge, which answers each against the grant and the tool limits, so only \
+         granted tools run",
     );
     caps
 }

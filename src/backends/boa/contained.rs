@@ -11,6 +11,7 @@
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::collections::VecDeque;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Once};
 use std::time::{Duration, Instant};
@@ -24,6 +25,7 @@ use crate::backends::boa::config::BoaJsConfig;
 use crate::backends::boa::engine::{Job, Mode};
 use crate::backends::boa::gauge::{LiveCount, WorkerGauge};
 use crate::backends::boa::job::job;
+use crate::backends::boa::port::fit_result;
 use crate::backends::boa::worker::{FromWorker, Init, ToWorkerRef};
 use crate::capabilities::BackendCapabilities;
 use crate::error::{ConfigError, ExecError};
@@ -31,8 +33,10 @@ use crate::limits::deadline::Deadline;
 use crate::limits::output::BoundedBuffer;
 use crate::limits::text::cap_message;
 use crate::result::{ExecResult, Outcome};
+use crate::tools::frame::{ToCode, ToCodeHost, ToolCall, ToolResult};
+use crate::tools::{ToolBridge, ToolError, ToolErrorKind};
 use crate::worker::frame::{MAX_FRAME_BYTES, RecvError};
-use crate::worker::process::{Death, SendError, SpawnSpec, WorkerProcess};
+use crate::worker::process::{Death, Outbox, SendError, SpawnSpec, WorkerProcess};
 use crate::worker::role::{EXIT_PROTOCOL_MISMATCH, PROGRAM_ENV, Role};
 
 /// JavaScript on boa in contained worker processes (`boa-js`, see
@@ -404,13 +408,14 @@ impl Core {
     fn execute(&self, call: Admitted) -> Result<ExecResult, ExecError> {
         let memory = call.policy().memory_bytes.unwrap_or(self.cfg.defaults.memory_bytes);
         let deadline = call.deadline();
+        let tools = call.tools().cloned();
         let mut job = job(&self.cfg, call, Mode::FunctionBody, false)?;
         // A worker that died while idle is found when the job is sent;
         // nothing ran then, so another worker is tried.
         for _ in 0..3 {
             let mut worker = self.acquire(&deadline)?;
             let limits = Limits { memory, grace: self.cfg.deadline_grace };
-            match converse(&mut worker.process, &mut job, &deadline, limits) {
+            match converse(&mut worker.process, &mut job, &deadline, limits, tools.as_ref()) {
                 Conversation::NotStarted => self.release(None),
                 Conversation::Finished { result, reusable } => {
                     worker.ready = false;
@@ -509,9 +514,25 @@ pub(crate) struct Limits {
 
 /// Runs `job` on `worker`: caps its memory, sends the job with what is left
 /// of `deadline`, collects its output, and kills it if it has not answered
-/// `grace` after the deadline.
-pub(crate) fn converse(worker: &mut WorkerProcess, job: &mut Job, deadline: &Deadline, limits: Limits) -> Conversation {
+/// `grace` after the deadline. With `tools` (the run's bridge; the job then
+/// names the granted tools), the worker's tool calls go to the bridge and
+/// their answers back to the worker, within the same wait.
+pub(crate) fn converse(
+    worker: &mut WorkerProcess,
+    job: &mut Job,
+    deadline: &Deadline,
+    limits: Limits,
+    tools: Option<&Arc<ToolBridge>>,
+) -> Conversation {
     let Limits { memory, grace } = limits;
+    let link = match tools.map(|bridge| Link::new(bridge.clone())).transpose() {
+        Ok(link) => link,
+        Err(e) => {
+            let mut result = ExecResult::new(BoaJs::NAME, Outcome::Failed);
+            result.message = Some(format!("cannot set up the channel for tool calls: {e}"));
+            return Conversation::Finished { result: Box::new(result), reusable: true };
+        }
+    };
     if worker.limit_memory(memory).is_err() {
         return Conversation::NotStarted;
     }
@@ -546,8 +567,41 @@ pub(crate) fn converse(worker: &mut WorkerProcess, job: &mut Job, deadline: &Dea
             result.usage.duration = deadline.elapsed();
             result
         };
+    // Tool answers for the worker, written as it reads.
+    let mut outbox = Outbox::default();
     loop {
-        match worker.recv::<FromWorker>(until, max_frame) {
+        let next = match &link {
+            Some(link) => worker.exchange::<FromWorker>(&mut outbox, link.answers.wake.as_fd(), until, max_frame),
+            None => worker.recv::<FromWorker>(until, max_frame).map(Some),
+        };
+        let next = match (next, &link) {
+            (Ok(Some(frame)), _) => Ok(frame),
+            (Err(e), _) => Err(e),
+            // Woken: answers to pass on.
+            (Ok(None), None) => continue,
+            (Ok(None), Some(link)) => {
+                for (tool, answer) in link.take() {
+                    link.forward(tool, answer, &mut outbox);
+                }
+                if outbox.len() > MAX_UNREAD_ANSWERS {
+                    worker.kill();
+                    let why = format!("the JS worker left over {MAX_UNREAD_ANSWERS} tool answers unread");
+                    let result = partial(stdout, stderr, totals, Outcome::Failed, why);
+                    return Conversation::Finished { result: Box::new(result), reusable: false };
+                }
+                continue;
+            }
+        };
+        match next {
+            Ok(FromWorker::Tools(ToCodeHost::ToolCall(call))) => match &link {
+                Some(link) => link.dispatch(call),
+                None => {
+                    worker.kill();
+                    let why = "the JS worker sent a tool call, but this run grants no tools".to_string();
+                    let result = partial(stdout, stderr, totals, Outcome::Failed, why);
+                    return Conversation::Finished { result: Box::new(result), reusable: false };
+                }
+            },
             Ok(FromWorker::Console { stderr: to_stderr, text, total }) => {
                 let (stream, seen) =
                     if to_stderr { (&mut stderr, &mut totals.1) } else { (&mut stdout, &mut totals.0) };
@@ -580,7 +634,10 @@ pub(crate) fn converse(worker: &mut WorkerProcess, job: &mut Job, deadline: &Dea
                         }
                     }
                 }
-                return Conversation::Finished { result: Box::new(result), reusable: !retire };
+                // A tool answer cut short in the worker's input would be
+                // read as the start of its next job.
+                let reusable = !retire && outbox.at_frame_boundary();
+                return Conversation::Finished { result: Box::new(result), reusable };
             }
             // Sent when the previous run's successor context was built; the
             // pool had no time to read it.
@@ -607,10 +664,79 @@ pub(crate) fn converse(worker: &mut WorkerProcess, job: &mut Job, deadline: &Dea
 
 /// The largest frame a run's worker may send: its output caps in JSON
 /// (each byte may become a 6-byte `\u00XX` escape) plus room for the
-/// message and framing.
+/// message and framing; with tools, at least a call's largest arguments
+/// (measured as the JSON the frame holds) plus room for its name.
 fn frame_limit(job: &Job) -> usize {
     let caps = job.max_stdout.unwrap_or(u64::MAX).max(job.max_stderr.unwrap_or(u64::MAX));
-    usize::try_from(caps.saturating_mul(6).saturating_add(256 << 10)).unwrap_or(usize::MAX).min(MAX_FRAME_BYTES)
+    let output = caps.saturating_mul(6).saturating_add(256 << 10);
+    let call = job.tools.as_ref().map_or(0, |tools| tools.max_argument_bytes.saturating_add(64 << 10));
+    usize::try_from(output.max(call)).unwrap_or(usize::MAX).min(MAX_FRAME_BYTES)
+}
+
+/// Most tool answers the host holds for a worker that does not read them:
+/// the engine keeps at most `MAX_PENDING` calls waiting (256), so only a
+/// worker that broke out of it gets here, and is killed.
+const MAX_UNREAD_ANSWERS: usize = 1024;
+
+/// The host's side of one run's tool calls: each call goes to the bridge;
+/// its answer comes back on a thread of the tool runtime, which queues it
+/// and wakes the conversation (an eventfd it polls with the worker's
+/// socket). The conversation alone writes to the worker, so an answer
+/// never blocks a tool thread and none arrives after the run.
+struct Link {
+    bridge: Arc<ToolBridge>,
+    answers: Arc<Answers>,
+}
+
+struct Answers {
+    /// Answers by the name of their tool.
+    queue: Mutex<Vec<(String, ToolResult)>>,
+    wake: OwnedFd,
+}
+
+impl Answers {
+    fn push(&self, tool: String, answer: ToolResult) {
+        self.queue.lock().push((tool, answer));
+        // Non-blocking; a full counter has woken the conversation already.
+        let _ = rustix::io::write(&self.wake, &1u64.to_ne_bytes());
+    }
+}
+
+impl Link {
+    fn new(bridge: Arc<ToolBridge>) -> std::io::Result<Self> {
+        use rustix::event::{EventfdFlags, eventfd};
+        let wake = eventfd(0, EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC)?;
+        Ok(Self { bridge, answers: Arc::new(Answers { queue: Mutex::new(Vec::new()), wake }) })
+    }
+
+    /// Hands one call to the bridge (which checks everything about it).
+    fn dispatch(&self, call: ToolCall) {
+        let answers = self.answers.clone();
+        let tool = call.name.clone();
+        self.bridge.call(call, move |answer| {
+            let answer = fit_result(answer, &tool);
+            answers.push(tool, answer);
+        });
+    }
+
+    /// The answers that arrived, clearing the wake-up.
+    fn take(&self) -> Vec<(String, ToolResult)> {
+        let mut counter = [0u8; 8];
+        let _ = rustix::io::read(&self.answers.wake, &mut counter);
+        std::mem::take(&mut *self.answers.queue.lock())
+    }
+
+    /// Queues `answer` for the worker; one too large for a frame becomes
+    /// an error saying so.
+    fn forward(&self, tool: String, answer: ToolResult, outbox: &mut Outbox) {
+        let id = answer.id;
+        if outbox.push(&ToWorkerRef::Tools(&ToCode::ToolResult(answer))).is_err() {
+            let message = format!("the value is over the {} MiB frame limit of a worker", MAX_FRAME_BYTES >> 20);
+            let error = ToolResult::error(id, ToolError::new(tool, ToolErrorKind::ResultTooLarge, message));
+            // A frame of an error message always fits.
+            let _ = outbox.push(&ToWorkerRef::Tools(&ToCode::ToolResult(error)));
+        }
+    }
 }
 
 /// A stream received from a worker, with the worker's count of what the

@@ -8,7 +8,7 @@ use std::collections::VecDeque;
 use std::future::Future;
 use std::rc::Rc;
 use std::task::Poll;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use boa_engine::builtins::promise::{OperationType, PromiseState};
 use boa_engine::context::{ContextBuilder, HostHooks};
@@ -23,11 +23,13 @@ use serde_json::Value;
 
 use crate::backends::boa::config::EngineSettings;
 use crate::backends::boa::lexer;
+use crate::backends::boa::port::{JobTools, ToolPort};
 use crate::backends::boa::realm;
 use crate::backends::boa::realm::console::{Console, ConsoleSink};
 use crate::backends::boa::realm::data::{GuardLimits, RunDeadline, plain_property};
 use crate::backends::boa::realm::guards;
 use crate::backends::boa::realm::snapshot::{OutputJson, output_json};
+use crate::backends::boa::realm::tools;
 use crate::limits::deadline::Deadline;
 use crate::limits::text::cap_message;
 use crate::result::Outcome;
@@ -65,6 +67,10 @@ pub(crate) struct Job {
     pub timeout: Option<Duration>,
     pub max_stdout: Option<u64>,
     pub max_stderr: Option<u64>,
+    /// The tools the code may call, when the policy grants any (absent from
+    /// the frame otherwise: a run without tools sends what it always sent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<JobTools>,
 }
 
 /// Serde for a JSON value carried as a string of its JSON text.
@@ -124,9 +130,16 @@ impl Prepared {
     }
 
     /// Runs `job` to completion, a limit, or the deadline, writing `console`
-    /// output to `console`. The context keeps whatever the code left (a
-    /// session reuses it; otherwise it is dropped).
-    pub fn run(&mut self, job: Job, deadline: &Deadline, console: Rc<dyn Console>) -> RunReport {
+    /// output to `console`; its tool calls (if the job has tools) go to
+    /// `port`. The context keeps whatever the code left (a session reuses
+    /// it; otherwise it is dropped).
+    pub fn run(
+        &mut self,
+        job: Job,
+        deadline: &Deadline,
+        console: Rc<dyn Console>,
+        port: Option<Rc<dyn ToolPort>>,
+    ) -> RunReport {
         self.ctx.insert_data(ConsoleSink(console.clone()));
         self.ctx.insert_data(RunDeadline(*deadline));
         self.hooks.unhandled.borrow_mut().clear();
@@ -136,7 +149,9 @@ impl Prepared {
 
         let mut report =
             RunReport { outcome: Outcome::Ok, output: None, output_truncated: false, message: None, instructions: 0 };
-        match self.evaluate(job, deadline, &mut wrapped) {
+        let evaluated = self.evaluate(job, deadline, port, &mut wrapped);
+        tools::end_run(&mut self.ctx);
+        match evaluated {
             Ok(text) => match (text, max_output) {
                 (Some(text), Some(max)) if text.len() as u64 > max => {
                     report.outcome = Outcome::Failed;
@@ -180,7 +195,13 @@ impl Prepared {
     /// The returned value's JSON text, if it has one. Sets `wrapped` if the
     /// code ran inside the function wrapper (its syntax errors' columns are
     /// then corrected for the wrapper's prefix).
-    fn evaluate(&mut self, job: Job, deadline: &Deadline, wrapped: &mut bool) -> Result<Option<String>, Stop> {
+    fn evaluate(
+        &mut self,
+        job: Job,
+        deadline: &Deadline,
+        port: Option<Rc<dyn ToolPort>>,
+        wrapped: &mut bool,
+    ) -> Result<Option<String>, Stop> {
         let yield_every = self.settings.yield_every;
         let ctx = &mut self.ctx;
         let input = match &job.input {
@@ -188,6 +209,11 @@ impl Prepared {
             None => JsValue::undefined(),
         };
         ctx.register_global_property(js_string!("input"), input, Attribute::WRITABLE | Attribute::CONFIGURABLE)?;
+        match (&job.tools, port) {
+            (Some(granted), Some(port)) => tools::install(ctx, granted, port)?,
+            // A session's cell without tools after one with them.
+            _ => tools::remove(ctx),
+        }
 
         drop(job.input);
         let parse = |source: &str, ctx: &mut Context| Script::parse(Source::from_bytes(source.as_bytes()), None, ctx);
@@ -213,7 +239,7 @@ impl Prepared {
         drop(job.source);
         let value =
             poll_until(script.evaluate_async_with_budget(ctx, yield_every), deadline).ok_or(Stop::Deadline)??;
-        self.queue.drain(ctx, deadline)?;
+        self.queue.run_to_rest(ctx, deadline)?;
 
         let returned_promise = value.as_promise();
         let value = match returned_promise.as_ref().map(|p| p.state()) {
@@ -414,6 +440,26 @@ fn fix_first_line_column(message: &str) -> String {
 pub(crate) struct JobQueue(RefCell<VecDeque<job::Job>>);
 
 impl JobQueue {
+    /// Runs jobs until none is left and no tool call is pending: while calls
+    /// are pending and nothing else can run, waits for their answers (until
+    /// the deadline) and settles them, which queues more jobs. As in Node,
+    /// the run goes on while a call the code made is unanswered, awaited or
+    /// not.
+    fn run_to_rest(&self, ctx: &mut Context, deadline: &Deadline) -> Result<(), Stop> {
+        loop {
+            self.drain(ctx, deadline)?;
+            let Some(run) = tools::active(ctx) else { return Ok(()) };
+            if !run.waiting() {
+                return Ok(());
+            }
+            let until = deadline.remaining().map(|left| Instant::now() + left);
+            match run.port().wait(until) {
+                Ok(answers) => run.settle(answers, ctx)?,
+                Err(gone) => run.abandon(&gone, ctx)?,
+            }
+        }
+    }
+
     fn drain(&self, ctx: &mut Context, deadline: &Deadline) -> Result<(), Stop> {
         loop {
             if deadline.expired() {

@@ -27,6 +27,7 @@ use crate::backends::boa::config::BoaJsConfig;
 use crate::backends::boa::engine::{Job, Mode, Prepared, RunReport};
 use crate::backends::boa::gauge::{LiveCount, WorkerGauge};
 use crate::backends::boa::job::job;
+use crate::backends::boa::port::{BridgePort, ToolPort};
 use crate::backends::boa::realm::console::{SharedStreams, Streams};
 use crate::capabilities::BackendCapabilities;
 use crate::error::{ConfigError, ExecError};
@@ -34,6 +35,7 @@ use crate::limits::deadline::Deadline;
 use crate::limits::output::BoundedBuffer;
 use crate::policy::SandboxPolicy;
 use crate::result::{ExecResult, Outcome};
+use crate::tools::ToolBridge;
 
 /// JavaScript on boa in host threads (`boa-js-inthread`): for trusted code
 /// only (see [`crate::backends::boa`]). Cheap to clone (clones share the
@@ -91,8 +93,9 @@ impl Backend for BoaJsInThread {
 
     fn execute(&self, call: Admitted) -> Result<ExecResult, ExecError> {
         let deadline = call.deadline();
+        let tools = call.tools().cloned();
         let job = job(&self.pool.cfg, call, Mode::FunctionBody, true)?;
-        self.pool.run(job, deadline)
+        self.pool.run(job, deadline, tools)
     }
 }
 
@@ -104,6 +107,8 @@ struct Assignment {
     deadline: Deadline,
     streams: Arc<Mutex<Streams>>,
     reply: SyncSender<Reply>,
+    /// The run's tool bridge, when it grants tools: the thread calls it directly.
+    tools: Option<Arc<ToolBridge>>,
 }
 
 /// An idle thread: send it one assignment.
@@ -137,14 +142,14 @@ impl Pool {
     }
 
     /// Runs one job; returns by the deadline (plus grace) whatever the code does.
-    fn run(&self, job: Job, deadline: Deadline) -> Reply {
+    fn run(&self, job: Job, deadline: Deadline, tools: Option<Arc<ToolBridge>>) -> Reply {
         let budget = job.budget;
         let streams = Arc::new(Mutex::new(Streams {
             stdout: BoundedBuffer::new(job.max_stdout),
             stderr: BoundedBuffer::new(job.max_stderr),
         }));
         let (reply, answer) = mpsc::sync_channel(1);
-        self.dispatch(Assignment { job, deadline, streams: streams.clone(), reply }, budget)?;
+        self.dispatch(Assignment { job, deadline, streams: streams.clone(), reply, tools }, budget)?;
         let outcome = match deadline.remaining() {
             Some(left) => answer.recv_timeout(left + self.cfg.deadline_grace),
             None => answer.recv().map_err(|_| RecvTimeoutError::Disconnected),
@@ -203,9 +208,10 @@ impl Pool {
 
 /// Runs one assignment on a context, catching an engine panic.
 fn answer(prepared: &mut Prepared, assignment: Assignment) {
-    let Assignment { job, deadline, streams, reply } = assignment;
+    let Assignment { job, deadline, streams, reply, tools } = assignment;
     let console = Rc::new(SharedStreams(streams.clone()));
-    let result = std::panic::catch_unwind(AssertUnwindSafe(|| prepared.run(job, &deadline, console)))
+    let port = tools.map(|bridge| Rc::new(BridgePort::new(bridge)) as Rc<dyn ToolPort>);
+    let result = std::panic::catch_unwind(AssertUnwindSafe(|| prepared.run(job, &deadline, console, port)))
         .map(|report| assemble(report, &deadline, &streams))
         .map_err(|panic| internal(&format!("the JS engine panicked: {}", panic_text(&panic))));
     // The caller may have stopped waiting (deadline): that is fine.

@@ -5,6 +5,7 @@ use crate::admission::Admitted;
 use crate::backends::boa::config::BoaJsConfig;
 use crate::backends::boa::engine::{Job, Mode};
 use crate::backends::boa::lexer;
+use crate::backends::boa::port::JobTools;
 use crate::error::{ExecError, InvalidRequest};
 use crate::limits::nesting;
 
@@ -12,7 +13,9 @@ use crate::limits::nesting;
 /// [`BoaJsConfig::max_code_nesting`]) and input (against the defaults'
 /// `max_input_nesting`) and turns it into a job. Contained runs get no
 /// instruction budget unless the policy asks for `fuel` (the host's kill
-/// ends runaway code); in-thread runs get the backstop.
+/// ends runaway code); in-thread runs get the backstop. A run whose policy
+/// grants tools gets their names (the caller keeps the bridge,
+/// `call.tools()`, to answer the calls).
 pub(crate) fn job(cfg: &BoaJsConfig, mut call: Admitted, mode: Mode, backstop: bool) -> Result<Job, ExecError> {
     let max = cfg.max_code_nesting;
     let source = call.take_source("boa")?;
@@ -20,6 +23,7 @@ pub(crate) fn job(cfg: &BoaJsConfig, mut call: Admitted, mode: Mode, backstop: b
         return Err(InvalidRequest::TooDeep { what: "code", depth, max }.into());
     }
     let deadline = call.deadline();
+    let tools = call.tools().map(|bridge| JobTools::of(bridge));
     let mut request = call.into_request();
     let input = nesting::take_bounded_input(&mut request.input, cfg.defaults.max_input_nesting)?;
     let policy = &request.policy;
@@ -37,5 +41,6 @@ pub(crate) fn job(cfg: &BoaJsConfig, mut call: Admitted, mode: Mode, backstop: b
         timeout: deadline.limit(),
         max_stdout: policy.max_stdout_bytes,
         max_stderr: policy.max_stderr_bytes,
+        tools,
     })
 }

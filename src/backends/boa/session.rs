@@ -41,6 +41,11 @@ use crate::violation::{Control, Violation};
 /// `async` function body. Cells without a top-level `return` run as scripts
 /// (a `return` inside a nested function belongs to that function).
 ///
+/// A cell whose policy grants tools gets `tools` and `ToolError` (see
+/// [`crate::backends::boa`]), for that cell only: a later cell without a
+/// grant has neither, and a reference an earlier cell kept is answered
+/// `not_granted` (nothing reaches the host).
+///
 /// The worker is contained like any `boa-js` worker (seccomp, dies with the
 /// host, killed when the session drops or is killed). Calls are admitted by
 /// the session registry like one-shot runs; per call the deadline, output
@@ -116,6 +121,7 @@ impl Session for JsSession {
         let core = self.backend.core();
         let deadline = call.deadline();
         let cap = call.policy().memory_bytes.unwrap_or(core.cfg.defaults.memory_bytes);
+        let tools = call.tools().cloned();
         let mut job = job(&core.cfg, call, Mode::Script, false)?;
 
         let mut slot = self.worker.lock();
@@ -127,7 +133,7 @@ impl Session for JsSession {
         let size = worker.process.vm_bytes().unwrap_or(u64::MAX);
         let limits =
             Limits { memory: self.baseline.saturating_add(cap).saturating_sub(size), grace: core.cfg.deadline_grace };
-        let conversation = converse(&mut worker.process, &mut job, &deadline, limits);
+        let conversation = converse(&mut worker.process, &mut job, &deadline, limits, tools.as_ref());
         worker.process.unpin();
         if self.killed.load(Ordering::SeqCst) {
             self.end(&mut slot);

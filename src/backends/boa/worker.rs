@@ -5,19 +5,28 @@
 //! The host's side is `contained.rs`; the frames are defined here. The
 //! worker trusts nothing it does after user code runs: the host caps every
 //! frame, re-applies every limit and kills the process at the deadline.
+//!
+//! A run whose job has tools ([`Job::tools`]) sends each call as a
+//! [`FromWorker::Tools`] frame on its stdout and reads the answers as
+//! [`ToWorker::Tools`] frames from its stdin (the same two descriptors as
+//! every other frame: the seccomp filter allows nothing more). The read
+//! blocks: the filter has no `poll`; the host answers every call by the
+//! run's deadline (the bridge's timeout) or kills the worker.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::io::{self, Write};
 use std::os::fd::AsFd;
 use std::rc::Rc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
 use crate::backends::boa::config::EngineSettings;
 use crate::backends::boa::engine::{Job, Mode, Prepared, RunReport};
+use crate::backends::boa::port::{Gone, ToolPort};
 use crate::backends::boa::realm::console::Console;
 use crate::limits::deadline::Deadline;
+use crate::tools::frame::{ToCode, ToCodeHost, ToolCall, ToolResult};
 use crate::worker::{frame, lockdown};
 
 /// The first frame a worker receives.
@@ -32,12 +41,16 @@ pub(crate) struct Init {
 #[derive(Debug, Deserialize)]
 pub(crate) enum ToWorker {
     Run(Job),
+    /// The answer to a tool call of the run (ignored between runs: a late
+    /// answer to a call of a run that ended).
+    Tools(ToCode),
 }
 
 /// [`ToWorker`] as the host sends it (by reference: the same JSON).
 #[derive(Serialize)]
 pub(crate) enum ToWorkerRef<'a> {
     Run(&'a Job),
+    Tools(&'a ToCode),
 }
 
 /// Worker → host.
@@ -49,6 +62,8 @@ pub(crate) enum FromWorker {
     /// Kept `console` output (already cut to the run's caps), and how many
     /// bytes the code has written to that stream so far, kept or not.
     Console { stderr: bool, text: String, total: u64 },
+    /// A tool call of the code (only while a run with tools is going on).
+    Tools(ToCodeHost),
     /// The run ended.
     Done {
         report: RunReport,
@@ -66,10 +81,8 @@ const NO_BUDGET: u64 = u64::MAX;
 
 /// The worker's main loop; returns its exit code.
 pub(crate) fn serve() -> i32 {
-    let stdin = io::stdin();
-    let mut input = stdin.lock();
     let out = FrameOut;
-    let init: Init = match frame::read_blocking(&mut input) {
+    let init: Init = match read_frame() {
         Ok(Some(init)) => init,
         Ok(None) => return 0,
         Err(e) => {
@@ -96,8 +109,10 @@ pub(crate) fn serve() -> i32 {
         return 0;
     }
     loop {
-        let job = match frame::read_blocking::<ToWorker>(&mut input) {
+        let job = match read_frame::<ToWorker>() {
             Ok(Some(ToWorker::Run(job))) => job,
+            // A late answer to a call of a run that ended.
+            Ok(Some(ToWorker::Tools(_))) => continue,
             Ok(None) => return 0,
             Err(e) => {
                 eprintln!("execbox worker: bad frame: {e}");
@@ -115,12 +130,20 @@ pub(crate) fn serve() -> i32 {
         }
         let deadline = Deadline::start(job.timeout);
         let console = Rc::new(StreamingConsole::new(job.max_stdout, job.max_stderr));
-        let run =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| prepared.run(job, &deadline, console.clone())));
-        let (report, retire) = match run {
+        let port = job.tools.is_some().then(|| Rc::new(FramePort::default()));
+        let run_port = port.clone().map(|p| p as Rc<dyn ToolPort>);
+        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            prepared.run(job, &deadline, console.clone(), run_port)
+        }));
+        let (report, mut retire) = match run {
             Ok(report) => (report, false),
             Err(panic) => (panicked(&panic), true),
         };
+        // The host broke the protocol mid-run: nothing it sends can be trusted to line up.
+        if let Some(why) = port.as_ref().and_then(|p| p.broken.take()) {
+            eprintln!("execbox worker: {why}");
+            retire = true;
+        }
         console.flush(false);
         let (stdout_total, stderr_total) = console.totals();
         let done = FromWorker::Done { report, stdout_total, stderr_total, retire };
@@ -183,9 +206,10 @@ fn warm_up(settings: &EngineSettings) {
         timeout: Some(Duration::from_secs(5)),
         max_stdout: Some(1024),
         max_stderr: Some(1024),
+        tools: None,
     };
     let console = Rc::new(StreamingConsole::new(Some(0), Some(0)));
-    let _ = prepared.run(job, &Deadline::start(Some(Duration::from_secs(5))), console);
+    let _ = prepared.run(job, &Deadline::start(Some(Duration::from_secs(5))), console, None);
     drop(prepared);
     boa_gc::force_collect();
 }
@@ -202,6 +226,44 @@ fn panicked(panic: &Box<dyn std::any::Any + Send>) -> RunReport {
         output_truncated: false,
         message: Some(crate::limits::text::cap_message(format!("the JS engine panicked: {text}"))),
         instructions: 0,
+    }
+}
+
+/// Reads one frame from stdin, blocking. Stdin is locked per frame: a
+/// run's tool port reads its answers from it too.
+fn read_frame<T: serde::de::DeserializeOwned>() -> io::Result<Option<T>> {
+    frame::read_blocking(&mut io::stdin().lock())
+}
+
+/// A run's tool port in the worker: calls are frames on stdout, answers
+/// frames on stdin.
+#[derive(Default)]
+struct FramePort {
+    /// Why the host's frames can no longer be read in order, if they cannot.
+    broken: Cell<Option<String>>,
+}
+
+impl FramePort {
+    fn gone(&self, why: String) -> Gone {
+        self.broken.set(Some(why.clone()));
+        Gone(why)
+    }
+}
+
+impl ToolPort for FramePort {
+    fn send(&self, call: ToolCall) -> Result<(), Gone> {
+        FrameOut.send(&FromWorker::Tools(ToCodeHost::ToolCall(call))).map_err(|e| Gone(format!("the host: {e}")))
+    }
+
+    /// Blocks for the next frame whatever `until` says (the filter allows
+    /// no `poll`): the host answers by the deadline or kills this process.
+    fn wait(&self, _until: Option<Instant>) -> Result<Vec<ToolResult>, Gone> {
+        match read_frame::<ToWorker>() {
+            Ok(Some(ToWorker::Tools(ToCode::ToolResult(result)))) => Ok(vec![result]),
+            Ok(Some(ToWorker::Run(_))) => Err(self.gone("the host sent a job during a run".into())),
+            Ok(None) => Err(self.gone("the host closed the channel".into())),
+            Err(e) => Err(self.gone(format!("bad frame: {e}"))),
+        }
     }
 }
 

@@ -27,14 +27,16 @@
 //!
 //! The originals are captured in the wrappers and unreachable from JS.
 //!
-//! The pieces: [`console`], the JSON [`snapshot`] (which the returned value
-//! and `console` go through too), the built-in [`guards`], and the context
-//! [`data`] they share.
+//! The pieces: [`console`], the JSON [`snapshot`] (which the returned value,
+//! `console` and tool arguments go through too), the built-in [`guards`],
+//! the context [`data`] they share, and [`tools`] (Code Mode's `tools` and
+//! `ToolError`, installed per run only when the run's policy grants tools).
 
 pub(crate) mod console;
 pub(crate) mod data;
 pub(crate) mod guards;
 pub(crate) mod snapshot;
+pub(crate) mod tools;
 
 use boa_engine::{Context, JsResult, js_string};
 
