@@ -275,9 +275,14 @@ impl ToolBridge {
                         }
                     }
                 }
-                // A panicking handler fails its call, not the runtime.
+                // A panicking handler fails its call, not the runtime. The
+                // handler runs as a task of its own, aborted when this call
+                // is dropped (timed out, or its run ended): a dropped
+                // JoinHandle alone would leave it running.
                 let handler = tool.handler.clone();
-                match tokio::spawn(async move { handler.call(call.args).await }).await {
+                let task = tokio::spawn(async move { handler.call(call.args).await });
+                let _abort = AbortOnDrop(task.abort_handle());
+                match task.await {
                     Ok(outcome) => outcome,
                     Err(e) if e.is_panic() => Err(ToolError::failed(&spec.name, "the tool panicked")),
                     Err(_) => Err(ToolError::new(&spec.name, ToolErrorKind::Cancelled, "the call was cancelled")),
@@ -326,6 +331,27 @@ impl ToolBridge {
         rx.recv_timeout(wait).unwrap_or_else(|_| {
             ToolResult::error(id, ToolError::new(name, ToolErrorKind::TimedOut, "no answer before the deadline"))
         })
+    }
+
+    /// Refuses call `id` of `name` whose frame the carrier did not read whole
+    /// because it is `bytes_in` bytes, over the carrier's limit (which is
+    /// above `max_argument_bytes`): answered `invalid_arguments` and ledgered
+    /// as refused, as [`ToolBridge::call`] refuses arguments over the limit.
+    /// The ledger's `args_sha256` is of nothing (the arguments were not
+    /// read) and `bytes_in` counts the whole frame.
+    #[cfg_attr(not(feature = "wasm"), allow(dead_code))]
+    pub(crate) fn refuse_unread(&self, id: u64, name: &str, bytes_in: u64) -> ToolResult {
+        let error = ToolError::new(
+            name,
+            ToolErrorKind::InvalidArguments,
+            format!(
+                "the call is {bytes_in} bytes of JSON, over the limit of {} for its arguments \
+                 (tool_limits.max_argument_bytes)",
+                self.limits.max_argument_bytes
+            ),
+        );
+        self.record(name, b"", ToolCallOutcome::Refused, Some(error.kind), Instant::now(), bytes_in, 0, false);
+        ToolResult::error(id, error)
     }
 
     /// Ends the run's tool calls: no call starts or answers after this;
@@ -419,6 +445,15 @@ impl ToolBridge {
             truncated,
         };
         push_record(&mut self.state.lock(), record);
+    }
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
@@ -518,6 +553,40 @@ mod tests {
         assert!(rx.recv_timeout(Duration::from_millis(200)).is_err(), "no answer after the run ended");
         let after = b.call_blocking(call(2, "slow.sleep", json!({})));
         assert_eq!(after.error.unwrap().kind, ToolErrorKind::Cancelled);
+    }
+
+    #[test]
+    fn a_call_that_times_out_or_outlives_its_run_stops_its_tool() {
+        struct Dropped(Arc<std::sync::atomic::AtomicUsize>);
+        impl Drop for Dropped {
+            fn drop(&mut self) {
+                self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+        let dropped = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = dropped.clone();
+        let registry = ToolRegistry::builder()
+            .tool(ToolSpec::new("slow.hold"), move |_: Value| {
+                let guard = Dropped(counter.clone());
+                async move {
+                    let _guard = guard;
+                    tokio::time::sleep(Duration::from_secs(3600)).await;
+                    Ok(Value::Null)
+                }
+            })
+            .build()
+            .unwrap();
+        let deadline = Deadline::start(Some(Duration::from_secs(30)));
+        let b = ToolBridge::new(registry, vec!["slow.*".into()], ToolLimits::default().call_timeout_ms(50), deadline);
+        assert_eq!(b.call_blocking(call(1, "slow.hold", json!({}))).error.unwrap().kind, ToolErrorKind::TimedOut);
+        b.call(call(2, "slow.hold", json!({})), drop);
+        std::thread::sleep(Duration::from_millis(20));
+        b.finish();
+        let until = Instant::now() + Duration::from_secs(5);
+        while dropped.load(std::sync::atomic::Ordering::SeqCst) < 2 && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(dropped.load(std::sync::atomic::Ordering::SeqCst), 2, "both tools stopped");
     }
 
     #[test]
