@@ -1,7 +1,10 @@
 //! Python sessions against stateless runs of the same code: a cell in a
 //! CPython-in-wasm session vs a pooled stateless run (paced, as the pool
 //! refills between agent turns), opening a session, and a cell in a
-//! container session vs a one-shot container run.
+//! container session vs a one-shot container run. And Code Mode's round
+//! trip: a no-op Rust tool called from pooled CPython-in-wasm (one call,
+//! and 100 calls in a row in one run) and from a session cell, against the
+//! pooled run that calls none (`print/python_wasm_pooled_stateless`).
 //!
 //! `cargo bench --bench sessions`; engines not available here are skipped.
 
@@ -11,11 +14,23 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, criterion_group, criterion_main};
 use execbox::Executor;
 use execbox::backends::{Container, InterpreterConfig, WasmInterpreter};
+use execbox::tools::{ToolRegistry, ToolSpec};
 use execbox::{Backend, ExecRequest, Language, SandboxPolicy, SessionConfig, SessionSpec, Sessions};
-use serde_json::json;
+use serde_json::{Value, json};
 
 fn print() -> ExecRequest {
     ExecRequest::source(Language::Python, "print(1+1)").policy(SandboxPolicy::strict().timeout(Duration::from_secs(60)))
+}
+
+/// `code` with the no-op tool `bench.noop` granted.
+fn calling_tools(code: &str) -> ExecRequest {
+    let policy = SandboxPolicy::strict().timeout(Duration::from_secs(60)).tools(["bench.*"]);
+    ExecRequest::source(Language::Python, code).policy(policy)
+}
+
+/// One tool that does nothing: what is measured is the way there and back.
+fn noop_tool() -> ToolRegistry {
+    ToolRegistry::builder().tool(ToolSpec::new("bench.noop"), |_: Value| async { Ok(Value::Null) }).build().unwrap()
 }
 
 fn bench(c: &mut Criterion) {
@@ -67,6 +82,39 @@ fn bench(c: &mut Criterion) {
                 sessions.close(&id);
             }
             total
+        })
+    });
+
+    // Code Mode: the record out on stdout, the bridge, the answer in on stdin.
+    let with_tools = Executor::builder().backend(python.clone()).tools(noop_tool()).build();
+    let one_call = calling_tools("import tools\ntools.bench.noop()\nprint(1+1)");
+    let hundred_calls = calling_tools("import tools\nfor _ in range(100):\n    tools.bench.noop()\nprint(1+1)");
+    for (name, request) in
+        [("tools/python_wasm_pooled_one_call", one_call), ("tools/python_wasm_pooled_100_calls", hundred_calls)]
+    {
+        g.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    wait_for_pool();
+                    let started = Instant::now();
+                    let r = with_tools.execute_blocking(request.clone()).unwrap();
+                    total += started.elapsed();
+                    assert_eq!(r.output, Some(json!(2)), "{r:?}");
+                }
+                total
+            })
+        });
+    }
+    let tool_sessions =
+        Sessions::builder().config(SessionConfig::default()).backend(python.clone()).tools(noop_tool()).build();
+    tool_sessions.open("bench", SessionSpec::new(Language::Python)).unwrap();
+    let cell = calling_tools("import tools\ntools.bench.noop()\nprint(1+1)");
+    g.bench_function("tools/python_wasm_session_cell_one_call", |b| {
+        b.iter(|| {
+            let r = tool_sessions.execute("bench", cell.clone()).unwrap();
+            assert_eq!(r.output, Some(json!(2)), "{r:?}");
+            black_box(r)
         })
     });
     g.finish();

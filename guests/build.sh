@@ -26,6 +26,7 @@ cflags=(--target=wasm32-wasi -O2 -Wl,--strip-all)
 # must not depend on where the repository is checked out.
 cd "$here"
 "$CC" "${cflags[@]}" -o "$out/wasi_tool.wasm" c/wasi_tool.c
+"$CC" "${cflags[@]}" -o "$out/tool_caller.wasm" c/tool_caller.c
 "$CC" "${cflags[@]}" -mexec-model=reactor -o "$out/json_transform.wasm" c/json_transform.c
 "$RUSTC_WASI" --target wasm32-wasi -O -C panic=abort -C strip=symbols \
   -o "$out/word_count.wasm" rust/word_count.rs

@@ -438,7 +438,7 @@ mod code_mode {
 
     fn registry() -> ToolRegistry {
         ToolRegistry::builder()
-            .tool(ToolSpec::new("math.add").description("a + b".into()), |args: Value| async move {
+            .tool(ToolSpec::new("math.add").description("a + b"), |args: Value| async move {
                 Ok(json!(args["a"].as_i64().unwrap_or(0) + args["b"].as_i64().unwrap_or(0)))
             })
             .tool(ToolSpec::new("fail.always"), |_: Value| async { Err(ToolError::failed("fail.always", "nope")) })

@@ -97,9 +97,130 @@ def read_message(_read=__import__('os').read):
     };
 }
 
+/// Code Mode for CPython-in-wasm: `_execbox_take_tools(source,
+/// read_message)` takes any `tools` module of an earlier cell out of
+/// `sys.modules`, and when `source` starts with the tools header
+/// `\0tools:{"nonce", "names"}\n` takes the header off and installs the
+/// `tools` package for the granted `names` (`sys.modules['tools']` and a
+/// submodule `tools.<namespace>` per namespace), with `sys.stdin` emptied
+/// (fd 0 carries the answers). A session keeps one `tools` module object
+/// and one `ToolError` class for all its cells (a cell's namespaces replace
+/// the last ones), so a module bound in the globals stays current; in a
+/// cell without a grant its calls are answered `not_granted`.
+///
+/// A call writes the record `\0execbox:<nonce>:T<len>:{"tool_call": {"id",
+/// "name", "args"}}\n` to fd 1 (the host's stdout tap takes it out) and
+/// reads answers from fd 0 (framed messages, a NUL then `{"tool_result":
+/// ...}`) until the one with its id; see `src/backends/wasm/tool_channel.rs`.
+/// `os.write` and the message reader are bound when the functions are
+/// defined, so code that replaces them does not change how calls travel.
+#[cfg(feature = "wasm")]
+macro_rules! python_tools_def {
+    () => {
+        "\
+def _execbox_tools(nonce, names, read_message, _write=__import__('os').write, _kept={}):
+    import json, sys
+    dumps, loads, module = json.dumps, json.loads, type(sys)
+    marker = ('\\0execbox:' + nonce + ':').encode()
+    if not _kept:
+        class ToolError(Exception):
+            '''A tool call that produced no value: .tool, .kind ('not_granted', 'failed', 'timed_out', ...), .message.'''
+            def __init__(self, tool, kind, message):
+                Exception.__init__(self, '%s: %s (%s)' % (tool, kind, message))
+                self.tool, self.kind, self.message = tool, kind, message
+        ToolError.__module__ = 'tools'
+        tools = module('tools', 'The host tools this run may call: tools.<namespace>.<tool>(**args), '
+                       'tools.call(name, args), tools.list(), tools.describe(name); failures raise tools.ToolError.')
+        tools.__path__ = []
+        _kept.update(ToolError=ToolError, tools=tools, last=[0])
+    ToolError, tools, last = _kept['ToolError'], _kept['tools'], _kept['last']
+    def call(name, args=None):
+        '''Calls the tool `name` ('namespace.tool') with `args` (a dict); returns its value or raises tools.ToolError.'''
+        if not isinstance(name, str):
+            raise ToolError(repr(name), 'not_found', 'a tool name is a string')
+        if args is None:
+            args = {}
+        last[0] += 1
+        id = last[0]
+        try:
+            frame = dumps({'tool_call': {'id': id, 'name': name, 'args': args}}, ensure_ascii=False,
+                          allow_nan=False, separators=(',', ':')).encode()
+        except (TypeError, ValueError) as e:
+            raise ToolError(name, 'invalid_arguments', 'the arguments are not JSON: %s' % e) from None
+        record = memoryview(marker + b'T%d:' % len(frame) + frame + b'\\n')
+        while record:
+            record = record[_write(1, record):]
+        while True:
+            answer = read_message()
+            if not isinstance(answer, str) or not answer.startswith('\\0'):
+                raise ToolError(name, 'cancelled', 'no answer: the run is over')
+            result = loads(answer[1:]).get('tool_result') or {}
+            if result.get('id') == id:
+                break
+        if result.get('ok'):
+            return result.get('value')
+        error = result.get('error') or {}
+        raise ToolError(error.get('tool', name), error.get('kind', 'protocol'), error.get('message', ''))
+    def list_tools():
+        '''The names of the tools this run may call.'''
+        return call('tools.list', {})
+    def describe(name):
+        '''The spec of the tool `name`: description, input_schema, ...'''
+        return call('tools.describe', {'name': name})
+    def bind(full):
+        def tool(args=None, /, **kwargs):
+            return call(full, kwargs if args is None else dict(args, **kwargs))
+        tool.__name__ = tool.__qualname__ = full.partition('.')[2]
+        tool.__doc__ = 'Calls the tool %r: returns its value or raises tools.ToolError.' % full
+        return tool
+    for key, value in list(vars(tools).items()):
+        if isinstance(value, module) and value.__name__ == 'tools.' + key:
+            delattr(tools, key)
+    tools.ToolError, tools.call, tools.list, tools.describe = ToolError, call, list_tools, describe
+    for full in names:
+        ns, _, short = full.partition('.')
+        space = sys.modules.get('tools.' + ns)
+        if space is None:
+            space = sys.modules['tools.' + ns] = module('tools.' + ns)
+            space.__package__ = 'tools'
+            if not hasattr(tools, ns):
+                setattr(tools, ns, space)
+        setattr(space, short, bind(full))
+    sys.modules['tools'] = tools
+def _execbox_take_tools(source, read_message):
+    import sys
+    if 'tools' in sys.modules:
+        for name in [n for n in sys.modules if n == 'tools' or n.startswith('tools.')]:
+            del sys.modules[name]
+    if not source.startswith('\\0tools:'):
+        return source
+    import io, json
+    header, _, source = source.partition('\\n')
+    spec = json.loads(header[7:])
+    _execbox_tools(spec['nonce'], spec['names'], read_message)
+    sys.stdin = io.StringIO('')
+    return source
+"
+    };
+}
+
 /// Runs the code as `__main__` with `input` bound; frames show it as `<code>`.
 pub(crate) const PYTHON_BOOTSTRAP: &str = concat!(
     python_prelude!("source = sys.stdin.read()\n"),
+    "exec(compile(source, '<code>', 'exec'), {'__name__': '__main__', '__builtins__': __builtins__, 'input': data})\n"
+);
+
+/// [`PYTHON_BOOTSTRAP`] for a fresh CPython-in-wasm instance whose run
+/// calls tools: the code arrives as one framed message on fd 0, after the
+/// tools header (see `python_tools_def!`), and fd 0 stays open for the
+/// calls' answers.
+#[cfg(feature = "wasm")]
+pub(crate) const PYTHON_TOOLS_BOOTSTRAP: &str = concat!(
+    python_read_message!(),
+    python_tools_def!(),
+    python_prelude!(
+        "source = read_message()\nif source is None:\n    sys.exit(0)\nsource = _execbox_take_tools(source, read_message)\n"
+    ),
     "exec(compile(source, '<code>', 'exec'), {'__name__': '__main__', '__builtins__': __builtins__, 'input': data})\n"
 );
 
@@ -115,10 +236,12 @@ pub(crate) const PYTHON_BOOTSTRAP: &str = concat!(
 /// for cells. It calls the module's `load_input` and `exit_status`
 /// (`python_helpers!`). A warm CPython-in-wasm instance defines it during
 /// start-up (so opening a session compiles nothing); a container runs
-/// [`PYTHON_SESSION_PROGRAM`].
+/// [`PYTHON_SESSION_PROGRAM`]. `$on_cell` is code run on each cell's
+/// `source` as it arrives (CPython-in-wasm: the cell's tools).
 macro_rules! python_session_def {
-    () => {
-        "\
+    ($on_cell:expr) => {
+        concat!(
+            "\
 def _execbox_session(nonce, read_message):
     import io, json, os, sys, traceback
     scope = {'__name__': '__main__', '__builtins__': __builtins__}
@@ -127,7 +250,10 @@ def _execbox_session(nonce, read_message):
         source = read_message()
         if source is None:
             os._exit(0)
-        scope['input'] = load_input()
+",
+            $on_cell,
+            // No line continuation here: it would eat this line's indentation.
+            "        scope['input'] = load_input()
         sys.stdin = io.StringIO('')
         status = 0
         try:
@@ -147,6 +273,7 @@ def _execbox_session(nonce, read_message):
         os.write(2, record)
         os.write(1, record)
 "
+        )
     };
 }
 
@@ -155,7 +282,7 @@ def _execbox_session(nonce, read_message):
 pub(crate) const PYTHON_SESSION_PROGRAM: &str = concat!(
     python_helpers!(),
     python_read_message!(),
-    python_session_def!(),
+    python_session_def!(""),
     "_execbox_session('NONCE', read_message)\n"
 );
 
@@ -169,9 +296,13 @@ pub(crate) const PYTHON_SESSION_PROGRAM: &str = concat!(
 pub(crate) const PYTHON_WARM_BOOTSTRAP: &str = concat!(
     "import json, os, traceback\nexec(compile('pass', '<warm-up>', 'exec'), {})\n",
     python_read_message!(),
-    python_session_def!(),
+    python_tools_def!(),
+    // A late tool answer (a NUL, then its frame) is never taken for a cell.
+    python_session_def!(
+        "        if source.startswith('\\0{\"tool_result\"'):\n            continue\n        source = _execbox_take_tools(source, read_message)\n"
+    ),
     python_prelude!(
-        "source = read_message()\nif source is None:\n    os._exit(0)\nif source is SESSION:\n    _execbox_session(read_message(), read_message)\n"
+        "source = read_message()\nif source is None:\n    os._exit(0)\nif source is SESSION:\n    _execbox_session(read_message(), read_message)\nif source.startswith('\\0'):\n    source = _execbox_take_tools(source, read_message)\n"
     ),
     "\
 status = 0

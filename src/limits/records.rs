@@ -3,6 +3,14 @@
 //! taken out of the stream by [`ResultTap`] on the host side before the
 //! output cap applies. Used by the QuickJS runner (the returned value) and
 //! Python sessions (each cell's status).
+//!
+//! A tap made [`ResultTap::with_calls`] also takes tool calls out of the
+//! stream: `\0execbox:<nonce>:T<len>:<json>\n`, where `<json>` is a
+//! [`ToCodeHost`](crate::tools::frame::ToCodeHost) frame (Code Mode on the
+//! wasm interpreters). Each is handed over whole ([`CallFrame::Whole`]) as
+//! soon as its terminator is read, so the host answers while the program
+//! waits; one longer than the tap keeps is counted, and only its first
+//! bytes are kept ([`CallFrame::TooLarge`]).
 
 use crate::limits::output::BoundedBuffer;
 
@@ -35,18 +43,50 @@ pub(crate) struct Returned {
     pub complete: bool,
 }
 
+/// A tool call taken out of the stream (a `T` record).
+#[derive(Debug, PartialEq)]
+pub(crate) enum CallFrame {
+    /// The frame's JSON, whole.
+    Whole(Vec<u8>),
+    /// A frame longer than the tap keeps: its length and first
+    /// [`CALL_HEAD`] bytes.
+    TooLarge { head: Vec<u8>, len: u64 },
+}
+
+/// A `T` record being read.
+#[derive(Debug)]
+struct CallInProgress {
+    frame: Vec<u8>,
+    /// Bytes of the frame kept: all of them, or the head of a long one.
+    keep: usize,
+    /// Bytes announced.
+    len: u64,
+}
+
+/// Bytes kept of a tool call's frame that is over the tap's limit (enough
+/// for its id and name, which the runners write before the arguments).
+pub(crate) const CALL_HEAD: usize = 1024;
+
 #[derive(Clone, Copy, Debug)]
 enum State {
     /// Ordinary output; `held` bytes of the marker matched so far.
     Text { held: usize },
-    /// The marker was seen: `A` or `R` follows.
+    /// The marker was seen: `A`, `R` or (with calls) `T` follows.
     Tag,
-    /// Digits of an `R` record's length.
-    Len { value: u64, digits: u8 },
+    /// Digits of an `R` (or `T`) record's length.
+    Len { value: u64, digits: u8, call: bool },
     /// JSON bytes still to come.
-    Body { left: u64 },
+    Body { left: u64, call: bool },
     /// The record's `\n`.
-    End { value: bool },
+    End { record: Ended },
+}
+
+/// What a record's terminator ends.
+#[derive(Clone, Copy, Debug)]
+enum Ended {
+    Awaiting,
+    Value,
+    Call,
 }
 
 /// Diverts the runner's records out of a guest's stdout; see the module docs.
@@ -56,6 +96,13 @@ pub(crate) struct ResultTap {
     value_cap: u64,
     state: State,
     records: Records,
+    /// Tool calls: most bytes of a frame kept whole (`None`: a `T` record
+    /// is malformed).
+    call_cap: Option<u64>,
+    /// The call being read.
+    call: Option<CallInProgress>,
+    /// Calls read to their terminator, not yet taken.
+    calls: Vec<CallFrame>,
 }
 
 impl ResultTap {
@@ -66,7 +113,22 @@ impl ResultTap {
             value_cap: value_cap.unwrap_or(u64::MAX),
             state: State::Text { held: 0 },
             records: Records::default(),
+            call_cap: None,
+            call: None,
+            calls: Vec::new(),
         }
+    }
+
+    /// Also takes tool calls (`T` records) out of the stream, keeping
+    /// frames of at most `cap` bytes whole (see [`ResultTap::take_calls`]).
+    pub fn with_calls(mut self, cap: u64) -> Self {
+        self.call_cap = Some(cap);
+        self
+    }
+
+    /// The tool calls read whole since the last call, in order.
+    pub fn take_calls(&mut self) -> Vec<CallFrame> {
+        std::mem::take(&mut self.calls)
     }
 
     /// Feeds what the guest wrote; ordinary output goes on to `text`.
@@ -104,37 +166,55 @@ impl ResultTap {
                     self.state = match byte {
                         b'A' => {
                             self.records.awaiting = true;
-                            State::End { value: false }
+                            State::End { record: Ended::Awaiting }
                         }
-                        b'R' => State::Len { value: 0, digits: 0 },
+                        b'R' => State::Len { value: 0, digits: 0, call: false },
+                        b'T' if self.call_cap.is_some() => State::Len { value: 0, digits: 0, call: true },
                         _ => self.malformed(),
                     };
                 }
-                State::Len { value, digits } => {
+                State::Len { value, digits, call } => {
                     self.state = match byte {
                         b'0'..=b'9' if digits < 19 => {
-                            State::Len { value: value * 10 + u64::from(byte - b'0'), digits: digits + 1 }
+                            State::Len { value: value * 10 + u64::from(byte - b'0'), digits: digits + 1, call }
                         }
+                        b':' if digits > 0 && call => self.start_call(value),
                         b':' if digits > 0 => self.start_value(value),
                         _ => self.malformed(),
                     };
                 }
-                State::Body { left } => {
+                State::Body { left, call } => {
                     let take = usize::try_from(left).unwrap_or(usize::MAX).min(bytes.len());
-                    if let Some(Returned { json: Some(json), .. }) = &mut self.records.value {
+                    if call {
+                        if let Some(call) = &mut self.call {
+                            let room = call.keep - call.frame.len();
+                            call.frame.extend_from_slice(&bytes[..take.min(room)]);
+                        }
+                    } else if let Some(Returned { json: Some(json), .. }) = &mut self.records.value {
                         json.extend_from_slice(&bytes[..take]);
                     }
                     let left = left - take as u64;
-                    self.state = if left == 0 { State::End { value: true } } else { State::Body { left } };
+                    self.state = match (left, call) {
+                        (0, true) => State::End { record: Ended::Call },
+                        (0, false) => State::End { record: Ended::Value },
+                        _ => State::Body { left, call },
+                    };
                     bytes = &bytes[take..];
                     continue;
                 }
-                State::End { value } => {
+                State::End { record } => {
                     if byte != b'\n' {
+                        self.call = None;
                         self.state = self.malformed();
                     } else {
-                        if value && let Some(returned) = &mut self.records.value {
-                            returned.complete = true;
+                        match record {
+                            Ended::Value => {
+                                if let Some(returned) = &mut self.records.value {
+                                    returned.complete = true;
+                                }
+                            }
+                            Ended::Call => self.end_call(),
+                            Ended::Awaiting => {}
                         }
                         self.state = State::Text { held: 0 };
                     }
@@ -155,7 +235,28 @@ impl ResultTap {
         }
         let json = (len <= self.value_cap).then(|| Vec::with_capacity(usize::try_from(len.min(1 << 20)).unwrap_or(0)));
         self.records.value = Some(Returned { len, json, complete: false });
-        if len == 0 { State::End { value: true } } else { State::Body { left: len } }
+        if len == 0 { State::End { record: Ended::Value } } else { State::Body { left: len, call: false } }
+    }
+
+    /// A `T` record of `len` bytes starts: kept whole up to the cap, else
+    /// its head only (the buffer's capacity is what is kept).
+    fn start_call(&mut self, len: u64) -> State {
+        let cap = self.call_cap.unwrap_or(0);
+        let keep = if len <= cap { len } else { len.min(CALL_HEAD as u64) };
+        let keep = usize::try_from(keep).unwrap_or(CALL_HEAD);
+        self.call = Some(CallInProgress { frame: Vec::with_capacity(keep.min(1 << 20)), keep, len });
+        if len == 0 { State::End { record: Ended::Call } } else { State::Body { left: len, call: true } }
+    }
+
+    fn end_call(&mut self) {
+        if let Some(CallInProgress { frame, len, .. }) = self.call.take() {
+            let cap = self.call_cap.unwrap_or(0);
+            self.calls.push(if len <= cap {
+                CallFrame::Whole(frame)
+            } else {
+                CallFrame::TooLarge { head: frame, len }
+            });
+        }
     }
 
     fn malformed(&mut self) -> State {
@@ -178,5 +279,54 @@ impl ResultTap {
         }
         self.state = State::Text { held: 0 };
         std::mem::take(&mut self.records)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MARK: &[u8] = b"\0execbox:00ff:";
+
+    fn call_record(json: &str) -> Vec<u8> {
+        [MARK, format!("T{}:{json}\n", json.len()).as_bytes()].concat()
+    }
+
+    #[test]
+    fn tool_calls_leave_the_stream_whole_whatever_the_chunking() {
+        let call = r#"{"tool_call":{"id":1,"name":"a.b","args":{"s":"\u0000"}}}"#;
+        let stream = [b"before ".as_slice(), &call_record(call), b"after", &call_record("{}")].concat();
+        for size in [1, 2, 5, stream.len()] {
+            let mut tap = ResultTap::new(MARK.to_vec(), None).with_calls(1 << 10);
+            let mut text = BoundedBuffer::new(None);
+            let mut calls = Vec::new();
+            for chunk in stream.chunks(size) {
+                tap.feed(chunk, &mut text);
+                calls.extend(tap.take_calls());
+            }
+            let records = tap.finish(&mut text);
+            assert!(!records.malformed && records.value.is_none());
+            assert_eq!(text.into_captured().bytes, b"before after", "chunks of {size}");
+            assert_eq!(calls, [CallFrame::Whole(call.as_bytes().to_vec()), CallFrame::Whole(b"{}".to_vec())]);
+        }
+    }
+
+    #[test]
+    fn a_long_call_keeps_its_head_and_a_tap_without_calls_refuses_them() {
+        let long = format!(r#"{{"tool_call":{{"id":9,"name":"a.b","args":"{}"}}}}"#, "x".repeat(5000));
+        let mut tap = ResultTap::new(MARK.to_vec(), None).with_calls(100);
+        let mut text = BoundedBuffer::new(None);
+        tap.feed(&call_record(&long), &mut text);
+        match tap.take_calls().as_slice() {
+            [CallFrame::TooLarge { head, len }] => {
+                assert_eq!(*len, long.len() as u64);
+                assert_eq!(head.as_slice(), &long.as_bytes()[..CALL_HEAD]);
+            }
+            other => panic!("{other:?}"),
+        }
+        let mut plain = ResultTap::new(MARK.to_vec(), None);
+        plain.feed(&call_record("{}"), &mut text);
+        assert!(plain.take_calls().is_empty());
+        assert!(plain.finish(&mut text).malformed);
     }
 }

@@ -331,6 +331,27 @@ impl ToolBridge {
         })
     }
 
+    /// Refuses call `id` of `name` whose frame the carrier did not read whole
+    /// because it is `bytes_in` bytes, over the carrier's limit (which is
+    /// above `max_argument_bytes`): answered `invalid_arguments` and ledgered
+    /// as refused, as [`ToolBridge::call`] refuses arguments over the limit.
+    /// The ledger's `args_sha256` is of nothing (the arguments were not
+    /// read) and `bytes_in` counts the whole frame.
+    #[cfg_attr(not(feature = "wasm"), allow(dead_code))]
+    pub(crate) fn refuse_unread(&self, id: u64, name: &str, bytes_in: u64) -> ToolResult {
+        let error = ToolError::new(
+            name,
+            ToolErrorKind::InvalidArguments,
+            format!(
+                "the call is {bytes_in} bytes of JSON, over the limit of {} for its arguments \
+                 (tool_limits.max_argument_bytes)",
+                self.limits.max_argument_bytes
+            ),
+        );
+        self.record(name, b"", ToolCallOutcome::Refused, Some(error.kind), Instant::now(), bytes_in, 0, false);
+        ToolResult::error(id, error)
+    }
+
     /// Ends the run's tool calls: no call starts or answers after this;
     /// calls in flight are dropped (an upstream call is cancelled) and their
     /// ledger entries stay `unknown`. Returns the ledger and how many calls

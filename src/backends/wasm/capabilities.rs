@@ -67,7 +67,17 @@ pub(crate) fn capabilities(engine: &WasmEngine) -> BackendCapabilities {
         stdout_cap: E::enforced("guest writes go through a bounded buffer; the rest is counted and dropped"),
         stderr_cap: E::enforced("guest writes go through a bounded buffer; the rest is counted and dropped"),
         processes: E::by_omission("WASI preview 1 cannot create processes or threads"),
-        tools: E::no_tool_bridge(),
+        tools: SurfaceCapability {
+            deny: E::enforced(
+                "the execbox_tools import answers every call not_granted when the run grants no tools; \
+                 nothing reaches the host's tools",
+            ),
+            allow_list: E::enforced(
+                "the execbox_tools import (call/result, JSON in and out) hands each call to the run's tool \
+                 bridge, which runs only granted tools within the run's tool budgets; the guest waits in the \
+                 host call at most the call's timeout, never past the run's deadline",
+            ),
+        },
         default_timeout_ms: u64::try_from(cfg.defaults.timeout.as_millis()).unwrap_or(u64::MAX),
     }
 }

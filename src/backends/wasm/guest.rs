@@ -17,6 +17,7 @@ use wasmtime_wasi::FsPerms;
 use wasmtime_wasi::p1::WasiP1Ctx;
 
 use crate::limits::deadline::Deadline;
+use crate::tools::ToolBridge;
 
 /// How execbox talks to a guest, decided from its exports.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,6 +52,11 @@ pub(crate) struct GuestState {
     pub(crate) controls: Arc<RunControls>,
     /// When the guest's monotonic clock started (with the store).
     pub(crate) clock_start: Instant,
+    /// The run's tool bridge, for the `execbox_tools` import (`None`: every
+    /// call answers `not_granted`).
+    pub(crate) tools: Option<Arc<ToolBridge>>,
+    /// The last answer of `execbox_tools.call`, until `result` copies it.
+    pub(crate) tool_answer: Vec<u8>,
 }
 
 /// The limits of a run that the host may set while the guest is already

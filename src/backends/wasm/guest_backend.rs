@@ -100,6 +100,7 @@ impl WasmGuest {
         let module = call.take_module(Self::NAME)?;
         let cfg = self.config();
         let input = call.take_input_json(cfg.defaults.max_input_nesting, Self::NAME)?;
+        let tools = call.tools().cloned();
         let mut request = call.into_request();
         let compiled = match self.cache.get_untrusted(&module, &cfg.module_limits, &self.ceilings(), &deadline) {
             Ok(compiled) => compiled,
@@ -150,6 +151,7 @@ impl WasmGuest {
             max_stdout: policy.max_stdout_bytes,
             max_stderr: policy.max_stderr_bytes,
             tap: request.output_tap.take(),
+            tools,
         };
         run::run(&self.engine, Self::NAME, &compiled, job, deadline)
     }

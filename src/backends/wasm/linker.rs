@@ -1,6 +1,7 @@
 //! The WASI preview-1 linker of an engine: wasmtime-wasi's functions, with
 //! execbox's own `poll_oneoff` (sleeps end at the run's deadline) and the
-//! file guards of `fs_guard.rs` in front of theirs.
+//! file guards of `fs_guard.rs` in front of theirs; and the `execbox_tools`
+//! import module (`tool_import.rs`).
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -8,6 +9,7 @@ use wasmtime::{Caller, Engine, Linker};
 
 use super::fs_guard;
 use super::guest::GuestState;
+use super::tool_import;
 
 /// The host error that ends a run whose guest sleeps past its deadline.
 #[derive(Debug)]
@@ -22,7 +24,8 @@ impl std::fmt::Display for DeadlineReached {
 impl std::error::Error for DeadlineReached {}
 
 /// WASI preview 1, with execbox's own `poll_oneoff`, and its own
-/// `path_open`, `path_symlink`, `path_rename` and `path_link` (see `fs_guard.rs`).
+/// `path_open`, `path_symlink`, `path_rename` and `path_link` (see `fs_guard.rs`);
+/// and `execbox_tools` (see `tool_import.rs`).
 ///
 /// Epoch interruption only fires in wasm code, and wasmtime-wasi's
 /// `poll_oneoff` sleeps on the host thread: `sleep(3600)` would hold the
@@ -41,6 +44,7 @@ pub(crate) fn linker(engine: &Engine) -> wasmtime::Result<Linker<GuestState>> {
     linker.func_wrap("wasi_snapshot_preview1", "path_rename", fs_guard::path_rename)?;
     linker.func_wrap("wasi_snapshot_preview1", "path_link", fs_guard::path_link)?;
     linker.allow_shadowing(false);
+    tool_import::add_to_linker(&mut linker)?;
     Ok(linker)
 }
 

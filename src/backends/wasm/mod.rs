@@ -32,6 +32,16 @@
 //!   preview 1 cannot open sockets.
 //! - **output**: stdout/stderr through the shared bounded buffer.
 //!
+//! **Code Mode** (a policy that grants tools, see [`crate::tools`]): every
+//! backend here carries the run's tool bridge. A guest of [`WasmGuest`]
+//! imports the `execbox_tools` module (`call`/`result`, JSON in and out; the
+//! ABI is in `tool_import.rs`, an example guest in `guests/c/tool_caller.c`).
+//! Code on the interpreters gets a `tools` API (Python: `import tools`;
+//! JavaScript: the `tools` global) whose calls travel over the instance's
+//! stdio: a record on stdout taken out by the host's tap, the answer as a
+//! message on stdin (see `tool_channel.rs`), since the prebuilt interpreter
+//! modules cannot import host functions.
+//!
 //! Modules are compiled once per sha256 (memory cache, optional disk cache)
 //! and kept as `InstancePre`; instances come from the pooling allocator of a
 //! [`WasmEngine`] that the wasm backends of a matrix share.
@@ -58,7 +68,8 @@
 //! `compile.rs`, `disk_cache.rs`, `module_limits.rs` and `compile_worker.rs`
 //! the way from bytes to a ready module; `run.rs` one run; `staging.rs` the
 //! files a run sees; `guest_backend.rs` and `interpreters.rs` the backends
-//! (with `warm.rs`, `quickjs.rs` and `session.rs` for the interpreters).
+//! (with `warm.rs`, `quickjs.rs` and `session.rs` for the interpreters);
+//! `tool_import.rs` and `tool_channel.rs` carry tool calls (Code Mode).
 
 mod capabilities;
 mod compile;
@@ -78,6 +89,8 @@ pub(crate) mod session;
 mod staging;
 mod stdio;
 mod ticker;
+mod tool_channel;
+mod tool_import;
 mod warm;
 
 pub use compile::CacheStats;

@@ -25,6 +25,14 @@
 //! \0execbox:<nonce>:R<len>:<json>\n       the value: <len> bytes of UTF-8 JSON (0: undefined)
 //! ```
 //!
+//! **Tools.** When the run grants tools (Code Mode) the runner reads stdin
+//! framed instead ([`tools_stdin`]: the nonce line, then the granted names
+//! and the input as messages, with `std.in.getline` and
+//! `std.in.readAsString(n)`), and stdin stays open: each call writes a
+//! `\0execbox:<nonce>:T<len>:<json>\n` record and reads messages until its
+//! answer (see `tool_channel.rs`). The `tools` global and `ToolError` are
+//! defined before the user's code runs, from functions the runner keeps.
+//!
 //! **The tap.** [`ResultTap`] sits on the guest's stdout (host side) and
 //! diverts records out of the stream as they are written: what the code
 //! prints is capped by `max_stdout_bytes` as usual, and the record is parsed
@@ -54,36 +62,108 @@ pub(crate) fn stdin(nonce: &str, input_json: Option<&[u8]>) -> Vec<u8> {
     bytes
 }
 
-/// The script for `source` (see the module docs). The code starts on the
-/// script's first line.
-pub(crate) fn program(source: &str) -> String {
+/// What the guest reads on stdin when its run calls tools: the nonce line,
+/// then two framed messages (`<len>\n<bytes>`): the granted tools' names
+/// (a JSON array) and the JSON input (empty without one). Stdin stays open
+/// after them: the calls' answers follow, one message each.
+pub(crate) fn tools_stdin(nonce: &str, names: &[String], input_json: Option<&[u8]>) -> Vec<u8> {
+    let names = serde_json::to_vec(names).unwrap_or_else(|_| b"[]".to_vec());
+    let input = input_json.unwrap_or_default();
+    let mut bytes = format!("{nonce}\n{}\n", names.len()).into_bytes();
+    bytes.extend_from_slice(&names);
+    bytes.extend_from_slice(format!("{}\n", input.len()).as_bytes());
+    bytes.extend_from_slice(input);
+    bytes
+}
+
+/// The runner's first constants (the functions it keeps for itself).
+const RUNNER_HEAD: &str = concat!(
+    "(() => { ",
+    "const S = std, out = S.out, err = S.err, exit = S.exit; ",
+    "const puts = out.puts.bind(out), flush = out.flush.bind(out); ",
+    "const eputs = err.puts.bind(err), eflush = err.flush.bind(err); ",
+    "const stringify = JSON.stringify, parse = JSON.parse, P = Promise, resolve = P.resolve.bind(P); ",
+    "const call = Function.prototype.call, then = call.bind(P.prototype.then); ",
+    "const codeAt = call.bind(String.prototype.charCodeAt), str = String; ",
+);
+
+/// Reads the nonce and the input (all of stdin, see [`stdin`]).
+const READ_ALL: &str = concat!(
+    "const all = S.in.readAsString(), nl = all.indexOf('\\n'); ",
+    "const MARK = '\\0execbox:' + all.slice(0, nl) + ':', text = all.slice(nl + 1); ",
+);
+
+/// Reads the nonce, the tools' names and the input (see [`tools_stdin`]),
+/// leaving stdin open; `msg()` reads one framed message (`null` at its end).
+const READ_FRAMED: &str = concat!(
+    "const IN = S.in, getline = IN.getline.bind(IN), readN = IN.readAsString.bind(IN); ",
+    "const sliceOf = call.bind(String.prototype.slice), indexOf = call.bind(String.prototype.indexOf); ",
+    "const msg = () => { const h = getline(); if (h === null) return null; const n = +h; return n > 0 ? readN(n) : ''; }; ",
+    "const MARK = '\\0execbox:' + getline() + ':', NAMES = parse(msg()), text = msg() || ''; ",
+);
+
+/// The input, `console` and the byte counter of records.
+const RUNNER_BODY: &str = concat!(
+    "globalThis.input = text.trim() === '' ? undefined : parse(text); ",
+    "const fmt = (v) => { if (typeof v === 'string') return v; ",
+    "try { const j = stringify(v); return j === undefined ? str(v) : j; } catch (e) { return str(v); } }; ",
+    "const line = (w, a) => { w(a.map(fmt).join(' ') + '\\n'); }; ",
+    "globalThis.console = { log: (...a) => line(puts, a), info: (...a) => line(puts, a), ",
+    "debug: (...a) => line(puts, a), warn: (...a) => line(eputs, a), error: (...a) => line(eputs, a) }; ",
+    "const utf8 = (s) => { let n = 0; for (let i = 0; i < s.length; i++) { const c = codeAt(s, i); ",
+    "n += c < 0x80 ? 1 : c < 0x800 ? 2 : (c >= 0xd800 && c < 0xdc00) ? (i++, 4) : 3; } return n; }; ",
+);
+
+/// The `tools` global and `ToolError` (with [`READ_FRAMED`]): a call writes
+/// a `T` record and reads answers until its own (synchronously: calls are
+/// serialized, `Promise.all` included); its promise settles with the value
+/// or a `ToolError`.
+const TOOLS: &str = concat!(
+    "class ToolError extends Error { constructor(tool, kind, message) { super(message); ",
+    "this.name = 'ToolError'; this.tool = tool; this.kind = kind; } } ",
+    "const define = Object.defineProperty, freeze = Object.freeze, hasOwn = Object.hasOwn; let last = 0; ",
+    "const callNow = (name, args) => { ",
+    "if (typeof name !== 'string') throw new ToolError(str(name), 'not_found', 'a tool name is a string'); ",
+    "const id = ++last; let j; ",
+    "try { j = stringify({ tool_call: { id, name, args: args == null ? {} : args } }); } ",
+    "catch (e) { throw new ToolError(name, 'invalid_arguments', 'the arguments are not JSON: ' + str(e)); } ",
+    "puts(MARK + 'T' + utf8(j) + ':' + j + '\\n'); flush(); ",
+    "for (;;) { const m = msg(); ",
+    "if (m === null || codeAt(m, 0) !== 0) throw new ToolError(name, 'cancelled', 'no answer: the run is over'); ",
+    "const r = parse(sliceOf(m, 1)).tool_result || {}; if (r.id !== id) continue; if (r.ok) return r.value; ",
+    "const e = r.error || {}; throw new ToolError(e.tool || name, e.kind || 'protocol', e.message || ''); } }; ",
+    "const tcall = (name, args) => new P((ok, no) => { try { ok(callNow(name, args)); } catch (e) { no(e); } }); ",
+    "const tools = { call: tcall, list: () => tcall('tools.list', {}), ",
+    "describe: (name) => tcall('tools.describe', { name }), ToolError }; ",
+    "const spaces = new Map(); ",
+    "for (const full of NAMES) { const dot = indexOf(full, '.'), ns = sliceOf(full, 0, dot); let space = spaces.get(ns); ",
+    "if (!space) { space = {}; spaces.set(ns, space); ",
+    "if (!hasOwn(tools, ns)) define(tools, ns, { value: space, enumerable: true }); } ",
+    "define(space, sliceOf(full, dot + 1), { value: (args) => tcall(full, args), enumerable: true }); } ",
+    "spaces.forEach((space) => freeze(space)); globalThis.tools = freeze(tools); globalThis.ToolError = ToolError; ",
+);
+
+/// Reports the function's end (see the module docs) and starts it.
+const RUNNER_TAIL: &str = concat!(
+    "let done = false; ",
+    "const fail = (e) => { if (done) return; done = true; flush(); ",
+    "eputs('Uncaught ' + (e instanceof Error ? e.name + ': ' + e.message : str(e)) + '\\n'); eflush(); exit(1); }; ",
+    "const emit = (v) => { if (done) return; let j; try { j = stringify(v); } catch (e) { return fail(e); } ",
+    "done = true; j = j === undefined ? '' : j; puts(MARK + 'R' + utf8(j) + ':' + j + '\\n'); flush(); }; ",
+    "let r; try { r = ",
+);
+
+/// The script for `source` (see the module docs); with `tools`, the runner
+/// reads [`tools_stdin`] and defines the `tools` global. The code starts on
+/// the script's first line.
+pub(crate) fn program(source: &str, tools: bool) -> String {
     let function = if source.contains("await") { "async function" } else { "function" };
     // One line: everything before the user's code sits on line 1.
-    let runner = concat!(
-        "(() => { ",
-        "const S = std, out = S.out, err = S.err, exit = S.exit; ",
-        "const puts = out.puts.bind(out), flush = out.flush.bind(out); ",
-        "const eputs = err.puts.bind(err), eflush = err.flush.bind(err); ",
-        "const stringify = JSON.stringify, parse = JSON.parse, P = Promise, resolve = P.resolve.bind(P); ",
-        "const call = Function.prototype.call, then = call.bind(P.prototype.then); ",
-        "const codeAt = call.bind(String.prototype.charCodeAt), str = String; ",
-        "const all = S.in.readAsString(), nl = all.indexOf('\\n'); ",
-        "const MARK = '\\0execbox:' + all.slice(0, nl) + ':', text = all.slice(nl + 1); ",
-        "globalThis.input = text.trim() === '' ? undefined : parse(text); ",
-        "const fmt = (v) => { if (typeof v === 'string') return v; ",
-        "try { const j = stringify(v); return j === undefined ? str(v) : j; } catch (e) { return str(v); } }; ",
-        "const line = (w, a) => { w(a.map(fmt).join(' ') + '\\n'); }; ",
-        "globalThis.console = { log: (...a) => line(puts, a), info: (...a) => line(puts, a), ",
-        "debug: (...a) => line(puts, a), warn: (...a) => line(eputs, a), error: (...a) => line(eputs, a) }; ",
-        "const utf8 = (s) => { let n = 0; for (let i = 0; i < s.length; i++) { const c = codeAt(s, i); ",
-        "n += c < 0x80 ? 1 : c < 0x800 ? 2 : (c >= 0xd800 && c < 0xdc00) ? (i++, 4) : 3; } return n; }; ",
-        "let done = false; ",
-        "const fail = (e) => { if (done) return; done = true; flush(); ",
-        "eputs('Uncaught ' + (e instanceof Error ? e.name + ': ' + e.message : str(e)) + '\\n'); eflush(); exit(1); }; ",
-        "const emit = (v) => { if (done) return; let j; try { j = stringify(v); } catch (e) { return fail(e); } ",
-        "done = true; j = j === undefined ? '' : j; puts(MARK + 'R' + utf8(j) + ':' + j + '\\n'); flush(); }; ",
-        "let r; try { r = ",
-    );
+    let runner = if tools {
+        [RUNNER_HEAD, READ_FRAMED, RUNNER_BODY, TOOLS, RUNNER_TAIL].concat()
+    } else {
+        [RUNNER_HEAD, READ_ALL, RUNNER_BODY, RUNNER_TAIL].concat()
+    };
     format!(
         "{runner}{MAIN}(); }} catch (e) {{ return fail(e); }} \
          puts(MARK + 'A\\n'); flush(); then(resolve(r), emit, fail); }})(); \

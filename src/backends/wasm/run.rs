@@ -18,6 +18,7 @@ use crate::error::{ExecError, InvalidRequest};
 use crate::limits::deadline::Deadline;
 use crate::limits::output::StreamKind;
 use crate::result::{ExecResult, Outcome};
+use crate::tools::ToolBridge;
 
 /// A result decided before the guest ran (its module could not start, or
 /// its deadline passed while compiling or loading).
@@ -40,6 +41,8 @@ pub(crate) struct Job {
     pub max_stdout: Option<u64>,
     pub max_stderr: Option<u64>,
     pub tap: Option<crate::limits::output::OutputTap>,
+    /// The run's tool bridge, for a guest's `execbox_tools` import.
+    pub tools: Option<Arc<ToolBridge>>,
 }
 
 /// The guest's monotonic clock, started with the run, so the poll guard can
@@ -77,20 +80,27 @@ pub(crate) fn run(
     run_with(engine, backend, compiled, job, MemoryInputPipe::new(stdin), stdio, deadline)
 }
 
-/// [`run`] with the streams made by the caller (QuickJS taps its stdout).
+/// [`run`] with the streams made by the caller (QuickJS taps its stdout; an
+/// interpreter that calls tools reads their answers from a message stdin).
 pub(crate) fn run_with(
     engine: &WasmEngine,
     backend: &str,
     compiled: &Compiled,
     job: Job,
-    stdin: MemoryInputPipe,
+    stdin: impl wasmtime_wasi::cli::StdinStream + 'static,
     stdio: Stdio,
     deadline: Deadline,
 ) -> Result<ExecResult, ExecError> {
     // Declared first, so it is given back after the store is gone.
     let _slot: SlotPermit = engine.acquire_slot(&deadline, backend)?;
     let controls = RunControls::new(deadline, job.memory_cap);
-    let setup = StoreSetup { args: &job.args, env: &job.env, preopens: &job.preopens, fuel: job.fuel };
+    let setup = StoreSetup {
+        args: &job.args,
+        env: &job.env,
+        preopens: &job.preopens,
+        fuel: job.fuel,
+        tools: job.tools.clone(),
+    };
     let mut store = new_store(engine, compiled.abi, stdin, &stdio, &setup, controls)?;
     let ticker = engine.ticker();
     store.set_epoch_deadline(deadline.remaining().map_or(u64::MAX / 2, |left| ticker.ticks_for(left)));
@@ -141,6 +151,8 @@ pub(crate) struct StoreSetup<'a> {
     pub preopens: &'a [Preopen],
     /// Fuel for the store (`None`: unlimited, if the engine meters at all).
     pub fuel: Option<u64>,
+    /// The tool bridge of the `execbox_tools` import.
+    pub tools: Option<Arc<ToolBridge>>,
 }
 
 /// A store with the WASI context, limiter and fuel of one run. The epoch
@@ -177,6 +189,8 @@ pub(crate) fn new_store(
         limits: MemoryLimits::new(controls.clone(), cfg.max_table_elements),
         controls,
         clock_start,
+        tools: setup.tools.clone(),
+        tool_answer: Vec::new(),
     };
     let mut store = Store::new(engine.engine(), state);
     store.limiter(|s| &mut s.limits);

@@ -18,7 +18,14 @@
 //!   its status record (taken out of stdout by the host);
 //! - a cell that times out, runs out of memory, or ends the interpreter
 //!   ends the session ([`Session::is_alive`] turns false; the registry
-//!   reports it as lost).
+//!   reports it as lost);
+//! - a cell whose policy grants tools gets the `tools` package (see the
+//!   interpreters' module docs): its calls go to the cell's own tool
+//!   bridge (the ledger is the cell's), and while the cell waits for an
+//!   answer it is mid-cell, not done (the host knows an answer is owed or
+//!   unread). The session keeps one `tools` module for all its cells: in a
+//!   cell without a grant `import tools` fails and a module kept in the
+//!   globals gets `not_granted` for every call.
 //!
 //! The host never blocks on the guest: sending a cell is a message on an
 //! unbounded in-memory channel, and the wait for the cell's end is bounded
@@ -40,6 +47,7 @@ use super::quickjs;
 use super::run::Stdio;
 use super::staging::write_staged;
 use super::stdio::MessageSender;
+use super::tool_channel::{ToolChannel, frame_limit, python_header};
 use super::warm::Warm;
 use crate::admission::Admitted;
 use crate::backends::conventions;
@@ -70,7 +78,9 @@ pub struct PythonSession {
     /// The `python-wasm` backend's: what calls are checked against.
     caps: Arc<BackendCapabilities>,
     nonce: String,
-    stdin: MessageSender,
+    stdin: Arc<MessageSender>,
+    /// Takes the cells' tool calls from stdout to each cell's bridge.
+    tools: Arc<ToolChannel>,
     controls: Arc<RunControls>,
     stdio: Stdio,
     work: PathBuf,
@@ -100,11 +110,14 @@ impl PythonSession {
         controls.arm(Deadline::start(Some(OPEN_LIMIT)), ceiling);
         stdio.stdout.reset(Some(0), None, StreamKind::Stdout);
         stdio.stderr.reset(Some(64 << 10), None, StreamKind::Stderr);
+        let tools = ToolChannel::new(&code);
+        stdio.stdout.set_calls(Some(tools.sink()));
         let session = Self {
             engine,
             caps,
             nonce: nonce.clone(),
             stdin: code,
+            tools,
             controls,
             stdio,
             work,
@@ -177,9 +190,12 @@ impl PythonSession {
         let policy = call.policy();
         let tap = request.output_tap.clone();
         let marker = marker(&self.nonce);
+        let bridge = call.tools().cloned();
+        // Every cell's tap takes tool calls: a `tools` module kept from a
+        // cell that had a grant gets `not_granted` in one that has none.
         self.stdio.stdout.reset_with_records(
             policy.max_stdout_bytes,
-            ResultTap::new(marker.clone(), Some(1024)),
+            ResultTap::new(marker.clone(), Some(1024)).with_calls(frame_limit(bridge.as_deref())),
             tap.clone(),
             StreamKind::Stdout,
         );
@@ -192,12 +208,20 @@ impl PythonSession {
         self.controls.arm(deadline, self.engine.memory_cap(policy));
         let _ticking = self.engine.ticker().run_guard();
 
-        let Some(seen) = self.stdin.send(source.as_bytes()) else {
+        let message = match &bridge {
+            Some(bridge) => [python_header(&self.nonce, bridge), source.into_bytes()].concat(),
+            None => source.into_bytes(),
+        };
+        self.tools.begin(bridge);
+        let Some(seen) = self.stdin.send(&message) else {
+            self.tools.end();
             self.alive.store(false, Ordering::SeqCst);
             return Err(self.lost());
         };
+        drop(message);
         let until = deadline.remaining().map(|left| Instant::now() + left + REPORT_GRACE);
-        let finished = self.stdin.wait_past(seen, until, || self.killed.load(Ordering::SeqCst) || self.ended());
+        let finished = self.wait_for_cell(seen, until);
+        self.tools.end();
         if self.killed.load(Ordering::SeqCst) {
             return Ok(killed_result(Self::NAME, &deadline));
         }
@@ -240,6 +264,24 @@ impl PythonSession {
             }
         }
         Ok(result)
+    }
+
+    /// Waits until the guest blocks reading stdin for its next cell (true),
+    /// or until it ends, `until` passes or the session is killed (false). A
+    /// guest that blocks waiting for a tool call's answer is mid-cell: the
+    /// wait goes on.
+    fn wait_for_cell(&self, mut seen: u64, until: Option<Instant>) -> bool {
+        loop {
+            let blocked = self.stdin.wait_past(seen, until, || self.killed.load(Ordering::SeqCst) || self.ended());
+            if !blocked {
+                return false;
+            }
+            let waits = self.stdin.waits();
+            if !self.tools.awaiting_answer(waits) {
+                return true;
+            }
+            seen = waits;
+        }
     }
 
     /// The cell did not finish: the instance ended (timed out, out of

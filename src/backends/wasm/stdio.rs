@@ -6,7 +6,9 @@
 //! drained to `/dev/null` behaves, and `total_bytes` stays exact.
 //!
 //! A pipe may carry a [`ResultTap`] (QuickJS's stdout): the runner's result
-//! records are taken out of the stream before the cap applies.
+//! records are taken out of the stream before the cap applies. With a
+//! [`CallSink`], the tool calls the tap takes out are handed to it as soon
+//! as each is whole, on the guest's thread, outside the pipe's lock.
 
 use parking_lot::{Condvar, Mutex};
 use std::pin::Pin;
@@ -21,11 +23,15 @@ use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
 
 use crate::limits::output::{BoundedBuffer, OutputTap, StreamKind};
-use crate::limits::records::{Records, ResultTap};
+use crate::limits::records::{CallFrame, Records, ResultTap};
 use crate::result::CapturedStream;
 
 /// Largest write the guest is told it may make at once.
 const WRITE_WINDOW: usize = 64 * 1024;
+
+/// Where the tool calls a pipe's tap takes out of the stream go (the
+/// run's tool channel).
+pub(crate) type CallSink = Arc<dyn Fn(CallFrame) + Send + Sync>;
 
 /// One capped output stream; clones share the buffer.
 #[derive(Clone)]
@@ -36,16 +42,24 @@ struct Sink {
     tap: Option<ResultTap>,
     /// What the tap found, once the stream was taken.
     records: Option<Records>,
+    /// Gets the tool calls the tap takes out.
+    calls: Option<CallSink>,
 }
 
 impl CappedPipe {
     pub fn new(cap: Option<u64>) -> Self {
-        Self(Arc::new(Mutex::new(Sink { text: BoundedBuffer::new(cap), tap: None, records: None })))
+        Self(Arc::new(Mutex::new(Sink { text: BoundedBuffer::new(cap), tap: None, records: None, calls: None })))
     }
 
     /// A pipe whose `tap` takes the runner's records out of the stream.
     pub fn tapped(cap: Option<u64>, tap: ResultTap) -> Self {
-        Self(Arc::new(Mutex::new(Sink { text: BoundedBuffer::new(cap), tap: Some(tap), records: None })))
+        Self(Arc::new(Mutex::new(Sink { text: BoundedBuffer::new(cap), tap: Some(tap), records: None, calls: None })))
+    }
+
+    /// Hands the tool calls the tap takes out (a tap made
+    /// [`ResultTap::with_calls`]) to `calls`, from now on.
+    pub fn set_calls(&self, calls: Option<CallSink>) {
+        self.lock().calls = calls;
     }
 
     fn lock(&self) -> parking_lot::MutexGuard<'_, Sink> {
@@ -78,10 +92,24 @@ impl CappedPipe {
     }
 
     fn write(&self, bytes: &[u8]) {
-        let sink = &mut *self.lock();
-        match &mut sink.tap {
-            Some(tap) => tap.feed(bytes, &mut sink.text),
-            None => sink.text.write(bytes),
+        let (calls, sink_calls) = {
+            let sink = &mut *self.lock();
+            match &mut sink.tap {
+                Some(tap) => {
+                    tap.feed(bytes, &mut sink.text);
+                    (tap.take_calls(), sink.calls.clone())
+                }
+                None => {
+                    sink.text.write(bytes);
+                    return;
+                }
+            }
+        };
+        // Outside the lock: answering a call may take other locks.
+        if let Some(sink_calls) = sink_calls {
+            for call in calls {
+                sink_calls(call);
+            }
         }
     }
 
@@ -154,7 +182,7 @@ impl AsyncWrite for CappedPipe {
 
 /// Stdin that delivers framed messages (`<len>\n<bytes>`) as the host
 /// sends them, blocking in between: what a warm interpreter reads its code
-/// from, and a session each cell. Every time the guest blocks for more (it
+/// from, a session each cell, and code that calls tools their answers. Every time the guest blocks for more (it
 /// has read everything sent), the wait counter goes up: the host learns that
 /// a warm instance finished starting, or a session's cell finished.
 ///
@@ -175,6 +203,8 @@ struct Channel {
     inbox: Mutex<Inbox>,
     /// Times the guest blocked for more input.
     waits: AtomicU64,
+    /// Bytes sent that the guest has not read yet.
+    unread: AtomicU64,
     /// Notified (under `inbox`) when `waits` goes up, the stream closes or
     /// the guest ends.
     changed: Condvar,
@@ -199,6 +229,7 @@ impl MessageStdin {
         let channel = Arc::new(Channel {
             inbox: Mutex::new(Inbox { current: Bytes::new(), rx: Some(rx), closed: false, guest_ended: false }),
             waits: AtomicU64::new(0),
+            unread: AtomicU64::new(0),
             changed: Condvar::new(),
             blocked,
         });
@@ -281,8 +312,16 @@ impl MessageSender {
         // Under the inbox lock: a reader cannot count a wait in between.
         let _inbox = self.channel.inbox();
         let waits = self.channel.waits.load(Ordering::SeqCst);
+        let len = framed.len() as u64;
         self.tx.lock().as_ref()?.send(framed).ok()?;
+        self.channel.unread.fetch_add(len, Ordering::SeqCst);
         Some(waits)
+    }
+
+    /// Bytes sent that the guest has not read yet (a guest that calls tools
+    /// and does not read their answers is not answered past a bound).
+    pub fn unread(&self) -> u64 {
+        self.channel.unread.load(Ordering::SeqCst)
     }
 
     /// Ends the stream now: the guest reads end-of-file, also if it is
@@ -346,6 +385,7 @@ impl wasmtime_wasi::p2::InputStream for MessageStdin {
         let mut inbox = self.0.inbox();
         if !inbox.current.is_empty() {
             let take = size.min(inbox.current.len());
+            self.0.unread.fetch_sub(take as u64, Ordering::SeqCst);
             return Ok(inbox.current.split_to(take));
         }
         if inbox.closed { Err(wasmtime_wasi::p2::StreamError::Closed) } else { Ok(Bytes::new()) }

@@ -2,6 +2,12 @@
 //! up to the point where they wait for their code (CPython blocked reading
 //! stdin), so a request pays only for its own code.
 //!
+//! A run's code is one message on the instance's stdin, which is then closed
+//! (a read of it is end-of-file); a run that calls tools instead gets the
+//! tools header before its code and keeps stdin open for the answers until
+//! the run ends or its deadline passes (then it is closed, so a guest
+//! blocked reading it stops, and the run is `timed_out`).
+//!
 //! Each instance serves exactly one request and is never reused: its thread
 //! ends with the run, and a replacement starts as soon as the run has
 //! answered (not during it: on a small machine its start-up would slow the
@@ -35,12 +41,16 @@ use super::guest::{Compiled, Preopen, RunControls};
 use super::run::{self, Stdio, StoreSetup};
 use super::staging::write_staged;
 use super::stdio::{CappedPipe, MessageSender, MessageStdin, WaitSignal};
+use super::tool_channel::{ToolChannel, cut_off_at_deadline, frame_limit, python_header};
 use crate::error::ExecError;
 use crate::limits::deadline::Deadline;
 use crate::limits::deadline::REPORT_GRACE;
+use crate::limits::output::StreamKind;
+use crate::limits::records::{ResultTap, marker};
 use crate::policy::Access;
 use crate::request::ExecRequest;
 use crate::result::{ExecResult, Outcome};
+use crate::tools::ToolBridge;
 
 /// First wait before starting instances again after a failed start (no
 /// temporary directory, no thread, no free slot); doubled per failure in a
@@ -50,8 +60,10 @@ const BACKOFF_MAX: Duration = Duration::from_secs(10);
 
 /// One pre-started instance, waiting for its code.
 pub(crate) struct Warm {
-    /// Its stdin: the code, as one message (a session's loop, then cells).
-    pub code: MessageSender,
+    /// Its stdin: the code, as one message (a session's loop, then cells;
+    /// and the answers of tool calls). Tool channels hold it weakly:
+    /// dropping this (or closing it) ends the stream.
+    pub code: Arc<MessageSender>,
     pub controls: Arc<RunControls>,
     pub stdio: Stdio,
     /// Seen by the guest at `/work` (read-only); the request's files go here.
@@ -67,7 +79,7 @@ impl Warm {
     /// Ends an unused instance: with no code its stdin ends, the program
     /// runs nothing and exits.
     fn retire(self) {
-        drop(self.code);
+        self.code.close();
         drop(self.thread.join());
     }
 }
@@ -173,17 +185,18 @@ impl WarmPool {
     }
 
     /// Runs `code` on a warm instance, with `request`'s limits and files,
-    /// within `deadline`. `None` when no live instance is idle or it cannot
-    /// honour the memory cap: the caller runs a fresh instance (and calls
-    /// [`WarmPool::top_up`] afterwards).
+    /// within `deadline`, its tool calls going to `tools`. `None` when no
+    /// live instance is idle or it cannot honour the memory cap: the caller
+    /// runs a fresh instance (and calls [`WarmPool::top_up`] afterwards).
     pub fn run(
         &self,
         code: &str,
         input_json: Option<&[u8]>,
         request: &ExecRequest,
         deadline: Deadline,
+        tools: Option<&Arc<ToolBridge>>,
     ) -> Option<Result<ExecResult, ExecError>> {
-        self.pool.run(code, input_json, request, deadline)
+        self.pool.run(code, input_json, request, deadline, tools)
     }
 
     /// Starts instances until the pool is full again (see [`Pool::top_up`]).
@@ -257,6 +270,7 @@ impl Pool {
         input_json: Option<&[u8]>,
         request: &ExecRequest,
         deadline: Deadline,
+        tools: Option<&Arc<ToolBridge>>,
     ) -> Option<Result<ExecResult, ExecError>> {
         let warm = loop {
             let warm = lock(&self.idle).pop_front()?;
@@ -285,22 +299,66 @@ impl Pool {
             return Some(Err(e));
         }
         let tap = request.output_tap.clone();
-        warm.stdio.stdout.reset(policy.max_stdout_bytes, tap.clone(), crate::limits::output::StreamKind::Stdout);
-        warm.stdio.stderr.reset(policy.max_stderr_bytes, tap, crate::limits::output::StreamKind::Stderr);
+        let mut message = Vec::with_capacity(code.len());
+        let channel = match tools {
+            // Tool calls leave stdout through the tap; answers come on stdin.
+            Some(bridge) => {
+                let nonce = crate::nonce::hex128();
+                let records = ResultTap::new(marker(&nonce), Some(0)).with_calls(frame_limit(Some(bridge)));
+                warm.stdio.stdout.reset_with_records(policy.max_stdout_bytes, records, tap.clone(), StreamKind::Stdout);
+                let channel = ToolChannel::new(&warm.code);
+                channel.begin(Some(bridge.clone()));
+                warm.stdio.stdout.set_calls(Some(channel.sink()));
+                message = python_header(&nonce, bridge);
+                Some(channel)
+            }
+            None => {
+                warm.stdio.stdout.reset(policy.max_stdout_bytes, tap.clone(), StreamKind::Stdout);
+                None
+            }
+        };
+        warm.stdio.stderr.reset(policy.max_stderr_bytes, tap, StreamKind::Stderr);
+        message.extend_from_slice(code.as_bytes());
         warm.controls.arm(deadline, memory_cap);
         let _ticking = self.engine.ticker().run_guard();
-        if warm.code.send(code.as_bytes()).is_none() {
+        if warm.code.send(&message).is_none() {
             // It ended between the check above and now: run fresh instead.
             self.hand_off(warm.thread, true);
             return None;
         }
-        // The code is all it gets: a read of stdin after it is end-of-file,
-        // never a wait the deadline cannot interrupt.
-        warm.code.close();
-        let result = match deadline.remaining() {
-            Some(left) => warm.done.recv_timeout(left + REPORT_GRACE),
-            None => warm.done.recv().map_err(|_| RecvTimeoutError::Disconnected),
+        drop(message);
+        let result = match (deadline.remaining(), &channel) {
+            // Without tools the code is all it gets: a read of stdin after it
+            // is end-of-file, never a wait the deadline cannot interrupt.
+            (Some(left), None) => {
+                warm.code.close();
+                warm.done.recv_timeout(left + REPORT_GRACE)
+            }
+            // With tools stdin stays open for the answers until the deadline;
+            // then a guest blocked reading it reads end-of-file and stops.
+            (Some(left), Some(_)) => match warm.done.recv_timeout(left) {
+                Err(RecvTimeoutError::Timeout) => {
+                    warm.controls.expire_now();
+                    warm.code.close();
+                    let mut late = warm.done.recv_timeout(REPORT_GRACE);
+                    if let Ok(Ok(result)) = &mut late {
+                        cut_off_at_deadline(result, &deadline);
+                    }
+                    late
+                }
+                answered => answered,
+            },
+            (None, channel) => {
+                if channel.is_none() {
+                    warm.code.close();
+                }
+                warm.done.recv().map_err(|_| RecvTimeoutError::Disconnected)
+            }
         };
+        if let Some(channel) = &channel {
+            channel.end();
+        }
+        warm.code.close();
         self.hand_off(warm.thread, result.is_ok());
         Some(match result {
             Ok(mut result) => {
@@ -450,6 +508,7 @@ impl Pool {
             .map_err(|e| StartError::Failed(format!("no temporary directory: {e}")))?;
         let work_path = work.path().to_path_buf();
         let (stdin, code) = MessageStdin::new(Some(self.started.clone()));
+        let code = Arc::new(code);
         let ended = stdin.end_guard();
         let ceiling = usize::try_from(self.engine.config().max_memory_bytes).unwrap_or(usize::MAX);
         let controls = RunControls::new(Deadline::start(None), ceiling);
@@ -472,7 +531,7 @@ impl Pool {
                 let mut preopens =
                     vec![Preopen { host: work.path().to_path_buf(), guest: "/work".into(), perms: FsPerms::ReadOnly }];
                 preopens.extend(setup.preopens);
-                let setup = StoreSetup { args: &args, env: &setup.env, preopens: &preopens, fuel: None };
+                let setup = StoreSetup { args: &args, env: &setup.env, preopens: &preopens, fuel: None, tools: None };
                 let mut store =
                     match run::new_store(&engine, compiled.abi, stdin, &thread_stdio, &setup, thread_controls) {
                         Ok(store) => store,
