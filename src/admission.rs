@@ -102,7 +102,13 @@ impl Admitted {
         if !unknown.is_empty() {
             return Err(InvalidRequest::UnknownTools { names: unknown }.into());
         }
-        let bridge = ToolBridge::new(registry, grants.to_vec(), self.request.policy.tool_limits.clone(), self.deadline);
+        let bridge = ToolBridge::with_approver(
+            registry,
+            grants.to_vec(),
+            self.request.policy.tool_limits.clone(),
+            self.deadline,
+            self.request.tool_approver.clone(),
+        );
         self.tools = Some(bridge);
         Ok(self)
     }

@@ -99,6 +99,10 @@ pub struct ExecRequest {
     /// wait counts against the deadline (never in JSON). See
     /// [`ExecRequest::deadline_from`].
     pub(crate) deadline_from: Option<std::time::Instant>,
+    /// Decides this run's calls to tools that require approval, in place of
+    /// the registry's approver (never in JSON). `execbox serve` sets one
+    /// that asks its client (MCP elicitation).
+    pub tool_approver: Option<crate::tools::ToolApprover>,
 }
 
 impl ExecRequest {
@@ -118,6 +122,7 @@ impl ExecRequest {
             packages: Vec::new(),
             output_tap: None,
             deadline_from: None,
+            tool_approver: None,
         }
     }
 
@@ -187,6 +192,13 @@ impl ExecRequest {
     /// Declares the packages the code needs (see [`ExecRequest::packages`]).
     pub fn packages<S: Into<String>>(mut self, names: impl IntoIterator<Item = S>) -> Self {
         self.packages.extend(names.into_iter().map(Into::into));
+        self
+    }
+
+    /// Decides this run's tool approvals with `approver` (see
+    /// [`ExecRequest::tool_approver`]).
+    pub fn approve_tools_with(mut self, approver: crate::tools::ToolApprover) -> Self {
+        self.tool_approver = Some(approver);
         self
     }
 
@@ -281,6 +293,7 @@ impl TryFrom<RequestJson> for ExecRequest {
             packages: j.packages,
             output_tap: None,
             deadline_from: None,
+            tool_approver: None,
         })
     }
 }

@@ -668,3 +668,28 @@ fn a_closed_stdout_is_not_a_panic() {
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert_eq!(out.status.code(), Some(0));
 }
+
+/// Code Mode from the command line: `--allow-tool` grants, `--upstreams`
+/// connects. A tool granted with nothing behind it is refused before
+/// anything runs; a bad mcpServers file or a server that cannot start is a
+/// usage error (exit 2), never a run without the tools.
+#[cfg(feature = "upstream")]
+#[test]
+fn tool_flags_refuse_unknown_tools_and_unusable_upstreams() {
+    let out = execbox(&["run", "--allow-tool", "nothing.here", "--code", "return 1", "--json"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("nothing.here"), "{out:?}");
+
+    let dir = tempfile::tempdir().unwrap();
+    for (body, expected) in [
+        ("{\"mcpServers\": {\"a-b\": {\"command\": \"x\"}}}", "identifier"),
+        ("{\"mcpServers\": {\"gone\": {\"command\": \"/nonexistent/server\"}}}", "cannot start"),
+        ("not json", "not an mcpServers document"),
+    ] {
+        let path = dir.path().join("up.json");
+        std::fs::write(&path, body).unwrap();
+        let out = execbox(&["run", "--upstreams", path.to_str().unwrap(), "--code", "return 1", "--json"]);
+        assert_eq!(out.status.code(), Some(2), "{body}: {out:?}");
+        assert!(String::from_utf8_lossy(&out.stdout).contains(expected), "{body}: {out:?}");
+    }
+}

@@ -162,7 +162,7 @@ fn assert_error_ledger(label: &str, ledger: &[ToolCallRecord]) {
     let expected = [
         ("fail.always", Error, Some(Failed)),
         ("slow.sleep", Refused, Some(NotGranted)),
-        ("no.such", Refused, Some(NotFound)),
+        ("math.nope", Refused, Some(NotFound)),
         ("bad.panic", Error, Some(Failed)),
         ("echo.args", Refused, Some(InvalidArguments)),
         ("echo.args", Refused, Some(InvalidArguments)),
@@ -226,7 +226,7 @@ fn python_errors_are_tool_errors_the_code_catches() {
     let code = "\
 import json, tools
 seen = []
-for name, args in [('fail.always', {}), ('slow.sleep', {}), ('no.such', {}), ('bad.panic', {}),
+for name, args in [('fail.always', {}), ('slow.sleep', {}), ('math.nope', {}), ('bad.panic', {}),
                    ('echo.args', {'s': 'x' * 100000}), ('echo.args', {'s': 'x' * 1000000})]:
     try:
         tools.call(name, args)
@@ -243,7 +243,7 @@ print(json.dumps({'seen': seen, 'after': tools.math.add(a=1, b=1)}))";
         let kinds = json!([
             ["fail.always", "failed"],
             ["slow.sleep", "not_granted"],
-            ["no.such", "not_found"],
+            ["math.nope", "not_found"],
             ["bad.panic", "failed"],
             ["echo.args", "invalid_arguments"],
             ["echo.args", "invalid_arguments"],
@@ -536,7 +536,7 @@ fn quickjs_errors_are_tool_errors_the_code_catches() {
     let Some(js) = quickjs(&probe) else { return };
     let code = "\
 const seen = [];
-for (const [name, args] of [['fail.always', {}], ['slow.sleep', {}], ['no.such', {}], ['bad.panic', {}],
+for (const [name, args] of [['fail.always', {}], ['slow.sleep', {}], ['math.nope', {}], ['bad.panic', {}],
                             ['echo.args', {s: 'x'.repeat(100000)}], ['echo.args', {s: 'x'.repeat(1000000)}]]) {
   try { await tools.call(name, args); seen.push('ok'); }
   catch (e) { seen.push([e instanceof ToolError && e instanceof Error, e.tool, e.kind]); }
@@ -547,7 +547,7 @@ return {seen, after: await tools.math.add({a: 1, b: 1})};";
     let seen = json!([
         [true, "fail.always", "failed"],
         [true, "slow.sleep", "not_granted"],
-        [true, "no.such", "not_found"],
+        [true, "math.nope", "not_found"],
         [true, "bad.panic", "failed"],
         [true, "echo.args", "invalid_arguments"],
         [true, "echo.args", "invalid_arguments"],
@@ -651,7 +651,7 @@ fn a_wasm_guest_gets_typed_errors_budgets_and_cut_results() {
     let exec = guest(&probe);
     let kind = |r: &ExecResult| answers(r)[0]["error"]["kind"].as_str().map(str::to_string);
     for (name, expected) in
-        [("fail.always", "failed"), ("slow.sleep", "not_granted"), ("no.such", "not_found"), ("bad.panic", "failed")]
+        [("fail.always", "failed"), ("slow.sleep", "not_granted"), ("math.nope", "not_found"), ("bad.panic", "failed")]
     {
         let r = exec.execute_blocking(call_guest(name, ERROR_GRANTS)).unwrap();
         assert_eq!(kind(&r).as_deref(), Some(expected), "{name}: {r:?}");

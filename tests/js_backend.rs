@@ -536,7 +536,7 @@ mod code_mode {
             let r = carrier.run(
                 "const kinds = [typeof tools.secret];
                  try { await tools.call('secret.read', {}); } catch (e) { kinds.push(e.kind); }
-                 try { await tools.call('no.such', {}); } catch (e) { kinds.push(e.kind); }
+                 try { await tools.call('math.nope', {}); } catch (e) { kinds.push(e.kind); }
                  return kinds",
                 policy(),
             );

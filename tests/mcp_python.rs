@@ -1,8 +1,10 @@
 //! `execbox serve` through the official MCP Python SDK (`mcp` on PyPI), as
 //! agents in Python use it: stdio and streamable HTTP with a bearer token,
-//! streamed output, progress, sessions (tests/mcp_client.py).
+//! streamed output, progress, sessions (tests/mcp_client.py); and Code
+//! Mode against a real upstream server (tests/mcp_code_mode.py).
 //!
-//! Needs `scripts/install-mcp-client.sh`; skips without it unless
+//! Needs `scripts/install-mcp-client.sh` (and
+//! `scripts/install-mcp-upstreams.sh`); skips without them unless
 //! `EXECBOX_REQUIRE_MCP_CLIENT=1` (as in CI), which makes it fail instead.
 #![cfg(all(feature = "serve", feature = "js", feature = "wasm"))]
 
@@ -18,22 +20,38 @@ fn venv_python() -> PathBuf {
     venv.join("bin/python")
 }
 
-#[test]
-fn the_python_sdk_drives_the_server_over_stdio_and_http() {
-    let python = venv_python();
-    if !python.exists() {
-        assert!(
-            std::env::var("EXECBOX_REQUIRE_MCP_CLIENT").is_err(),
-            "EXECBOX_REQUIRE_MCP_CLIENT is set but {} is missing: run scripts/install-mcp-client.sh",
-            python.display()
-        );
-        eprintln!("skipping: no MCP Python SDK (scripts/install-mcp-client.sh)");
-        return;
+/// The reference upstream's entry point (scripts/install-mcp-upstreams.sh).
+fn everything_server() -> PathBuf {
+    let dir = std::env::var_os("EXECBOX_MCP_UPSTREAMS").map(PathBuf::from).unwrap_or_else(|| {
+        let cache = std::env::var_os("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache"));
+        cache.join("execbox/mcp-upstreams")
+    });
+    dir.join("node_modules/@modelcontextprotocol/server-everything/dist/index.js")
+}
+
+/// Whether `needed` exists; without it, skip (or fail when the client is required).
+fn present(needed: &std::path::Path, install: &str) -> bool {
+    if needed.exists() {
+        return true;
     }
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/mcp_client.py");
-    let out = std::process::Command::new(python)
+    assert!(
+        std::env::var("EXECBOX_REQUIRE_MCP_CLIENT").is_err(),
+        "EXECBOX_REQUIRE_MCP_CLIENT is set but {} is missing: run {install}",
+        needed.display()
+    );
+    eprintln!("skipping: {} is missing ({install})", needed.display());
+    false
+}
+
+/// Runs a client script; it prints "ok" last when every check held.
+fn client(script: &str, args: &[&std::ffi::OsStr]) {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests").join(script);
+    let out = std::process::Command::new(venv_python())
         .arg(script)
         .arg(env!("CARGO_BIN_EXE_execbox"))
+        .args(args)
         .env("PYTHONWARNINGS", "ignore")
         .output()
         .unwrap();
@@ -43,4 +61,21 @@ fn the_python_sdk_drives_the_server_over_stdio_and_http() {
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+#[test]
+fn the_python_sdk_drives_the_server_over_stdio_and_http() {
+    if present(&venv_python(), "scripts/install-mcp-client.sh") {
+        client("mcp_client.py", &[]);
+    }
+}
+
+#[test]
+fn code_calls_a_real_upstream_servers_tools_with_approval_by_elicitation() {
+    let everything = everything_server();
+    if present(&venv_python(), "scripts/install-mcp-client.sh")
+        && present(&everything, "scripts/install-mcp-upstreams.sh")
+    {
+        client("mcp_code_mode.py", &[everything.as_os_str()]);
+    }
 }

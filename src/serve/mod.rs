@@ -21,6 +21,7 @@
 //!   than the latest deadline in flight plus the kill grace), then sessions
 //!   are killed and containers and staging directories are removed.
 
+mod approval;
 mod config;
 mod gate;
 mod http;

@@ -272,6 +272,8 @@ impl ExecboxMcp {
         // The wait for a run slot counts against the call's deadline.
         request = request.deadline_from(queued_at);
         let peer = context.peer.clone();
+        // Calls to tools that need approval ask this caller's client.
+        request.tool_approver = super::approval::asking(&peer);
         let level = self.log_level().filter(|l| level_rank(*l) <= level_rank(LoggingLevel::Info));
         let lines = level.map(|_| stream::LineStream::start(peer.clone(), LoggingLevel::Info));
         if let Some(lines) = &lines {

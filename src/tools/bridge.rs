@@ -29,7 +29,7 @@ use sha2::{Digest, Sha256};
 use super::error::{ToolError, ToolErrorKind};
 use super::frame::{ToolCall, ToolResult, cut_to_fit, json_len};
 use super::limits::{ToolLimits, granted};
-use super::registry::{Tool, ToolRegistry, ToolSpec};
+use super::registry::{Approver, Tool, ToolApprover, ToolRegistry, ToolSpec};
 use crate::limits::deadline::Deadline;
 
 /// How a call in the ledger ended.
@@ -81,6 +81,8 @@ const ANSWER_GRACE: Duration = Duration::from_millis(500);
 /// One run's tool dispatcher. See the module docs.
 pub struct ToolBridge {
     registry: ToolRegistry,
+    /// Decides calls that need approval: the run's own, else the registry's.
+    approver: Option<Arc<dyn Approver>>,
     grants: Vec<String>,
     limits: ToolLimits,
     deadline: Deadline,
@@ -120,7 +122,20 @@ pub(crate) fn tool_runtime() -> Option<&'static tokio::runtime::Runtime> {
 impl ToolBridge {
     /// The bridge of one run: `grants` of `registry`, within `limits`, until `deadline`.
     pub fn new(registry: ToolRegistry, grants: Vec<String>, limits: ToolLimits, deadline: Deadline) -> Arc<Self> {
-        Arc::new(Self { registry, grants, limits, deadline, state: Mutex::new(State::default()) })
+        Self::with_approver(registry, grants, limits, deadline, None)
+    }
+
+    /// [`ToolBridge::new`], with `approver` deciding the calls that need
+    /// approval in place of the registry's.
+    pub fn with_approver(
+        registry: ToolRegistry,
+        grants: Vec<String>,
+        limits: ToolLimits,
+        deadline: Deadline,
+        approver: Option<ToolApprover>,
+    ) -> Arc<Self> {
+        let approver = approver.map(|a| a.0).or_else(|| registry.approver().cloned());
+        Arc::new(Self { registry, approver, grants, limits, deadline, state: Mutex::new(State::default()) })
     }
 
     /// The specs of the tools this run may call, sorted by name.
@@ -254,7 +269,7 @@ impl ToolBridge {
         let timeout =
             Duration::from_millis(self.limits.call_timeout_ms).min(self.deadline.remaining().unwrap_or(Duration::MAX));
         let bridge = Arc::clone(self);
-        let approver = self.registry.approver().cloned();
+        let approver = self.approver.clone();
         let max_result = self.limits.max_result_bytes;
         let id = call.id;
         let name = call.name.clone();
@@ -383,12 +398,14 @@ impl ToolBridge {
         if self.deadline.expired() {
             return Err(refuse(ToolErrorKind::Cancelled, "the run's deadline has passed".into()));
         }
-        let tool = self.registry.get(&call.name).ok_or_else(|| {
-            refuse(ToolErrorKind::NotFound, "no such tool (tools.list() names the granted ones)".into())
-        })?;
+        // Grants first: code learns nothing of the tools it may not call,
+        // not even whether they exist.
         if !granted(&self.grants, &call.name) {
             return Err(refuse(ToolErrorKind::NotGranted, "the run's policy does not grant this tool".into()));
         }
+        let tool = self.registry.get(&call.name).ok_or_else(|| {
+            refuse(ToolErrorKind::NotFound, "no such tool (tools.list() names the granted ones)".into())
+        })?;
         Ok(tool.clone())
     }
 
@@ -512,7 +529,9 @@ mod tests {
         assert_eq!((r.ok, r.value), (true, Some(json!(5))));
         let kind = |r: ToolResult| r.error.map(|e| e.kind);
         assert_eq!(kind(b.call_blocking(call(2, "slow.sleep", json!({})))), Some(ToolErrorKind::NotGranted));
-        assert_eq!(kind(b.call_blocking(call(3, "no.such", json!({})))), Some(ToolErrorKind::NotFound));
+        // Not granted comes first: an ungranted name says nothing of whether it exists.
+        assert_eq!(kind(b.call_blocking(call(3, "no.such", json!({})))), Some(ToolErrorKind::NotGranted));
+        assert_eq!(kind(b.call_blocking(call(3, "math.nope", json!({})))), Some(ToolErrorKind::NotFound));
         assert_eq!(kind(b.call_blocking(call(4, "math.add", json!([1])))), Some(ToolErrorKind::InvalidArguments));
         assert_eq!(kind(b.call_blocking(call(5, "bad.panic", json!({})))), Some(ToolErrorKind::Failed));
         assert_eq!(kind(b.call_blocking(call(6, "fail.always", json!({})))), Some(ToolErrorKind::Failed));
@@ -528,8 +547,8 @@ mod tests {
         assert_eq!(dropped, 0);
         let outcomes: Vec<ToolCallOutcome> = ledger.iter().map(|r| r.outcome).collect();
         use ToolCallOutcome::*;
-        assert_eq!(outcomes, [Ok, Refused, Refused, Refused, Error, Error, Ok, Refused, Ok, Refused]);
-        assert!(ledger[6].truncated);
+        assert_eq!(outcomes, [Ok, Refused, Refused, Refused, Refused, Error, Error, Ok, Refused, Ok, Refused]);
+        assert!(ledger[7].truncated);
         assert_eq!(ledger[0].args_sha256.len(), 64);
     }
 

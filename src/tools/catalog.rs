@@ -180,7 +180,7 @@ fn ts_named(name: &str, schema: &Value, depth: usize) -> String {
                     format!("{}{optional}: {}", ts_key(k), ts_type(v, depth + 1))
                 })
                 .collect();
-            format!("{{ {} }}", fields.join("; "))
+            if fields.is_empty() { "{}".into() } else { format!("{{ {} }}", fields.join("; ")) }
         }
         _ => "unknown".into(),
     }

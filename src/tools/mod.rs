@@ -26,8 +26,8 @@ pub use error::{ToolError, ToolErrorKind};
 pub(crate) use limits::grants_outside;
 pub use limits::{ToolLimits, granted};
 pub use registry::{
-    Approver, RegistryError, Tool, ToolAnnotations, ToolFuture, ToolHandler, ToolRegistry, ToolRegistryBuilder,
-    ToolSpec,
+    Approver, RegistryError, Tool, ToolAnnotations, ToolApprover, ToolFuture, ToolHandler, ToolRegistry,
+    ToolRegistryBuilder, ToolSpec,
 };
 #[cfg(feature = "upstream")]
-pub use upstream::{UpstreamConfig, UpstreamError, Upstreams, UpstreamsConfig};
+pub use upstream::{RequireApproval, UpstreamConfig, UpstreamError, Upstreams, UpstreamsConfig};

@@ -154,6 +154,32 @@ where
     }
 }
 
+/// A shared [`Approver`] a request carries
+/// ([`ExecRequest::tool_approver`](crate::request::ExecRequest::tool_approver)):
+/// it decides that run's calls in place of the registry's approver (a
+/// server asks the person behind the call that asked for the run).
+#[derive(Clone)]
+pub struct ToolApprover(pub(crate) Arc<dyn Approver>);
+
+impl ToolApprover {
+    /// Wraps `approver`.
+    pub fn new(approver: impl Approver) -> Self {
+        Self(Arc::new(approver))
+    }
+}
+
+impl std::fmt::Debug for ToolApprover {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ToolApprover")
+    }
+}
+
+impl PartialEq for ToolApprover {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
 /// Why a tool could not be registered.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

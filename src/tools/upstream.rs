@@ -7,7 +7,8 @@
 //! ```json
 //! {"mcpServers": {
 //!   "memory": {"command": "npx", "args": ["-y", "@modelcontextprotocol/server-memory"], "env": {"K": "v"}},
-//!   "search": {"url": "http://127.0.0.1:9000/mcp", "headers": {"X-Team": "a"}, "bearerTokenFile": "/run/secrets/t"}
+//!   "search": {"url": "http://127.0.0.1:9000/mcp", "headers": {"X-Team": "a"}, "bearerTokenFile": "/run/secrets/t",
+//!              "requireApproval": ["delete_index"]}
 //! }}
 //! ```
 //!
@@ -22,6 +23,11 @@
 //!   `notifications/cancelled`.
 //! - **A server that dies or hangs** gives typed tool errors
 //!   (`unavailable`, `timed_out`), never a hung run.
+//! - **Approval** (`requireApproval`: `true`, or a list of the server's
+//!   tool names): each call first goes to the run's approver
+//!   ([`ExecRequest::tool_approver`](crate::request::ExecRequest::tool_approver),
+//!   which `execbox serve` sets to ask its client), else the registry's;
+//!   with neither it is `denied`.
 //! - HTTP upstreams are plain `http://` (no TLS stack is compiled in): use
 //!   them on loopback or a trusted network.
 
@@ -62,6 +68,9 @@ pub enum UpstreamConfig {
         /// Its environment, besides `PATH` and `HOME`.
         #[serde(default)]
         env: BTreeMap<String, String>,
+        /// Which of its tools need the host's approval per call.
+        #[serde(default, rename = "requireApproval")]
+        require_approval: RequireApproval,
     },
     /// A server at a streamable-HTTP URL.
     Http {
@@ -73,7 +82,48 @@ pub enum UpstreamConfig {
         /// A file holding a bearer token (sent as `Authorization: Bearer`).
         #[serde(default, rename = "bearerTokenFile")]
         bearer_token_file: Option<PathBuf>,
+        /// Which of its tools need the host's approval per call.
+        #[serde(default, rename = "requireApproval")]
+        require_approval: RequireApproval,
     },
+}
+
+/// Which of a server's tools need approval before each call
+/// ([`ToolAnnotations::requires_approval`]): `true` (all), `false` (none,
+/// the default) or a list of the server's own tool names.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum RequireApproval {
+    /// All of them, or none.
+    All(bool),
+    /// These (unprefixed) names.
+    Tools(Vec<String>),
+}
+
+impl Default for RequireApproval {
+    fn default() -> Self {
+        RequireApproval::All(false)
+    }
+}
+
+impl RequireApproval {
+    /// Whether the server's tool `name` needs approval.
+    fn covers(&self, name: &str) -> bool {
+        match self {
+            RequireApproval::All(all) => *all,
+            RequireApproval::Tools(names) => names.iter().any(|n| n == name),
+        }
+    }
+}
+
+impl UpstreamConfig {
+    fn require_approval(&self) -> &RequireApproval {
+        match self {
+            UpstreamConfig::Stdio { require_approval, .. } | UpstreamConfig::Http { require_approval, .. } => {
+                require_approval
+            }
+        }
+    }
 }
 
 /// Why an upstream could not be used.
@@ -183,7 +233,7 @@ async fn connect_one(
     server: &UpstreamConfig,
 ) -> Result<(RunningService<RoleClient, ()>, Vec<Tool>), String> {
     let service = match server {
-        UpstreamConfig::Stdio { command, args, env } => {
+        UpstreamConfig::Stdio { command, args, env, .. } => {
             let mut cmd = tokio::process::Command::new(command);
             cmd.args(args).env_clear();
             for keep in ["PATH", "HOME"] {
@@ -191,12 +241,17 @@ async fn connect_one(
                     cmd.env(keep, value);
                 }
             }
-            cmd.envs(env).kill_on_drop(true).stderr(std::process::Stdio::null());
-            let transport =
-                rmcp::transport::TokioChildProcess::new(cmd).map_err(|e| format!("cannot start {command}: {e}"))?;
+            cmd.envs(env).kill_on_drop(true);
+            let (transport, stderr) = rmcp::transport::TokioChildProcess::builder(cmd)
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .map_err(|e| format!("cannot start {command}: {e}"))?;
+            if let Some(stderr) = stderr {
+                tokio::spawn(log_stderr(name.to_string(), stderr));
+            }
             ().serve(transport).await.map_err(|e| format!("MCP handshake failed: {e}"))?
         }
-        UpstreamConfig::Http { url, headers, bearer_token_file } => {
+        UpstreamConfig::Http { url, headers, bearer_token_file, .. } => {
             use rmcp::transport::StreamableHttpClientTransport;
             use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
             let mut config = StreamableHttpClientTransportConfig::with_uri(url.as_str());
@@ -226,7 +281,8 @@ async fn connect_one(
             .annotations(
                 ToolAnnotations::default()
                     .read_only(annotations.and_then(|a| a.read_only_hint).unwrap_or(false))
-                    .destructive(annotations.and_then(|a| a.destructive_hint).unwrap_or(false)),
+                    .destructive(annotations.and_then(|a| a.destructive_hint).unwrap_or(false))
+                    .requires_approval(server.require_approval().covers(&tool.name)),
             );
         let spec = match &tool.output_schema {
             Some(schema) => spec.output_schema(Value::Object((**schema).clone())),
@@ -257,6 +313,17 @@ async fn connect_one(
         tools.push(Tool { spec: Arc::new(spec), handler: Arc::new(handler) });
     }
     Ok((service, tools))
+}
+
+/// A stdio server's stderr, as debug events of the log (never on
+/// execbox's own stderr, which may be a client's channel).
+async fn log_stderr(server: String, mut stderr: tokio::process::ChildStderr) {
+    use tokio::io::AsyncReadExt;
+    let mut chunk = vec![0u8; 4096];
+    while let Ok(n @ 1..) = stderr.read(&mut chunk).await {
+        let text = String::from_utf8_lossy(&chunk[..n]);
+        tracing::debug!(upstream = %server, stderr = %text.trim_end(), "upstream stderr");
+    }
 }
 
 /// A call's result as a JSON value: its structured content if any, else

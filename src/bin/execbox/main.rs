@@ -86,6 +86,46 @@ pub(crate) struct ServeArgs {
     pub(crate) log_format: LogFormat,
     #[command(flatten)]
     pub(crate) backends: BackendFlags,
+    #[command(flatten)]
+    pub(crate) tools: ToolFlags,
+}
+
+/// Code Mode: the tools code may call (`run` and `serve`).
+#[derive(clap::Args, Clone, Default)]
+pub(crate) struct ToolFlags {
+    /// Connect the upstream MCP servers of this `mcpServers` document (the shape MCP clients use);
+    /// their tools are named SERVER.TOOL. Granted with --allow-tools.
+    #[cfg(feature = "upstream")]
+    #[arg(long, value_name = "FILE")]
+    pub(crate) upstreams: Option<PathBuf>,
+    /// Let code call these tools: a name (server.tool), `server.*` or `*` (repeatable; adds to the
+    /// policy's tool grants).
+    #[arg(long = "allow-tool", value_name = "PATTERN")]
+    pub(crate) allow_tools: Vec<String>,
+}
+
+impl ToolFlags {
+    /// Adds the grants to `policy`'s.
+    pub(crate) fn grant(&self, policy: &mut execbox::SandboxPolicy) {
+        if self.allow_tools.is_empty() {
+            return;
+        }
+        let mut grants = policy.tool_grants().map(<[String]>::to_vec).unwrap_or_default();
+        grants.extend(self.allow_tools.iter().filter(|g| !grants.contains(g)).cloned().collect::<Vec<_>>());
+        policy.tools = execbox::Access::Allow(grants);
+    }
+
+    /// The `mcpServers` document, if one was named.
+    #[cfg(feature = "upstream")]
+    pub(crate) fn upstreams(&self) -> Result<Option<execbox::tools::UpstreamsConfig>, String> {
+        let Some(path) = &self.upstreams else { return Ok(None) };
+        let bytes =
+            read(path, 1 << 20, "execbox's limit for an mcpServers file").map_err(|e| format!("--upstreams: {e}"))?;
+        let text = String::from_utf8(bytes).map_err(|_| format!("--upstreams {}: not UTF-8", path.display()))?;
+        execbox::tools::UpstreamsConfig::from_json(&text)
+            .map(Some)
+            .map_err(|e| format!("--upstreams {}: {e}", path.display()))
+    }
 }
 
 /// What every command configures about the backends (one
@@ -166,6 +206,8 @@ pub(crate) struct RunArgs {
     pub(crate) output_dir: Option<PathBuf>,
     #[command(flatten)]
     pub(crate) backends: BackendFlags,
+    #[command(flatten)]
+    pub(crate) tools: ToolFlags,
     /// A package the code needs (repeatable; Python: numpy, pandas, matplotlib, scipy on the
     /// container's data image). Only a backend that provides every one is chosen.
     #[arg(long = "package", value_name = "NAME")]

@@ -60,8 +60,17 @@ pub(crate) fn run(args: RunArgs) -> ExitCode {
     };
     // One run per process: one JS worker (starting now, while the rest is
     // built), no warm Python pool (it would only cost start-ups at exit).
+    // Upstream servers connect before the run (within 30 s each) and stay
+    // up until this process exits; a server that fails is an error here.
+    #[cfg(feature = "upstream")]
+    let (tools, _upstreams) = match connect_upstreams(&args.tools) {
+        Ok(tools) => tools,
+        Err(reason) => return invalid("--upstreams", reason),
+    };
+    #[cfg(not(feature = "upstream"))]
+    let tools = execbox::tools::ToolRegistry::default();
     let exec = match Executor::builder().default_backends(&args.backends.config(1, 0)) {
-        Ok(builder) => builder.build(),
+        Ok(builder) => builder.tools(tools).build(),
         Err(err) => return render::refuse_config(as_json, &err),
     };
     if let Err(e) = exit_on_signals(exec.downgrade()) {
@@ -104,6 +113,20 @@ pub(crate) fn run(args: RunArgs) -> ExitCode {
         }
         Err(err) => render::refuse(as_json, &err),
     }
+}
+
+/// The upstream servers `--upstreams` names, connected, and their tools.
+#[cfg(feature = "upstream")]
+fn connect_upstreams(
+    flags: &crate::ToolFlags,
+) -> Result<(execbox::tools::ToolRegistry, Option<execbox::tools::Upstreams>), String> {
+    let Some(config) = flags.upstreams()? else { return Ok((Default::default(), None)) };
+    let (upstreams, errors) = execbox::tools::Upstreams::connect(&config);
+    if let Some(error) = errors.first() {
+        return Err(error.to_string());
+    }
+    let tools = upstreams.registry().map_err(|e| e.to_string())?;
+    Ok((tools, Some(upstreams)))
 }
 
 /// The request the command line describes; `Err((argument, reason))`.
@@ -173,6 +196,7 @@ fn build_request(args: RunArgs) -> Result<ExecRequest, (String, String)> {
         }
         policy = policy.filesystem(Access::Allow(grants));
     }
+    args.tools.grant(&mut policy);
     request = request.policy(policy);
     for arg in args.args {
         request = request.arg(arg);

@@ -39,6 +39,7 @@ pub(crate) fn serve(args: ServeArgs) -> ExitCode {
         names.extend(env.keys().filter(|n| !names.contains(n)).cloned().collect::<Vec<_>>());
         policy.environment = Access::Allow(names);
     }
+    args.tools.grant(&mut policy);
     let token = match &args.token_file {
         Some(path) => match read(path, 4096, "execbox's limit for a token file").map(String::from_utf8) {
             Ok(Ok(text)) if !text.trim().is_empty() => Some(text.trim().to_string()),
@@ -68,6 +69,12 @@ pub(crate) fn serve(args: ServeArgs) -> ExitCode {
         .max_queued(args.max_queued)
         .sessions(sessions)
         .backends(args.backends.config(args.js_idle_workers, args.python_warm_pool));
+    #[cfg(feature = "upstream")]
+    match args.tools.upstreams() {
+        Ok(Some(upstreams)) => cfg.upstreams = upstreams,
+        Ok(None) => {}
+        Err(e) => return fail(e),
+    }
     if let Some(n) = args.max_concurrent {
         cfg.max_concurrent = n.max(1);
     }

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# A reference upstream MCP server for the Code Mode tests of `execbox serve`
+# and `execbox run --upstreams` (tests/mcp_python.rs): the MCP project's
+# "everything" server from npm, pinned, under the cache dir. Idempotent.
+#   EXECBOX_MCP_UPSTREAMS (default ~/.cache/execbox/mcp-upstreams)
+set -euo pipefail
+version="2026.8.31"
+dir="${EXECBOX_MCP_UPSTREAMS:-${XDG_CACHE_HOME:-$HOME/.cache}/execbox/mcp-upstreams}"
+entry="$dir/node_modules/@modelcontextprotocol/server-everything/dist/index.js"
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  echo "mcp upstreams: installing nodejs and npm (Debian)"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
+fi
+installed() {
+  [ -f "$entry" ] && node -e "process.exit(require('$dir/node_modules/@modelcontextprotocol/server-everything/package.json').version === '$version' ? 0 : 1)"
+}
+if installed; then
+  echo "mcp upstreams: $dir has server-everything $version"
+  exit 0
+fi
+mkdir -p "$dir"
+[ -f "$dir/package.json" ] || echo '{"name": "execbox-mcp-upstreams", "private": true}' > "$dir/package.json"
+npm install --prefix "$dir" --no-audit --no-fund --silent "@modelcontextprotocol/server-everything@$version"
+installed || { echo "mcp upstreams: server-everything $version did not install" >&2; exit 1; }
+echo "mcp upstreams: installed server-everything $version in $dir"
