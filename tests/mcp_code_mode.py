@@ -5,20 +5,27 @@ Run by tests/mcp_python.rs:  python mcp_code_mode.py EXECBOX_BINARY EVERYTHING_E
 Checks: the catalog in run_code's description; JS and Python code calling
 upstream tools; the ledger in the result; approval by elicitation (accept,
 decline); the upstream's environment is its own (not the server's); a run
-that ends mid-call; an upstream that cannot start is reported, not fatal.
+that ends mid-call, its call cancelled upstream; a streamable-HTTP upstream
+with a bearer token from a file, which never reaches the sandbox; an
+upstream that cannot start is reported, not fatal.
 Prints "ok" at the end; any failed check raises.
 """
 
 import asyncio
 import json
 import os
+import socket
+import subprocess
 import sys
 import tempfile
+import time
 
 from mcp import ClientSession, StdioServerParameters, types
 from mcp.client.stdio import stdio_client
 
 EXECBOX, EVERYTHING = sys.argv[1], sys.argv[2]
+PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mcp_upstream_probe.py")
+TOKEN = "upstream-token-7f3a9c"  # must never reach the sandbox
 
 
 def check(condition, what):
@@ -41,25 +48,80 @@ async def run(session, language, code, **extra):
     return r, r.structured_content
 
 
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 async def main():
+    work = tempfile.mkdtemp()
+    token_file, marker = os.path.join(work, "token"), os.path.join(work, "cancelled")
+    with open(token_file, "w") as f:
+        f.write(TOKEN + "\n")
+    port = free_port()
+    http_probe = subprocess.Popen([sys.executable, PROBE, "http", str(port), token_file, marker])
     config = {"mcpServers": {
         "everything": {"command": "node", "args": [EVERYTHING, "stdio"], "requireApproval": ["get-env"]},
+        "probe": {"command": sys.executable, "args": [PROBE, "stdio", marker], "env": {"PROBE_ONLY": "1"}},
+        "probehttp": {"url": f"http://127.0.0.1:{port}/mcp", "bearerTokenFile": token_file},
         "broken": {"command": "/nonexistent/mcp-server"},
     }}
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+    path = os.path.join(work, "upstreams.json")
+    with open(path, "w") as f:
         json.dump(config, f)
-        path = f.name
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            await asyncio.sleep(0.1)
     env = dict(os.environ, EXECBOX_TEST_SECRET="must-not-reach-upstreams")
-    params = StdioServerParameters(
-        command=EXECBOX, args=["serve", "--upstreams", path, "--allow-tool", "everything.*"], env=env)
+    grants = ["--allow-tool", "everything.*", "--allow-tool", "probe.*", "--allow-tool", "probehttp.*"]
+    params = StdioServerParameters(command=EXECBOX, args=["serve", "--upstreams", path, *grants], env=env)
     try:
         async with stdio_client(params) as (read, write):
             async with ClientSession(read, write, elicitation_callback=on_elicit) as session:
                 await session.initialize()
                 await exercise(session)
+                await probe(session, marker)
     finally:
-        os.unlink(path)
+        http_probe.terminate()
+        http_probe.wait(10)
     print("ok")
+
+
+async def probe(session, marker):
+    # A run that ends mid-call cancels the call upstream (notifications/cancelled).
+    r, s = await run(session, "javascript", "await tools.probe.hang({seconds: 60})", timeout_ms=1000)
+    check(s["outcome"] == "timed_out" and s["tool_calls"][0]["outcome"] == "unknown", f"hang {s}")
+    deadline = time.monotonic() + 10
+    while not (os.path.exists(marker) and "cancelled" in open(marker).read()) and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    check(os.path.exists(marker), "the upstream call was not cancelled when the run ended")
+
+    # A stdio upstream gets its configured environment, not the server's.
+    r, s = await run(session, "javascript", "return await tools.probe.whoami({})")
+    check(not r.is_error and "PROBE_ONLY" in s["output"]["env"], f"probe env {s}")
+    check("EXECBOX_TEST_SECRET" not in s["output"]["env"], f"the server's environment reached an upstream {s}")
+
+    # Streamable HTTP with a bearer token from a file: it reaches the upstream...
+    r, s = await run(session, "javascript", "return await tools.probehttp.whoami({})")
+    check(not r.is_error and s["output"]["authorized"] is True, f"http upstream {s}")
+
+    # ...and never the sandbox, whatever the code looks at.
+    r, s = await run(session, "javascript",
+                     "const seen = [];\n"
+                     "for (const k of Object.getOwnPropertyNames(globalThis)) { try { seen.push(k + '=' + String(globalThis[k])); } catch (e) {} }\n"
+                     "seen.push(JSON.stringify(await tools.describe('probehttp.whoami')));\n"
+                     "seen.push(JSON.stringify(await tools.list()));\n"
+                     "return seen.join('\\n')")
+    check(not r.is_error and TOKEN not in json.dumps(s), f"js saw the token {s}")
+    r, s = await run(session, "python",
+                     "import os, json, sys, tools\n"
+                     "print(json.dumps([dict(os.environ), sys.argv, tools.list(), tools.describe('probehttp.whoami')]))")
+    check(not r.is_error and TOKEN not in json.dumps(s), f"python saw the token {s}")
 
 
 async def exercise(session):
