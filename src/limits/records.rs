@@ -121,12 +121,14 @@ impl ResultTap {
 
     /// Also takes tool calls (`T` records) out of the stream, keeping
     /// frames of at most `cap` bytes whole (see [`ResultTap::take_calls`]).
+    #[cfg_attr(not(feature = "wasm"), allow(dead_code))]
     pub fn with_calls(mut self, cap: u64) -> Self {
         self.call_cap = Some(cap);
         self
     }
 
     /// The tool calls read whole since the last call, in order.
+    #[cfg_attr(not(feature = "wasm"), allow(dead_code))]
     pub fn take_calls(&mut self) -> Vec<CallFrame> {
         std::mem::take(&mut self.calls)
     }

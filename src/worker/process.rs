@@ -454,9 +454,9 @@ fn lock_in_child(host: u32, stack_bytes: u64) -> io::Result<()> {
     // marked now, so exec closes it. Marked, not closed: std reports a failed
     // exec through a close-on-exec pipe of its own, which must stay open
     // until then.
+    const CLOSE_RANGE_CLOEXEC: u32 = 1 << 2;
     // SAFETY: close_range takes integers only; failure (kernels before 5.11)
     // is harmless because the seccomp filter forbids using any other fd.
-    const CLOSE_RANGE_CLOEXEC: u32 = 1 << 2;
     unsafe {
         libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, CLOSE_RANGE_CLOEXEC);
     }

@@ -411,6 +411,7 @@ mod tests {
         std::fs::write(root.path().join("ok"), "12345").unwrap();
         std::os::unix::fs::symlink("/etc/hostname", root.path().join("link")).unwrap();
         let fifo = std::ffi::CString::new(root.path().join("fifo").to_str().unwrap()).unwrap();
+        // SAFETY: `fifo` is a NUL-terminated path that outlives the call.
         assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
         let dir = open_ambient(root.path()).unwrap();
         assert_eq!(read_regular(&dir, "ok".as_ref(), 5).ok(), Some(b"12345".to_vec()));
