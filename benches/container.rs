@@ -1,6 +1,7 @@
 //! Container latency: Python `print(1+1)` through execbox vs the identical
-//! `docker run` argv spawned directly (execbox's own overhead), and the Rust
-//! pipeline cached vs compiling.
+//! `docker run` argv spawned directly (execbox's own overhead), Code Mode
+//! (one and 100 calls of a no-op tool from Python), and the Rust pipeline
+//! cached vs compiling.
 //!
 //! `cargo bench --bench container`. Skipped, with a message, when no engine
 //! answers or the images are missing (`scripts/build-images.sh`).
@@ -14,8 +15,9 @@ use std::time::Duration;
 use criterion::{Criterion, criterion_group, criterion_main};
 use execbox::Executor;
 use execbox::backends::Container;
+use execbox::tools::{ToolLimits, ToolRegistry, ToolSpec};
 use execbox::{Backend, ExecRequest, Language, SandboxPolicy};
-use serde_json::json;
+use serde_json::{Value, json};
 
 const RUST_TRANSFORM: &str = "\
 use serde_json::{json, Value};
@@ -70,6 +72,30 @@ fn bench(c: &mut Criterion) {
             let out = child.wait_with_output().unwrap();
             assert_eq!(out.stdout, b"2\n", "{}", String::from_utf8_lossy(&out.stderr));
         })
+    });
+
+    // Code Mode: a no-op Rust tool called from Python in a container, over
+    // the run's tool socket (the container's start dominates one call).
+    let noop = ToolRegistry::builder()
+        .tool(ToolSpec::new("bench.noop"), |_: Value| async { Ok(Value::Null) })
+        .build()
+        .expect("a valid registry");
+    let with_tools = Executor::builder().backend(container.clone()).tools(noop).build();
+    let tool_request = |code: &str| {
+        let policy = SandboxPolicy::strict().tools(["bench.*"]).tool_limits(ToolLimits::default().max_calls(100));
+        ExecRequest::source(Language::Python, code).policy(policy)
+    };
+    const ONE_CALL: &str = "import tools\nprint(tools.bench.noop())";
+    const HUNDRED_CALLS: &str = "import tools\nfor i in range(100):\n    tools.bench.noop(i=i)\nprint(100)";
+    let first = with_tools.execute_blocking(tool_request(ONE_CALL)).expect("runs");
+    assert_eq!((first.stdout.text().as_ref(), first.tool_calls.len()), ("None\n", 1), "{first:?}");
+    let hundred = with_tools.execute_blocking(tool_request(HUNDRED_CALLS)).expect("runs");
+    assert_eq!((hundred.output, hundred.tool_calls.len()), (Some(json!(100)), 100));
+    g.bench_function("tool_container_one_call", |b| {
+        b.iter(|| black_box(with_tools.execute_blocking(tool_request(ONE_CALL)).expect("runs")))
+    });
+    g.bench_function("tool_container_100_sequential_calls", |b| {
+        b.iter(|| black_box(with_tools.execute_blocking(tool_request(HUNDRED_CALLS)).expect("runs")))
     });
 
     let rust = |code: &str| {

@@ -370,12 +370,13 @@ print(json.dumps({'found': found, 'stdin': os.read(0, 10).decode()}))";
 fn python_forged_records_make_only_granted_calls_and_other_nonces_stay_text() {
     let probe = Arc::new(Probe::default());
     let Some(py) = Pythons::new(&probe) else { return };
-    // The code digs its own run's marker out of the tools module and forges
-    // a call record: it is an ordinary call, refused as not granted. A
-    // record with another nonce is just output.
+    // The code digs its own run's marker out of the tools module (its
+    // calls' `exchange`) and forges a call record: it is an ordinary call,
+    // refused as not granted. A record with another nonce is just output.
     let code = "\
 import json, os, tools
 cells = [c.cell_contents for c in tools.call.__closure__]
+cells += [c.cell_contents for f in cells if getattr(f, '__name__', '') == 'exchange' for c in f.__closure__]
 marker = [c for c in cells if isinstance(c, bytes)][0]
 read = [c for c in cells if callable(c) and getattr(c, '__name__', '') == 'read_message'][0]
 frame = json.dumps({'tool_call': {'id': 99, 'name': 'slow.sleep', 'args': {}}}).encode()

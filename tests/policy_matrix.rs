@@ -441,6 +441,22 @@ mod container_routing {
         assert_eq!(exec.backends().last().unwrap().name(), "container", "the high-cost backend is tried last");
     }
 
+    /// The container carries the tool bridge: a shell or Rust request that
+    /// grants tools (which no other backend runs) now matches it.
+    #[test]
+    fn requests_granting_tools_match_the_container_in_every_language() {
+        let exec = Executor::with_default_backends();
+        let container = exec.backends().find(|b| b.name() == "container").expect("the container backend");
+        let tools = &container.capabilities().tools;
+        assert!(matches!(tools.allow_list, Enforcement::Enforced { .. }), "{tools:?}");
+        assert!(tools.deny.holds());
+        for language in [Language::Python, Language::Shell, Language::Rust] {
+            let request =
+                ExecRequest::source(language, "x").policy(SandboxPolicy::strict().tools(["math.*", "files.read"]));
+            assert_eq!(execbox::check(container.capabilities(), &request), Ok(()), "{language}");
+        }
+    }
+
     #[test]
     fn containers_refuse_what_they_cannot_enforce_with_every_control_named() {
         let exec = Executor::with_default_backends();

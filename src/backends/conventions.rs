@@ -97,31 +97,30 @@ def read_message(_read=__import__('os').read):
     };
 }
 
-/// Code Mode for CPython-in-wasm: `_execbox_take_tools(source,
-/// read_message)` takes any `tools` module of an earlier cell out of
-/// `sys.modules`, and when `source` starts with the tools header
-/// `\0tools:{"nonce", "names"}\n` takes the header off and installs the
-/// `tools` package for the granted `names` (`sys.modules['tools']` and a
-/// submodule `tools.<namespace>` per namespace), with `sys.stdin` emptied
-/// (fd 0 carries the answers). A session keeps one `tools` module object
-/// and one `ToolError` class for all its cells (a cell's namespaces replace
-/// the last ones), so a module bound in the globals stays current; in a
-/// cell without a grant its calls are answered `not_granted`.
+/// Code Mode for Python, whatever carries the calls (CPython-in-wasm's
+/// stdio, a container's Unix socket): `_execbox_take_tools(source, connect)`
+/// takes any `tools` module of an earlier cell out of `sys.modules`, and
+/// when `source` starts with the tools header `\0tools:{"nonce", "names"}\n`
+/// takes the header off and installs the `tools` package for the granted
+/// `names` (`sys.modules['tools']` and a submodule `tools.<namespace>` per
+/// namespace), with `sys.stdin` emptied. `connect(header)` gives the
+/// carrier's `exchange(id, frame)`: it sends one call frame (`{"tool_call":
+/// {"id", "name", "args"}}`, UTF-8 JSON, id and name before the arguments)
+/// and returns that call's `tool_result` object, or `None` when no answer
+/// can come (the run is over). See `python_stdio_def!` and
+/// `python_socket_def!` for the two carriers.
 ///
-/// A call writes the record `\0execbox:<nonce>:T<len>:{"tool_call": {"id",
-/// "name", "args"}}\n` to fd 1 (the host's stdout tap takes it out) and
-/// reads answers from fd 0 (framed messages, a NUL then `{"tool_result":
-/// ...}`) until the one with its id; see `src/backends/wasm/tool_channel.rs`.
-/// `os.write` and the message reader are bound when the functions are
-/// defined, so code that replaces them does not change how calls travel.
-#[cfg(feature = "wasm")]
+/// A session keeps one `tools` module object and one `ToolError` class for
+/// all its cells (a cell's namespaces replace the last ones), so a module
+/// bound in the globals stays current; in a cell without a grant its calls
+/// are answered `not_granted`. Call ids come from one counter per process.
+#[cfg(any(feature = "wasm", feature = "container"))]
 macro_rules! python_tools_def {
     () => {
         "\
-def _execbox_tools(nonce, names, read_message, _write=__import__('os').write, _kept={}):
-    import json, sys
-    dumps, loads, module = json.dumps, json.loads, type(sys)
-    marker = ('\\0execbox:' + nonce + ':').encode()
+def _execbox_tools(names, exchange, _kept={}):
+    import itertools, json, sys
+    dumps, module = json.dumps, type(sys)
     if not _kept:
         class ToolError(Exception):
             '''A tool call that produced no value: .tool, .kind ('not_granted', 'failed', 'timed_out', ...), .message.'''
@@ -132,31 +131,23 @@ def _execbox_tools(nonce, names, read_message, _write=__import__('os').write, _k
         tools = module('tools', 'The host tools this run may call: tools.<namespace>.<tool>(**args), '
                        'tools.call(name, args), tools.list(), tools.describe(name); failures raise tools.ToolError.')
         tools.__path__ = []
-        _kept.update(ToolError=ToolError, tools=tools, last=[0])
-    ToolError, tools, last = _kept['ToolError'], _kept['tools'], _kept['last']
+        _kept.update(ToolError=ToolError, tools=tools, ids=itertools.count(1))
+    ToolError, tools, ids = _kept['ToolError'], _kept['tools'], _kept['ids']
     def call(name, args=None):
         '''Calls the tool `name` ('namespace.tool') with `args` (a dict); returns its value or raises tools.ToolError.'''
         if not isinstance(name, str):
             raise ToolError(repr(name), 'not_found', 'a tool name is a string')
         if args is None:
             args = {}
-        last[0] += 1
-        id = last[0]
+        id = next(ids)
         try:
             frame = dumps({'tool_call': {'id': id, 'name': name, 'args': args}}, ensure_ascii=False,
                           allow_nan=False, separators=(',', ':')).encode()
         except (TypeError, ValueError) as e:
             raise ToolError(name, 'invalid_arguments', 'the arguments are not JSON: %s' % e) from None
-        record = memoryview(marker + b'T%d:' % len(frame) + frame + b'\\n')
-        while record:
-            record = record[_write(1, record):]
-        while True:
-            answer = read_message()
-            if not isinstance(answer, str) or not answer.startswith('\\0'):
-                raise ToolError(name, 'cancelled', 'no answer: the run is over')
-            result = loads(answer[1:]).get('tool_result') or {}
-            if result.get('id') == id:
-                break
+        result = exchange(id, frame)
+        if result is None:
+            raise ToolError(name, 'cancelled', 'no answer: the run is over')
         if result.get('ok'):
             return result.get('value')
         error = result.get('error') or {}
@@ -187,7 +178,7 @@ def _execbox_tools(nonce, names, read_message, _write=__import__('os').write, _k
                 setattr(tools, ns, space)
         setattr(space, short, bind(full))
     sys.modules['tools'] = tools
-def _execbox_take_tools(source, read_message):
+def _execbox_take_tools(source, connect):
     import sys
     if 'tools' in sys.modules:
         for name in [n for n in sys.modules if n == 'tools' or n.startswith('tools.')]:
@@ -197,9 +188,110 @@ def _execbox_take_tools(source, read_message):
     import io, json
     header, _, source = source.partition('\\n')
     spec = json.loads(header[7:])
-    _execbox_tools(spec['nonce'], spec['names'], read_message)
+    _execbox_tools(spec['names'], connect(spec))
     sys.stdin = io.StringIO('')
     return source
+"
+    };
+}
+
+/// The CPython-in-wasm carrier of `python_tools_def!`:
+/// `_execbox_stdio(read_message)` is a `connect` whose calls are records
+/// `\0execbox:<nonce>:T<len>:<frame>\n` on fd 1 (the host's stdout tap takes
+/// them out) and whose answers are read from fd 0 (framed messages, a NUL
+/// then `{"tool_result": ...}`) until the one with the call's id; see
+/// `src/backends/wasm/tool_channel.rs`. `os.write` and the message reader
+/// are bound when the functions are defined, so code that replaces them
+/// does not change how calls travel.
+#[cfg(feature = "wasm")]
+macro_rules! python_stdio_def {
+    () => {
+        "\
+def _execbox_stdio(read_message, _write=__import__('os').write):
+    def connect(spec):
+        from json import loads
+        marker = ('\\0execbox:' + spec['nonce'] + ':').encode()
+        def exchange(id, frame):
+            record = memoryview(marker + b'T%d:' % len(frame) + frame + b'\\n')
+            while record:
+                record = record[_write(1, record):]
+            while True:
+                answer = read_message()
+                if not isinstance(answer, str) or not answer.startswith('\\0'):
+                    return None
+                result = loads(answer[1:]).get('tool_result') or {}
+                if result.get('id') == id:
+                    return result
+        return exchange
+    return connect
+"
+    };
+}
+
+/// Where a container that carries the tool bridge sees its Unix socket.
+#[cfg(feature = "container")]
+macro_rules! tools_socket {
+    () => {
+        "/run/execbox/tools.sock"
+    };
+}
+
+/// Where a container that carries the tool bridge sees its Unix socket
+/// (see `backends/container/tool_socket.rs`).
+#[cfg(feature = "container")]
+pub(crate) const TOOLS_SOCKET: &str = tools_socket!();
+
+/// The container carrier of `python_tools_def!`: `_execbox_socket(path)` is
+/// a `connect` whose calls are lines on the Unix socket `path` (each frame
+/// and `\n`) and whose answers are lines back (`{"tool_result": ...}\n`),
+/// read until the one with the call's id. One connection per process
+/// (reopened after a fork or a broken one), opened at the first call and
+/// shared by every cell and thread; calls take turns on it (a lock), so a
+/// process has one call in flight at a time. The `socket` module is bound
+/// when a run's (or cell's) tools are installed, before its code runs.
+#[cfg(feature = "container")]
+macro_rules! python_socket_def {
+    () => {
+        "\
+def _execbox_socket(path, _state=[], _lock=__import__('_thread').allocate_lock()):
+    def connect(spec):
+        import os, socket
+        from json import loads
+        open_socket, unix, getpid = socket.socket, socket.AF_UNIX, os.getpid
+        def exchange(id, frame):
+            with _lock:
+                try:
+                    if _state and _state[2] != getpid():
+                        del _state[:]
+                    if not _state:
+                        conn = open_socket(unix)
+                        conn.connect(path)
+                        _state[:] = [conn, bytearray(), getpid()]
+                    conn, buffer = _state[0], _state[1]
+                    conn.sendall(frame + b'\\n')
+                    seen = 0
+                    while True:
+                        end = buffer.find(b'\\n', seen)
+                        if end < 0:
+                            seen = len(buffer)
+                            chunk = conn.recv(1 << 16)
+                            if not chunk:
+                                raise OSError('the host closed the connection')
+                            buffer += chunk
+                            continue
+                        line = bytes(buffer[:end])
+                        del buffer[:end + 1]
+                        seen = 0
+                        result = loads(line).get('tool_result') or {}
+                        if result.get('id') == id:
+                            return result
+                except (OSError, ValueError):
+                    if _state:
+                        _state[0].close()
+                        del _state[:]
+                    return None
+        return exchange
+    return connect
 "
     };
 }
@@ -210,6 +302,63 @@ pub(crate) const PYTHON_BOOTSTRAP: &str = concat!(
     "exec(compile(source, '<code>', 'exec'), {'__name__': '__main__', '__builtins__': __builtins__, 'input': data})\n"
 );
 
+/// [`PYTHON_BOOTSTRAP`] for a container run that may call tools: the code
+/// on stdin comes after the tools header (`\0tools:{"nonce": "", "names":
+/// [...]}\n`, see `python_tools_def!`), and the calls go to the run's
+/// socket ([`TOOLS_SOCKET`]).
+#[cfg(feature = "container")]
+pub(crate) const PYTHON_SOCKET_TOOLS_BOOTSTRAP: &str = concat!(
+    python_tools_def!(),
+    python_socket_def!(),
+    python_prelude!(concat!(
+        "source = _execbox_take_tools(sys.stdin.read(), _execbox_socket('",
+        tools_socket!(),
+        "'))\n"
+    )),
+    "exec(compile(source, '<code>', 'exec'), {'__name__': '__main__', '__builtins__': __builtins__, 'input': data})\n"
+);
+
+/// The `tool` command of a container's shell run that may call tools
+/// (mounted read-only at `/usr/local/bin/tool`): `tool NAMESPACE.TOOL
+/// [ARGS_JSON | -]` calls one tool through the run's socket with the Python
+/// `tools` module's own code; it prints the value as one line of JSON and
+/// exits 0, or prints the `ToolError` as JSON (`{"tool", "kind",
+/// "message"}`) on stderr and exits 1 (2 for a usage error). `-` reads the
+/// arguments from stdin; none means `{}`.
+#[cfg(feature = "container")]
+pub(crate) const TOOL_COMMAND: &str = concat!(
+    "#!/usr/bin/python3 -I\n",
+    python_tools_def!(),
+    python_socket_def!(),
+    "\
+def _execbox_tool(argv):
+    import json, sys
+    if len(argv) not in (2, 3) or argv[1] in ('-h', '--help'):
+        print('usage: tool NAMESPACE.TOOL [ARGS_JSON | -]  (ARGS_JSON: an object, {} if none; -: read from stdin)',
+              file=sys.stderr)
+        return 2
+    name, text = argv[1], argv[2] if len(argv) == 3 else '{}'
+    if text == '-':
+        text = sys.stdin.read()
+    _execbox_tools([], _execbox_socket('",
+    tools_socket!(),
+    "')({}))
+    tools = sys.modules['tools']
+    try:
+        try:
+            args = json.loads(text)
+        except ValueError as e:
+            raise tools.ToolError(name, 'invalid_arguments', 'the arguments are not JSON: %s' % e) from None
+        value = tools.call(name, args)
+    except tools.ToolError as e:
+        print(json.dumps({'tool': e.tool, 'kind': e.kind, 'message': e.message}, ensure_ascii=False), file=sys.stderr)
+        return 1
+    print(json.dumps(value, ensure_ascii=False))
+    return 0
+raise SystemExit(_execbox_tool(__import__('sys').argv))
+"
+);
+
 /// [`PYTHON_BOOTSTRAP`] for a fresh CPython-in-wasm instance whose run
 /// calls tools: the code arrives as one framed message on fd 0, after the
 /// tools header (see `python_tools_def!`), and fd 0 stays open for the
@@ -218,8 +367,9 @@ pub(crate) const PYTHON_BOOTSTRAP: &str = concat!(
 pub(crate) const PYTHON_TOOLS_BOOTSTRAP: &str = concat!(
     python_read_message!(),
     python_tools_def!(),
+    python_stdio_def!(),
     python_prelude!(
-        "source = read_message()\nif source is None:\n    sys.exit(0)\nsource = _execbox_take_tools(source, read_message)\n"
+        "source = read_message()\nif source is None:\n    sys.exit(0)\nsource = _execbox_take_tools(source, _execbox_stdio(read_message))\n"
     ),
     "exec(compile(source, '<code>', 'exec'), {'__name__': '__main__', '__builtins__': __builtins__, 'input': data})\n"
 );
@@ -277,12 +427,21 @@ def _execbox_session(nonce, read_message):
     };
 }
 
-/// A container session's `python3 -c` program (`NONCE` replaced by the session's).
+/// A container session's `python3 -c` program (`NONCE` replaced by the
+/// session's). A cell that may call tools arrives after the tools header
+/// (`\0tools:{"nonce": "", "names": [...]}\n`); its calls go to the
+/// session's socket ([`TOOLS_SOCKET`]).
 #[cfg(feature = "container")]
 pub(crate) const PYTHON_SESSION_PROGRAM: &str = concat!(
     python_helpers!(),
     python_read_message!(),
-    python_session_def!(""),
+    python_tools_def!(),
+    python_socket_def!(),
+    python_session_def!(concat!(
+        "        source = _execbox_take_tools(source, _execbox_socket('",
+        tools_socket!(),
+        "'))\n"
+    )),
     "_execbox_session('NONCE', read_message)\n"
 );
 
@@ -297,12 +456,13 @@ pub(crate) const PYTHON_WARM_BOOTSTRAP: &str = concat!(
     "import json, os, traceback\nexec(compile('pass', '<warm-up>', 'exec'), {})\n",
     python_read_message!(),
     python_tools_def!(),
+    python_stdio_def!(),
     // A late tool answer (a NUL, then its frame) is never taken for a cell.
     python_session_def!(
-        "        if source.startswith('\\0{\"tool_result\"'):\n            continue\n        source = _execbox_take_tools(source, read_message)\n"
+        "        if source.startswith('\\0{\"tool_result\"'):\n            continue\n        source = _execbox_take_tools(source, _execbox_stdio(read_message))\n"
     ),
     python_prelude!(
-        "source = read_message()\nif source is None:\n    os._exit(0)\nif source is SESSION:\n    _execbox_session(read_message(), read_message)\nif source.startswith('\\0'):\n    source = _execbox_take_tools(source, read_message)\n"
+        "source = read_message()\nif source is None:\n    os._exit(0)\nif source is SESSION:\n    _execbox_session(read_message(), read_message)\nif source.startswith('\\0'):\n    source = _execbox_take_tools(source, _execbox_stdio(read_message))\n"
     ),
     "\
 status = 0

@@ -352,7 +352,7 @@ impl ToolBridge {
     /// as refused, as [`ToolBridge::call`] refuses arguments over the limit.
     /// The ledger's `args_sha256` is of nothing (the arguments were not
     /// read) and `bytes_in` counts the whole frame.
-    #[cfg_attr(not(feature = "wasm"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "wasm", feature = "container")), allow(dead_code))]
     pub(crate) fn refuse_unread(&self, id: u64, name: &str, bytes_in: u64) -> ToolResult {
         let error = ToolError::new(
             name,

@@ -12,7 +12,7 @@
 //!   frame schema ([`frame`]); it keeps the ledger a result reports
 //!   ([`ToolCallRecord`]).
 
-mod bridge;
+pub(crate) mod bridge;
 pub mod catalog;
 mod error;
 pub mod frame;
@@ -20,6 +20,8 @@ mod limits;
 mod registry;
 #[cfg(feature = "upstream")]
 mod upstream;
+#[cfg(any(feature = "wasm", feature = "container"))]
+pub(crate) mod wire;
 
 pub use bridge::{MAX_LEDGER, ToolBridge, ToolCallOutcome, ToolCallRecord};
 pub use error::{ToolError, ToolErrorKind};

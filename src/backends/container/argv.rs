@@ -104,6 +104,10 @@ pub struct RunSpec {
     /// A private `NAME=VALUE` file holding exactly the request's variables
     /// (values never appear in argv, and never reach the CLI's own environment).
     pub env_file: Option<PathBuf>,
+    /// Variables execbox itself sets, as `--env=NAME=VALUE` after the env
+    /// file (so they win over the request's): `EXECBOX_TOOLS` on a run that
+    /// may call tools, nothing else.
+    pub env: Vec<(String, String)>,
     /// Bind mounts.
     pub mounts: Vec<Mount>,
     /// Working directory inside the container.
@@ -189,6 +193,9 @@ fn run_argv(spec: &RunSpec) -> Vec<String> {
     }
     if let Some(file) = &spec.env_file {
         argv.push(format!("--env-file={}", file.display()));
+    }
+    for (name, value) in &spec.env {
+        argv.push(format!("--env={name}={value}"));
     }
     argv.push(format!("--workdir={}", spec.workdir));
     argv.push(spec.image.clone());

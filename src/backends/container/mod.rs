@@ -34,6 +34,28 @@
 //! **Structured output** (every language): when the whole stdout is one JSON
 //! value and was not truncated, it becomes `output`.
 //!
+//! **Code Mode** (every language, sessions included): a run whose policy
+//! grants tools gets a Unix socket bind-mounted read-only at
+//! `/run/execbox/tools.sock` (its path also in `$EXECBOX_TOOLS`), through
+//! which its code calls exactly the granted tools (see `tool_socket.rs` for
+//! the wire and its bounds):
+//! - **Python**: `import tools`; `tools.ns.name(**kwargs)`, `from tools.ns
+//!   import name`, `tools.call("ns.tool", {...})`, `tools.list()`,
+//!   `tools.describe("ns.tool")`; failures raise `tools.ToolError`
+//!   (`.tool`, `.kind`, `.message`) — the same module as CPython-in-wasm's;
+//! - **Shell**: `tool ns.name '{"a": 1}'` (or `-` to read the arguments from
+//!   stdin) prints the value as one line of JSON and exits 0, or prints the
+//!   error as JSON (`{"tool", "kind", "message"}`) on stderr and exits 1;
+//! - **Rust**: `tools::call("ns.tool", json!({...})) -> Result<Value,
+//!   tools::ToolError>`, `tools::list()`, `tools::describe(..)` (in scope
+//!   like `Value`); any program may also speak the wire itself over
+//!   `std::os::unix::net::UnixStream`.
+//!
+//! A run that grants no tools gets no socket, no variable and no `tool`
+//! command: its `run` arguments are exactly what they were without Code
+//! Mode. Calls are synchronous in Python (one in flight per process), the
+//! shell and the Rust module; the wire allows several in flight.
+//!
 //! **Lifetime**: a container never outlives its deadline plus a grace, even
 //! if the host process dies: the host kills it at the deadline, its first
 //! process (an in-container timer) kills its command at the deadline plus
@@ -52,6 +74,7 @@ mod runner;
 mod rust;
 mod session;
 mod staging;
+mod tool_socket;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -74,6 +97,7 @@ use crate::sessions::session::{Session, SessionBackend};
 use crate::sessions::spec::SessionSpec;
 use runner::Runner;
 use staging::Staging;
+use tool_socket::ToolSocket;
 
 /// Python, shell and Rust in ephemeral containers. See the module docs.
 ///
@@ -142,15 +166,29 @@ impl Container {
     /// placeholders (a fresh directory, removed when this returns) and the
     /// name is fresh; the request's timeout (else the default) is the
     /// deadline. Errors are the ones a run of the request would get before
-    /// starting (a bad grant, env value or limit).
+    /// starting (a bad grant, env value or limit). A request whose policy
+    /// grants tools shows its tool socket's mounts and variable (a
+    /// placeholder socket, closed when this returns); one that grants none
+    /// has none of them.
     pub fn plan(&self, request: &ExecRequest) -> Result<RunSpec, ExecError> {
         let runner = &self.runner;
         let staging = Staging::new(request, request.input.as_ref().map(|_| b"null".as_slice()))?;
+        let socket = match request.policy.tool_grants() {
+            Some(_) => {
+                Some(ToolSocket::start().map_err(|e| runner.unavailable(format!("cannot open a tool socket: {e}")))?)
+            }
+            None => None,
+        };
         let (image, command) = match request.language {
             Language::Rust => (runner.config().rust_image.clone(), rust::command(request)),
-            _ => (runner.script_image(request), runner.script_command(request)?),
+            _ => (runner.script_image(request), runner.script_command(request, socket.is_some())?),
         };
-        runner.spec(request, &staging, image, command, runner.capabilities().effective_timeout(&request.policy))
+        let timeout = runner.capabilities().effective_timeout(&request.policy);
+        let mut spec = runner.spec(request, &staging, image, command, timeout)?;
+        if let Some(socket) = &socket {
+            socket.attach(&mut spec, request.language == Language::Shell)?;
+        }
+        Ok(spec)
     }
 }
 

@@ -4,6 +4,7 @@
 //! it as [`Container`](super::Container).
 
 use parking_lot::Mutex;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -13,6 +14,7 @@ use super::owners;
 use super::process::{self, KILL_GRACE};
 use super::reaper::Reaper;
 use super::staging::{self, Staging, WORKDIR};
+use super::tool_socket::ToolSocket;
 use crate::admission::Admitted;
 use crate::backend::Unavailable;
 use crate::backends::conventions;
@@ -26,6 +28,8 @@ use crate::limits::output::OutputTap;
 use crate::policy::Access;
 use crate::request::ExecRequest;
 use crate::result::{ExecResult, Outcome, Usage};
+use crate::tools::bridge::ToolBridge;
+use crate::tools::wire::python_header;
 
 /// The backend's name in results and refusals.
 pub(super) const NAME: &str = "container";
@@ -210,11 +214,14 @@ impl Runner {
         if request.packages.is_empty() { self.cfg.python_image.clone() } else { self.cfg.python_data_image.clone() }
     }
 
-    /// The in-container command of a Python or shell request.
-    pub fn script_command(&self, request: &ExecRequest) -> Result<Vec<String>, ExecError> {
+    /// The in-container command of a Python or shell request; `tools`: the
+    /// run may call tools (Python's bootstrap then installs the `tools`
+    /// module from the header before the code).
+    pub fn script_command(&self, request: &ExecRequest, tools: bool) -> Result<Vec<String>, ExecError> {
+        let bootstrap = if tools { conventions::PYTHON_SOCKET_TOOLS_BOOTSTRAP } else { conventions::PYTHON_BOOTSTRAP };
         let mut command: Vec<String> = match request.language {
             // Absolute: the request's environment may set its own PATH.
-            Language::Python => vec!["/usr/bin/python3".into(), "-c".into(), conventions::PYTHON_BOOTSTRAP.into()],
+            Language::Python => vec!["/usr/bin/python3".into(), "-c".into(), bootstrap.into()],
             Language::Shell => vec!["/bin/sh".into(), "-s".into(), "--".into()],
             other => return Err(ExecError::internal(NAME, format!("no script command for {other}"))),
         };
@@ -269,6 +276,7 @@ impl Runner {
             user: self.cfg.user.clone(),
             max_file_bytes: Some(self.cfg.max_output_file_bytes),
             env_file: staging.env_file(),
+            env: Vec::new(),
             mounts,
             workdir: WORKDIR.into(),
             extra_args: self.cfg.extra_run_args.clone(),
@@ -373,18 +381,42 @@ impl Runner {
         }
     }
 
-    /// Runs a Python or shell request in one container.
+    /// Runs a Python or shell request in one container; when its policy
+    /// grants tools, with the run's tool socket (see `tool_socket.rs`),
+    /// closed before the result is made.
     pub fn execute_script(&self, mut call: Admitted) -> Result<ExecResult, ExecError> {
         let deadline = call.deadline();
         let source = call.take_source(NAME)?;
         let input = call.take_input_json(self.cfg.defaults.max_input_nesting, NAME)?;
+        let bridge = call.tools().cloned();
         let request = call.into_request();
         let staging = Staging::new(&request, input.as_deref())?;
-        let command = self.script_command(&request)?;
+        let socket = self.tool_socket(bridge.as_ref())?;
+        let command = self.script_command(&request, socket.is_some())?;
         let limit = deadline.remaining().unwrap_or(Duration::MAX);
-        let spec = self.spec(&request, &staging, self.script_image(&request), command, limit)?;
-        let end = self.run_spec(&spec, source.into_bytes(), Caps::of(&request), deadline);
+        let mut spec = self.spec(&request, &staging, self.script_image(&request), command, limit)?;
+        let mut stdin = Vec::new();
+        if let (Some(socket), Some(bridge)) = (&socket, &bridge) {
+            socket.attach(&mut spec, request.language == Language::Shell)?;
+            if request.language == Language::Python {
+                stdin = python_header("", bridge);
+            }
+        }
+        stdin.extend_from_slice(source.as_bytes());
+        drop(source);
+        let end = self.run_spec(&spec, stdin, Caps::of(&request), deadline);
+        drop(socket);
         self.result(end, &deadline, staging)
+    }
+
+    /// The tool socket of a run with `bridge` (none without), its calls
+    /// going to `bridge` from now on.
+    pub fn tool_socket(&self, bridge: Option<&Arc<ToolBridge>>) -> Result<Option<ToolSocket>, ExecError> {
+        let Some(bridge) = bridge else { return Ok(None) };
+        let socket =
+            ToolSocket::start().map_err(|e| self.unavailable(format!("cannot open the run's tool socket: {e}")))?;
+        socket.begin(Some(bridge.clone()));
+        Ok(Some(socket))
     }
 }
 
@@ -436,7 +468,20 @@ fn capabilities(cfg: &ContainerConfig) -> BackendCapabilities {
         stdout_cap: E::enforced(cap),
         stderr_cap: E::enforced(cap),
         processes: E::enforced(format!("cgroup --pids-limit (default {})", cfg.default_pids)),
-        tools: E::no_tool_bridge(),
+        tools: SurfaceCapability {
+            deny: E::by_omission(
+                "a run whose policy grants no tools gets no tool socket (no mount, no variable): its code has \
+                 no channel to the host's tools; a session's cell without a grant has every call answered \
+                 not_granted",
+            ),
+            allow_list: E::enforced(
+                "a granted run gets a Unix socket bind-mounted read-only at /run/execbox/tools.sock (also in \
+                 $EXECBOX_TOOLS; --network=none stays): Python's `tools` module, the shell's `tool` command and \
+                 Rust's `tools` module send each call there as a JSON line, and the host hands it to the run's \
+                 tool bridge, which runs only granted tools within the run's tool budgets; no answer is waited \
+                 for past the run's deadline and the socket closes when the run ends",
+            ),
+        },
         default_timeout_ms: u64::try_from(cfg.defaults.timeout.as_millis()).unwrap_or(u64::MAX),
     }
 }

@@ -46,15 +46,114 @@ const DEPS_GUEST: &str = "/opt/execbox/deps";
 
 /// Appended after the caller's code (so its line numbers stay the caller's).
 ///
-/// `Value` is in scope without a `use` (the contract of adk-code's
-/// `RustExecutor`: `fn run(input: Value) -> Value`): through a glob import
-/// of a private module that re-exports only `Value`. A glob import is
-/// shadowed, without error, by the caller's own `use serde_json::Value;`
-/// (or a `Value` of their own), and two globs naming the same item agree.
+/// `Value` and `tools` are in scope without a `use` (the contract of
+/// adk-code's `RustExecutor`: `fn run(input: Value) -> Value`): through a
+/// glob import of a private module that re-exports only them. A glob import
+/// is shadowed, without error, by the caller's own `use serde_json::Value;`
+/// (or a `Value` or `tools` of their own), and two globs naming the same
+/// item agree.
+///
+/// `tools` is Code Mode for Rust (see `tool_socket.rs` for the wire):
+/// `tools::call("ns.tool", json!({...})) -> Result<Value, tools::ToolError>`,
+/// `tools::list()`, `tools::describe("ns.tool")`; a `ToolError` has `tool`,
+/// `kind` and `message`. Calls go, one at a time, over one connection to
+/// the socket named by `$EXECBOX_TOOLS`; without it (a run that grants no
+/// tools) every call fails `not_granted`.
 const HARNESS: &str = r#"
 // ---- execbox harness: JSON input on stdin, run(input) printed as JSON ----
 mod __execbox_prelude {
     pub use serde_json::Value;
+
+    /// The host's tools this run may call (Code Mode).
+    #[allow(dead_code)]
+    pub mod tools {
+        use serde_json::Value;
+        use std::io::{BufRead, BufReader, Write};
+        use std::os::unix::net::UnixStream;
+        use std::sync::Mutex;
+
+        /// A tool call that produced no value: `kind` is `not_granted`,
+        /// `failed`, `timed_out`, `budget_exhausted`, ...
+        #[derive(Clone, Debug, PartialEq)]
+        pub struct ToolError {
+            pub tool: String,
+            pub kind: String,
+            pub message: String,
+        }
+
+        impl std::fmt::Display for ToolError {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "{}: {} ({})", self.tool, self.kind, self.message)
+            }
+        }
+
+        impl std::error::Error for ToolError {}
+
+        /// The connection (opened at the first call) and the last call id.
+        static LINK: Mutex<Option<(u64, BufReader<UnixStream>)>> = Mutex::new(None);
+
+        /// Calls the tool `name` (`namespace.tool`) with `args` (an object).
+        pub fn call(name: &str, args: Value) -> Result<Value, ToolError> {
+            let fail = |kind: &str, message: String| ToolError { tool: name.to_string(), kind: kind.to_string(), message };
+            let Some(path) = std::env::var_os("EXECBOX_TOOLS") else {
+                return Err(fail("not_granted", "this run's policy grants no tools".to_string()));
+            };
+            let mut link = LINK.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            if link.is_none() {
+                let stream = UnixStream::connect(&path)
+                    .map_err(|e| fail("unavailable", format!("cannot reach the host's tools: {e}")))?;
+                *link = Some((0, BufReader::new(stream)));
+            }
+            let answer = match link.as_mut() {
+                Some((last, reader)) => {
+                    *last += 1;
+                    exchange(reader, *last, name, &args)
+                }
+                None => unreachable!(),
+            };
+            let result = match answer {
+                Ok(result) => result,
+                Err(e) => {
+                    *link = None;
+                    return Err(fail("cancelled", format!("no answer: the run is over ({e})")));
+                }
+            };
+            if result["ok"] == true {
+                return Ok(result["value"].clone());
+            }
+            let error = &result["error"];
+            let text = |key: &str, default: &str| error[key].as_str().unwrap_or(default).to_string();
+            Err(ToolError { tool: text("tool", name), kind: text("kind", "protocol"), message: text("message", "") })
+        }
+
+        /// One call frame out, answers in until the one with `id`.
+        fn exchange(reader: &mut BufReader<UnixStream>, id: u64, name: &str, args: &Value) -> std::io::Result<Value> {
+            let frame = format!("{{\"tool_call\":{{\"id\":{id},\"name\":{},\"args\":{args}}}}}\n", Value::from(name));
+            reader.get_mut().write_all(frame.as_bytes())?;
+            let mut line = String::new();
+            loop {
+                line.clear();
+                if reader.read_line(&mut line)? == 0 {
+                    return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the host closed the connection"));
+                }
+                let mut frame: Value = serde_json::from_str(&line)?;
+                if frame["tool_result"]["id"] == id {
+                    return Ok(frame["tool_result"].take());
+                }
+            }
+        }
+
+        /// The names of the tools this run may call.
+        pub fn list() -> Result<Vec<String>, ToolError> {
+            let names = call("tools.list", Value::Object(Default::default()))?;
+            Ok(names.as_array().into_iter().flatten().filter_map(|n| n.as_str().map(str::to_string)).collect())
+        }
+
+        /// The spec of the tool `name`: description, input_schema, ...
+        pub fn describe(name: &str) -> Result<Value, ToolError> {
+            call("tools.describe", serde_json::json!({ "name": name }))
+        }
+    }
 }
 #[allow(unused_imports)]
 use __execbox_prelude::*;
@@ -182,6 +281,7 @@ pub(super) fn execute(runner: &Runner, pipeline: &Pipeline, mut call: Admitted) 
     let source = call.take_source(NAME)?;
     let toolchain = pipeline.toolchain().map_err(|reason| runner.unavailable(reason))?;
     let input = call.take_input_json(runner.config().defaults.max_input_nesting, NAME)?;
+    let bridge = call.tools().cloned();
     let request = call.into_request();
 
     let key = cache_key(&toolchain.fingerprint, &source);
@@ -201,7 +301,13 @@ pub(super) fn execute(runner: &Runner, pipeline: &Pipeline, mut call: Admitted) 
     let image = runner.config().rust_image.clone();
     let mut spec = runner.spec(&request, &staging, image, command(&request), limit)?;
     spec.mounts.push(Mount { host: toolchain.binaries.join(&key), guest: PROGRAM_PATH.into(), writable: false });
+    // The run (never the compile) gets the tool socket when tools are granted.
+    let socket = runner.tool_socket(bridge.as_ref())?;
+    if let Some(socket) = &socket {
+        socket.attach(&mut spec, false)?;
+    }
     let end = runner.run_spec(&spec, input.unwrap_or_default(), Caps::of(&request), deadline);
+    drop(socket);
     let mut result = runner.result(end, &deadline, staging)?;
     // The harness prints `run`'s value and nothing else: a cut stdout is a
     // cut value, never an `ok` run with no output.
@@ -283,6 +389,7 @@ fn compile(
         user: runner.config().user.clone(),
         max_file_bytes: Some(cfg.max_binary_bytes),
         env_file: None,
+        env: Vec::new(),
         mounts: vec![
             Mount { host: dir.path().join("src"), guest: WORKDIR.into(), writable: false },
             Mount { host: dir.path().join("target"), guest: "/work/target".into(), writable: true },

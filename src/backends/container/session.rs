@@ -20,7 +20,12 @@
 //!   [`ContainerConfig::session_memory_bytes`](super::ContainerConfig::session_memory_bytes)
 //!   and the default process cap), as are its granted directories and
 //!   environment; a call asking for a lower cap is refused;
-//! - the cell is over when both streams carry its status record.
+//! - the cell is over when both streams carry its status record;
+//! - Code Mode: the session's container has a tool socket for its whole
+//!   life (see `tool_socket.rs`); a cell whose policy grants tools gets the
+//!   `tools` module (its header comes before the cell's code) and its calls
+//!   go to that cell's bridge; in a cell without a grant every call is
+//!   answered `not_granted`, and between cells `cancelled`.
 //!
 //! A session's whole life is bounded by
 //! [`ContainerConfig::session_lifetime`](super::ContainerConfig::session_lifetime)
@@ -38,6 +43,7 @@ use std::time::{Duration, Instant};
 use super::process;
 use super::runner::{self, Runner};
 use super::staging::Staging;
+use super::tool_socket::ToolSocket;
 use crate::admission::Admitted;
 use crate::backends::conventions;
 use crate::capabilities::BackendCapabilities;
@@ -54,6 +60,7 @@ use crate::request::ExecRequest;
 use crate::result::{CapturedStream, ExecResult, Outcome, Usage};
 use crate::sessions::session::Session;
 use crate::sessions::spec::SessionSpec;
+use crate::tools::wire::python_header;
 use crate::violation::{Control, Violation};
 
 /// How long the container may take to start and run its first (empty) cell.
@@ -78,6 +85,8 @@ pub struct ContainerSession {
     /// The container's first process (the timer) as the host sees it, to
     /// check after each cell that nothing of the cell still runs.
     init_pid: Mutex<Option<u32>>,
+    /// The session's tool socket: each cell's calls go to its bridge.
+    tools: ToolSocket,
 }
 
 /// The attached CLI and its stdin (held for a whole cell: one at a time).
@@ -136,7 +145,10 @@ impl ContainerSession {
         let staging = Staging::new(&template, None)?;
         let command = vec!["/usr/bin/python3".to_string(), "-c".to_string(), program];
         let image = runner.script_image(&template);
-        let spec = runner.spec(&template, &staging, image, command, cfg.session_lifetime)?;
+        let mut spec = runner.spec(&template, &staging, image, command, cfg.session_lifetime)?;
+        let tools =
+            ToolSocket::start().map_err(|e| unavailable(format!("cannot open the session's tool socket: {e}")))?;
+        tools.attach(&mut spec, false)?;
         let mut child = process::engine_command(&cfg.engine)
             .args(spec.argv())
             .stdin(Stdio::piped())
@@ -175,6 +187,7 @@ impl ContainerSession {
             alive: AtomicBool::new(true),
             killed: AtomicBool::new(false),
             init_pid: Mutex::new(None),
+            tools,
         };
         for (index, pipe) in pipes.into_iter().enumerate() {
             let Some(pipe) = pipe else { continue };
@@ -266,9 +279,16 @@ impl ContainerSession {
         staging.stage_cell(request, input.as_deref())?;
         self.reset_streams(request);
 
-        let mut framed = format!("{}\n", source.len()).into_bytes();
+        // The cell's code, after the tools header when it may call tools.
+        let bridge = call.tools().cloned();
+        let header = bridge.as_deref().map(|bridge| python_header("", bridge)).unwrap_or_default();
+        let mut framed = format!("{}\n", header.len() + source.len()).into_bytes();
+        framed.extend_from_slice(&header);
         framed.extend_from_slice(source.as_bytes());
         drop(source);
+        // The cell's calls go to its bridge until it returns, on every path.
+        self.tools.begin(bridge);
+        let _cell = CellTools(&self.tools);
         let until = deadline.remaining().map(|left| Instant::now() + left);
         let sent = match io.stdin.as_ref() {
             Some(stdin) => write_all_until(stdin, Endpoint::Pipe, &framed, until),
@@ -496,6 +516,15 @@ fn inspect_tree(init: u32) -> Option<Tree> {
         }
     });
     Some(Tree { processes: all.len(), threads, reading })
+}
+
+/// Ends a cell's tool calls when dropped.
+struct CellTools<'a>(&'a ToolSocket);
+
+impl Drop for CellTools<'_> {
+    fn drop(&mut self) {
+        self.0.end();
+    }
 }
 
 fn sink() -> Sink {

