@@ -328,7 +328,7 @@ fn python_errors_are_tool_errors_the_code_catches() {
     let code = "\
 import json, tools
 seen = []
-for name, args in [('fail.always', {}), ('slow.sleep', {}), ('no.such', {}), ('bad.panic', {}),
+for name, args in [('fail.always', {}), ('slow.sleep', {}), ('math.nope', {}), ('bad.panic', {}),
                    ('echo.args', {'s': 'x' * 100000}), ('echo.args', {'s': 'x' * 1000000})]:
     try:
         tools.call(name, args)
@@ -345,7 +345,7 @@ print(json.dumps({'seen': seen, 'after': tools.math.add(a=1, b=1)}))";
         let kinds = json!([
             ["fail.always", "failed"],
             ["slow.sleep", "not_granted"],
-            ["no.such", "not_found"],
+            ["math.nope", "not_found"],
             ["bad.panic", "failed"],
             ["echo.args", "invalid_arguments"],
             ["echo.args", "invalid_arguments"],
@@ -357,7 +357,7 @@ print(json.dumps({'seen': seen, 'after': tools.math.add(a=1, b=1)}))";
         let expected = [
             ("fail.always", Error, Some(Failed)),
             ("slow.sleep", Refused, Some(NotGranted)),
-            ("no.such", Refused, Some(NotFound)),
+            ("math.nope", Refused, Some(NotFound)),
             ("bad.panic", Error, Some(Failed)),
             ("echo.args", Refused, Some(InvalidArguments)),
             ("echo.args", Refused, Some(InvalidArguments)),
@@ -543,13 +543,14 @@ t = conn()
 t.sendall(b'y' * (50 << 20))
 t.close()
 # Calls whose answers are never read: the host drops that connection.
+# (Distinct ids: a call reusing the id of one in flight is refused at once.)
 u = conn()
-call = b'{"tool_call":{"id":1,"name":"echo.args","args":{"s":"' + b'z' * 60000 + b'"}}}\n'
+arg = b'z' * 60000
 dropped = False
 try:
     u.settimeout(20)
-    for _ in range(400):
-        u.sendall(call)
+    for i in range(400):
+        u.sendall(b'{"tool_call":{"id":%d,"name":"echo.args","args":{"s":"%s"}}}\n' % (i, arg))
 except OSError:
     dropped = True
 seen['unread_dropped'] = dropped

@@ -124,6 +124,12 @@ impl Shared {
     fn frame_limit(&self) -> u64 {
         frame_limit(self.state.lock().bridge.as_deref())
     }
+
+    /// Most calls of one connection in flight now (the run's
+    /// `max_concurrent`; 1 between cells, whose calls are answered at once).
+    fn max_concurrent(&self) -> u64 {
+        self.state.lock().bridge.as_deref().map_or(1, |b| u64::from(b.limits().max_concurrent))
+    }
 }
 
 /// Most bytes of answers a connection may leave unread before it is
@@ -267,6 +273,42 @@ struct Link {
     queued: AtomicU64,
     /// Too many unread: the connection is closed.
     overflow: Notify,
+    /// Calls of this connection handed to the bridge and not yet answered.
+    in_flight: AtomicU64,
+    /// A call of this connection was answered (or dropped).
+    freed: Notify,
+}
+
+impl Link {
+    /// Waits until fewer than `max` calls of this connection are in flight:
+    /// the connection is not read further meanwhile, so code that writes
+    /// calls faster than they run fills its own socket buffer, not the
+    /// host's memory.
+    async fn room(&self, max: u64) {
+        while self.in_flight.load(Ordering::SeqCst) >= max.max(1) {
+            // notify_one keeps a permit: a call freed between the check
+            // and this wait still wakes it.
+            self.freed.notified().await;
+        }
+    }
+}
+
+/// One call of a connection in flight, until its answer is queued or the
+/// call is dropped unanswered (its run ended): either way, dropped.
+struct InFlight(Arc<Link>);
+
+impl InFlight {
+    fn new(link: &Arc<Link>) -> Self {
+        link.in_flight.fetch_add(1, Ordering::SeqCst);
+        Self(link.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.0.freed.notify_one();
+    }
 }
 
 /// One connection: frames in (each handed to the bridge as it is read),
@@ -275,12 +317,18 @@ struct Link {
 async fn connection(stream: tokio::net::UnixStream, shared: Arc<Shared>, _alive: mpsc::Sender<()>) {
     let (mut reader, mut writer) = stream.into_split();
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
-    let link = Arc::new(Link { queued: AtomicU64::new(0), overflow: Notify::new() });
+    let link = Arc::new(Link {
+        queued: AtomicU64::new(0),
+        overflow: Notify::new(),
+        in_flight: AtomicU64::new(0),
+        freed: Notify::new(),
+    });
     let read = async {
         let mut framer = Framer::default();
         let mut chunk = vec![0u8; READ_CHUNK];
         let mut frames = Vec::new();
         loop {
+            link.room(shared.max_concurrent()).await;
             let n = match reader.read(&mut chunk).await {
                 Ok(0) | Err(_) => break,
                 Ok(n) => n,
@@ -322,7 +370,9 @@ fn take(shared: &Arc<Shared>, link: &Arc<Link>, tx: &UnboundedSender<Vec<u8>>, f
     };
     let limit = unread_limit(bridge.as_deref());
     let (shared, link, tx) = (shared.clone(), link.clone(), tx.clone());
+    let in_flight = InFlight::new(&link);
     request.dispatch(bridge.as_ref(), move |result| {
+        drop(in_flight);
         if shared.is_current(generation) {
             queue(&link, &tx, result, limit);
         }
@@ -423,6 +473,7 @@ mod tests {
                 Ok(json!(args["a"].as_i64().unwrap_or(0) + args["b"].as_i64().unwrap_or(0)))
             })
             .tool(ToolSpec::new("big.blob"), |_: Value| async { Ok(json!("x".repeat(200 << 10))) })
+            .tool(ToolSpec::new("big.echo"), |args: Value| async move { Ok(args) })
             .build()
             .unwrap();
         let deadline = Deadline::start(Some(Duration::from_secs(30)));
@@ -455,7 +506,7 @@ mod tests {
         stream.write_all(b"{\"tool_call\":{\"id\":1,\"name\":\"math.add\",\"args\":{\"a\":2,\"b\":3}}}\n").unwrap();
         assert_eq!(answer(&mut reader), json!({"id": 1, "ok": true, "value": 5}));
         stream.write_all(b"{\"tool_call\":{\"id\":2,\"name\":\"tools.list\"}}\nnot json\n").unwrap();
-        assert_eq!(answer(&mut reader)["value"], json!(["big.blob", "math.add"]));
+        assert_eq!(answer(&mut reader)["value"], json!(["big.blob", "big.echo", "math.add"]));
         assert_eq!(answer(&mut reader)["error"]["kind"], "protocol");
         // A frame over the limit is refused by its head.
         let huge = format!(
@@ -506,5 +557,24 @@ mod tests {
         let read = reader.get_mut().read_to_end(&mut sink);
         assert!(closed || read.is_ok(), "the connection ends");
         assert!(sink.len() < 64 << 20, "{} bytes of answers", sink.len());
+    }
+
+    #[test]
+    fn a_connection_that_sends_large_calls_and_reads_nothing_is_closed() {
+        let (socket, _bridge) = socket_with(ToolLimits::default().max_calls(10_000));
+        let (mut stream, _reader) = connect(&socket);
+        stream.set_write_timeout(Some(Duration::from_secs(20))).unwrap();
+        let arg = "z".repeat(60_000);
+        let started = Instant::now();
+        // Distinct ids: a call reusing the id of one in flight is refused at once.
+        let sent = (0..400)
+            .take_while(|id| {
+                let call =
+                    format!("{{\"tool_call\":{{\"id\":{id},\"name\":\"big.echo\",\"args\":{{\"s\":\"{arg}\"}}}}}}\n");
+                stream.write_all(call.as_bytes()).is_ok()
+            })
+            .count();
+        assert!(sent < 400, "the host read all {sent} calls of a connection that reads nothing");
+        assert!(started.elapsed() < Duration::from_secs(15), "closed, not left to a write timeout");
     }
 }
