@@ -67,3 +67,36 @@ pub use request::{ExecRequest, Payload};
 pub use result::{CapturedStream, Diagnostic, ExecResult, FailureKind, Outcome, Usage};
 pub use sessions::{Session, SessionBackend, SessionConfig, SessionError, SessionSpec, Sessions, SessionsBuilder};
 pub use violation::{Control, Violation};
+
+// The README and every page of docs/ compiled as doctests: each Rust block
+// in them must build (and run, unless marked `no_run`) with `cargo test --doc`.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+#[cfg(doctest)]
+#[doc = include_str!("../docs/architecture.md")]
+struct ArchitectureDoctests;
+#[cfg(doctest)]
+#[doc = include_str!("../docs/backends.md")]
+struct BackendsDoctests;
+#[cfg(doctest)]
+#[doc = include_str!("../docs/cli.md")]
+struct CliDoctests;
+#[cfg(doctest)]
+#[doc = include_str!("../docs/code-mode.md")]
+struct CodeModeDoctests;
+#[cfg(doctest)]
+#[doc = include_str!("../docs/library.md")]
+struct LibraryDoctests;
+#[cfg(doctest)]
+#[doc = include_str!("../docs/mcp.md")]
+struct McpDoctests;
+#[cfg(doctest)]
+#[doc = include_str!("../docs/performance.md")]
+struct PerformanceDoctests;
+#[cfg(doctest)]
+#[doc = include_str!("../docs/sessions.md")]
+struct SessionsDoctests;
+#[cfg(doctest)]
+#[doc = include_str!("../docs/threat-model.md")]
+struct ThreatModelDoctests;
