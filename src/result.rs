@@ -204,7 +204,7 @@ impl ExecResult {
 }
 
 /// `ExecResult` in JSON: one flat object, the shape `execbox run --json`
-/// prints, the MCP server's `structuredContent` and the README document.
+/// prints, the MCP server's `structuredContent` and docs/cli.md document.
 /// Streams are text (invalid UTF-8 replaced with U+FFFD); `duration_ms` is
 /// fractional milliseconds; files are [`ExecFile`]'s shape.
 #[derive(Serialize)]

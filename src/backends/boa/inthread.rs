@@ -1,7 +1,7 @@
 //! `boa-js-inthread`: boa on threads of the host process, for trusted code
 //! that needs the last microseconds. Not a sandbox against hostile code: a
 //! native stack overflow or allocation failure inside boa aborts the host,
-//! and there is no memory cap (see the README's threat table). Registered
+//! and there is no memory cap (see docs/threat-model.md). Registered
 //! only explicitly; the default executor uses the contained
 //! [`BoaJs`](crate::backends::BoaJs).
 //!

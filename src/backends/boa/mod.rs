@@ -7,7 +7,7 @@
 //! | deadline | cooperative stop at the deadline, then `SIGKILL` | cooperative stop; code inside a native callback is abandoned and stopped by the instruction budget |
 //! | memory cap | **enforced**: `RLIMIT_AS` of the worker = its size + the cap | **not enforced** (refused if asked) |
 //! | syscalls | seccomp: read/write its pipes, memory, clocks, exit | the host's |
-//! | cost | a pipe round trip per call (see the README's performance table) | a thread hand-off |
+//! | cost | a socket round trip per call (see docs/performance.md) | a thread hand-off |
 //!
 //! What a request means is the same on both: the code is a function body,
 //! `input` is bound to the request's JSON input, `return` sets the output (a

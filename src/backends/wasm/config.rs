@@ -47,7 +47,7 @@ pub struct WasmGuestConfig {
     /// 32.
     pub pooled_instances: u32,
     /// Meter fuel. Required to honour a policy's `fuel`; costs ≈ 10–80% on
-    /// tight loops (see the README's benchmark).
+    /// tight loops (see docs/performance.md).
     ///
     /// # Default
     /// On.

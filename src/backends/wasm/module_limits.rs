@@ -11,7 +11,7 @@
 //! nested `loop`/`if` kept the host busy for over a minute and several GB.
 //! The checks read the module once, in time linear in its size, and refuse
 //! what could make the compile unbounded, so a hostile module costs at most a
-//! bounded compile (the README's wasm section has the measured worst case).
+//! bounded compile (docs/performance.md has the measured worst case).
 //!
 //! A module's declared minimum memory (and table size) is read here too: a
 //! module that cannot even start under the backend's memory ceiling is a
@@ -27,7 +27,7 @@ use crate::error::InvalidRequest;
 /// The defaults admit what C and Rust toolchains produce for programs up to
 /// QuickJS's size (0.9 MB of code) and bound the worst case: a module built
 /// to sit at several limits at once compiled in ≈6.5 s using ~110 MB here
-/// (2-core VM; the README's wasm section has the numbers), where unchecked
+/// (2-core VM; docs/performance.md has the numbers), where unchecked
 /// modules took minutes and gigabytes. Raise them for larger toolchain
 /// output, at the price of a longer worst-case compile. Interpreter modules
 /// pinned by sha256 (CPython, QuickJS) are trusted and not checked.

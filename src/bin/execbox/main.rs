@@ -94,7 +94,7 @@ pub(crate) struct ServeArgs {
 #[derive(clap::Args, Clone, Default)]
 pub(crate) struct ToolFlags {
     /// Connect the upstream MCP servers of this `mcpServers` document (the shape MCP clients use);
-    /// their tools are named SERVER.TOOL. Granted with --allow-tools.
+    /// their tools are named SERVER.TOOL. Granted with --allow-tool.
     #[cfg(feature = "upstream")]
     #[arg(long, value_name = "FILE")]
     pub(crate) upstreams: Option<PathBuf>,
