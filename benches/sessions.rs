@@ -110,13 +110,19 @@ fn bench(c: &mut Criterion) {
         Sessions::builder().config(SessionConfig::default()).backend(python.clone()).tools(noop_tool()).build();
     tool_sessions.open("bench", SessionSpec::new(Language::Python)).unwrap();
     let cell = calling_tools("import tools\ntools.bench.noop()\nprint(1+1)");
-    g.bench_function("tools/python_wasm_session_cell_one_call", |b| {
-        b.iter(|| {
-            let r = tool_sessions.execute("bench", cell.clone()).unwrap();
-            assert_eq!(r.output, Some(json!(2)), "{r:?}");
-            black_box(r)
-        })
-    });
+    let hundred_cell = calling_tools("import tools\nfor _ in range(100):\n    tools.bench.noop()\nprint(1+1)");
+    // One call and 100 in a cell: their difference / 99 is one call's round trip.
+    for (name, cell) in
+        [("tools/python_wasm_session_cell_one_call", cell), ("tools/python_wasm_session_cell_100_calls", hundred_cell)]
+    {
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                let r = tool_sessions.execute("bench", cell.clone()).unwrap();
+                assert_eq!(r.output, Some(json!(2)), "{r:?}");
+                black_box(r)
+            })
+        });
+    }
     g.finish();
 
     let container = Container::default();
@@ -139,6 +145,25 @@ fn bench(c: &mut Criterion) {
             black_box(r)
         })
     });
+    // Code Mode over the session's tool socket: one call and 100 in a cell
+    // (their difference / 99 is one call's round trip, without a start).
+    let container_tools =
+        Sessions::builder().config(SessionConfig::default()).backend(container.clone()).tools(noop_tool()).build();
+    container_tools.open("bench", SessionSpec::new(Language::Python)).unwrap();
+    let one = calling_tools("import tools\ntools.bench.noop()\nprint(1+1)");
+    let hundred = calling_tools("import tools\nfor _ in range(100):\n    tools.bench.noop()\nprint(1+1)");
+    for (name, cell) in [
+        ("tools/python_container_session_cell_one_call", one),
+        ("tools/python_container_session_cell_100_calls", hundred),
+    ] {
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                let r = container_tools.execute("bench", cell.clone()).unwrap();
+                assert_eq!(r.output, Some(json!(2)), "{r:?}");
+                black_box(r)
+            })
+        });
+    }
     g.finish();
 }
 
