@@ -312,6 +312,19 @@ async fn http_sessions_are_isolated_per_connection_and_need_the_token() {
     let stolen = tool(&two, "run_code", json!({"language": "js", "code": "s", "session_id": sid}));
     assert_eq!(stolen["error"]["kind"], "unknown_session", "{stolen}");
     assert_eq!(tool(&one, "run_code", json!({"language": "js", "code": "s", "session_id": sid}))["output"], "mine");
+    // Closing an MCP session: 204 (clients expect 200 or 204; rmcp says 202),
+    // and the session is gone.
+    let delete = std::process::Command::new("curl")
+        .args(["-s", "-i", "-X", "DELETE", &format!("http://127.0.0.1:{port}/mcp")])
+        .args(["-H", "authorization: Bearer a-long-enough-test-token", "-H", &format!("mcp-session-id: {two}")])
+        .args(["-H", "mcp-protocol-version: 2025-06-18"])
+        .output()
+        .unwrap();
+    let head = String::from_utf8_lossy(&delete.stdout).into_owned();
+    assert!(head.starts_with("HTTP/1.1 204"), "{head}");
+    let after =
+        post(Some("a-long-enough-test-token"), Some(&two), json!({"jsonrpc": "2.0", "id": 3, "method": "tools/list"}));
+    assert!(after.starts_with("HTTP/1.1 404"), "{after}");
     // MCP sessions are bounded: past the cap, another initialize gets 503.
     let refused =
         (0..300).any(|_| post(Some("a-long-enough-test-token"), None, init.clone()).starts_with("HTTP/1.1 503"));

@@ -31,7 +31,14 @@ pub(super) async fn admit(
     if opens_session && limits.manager.sessions.read().await.len() >= limits.max_sessions {
         return unavailable("too many MCP sessions; close one (DELETE) or wait for one to expire");
     }
-    next.run(request).await
+    let deletes = request.method() == axum::http::Method::DELETE;
+    let mut response = next.run(request).await;
+    // rmcp answers a session's DELETE with 202; the session is closed by
+    // then, and clients (the Python SDK) expect 200 or 204 for it.
+    if deletes && response.status() == axum::http::StatusCode::ACCEPTED {
+        *response.status_mut() = axum::http::StatusCode::NO_CONTENT;
+    }
+    response
 }
 
 /// Lets a request through only with the right bearer token.

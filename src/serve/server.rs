@@ -153,6 +153,15 @@ impl Server {
         }
         let listener = tokio::net::TcpListener::bind(addr).await?;
         bound(listener.local_addr()?);
+        // Answers go out in several small writes: without TCP_NODELAY,
+        // Nagle's algorithm meets the client's delayed ACK and each
+        // round trip waits ~40 ms.
+        use axum::serve::ListenerExt as _;
+        let listener = listener.tap_io(|stream| {
+            if let Err(e) = stream.set_nodelay(true) {
+                tracing::debug!("cannot set TCP_NODELAY on a connection: {e}");
+            }
+        });
         let shutdown = stop.clone();
         axum::serve(listener, router).with_graceful_shutdown(async move { shutdown.cancelled().await }).await?;
         self.drain().await;
