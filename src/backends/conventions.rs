@@ -427,8 +427,45 @@ def _execbox_session(nonce, read_message):
     };
 }
 
+/// `_execbox_empty(top)`: removes everything below `top` (a container
+/// session's `/work/out` tmpfs, before each cell), without recursion and
+/// without following links, making the cell's own unreadable directories
+/// readable first; what it cannot remove stays (a cell can only confuse its
+/// own session). The tmpfs's inode cap bounds its work.
+#[cfg(feature = "container")]
+macro_rules! python_empty_def {
+    () => {
+        "\
+def _execbox_empty(top, _os=__import__('os')):
+    dirs, stack = [], [top]
+    while stack:
+        d = stack.pop()
+        try:
+            entries = list(_os.scandir(d))
+        except OSError:
+            continue
+        for e in entries:
+            try:
+                if e.is_dir(follow_symlinks=False):
+                    _os.chmod(e.path, 0o700)
+                    stack.append(e.path)
+                    dirs.append(e.path)
+                else:
+                    _os.unlink(e.path)
+            except OSError:
+                pass
+    for d in reversed(dirs):
+        try:
+            _os.rmdir(d)
+        except OSError:
+            pass
+"
+    };
+}
+
 /// A container session's `python3 -c` program (`NONCE` replaced by the
-/// session's). A cell that may call tools arrives after the tools header
+/// session's): each cell starts with an empty `/work/out`. A cell that may
+/// call tools arrives after the tools header
 /// (`\0tools:{"nonce": "", "names": [...]}\n`); its calls go to the
 /// session's socket ([`TOOLS_SOCKET`]).
 #[cfg(feature = "container")]
@@ -437,7 +474,9 @@ pub(crate) const PYTHON_SESSION_PROGRAM: &str = concat!(
     python_read_message!(),
     python_tools_def!(),
     python_socket_def!(),
+    python_empty_def!(),
     python_session_def!(concat!(
+        "        _execbox_empty('/work/out')\n",
         "        source = _execbox_take_tools(source, _execbox_socket('",
         tools_socket!(),
         "'))\n"

@@ -19,6 +19,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use super::outputs;
 use crate::error::ConfigError;
 
 /// Caller-supplied extra `run` arguments that cannot weaken isolation. Each
@@ -77,6 +78,25 @@ pub struct Mount {
     pub writable: bool,
 }
 
+/// `/work/out` of a run: a tmpfs inside the container, capped in bytes and
+/// in inodes by the kernel (see the module docs of `outputs.rs`: nothing of
+/// it is on the host).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct OutputTmpfs {
+    /// `size=` of the tmpfs ([`ContainerConfig::max_output_total_bytes`](super::ContainerConfig::max_output_total_bytes),
+    /// at least a page).
+    pub bytes: u64,
+    /// `nr_inodes=` of the tmpfs: the most files, directories and links
+    /// the code can create there (32,768, its root included).
+    pub inodes: u64,
+    /// One-shot runs: the command runs under a wrapper that, once it ends,
+    /// kills what is left of it and writes a listing of `/work/out` to
+    /// stdout after the record marker of this nonce (the host takes it out
+    /// of stdout). `None` for sessions, whose files are listed by `exec`.
+    pub listing_nonce: Option<String>,
+}
+
 /// Everything one `run` needs, as [`Container::plan`](super::Container::plan)
 /// shows it for audits: [`RunSpec::argv`] turns it into the exact arguments
 /// execbox passes to the engine CLI.
@@ -110,6 +130,8 @@ pub struct RunSpec {
     pub env: Vec<(String, String)>,
     /// Bind mounts.
     pub mounts: Vec<Mount>,
+    /// `/work/out`, when the run collects output files.
+    pub output_dir: Option<OutputTmpfs>,
     /// Working directory inside the container.
     pub workdir: String,
     /// Allow-listed extra arguments (see
@@ -191,6 +213,9 @@ fn run_argv(spec: &RunSpec) -> Vec<String> {
         let mode = if mount.writable { "" } else { ",readonly" };
         argv.push(format!("--mount=type=bind,src={},dst={}{mode}", mount.host.display(), mount.guest));
     }
+    if let Some(out) = &spec.output_dir {
+        argv.push(outputs::tmpfs_arg(out.bytes, out.inodes));
+    }
     if let Some(file) = &spec.env_file {
         argv.push(format!("--env-file={}", file.display()));
     }
@@ -202,6 +227,10 @@ fn run_argv(spec: &RunSpec) -> Vec<String> {
     argv.extend(["/bin/sh".into(), "-c".into(), STOP_SCRIPT.into(), "execbox-stop".into()]);
     argv.push(spec.max_file_bytes.map_or("unlimited".into(), |bytes| (bytes / 512).to_string()));
     argv.push(stop_duration(spec.stop_after));
+    if let Some((out, nonce)) = spec.output_dir.as_ref().and_then(|out| Some((out, out.listing_nonce.as_ref()?))) {
+        argv.extend(["/bin/sh".into(), "-c".into(), outputs::AFTER_SCRIPT.into(), "execbox-out".into(), nonce.clone()]);
+        argv.extend(outputs::script_args(out.bytes));
+    }
     argv.extend(spec.command.iter().cloned());
     argv
 }

@@ -1,9 +1,9 @@
-//! Host-side file work done for a request — staging inputs, collecting
-//! outputs, the Rust binary cache, saving output files — through cap-std
+//! Host-side file work done for a request — staging inputs, the Rust binary
+//! cache, saving output files — through cap-std
 //! directory handles, one path component at a time, never through a link.
 //!
-//! Why: a container writes into host directories (`/work/out`, read-write
-//! grants) and can plant symlinks there. A path-based `std::fs::write` of
+//! Why: a container writes into host directories (the Rust compile's
+//! target directory, read-write grants) and can plant symlinks there. A path-based `std::fs::write` of
 //! `out/evil` follows `evil -> /etc/passwd` and writes a host file outside
 //! every grant. Here a directory is opened once by its path
 //! ([`open_ambient`]: the caller's own, trusted path) and everything below
@@ -96,44 +96,12 @@ pub(super) fn replace(dir: &Dir, name: &OsStr, bytes: &[u8]) -> io::Result<()> {
     written
 }
 
-/// Why [`read_regular`] returned no content.
-pub(super) enum ReadRefused {
-    /// Larger than the limit it was read with.
-    TooLarge,
-    /// Not a regular file (a FIFO, a device, a socket, a directory).
-    NotRegular,
-    /// Any other failure, a symlink included.
-    Io(io::Error),
-}
-
-/// Reads the regular file `name` of `dir`, up to `max` bytes. Opened with
-/// `O_NOFOLLOW | O_NONBLOCK`, then checked on the open handle: a symlink is
-/// refused and a FIFO swapped in after a directory listing cannot block the
-/// host.
-pub(super) fn read_regular(dir: &Dir, name: &OsStr, max: u64) -> Result<Vec<u8>, ReadRefused> {
-    let mut options = OpenOptions::new();
-    options.read(true).follow(FollowSymlinks::No).custom_flags(libc::O_NONBLOCK);
-    let file = dir.open_with(name, &options).map_err(|e| ReadRefused::Io(explain(e, name)))?;
-    let meta = file.metadata().map_err(ReadRefused::Io)?;
-    if !meta.is_file() {
-        return Err(ReadRefused::NotRegular);
-    }
-    if meta.len() > max {
-        return Err(ReadRefused::TooLarge);
-    }
-    let mut bytes = Vec::with_capacity(meta.len() as usize);
-    // The file may still grow (a container that outlived a failed kill): read one byte past the limit at most.
-    file.take(max.saturating_add(1)).read_to_end(&mut bytes).map_err(ReadRefused::Io)?;
-    if bytes.len() as u64 > max {
-        return Err(ReadRefused::TooLarge);
-    }
-    Ok(bytes)
-}
-
-/// Copies the regular file `from_name` of `from` (opened as [`read_regular`]
-/// opens, at most `max` bytes) to `to_name` in `to` with exactly `mode`:
-/// written to a fresh file, then renamed into place, so no reader sees half
-/// a copy and no existing inode is written into.
+/// Copies the regular file `from_name` of `from` (at most `max` bytes) to
+/// `to_name` in `to` with exactly `mode`: written to a fresh file, then
+/// renamed into place, so no reader sees half a copy and no existing inode
+/// is written into. The source is opened with `O_NOFOLLOW | O_NONBLOCK`,
+/// then checked on the open handle: a symlink is refused, and a FIFO cannot
+/// block the host.
 pub(super) fn copy_regular(
     from: &Dir,
     from_name: &OsStr,
@@ -181,10 +149,9 @@ pub(crate) fn remove_tree(path: &Path) -> io::Result<()> {
     std::fs::remove_dir(path)
 }
 
-/// Removes everything inside `path`, keeping `path` itself (a directory
-/// bind-mounted into a container must stay the same inode); as
+/// Removes everything inside `path`, keeping `path` itself; as
 /// [`remove_tree`], without recursion and without following links.
-pub(crate) fn empty_tree(path: &Path) -> io::Result<()> {
+fn empty_tree(path: &Path) -> io::Result<()> {
     let root = open_ambient(path)?;
     let lifted = format!(".execbox-lifted-{:016x}-", crate::nonce::random_u64());
     let mut count = 0u64;
@@ -406,7 +373,7 @@ mod tests {
     }
 
     #[test]
-    fn reads_refuse_links_fifos_and_oversized_files() {
+    fn copies_refuse_links_fifos_and_oversized_files() {
         let root = tempfile::tempdir().unwrap();
         std::fs::write(root.path().join("ok"), "12345").unwrap();
         std::os::unix::fs::symlink("/etc/hostname", root.path().join("link")).unwrap();
@@ -414,9 +381,11 @@ mod tests {
         // SAFETY: `fifo` is a NUL-terminated path that outlives the call.
         assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
         let dir = open_ambient(root.path()).unwrap();
-        assert_eq!(read_regular(&dir, "ok".as_ref(), 5).ok(), Some(b"12345".to_vec()));
-        assert!(matches!(read_regular(&dir, "ok".as_ref(), 4), Err(ReadRefused::TooLarge)));
-        assert!(matches!(read_regular(&dir, "link".as_ref(), 100), Err(ReadRefused::Io(_))));
-        assert!(matches!(read_regular(&dir, "fifo".as_ref(), 100), Err(ReadRefused::NotRegular)));
+        let copy = |name: &str, max: u64| copy_regular(&dir, name.as_ref(), &dir, "copy".as_ref(), 0o600, max);
+        copy("ok", 5).unwrap();
+        assert_eq!(std::fs::read(root.path().join("copy")).unwrap(), b"12345");
+        assert!(copy("ok", 4).is_err());
+        assert!(copy("link", 100).is_err());
+        assert!(copy("fifo", 100).is_err());
     }
 }

@@ -14,12 +14,18 @@
 //! What the code sees:
 //! - `/work` (read-only, the working directory): `input.json` holding the
 //!   request's JSON `input`, and the staged input files;
-//! - `/work/out` (read-write, only when the request collects output files):
-//!   regular files left there come back as `output_files`, within
-//!   [`ContainerConfig::max_output_files`] and the byte caps beside it;
-//!   symlinks and special files are never followed, and the host looks at
-//!   no more than 10,000 entries, 16 directories deep (the result's
-//!   `message` says what was left out);
+//! - `/work/out` (only when the request collects output files): a tmpfs
+//!   inside the container, capped by the kernel at
+//!   [`ContainerConfig::max_output_total_bytes`] and 32,768 entries (a write
+//!   past either fails with `ENOSPC`; nothing of it is on the host). Regular
+//!   files left there when the program ends come back as `output_files`,
+//!   within [`ContainerConfig::max_output_files`] and the byte caps beside
+//!   it; symlinks and special files are never followed, and no more than
+//!   10,000 entries, 16 directories deep, are looked at (the result's
+//!   `message` says what was left out). They are listed inside the
+//!   container when the program ends, within the run's deadline (a run
+//!   that times out returns none; the listing's shell is one of the run's
+//!   processes);
 //! - `/tmp`: a private tmpfs; `/opt/execbox/stop`: a tiny one holding the
 //!   in-container timer's copy; nothing else is writable.
 //!
@@ -67,6 +73,7 @@
 mod argv;
 mod config;
 pub(crate) mod hostfs;
+mod outputs;
 mod owners;
 mod process;
 mod reaper;
@@ -79,7 +86,7 @@ mod tool_socket;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use argv::{Mount, RunSpec};
+pub use argv::{Mount, OutputTmpfs, RunSpec};
 pub use config::{ContainerConfig, RustConfig};
 pub use hostfs::{OutputDir, SaveError};
 pub use process::KILL_GRACE;

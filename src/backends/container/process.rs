@@ -17,6 +17,7 @@ use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use super::outputs::{Listing, ListingTap};
 use crate::limits::child::ChildHandle;
 use crate::limits::deadline::Deadline;
 use crate::limits::output::{BoundedBuffer, OutputTap, StreamKind};
@@ -73,6 +74,9 @@ pub(super) struct Invocation<'a> {
     pub max_stdout: Option<u64>,
     pub max_stderr: Option<u64>,
     pub tap: Option<OutputTap>,
+    /// Takes the listing of `/work/out` out of stdout (a run that collects
+    /// output files; see `outputs.rs`).
+    pub listing: Option<ListingTap>,
 }
 
 /// How an invocation ended.
@@ -89,6 +93,8 @@ pub(super) struct Finished {
     pub ended: Ended,
     pub stdout: CapturedStream,
     pub stderr: CapturedStream,
+    /// The listing of `/work/out`, if the run asked for one and it came.
+    pub listing: Option<Listing>,
 }
 
 /// Runs one container to its end, or to its deadline plus [`KILL_GRACE`].
@@ -116,20 +122,29 @@ pub(super) fn run(inv: Invocation<'_>, remove: &dyn Fn(&str)) -> std::io::Result
             // A program that exits without reading stdin closes the pipe: ignore EPIPE.
             scope.spawn(move || drop(pipe.write_all(&bytes)));
         }
-        let capture = |pipe: Option<Box<dyn Read + Send>>, cap: Option<u64>, kind: StreamKind| {
+        let capture = |pipe: Option<Box<dyn Read + Send>>,
+                       cap: Option<u64>,
+                       kind: StreamKind,
+                       mut listing: Option<ListingTap>| {
             let tx = eof_tx.clone();
             let tap = inv.tap.clone();
             scope.spawn(move || {
                 let mut buffer = BoundedBuffer::new(cap).tapped(tap, kind);
                 if let Some(mut pipe) = pipe {
-                    drain(&mut pipe, &mut buffer);
+                    drain(&mut pipe, &mut |chunk: &[u8]| match listing.as_mut() {
+                        Some(listing) => listing.feed(chunk, &mut buffer),
+                        None => buffer.write(chunk),
+                    });
                 }
+                let listing = listing.and_then(|listing| listing.finish(&mut buffer));
                 let _ = tx.send(());
-                buffer
+                (buffer, listing)
             })
         };
-        let out = capture(stdout.map(|p| Box::new(p) as Box<dyn Read + Send>), inv.max_stdout, StreamKind::Stdout);
-        let err = capture(stderr.map(|p| Box::new(p) as Box<dyn Read + Send>), inv.max_stderr, StreamKind::Stderr);
+        let stdout = stdout.map(|p| Box::new(p) as Box<dyn Read + Send>);
+        let out = capture(stdout, inv.max_stdout, StreamKind::Stdout, inv.listing);
+        let stderr = stderr.map(|p| Box::new(p) as Box<dyn Read + Send>);
+        let err = capture(stderr, inv.max_stderr, StreamKind::Stderr, None);
         drop(eof_tx);
 
         let mut open_streams = 2;
@@ -149,10 +164,11 @@ pub(super) fn run(inv: Invocation<'_>, remove: &dyn Fn(&str)) -> std::io::Result
                 status = child.wait().ok();
             }
         }
-        let out = out.join().map(BoundedBuffer::into_captured).unwrap_or_default();
-        let err = err.join().map(BoundedBuffer::into_captured).unwrap_or_default();
-        (timed_out, status, out, err)
+        let (out, listing) = out.join().map(|(b, listing)| (b.into_captured(), listing)).unwrap_or_default();
+        let err = err.join().map(|(b, _)| b.into_captured()).unwrap_or_default();
+        (timed_out, status, (out, listing), err)
     });
+    let (out, listing) = out;
 
     let ended = if timed_out {
         Ended::TimedOut
@@ -161,7 +177,7 @@ pub(super) fn run(inv: Invocation<'_>, remove: &dyn Fn(&str)) -> std::io::Result
         classify(inv.engine, inv.name, status, &err, limit)
     };
     remove(inv.name);
-    Ok(Finished { ended, stdout: out, stderr: err })
+    Ok(Finished { ended, stdout: out, stderr: err, listing })
 }
 
 /// Waits, within `deadline`, until both streams reached EOF (counted down
@@ -185,14 +201,15 @@ fn wait_end(
     wait_until(child, exit, until(deadline.remaining())).ok().flatten()
 }
 
-/// Reads a pipe to its end, keeping what fits the cap and counting the rest,
-/// so the writer never blocks on a full pipe.
-fn drain(pipe: &mut dyn Read, buffer: &mut BoundedBuffer) {
+/// Reads a pipe to its end, handing each chunk to `sink` (which keeps what
+/// fits its caps and counts the rest), so the writer never blocks on a full
+/// pipe.
+fn drain(pipe: &mut dyn Read, sink: &mut dyn FnMut(&[u8])) {
     let mut chunk = [0u8; 16 * 1024];
     loop {
         match pipe.read(&mut chunk) {
             Ok(0) => return,
-            Ok(n) => buffer.write(&chunk[..n]),
+            Ok(n) => sink(&chunk[..n]),
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(_) => return,
         }
@@ -301,7 +318,7 @@ pub(super) fn bounded_output(command: &mut Command, limit: Duration, max_bytes: 
             scope.spawn(move || {
                 let mut buffer = BoundedBuffer::new(Some(max_bytes as u64));
                 if let Some(mut pipe) = pipe {
-                    drain(&mut pipe, &mut buffer);
+                    drain(&mut pipe, &mut |chunk: &[u8]| buffer.write(chunk));
                 }
                 buffer.into_captured().bytes
             })

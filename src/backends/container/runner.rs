@@ -8,8 +8,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use super::argv::RunSpec;
+use super::argv::{OutputTmpfs, RunSpec};
 use super::config::{ContainerConfig, MIN_MEMORY_BYTES};
+use super::outputs::{self, OUTPUT_INODES, OutputLimits};
 use super::owners;
 use super::process::{self, KILL_GRACE};
 use super::reaper::Reaper;
@@ -278,6 +279,11 @@ impl Runner {
             env_file: staging.env_file(),
             env: Vec::new(),
             mounts,
+            output_dir: staging.collects_outputs().then(|| OutputTmpfs {
+                bytes: self.output_limits().tmpfs_bytes(),
+                inodes: OUTPUT_INODES,
+                listing_nonce: Some(crate::nonce::hex128()),
+            }),
             workdir: WORKDIR.into(),
             extra_args: self.cfg.extra_run_args.clone(),
             command,
@@ -292,8 +298,13 @@ impl Runner {
         if self.shut_down.load(Ordering::SeqCst) {
             return RunEnd::SpawnFailed("the backend is shutting down".into());
         }
+        let listing =
+            spec.output_dir.as_ref().and_then(|out| out.listing_nonce.as_deref()).map(|nonce| {
+                outputs::ListingTap::new(outputs::listing_marker(nonce), self.output_limits().listing_cap())
+            });
         let invocation = process::Invocation {
             engine: &self.cfg.engine,
+            listing,
             argv: spec.argv(),
             name: &spec.name,
             stdin,
@@ -321,6 +332,7 @@ impl Runner {
             RunEnd::Finished(f) => f,
             RunEnd::SpawnFailed(reason) => return Err(self.unavailable(reason)),
         };
+        let timed_out = matches!(finished.ended, process::Ended::TimedOut);
         let (outcome, exit_code, mut message) = match finished.ended {
             process::Ended::Exited { exit_code: 0, .. } => (Outcome::Ok, Some(0), None),
             process::Ended::Exited { exit_code, oom_killed: true } => (
@@ -334,7 +346,16 @@ impl Runner {
             process::Ended::TimedOut => (Outcome::TimedOut, None, Some(deadline.exceeded_message())),
             process::Ended::EngineError(text) => return Err(self.engine_error(text)),
         };
-        let (output_files, note) = staging.collect_outputs(self.output_limits());
+        let (output_files, note) = if staging.collects_outputs() {
+            let why_none = if timed_out {
+                "they are listed when the program ends, and it ran out of time"
+            } else {
+                "the container ended before it listed out/"
+            };
+            outputs::files_from_listing(finished.listing.as_ref(), why_none, self.output_limits())
+        } else {
+            (Vec::new(), None)
+        };
         if let Some(note) = note {
             message = Some(match message {
                 Some(m) => format!("{m}; {note}"),
@@ -353,8 +374,8 @@ impl Runner {
     }
 
     /// The caps on the files a run returns.
-    pub fn output_limits(&self) -> staging::OutputLimits {
-        staging::OutputLimits {
+    pub fn output_limits(&self) -> OutputLimits {
+        OutputLimits {
             max_files: self.cfg.max_output_files,
             max_file_bytes: self.cfg.max_output_file_bytes,
             max_total_bytes: self.cfg.max_output_total_bytes,
@@ -444,8 +465,9 @@ fn capabilities(cfg: &ContainerConfig) -> BackendCapabilities {
         },
         filesystem: SurfaceCapability {
             deny: E::enforced(
-                "read-only root filesystem; no host path is mounted but execbox's own staging \
-                 (/work read-only, /work/out only when output files are collected); /tmp is a private tmpfs",
+                "read-only root filesystem; no host path is mounted but execbox's own staging (/work, \
+                 read-only); /tmp and, when output files are collected, /work/out are private tmpfs \
+                 (/work/out capped at max_output_total_bytes and 32768 entries)",
             ),
             allow_list: E::enforced("each granted path is a bind mount, read-only or read-write as granted"),
         },

@@ -390,6 +390,7 @@ fn compile(
         max_file_bytes: Some(cfg.max_binary_bytes),
         env_file: None,
         env: Vec::new(),
+        output_dir: None,
         mounts: vec![
             Mount { host: dir.path().join("src"), guest: WORKDIR.into(), writable: false },
             Mount { host: dir.path().join("target"), guest: "/work/target".into(), writable: true },

@@ -4,8 +4,11 @@
 //!
 //! The container gets the same locked flags as a one-shot run, the data
 //! image when packages are declared, `/work` (read-only: each cell's input
-//! and files are staged there by the host) and `/work/out` (read-write,
-//! emptied before each cell: a cell that collects files gets what it wrote).
+//! and files are staged there by the host) and `/work/out` (the container's
+//! own size- and inode-capped tmpfs, see `outputs.rs`; the session loop
+//! empties it before each cell, so a cell that collects files gets what it
+//! wrote: after such a cell the host lists it with `exec`, within the cell's
+//! deadline).
 //! Its first process is the in-container timer around `python3` running the
 //! session loop (the same loop as CPython-in-wasm sessions, see
 //! `conventions.rs`), which reads cells from the attached stdin. Per cell:
@@ -40,6 +43,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use super::outputs::{self, COLLECT_SCRIPT, Listing};
 use super::process;
 use super::runner::{self, Runner};
 use super::staging::Staging;
@@ -48,6 +52,7 @@ use crate::admission::Admitted;
 use crate::backends::conventions;
 use crate::capabilities::BackendCapabilities;
 use crate::error::ExecError;
+use crate::file::ExecFile;
 use crate::language::Language;
 use crate::limits::child::ChildHandle;
 use crate::limits::deadline::Deadline;
@@ -65,6 +70,10 @@ use crate::violation::{Control, Violation};
 
 /// How long the container may take to start and run its first (empty) cell.
 const OPEN_LIMIT: Duration = Duration::from_secs(60);
+
+/// How long the host waits for the listing of `/work/out` after a cell
+/// without a deadline (past it the cell gets no files, as past a deadline).
+const LISTING_LIMIT: Duration = Duration::from_secs(60);
 
 /// A Python session in a container. See the module docs.
 pub struct ContainerSession {
@@ -93,6 +102,27 @@ pub struct ContainerSession {
 struct CellIo {
     child: Child,
     stdin: Option<ChildStdin>,
+    /// A listing of `/work/out` that outlived its cell's deadline.
+    listing: Option<PendingListing>,
+}
+
+/// An `exec` listing `/work/out` still running (its output drained and
+/// dropped by its reader thread).
+struct PendingListing {
+    child: Child,
+    exit: ChildHandle,
+}
+
+impl PendingListing {
+    /// Waits until the listing ended, or `until`: whether it ended.
+    fn finish(mut self, until: Option<Instant>) -> bool {
+        let ended = self.exit.wait_exit(until);
+        if !ended {
+            process::kill_group(&mut self.child);
+        }
+        let _ = self.child.wait();
+        ended
+    }
 }
 
 /// Both output streams of the current cell, fed by reader threads.
@@ -146,6 +176,10 @@ impl ContainerSession {
         let command = vec!["/usr/bin/python3".to_string(), "-c".to_string(), program];
         let image = runner.script_image(&template);
         let mut spec = runner.spec(&template, &staging, image, command, cfg.session_lifetime)?;
+        // Cells' files are listed by `exec`, not after the (endless) loop.
+        if let Some(out) = spec.output_dir.as_mut() {
+            out.listing_nonce = None;
+        }
         let tools =
             ToolSocket::start().map_err(|e| unavailable(format!("cannot open the session's tool socket: {e}")))?;
         tools.attach(&mut spec, false)?;
@@ -179,7 +213,7 @@ impl ContainerSession {
             name: spec.name.clone(),
             staging: Some(staging),
             marker: marker(&nonce),
-            io: Mutex::new(CellIo { child, stdin }),
+            io: Mutex::new(CellIo { child, stdin, listing: None }),
             cli,
             memory_bytes,
             pids,
@@ -272,6 +306,22 @@ impl ContainerSession {
             return Err(self.lost());
         }
         let deadline = call.deadline();
+        // The last cell's listing of /work/out, if it outlived that cell's
+        // deadline, ends before this cell starts (or the session does).
+        if let Some(listing) = io.listing.take() {
+            let until = deadline.remaining().map(|left| Instant::now() + left);
+            if !listing.finish(until) {
+                self.alive.store(false, Ordering::SeqCst);
+                process::kill_container(&self.runner.config().engine, &self.name, process::KILL_GRACE);
+                let mut result = ExecResult::new(Self::NAME, Outcome::TimedOut);
+                result.usage = Usage { duration: deadline.elapsed(), ..Usage::default() };
+                result.message = Some(format!(
+                    "{}: the last cell's listing of out/ still ran; the session ended",
+                    deadline.exceeded_message()
+                ));
+                return Ok(result);
+            }
+        }
         let source = call.take_source(Self::NAME)?;
         let input = call.take_input_json(self.runner.config().defaults.max_input_nesting, Self::NAME)?;
         let request = call.request();
@@ -327,7 +377,7 @@ impl ContainerSession {
                     result.message = Some(format!("the cell failed with status {status}"));
                 }
                 if call.request().collect_output_files {
-                    let (files, note) = staging.collect_outputs(self.runner.output_limits());
+                    let (files, note) = self.collect_outputs(&mut io, &deadline);
                     result.output_files = files;
                     if let Some(note) = note {
                         result.message = Some(match result.message.take() {
@@ -435,6 +485,83 @@ impl ContainerSession {
 }
 
 impl ContainerSession {
+    /// The files the last cell left in `/work/out`, listed inside the
+    /// container by `exec` (see `outputs.rs`; nothing of the cell runs any
+    /// more), read through a bounded buffer. A listing that does not finish
+    /// within the cell's deadline gives no files (the message says so) and
+    /// is left to finish (its work is bounded: entries, depth and bytes),
+    /// the host draining it: the next cell waits for it first. Not killed:
+    /// what a kill orphans inside the container would stay there as zombies
+    /// of its first process, which reaps only its own child.
+    fn collect_outputs(&self, io: &mut CellIo, deadline: &Deadline) -> (Vec<ExecFile>, Option<String>) {
+        let limits = self.runner.output_limits();
+        let none = |why: &str| outputs::files_from_listing(None, why, limits);
+        let until = Instant::now() + deadline.remaining().unwrap_or(LISTING_LIMIT);
+        if deadline.expired() {
+            return none("the cell's deadline passed before out/ could be listed");
+        }
+        let mut command = process::engine_command(&self.runner.config().engine);
+        command
+            .args(["exec", &self.name, "/bin/sh", "-c", COLLECT_SCRIPT, "execbox-out"])
+            .args(outputs::script_args(limits.tmpfs_bytes()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        let mut child = match command.spawn() {
+            Ok(child) => child,
+            Err(e) => return none(&format!("cannot list out/: {e}")),
+        };
+        let exit = match ChildHandle::of(&child) {
+            Ok(exit) => exit,
+            Err(e) => {
+                process::kill_group(&mut child);
+                let _ = child.wait();
+                return none(&format!("cannot list out/: {e}"));
+            }
+        };
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let pipe = child.stdout.take();
+        let cap = limits.listing_cap();
+        // Detached: it ends when the listing's stdout does.
+        let spawned =
+            std::thread::Builder::new().name("execbox-listing".into()).stack_size(128 << 10).spawn(move || {
+                let mut buffer = BoundedBuffer::new(Some(cap));
+                if let Some(mut pipe) = pipe {
+                    let mut chunk = [0u8; 16 * 1024];
+                    loop {
+                        match pipe.read(&mut chunk) {
+                            Ok(0) => break,
+                            Ok(n) => buffer.write(&chunk[..n]),
+                            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                            Err(_) => break,
+                        }
+                    }
+                }
+                let _ = tx.send(buffer.into_captured());
+            });
+        if let Err(e) = spawned {
+            process::kill_group(&mut child);
+            let _ = child.wait();
+            return none(&format!("cannot list out/: {e}"));
+        }
+        let read = rx.recv_timeout(until.saturating_duration_since(Instant::now())).ok();
+        let status = match read {
+            Some(_) if exit.wait_exit(Some(until)) => child.try_wait().ok().flatten(),
+            _ => None,
+        };
+        match (read, status) {
+            (Some(out), Some(status)) if status.success() => {
+                let listing = Listing { bytes: out.bytes, cut: out.truncated };
+                outputs::files_from_listing(Some(&listing), "", limits)
+            }
+            (Some(_), Some(status)) => none(&format!("listing out/ failed ({status})")),
+            _ => {
+                io.listing = Some(PendingListing { child, exit });
+                none("listing out/ did not finish within the cell's deadline")
+            }
+        }
+    }
+
     /// What of the last cell still runs, if anything: more processes than
     /// the timer and the interpreter, more threads than its one, or the
     /// interpreter not blocked reading its next cell. Read from the host's
@@ -610,6 +737,9 @@ impl Drop for ContainerSession {
     fn drop(&mut self) {
         let io = self.io.get_mut();
         drop(io.stdin.take());
+        if let Some(listing) = io.listing.take() {
+            listing.finish(Some(Instant::now()));
+        }
         self.runner.reaper().remove(self.name.clone());
         process::kill_group(&mut io.child);
         let _ = io.child.wait();

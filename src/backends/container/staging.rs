@@ -2,7 +2,8 @@
 //!
 //! - `work/` → `/work` (read-only): `input.json`, the staged input files, and
 //!   whatever a language adds;
-//! - `out/` → `/work/out` (read-write), only when the request collects output files;
+//! - `work/out`: only an empty mount point (`/work/out` is a tmpfs inside
+//!   the container when the request collects output files, see `outputs.rs`);
 //! - `env`: the `--env-file` with exactly the request's variables.
 //!
 //! Every file operation goes through a cap-std handle on that directory,
@@ -16,37 +17,17 @@ use std::path::{Component, Path, PathBuf};
 use cap_std::fs::Dir;
 
 use super::argv::Mount;
-use super::hostfs::{self, ReadRefused};
+use super::hostfs;
 use crate::error::{ExecError, InvalidRequest};
 use crate::file::ExecFile;
-use crate::limits::text;
 use crate::request::ExecRequest;
 
 /// The code's working directory (`input.json`, the request's JSON `input`,
 /// is staged there when it has one).
 pub(super) const WORKDIR: &str = "/work";
-/// Where the code writes files to return (when the request collects them).
-const OUTPUT_DIR: &str = "/work/out";
-
 /// Guest paths a policy grant may not cover: execbox's own mounts and the
 /// kernel's pseudo-filesystems.
 const RESERVED_GUEST_PATHS: &[&str] = &["/", "/work", "/opt/execbox", "/opt/rust", "/tmp", "/proc", "/sys", "/dev"];
-
-/// Most entries of `out/` the host looks at (files, directories, links,
-/// anything): a hostile program can leave millions within its deadline; the
-/// host walks this many and says so when it stopped.
-const MAX_OUTPUT_ENTRIES: usize = 10_000;
-
-/// Deepest directory of `out/` walked.
-const MAX_OUTPUT_DEPTH: usize = 16;
-
-/// Limits on the files returned from `out/`.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct OutputLimits {
-    pub max_files: usize,
-    pub max_file_bytes: u64,
-    pub max_total_bytes: u64,
-}
 
 pub(super) struct Staging {
     root: tempfile::TempDir,
@@ -73,9 +54,11 @@ impl Staging {
             })?;
         }
         if request.collect_output_files {
-            hostfs::create_dirs(&work, Path::new("out"), Some(0o755)).map_err(|e| io("out", e))?;
-            // Writable by the container's unprivileged user, whatever its uid.
-            hostfs::create_dirs(&dir, Path::new("out"), Some(0o777)).map_err(|e| io("out", e))?;
+            // The mount point of the /work/out tmpfs, never written into:
+            // docker (20.10) gives the tmpfs this directory's mode over its
+            // `mode=` option, so it is 1777 too (inside the private staging
+            // directory), so the code's user can write there.
+            hostfs::create_dirs(&work, Path::new("out"), Some(0o1777)).map_err(|e| io("out", e))?;
         }
         let has_env = !request.env.is_empty();
         if has_env {
@@ -86,8 +69,8 @@ impl Staging {
 
     /// Stages one session cell's files in `/work` (replacing files of the
     /// same name, never through a link) and its `input.json` (removed when
-    /// the cell has no input), and empties `/work/out` so the cell returns
-    /// only what it writes.
+    /// the cell has no input). `/work/out` is the container's own tmpfs: the
+    /// session loop empties it before each cell.
     pub fn stage_cell(&self, request: &ExecRequest, input: Option<&[u8]>) -> Result<(), ExecError> {
         let io = |what: &str, e: std::io::Error| InvalidRequest::BadPath { path: what.into(), reason: e.to_string() };
         let work = hostfs::open_dir(&self.dir, OsStr::new("work")).map_err(|e| io("<staging dir>", e))?;
@@ -100,9 +83,6 @@ impl Staging {
         }
         for file in &request.input_files {
             stage_file(&work, file, self.collect_outputs, |dir, leaf| hostfs::replace(dir, leaf, &file.content))?;
-        }
-        if self.collect_outputs {
-            hostfs::empty_tree(&self.root.path().join("out")).map_err(|e| io("out", e))?;
         }
         Ok(())
     }
@@ -117,137 +97,22 @@ impl Staging {
         self.has_env.then(|| self.root.path().join("env"))
     }
 
-    /// `/work` read-only, and `/work/out` read-write when collecting outputs.
+    /// `/work` read-only (`/work/out`, when collecting outputs, is a tmpfs:
+    /// see [`RunSpec::output_dir`](super::argv::RunSpec::output_dir)).
     pub fn mounts(&self) -> Vec<Mount> {
-        let mut mounts = vec![Mount { host: self.work(), guest: WORKDIR.into(), writable: false }];
-        if self.collect_outputs {
-            mounts.push(Mount { host: self.root.path().join("out"), guest: OUTPUT_DIR.into(), writable: true });
-        }
-        mounts
+        vec![Mount { host: self.work(), guest: WORKDIR.into(), writable: false }]
     }
 
-    /// Hands the directory over for removal (a hostile program may have left
-    /// millions of entries: removing them is the reaper's job, off the
-    /// request path).
+    /// Whether the request collects output files (then `/work/out` exists).
+    pub fn collects_outputs(&self) -> bool {
+        self.collect_outputs
+    }
+
+    /// Hands the directory over for removal (the reaper's job, off the
+    /// request path; the container never writes into it: `/work` is
+    /// read-only to it).
     pub fn into_dir(self) -> tempfile::TempDir {
         self.root
-    }
-
-    /// The files the code left in `/work/out`: regular files only (symlinks
-    /// and special files are skipped, never followed), in name order, within
-    /// `limits`. The walk looks at most [`MAX_OUTPUT_ENTRIES`] entries, at
-    /// most [`MAX_OUTPUT_DEPTH`] deep. The second value notes what was left
-    /// out, if anything: a bounded list and a count.
-    pub fn collect_outputs(&self, limits: OutputLimits) -> (Vec<ExecFile>, Option<String>) {
-        if !self.collect_outputs {
-            return (Vec::new(), None);
-        }
-        let mut walk = Walk::default();
-        let out = match hostfs::open_dir(&self.dir, OsStr::new("out")) {
-            Ok(out) => out,
-            Err(e) => return (Vec::new(), Some(format!("output files left out: out/ ({e})"))),
-        };
-        walk.dir(&out, "", 0);
-        walk.found.sort();
-        let mut files = Vec::new();
-        let mut total = 0u64;
-        let mut skipped = walk.skipped;
-        for (name, size) in walk.found {
-            let over = if files.len() >= limits.max_files {
-                Some("over max_output_files")
-            } else if size > limits.max_file_bytes {
-                Some("over max_output_file_bytes")
-            } else if total + size > limits.max_total_bytes {
-                Some("over max_output_total_bytes")
-            } else {
-                None
-            };
-            if let Some(reason) = over {
-                skipped.push(format!("{name} ({reason})"));
-                continue;
-            }
-            let max = limits.max_file_bytes.min(limits.max_total_bytes - total);
-            match read_output(&out, &name, max) {
-                Ok(content) => {
-                    total += content.len() as u64;
-                    let mime_type = mime_guess::from_path(&name).first_raw().map(str::to_string);
-                    files.push(ExecFile { name, content, mime_type });
-                }
-                Err(ReadRefused::TooLarge) => skipped.push(format!("{name} (grew past the output caps)")),
-                Err(ReadRefused::NotRegular) => skipped.push(format!("{name} (not a regular file)")),
-                Err(ReadRefused::Io(e)) => skipped.push(format!("{name} ({e})")),
-            }
-        }
-        let mut notes = Vec::new();
-        if !skipped.is_empty() {
-            notes.push(format!("output files left out: {}", text::list_names(&skipped)));
-        }
-        if walk.stopped {
-            notes.push(format!("out/ holds more than {MAX_OUTPUT_ENTRIES} entries: only those were looked at"));
-        }
-        (files, (!notes.is_empty()).then(|| notes.join("; ")))
-    }
-}
-
-/// Reads `out/<name>` one component at a time from the handle on `out/`,
-/// never through a link (the walk saw a regular file; the program may have
-/// swapped in a link since, if its container outlived a failed kill).
-fn read_output(out: &Dir, name: &str, max: u64) -> Result<Vec<u8>, ReadRefused> {
-    let mut parts: Vec<&str> = name.split('/').collect();
-    let leaf = parts.pop().unwrap_or_default();
-    let mut dir = out.try_clone().map_err(ReadRefused::Io)?;
-    for part in parts {
-        dir = hostfs::open_dir(&dir, OsStr::new(part)).map_err(ReadRefused::Io)?;
-    }
-    hostfs::read_regular(&dir, OsStr::new(leaf), max)
-}
-
-/// A bounded walk of `out/`: the regular files found (name, size), what
-/// was skipped, and whether the entry bound stopped it. Holds one open
-/// directory per level (at most [`MAX_OUTPUT_DEPTH`]).
-#[derive(Default)]
-struct Walk {
-    found: Vec<(String, u64)>,
-    skipped: Vec<String>,
-    visited: usize,
-    stopped: bool,
-}
-
-impl Walk {
-    fn dir(&mut self, dir: &Dir, prefix: &str, depth: usize) {
-        let Ok(entries) = dir.entries() else {
-            self.skipped.push(format!("{prefix} (cannot be listed)"));
-            return;
-        };
-        for entry in entries {
-            if self.visited >= MAX_OUTPUT_ENTRIES {
-                self.stopped = true;
-            }
-            if self.stopped {
-                return;
-            }
-            self.visited += 1;
-            let Ok(entry) = entry else { continue };
-            let file_name = entry.file_name();
-            let Some(text) = file_name.to_str() else {
-                self.skipped.push(format!("{prefix}{} (name is not UTF-8)", file_name.to_string_lossy()));
-                continue;
-            };
-            let name = format!("{prefix}{text}");
-            // symlink_metadata: a symlink is reported as itself, never followed.
-            match dir.symlink_metadata(&file_name) {
-                Ok(meta) if meta.is_file() => self.found.push((name, meta.len())),
-                Ok(meta) if meta.is_dir() && depth < MAX_OUTPUT_DEPTH => match hostfs::open_dir(dir, &file_name) {
-                    Ok(sub) => self.dir(&sub, &format!("{name}/"), depth + 1),
-                    Err(e) => self.skipped.push(format!("{name}/ ({e})")),
-                },
-                Ok(meta) if meta.is_dir() => {
-                    self.skipped.push(format!("{name}/ (nested deeper than {MAX_OUTPUT_DEPTH})"))
-                }
-                Ok(meta) if meta.file_type().is_symlink() => self.skipped.push(format!("{name} (symlink)")),
-                _ => self.skipped.push(format!("{name} (not a regular file)")),
-            }
-        }
     }
 }
 
