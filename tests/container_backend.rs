@@ -587,6 +587,89 @@ for i in range(50):
     assert!(message.contains(&format!("more than {MAX_OUTPUT_ENTRIES} entries")), "{message}");
 }
 
+/// Issue 17 (F1/F2): `/work/out` is a tmpfs inside the container, capped in
+/// bytes and entries: a program that floods it stops on `ENOSPC`, the run
+/// ends within its deadline, and what comes back is bounded by the usual caps.
+#[test]
+fn a_run_that_floods_work_out_is_stopped_by_the_kernel() {
+    let Some(c) = backend("outflood") else { return };
+    let code = "\
+import os
+n = 0
+try:
+    while True:
+        open('/work/out/f%07d' % n, 'w').close()
+        n += 1
+except OSError as e:
+    print('files', n, e.errno)
+try:
+    with open('/work/out/big', 'wb') as f:
+        while True:
+            f.write(b'x' * (1 << 20))
+except OSError as e:
+    print('bytes', e.errno)
+";
+    let limit = Duration::from_secs(10);
+    let started = Instant::now();
+    let r = run(&c, python(code).policy(SandboxPolicy::strict().timeout(limit)).collect_output_files());
+    let took = started.elapsed();
+    eprintln!("one-shot run flooding /work/out: {:?} in {took:?} ({limit:?} deadline)", r.outcome);
+    assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
+    let printed = stdout(&r);
+    let mut lines = printed.lines();
+    let files: Vec<&str> = lines.next().unwrap_or_default().split(' ').collect();
+    assert_eq!((files[0], files[2]), ("files", "28"), "ENOSPC at the inode cap: {printed}");
+    assert!(files[1].parse::<u64>().unwrap() < 40_000, "{printed}");
+    assert!(matches!(lines.next(), Some("bytes 28" | "bytes 27")), "{printed}");
+    assert!(took < limit + KILL_GRACE + OVERHEAD, "took {took:?}");
+    assert!(r.output_files.len() <= 64, "{}", r.output_files.len());
+    let message = r.message.unwrap_or_default();
+    assert!(message.len() < 4096 && message.contains("more than 10000 entries"), "{message}");
+    drop(c);
+    assert!(leftovers("outflood").is_empty());
+}
+
+/// Files are listed when the program ends: a run that times out returns
+/// none, and says why.
+#[test]
+fn a_run_that_times_out_returns_no_files_and_says_why() {
+    let Some(c) = backend("outtimeout") else { return };
+    let code = "open('/work/out/a.txt', 'w').write('a')\nwhile True: pass";
+    let policy = SandboxPolicy::strict().timeout(Duration::from_secs(3));
+    let r = run(&c, python(code).policy(policy).collect_output_files());
+    assert_eq!(r.outcome, Outcome::TimedOut, "{r:?}");
+    assert!(r.output_files.is_empty(), "{r:?}");
+    let message = r.message.unwrap_or_default();
+    assert!(message.contains("output files not collected") && message.contains("ran out of time"), "{message}");
+}
+
+/// Hard links and sparse files take no room in the tmpfs: the listing still
+/// carries no more than its size, and the caps hold.
+#[test]
+fn hard_links_and_sparse_files_cannot_inflate_what_comes_back() {
+    let cfg = ContainerConfig::default().max_output_total_bytes(1 << 20);
+    let Some(c) = backend_with("outlinks", cfg) else { return };
+    let code = "\
+import os
+open('/work/out/a', 'wb').write(b'x' * (600 << 10))
+for i in range(200):
+    os.link('/work/out/a', '/work/out/l%03d' % i)
+for i in range(50):
+    with open('/work/out/s%02d' % i, 'wb') as f:
+        f.truncate(4 << 20)
+";
+    let started = Instant::now();
+    let r =
+        run(&c, python(code).policy(SandboxPolicy::strict().timeout(Duration::from_secs(20))).collect_output_files());
+    eprintln!("hard links and sparse files: {:?} in {:?}", r.outcome, started.elapsed());
+    assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
+    let total: usize = r.output_files.iter().map(|f| f.content.len()).sum();
+    assert!(total <= 1 << 20, "{total}");
+    assert_eq!(r.output_files.iter().map(|f| f.name.as_str()).collect::<Vec<_>>(), ["a"]);
+    let message = r.message.unwrap_or_default();
+    assert!(message.contains("over max_output_total_bytes") && message.len() < 4096, "{message}");
+}
+
 #[test]
 fn executor_routes_python_to_the_container_and_js_in_process() {
     let Some(c) = backend("routing") else { return };
@@ -658,6 +741,38 @@ fn run(input: Value) -> Value {
     assert_eq!((c.rust_cache_stats().compiles, c.rust_cache_stats().hits), (1, 1), "the repeat is a cache hit");
     drop(c); // joins the reaper: finished containers are removed off the request path
     assert!(leftovers("rust-ok").is_empty());
+}
+
+/// Rust and shell runs return output files too (listed in the container
+/// when the program ends, like Python's), and the program's own stdout and
+/// JSON output are untouched by the listing.
+#[test]
+fn rust_and_shell_runs_return_output_files() {
+    let cache = tempfile::tempdir().unwrap();
+    let Some(c) = rust_backend("rust-files", cache.path()) else { return };
+    let code = "\
+use serde_json::{json, Value};
+
+fn run(_input: Value) -> Value {
+    std::fs::create_dir_all(\"/work/out/d\").unwrap();
+    std::fs::write(\"/work/out/d/r.txt\", \"from rust\").unwrap();
+    json!({\"wrote\": 1})
+}
+";
+    let r = run(&c, rust(code).collect_output_files());
+    assert_eq!((r.outcome, r.output.clone()), (Outcome::Ok, Some(json!({"wrote": 1}))), "{r:?}");
+    let files: Vec<(&str, &[u8])> = r.output_files.iter().map(|f| (f.name.as_str(), f.content.as_slice())).collect();
+    assert_eq!(files, [("d/r.txt", b"from rust".as_slice())]);
+    assert_eq!(r.message, None);
+    let shell = ExecRequest::source(Language::Shell, "echo hi; printf 'a\\0b' > /work/out/s.bin; mkdir /work/out/e")
+        .policy(SandboxPolicy::strict().timeout(Duration::from_secs(20)))
+        .collect_output_files();
+    let r = run(&c, shell);
+    assert_eq!((r.outcome, stdout(&r).as_str()), (Outcome::Ok, "hi\n"), "{r:?}");
+    let files: Vec<(&str, &[u8])> = r.output_files.iter().map(|f| (f.name.as_str(), f.content.as_slice())).collect();
+    assert_eq!(files, [("s.bin", b"a\0b".as_slice())]);
+    drop(c);
+    assert!(leftovers("rust-files").is_empty());
 }
 
 #[test]

@@ -35,6 +35,14 @@ fn python() -> Option<WasmInterpreter> {
     }
 }
 
+/// The container tests count this process's containers (by its owner
+/// label): one at a time, so none counts another's.
+#[cfg(feature = "container")]
+fn one_container_test_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 fn timed(ms: u64) -> SandboxPolicy {
     SandboxPolicy::strict().timeout(Duration::from_millis(ms))
 }
@@ -293,6 +301,7 @@ fn random_interleavings_on_python_wasm_sessions_leave_nothing_behind() {
 #[test]
 fn random_interleavings_on_container_sessions_leave_no_container() {
     use execbox::backends::Container;
+    let _one = one_container_test_at_a_time();
     let container = Container::default();
     if let Err(reason) = container.availability() {
         assert!(std::env::var_os("EXECBOX_REQUIRE_CONTAINERS").is_none(), "required but {reason}");
@@ -325,6 +334,7 @@ fn random_interleavings_on_container_sessions_leave_no_container() {
 #[test]
 fn a_container_cell_that_stops_the_loop_reading_cannot_hold_the_next_call() {
     use execbox::backends::Container;
+    let _one = one_container_test_at_a_time();
     let container = Container::default();
     if let Err(reason) = container.availability() {
         assert!(std::env::var_os("EXECBOX_REQUIRE_CONTAINERS").is_none(), "required but {reason}");
@@ -340,4 +350,148 @@ fn a_container_cell_that_stops_the_loop_reading_cannot_hold_the_next_call() {
         .output()
         .unwrap();
     assert!(running.stdout.is_empty(), "the session's container still runs");
+}
+
+/// Docker's view of this process's containers (running or not).
+#[cfg(feature = "container")]
+fn our_containers(all: bool) -> usize {
+    let owner = format!("label=execbox.owner={}", execbox::backends::Container::owner_token());
+    let mut args = vec!["ps", "-q", "--filter", &owner];
+    if all {
+        args.push("--all");
+    }
+    let out = std::process::Command::new("docker").args(&args).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).lines().count()
+}
+
+/// A cell that writes files into `/work/out` until something stops it, then
+/// one huge file: what it prints says what stopped it.
+#[cfg(feature = "container")]
+const FLOOD_OUT: &str = "\
+import os
+n = 0
+try:
+    while True:
+        open('/work/out/f%07d' % n, 'w').close()
+        n += 1
+except OSError as e:
+    print('files', n, e.errno)
+try:
+    with open('/work/out/big', 'wb') as f:
+        while True:
+            f.write(b'x' * (1 << 20))
+except OSError as e:
+    print('bytes', e.errno)
+";
+
+/// Issue 17 (F1/F2): `/work/out` of a session is bounded by the kernel (a
+/// size- and inode-capped tmpfs inside the container), so a cell that floods
+/// it stops on ENOSPC within its deadline, the next cell still meets its
+/// deadline (nothing to empty on the host), and closing the session and
+/// dropping the backend is quick.
+#[cfg(feature = "container")]
+#[test]
+fn a_container_cell_that_floods_work_out_is_stopped_by_the_kernel_and_nothing_waits_for_it() {
+    use execbox::backends::Container;
+    let _one = one_container_test_at_a_time();
+    let container = Container::default();
+    if let Err(reason) = container.availability() {
+        assert!(std::env::var_os("EXECBOX_REQUIRE_CONTAINERS").is_none(), "required but {reason}");
+        eprintln!("skipping: {reason}");
+        return;
+    }
+    let sessions = Sessions::builder().backend(container).build();
+    sessions.open("flood", SessionSpec::new(Language::Python)).unwrap();
+    let started = Instant::now();
+    let r = sessions
+        .execute("flood", ExecRequest::source(Language::Python, FLOOD_OUT).policy(timed(3_000)).collect_output_files())
+        .unwrap();
+    let took = started.elapsed();
+    eprintln!(
+        "container session: a cell flooding /work/out returned {:?} in {took:?} (3 s deadline): {r:?}",
+        r.outcome
+    );
+    assert!(took < Duration::from_millis(3_000) + OVERRUN, "{took:?}");
+    let printed = r.stdout.text().into_owned();
+    let files: Vec<&str> = printed.lines().next().unwrap_or_default().split(' ').collect();
+    assert_eq!(
+        (r.outcome, files.first().copied(), files.get(2).copied()),
+        (Outcome::Ok, Some("files"), Some("28")),
+        "{r:?}"
+    );
+    assert!(files[1].parse::<u64>().unwrap() < 100_000, "{printed}");
+    assert!(printed.lines().nth(1).is_some_and(|l| l == "bytes 28" || l == "bytes 27"), "{printed}");
+    // What it left is bounded on the way back too (the usual caps), and the
+    // next cell starts with an empty /work/out within its own deadline.
+    assert!(r.output_files.len() <= 64 && r.message.as_deref().unwrap_or_default().len() < 4096, "{r:?}");
+    let started = Instant::now();
+    let next = "import os\nprint(len(os.listdir('/work/out')))\nopen('/work/out/a.txt', 'w').write('a')";
+    let r = sessions
+        .execute("flood", ExecRequest::source(Language::Python, next).policy(timed(3_000)).collect_output_files())
+        .unwrap();
+    let took = started.elapsed();
+    eprintln!("container session: the next cell took {took:?}");
+    assert_eq!((r.outcome, r.stdout.text().as_ref()), (Outcome::Ok, "0\n"), "{r:?}");
+    assert_eq!(r.output_files.iter().map(|f| f.name.as_str()).collect::<Vec<_>>(), ["a.txt"]);
+    assert!(took < Duration::from_millis(3_000) + OVERRUN, "{took:?}");
+    // Flood again, then close everything: nothing on the host is left to empty.
+    sessions.execute("flood", ExecRequest::source(Language::Python, FLOOD_OUT).policy(timed(3_000))).unwrap();
+    let started = Instant::now();
+    sessions.close_all();
+    drop(sessions);
+    let took = started.elapsed();
+    eprintln!("container session: closing the registry and dropping the backend took {took:?}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    assert_eq!(our_containers(true), 0, "the session's container was not removed");
+}
+
+/// A listing of `/work/out` that cannot finish within the cell's deadline
+/// (10,000 files, and the cell returns just before its deadline) gives no
+/// files and says why, never a late answer; the session goes on: the next
+/// cell waits for the listing to end, then starts with an empty `/work/out`.
+#[cfg(feature = "container")]
+#[test]
+fn a_container_cell_whose_files_cannot_be_listed_in_time_gets_none_and_the_session_goes_on() {
+    use execbox::backends::Container;
+    let _one = one_container_test_at_a_time();
+    let container = Container::default();
+    if let Err(reason) = container.availability() {
+        assert!(std::env::var_os("EXECBOX_REQUIRE_CONTAINERS").is_none(), "required but {reason}");
+        eprintln!("skipping: {reason}");
+        return;
+    }
+    let sessions = Sessions::builder().backend(container).build();
+    sessions.open("late", SessionSpec::new(Language::Python)).unwrap();
+    let late = "\
+import time
+start = time.monotonic()
+for i in range(10000):
+    open('/work/out/f%05d' % i, 'w').close()
+time.sleep(max(0.0, start + 4.7 - time.monotonic()))
+print('done')
+";
+    let started = Instant::now();
+    let r = sessions
+        .execute("late", ExecRequest::source(Language::Python, late).policy(timed(5_000)).collect_output_files())
+        .unwrap();
+    let took = started.elapsed();
+    eprintln!("container session: a cell whose listing ran out of time returned in {took:?} (5 s deadline)");
+    assert_eq!((r.outcome, r.stdout.text().as_ref()), (Outcome::Ok, "done\n"), "{r:?}");
+    assert!(r.output_files.is_empty(), "{r:?}");
+    let message = r.message.unwrap_or_default();
+    assert!(message.contains("listing out/ did not finish within the cell's deadline"), "{message}");
+    assert!(took < Duration::from_millis(5_000) + OVERRUN, "{took:?}");
+    let next = "import os\nprint(len(os.listdir('/work/out')))\nopen('/work/out/a.txt', 'w').write('a')";
+    let started = Instant::now();
+    let r = sessions
+        .execute("late", ExecRequest::source(Language::Python, next).policy(timed(5_000)).collect_output_files())
+        .unwrap();
+    let took = started.elapsed();
+    eprintln!("container session: the next cell took {took:?}");
+    assert_eq!((r.outcome, r.stdout.text().as_ref()), (Outcome::Ok, "0\n"), "{r:?}");
+    assert_eq!(r.output_files.iter().map(|f| f.name.as_str()).collect::<Vec<_>>(), ["a.txt"]);
+    assert!(took < Duration::from_millis(5_000) + OVERRUN, "{took:?}");
+    sessions.close_all();
+    drop(sessions);
+    assert_eq!(our_containers(true), 0, "the session's container was not removed");
 }
