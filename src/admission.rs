@@ -15,8 +15,11 @@
 //!
 //! Only this module makes an [`Admitted`], so a backend that takes one
 //! cannot be reached around the policy. Results leave through
-//! one finisher, which ends the run's tool calls into its ledger and caps
-//! the fields that are not streams.
+//! one finisher, which ends the run's tool calls into its ledger, spills
+//! stdout past its cap into the artifact store when the policy asks it
+//! ([`SandboxPolicy::spill_output`]: the run then captures stdout up to
+//! the store's largest file, and the finisher cuts the result back to the
+//! cap, for every backend alike), and caps the fields that are not streams.
 
 use crate::capabilities::BackendCapabilities;
 use crate::error::{ExecError, InvalidRequest};
@@ -25,8 +28,24 @@ use crate::limits::{nesting, result_caps};
 use crate::policy::{Access, SandboxPolicy};
 use crate::request::{ExecRequest, Payload};
 use crate::result::ExecResult;
-use crate::tools::{ToolBridge, ToolRegistry};
+use crate::tools::{ToolBridge, ToolContext, ToolRegistry};
 use std::sync::Arc;
+
+/// Where an executor or a session registry keeps spilled output: an
+/// artifact store (nothing without the `artifacts` feature).
+#[cfg(feature = "artifacts")]
+pub(crate) type SpillStore = crate::artifacts::store::ArtifactStore;
+/// Where an executor or a session registry keeps spilled output: an
+/// artifact store (nothing without the `artifacts` feature).
+#[cfg(not(feature = "artifacts"))]
+pub(crate) type SpillStore = std::convert::Infallible;
+
+/// How a run spills its stdout, if it does.
+#[cfg(feature = "artifacts")]
+type SpillPlan = crate::artifacts::spill::Spill;
+/// How a run spills its stdout, if it does.
+#[cfg(not(feature = "artifacts"))]
+type SpillPlan = std::convert::Infallible;
 
 /// A request admitted to run: validated, held to the ceiling, matched
 /// against the backend that runs it, its deadline started.
@@ -38,6 +57,8 @@ pub struct Admitted {
     deadline: Deadline,
     /// The run's tool dispatcher, when its policy grants tools.
     tools: Option<Arc<ToolBridge>>,
+    /// Where its stdout spills, when its policy asks it.
+    spill: Option<SpillPlan>,
 }
 
 impl std::fmt::Debug for Admitted {
@@ -55,21 +76,33 @@ impl std::fmt::Debug for Admitted {
 pub(crate) struct Finisher {
     policy: SandboxPolicy,
     tools: Option<Arc<ToolBridge>>,
+    spill: Option<SpillPlan>,
 }
 
 impl Finisher {
     /// Ends the run's tool calls (those in flight are cancelled and left
-    /// `unknown` in the ledger), puts the ledger in the result and caps the
-    /// result's fields that are not streams.
+    /// `unknown` in the ledger), puts the ledger in the result, spills
+    /// stdout when the policy asks it (file work: see [`Finisher::spills`])
+    /// and caps the result's fields that are not streams.
     pub(crate) fn finish(self, result: Result<ExecResult, ExecError>) -> Result<ExecResult, ExecError> {
         let ledger = self.tools.as_ref().map(|bridge| bridge.finish().0);
         result.map(|mut r| {
             if let Some(ledger) = ledger {
                 r.tool_calls = ledger;
             }
+            #[cfg(feature = "artifacts")]
+            if let Some(spill) = &self.spill {
+                spill.finish(&mut r);
+            }
             result_caps::cap_result(&mut r, &self.policy);
             r
         })
+    }
+
+    /// True when [`Finisher::finish`] may write a file (the run spills its
+    /// stdout): an async caller finishes it where blocking is fine.
+    pub(crate) fn spills(&self) -> bool {
+        self.spill.is_some()
     }
 }
 
@@ -84,7 +117,7 @@ impl Admitted {
             Some(start) => Deadline::started_at(start, limit),
             None => Deadline::start(limit),
         };
-        Self { request, deadline, tools: None }
+        Self { request, deadline, tools: None, spill: None }
     }
 
     /// Gives the run its tool bridge when its policy grants tools: the
@@ -102,15 +135,59 @@ impl Admitted {
         if !unknown.is_empty() {
             return Err(InvalidRequest::UnknownTools { names: unknown }.into());
         }
-        let bridge = ToolBridge::with_approver(
+        let context = match &self.request.artifact_scope {
+            Some(scope) => ToolContext::with_scope(scope.as_str()),
+            None => ToolContext::default(),
+        };
+        let bridge = ToolBridge::for_run(
             registry,
             grants.to_vec(),
             self.request.policy.tool_limits.clone(),
             self.deadline,
             self.request.tool_approver.clone(),
+            context,
         );
         self.tools = Some(bridge);
         Ok(self)
+    }
+
+    /// Plans the run's spilled output when its policy asks it
+    /// ([`SandboxPolicy::spill_output`]): into `store`, under the run's
+    /// [`ExecRequest::artifact_scope`]. The run's stdout cap becomes the
+    /// store's largest file (its output tap still sees no more than the
+    /// asked cap); the finisher holds the result to the asked cap. Without
+    /// a store or a scope, the request is refused
+    /// ([`InvalidRequest::CannotSpill`]): the caller asked that nothing of
+    /// stdout be lost.
+    pub(crate) fn with_spill(self, store: Option<&SpillStore>) -> Result<Self, ExecError> {
+        if self.request.policy.spill_output != Some(true) {
+            return Ok(self);
+        }
+        let cannot = |reason: &str| ExecError::from(InvalidRequest::CannotSpill { reason: reason.into() });
+        let Some(store) = store else {
+            return Err(cannot(
+                "no artifact store keeps spilled output here (ExecutorBuilder::artifacts, SessionsBuilder::artifacts)",
+            ));
+        };
+        let Some(scope) = self.request.artifact_scope.clone() else {
+            return Err(cannot("the run has no artifact scope (ExecRequest::artifact_scope) to keep it in"));
+        };
+        #[cfg(feature = "artifacts")]
+        {
+            let mut this = self;
+            // Not asked: stdout is never cut, so there is nothing to spill.
+            let Some(cap) = this.request.policy.max_stdout_bytes else { return Ok(this) };
+            let spill = crate::artifacts::spill::Spill::new(store.clone(), scope, cap);
+            this.request.policy.max_stdout_bytes = Some(spill.capture_bytes());
+            this.request.output_tap = this.request.output_tap.take().map(|tap| tap.stdout_capped(cap));
+            this.spill = Some(spill);
+            Ok(this)
+        }
+        #[cfg(not(feature = "artifacts"))]
+        {
+            let _ = scope;
+            match *store {}
+        }
     }
 
     /// The run's tool bridge, when its policy grants tools (a backend that
@@ -122,7 +199,14 @@ impl Admitted {
     /// What finishes this run's result (taken before the backend consumes
     /// the call).
     pub(crate) fn finisher(&self) -> Finisher {
-        Finisher { policy: self.request.policy.clone(), tools: self.tools.clone() }
+        #[cfg_attr(not(feature = "artifacts"), allow(unused_mut))]
+        let mut policy = self.request.policy.clone();
+        #[cfg(feature = "artifacts")]
+        if let Some(spill) = &self.spill {
+            // The run captured more than its cap; its result is held to the cap.
+            policy.max_stdout_bytes = Some(spill.cap());
+        }
+        Finisher { policy, tools: self.tools.clone(), spill: self.spill.clone() }
     }
 
     /// The request, with its effective policy.
@@ -130,7 +214,9 @@ impl Admitted {
         &self.request
     }
 
-    /// The effective policy.
+    /// The effective policy. For a run that spills its stdout,
+    /// `max_stdout_bytes` is what the run captures (the artifact store's
+    /// largest file); its result is held to the asked cap.
     pub fn policy(&self) -> &SandboxPolicy {
         &self.request.policy
     }

@@ -108,6 +108,14 @@ pub enum InvalidRequest {
         /// The names.
         names: Vec<String>,
     },
+    /// The policy asks to spill output
+    /// ([`SandboxPolicy::spill_output`](crate::policy::SandboxPolicy::spill_output))
+    /// where it cannot be kept: no artifact store, or a run without a scope.
+    #[error("spill_output cannot be honoured: {reason}")]
+    CannotSpill {
+        /// Why not, and what would do.
+        reason: String,
+    },
     /// The request sets environment variables the policy does not allow.
     #[error("environment variables not allowed by the policy: {}", names.join(", "))]
     EnvNotAllowed {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tracing::Span;
 
-use crate::admission::{self, Admitted};
+use crate::admission::{self, Admitted, SpillStore};
 use crate::backend::{Backend, BlockingPoolMark, Readiness, Unavailable};
 use crate::capabilities::BackendCapabilities;
 use crate::error::{BackendRejection, ExecError};
@@ -27,6 +27,7 @@ pub struct ExecutorBuilder {
     backends: Vec<Arc<dyn Backend>>,
     ceiling: Option<SandboxPolicy>,
     tools: Option<ToolRegistry>,
+    artifacts: Option<SpillStore>,
 }
 
 impl ExecutorBuilder {
@@ -68,12 +69,28 @@ impl ExecutorBuilder {
         self
     }
 
+    /// Keeps the stdout of runs that spill it
+    /// ([`SandboxPolicy::spill_output`]) in `store`, under each run's
+    /// [`ExecRequest::artifact_scope`]. Code reaches the store only through
+    /// its tools: add [`ArtifactStore::tools`](crate::artifacts::ArtifactStore::tools)
+    /// to the registry ([`ExecutorBuilder::tools`]) and grant them.
+    #[cfg(feature = "artifacts")]
+    pub fn artifacts(mut self, store: crate::artifacts::store::ArtifactStore) -> Self {
+        self.artifacts = Some(store);
+        self
+    }
+
     /// Finishes the matrix.
     pub fn build(self) -> Executor {
         let mut backends = self.backends;
         // Stable: registration order breaks ties within a cost class.
         backends.sort_by_key(|b| b.capabilities().cost);
-        Executor { backends: backends.into(), ceiling: self.ceiling.map(Arc::new), tools: self.tools }
+        Executor {
+            backends: backends.into(),
+            ceiling: self.ceiling.map(Arc::new),
+            tools: self.tools,
+            artifacts: self.artifacts,
+        }
     }
 }
 
@@ -83,6 +100,7 @@ pub struct Executor {
     backends: Arc<[Arc<dyn Backend>]>,
     ceiling: Option<Arc<SandboxPolicy>>,
     tools: Option<ToolRegistry>,
+    artifacts: Option<SpillStore>,
 }
 
 impl std::fmt::Debug for Executor {
@@ -112,6 +130,18 @@ impl Executor {
     /// The ceiling every request is held to, if one was set.
     pub fn ceiling(&self) -> Option<&SandboxPolicy> {
         self.ceiling.as_deref()
+    }
+
+    /// The store spilled output goes to, if one was set
+    /// ([`ExecutorBuilder::artifacts`]).
+    #[cfg(feature = "artifacts")]
+    pub fn artifacts(&self) -> Option<&crate::artifacts::store::ArtifactStore> {
+        self.artifacts.as_ref()
+    }
+
+    /// The store spilled output goes to, whatever the features.
+    pub(crate) fn spill_store(&self) -> Option<&SpillStore> {
+        self.artifacts.as_ref()
     }
 
     /// Prepares every backend ([`Backend::prepare`]) on threads of their
@@ -167,6 +197,7 @@ impl Executor {
             backends: Arc::downgrade(&self.backends),
             ceiling: self.ceiling.clone(),
             tools: self.tools.clone(),
+            artifacts: self.artifacts.clone(),
         }
     }
 
@@ -209,7 +240,7 @@ impl Executor {
             return Err(err);
         }
         let span = observe::run_span(backend.name(), &request, None);
-        let call = Admitted::new(request, backend.capabilities()).with_tools(None)?;
+        let call = Admitted::new(request, backend.capabilities()).with_tools(None)?.with_spill(None)?;
         let finisher = call.finisher();
         let result = finisher.finish(span.in_scope(|| backend.execute(call)));
         observe::finished(&span, &result);
@@ -260,7 +291,9 @@ impl Executor {
         match selected {
             Ok(backend) => {
                 let span = observe::run_span(backend.name(), &request, None);
-                let call = Admitted::new(request, backend.capabilities()).with_tools(self.tools.as_ref())?;
+                let call = Admitted::new(request, backend.capabilities())
+                    .with_tools(self.tools.as_ref())?
+                    .with_spill(self.artifacts.as_ref())?;
                 Ok((Arc::clone(backend), call, span))
             }
             Err(err) => {
@@ -300,7 +333,15 @@ impl Executor {
             }
             Err(_) => span.in_scope(|| backend.execute(call)),
         };
-        let result = finisher.finish(result);
+        let result = match tokio::runtime::Handle::try_current() {
+            // Spilling writes a file: not on the caller's async thread.
+            Ok(handle) if finisher.spills() => {
+                handle.spawn_blocking(move || finisher.finish(result)).await.unwrap_or_else(|join_err| {
+                    Err(ExecError::internal("executor", format!("finishing failed: {join_err}")))
+                })
+            }
+            _ => finisher.finish(result),
+        };
         observe::finished(&span, &result);
         result
     }
@@ -312,12 +353,18 @@ pub struct WeakExecutor {
     backends: std::sync::Weak<[Arc<dyn Backend>]>,
     ceiling: Option<Arc<SandboxPolicy>>,
     tools: Option<ToolRegistry>,
+    artifacts: Option<SpillStore>,
 }
 
 impl WeakExecutor {
     /// The executor, if it is still alive.
     pub fn upgrade(&self) -> Option<Executor> {
-        Some(Executor { backends: self.backends.upgrade()?, ceiling: self.ceiling.clone(), tools: self.tools.clone() })
+        Some(Executor {
+            backends: self.backends.upgrade()?,
+            ceiling: self.ceiling.clone(),
+            tools: self.tools.clone(),
+            artifacts: self.artifacts.clone(),
+        })
     }
 }
 

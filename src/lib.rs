@@ -26,6 +26,8 @@
 
 pub mod admission;
 pub mod agent;
+#[cfg(feature = "artifacts")]
+pub mod artifacts;
 mod backend;
 pub mod backends;
 pub mod capabilities;

@@ -3,7 +3,7 @@
 //! operating system's random source (`getrandom`).
 
 /// 64 random bits from the OS.
-#[cfg_attr(not(feature = "container"), allow(dead_code))]
+#[cfg_attr(not(any(feature = "container", feature = "artifacts")), allow(dead_code))]
 pub(crate) fn random_u64() -> u64 {
     let mut bytes = [0u8; 8];
     fill(&mut bytes);

@@ -181,6 +181,23 @@ pub struct SandboxPolicy {
     pub tools: Access<Vec<String>>,
     /// How much a run may use its tools (calls, timeouts, sizes).
     pub tool_limits: crate::tools::ToolLimits,
+    /// Spilled output: when the run's stdout passes `max_stdout_bytes`, keep
+    /// the whole stream (up to the artifact store's largest file,
+    /// `ArtifactStoreConfig::max_file_bytes`, feature `artifacts`)
+    /// as an artifact of the run's scope
+    /// ([`ExecRequest::artifact_scope`](crate::request::ExecRequest::artifact_scope));
+    /// the result's stdout is then its head and tail, within the cap, and
+    /// [`ExecResult::spilled`](crate::result::ExecResult::spilled) names
+    /// the artifact. Done for every backend, after the run (see
+    /// [`crate::admission`]). `None`: not asked (held to a ceiling, the
+    /// ceiling's value); `Some(false)`: never (a ceiling that says so
+    /// refuses requests asking `Some(true)`); `Some(true)`: spill. A run
+    /// asking it without an artifact store or without a scope is refused
+    /// ([`InvalidRequest::CannotSpill`]).
+    ///
+    /// Absent from JSON when `None`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spill_output: Option<bool>,
 }
 
 impl Default for SandboxPolicy {
@@ -212,6 +229,7 @@ impl SandboxPolicy {
             max_processes: None,
             tools: Access::Deny,
             tool_limits: crate::tools::ToolLimits::default(),
+            spill_output: None,
         }
     }
 
@@ -231,6 +249,7 @@ impl SandboxPolicy {
             max_processes: None,
             tools: Access::NotAsked,
             tool_limits: crate::tools::ToolLimits::default(),
+            spill_output: None,
         }
     }
 
@@ -253,6 +272,7 @@ impl SandboxPolicy {
             max_processes: None,
             tools: Access::NotAsked,
             tool_limits: crate::tools::ToolLimits::default(),
+            spill_output: None,
         }
     }
 
@@ -317,6 +337,13 @@ impl SandboxPolicy {
         self
     }
 
+    /// Keeps the whole stdout as an artifact when it passes its cap (see
+    /// [`SandboxPolicy::spill_output`]).
+    pub fn spill_output(mut self, spill: bool) -> Self {
+        self.spill_output = Some(spill);
+        self
+    }
+
     /// The granted tools' patterns, if the policy grants any.
     pub fn tool_grants(&self) -> Option<&[String]> {
         match &self.tools {
@@ -369,6 +396,16 @@ impl SandboxPolicy {
                 crate::tools::grants_outside(asked, allowed)
             })?,
             tool_limits: self.tool_limits.within(&ceiling.tool_limits),
+            spill_output: match (self.spill_output, ceiling.spill_output) {
+                (None, ceiling) => ceiling,
+                (Some(true), Some(false)) => {
+                    return Err(InvalidRequest::OverCeiling {
+                        control: "spill_output",
+                        beyond: vec!["spilled output (the ceiling says never)".into()],
+                    });
+                }
+                (asked, _) => asked,
+            },
         })
     }
 }
@@ -458,6 +495,27 @@ mod tests {
         // A deny stays a deny under a looser ceiling.
         let loose = SandboxPolicy::host_local();
         assert_eq!(SandboxPolicy::strict().within(&loose).unwrap().network, Access::Deny);
+    }
+
+    #[test]
+    fn spill_output_is_held_like_an_access_control() {
+        let spill = |asked: Option<bool>, ceiling: Option<bool>| {
+            let mut a = SandboxPolicy::unstated();
+            a.spill_output = asked;
+            let mut c = SandboxPolicy::strict();
+            c.spill_output = ceiling;
+            a.within(&c).map(|p| p.spill_output)
+        };
+        assert_eq!(spill(None, None), Ok(None));
+        assert_eq!(spill(None, Some(true)), Ok(Some(true)), "not asked takes the ceiling's");
+        assert_eq!(spill(Some(true), None), Ok(Some(true)));
+        assert_eq!(spill(Some(false), Some(true)), Ok(Some(false)), "never stays never");
+        let err = spill(Some(true), Some(false)).unwrap_err();
+        assert!(matches!(err, InvalidRequest::OverCeiling { control: "spill_output", .. }), "{err}");
+        // Absent from JSON unless asked, so policies read as before.
+        assert!(serde_json::to_value(SandboxPolicy::strict()).unwrap().get("spill_output").is_none());
+        let p: SandboxPolicy = serde_json::from_str(r#"{"spill_output": true}"#).unwrap();
+        assert_eq!(p.spill_output, Some(true));
     }
 
     #[test]

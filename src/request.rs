@@ -103,6 +103,15 @@ pub struct ExecRequest {
     /// the registry's approver (never in JSON). `execbox serve` sets one
     /// that asks its client (MCP elicitation).
     pub tool_approver: Option<crate::tools::ToolApprover>,
+    /// The run's scope (never in JSON, never from the code: the host
+    /// sets it): the tools that keep state per caller — the
+    /// artifact store's `artifacts.*` — keep this run's under it, and a run
+    /// whose policy spills output ([`SandboxPolicy::spill_output`]) keeps
+    /// the whole stdout there. A session's cells get
+    /// `session:<the session's id>` unless their caller set one. Two runs
+    /// with the same scope share their artifacts; a run without one has no
+    /// artifacts (the tools answer `unavailable`).
+    pub artifact_scope: Option<String>,
 }
 
 impl ExecRequest {
@@ -123,6 +132,7 @@ impl ExecRequest {
             output_tap: None,
             deadline_from: None,
             tool_approver: None,
+            artifact_scope: None,
         }
     }
 
@@ -199,6 +209,12 @@ impl ExecRequest {
     /// [`ExecRequest::tool_approver`]).
     pub fn approve_tools_with(mut self, approver: crate::tools::ToolApprover) -> Self {
         self.tool_approver = Some(approver);
+        self
+    }
+
+    /// Gives the run the scope `scope` (see [`ExecRequest::artifact_scope`]).
+    pub fn artifact_scope(mut self, scope: impl Into<String>) -> Self {
+        self.artifact_scope = Some(scope.into());
         self
     }
 
@@ -294,6 +310,7 @@ impl TryFrom<RequestJson> for ExecRequest {
             output_tap: None,
             deadline_from: None,
             tool_approver: None,
+            artifact_scope: None,
         })
     }
 }

@@ -169,6 +169,13 @@ pub struct ExecResult {
     /// ended in the middle of says `unknown`). At most
     /// [`MAX_LEDGER`](crate::tools::MAX_LEDGER) entries.
     pub tool_calls: Vec<crate::tools::ToolCallRecord>,
+    /// The artifact that holds the run's whole stdout, when its policy
+    /// spills output ([`SandboxPolicy::spill_output`](crate::policy::SandboxPolicy::spill_output))
+    /// and stdout passed its cap: `stdout` is then the stream's head and
+    /// tail with a line between them naming this artifact, in the run's
+    /// scope (`artifacts.load` from code, `ArtifactStore::load` from the
+    /// host). In JSON only when set.
+    pub spilled: Option<String>,
 }
 
 impl ExecResult {
@@ -189,6 +196,7 @@ impl ExecResult {
             diagnostics: Vec::new(),
             usage: Usage::default(),
             tool_calls: Vec::new(),
+            spilled: None,
         }
     }
 
@@ -229,6 +237,8 @@ struct ResultJsonRef<'a> {
     diagnostics: &'a [Diagnostic],
     output_files: &'a [ExecFile],
     tool_calls: &'a [crate::tools::ToolCallRecord],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    spilled: &'a Option<String>,
 }
 
 /// The owned side of [`ResultJsonRef`], for clients reading results back.
@@ -273,6 +283,8 @@ struct ResultJson {
     output_files: Vec<ExecFile>,
     #[serde(default)]
     tool_calls: Vec<crate::tools::ToolCallRecord>,
+    #[serde(default)]
+    spilled: Option<String>,
 }
 
 impl Serialize for ExecResult {
@@ -298,6 +310,7 @@ impl Serialize for ExecResult {
             diagnostics: &self.diagnostics,
             output_files: &self.output_files,
             tool_calls: &self.tool_calls,
+            spilled: &self.spilled,
         }
         .serialize(serializer)
     }
@@ -334,6 +347,7 @@ impl<'de> Deserialize<'de> for ExecResult {
                 peak_memory_bytes: j.peak_memory_bytes,
             },
             tool_calls: j.tool_calls,
+            spilled: j.spilled,
         })
     }
 }
@@ -365,5 +379,10 @@ mod tests {
         let text = serde_json::to_string(&r).unwrap();
         assert_eq!(serde_json::from_str::<ExecResult>(&text).unwrap(), r);
         assert_eq!(serde_json::to_value(&r).unwrap()["duration_ms"], 1.5);
+        assert!(serde_json::to_value(&r).unwrap().get("spilled").is_none(), "only when set");
+        r.spilled = Some("stdout-1".into());
+        let text = serde_json::to_string(&r).unwrap();
+        assert_eq!(serde_json::from_str::<ExecResult>(&text).unwrap(), r);
+        assert_eq!(serde_json::to_value(&r).unwrap()["spilled"], "stdout-1");
     }
 }

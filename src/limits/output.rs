@@ -33,6 +33,28 @@ impl OutputTap {
         Self(Arc::new(f))
     }
 
+    /// This tap, handed at most the first `max` bytes of stdout (stderr
+    /// as it comes): for a run that captures more stdout than its cap
+    /// (spilled output), so a client streaming it sees no more than the cap.
+    #[cfg_attr(not(feature = "artifacts"), allow(dead_code))]
+    pub(crate) fn stdout_capped(self, max: u64) -> Self {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        let seen = AtomicU64::new(0);
+        let inner = self.0;
+        Self(Arc::new(move |kind, bytes: &[u8]| {
+            if kind == StreamKind::Stderr {
+                return inner(kind, bytes);
+            }
+            let len = bytes.len() as u64;
+            let before = seen.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| Some(n.saturating_add(len)));
+            let room = max.saturating_sub(before.unwrap_or(u64::MAX));
+            let n = usize::try_from(len.min(room)).unwrap_or(usize::MAX);
+            if n > 0 {
+                inner(kind, &bytes[..n]);
+            }
+        }))
+    }
+
     fn call(&self, kind: StreamKind, bytes: &[u8]) {
         if !bytes.is_empty() {
             (self.0)(kind, bytes);
@@ -126,6 +148,21 @@ impl BoundedBuffer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_capped_tap_sees_the_first_bytes_of_stdout_only() {
+        let seen = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let sink = seen.clone();
+        let tap = OutputTap::new(move |kind, bytes| sink.lock().push((kind, bytes.to_vec()))).stdout_capped(5);
+        for (kind, bytes) in
+            [(StreamKind::Stdout, &b"abc"[..]), (StreamKind::Stderr, b"err"), (StreamKind::Stdout, b"defg")]
+        {
+            tap.call(kind, bytes);
+        }
+        tap.call(StreamKind::Stdout, b"more");
+        let want = [(StreamKind::Stdout, &b"abc"[..]), (StreamKind::Stderr, b"err"), (StreamKind::Stdout, b"de")];
+        assert_eq!(*seen.lock(), want.map(|(k, b)| (k, b.to_vec())));
+    }
 
     #[test]
     fn a_tap_sees_only_what_is_kept() {

@@ -10,7 +10,7 @@ use super::error::SessionError;
 use super::session::{CALL_OVERRUN_LIMIT, Session, SessionBackend};
 use super::spec::{SessionSpec, fixed_at_open};
 use super::turns::Turns;
-use crate::admission::{self, Admitted};
+use crate::admission::{self, Admitted, SpillStore};
 use crate::error::{BackendRejection, ExecError};
 use crate::language::Language;
 use crate::matching;
@@ -66,6 +66,7 @@ pub struct SessionsBuilder {
     backends: Vec<Arc<dyn SessionBackend>>,
     ceiling: Option<SandboxPolicy>,
     tools: Option<ToolRegistry>,
+    artifacts: Option<SpillStore>,
 }
 
 impl SessionsBuilder {
@@ -99,6 +100,17 @@ impl SessionsBuilder {
         self
     }
 
+    /// Keeps the stdout of cells that spill it
+    /// ([`SandboxPolicy::spill_output`]) in `store`, under each cell's
+    /// scope (its session's, [`Sessions::artifact_scope`], unless its
+    /// caller set one). Cells reach the store through its tools, added to
+    /// the registry ([`SessionsBuilder::tools`]) and granted.
+    #[cfg(feature = "artifacts")]
+    pub fn artifacts(mut self, store: crate::artifacts::store::ArtifactStore) -> Self {
+        self.artifacts = Some(store);
+        self
+    }
+
     /// Finishes the registry.
     pub fn build(self) -> Sessions {
         Sessions {
@@ -107,6 +119,7 @@ impl SessionsBuilder {
                 backends: self.backends,
                 ceiling: self.ceiling,
                 tools: self.tools,
+                artifacts: self.artifacts,
                 state: Mutex::new(State::default()),
             }),
         }
@@ -118,6 +131,7 @@ struct Inner {
     backends: Vec<Arc<dyn SessionBackend>>,
     ceiling: Option<SandboxPolicy>,
     tools: Option<ToolRegistry>,
+    artifacts: Option<SpillStore>,
     state: Mutex<State>,
 }
 
@@ -161,7 +175,8 @@ impl Sessions {
 
     /// A registry whose sessions open on the executor's backends that keep
     /// state ([`Backend::session_backend`](crate::backend::Backend::session_backend)),
-    /// in selection order, held to the executor's ceiling.
+    /// in selection order, held to the executor's ceiling, with its tools
+    /// and its artifact store.
     pub fn for_executor(cfg: SessionConfig, executor: &crate::executor::Executor) -> Self {
         let mut builder = executor
             .backends()
@@ -173,7 +188,15 @@ impl Sessions {
         if let Some(tools) = executor.tools() {
             builder = builder.tools(tools.clone());
         }
+        builder.artifacts = executor.spill_store().cloned();
         builder.build()
+    }
+
+    /// The scope the cells of session `id` run in
+    /// ([`ExecRequest::artifact_scope`], when their caller sets none):
+    /// `session:<id>`. A host reads a session's artifacts under it.
+    pub fn artifact_scope(id: &str) -> String {
+        format!("session:{id}")
     }
 
     /// The bounds in use.
@@ -347,6 +370,8 @@ impl Sessions {
 
     fn run(&self, id: &str, mut request: ExecRequest, open_if_unknown: bool) -> Result<ExecResult, SessionError> {
         admission::hold(&mut request, self.inner.ceiling.as_ref())?;
+        // A session's cells share its artifacts, unless their caller named a scope.
+        request.artifact_scope.get_or_insert_with(|| Self::artifact_scope(id));
         let (session, turns, call, in_flight) = loop {
             {
                 let mut state = self.inner.lock();
@@ -356,7 +381,8 @@ impl Sessions {
                 }
                 let next_call = state.next_call;
                 if let Some(entry) = state.live.get_mut(id) {
-                    let call = admit_call(id, entry, request, self.inner.tools.as_ref())?;
+                    let call =
+                        admit_call(id, entry, request, self.inner.tools.as_ref(), self.inner.artifacts.as_ref())?;
                     let overdue =
                         call.deadline().remaining().map_or(Instant::now() + Duration::from_secs(86_400), |left| {
                             Instant::now() + left + CALL_OVERRUN_LIMIT
@@ -446,6 +472,7 @@ fn admit_call(
     entry: &Entry,
     request: ExecRequest,
     tools: Option<&ToolRegistry>,
+    artifacts: Option<&SpillStore>,
 ) -> Result<Admitted, SessionError> {
     let session = &entry.session;
     if entry.spec.language != request.language {
@@ -482,7 +509,10 @@ fn admit_call(
         crate::observe::refused(&request, &refused, Some(id));
         return Err(SessionError::Exec(refused));
     }
-    Admitted::new(request, session.capabilities()).with_tools(tools).map_err(SessionError::Exec)
+    Admitted::new(request, session.capabilities())
+        .with_tools(tools)
+        .and_then(|call| call.with_spill(artifacts))
+        .map_err(SessionError::Exec)
 }
 
 /// The result of a call whose session the backstop killed for running

@@ -29,7 +29,7 @@ use sha2::{Digest, Sha256};
 use super::error::{ToolError, ToolErrorKind};
 use super::frame::{ToolCall, ToolResult, cut_to_fit, json_len};
 use super::limits::{ToolLimits, granted};
-use super::registry::{Approver, Tool, ToolApprover, ToolRegistry, ToolSpec};
+use super::registry::{Approver, Tool, ToolApprover, ToolContext, ToolRegistry, ToolSpec};
 use crate::limits::deadline::Deadline;
 
 /// How a call in the ledger ended.
@@ -86,6 +86,8 @@ pub struct ToolBridge {
     grants: Vec<String>,
     limits: ToolLimits,
     deadline: Deadline,
+    /// What each handler is told of the run (its scope).
+    context: ToolContext,
     state: Mutex<State>,
 }
 
@@ -134,8 +136,21 @@ impl ToolBridge {
         deadline: Deadline,
         approver: Option<ToolApprover>,
     ) -> Arc<Self> {
+        Self::for_run(registry, grants, limits, deadline, approver, ToolContext::default())
+    }
+
+    /// [`ToolBridge::with_approver`], its handlers told `context` (the
+    /// run's scope) with every call.
+    pub(crate) fn for_run(
+        registry: ToolRegistry,
+        grants: Vec<String>,
+        limits: ToolLimits,
+        deadline: Deadline,
+        approver: Option<ToolApprover>,
+        context: ToolContext,
+    ) -> Arc<Self> {
         let approver = approver.map(|a| a.0).or_else(|| registry.approver().cloned());
-        Arc::new(Self { registry, approver, grants, limits, deadline, state: Mutex::new(State::default()) })
+        Arc::new(Self { registry, approver, grants, limits, deadline, context, state: Mutex::new(State::default()) })
     }
 
     /// The specs of the tools this run may call, sorted by name.
@@ -270,6 +285,7 @@ impl ToolBridge {
             Duration::from_millis(self.limits.call_timeout_ms).min(self.deadline.remaining().unwrap_or(Duration::MAX));
         let bridge = Arc::clone(self);
         let approver = self.approver.clone();
+        let context = self.context.clone();
         let max_result = self.limits.max_result_bytes;
         let id = call.id;
         let name = call.name.clone();
@@ -294,7 +310,7 @@ impl ToolBridge {
                 // task ends with this future (a timeout, the run's end):
                 // a dropped JoinHandle alone would leave it running.
                 let handler = tool.handler.clone();
-                let mut task = AbortOnDrop(tokio::spawn(async move { handler.call(call.args).await }));
+                let mut task = AbortOnDrop(tokio::spawn(async move { handler.call_in(call.args, &context).await }));
                 match (&mut task.0).await {
                     Ok(outcome) => outcome,
                     Err(e) if e.is_panic() => Err(ToolError::failed(&spec.name, "the tool panicked")),

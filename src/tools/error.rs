@@ -9,7 +9,8 @@ use serde::{Deserialize, Serialize};
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum ToolErrorKind {
-    /// No tool has this name.
+    /// No tool has this name; from a store's tools (`artifacts.load`), no
+    /// item has the name or version asked for.
     NotFound,
     /// The tool exists but the run's policy does not grant it.
     NotGranted,
@@ -29,8 +30,13 @@ pub enum ToolErrorKind {
     Denied,
     /// The tool ran and failed (its own error, or an upstream server's).
     Failed,
-    /// The tool's source (an upstream MCP server) is gone or not answering.
+    /// The tool's source (an upstream MCP server) is gone or not answering,
+    /// or the tool cannot serve this run (the artifact tools in a run that
+    /// has no scope).
     Unavailable,
+    /// A store's quota would be exceeded (an artifact scope's bytes or
+    /// files, or the largest file): retrying the same call cannot help.
+    QuotaExceeded,
     /// The run is over (its deadline passed, or it was stopped).
     Cancelled,
     /// The call was malformed (not a call frame, a reused id).
@@ -51,6 +57,7 @@ impl ToolErrorKind {
             ToolErrorKind::Denied => "denied",
             ToolErrorKind::Failed => "failed",
             ToolErrorKind::Unavailable => "unavailable",
+            ToolErrorKind::QuotaExceeded => "quota_exceeded",
             ToolErrorKind::Cancelled => "cancelled",
             ToolErrorKind::Protocol => "protocol",
         }

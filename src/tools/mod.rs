@@ -14,10 +14,10 @@
 
 pub(crate) mod bridge;
 pub mod catalog;
-mod error;
+pub(crate) mod error;
 pub mod frame;
 mod limits;
-mod registry;
+pub(crate) mod registry;
 #[cfg(feature = "upstream")]
 mod upstream;
 #[cfg(any(feature = "wasm", feature = "container"))]
@@ -28,7 +28,7 @@ pub use error::{ToolError, ToolErrorKind};
 pub(crate) use limits::grants_outside;
 pub use limits::{ToolLimits, granted};
 pub use registry::{
-    Approver, RegistryError, Tool, ToolAnnotations, ToolApprover, ToolFuture, ToolHandler, ToolRegistry,
+    Approver, RegistryError, Tool, ToolAnnotations, ToolApprover, ToolContext, ToolFuture, ToolHandler, ToolRegistry,
     ToolRegistryBuilder, ToolSpec,
 };
 #[cfg(feature = "upstream")]

@@ -25,6 +25,43 @@ pub type ToolFuture = Pin<Box<dyn Future<Output = Result<Value, ToolError>> + Se
 pub trait ToolHandler: Send + Sync + 'static {
     /// Starts one call with `args` (a JSON object).
     fn call(&self, args: Value) -> ToolFuture;
+
+    /// Starts one call with `args`, knowing which run made it (`context`).
+    /// What execbox calls; the default ignores the context and calls
+    /// [`ToolHandler::call`], so only a handler that keeps state per caller
+    /// (the artifact store's tools) implements it.
+    fn call_in(&self, args: Value, context: &ToolContext) -> ToolFuture {
+        let _ = context;
+        self.call(args)
+    }
+}
+
+/// What a tool handler may know of the run that called it
+/// ([`ToolHandler::call_in`]). Nothing in it comes from the code.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ToolContext {
+    /// The run's scope: the caller's
+    /// [`ExecRequest::artifact_scope`](crate::request::ExecRequest::artifact_scope)
+    /// (a session's cells get their session's). Tools that keep state per
+    /// caller, such as the artifact store's, keep it under this name; a run
+    /// without one has none.
+    ///
+    /// # Default
+    /// `None`.
+    pub scope: Option<Arc<str>>,
+}
+
+impl ToolContext {
+    /// The context of a run whose scope is `scope`.
+    pub fn with_scope(scope: impl Into<Arc<str>>) -> Self {
+        Self { scope: Some(scope.into()) }
+    }
+
+    /// The run's scope, if it has one.
+    pub fn scope(&self) -> Option<&str> {
+        self.scope.as_deref()
+    }
 }
 
 impl<F, Fut> ToolHandler for F
@@ -248,6 +285,14 @@ impl ToolRegistryBuilder {
     /// Registers an already built tool (e.g. one of an upstream server's).
     pub fn add_tool(mut self, tool: Tool) -> Self {
         self.tools.push(tool);
+        self
+    }
+
+    /// Registers every tool of `registry` (not its approver): e.g. an
+    /// artifact store's, `ToolRegistry::builder().tool(..).tools(&store.tools())`.
+    /// A name registered twice is an error at [`ToolRegistryBuilder::build`].
+    pub fn tools(mut self, registry: &ToolRegistry) -> Self {
+        self.tools.extend(registry.tools().cloned());
         self
     }
 
