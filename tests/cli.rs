@@ -693,3 +693,45 @@ fn tool_flags_refuse_unknown_tools_and_unusable_upstreams() {
         assert!(String::from_utf8_lossy(&out.stdout).contains(expected), "{body}: {out:?}");
     }
 }
+
+/// Artifacts from the command line: `--artifacts DIR --artifact-key KEY`
+/// registers the `artifacts.*` tools (granted with `--allow-tool`) in the
+/// key's scope, so a later run with the same key reads what an earlier one
+/// saved, and another key does not; `--spill-output` keeps the whole
+/// stdout. `--artifacts` without a key is a usage error.
+#[cfg(all(feature = "artifacts", feature = "js"))]
+#[test]
+fn artifacts_persist_across_runs_of_one_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().to_str().unwrap();
+    let run = |key: &str, code: &str, extra: &[&str]| {
+        let mut args =
+            vec!["run", "--artifacts", store, "--artifact-key", key, "--allow-tool", "artifacts.*", "--json"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--code", code]);
+        execbox(&args)
+    };
+    let out = run("k1", "return (await tools.artifacts.save({name: 'a.txt', content: 'kept'})).version", &[]);
+    assert_eq!((out.status.code(), json_out(&out)["output"].clone()), (Some(0), json!(1)), "{out:?}");
+    let out = run("k1", "return (await tools.artifacts.load({name: 'a.txt'})).content", &[]);
+    assert_eq!(json_out(&out)["output"], "kept", "{out:?}");
+    let out = run("k2", "try { await tools.artifacts.load({name: 'a.txt'}) } catch (e) { return e.kind }", &[]);
+    assert_eq!(json_out(&out)["output"], "not_found", "{out:?}");
+
+    let out = run(
+        "k1",
+        "for (let i = 0; i < 500; i++) console.log('line ' + i)",
+        &["--spill-output", "--max-output-bytes", "500"],
+    );
+    let v = json_out(&out);
+    let name = v["spilled"].as_str().unwrap_or_else(|| panic!("spilled: {v}"));
+    assert!(v["stdout"].as_str().unwrap().len() <= 500, "{v}");
+    assert_eq!(v["stdout_total_bytes"], (0..500).map(|i| format!("line {i}\n").len()).sum::<usize>());
+    let code = format!("return (await tools.artifacts.load({{name: {name:?}, offset: 0, length: 14}})).content");
+    let out = run("k1", &code, &[]);
+    assert_eq!(json_out(&out)["output"], "line 0\nline 1\n", "{out:?}");
+
+    let out = execbox(&["run", "--artifacts", store, "--code", "return 1", "--json"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("--artifact-key"), "{out:?}");
+}

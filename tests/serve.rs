@@ -705,3 +705,62 @@ mod container_sessions {
         assert!(gone(pid, Duration::from_secs(10)).await, "the server left its session's container");
     }
 }
+
+/// `--artifacts DIR`: a connection's runs and session cells share one
+/// scope, `artifact_key` picks another of the same connection, another
+/// server process on the same directory sees none of it, spilled output
+/// lands in the scope, and a connection's scopes go when it ends.
+#[cfg(feature = "artifacts")]
+#[tokio::test(flavor = "multi_thread")]
+async fn artifacts_belong_to_their_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().to_str().unwrap();
+    let policy = policy_file(json!({"max_stdout_bytes": 2000}));
+    let args = ["--artifacts", store, "--allow-tool", "artifacts.*", "--spill-output", "--policy"];
+    let mut args = args.to_vec();
+    args.push(policy.path().to_str().unwrap());
+    let (a, _) = connect(&args).await;
+    let (r, _) = run(
+        &a,
+        json!({"language": "js", "code": "return (await tools.artifacts.save({name: 'n', content: 'a'})).version"}),
+    )
+    .await;
+    assert_eq!(r["output"], 1, "{r}");
+    let load = "try { return (await tools.artifacts.load({name: 'n'})).content } catch (e) { return e.kind }";
+    let (r, _) = run(&a, json!({"language": "js", "code": load})).await;
+    assert_eq!(r["output"], "a", "{r}");
+    // A session cell of the connection shares the scope.
+    let created = call(&a, "create_session", json!({"language": "javascript"})).await.unwrap();
+    let id = created.structured_content.unwrap()["session_id"].as_str().unwrap().to_string();
+    let (r, _) = run(&a, json!({"language": "js", "code": load, "session_id": id})).await;
+    assert_eq!(r["output"], "a", "{r}");
+    // A key is another scope; a bad key is invalid arguments.
+    let (r, _) = run(&a, json!({"language": "js", "code": load, "artifact_key": "other"})).await;
+    assert_eq!(r["output"], "not_found", "{r}");
+    let (r, is_error) = run(&a, json!({"language": "js", "code": "1", "artifact_key": ""})).await;
+    assert!(is_error && r["error"]["kind"] == "invalid_arguments", "{r}");
+    // Spilled output is kept in the caller's scope.
+    let (r, _) =
+        run(&a, json!({"language": "js", "code": "for (let i = 0; i < 1000; i++) console.log('line ' + i)"})).await;
+    let name = r["spilled"].as_str().unwrap_or_else(|| panic!("spilled: {r}")).to_string();
+    assert!(r["stdout"].as_str().unwrap().len() <= 2000, "{r}");
+    let code = format!("return (await tools.artifacts.load({{name: {name:?}, offset: 0, length: 7}})).content");
+    let (r, _) = run(&a, json!({"language": "js", "code": code})).await;
+    assert_eq!(r["output"], "line 0\n", "{r}");
+
+    // Another server on the same directory: its own scopes.
+    let (b, _) = connect(&args).await;
+    let (r, _) = run(&b, json!({"language": "js", "code": load})).await;
+    assert_eq!(r["output"], "not_found", "{r}");
+    b.cancel().await.unwrap();
+
+    // The connection ends: its scopes are removed.
+    let scopes = dir.path().join("scopes");
+    assert_eq!(std::fs::read_dir(&scopes).unwrap().count(), 1, "one scope saved anything");
+    a.cancel().await.unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    while std::fs::read_dir(&scopes).unwrap().count() > 0 && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(std::fs::read_dir(&scopes).unwrap().count(), 0, "the connection's artifacts are gone");
+}

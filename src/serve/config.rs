@@ -40,6 +40,18 @@ pub struct ServeConfig {
     /// None.
     #[cfg(feature = "upstream")]
     pub upstreams: crate::tools::UpstreamsConfig,
+    /// The artifact store (feature `artifacts`): when set, code's
+    /// `artifacts.*` tools are registered (granted like any tool, e.g.
+    /// `artifacts.*` in the policy's tools) and runs whose policy spills
+    /// output keep it there. A connection's runs and session cells share
+    /// one scope (a `run_code` call's `artifact_key` picks another scope of
+    /// the same connection); a connection's scopes are removed when it
+    /// ends, and a server's scopes are never another server process's.
+    ///
+    /// # Default
+    /// None.
+    #[cfg(feature = "artifacts")]
+    pub artifacts: Option<crate::artifacts::ArtifactStoreConfig>,
 }
 
 impl Default for ServeConfig {
@@ -55,6 +67,8 @@ impl Default for ServeConfig {
             tools: ToolRegistry::default(),
             #[cfg(feature = "upstream")]
             upstreams: crate::tools::UpstreamsConfig::default(),
+            #[cfg(feature = "artifacts")]
+            artifacts: None,
         }
     }
 }
@@ -71,3 +85,6 @@ setters!(ServeConfig {
 
 #[cfg(feature = "upstream")]
 setters!(ServeConfig { upstreams: crate::tools::UpstreamsConfig });
+
+#[cfg(feature = "artifacts")]
+setters!(ServeConfig {} some { artifacts: crate::artifacts::ArtifactStoreConfig });

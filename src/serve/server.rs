@@ -34,8 +34,22 @@ impl Server {
     /// a warning, and shown in `list_backends`.
     pub fn new(cfg: ServeConfig) -> Result<Self, ConfigError> {
         let (tools, upstreams, connections) = connect_tools(&cfg)?;
-        let exec =
-            Executor::builder().default_backends(&cfg.backends)?.ceiling(cfg.policy.clone()).tools(tools).build();
+        #[cfg_attr(not(feature = "artifacts"), allow(unused_mut))]
+        let mut builder = Executor::builder().default_backends(&cfg.backends)?.ceiling(cfg.policy.clone());
+        #[cfg(feature = "artifacts")]
+        let (tools, artifacts) = match cfg.artifacts.clone() {
+            Some(config) => {
+                let store = crate::artifacts::store::ArtifactStore::new(config)?;
+                let tools = tools
+                    .merged(&store.tools())
+                    .map_err(|e| ConfigError::invalid("ServeConfig::artifacts", e.to_string()))?;
+                builder = builder.artifacts(store.clone());
+                let prefix = format!("mcp:{}", crate::nonce::hex128());
+                (tools, Some(super::shared::ServeArtifacts { store, prefix }))
+            }
+            None => (tools, None),
+        };
+        let exec = builder.tools(tools).build();
         exec.prepare_all();
         let sessions = Sessions::for_executor(cfg.sessions.clone(), &exec);
         let gate = Gate::new(cfg.max_concurrent, cfg.max_queued);
@@ -47,6 +61,8 @@ impl Server {
             next_connection: AtomicU64::new(1),
             upstreams,
             _connections: connections,
+            #[cfg(feature = "artifacts")]
+            artifacts,
         };
         Ok(Self { shared: Arc::new(shared) })
     }

@@ -22,6 +22,18 @@ pub(crate) struct Shared {
     pub upstreams: Vec<UpstreamStatus>,
     /// Keeps the upstream connections open.
     pub _connections: Connections,
+    /// The artifact store, when the server keeps artifacts.
+    #[cfg(feature = "artifacts")]
+    pub artifacts: Option<ServeArtifacts>,
+}
+
+/// The server's artifact store and the prefix of its scopes.
+#[cfg(feature = "artifacts")]
+pub(crate) struct ServeArtifacts {
+    pub store: crate::artifacts::store::ArtifactStore,
+    /// `mcp:<random>`: this server process's scopes, apart from any other's
+    /// (connection numbers start again at 1 in every process).
+    pub prefix: String,
 }
 
 /// What keeps the upstream connections open (dropped with the server).
@@ -104,6 +116,8 @@ mod tests {
             next_connection: AtomicU64::new(1),
             upstreams: Vec::new(),
             _connections: None,
+            #[cfg(feature = "artifacts")]
+            artifacts: None,
             cfg,
         };
         assert_eq!(shared.run_timeout_ms(None), 300_000, "the container-like default, not 30 s");

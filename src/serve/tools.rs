@@ -50,6 +50,15 @@ const OTHER_TOOLS_LIMIT: Duration = Duration::from_secs(20);
 /// bounded by 60 s).
 const SESSION_OPEN_LIMIT: Duration = Duration::from_secs(65);
 
+/// Most artifact scopes (its own and one per `artifact_key`) one connection
+/// may use: each is removed when the connection ends.
+#[cfg(feature = "artifacts")]
+const MAX_SCOPES_PER_CONNECTION: usize = 64;
+
+/// Longest `artifact_key`, in bytes.
+#[cfg(feature = "artifacts")]
+const MAX_ARTIFACT_KEY_BYTES: usize = 128;
+
 /// The handler of one MCP connection. Its sessions are its own: ids are
 /// looked up under this connection only, and close when it goes.
 #[derive(Clone)]
@@ -66,6 +75,9 @@ struct Connection {
     shared: Arc<Shared>,
     /// The level the client asked for with `logging/setLevel`, if any.
     log_level: Mutex<Option<LoggingLevel>>,
+    /// The artifact scopes its runs used (removed when it ends).
+    #[cfg(feature = "artifacts")]
+    scopes: Mutex<std::collections::BTreeSet<String>>,
 }
 
 impl Connection {
@@ -79,8 +91,21 @@ impl Drop for Connection {
     fn drop(&mut self) {
         let prefix = format!("{}/", self.id);
         let sessions = self.shared.sessions.clone();
+        #[cfg(feature = "artifacts")]
+        let artifacts =
+            self.shared.artifacts.as_ref().map(|a| (a.store.clone(), std::mem::take(&mut *self.scopes.lock())));
         // Closing ends worker processes or removes containers: off the async threads.
-        std::thread::spawn(move || sessions.close_where(|key| key.starts_with(&prefix)));
+        std::thread::spawn(move || {
+            sessions.close_where(|key| key.starts_with(&prefix));
+            #[cfg(feature = "artifacts")]
+            if let Some((store, scopes)) = artifacts {
+                for scope in scopes {
+                    if let Err(e) = store.remove_scope(&scope) {
+                        tracing::warn!(error = %e, "a closed connection's artifacts were not removed");
+                    }
+                }
+            }
+        });
     }
 }
 
@@ -164,6 +189,12 @@ pub struct RunCodeArgs {
     /// that provides every one runs it (list_backends shows who provides what).
     #[serde(default)]
     pub packages: Option<Vec<String>>,
+    /// Artifacts (when the server keeps them; the code's `artifacts.*` tools): runs and sessions of
+    /// this connection share one scope; a key gives a separate scope of this connection. Removed
+    /// when the connection ends.
+    #[cfg(feature = "artifacts")]
+    #[serde(default)]
+    pub artifact_key: Option<String>,
 }
 
 /// `create_session`'s arguments.
@@ -193,7 +224,13 @@ pub struct NoArgs {}
 impl ExecboxMcp {
     pub(super) fn new(shared: Arc<Shared>) -> Self {
         let id = shared.next_connection.fetch_add(1, Ordering::Relaxed);
-        let connection = Arc::new(Connection { id, shared: shared.clone(), log_level: Mutex::new(None) });
+        let connection = Arc::new(Connection {
+            id,
+            shared: shared.clone(),
+            log_level: Mutex::new(None),
+            #[cfg(feature = "artifacts")]
+            scopes: Mutex::new(Default::default()),
+        });
         Self { shared, connection, tool_router: Self::tool_router() }
     }
 
@@ -236,7 +273,45 @@ impl ExecboxMcp {
         request.collect_output_files = args.collect_files.unwrap_or(false);
         request.backend = args.backend;
         request.packages = args.packages.unwrap_or_default();
+        #[cfg(feature = "artifacts")]
+        {
+            request.artifact_scope = self.artifact_scope(args.artifact_key)?;
+        }
         Ok((request, args.session_id))
+    }
+
+    /// The artifact scope of a call of this connection: the connection's,
+    /// or its scope for `key`; none when the server keeps no artifacts.
+    #[cfg(feature = "artifacts")]
+    fn artifact_scope(&self, key: Option<String>) -> Result<Option<String>, String> {
+        let Some(artifacts) = &self.shared.artifacts else {
+            return match key {
+                Some(_) => Err("artifact_key: this server keeps no artifacts (see execbox serve --artifacts)".into()),
+                None => Ok(None),
+            };
+        };
+        let connection = format!("{}:{}", artifacts.prefix, self.connection.id);
+        let scope = match key {
+            None => connection,
+            Some(key) => {
+                if key.is_empty() || key.len() > MAX_ARTIFACT_KEY_BYTES || key.chars().any(char::is_control) {
+                    return Err(format!(
+                        "artifact_key must be 1 to {MAX_ARTIFACT_KEY_BYTES} bytes without control characters"
+                    ));
+                }
+                format!("{connection}:key:{key}")
+            }
+        };
+        let mut scopes = self.connection.scopes.lock();
+        if !scopes.contains(&scope) {
+            if scopes.len() >= MAX_SCOPES_PER_CONNECTION {
+                return Err(format!(
+                    "artifact_key: this connection already uses {MAX_SCOPES_PER_CONNECTION} artifact scopes"
+                ));
+            }
+            scopes.insert(scope.clone());
+        }
+        Ok(Some(scope))
     }
 
     fn log_level(&self) -> Option<LoggingLevel> {

@@ -88,6 +88,39 @@ pub(crate) struct ServeArgs {
     pub(crate) backends: BackendFlags,
     #[command(flatten)]
     pub(crate) tools: ToolFlags,
+    #[cfg(feature = "artifacts")]
+    #[command(flatten)]
+    pub(crate) artifacts: ArtifactFlags,
+}
+
+/// Artifacts: files code keeps across runs (`artifacts.*` tools), and
+/// spilled output (`run` and `serve`).
+#[cfg(feature = "artifacts")]
+#[derive(clap::Args, Clone, Default)]
+pub(crate) struct ArtifactFlags {
+    /// Keep artifacts in this directory: registers the tools artifacts.save, artifacts.load and
+    /// artifacts.list (grant them with --allow-tool 'artifacts.*').
+    #[arg(long = "artifacts", value_name = "DIR")]
+    pub(crate) dir: Option<PathBuf>,
+    /// When stdout passes its cap, keep all of it as an artifact (up to 8 MiB) and show its head
+    /// and tail; the result's `spilled` names it.
+    #[arg(long, requires = "dir")]
+    pub(crate) spill_output: bool,
+}
+
+#[cfg(feature = "artifacts")]
+impl ArtifactFlags {
+    /// The store's settings, if `--artifacts` was given.
+    pub(crate) fn config(&self) -> Option<execbox::artifacts::ArtifactStoreConfig> {
+        self.dir.as_ref().map(|dir| execbox::artifacts::ArtifactStoreConfig::default().dir(dir.clone()))
+    }
+
+    /// Asks `policy` to spill output, with `--spill-output`.
+    pub(crate) fn spill(&self, policy: &mut execbox::SandboxPolicy) {
+        if self.spill_output {
+            policy.spill_output = Some(true);
+        }
+    }
 }
 
 /// Code Mode: the tools code may call (`run` and `serve`).
@@ -208,6 +241,13 @@ pub(crate) struct RunArgs {
     pub(crate) backends: BackendFlags,
     #[command(flatten)]
     pub(crate) tools: ToolFlags,
+    #[cfg(feature = "artifacts")]
+    #[command(flatten)]
+    pub(crate) artifacts: ArtifactFlags,
+    /// The scope of this run's artifacts (with --artifacts): runs given the same key share them.
+    #[cfg(feature = "artifacts")]
+    #[arg(long, value_name = "KEY", requires = "dir")]
+    pub(crate) artifact_key: Option<String>,
     /// A package the code needs (repeatable; Python: numpy, pandas, matplotlib, scipy on the
     /// container's data image). Only a backend that provides every one is chosen.
     #[arg(long = "package", value_name = "NAME")]

@@ -69,10 +69,35 @@ pub(crate) fn run(args: RunArgs) -> ExitCode {
     };
     #[cfg(not(feature = "upstream"))]
     let tools = execbox::tools::ToolRegistry::default();
-    let exec = match Executor::builder().default_backends(&args.backends.config(1, 0)) {
-        Ok(builder) => builder.tools(tools).build(),
+    #[cfg_attr(not(feature = "artifacts"), allow(unused_mut))]
+    let mut builder = match Executor::builder().default_backends(&args.backends.config(1, 0)) {
+        Ok(builder) => builder,
         Err(err) => return render::refuse_config(as_json, &err),
     };
+    // Artifacts: the store's tools join the registry (granted like any
+    // tool); its runs keep them under `key:<--artifact-key>`.
+    #[cfg(feature = "artifacts")]
+    let tools = match (args.artifacts.config(), &args.artifact_key) {
+        (Some(config), Some(_)) => match execbox::artifacts::ArtifactStore::new(config) {
+            Ok(store) => {
+                let merged = execbox::tools::ToolRegistry::builder().tools(&tools).tools(&store.tools()).build();
+                builder = builder.artifacts(store);
+                match merged {
+                    Ok(tools) => tools,
+                    Err(e) => return invalid("--artifacts", e.to_string()),
+                }
+            }
+            Err(err) => return render::refuse_config(as_json, &err),
+        },
+        (Some(_), None) => {
+            return invalid(
+                "--artifact-key",
+                "--artifacts needs a key: runs given the same key share their artifacts".into(),
+            );
+        }
+        _ => tools,
+    };
+    let exec = builder.tools(tools).build();
     if let Err(e) = exit_on_signals(exec.downgrade()) {
         eprintln!("execbox: cannot handle signals: {e}");
         return ExitCode::from(2);
@@ -197,6 +222,16 @@ fn build_request(args: RunArgs) -> Result<ExecRequest, (String, String)> {
         policy = policy.filesystem(Access::Allow(grants));
     }
     args.tools.grant(&mut policy);
+    #[cfg(feature = "artifacts")]
+    {
+        args.artifacts.spill(&mut policy);
+        if let Some(key) = &args.artifact_key {
+            if key.is_empty() || key.len() > 128 || key.chars().any(char::is_control) {
+                return Err(("--artifact-key".into(), "1 to 128 bytes, no control characters".into()));
+            }
+            request = request.artifact_scope(format!("key:{key}"));
+        }
+    }
     request = request.policy(policy);
     for arg in args.args {
         request = request.arg(arg);

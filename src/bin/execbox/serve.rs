@@ -40,6 +40,8 @@ pub(crate) fn serve(args: ServeArgs) -> ExitCode {
         policy.environment = Access::Allow(names);
     }
     args.tools.grant(&mut policy);
+    #[cfg(feature = "artifacts")]
+    args.artifacts.spill(&mut policy);
     let token = match &args.token_file {
         Some(path) => match read(path, 4096, "execbox's limit for a token file").map(String::from_utf8) {
             Ok(Ok(text)) if !text.trim().is_empty() => Some(text.trim().to_string()),
@@ -74,6 +76,10 @@ pub(crate) fn serve(args: ServeArgs) -> ExitCode {
         Ok(Some(upstreams)) => cfg.upstreams = upstreams,
         Ok(None) => {}
         Err(e) => return fail(e),
+    }
+    #[cfg(feature = "artifacts")]
+    {
+        cfg.artifacts = args.artifacts.config();
     }
     if let Some(n) = args.max_concurrent {
         cfg.max_concurrent = n.max(1);
