@@ -71,6 +71,11 @@ pub struct ToolCallRecord {
     pub truncated: bool,
 }
 
+/// How long past the run's deadline a call clamped to it may wait: the
+/// run's carrier ends the run at its deadline (and the call with it) well
+/// before.
+const RUN_END_GRACE: Duration = Duration::from_secs(2);
+
 /// Most ledger entries a result keeps (later calls are counted only).
 pub const MAX_LEDGER: usize = 1024;
 
@@ -281,8 +286,14 @@ impl ToolBridge {
                 truncated: false,
             },
         );
-        let timeout =
-            Duration::from_millis(self.limits.call_timeout_ms).min(self.deadline.remaining().unwrap_or(Duration::MAX));
+        // A call whose own timeout would fall at or past the run's deadline
+        // is ended by that deadline (the run ends timed_out and the call
+        // stays unknown), not by a catchable timed_out a moment before it,
+        // which would let the run end `failed` instead; the grace only
+        // bounds the call should a carrier end its run late.
+        let per_call = Duration::from_millis(self.limits.call_timeout_ms);
+        let left = self.deadline.remaining().unwrap_or(Duration::MAX);
+        let timeout = if per_call < left { per_call } else { left.saturating_add(RUN_END_GRACE) };
         let bridge = Arc::clone(self);
         let approver = self.approver.clone();
         let context = self.context.clone();
