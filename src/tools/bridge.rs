@@ -195,36 +195,13 @@ impl ToolBridge {
             }
             _ => {}
         }
-        let checked = self.check(&call, bytes_in);
-        let tool = match checked {
+        let tool = match self.check(&call, bytes_in) {
             Ok(tool) => tool,
-            Err(error) => {
-                self.record(
-                    &call.name,
-                    &args_text,
-                    ToolCallOutcome::Refused,
-                    Some(error.kind),
-                    started_at,
-                    bytes_in,
-                    0,
-                    false,
-                );
-                return reply(ToolResult::error(call.id, error));
-            }
+            Err(error) => return reply(self.refused(&call, &args_text, started_at, error)),
         };
         let Some(runtime) = tool_runtime() else {
             let error = refuse(ToolErrorKind::Unavailable, "execbox's tool runtime could not start".into());
-            self.record(
-                &call.name,
-                &args_text,
-                ToolCallOutcome::Refused,
-                Some(error.kind),
-                started_at,
-                bytes_in,
-                0,
-                false,
-            );
-            return reply(ToolResult::error(call.id, error));
+            return reply(self.refused(&call, &args_text, started_at, error));
         };
         let mut state = self.state.lock();
         if state.closed {
@@ -242,17 +219,7 @@ impl ToolBridge {
                 ToolErrorKind::BudgetExhausted,
                 format!("this run may make {} tool calls (the policy's tool_limits.max_calls)", self.limits.max_calls),
             );
-            self.record(
-                &call.name,
-                &args_text,
-                ToolCallOutcome::Refused,
-                Some(error.kind),
-                started_at,
-                bytes_in,
-                0,
-                false,
-            );
-            return reply(ToolResult::error(call.id, error));
+            return reply(self.refused(&call, &args_text, started_at, error));
         }
         if state.in_flight.len() >= self.limits.max_concurrent as usize {
             drop(state);
@@ -260,17 +227,7 @@ impl ToolBridge {
                 ToolErrorKind::TooManyInFlight,
                 format!("at most {} calls may be in flight (tool_limits.max_concurrent)", self.limits.max_concurrent),
             );
-            self.record(
-                &call.name,
-                &args_text,
-                ToolCallOutcome::Refused,
-                Some(error.kind),
-                started_at,
-                bytes_in,
-                0,
-                false,
-            );
-            return reply(ToolResult::error(call.id, error));
+            return reply(self.refused(&call, &args_text, started_at, error));
         }
         state.started += 1;
         let index = push_record(
@@ -461,6 +418,13 @@ impl ToolBridge {
             record.truncated = truncated;
         }
         true
+    }
+
+    /// Ledgers `call` as refused with `error` (nothing ran) and makes its answer.
+    fn refused(&self, call: &ToolCall, args_text: &[u8], started_at: Instant, error: ToolError) -> ToolResult {
+        let bytes_in = args_text.len() as u64;
+        self.record(&call.name, args_text, ToolCallOutcome::Refused, Some(error.kind), started_at, bytes_in, 0, false);
+        ToolResult::error(call.id, error)
     }
 
     /// Records a call that ended at once.
