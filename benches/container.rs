@@ -1,5 +1,6 @@
 //! Container latency: Python `print(1+1)` through execbox vs the identical
-//! `docker run` argv spawned directly (execbox's own overhead), Code Mode
+//! `docker run` argv spawned directly (execbox's own overhead), the same and
+//! a pandas one-liner through the warm pool (`container_warm`), Code Mode
 //! (one and 100 calls of a no-op tool from Python), and the Rust pipeline
 //! cached vs compiling.
 //!
@@ -124,5 +125,58 @@ fn bench(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench);
+/// One run through a warm pool: each sample waits (untimed) until the pool
+/// has a container ready, then times the run that takes it. Sustained rates
+/// above the pool's refill (a container start each, ~0.3 s, two at once)
+/// fall back to cold starts: that is `python_print_execbox`.
+fn bench_warm(c: &mut Criterion) {
+    use execbox::backends::ContainerConfig;
+    let mut g = c.benchmark_group("container_warm");
+    g.sample_size(30).measurement_time(Duration::from_secs(20)).warm_up_time(Duration::from_secs(1));
+    let cases = [
+        ("python_print", python_print(), json!(2)),
+        (
+            "pandas_sum",
+            ExecRequest::source(
+                Language::Python,
+                "import pandas as pd\nprint(int(pd.DataFrame({'a': [1, 2, 3]})['a'].sum()))",
+            )
+            .packages(["pandas"]),
+            json!(6),
+        ),
+    ];
+    for (name, request, want) in cases {
+        let warm = Container::new(ContainerConfig::default().warm_containers(2)).expect("config");
+        if let Err(reason) = warm.availability() {
+            eprintln!("skipping the warm container bench: {reason}");
+            return;
+        }
+        let ready = || {
+            let until = std::time::Instant::now() + Duration::from_secs(60);
+            while warm.readiness().is_none_or(|r| r.ready == 0) {
+                assert!(std::time::Instant::now() < until, "the warm pool does not fill");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        };
+        // The first run starts this package set's pool.
+        let first = Executor::run_on(&warm, request.clone()).expect("runs");
+        assert_eq!(first.output, Some(want.clone()), "{first:?}");
+        g.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    ready();
+                    let started = std::time::Instant::now();
+                    let r = Executor::run_on(&warm, request.clone()).expect("runs");
+                    total += started.elapsed();
+                    assert_eq!(r.output, Some(want.clone()), "{r:?}");
+                }
+                total
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench, bench_warm);
 criterion_main!(benches);

@@ -51,12 +51,21 @@ pub struct BackendsConfig {
     /// # Default
     /// 2.
     pub js_idle_workers: usize,
+    /// Warm one-shot Python containers kept per pool
+    /// ([`ContainerConfig::warm_containers`](crate::backends::ContainerConfig::warm_containers));
+    /// a one-shot process should use 0.
+    ///
+    /// # Default
+    /// 0 (off: each one holds memory outside this process; `execbox serve`
+    /// keeps 1 unless told otherwise).
+    pub warm_containers: usize,
 }
 
 setters!(BackendsConfig {
     container_engine: PathBuf,
     python_warm_pool: usize,
     js_idle_workers: usize,
+    warm_containers: usize,
 } some {
     wasm_cache_dir: PathBuf,
     interpreters_dir: PathBuf,
@@ -70,6 +79,7 @@ impl Default for BackendsConfig {
             interpreters_dir: None,
             python_warm_pool: 2,
             js_idle_workers: 2,
+            warm_containers: 0,
         }
     }
 }
@@ -101,7 +111,8 @@ impl ExecutorBuilder {
         #[cfg(feature = "container")]
         {
             use crate::backends::{Container, ContainerConfig};
-            let config = ContainerConfig::default().engine(cfg.container_engine.clone());
+            let config =
+                ContainerConfig::default().engine(cfg.container_engine.clone()).warm_containers(cfg.warm_containers);
             let container = Container::new(config)?;
             builder = builder.backend(container);
         }

@@ -302,6 +302,36 @@ pub(crate) const PYTHON_BOOTSTRAP: &str = concat!(
     "exec(compile(source, '<code>', 'exec'), {'__name__': '__main__', '__builtins__': __builtins__, 'input': data})\n"
 );
 
+/// The line a warm container's Python writes to stdout once it has imported
+/// its packages and waits for its code (see `container/warm.rs`).
+#[cfg(feature = "container")]
+pub(crate) const WARM_CONTAINER_READY: &[u8] = b"\0execbox:warm\n";
+
+/// [`PYTHON_BOOTSTRAP`] for a warm container: `argv[1]` (taken out of
+/// `sys.argv`) names the packages to import now, comma-separated (one that
+/// fails to import is left for the code to import, and fail, itself); then
+/// [`WARM_CONTAINER_READY`] goes to stdout and the code is read from stdin as in a
+/// cold run.
+#[cfg(feature = "container")]
+pub(crate) const PYTHON_WARM_CONTAINER_BOOTSTRAP: &str = concat!(
+    "\
+import sys
+def _execbox_warm(names, out=sys.stdout.buffer):
+    import importlib
+    for name in filter(None, names.split(',')):
+        try:
+            importlib.import_module(name)
+        except Exception:
+            pass
+    out.write(b'\\0execbox:warm\\n')
+    out.flush()
+_execbox_warm(sys.argv.pop(1))
+del _execbox_warm
+",
+    python_prelude!("source = sys.stdin.read()\n"),
+    "exec(compile(source, '<code>', 'exec'), {'__name__': '__main__', '__builtins__': __builtins__, 'input': data})\n"
+);
+
 /// [`PYTHON_BOOTSTRAP`] for a container run that may call tools: the code
 /// on stdin comes after the tools header (`\0tools:{"nonce": "", "names":
 /// [...]}\n`, see `python_tools_def!`), and the calls go to the run's

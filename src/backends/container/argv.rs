@@ -143,6 +143,13 @@ pub struct RunSpec {
     /// timer, see the module docs): the run's deadline plus a grace, so the
     /// host's own kill normally comes first.
     pub stop_after: Duration,
+    /// Set on a warm container (see
+    /// [`ContainerConfig::warm_containers`](super::ContainerConfig::warm_containers)):
+    /// the command runs under a wrapper that, once it ends, kills what is
+    /// left of it, lists `/work/out` if collected, and writes an end record
+    /// with this nonce and the exit code to both streams, so the host has
+    /// the result without waiting for the engine to stop the container.
+    pub end_nonce: Option<String>,
 }
 
 /// Where the in-container timer's execute-only copy lives (a tmpfs).
@@ -227,7 +234,13 @@ fn run_argv(spec: &RunSpec) -> Vec<String> {
     argv.extend(["/bin/sh".into(), "-c".into(), STOP_SCRIPT.into(), "execbox-stop".into()]);
     argv.push(spec.max_file_bytes.map_or("unlimited".into(), |bytes| (bytes / 512).to_string()));
     argv.push(stop_duration(spec.stop_after));
-    if let Some((out, nonce)) = spec.output_dir.as_ref().and_then(|out| Some((out, out.listing_nonce.as_ref()?))) {
+    let listing = spec.output_dir.as_ref().and_then(|out| Some((out, out.listing_nonce.as_ref()?)));
+    if let Some(nonce) = &spec.end_nonce {
+        let collect = if listing.is_some() { "1" } else { "0" };
+        argv.extend(["/bin/sh".into(), "-c".into(), outputs::WARM_AFTER_SCRIPT.into(), "execbox-end".into()]);
+        argv.extend([nonce.clone(), collect.into()]);
+        argv.extend(outputs::script_args(listing.map_or(0, |(out, _)| out.bytes)));
+    } else if let Some((out, nonce)) = listing {
         argv.extend(["/bin/sh".into(), "-c".into(), outputs::AFTER_SCRIPT.into(), "execbox-out".into(), nonce.clone()]);
         argv.extend(outputs::script_args(out.bytes));
     }

@@ -119,6 +119,32 @@ pub struct ContainerConfig {
     /// # Default
     /// 1 h.
     pub session_lifetime: Duration,
+    /// One-shot Python containers kept started and waiting, per image,
+    /// package set, `/work/out` and caps: the **warm pool**. A run that fits
+    /// one (Python without environment, arguments, path grants or tools, a
+    /// deadline within `defaults.timeout`) takes a warm container, started
+    /// with exactly the locked flags its cold container would have had and
+    /// its declared packages already imported, sends it the code, and the
+    /// container is removed after that one run: **never reused**. Other
+    /// runs, and runs that find the pool empty, start a container as
+    /// before. A pool starts on its first run (the plain image's under
+    /// [`SandboxPolicy::strict`](crate::SandboxPolicy::strict)'s caps at
+    /// [`Backend::prepare`](crate::backend::Backend::prepare)) and refills
+    /// off the request path; at most 8 pools are kept (the least recently
+    /// used goes). 0 turns the pool off.
+    ///
+    /// # Default
+    /// 0: off (each warm container holds memory; the MCP server turns it
+    /// on, see `execbox serve --warm-containers`).
+    pub warm_containers: usize,
+    /// Longest a warm container waits for a run before it is replaced, so
+    /// none idles forever. Its in-container timer is this plus
+    /// `defaults.timeout` plus the kill grace: it covers any run it may
+    /// take.
+    ///
+    /// # Default
+    /// 120 s.
+    pub warm_lifetime: Duration,
 }
 
 impl Default for ContainerConfig {
@@ -141,6 +167,8 @@ impl Default for ContainerConfig {
             rust: RustConfig::default(),
             session_memory_bytes: SandboxPolicy::STRICT_MEMORY_BYTES,
             session_lifetime: Duration::from_secs(3600),
+            warm_containers: 0,
+            warm_lifetime: Duration::from_secs(120),
         }
     }
 }
@@ -158,6 +186,8 @@ setters!(ContainerConfig {
     rust: RustConfig,
     session_memory_bytes: u64,
     session_lifetime: Duration,
+    warm_containers: usize,
+    warm_lifetime: Duration,
 } into {
     engine: PathBuf,
     python_image: String,
@@ -182,6 +212,12 @@ impl ContainerConfig {
                     format!("a memory cap of {bytes} bytes: containers need at least {MIN_MEMORY_BYTES}"),
                 ));
             }
+        }
+        if self.warm_containers > 0 && self.warm_lifetime.is_zero() {
+            return Err(ConfigError::invalid(
+                "ContainerConfig::warm_lifetime",
+                "0 s: a warm container would be replaced before any run could take it",
+            ));
         }
         if self.default_pids == 0 {
             return Err(ConfigError::invalid(

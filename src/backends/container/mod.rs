@@ -82,6 +82,7 @@ mod rust;
 mod session;
 mod staging;
 mod tool_socket;
+mod warm;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -94,7 +95,7 @@ pub use rust::RustCacheStats;
 pub use session::ContainerSession;
 
 use crate::admission::Admitted;
-use crate::backend::{Backend, Unavailable};
+use crate::backend::{Backend, Readiness, Unavailable};
 use crate::capabilities::BackendCapabilities;
 use crate::error::{ConfigError, ExecError};
 use crate::language::Language;
@@ -242,8 +243,17 @@ impl Backend for Container {
 
     /// Checks for the engine and images (which also starts the sweep of
     /// dead owners' containers, off the request path).
+    /// With a warm pool, also starts the plain Python image's (it fills
+    /// off the caller's path: `limit` is not waited).
     fn prepare(&self, _limit: Duration) {
-        let _ = self.runner.availability();
+        if self.runner.availability().is_ok() {
+            self.runner.prepare_warm();
+        }
+    }
+
+    /// The warm pool's ready containers (all package sets), if it is on.
+    fn readiness(&self) -> Option<Readiness> {
+        self.runner.warm_counts().map(|(ready, target)| Readiness { ready, target })
     }
 
     fn shutdown(&self) {

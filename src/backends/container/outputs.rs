@@ -176,6 +176,21 @@ pub(super) const AFTER_SCRIPT: &str = concat!(
     "list 2>/dev/null\nexit $s\n"
 );
 
+/// `sh -c WARM_AFTER_SCRIPT execbox-end <nonce> <collect: 0|1> <max
+/// entries> <max depth> <byte budget> <command...>` (a warm container,
+/// `warm.rs`): runs the command, kills what is left of it, writes the end
+/// record `\0execbox:<nonce>:Z<ddd>\n` (`<ddd>`: the exit code) to stderr,
+/// then (collecting) the marker and listing of [`AFTER_SCRIPT`] and the end
+/// record to stdout, and exits with the command's status. The nonce is the
+/// listing's too. The host reads each stream up to its end record.
+pub(super) const WARM_AFTER_SCRIPT: &str = concat!(
+    "nonce=$1 collect=$2 max=$3 deep=$4 budget=$5\nshift 5\n\"$@\"\ns=$?\nkill -s KILL -1 2>/dev/null\n",
+    "printf '\\000execbox:%s:Z%03d\\n' \"$nonce\" \"$s\" >&2\n",
+    list_functions!(),
+    "if [ \"$collect\" = 1 ]; then printf '\\000execbox:%s:O\\n' \"$nonce\"; list 2>/dev/null; fi\n",
+    "printf '\\000execbox:%s:Z%03d\\n' \"$nonce\" \"$s\"\nexit $s\n"
+);
+
 /// The arguments after `sh -c <script> execbox-out` (and the nonce, for
 /// [`AFTER_SCRIPT`]): the walk's bounds and the listing's byte budget (the
 /// tmpfs's size).

@@ -66,7 +66,15 @@ const SMALL_OUTPUT: usize = 64 << 10;
 /// One invocation of `<engine> run ...`.
 pub(super) struct Invocation<'a> {
     pub engine: &'a Path,
+    /// The CLI's arguments (unused with [`Invocation::started`]).
     pub argv: Vec<String>,
+    /// A CLI spawned earlier and waiting (a warm container, `warm.rs`):
+    /// this invocation feeds it and collects it rather than spawning one.
+    pub started: Option<Spawned>,
+    /// The end record both streams carry when the program has ended (a
+    /// warm container's wrapper writes it): once both have it, the run is
+    /// over without waiting for the engine to stop the container.
+    pub end_nonce: Option<String>,
     /// The container's name (as in `argv`).
     pub name: &'a str,
     pub stdin: Vec<u8>,
@@ -102,20 +110,20 @@ pub(super) struct Finished {
 /// Once the CLI has been spawned, whatever follows, `remove` gets the
 /// container's name: a container may exist, and it is the caller's to
 /// remove.
-pub(super) fn run(inv: Invocation<'_>, remove: &dyn Fn(&str)) -> std::io::Result<Finished> {
-    let mut command = engine_command(inv.engine);
-    command.args(&inv.argv).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
-    let mut child = command.spawn()?;
-    let exit = match watch(&mut child) {
-        Ok(exit) => exit,
-        Err(e) => {
-            remove(inv.name);
-            return Err(e);
-        }
+pub(super) fn run(mut inv: Invocation<'_>, remove: &dyn Fn(&str)) -> std::io::Result<Finished> {
+    let Spawned { mut child, exit } = match inv.started.take() {
+        Some(started) => started,
+        None => match spawn(inv.engine, &inv.argv) {
+            Ok(spawned) => spawned,
+            Err(e) => {
+                remove(inv.name);
+                return Err(e);
+            }
+        },
     };
 
     let (stdin, stdout, stderr) = (child.stdin.take(), child.stdout.take(), child.stderr.take());
-    let (eof_tx, eof_rx) = mpsc::channel::<()>();
+    let (eof_tx, eof_rx) = mpsc::channel::<Option<i32>>();
     let (timed_out, status, out, err) = std::thread::scope(|scope| {
         if let Some(mut pipe) = stdin {
             let bytes = inv.stdin;
@@ -128,16 +136,25 @@ pub(super) fn run(inv: Invocation<'_>, remove: &dyn Fn(&str)) -> std::io::Result
                        mut listing: Option<ListingTap>| {
             let tx = eof_tx.clone();
             let tap = inv.tap.clone();
+            let mut end = inv.end_nonce.as_deref().map(EndTap::new);
             scope.spawn(move || {
                 let mut buffer = BoundedBuffer::new(cap).tapped(tap, kind);
+                let mut text = |chunk: &[u8]| match listing.as_mut() {
+                    Some(listing) => listing.feed(chunk, &mut buffer),
+                    None => buffer.write(chunk),
+                };
                 if let Some(mut pipe) = pipe {
-                    drain(&mut pipe, &mut |chunk: &[u8]| match listing.as_mut() {
-                        Some(listing) => listing.feed(chunk, &mut buffer),
-                        None => buffer.write(chunk),
+                    drain(&mut pipe, &mut |chunk: &[u8]| match end.as_mut() {
+                        Some(end) => end.feed(chunk, &mut text),
+                        None => {
+                            text(chunk);
+                            true
+                        }
                     });
                 }
+                let status = end.and_then(|end| end.finish(&mut text));
                 let listing = listing.and_then(|listing| listing.finish(&mut buffer));
-                let _ = tx.send(());
+                let _ = tx.send(status);
                 (buffer, listing)
             })
         };
@@ -148,20 +165,21 @@ pub(super) fn run(inv: Invocation<'_>, remove: &dyn Fn(&str)) -> std::io::Result
         drop(eof_tx);
 
         let mut open_streams = 2;
-        let mut status = wait_end(&mut child, &exit, &eof_rx, &mut open_streams, &inv.deadline);
+        let mut recorded = Recorded::default();
+        let mut status = wait_end(&mut child, &exit, &eof_rx, &mut open_streams, &mut recorded, &inv.deadline);
         let timed_out = status.is_none();
         if timed_out {
             // Kill on the daemon side: killing only the CLI would leave the
             // container running. Its streams end once it is gone.
             let grace = Deadline::start(Some(KILL_GRACE));
             kill_container(inv.engine, inv.name, KILL_GRACE);
-            status = wait_end(&mut child, &exit, &eof_rx, &mut open_streams, &grace);
+            status = wait_end(&mut child, &exit, &eof_rx, &mut open_streams, &mut recorded, &grace);
             if status.is_none() {
                 // The daemon did not answer in time. Stop waiting for it:
                 // the reaper removes the container, its own timer stops it.
                 tracing::warn!(container = inv.name, "the engine did not end a timed-out container within the grace");
                 kill_group(&mut child);
-                status = child.wait().ok();
+                status = child.wait().ok().map(Status::Exited);
             }
         }
         let (out, listing) = out.join().map(|(b, listing)| (b.into_captured(), listing)).unwrap_or_default();
@@ -172,44 +190,186 @@ pub(super) fn run(inv: Invocation<'_>, remove: &dyn Fn(&str)) -> std::io::Result
 
     let ended = if timed_out {
         Ended::TimedOut
+    } else if let Some(Status::Recorded(exit_code)) = status {
+        Ended::Exited { exit_code, oom_killed: false }
     } else {
         let limit = inv.deadline.remaining().map_or(HOUSEKEEPING_TIMEOUT, |left| left.saturating_add(KILL_GRACE));
+        let status = match status {
+            Some(Status::Exited(status)) => Some(status),
+            _ => None,
+        };
         classify(inv.engine, inv.name, status, &err, limit)
     };
     remove(inv.name);
     Ok(Finished { ended, stdout: out, stderr: err, listing })
 }
 
-/// Waits, within `deadline`, until both streams reached EOF (counted down
-/// in `open`) and the CLI exited: a program that closed its streams and runs
-/// on has not ended. `None` if the deadline passed first.
+/// How the program's end was known.
+enum Status {
+    /// The CLI exited with this status.
+    Exited(ExitStatus),
+    /// Both streams carried the end record with this exit code, which needs
+    /// no daemon record to be read (see [`AMBIGUOUS_EXIT_CODES`]): the CLI
+    /// was not waited for, and was killed (the container goes to the reaper).
+    Recorded(i32),
+}
+
+/// The end records the streams carried so far (a warm container's).
+#[derive(Default)]
+struct Recorded {
+    codes: Vec<i32>,
+}
+
+impl Recorded {
+    /// The program's exit code once both streams carry the same
+    /// unambiguous one.
+    fn settled(&self) -> Option<i32> {
+        match self.codes.as_slice() {
+            [a, b] if a == b && !AMBIGUOUS_EXIT_CODES.contains(a) => Some(*a),
+            _ => None,
+        }
+    }
+}
+
+/// Waits, within `deadline`, until both streams reached EOF or their end
+/// record (counted down in `open`, the records kept in `recorded`) and the
+/// CLI exited: a program that closed its streams and runs on has not ended.
+/// With both end records (an unambiguous code), the CLI is not waited for:
+/// it is killed, and the container left to the caller's removal. `None` if
+/// the deadline passed first.
 fn wait_end(
     child: &mut Child,
     exit: &ChildHandle,
-    eof: &mpsc::Receiver<()>,
+    eof: &mpsc::Receiver<Option<i32>>,
     open: &mut usize,
+    recorded: &mut Recorded,
     deadline: &Deadline,
-) -> Option<ExitStatus> {
+) -> Option<Status> {
     while *open > 0 {
         let left = deadline.remaining().unwrap_or(Duration::MAX);
         match eof.recv_timeout(left) {
-            Ok(()) => *open -= 1,
+            Ok(code) => {
+                *open -= 1;
+                recorded.codes.extend(code);
+            }
             Err(mpsc::RecvTimeoutError::Disconnected) => *open = 0,
             Err(mpsc::RecvTimeoutError::Timeout) => return None,
         }
     }
-    wait_until(child, exit, until(deadline.remaining())).ok().flatten()
+    if let Some(code) = recorded.settled() {
+        // The engine's teardown of the container (tens of ms) is not the
+        // caller's wait: the CLI goes now, the container to the reaper.
+        kill_group(child);
+        drop(child.wait());
+        return Some(Status::Recorded(code));
+    }
+    wait_until(child, exit, until(deadline.remaining())).ok().flatten().map(Status::Exited)
+}
+
+/// A spawned `<engine> run` CLI, its stdio piped, watched by a pidfd.
+pub(super) struct Spawned {
+    pub child: Child,
+    pub exit: ChildHandle,
+}
+
+/// Spawns `<engine> <argv>` with piped stdio (see [`engine_command`]).
+pub(super) fn spawn(engine: &Path, argv: &[String]) -> std::io::Result<Spawned> {
+    let mut command = engine_command(engine);
+    command.args(argv).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = command.spawn()?;
+    let exit = watch(&mut child)?;
+    Ok(Spawned { child, exit })
+}
+
+/// Takes a warm container's end record, `\0execbox:<nonce>:Z<ddd>\n`
+/// (`<ddd>`: the program's exit code, three digits), out of one stream: the
+/// bytes before it are the stream's text, and the stream is over with it.
+/// The program can write the record itself (the nonce is on its wrapper's
+/// command line); it then only ends its own run early, with its own output,
+/// and its container is removed all the same.
+pub(super) struct EndTap {
+    marker: Vec<u8>,
+    /// Bytes of a possible record matched so far.
+    held: Vec<u8>,
+    code: Option<i32>,
+}
+
+impl EndTap {
+    fn new(nonce: &str) -> Self {
+        let mut marker = crate::limits::records::marker(nonce);
+        marker.push(b'Z');
+        Self { marker, held: Vec::new(), code: None }
+    }
+
+    /// Feeds bytes read from the stream; its text goes to `text`. False once
+    /// the record is complete (nothing after it is read).
+    fn feed(&mut self, bytes: &[u8], text: &mut dyn FnMut(&[u8])) -> bool {
+        let whole = self.marker.len() + 4;
+        let mut i = 0;
+        while i < bytes.len() {
+            if self.held.is_empty() {
+                // The marker starts with the only NUL it holds.
+                match bytes[i..].iter().position(|&b| b == 0) {
+                    None => {
+                        text(&bytes[i..]);
+                        return true;
+                    }
+                    Some(at) => {
+                        text(&bytes[i..i + at]);
+                        i += at + 1;
+                        self.held.push(0);
+                        continue;
+                    }
+                }
+            }
+            let b = bytes[i];
+            let at = self.held.len();
+            let fits = match at {
+                _ if at < self.marker.len() => b == self.marker[at],
+                _ if at < whole - 1 => b.is_ascii_digit(),
+                _ => b == b'\n',
+            };
+            if !fits {
+                // Not the record: what was held is text; this byte is looked
+                // at again (it may open a record).
+                text(&self.held);
+                self.held.clear();
+                continue;
+            }
+            self.held.push(b);
+            i += 1;
+            if self.held.len() == whole {
+                let digits = &self.held[self.marker.len()..whole - 1];
+                self.code = std::str::from_utf8(digits).ok().and_then(|d| d.parse().ok());
+                return false;
+            }
+        }
+        true
+    }
+
+    /// At the stream's end: the exit code if the record came (what was held
+    /// of an unfinished one is text).
+    fn finish(mut self, text: &mut dyn FnMut(&[u8])) -> Option<i32> {
+        if self.code.is_none() && !self.held.is_empty() {
+            text(&std::mem::take(&mut self.held));
+        }
+        self.code
+    }
 }
 
 /// Reads a pipe to its end, handing each chunk to `sink` (which keeps what
 /// fits its caps and counts the rest), so the writer never blocks on a full
-/// pipe.
-fn drain(pipe: &mut dyn Read, sink: &mut dyn FnMut(&[u8])) {
+/// pipe; stops early when `sink` returns false.
+fn drain(pipe: &mut dyn Read, sink: &mut dyn FnMut(&[u8]) -> bool) {
     let mut chunk = [0u8; 16 * 1024];
     loop {
         match pipe.read(&mut chunk) {
             Ok(0) => return,
-            Ok(n) => sink(&chunk[..n]),
+            Ok(n) => {
+                if !sink(&chunk[..n]) {
+                    return;
+                }
+            }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(_) => return,
         }
@@ -318,7 +478,10 @@ pub(super) fn bounded_output(command: &mut Command, limit: Duration, max_bytes: 
             scope.spawn(move || {
                 let mut buffer = BoundedBuffer::new(Some(max_bytes as u64));
                 if let Some(mut pipe) = pipe {
-                    drain(&mut pipe, &mut |chunk: &[u8]| buffer.write(chunk));
+                    drain(&mut pipe, &mut |chunk: &[u8]| {
+                        buffer.write(chunk);
+                        true
+                    });
                 }
                 buffer.into_captured().bytes
             })

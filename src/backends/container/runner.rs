@@ -16,6 +16,7 @@ use super::process::{self, KILL_GRACE};
 use super::reaper::Reaper;
 use super::staging::{self, Staging, WORKDIR};
 use super::tool_socket::ToolSocket;
+use super::warm::{Warm, WarmKey, WarmPool};
 use crate::admission::Admitted;
 use crate::backend::Unavailable;
 use crate::backends::conventions;
@@ -26,7 +27,7 @@ use crate::error::{ExecError, InvalidRequest};
 use crate::language::Language;
 use crate::limits::deadline::Deadline;
 use crate::limits::output::OutputTap;
-use crate::policy::Access;
+use crate::policy::{Access, SandboxPolicy};
 use crate::request::ExecRequest;
 use crate::result::{ExecResult, Outcome, Usage};
 use crate::tools::bridge::ToolBridge;
@@ -58,6 +59,8 @@ pub(super) struct Runner {
     data_packages: Mutex<Option<(Instant, Vec<String>)>>,
     /// Set by [`Runner::shutdown`]: no new container starts.
     shut_down: AtomicBool,
+    /// Warm one-shot containers (`warm.rs`; it removes its own).
+    warm: WarmPool,
 }
 
 /// How a [`Runner::run_spec`] ended.
@@ -88,7 +91,10 @@ impl Runner {
     /// A runner with `cfg` (already checked). Nothing is spawned until the
     /// first run or availability check.
     pub fn new(cfg: ContainerConfig) -> Self {
+        let launch_cfg = cfg.clone();
+        let launch = Box::new(move |key: &WarmKey| warm_spec(&launch_cfg, key));
         Self {
+            warm: WarmPool::new(cfg.engine.clone(), cfg.warm_containers, cfg.warm_lifetime, launch),
             caps: capabilities(&cfg),
             reaper: Reaper::new(cfg.engine.clone()),
             availability: Mutex::new(None),
@@ -116,6 +122,7 @@ impl Runner {
     /// See [`Container::shutdown`](super::Container::shutdown).
     pub fn shutdown(&self) {
         self.shut_down.store(true, Ordering::SeqCst);
+        self.warm.shutdown();
         owners::remove_own(&self.cfg.engine, Duration::from_secs(5));
         owners::remove_own_temp_dirs();
     }
@@ -267,34 +274,27 @@ impl Runner {
                 }
             }
         }
-        Ok(RunSpec {
-            name: container_name("execbox-"),
-            image,
-            memory_bytes,
-            cpus: self.cfg.cpus,
-            pids,
-            tmp_bytes: self.cfg.tmp_bytes,
-            user: self.cfg.user.clone(),
-            max_file_bytes: Some(self.cfg.max_output_file_bytes),
-            env_file: staging.env_file(),
-            env: Vec::new(),
-            mounts,
-            output_dir: staging.collects_outputs().then(|| OutputTmpfs {
-                bytes: self.output_limits().tmpfs_bytes(),
-                inodes: OUTPUT_INODES,
-                listing_nonce: Some(crate::nonce::hex128()),
-            }),
-            workdir: WORKDIR.into(),
-            extra_args: self.cfg.extra_run_args.clone(),
-            command,
-            stop_after: limit.saturating_add(KILL_GRACE),
-        })
+        let limits = Limits { memory_bytes, pids, stop_after: limit.saturating_add(KILL_GRACE) };
+        Ok(locked_spec(&self.cfg, staging, mounts, image, command, limits))
     }
 
     /// Runs one container for `spec`, capturing at most `caps` (stdout,
     /// stderr) bytes, streamed to the request's tap if it has one. The
     /// container goes to the reaper once it may exist.
     pub fn run_spec(&self, spec: &RunSpec, stdin: Vec<u8>, caps: Caps, deadline: Deadline) -> RunEnd {
+        self.run_started(spec, None, stdin, caps, deadline)
+    }
+
+    /// [`Runner::run_spec`] on a container whose CLI was spawned already
+    /// (`started`: a warm one), or spawned now (`None`).
+    fn run_started(
+        &self,
+        spec: &RunSpec,
+        started: Option<process::Spawned>,
+        stdin: Vec<u8>,
+        caps: Caps,
+        deadline: Deadline,
+    ) -> RunEnd {
         if self.shut_down.load(Ordering::SeqCst) {
             return RunEnd::SpawnFailed("the backend is shutting down".into());
         }
@@ -305,7 +305,9 @@ impl Runner {
         let invocation = process::Invocation {
             engine: &self.cfg.engine,
             listing,
-            argv: spec.argv(),
+            argv: if started.is_some() { Vec::new() } else { spec.argv() },
+            started,
+            end_nonce: spec.end_nonce.clone(),
             name: &spec.name,
             stdin,
             deadline,
@@ -375,11 +377,7 @@ impl Runner {
 
     /// The caps on the files a run returns.
     pub fn output_limits(&self) -> OutputLimits {
-        OutputLimits {
-            max_files: self.cfg.max_output_files,
-            max_file_bytes: self.cfg.max_output_file_bytes,
-            max_total_bytes: self.cfg.max_output_total_bytes,
-        }
+        output_limits(&self.cfg)
     }
 
     /// This backend is unavailable because of `reason`.
@@ -411,6 +409,11 @@ impl Runner {
         let input = call.take_input_json(self.cfg.defaults.max_input_nesting, NAME)?;
         let bridge = call.tools().cloned();
         let request = call.into_request();
+        if let Some(key) = self.warm_key(&request, bridge.is_some(), &deadline)
+            && let Some(warm) = self.warm.take(&key)
+        {
+            return self.run_warm(warm, &request, source.into_bytes(), input.as_deref(), deadline);
+        }
         let staging = Staging::new(&request, input.as_deref())?;
         let socket = self.tool_socket(bridge.as_ref())?;
         let command = self.script_command(&request, socket.is_some())?;
@@ -430,6 +433,78 @@ impl Runner {
         self.result(end, &deadline, staging)
     }
 
+    /// The warm pool a run can take a container from, if it fits one (see
+    /// `warm.rs`): Python without environment, arguments, path grants or
+    /// tools, with a deadline the warm container's timer covers; its image,
+    /// packages, `/work/out` and caps name the pool.
+    fn warm_key(&self, request: &ExecRequest, tools: bool, deadline: &Deadline) -> Option<WarmKey> {
+        let policy = &request.policy;
+        let grants = match &policy.filesystem {
+            Access::Allow(grants) => !grants.read_only.is_empty() || !grants.read_write.is_empty(),
+            _ => false,
+        };
+        let fits = self.warm.enabled()
+            && request.language == Language::Python
+            && !tools
+            && request.args.is_empty()
+            && request.env.is_empty()
+            && !grants
+            && deadline.remaining().is_some_and(|left| left <= self.cfg.defaults.timeout);
+        fits.then(|| {
+            let mut packages = request.packages.clone();
+            packages.sort();
+            packages.dedup();
+            WarmKey {
+                image: self.script_image(request),
+                packages,
+                outputs: request.collect_output_files,
+                memory_bytes: policy.memory_bytes.unwrap_or(self.cfg.defaults.memory_bytes),
+                pids: policy.max_processes.unwrap_or(self.cfg.default_pids),
+            }
+        })
+        .filter(|key| key.memory_bytes >= MIN_MEMORY_BYTES && key.pids > 0)
+    }
+
+    /// Runs `request` in a warm container: its files staged into the
+    /// container's `/work`, its code sent; the container is removed after.
+    fn run_warm(
+        &self,
+        warm: Warm,
+        request: &ExecRequest,
+        source: Vec<u8>,
+        input: Option<&[u8]>,
+        deadline: Deadline,
+    ) -> Result<ExecResult, ExecError> {
+        let Warm { spec, staging, mut spawned, .. } = warm;
+        if let Err(e) = staging.stage_cell(request, input) {
+            process::kill_group(&mut spawned.child);
+            drop(spawned.child.wait());
+            self.reaper.remove(spec.name.clone());
+            self.reaper.discard(staging.into_dir());
+            return Err(e);
+        }
+        let end = self.run_started(&spec, Some(spawned), source, Caps::of(request), deadline);
+        self.result(end, &deadline, staging)
+    }
+
+    /// Starts the warm pool of plain Python runs (no packages, no output
+    /// files) under [`SandboxPolicy::strict`]'s caps, a request's default
+    /// policy, if the pool is on.
+    pub fn prepare_warm(&self) {
+        self.warm.want(WarmKey {
+            image: self.cfg.python_image.clone(),
+            packages: Vec::new(),
+            outputs: false,
+            memory_bytes: SandboxPolicy::STRICT_MEMORY_BYTES,
+            pids: self.cfg.default_pids,
+        });
+    }
+
+    /// The warm pool's ready containers and target, if it is on.
+    pub fn warm_counts(&self) -> Option<(usize, usize)> {
+        self.warm.enabled().then(|| self.warm.counts())
+    }
+
     /// The tool socket of a run with `bridge` (none without), its calls
     /// going to `bridge` from now on.
     pub fn tool_socket(&self, bridge: Option<&Arc<ToolBridge>>) -> Result<Option<ToolSocket>, ExecError> {
@@ -438,6 +513,91 @@ impl Runner {
             ToolSocket::start().map_err(|e| self.unavailable(format!("cannot open the run's tool socket: {e}")))?;
         socket.begin(Some(bridge.clone()));
         Ok(Some(socket))
+    }
+}
+
+/// The caps a spec is built with.
+struct Limits {
+    memory_bytes: u64,
+    pids: u64,
+    stop_after: Duration,
+}
+
+/// The one place a run's spec is made, cold or warm: every locked setting
+/// from `cfg`, the staging's env file, `mounts`, and `/work/out` when the
+/// staging collects outputs.
+fn locked_spec(
+    cfg: &ContainerConfig,
+    staging: &Staging,
+    mounts: Vec<super::argv::Mount>,
+    image: String,
+    command: Vec<String>,
+    limits: Limits,
+) -> RunSpec {
+    RunSpec {
+        name: container_name("execbox-"),
+        image,
+        memory_bytes: limits.memory_bytes,
+        cpus: cfg.cpus,
+        pids: limits.pids,
+        tmp_bytes: cfg.tmp_bytes,
+        user: cfg.user.clone(),
+        max_file_bytes: Some(cfg.max_output_file_bytes),
+        env_file: staging.env_file(),
+        env: Vec::new(),
+        mounts,
+        output_dir: staging.collects_outputs().then(|| OutputTmpfs {
+            bytes: output_limits(cfg).tmpfs_bytes(),
+            inodes: OUTPUT_INODES,
+            listing_nonce: Some(crate::nonce::hex128()),
+        }),
+        workdir: WORKDIR.into(),
+        extra_args: cfg.extra_run_args.clone(),
+        command,
+        stop_after: limits.stop_after,
+        end_nonce: None,
+    }
+}
+
+/// A warm container's spec and staging for `key` (see `warm.rs`): a cold
+/// run's locked spec at the default caps, its command the warm bootstrap,
+/// its end record's nonce the listing's, its timer covering the longest
+/// wait and run.
+fn warm_spec(cfg: &ContainerConfig, key: &WarmKey) -> std::io::Result<(RunSpec, Staging)> {
+    let staging = Staging::empty(key.outputs)?;
+    let command = vec![
+        "/usr/bin/python3".to_string(),
+        "-c".into(),
+        conventions::PYTHON_WARM_CONTAINER_BOOTSTRAP.into(),
+        key.packages.iter().filter(|p| importable(p)).cloned().collect::<Vec<_>>().join(","),
+    ];
+    let stop_after = cfg.warm_lifetime.saturating_add(cfg.defaults.timeout).saturating_add(KILL_GRACE);
+    let limits = Limits { memory_bytes: key.memory_bytes, pids: key.pids, stop_after };
+    let mut spec = locked_spec(cfg, &staging, staging.mounts(), key.image.clone(), command, limits);
+    let nonce = match spec.output_dir.as_ref().and_then(|out| out.listing_nonce.clone()) {
+        Some(nonce) => nonce,
+        None => crate::nonce::hex128(),
+    };
+    spec.end_nonce = Some(nonce);
+    Ok((spec, staging))
+}
+
+/// A package name Python can import as it is (dotted identifiers); others
+/// are left for the code to import.
+fn importable(name: &str) -> bool {
+    !name.is_empty()
+        && name.split('.').all(|part| {
+            part.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && part.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        })
+}
+
+/// The caps on the files a run returns.
+fn output_limits(cfg: &ContainerConfig) -> OutputLimits {
+    OutputLimits {
+        max_files: cfg.max_output_files,
+        max_file_bytes: cfg.max_output_file_bytes,
+        max_total_bytes: cfg.max_output_total_bytes,
     }
 }
 
@@ -479,7 +639,9 @@ fn capabilities(cfg: &ContainerConfig) -> BackendCapabilities {
             "at the deadline the named container is killed on the daemon side (SIGKILL); the result comes at \
              most 2 s (KILL_GRACE) later whatever the daemon does; the container's first process, an \
              execute-only coreutils timeout, kills the program by itself at the deadline + 2 s even if the \
-             host dies; Rust: the compile and the run share the request's deadline (the compile is also capped \
+             host dies (a warm container's, started before its run: at its start + warm_lifetime + the default \
+             timeout + 2 s, which covers any run it takes; the host's watcher removes it as soon as the host \
+             dies); Rust: the compile and the run share the request's deadline (the compile is also capped \
              by RustConfig::compile_timeout)",
         ),
         memory: E::enforced(format!(

@@ -401,6 +401,7 @@ fn compile(
         extra_args: runner.config().extra_run_args.clone(),
         command,
         stop_after: compile_deadline.remaining().unwrap_or(Duration::MAX).saturating_add(KILL_GRACE),
+        end_nonce: None,
     };
     let caps = Caps { stdout: Some(64 << 10), stderr: Some(16 << 20), tap: None };
     let end = runner.run_spec(&spec, Vec::new(), caps, compile_deadline);

@@ -67,6 +67,20 @@ impl Staging {
         Ok(Self { root, dir, collect_outputs: request.collect_output_files, has_env })
     }
 
+    /// An empty staging directory (a warm container's: its run's files are
+    /// staged with [`Staging::stage_cell`] when a run takes it), with the
+    /// mount point of `/work/out` when it collects outputs.
+    pub fn empty(collect_outputs: bool) -> std::io::Result<Self> {
+        let root = crate::backends::owner::temp_dir("run")?;
+        let dir = hostfs::open_ambient(root.path())?;
+        let work = hostfs::create_dirs(&dir, Path::new("work"), Some(0o755))?;
+        if collect_outputs {
+            // As in `new`: the tmpfs takes this directory's mode.
+            hostfs::create_dirs(&work, Path::new("out"), Some(0o1777))?;
+        }
+        Ok(Self { root, dir, collect_outputs, has_env: false })
+    }
+
     /// Stages one session cell's files in `/work` (replacing files of the
     /// same name, never through a link) and its `input.json` (removed when
     /// the cell has no input). `/work/out` is the container's own tmpfs: the

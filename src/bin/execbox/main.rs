@@ -75,6 +75,10 @@ pub(crate) struct ServeArgs {
     /// JavaScript worker processes kept ready.
     #[arg(long, value_name = "N", default_value_t = 2)]
     pub(crate) js_idle_workers: usize,
+    /// Warm one-shot Python containers kept ready per pool (image, packages, caps); each is used
+    /// for one run, then removed; 0 turns the pool off.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub(crate) warm_containers: usize,
     /// Live sessions at most (all clients together).
     #[arg(long, value_name = "N", default_value_t = 16)]
     pub(crate) max_sessions: usize,

@@ -82,6 +82,9 @@ pub(crate) fn backends(exec: &Executor, as_json: bool) -> ExitCode {
             Err(why) => format!("unavailable: {why}"),
         };
         print_out(&format!("{} ({}; {:?}, cost {:?}) — {}", b.name(), langs.join(", "), c.isolation, c.cost, status));
+        if let Some(r) = b.readiness() {
+            print_out(&format!("  {:<24} {} of {} ready", "pre-started", r.ready, r.target));
+        }
         let rows = [
             ("network deny", &c.network.deny),
             ("network allow-list", &c.network.allow_list),

@@ -65,12 +65,10 @@ pub(crate) fn serve(args: ServeArgs) -> ExitCode {
     let sessions = execbox::SessionConfig::default()
         .max_sessions(args.max_sessions)
         .idle_timeout(Duration::from_secs(args.session_idle_secs));
-    let mut cfg = ServeConfig::default()
-        .policy(policy)
-        .env(env)
-        .max_queued(args.max_queued)
-        .sessions(sessions)
-        .backends(args.backends.config(args.js_idle_workers, args.python_warm_pool));
+    let mut cfg =
+        ServeConfig::default().policy(policy).env(env).max_queued(args.max_queued).sessions(sessions).backends(
+            args.backends.config(args.js_idle_workers, args.python_warm_pool).warm_containers(args.warm_containers),
+        );
     #[cfg(feature = "upstream")]
     match args.tools.upstreams() {
         Ok(Some(upstreams)) => cfg.upstreams = upstreams,

@@ -1,0 +1,464 @@
+//! Warm one-shot containers: started before the runs that take them.
+//!
+//! A one-shot container costs ~300 ms to create and start, nearly all of it
+//! the engine's, and ~50–150 ms more to stop; the program itself often
+//! needs a few ms. A warm container has been started already, with its
+//! package set imported, and waits on stdin for its code.
+//!
+//! - **Never reused.** A warm container runs exactly one program and is
+//!   removed after it, like a cold one: nothing of one run can reach
+//!   another.
+//! - **The same locks as a cold run.** Its spec is built by the runner's
+//!   one spec function (every locked flag, the key's memory and process
+//!   caps, `/work` read-only from a staging directory of its own, `/work/out`
+//!   when the package set collects files). Only three things differ: the
+//!   command is Python's warm bootstrap
+//!   ([`PYTHON_WARM_CONTAINER_BOOTSTRAP`]: import the packages, say
+//!   ready, read the code); it runs under the end-record wrapper
+//!   ([`WARM_AFTER_SCRIPT`](super::outputs::WARM_AFTER_SCRIPT)), so the run is
+//!   over when both streams carry the program's end record, not when the
+//!   engine has stopped the container; and its in-container timer covers
+//!   the longest wait plus the longest run it may take
+//!   (`warm_lifetime + defaults.timeout +` [`KILL_GRACE`]). A run's files are
+//!   written into the staging directory when the run takes the container
+//!   (the bind mount shows them at once).
+//! - **Only runs that fit.** The runner decides (`Runner::warm_key`): Python
+//!   without environment, arguments, path grants or tools; the key holds
+//!   what the container is started with (image, packages, `/work/out`,
+//!   memory and process caps), so a pool serves exactly the runs whose cold
+//!   container would have had the same flags.
+//! - **Bounded.** Per package set ([`WarmKey`]) at most `warm_containers`
+//!   ready or starting; at most [`MAX_KEYS`] package sets (the least
+//!   recently used one goes); at most [`MAX_STARTING`] starts at once; a
+//!   container that has not said ready within [`START_TIMEOUT`] is removed,
+//!   and failed starts back off (up to [`MAX_BACKOFF`]); a ready one waits at
+//!   most `warm_lifetime`, then is replaced.
+//! - **Off the request path.** Starts, expiry, health checks (a container
+//!   killed from outside is replaced within [`HEALTH_EVERY`]) and removals
+//!   happen on the pool's own thread and its starters. A run never waits for
+//!   the pool: one that finds no ready container starts a cold one.
+//! - **Dies with the host.** Warm containers carry the labels of every
+//!   container: the host's watcher and the next process's sweep remove them
+//!   (`owners.rs`). Shutdown and drop remove them too, and drop joins the
+//!   pool's threads.
+
+use parking_lot::{Condvar, Mutex};
+use std::collections::VecDeque;
+use std::io::Read;
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::argv::RunSpec;
+#[cfg(doc)]
+use super::process::KILL_GRACE;
+use super::process::{self, HOUSEKEEPING_TIMEOUT, Spawned};
+use super::staging::Staging;
+#[cfg(doc)]
+use crate::backends::conventions::PYTHON_WARM_CONTAINER_BOOTSTRAP;
+use crate::backends::conventions::WARM_CONTAINER_READY;
+
+/// Most package sets with a pool of their own.
+pub(super) const MAX_KEYS: usize = 8;
+/// Most warm containers starting at once (all package sets together).
+pub(super) const MAX_STARTING: usize = 2;
+/// Longest a warm container may take to say ready.
+pub(super) const START_TIMEOUT: Duration = Duration::from_secs(60);
+/// How often ready containers are checked for life (one killed from
+/// outside is replaced by then).
+pub(super) const HEALTH_EVERY: Duration = Duration::from_secs(1);
+/// Longest pause after failed starts before the next try.
+pub(super) const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// What a warm container is started for: the runs it can serve.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct WarmKey {
+    /// The image.
+    pub image: String,
+    /// The packages imported before the code comes (the request's declared
+    /// ones, sorted, without repeats).
+    pub packages: Vec<String>,
+    /// Whether `/work/out` is collected.
+    pub outputs: bool,
+    /// The memory cap (`--memory`).
+    pub memory_bytes: u64,
+    /// The process cap (`--pids-limit`).
+    pub pids: u64,
+}
+
+/// A started container waiting for its code.
+pub(super) struct Warm {
+    pub spec: RunSpec,
+    pub staging: Staging,
+    pub spawned: Spawned,
+    born: Instant,
+}
+
+impl Warm {
+    /// Still running: its CLI has not exited.
+    fn alive(&self) -> bool {
+        !self.spawned.exit.wait_exit(Some(Instant::now()))
+    }
+
+    /// Stops its CLI and removes the container (a housekeeping wait, never
+    /// on a request's path).
+    fn discard(mut self, engine: &std::path::Path) {
+        process::kill_group(&mut self.spawned.child);
+        drop(self.spawned.child.wait());
+        drop(process::quiet(engine, &["rm", "--force", &self.spec.name], HOUSEKEEPING_TIMEOUT));
+    }
+}
+
+/// Builds the spec and staging of a warm container for a key (the runner's:
+/// its one spec function).
+pub(super) type Launch = dyn Fn(&WarmKey) -> std::io::Result<(RunSpec, Staging)> + Send + Sync;
+
+/// The pool; see the module docs.
+pub(super) struct WarmPool {
+    shared: Arc<Shared>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+struct Shared {
+    engine: PathBuf,
+    size: usize,
+    lifetime: Duration,
+    launch: Box<Launch>,
+    state: Mutex<State>,
+    wake: Condvar,
+}
+
+#[derive(Default)]
+struct State {
+    pools: Vec<Pool>,
+    /// Containers to remove (expired, dead, evicted), by the pool's thread.
+    discard: Vec<Warm>,
+    /// CLIs starting now: killed at drop so their starters end at once.
+    starting: Vec<u32>,
+    starters: Vec<JoinHandle<()>>,
+    failures: u32,
+    retry_at: Option<Instant>,
+    shut_down: bool,
+}
+
+struct Pool {
+    key: WarmKey,
+    ready: VecDeque<Warm>,
+    starting: usize,
+    last_used: Instant,
+}
+
+impl WarmPool {
+    /// A pool keeping `size` containers per key, each waiting at most
+    /// `lifetime`; nothing starts before the first [`WarmPool::take`] or
+    /// [`WarmPool::want`].
+    pub fn new(engine: PathBuf, size: usize, lifetime: Duration, launch: Box<Launch>) -> Self {
+        let shared = Arc::new(Shared {
+            engine,
+            size,
+            lifetime,
+            launch,
+            state: Mutex::new(State::default()),
+            wake: Condvar::new(),
+        });
+        Self { shared, thread: Mutex::new(None) }
+    }
+
+    /// Whether the pool keeps any containers at all.
+    pub fn enabled(&self) -> bool {
+        self.shared.size > 0
+    }
+
+    /// A ready container for `key`, if one is waiting; the pool refills
+    /// after it (and starts a pool for a key it has not seen).
+    pub fn take(&self, key: &WarmKey) -> Option<Warm> {
+        if !self.enabled() {
+            return None;
+        }
+        self.ensure_thread();
+        let mut state = self.shared.state.lock();
+        if state.shut_down {
+            return None;
+        }
+        let now = Instant::now();
+        let taken = match state.pools.iter().position(|p| &p.key == key) {
+            Some(at) => {
+                let pool = &mut state.pools[at];
+                pool.last_used = now;
+                let mut taken = None;
+                let mut stale = Vec::new();
+                while let Some(warm) = pool.ready.pop_front() {
+                    if warm.alive() && warm.born.elapsed() < self.shared.lifetime {
+                        taken = Some(warm);
+                        break;
+                    }
+                    stale.push(warm);
+                }
+                state.discard.extend(stale);
+                taken
+            }
+            None => {
+                add_pool(&mut state, key.clone(), now);
+                None
+            }
+        };
+        self.shared.wake.notify_all();
+        taken
+    }
+
+    /// Starts the pool of `key` now (it fills off the caller's path).
+    pub fn want(&self, key: WarmKey) {
+        if !self.enabled() {
+            return;
+        }
+        self.ensure_thread();
+        let mut state = self.shared.state.lock();
+        if !state.shut_down && !state.pools.iter().any(|p| p.key == key) {
+            add_pool(&mut state, key, Instant::now());
+        }
+        self.shared.wake.notify_all();
+    }
+
+    /// Ready containers now, and how many the pool keeps.
+    pub fn counts(&self) -> (usize, usize) {
+        let state = self.shared.state.lock();
+        let ready = state.pools.iter().map(|p| p.ready.len()).sum();
+        (ready, self.shared.size * state.pools.len().max(1))
+    }
+
+    /// Stops refilling and removes every warm container (the pool's thread
+    /// does, at once).
+    pub fn shutdown(&self) {
+        let mut state = self.shared.state.lock();
+        state.shut_down = true;
+        kill_starting(&state.starting);
+        self.shared.wake.notify_all();
+    }
+
+    fn ensure_thread(&self) {
+        let mut thread = self.thread.lock();
+        if thread.is_none() {
+            let shared = Arc::clone(&self.shared);
+            match std::thread::Builder::new().name("execbox-warm".into()).spawn(move || keep(&shared)) {
+                Ok(handle) => *thread = Some(handle),
+                Err(e) => tracing::warn!(error = %e, "cannot start the warm container pool's thread"),
+            }
+        }
+    }
+}
+
+impl Drop for WarmPool {
+    /// Removes every warm container and joins the pool's threads: nothing
+    /// of the pool outlives it.
+    fn drop(&mut self) {
+        self.shutdown();
+        if let Some(handle) = self.thread.get_mut().take() {
+            drop(handle.join());
+        }
+        // Without a thread, nothing was ever started; with one, it left
+        // nothing behind (see `keep`).
+    }
+}
+
+fn add_pool(state: &mut State, key: WarmKey, now: Instant) {
+    if state.pools.len() >= MAX_KEYS
+        && let Some(oldest) = state.pools.iter().enumerate().min_by_key(|(_, p)| p.last_used).map(|(i, _)| i)
+    {
+        let evicted = state.pools.remove(oldest);
+        state.discard.extend(evicted.ready);
+    }
+    state.pools.push(Pool { key, ready: VecDeque::new(), starting: 0, last_used: now });
+}
+
+fn kill_starting(pids: &[u32]) {
+    for pid in pids {
+        if let Ok(pgid) = i32::try_from(*pid) {
+            // SAFETY: kill(2) on the process group of a CLI this process
+            // spawned in a group of its own and has not yet reaped (its
+            // starter removes the pid before it waits); no memory is involved.
+            unsafe { libc::kill(-pgid, libc::SIGKILL) };
+        }
+    }
+}
+
+/// The pool's thread: expiry, health, refills and removals, until shutdown;
+/// then it removes every container and joins the starters.
+fn keep(shared: &Arc<Shared>) {
+    let mut state = shared.state.lock();
+    loop {
+        let now = Instant::now();
+        let mut discard = std::mem::take(&mut state.discard);
+        if state.shut_down {
+            for pool in &mut state.pools {
+                discard.extend(pool.ready.drain(..));
+            }
+        } else {
+            for pool in &mut state.pools {
+                let (keep, gone): (VecDeque<Warm>, VecDeque<Warm>) =
+                    pool.ready.drain(..).partition(|w| w.alive() && w.born.elapsed() < shared.lifetime);
+                pool.ready = keep;
+                discard.extend(gone);
+            }
+        }
+        let mut starts = Vec::new();
+        if !state.shut_down && state.retry_at.is_none_or(|at| now >= at) {
+            state.retry_at = None;
+            let mut in_flight: usize = state.pools.iter().map(|p| p.starting).sum();
+            for pool in &mut state.pools {
+                while pool.ready.len() + pool.starting < shared.size && in_flight < MAX_STARTING {
+                    pool.starting += 1;
+                    in_flight += 1;
+                    starts.push(pool.key.clone());
+                }
+            }
+        }
+        state.starters.retain(|h| !h.is_finished());
+        let done = state.shut_down && state.pools.iter().all(|p| p.starting == 0);
+        let starters = if done { std::mem::take(&mut state.starters) } else { Vec::new() };
+        drop(state);
+
+        for warm in discard {
+            warm.discard(&shared.engine);
+        }
+        let mut spawned = Vec::new();
+        for key in starts {
+            let shared2 = Arc::clone(shared);
+            let key2 = key.clone();
+            match std::thread::Builder::new().name("execbox-warm-start".into()).spawn(move || start(&shared2, key2)) {
+                Ok(handle) => spawned.push(handle),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot start a warm container's starter");
+                    let mut state = shared.state.lock();
+                    if let Some(pool) = state.pools.iter_mut().find(|p| p.key == key) {
+                        pool.starting -= 1;
+                    }
+                }
+            }
+        }
+        if done {
+            for handle in starters {
+                drop(handle.join());
+            }
+            return;
+        }
+
+        state = shared.state.lock();
+        state.starters.extend(spawned);
+        if state.discard.is_empty() && !(state.shut_down && state.pools.iter().all(|p| p.starting == 0)) {
+            let mut wait = HEALTH_EVERY;
+            if let Some(at) = state.retry_at {
+                wait = wait.min(at.saturating_duration_since(Instant::now()));
+            }
+            for warm in state.pools.iter().flat_map(|p| p.ready.iter()) {
+                wait = wait.min(shared.lifetime.saturating_sub(warm.born.elapsed()));
+            }
+            shared.wake.wait_for(&mut state, wait);
+        }
+    }
+}
+
+/// A starter: one warm container for `key`, handed to the pool when ready.
+fn start(shared: &Arc<Shared>, key: WarmKey) {
+    let result = launch(shared, &key);
+    let mut state = shared.state.lock();
+    let pool = state.pools.iter().position(|p| p.key == key);
+    if let Some(at) = pool {
+        state.pools[at].starting -= 1;
+    }
+    match result {
+        Ok(warm) if !state.shut_down && pool.is_some() => {
+            state.failures = 0;
+            if let Some(at) = pool {
+                state.pools[at].ready.push_back(warm);
+            }
+        }
+        Ok(warm) => state.discard.push(warm),
+        Err(e) => {
+            state.failures = state.failures.saturating_add(1);
+            let backoff = Duration::from_millis(250).saturating_mul(1 << state.failures.min(7)).min(MAX_BACKOFF);
+            state.retry_at = Some(Instant::now() + backoff);
+            if !state.shut_down {
+                tracing::warn!(error = %e, image = %key.image, "a warm container did not start; retrying in {backoff:?}");
+            }
+        }
+    }
+    shared.wake.notify_all();
+}
+
+/// Spawns a warm container for `key` and waits (at most [`START_TIMEOUT`])
+/// for its ready line. On failure nothing of it is left.
+fn launch(shared: &Shared, key: &WarmKey) -> std::io::Result<Warm> {
+    let (spec, staging) = (shared.launch)(key)?;
+    let mut spawned = process::spawn(&shared.engine, &spec.argv())?;
+    let pid = spawned.child.id();
+    {
+        let mut state = shared.state.lock();
+        if state.shut_down {
+            kill_starting(&[pid]);
+        }
+        state.starting.push(pid);
+    }
+    let ready = wait_ready(&mut spawned, Instant::now() + START_TIMEOUT);
+    shared.state.lock().starting.retain(|p| *p != pid);
+    let born = Instant::now();
+    let warm = Warm { spec, staging, spawned, born };
+    match ready {
+        Ok(()) => Ok(warm),
+        Err(e) => {
+            warm.discard(&shared.engine);
+            Err(e)
+        }
+    }
+}
+
+/// Reads the container's stdout until exactly its ready line (nothing may
+/// come before or after it), within `until`: `poll(2)` on the pipe, no
+/// sleeps.
+fn wait_ready(spawned: &mut Spawned, until: Instant) -> std::io::Result<()> {
+    let broken = |what: String| std::io::Error::other(what);
+    let stdout = spawned.child.stdout.as_mut().ok_or_else(|| broken("no stdout".into()))?;
+    let mut got = Vec::with_capacity(WARM_CONTAINER_READY.len());
+    while got.len() < WARM_CONTAINER_READY.len() {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "not ready in time"));
+        }
+        let mut fd = libc::pollfd { fd: stdout.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        let ms = i32::try_from(left.as_millis()).unwrap_or(i32::MAX).max(1);
+        // SAFETY: one valid pollfd on a pipe this struct owns, for the
+        // duration of the call.
+        let n = unsafe { libc::poll(&mut fd, 1, ms) };
+        if n < 0 {
+            let err = std::io::Error::last_os_error();
+            if err.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(err);
+        }
+        if n == 0 {
+            continue;
+        }
+        let mut byte = [0u8; 32];
+        let want = WARM_CONTAINER_READY.len() - got.len();
+        match stdout.read(&mut byte[..want.min(32)]) {
+            Ok(0) => {
+                // Its CLI is ending: once it is gone, stderr ends too.
+                process::kill_group(&mut spawned.child);
+                let mut stderr = String::new();
+                if let Some(pipe) = spawned.child.stderr.as_mut() {
+                    drop(pipe.take(4096).read_to_string(&mut stderr));
+                }
+                return Err(broken(format!("ended before it was ready: {}", stderr.trim())));
+            }
+            Ok(n) => got.extend_from_slice(&byte[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+        if !WARM_CONTAINER_READY.starts_with(&got) {
+            return Err(broken("wrote something else than its ready line".into()));
+        }
+    }
+    Ok(())
+}
