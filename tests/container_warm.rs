@@ -312,3 +312,39 @@ fn warm_pool_host() {
     // Not synchronisation: this process waits to be killed.
     std::thread::sleep(Duration::from_secs(300));
 }
+
+#[test]
+fn warm_and_cold_runs_end_the_same_way() {
+    let label = "warm-agree";
+    let Some(c) = warm_backend(label, 1) else { return };
+    let Some(cold) = warm_backend(label, 0) else { return };
+    // How a program ends: Python's own exit (cold) against the warm
+    // bootstrap's hand-made one (no files collected: teardown skipped).
+    let programs = [
+        "print('a', end='')",
+        "raise ValueError('boom')",
+        "try:\n    1/0\nexcept Exception:\n    raise KeyError('k')",
+        "import sys\nsys.exit()",
+        "import sys\nsys.exit(3)",
+        "import sys\nsys.exit('bye')",
+        "import sys\nsys.exit(256)",
+        "import sys\nsys.exit(-1)",
+        "import sys\nsys.exit(True)",
+        "raise KeyboardInterrupt",
+        "import threading, time\ndef w():\n    time.sleep(0.2)\n    print('late')\nthreading.Thread(target=w).start()\nprint('early')",
+        "import atexit\natexit.register(lambda: print('bye'))\nprint('hi')",
+        "import sys\nsys.excepthook = lambda *a: print('hooked')\nraise ValueError()",
+        "import sys\nsys.stdout.write('unflushed')\nsys.stderr.write('err')",
+    ];
+    for code in programs {
+        fill(&c, 1);
+        let warm = run(&c, python(&format!("{code}\n")));
+        let cold = run(&cold, python(&format!("{code}\n")));
+        let view =
+            |r: &ExecResult| (r.outcome, r.exit_code, r.stdout.text().into_owned(), r.stderr.text().into_owned());
+        assert_eq!(view(&warm), view(&cold), "{code}");
+    }
+    drop(c);
+    drop(cold);
+    assert!(wait_until(Duration::from_secs(20), || leftovers(label).is_empty()), "{:?}", leftovers(label));
+}

@@ -568,7 +568,11 @@ fn warm_spec(cfg: &ContainerConfig, key: &WarmKey) -> std::io::Result<(RunSpec, 
     let command = vec![
         "/usr/bin/python3".to_string(),
         "-c".into(),
-        conventions::PYTHON_WARM_CONTAINER_BOOTSTRAP.into(),
+        if key.outputs {
+            conventions::PYTHON_WARM_CONTAINER_BOOTSTRAP.into()
+        } else {
+            conventions::PYTHON_WARM_CONTAINER_FAST_EXIT_BOOTSTRAP.into()
+        },
         key.packages.iter().filter(|p| importable(p)).cloned().collect::<Vec<_>>().join(","),
     ];
     let stop_after = cfg.warm_lifetime.saturating_add(cfg.defaults.timeout).saturating_add(KILL_GRACE);
