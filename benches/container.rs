@@ -134,14 +134,15 @@ fn bench_warm(c: &mut Criterion) {
     let mut g = c.benchmark_group("container_warm");
     g.sample_size(30).measurement_time(Duration::from_secs(20)).warm_up_time(Duration::from_secs(1));
     let cases = [
-        ("python_print", python_print(), json!(2)),
+        ("python_print", python_print().policy(SandboxPolicy::strict().timeout(Duration::from_secs(60))), json!(2)),
         (
             "pandas_sum",
             ExecRequest::source(
                 Language::Python,
                 "import pandas as pd\nprint(int(pd.DataFrame({'a': [1, 2, 3]})['a'].sum()))",
             )
-            .packages(["pandas"]),
+            .packages(["pandas"])
+            .policy(SandboxPolicy::strict().timeout(Duration::from_secs(60))),
             json!(6),
         ),
     ];
