@@ -5,9 +5,13 @@
 //! The workers come from the `execbox` binary cargo builds for these tests
 //! (found next to the test binary, see `execbox::worker`).
 
+mod common;
+
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
+use common::procfs::zombie_children;
+use common::wait::wait_until;
 use execbox::Executor;
 use execbox::backends::{BoaJs, BoaJsConfig};
 use execbox::{
@@ -45,35 +49,9 @@ fn process_gone(pid: u32) -> bool {
     }
 }
 
-/// Children of this process that are zombies (dead, not reaped).
-fn zombie_children() -> Vec<u32> {
-    let me = std::process::id().to_string();
-    let mut zombies = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
-        let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
-        if fields.first() == Some(&"Z") && fields.get(1) == Some(&me.as_str()) {
-            zombies.push(pid);
-        }
-    }
-    zombies
-}
-
 /// Workers started and waiting for a request.
 fn ready(backend: &BoaJs) -> usize {
     backend.readiness().map_or(0, |r| r.ready)
-}
-
-fn wait_until(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
-    let until = Instant::now() + limit;
-    while Instant::now() < until {
-        if done() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    done()
 }
 
 /// Each snippet reproduced a host abort, a multi-GB allocation or a stuck

@@ -4,38 +4,23 @@
 //! way the agent layer and the MCP server use them.
 #![cfg(feature = "wasm")]
 
+mod common;
+
 use std::time::{Duration, Instant};
 
+use common::procfs::threads_named;
+use common::skip;
 use execbox::Executor;
 use execbox::backends::{InterpreterConfig, WasmInterpreter};
 use execbox::{Backend, ExecRequest, Language, Outcome, SandboxPolicy, SessionConfig, SessionSpec, Sessions};
 use serde_json::json;
 
 fn python() -> Option<WasmInterpreter> {
-    let backend = WasmInterpreter::new(InterpreterConfig::default().warm_pool(1)).expect("engine");
-    match backend.availability() {
-        Ok(()) => {
-            backend.warm_up().expect("the interpreter loads");
-            Some(backend)
-        }
-        Err(reason) => {
-            assert!(std::env::var_os("EXECBOX_REQUIRE_INTERPRETERS").is_none(), "required but {reason}");
-            eprintln!("skipping: {reason}");
-            None
-        }
-    }
+    skip::interpreter(WasmInterpreter::new(InterpreterConfig::default().warm_pool(1)).expect("engine"))
 }
 
 fn cell(code: &str) -> ExecRequest {
     ExecRequest::source(Language::Python, code).policy(SandboxPolicy::strict().timeout(Duration::from_secs(20)))
-}
-
-fn threads_named(name: &str) -> usize {
-    std::fs::read_dir("/proc/self/task")
-        .unwrap()
-        .flatten()
-        .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name))
-        .count()
 }
 
 #[test]
@@ -138,23 +123,12 @@ mod containers {
 
     fn container() -> Option<Container> {
         let c = Container::default();
-        match c.availability() {
-            Ok(()) => Some(c),
-            Err(reason) => {
-                assert!(std::env::var_os("EXECBOX_REQUIRE_CONTAINERS").is_none(), "required but {reason}");
-                eprintln!("skipping: {reason}");
-                None
-            }
-        }
+        skip::available(skip::CONTAINERS, c.availability()).then_some(c)
     }
 
-    fn ours(name_part: &str) -> Vec<String> {
-        let out = std::process::Command::new("docker")
-            .args(["ps", "-aq", "--filter", &format!("label=execbox.owner={}", Container::owner_token())])
-            .output()
-            .unwrap();
-        let _ = name_part;
-        String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect()
+    /// This process's containers (running or not).
+    fn ours() -> Vec<String> {
+        common::docker::owned(Container::owner_token(), true)
     }
 
     #[test]
@@ -165,7 +139,7 @@ mod containers {
         let sessions = Sessions::builder().config(SessionConfig::default()).backend(py).backend(c).build();
         let numpy = ["numpy".to_string()];
         sessions.open("np", SessionSpec::new(Language::Python).packages(numpy.clone())).unwrap();
-        let before = ours("");
+        let before = ours();
         assert!(!before.is_empty(), "the session's container runs");
         let slow = SandboxPolicy::strict().timeout(Duration::from_secs(60));
         let r = sessions.execute("np", cell("import numpy as np\na = np.arange(10)").policy(slow.clone())).unwrap();
@@ -201,10 +175,10 @@ mod containers {
         sessions.close("plain");
         // Closed (or lost) sessions leave no container behind.
         let until = Instant::now() + Duration::from_secs(20);
-        while !ours("").is_empty() && Instant::now() < until {
+        while !ours().is_empty() && Instant::now() < until {
             std::thread::sleep(Duration::from_millis(100));
         }
-        assert!(ours("").is_empty(), "containers left: {:?}", ours(""));
+        assert!(ours().is_empty(), "containers left: {:?}", ours());
     }
 
     /// The analysis in three cells, through the agent layer: read a

@@ -3,8 +3,11 @@
 //! (busy, floods), sessions per connection, graceful shutdown.
 #![cfg(all(feature = "serve", feature = "js"))]
 
+mod common;
+
 use std::time::{Duration, Instant};
 
+use common::procfs;
 use rmcp::ServiceExt;
 use rmcp::model::{CallToolRequestParams, CallToolResult};
 use rmcp::service::{RoleClient, RunningService, ServiceError};
@@ -131,7 +134,7 @@ async fn a_tool_call_cannot_widen_any_control() {
 #[tokio::test(flavor = "multi_thread")]
 async fn excess_calls_get_busy_and_a_flood_leaves_the_server_serving() {
     let (client, pid) = connect(&["--max-concurrent", "1", "--max-queued", "2"]).await;
-    let rss = || rss_kb(pid);
+    let rss = || procfs::rss_kb(pid);
     run(&client, json!({"language": "js", "code": "return 1"})).await;
     let before = rss();
     let peer = client.peer().clone();
@@ -210,32 +213,16 @@ async fn sessions_are_bounded_and_belong_to_their_connection() {
 
     // (Ids belong to their connection: see the HTTP test, where two
     // connections share one server.) Closing a session ends its worker.
-    let before = live_children(pid);
+    let before = procfs::live_children(pid);
     let closed = call(&a, "close_session", json!({"session_id": id})).await.unwrap().structured_content.unwrap();
     assert_eq!(closed["closed"], true);
-    let ended = || before.iter().any(|child| !live_children(pid).contains(child));
+    let ended = || before.iter().any(|child| !procfs::live_children(pid).contains(child));
     let until = Instant::now() + Duration::from_secs(5);
     while !ended() && Instant::now() < until {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(ended(), "closing the session ended its worker");
     a.cancel().await.unwrap();
-}
-
-/// Live (not zombie) child processes of `pid`, whichever thread spawned them.
-fn live_children(pid: u32) -> Vec<u32> {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return Vec::new() };
-    let mut children: Vec<u32> = tasks
-        .flatten()
-        .filter_map(|task| std::fs::read_to_string(task.path().join("children")).ok())
-        .flat_map(|list| list.split_whitespace().filter_map(|p| p.parse().ok()).collect::<Vec<u32>>())
-        .filter(|child| {
-            let stat = std::fs::read_to_string(format!("/proc/{child}/stat")).unwrap_or_default();
-            stat.rsplit(')').next().and_then(|rest| rest.split_whitespace().next()).is_some_and(|state| state != "Z")
-        })
-        .collect();
-    children.sort();
-    children
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -407,16 +394,6 @@ fn list_backends_call(id: u64) -> String {
     )
 }
 
-/// VmRSS of `pid` in kB.
-fn rss_kb(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
-}
-
 /// SIGTERM ends a server whose client reads nothing (answers it cannot
 /// write do not hold the exit up).
 #[test]
@@ -458,7 +435,7 @@ fn a_client_that_never_reads_is_disconnected_and_memory_stays_bounded() {
     let started = Instant::now();
     let mut peak = 0;
     let exited = loop {
-        peak = peak.max(rss_kb(pid));
+        peak = peak.max(procfs::rss_kb(pid));
         if let Some(status) = server.0.try_wait().unwrap() {
             break Some(status);
         }
@@ -555,14 +532,15 @@ async fn the_wait_for_a_run_slot_counts_against_the_calls_deadline() {
 #[cfg(feature = "container")]
 mod container_sessions {
     use super::*;
+    use crate::common::programs::STOP_READING;
+    use crate::common::skip;
 
     fn engine_available() -> bool {
         let ok = std::process::Command::new("docker")
             .args(["image", "inspect", "localhost/execbox-python:3.11"])
             .output()
             .is_ok_and(|o| o.status.success());
-        assert!(ok || std::env::var_os("EXECBOX_REQUIRE_CONTAINERS").is_none(), "containers are required");
-        ok
+        skip::available(skip::CONTAINERS, if ok { Ok(()) } else { Err("no image localhost/execbox-python:3.11") })
     }
 
     /// Containers started by the server `pid` (their owner label names it), running or not.
@@ -582,10 +560,6 @@ mod container_sessions {
         }
         containers_of(pid) == 0
     }
-
-    /// The cell of issue 17: the session loop's own reads of more than one
-    /// byte sleep, so the next cell's body is never read.
-    const STOP_READING: &str = "import sys, time\nloop = sys._getframe(1).f_locals['read_message']\nreal = loop.__defaults__[0]\ndef stuck(fd, n):\n    if n > 1:\n        time.sleep(3600)\n    return real(fd, n)\nloop.__defaults__ = (stuck,)\nprint('armed')";
 
     #[tokio::test(flavor = "multi_thread")]
     async fn a_cell_that_stops_the_loop_reading_cannot_hold_a_run_slot_past_its_deadline() {

@@ -6,6 +6,8 @@
 //! `.ci/run`) makes that a failure.
 #![cfg(feature = "wasm")]
 
+mod common;
+
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -17,21 +19,7 @@ fn shared(
     slot: &'static OnceLock<Option<WasmInterpreter>>,
     make: fn() -> WasmInterpreter,
 ) -> Option<&'static WasmInterpreter> {
-    slot.get_or_init(|| {
-        let backend = make();
-        match backend.availability() {
-            Ok(()) => {
-                backend.warm_up().expect("the interpreter loads");
-                Some(backend)
-            }
-            Err(reason) => {
-                assert!(std::env::var_os("EXECBOX_REQUIRE_INTERPRETERS").is_none(), "required but {reason}");
-                eprintln!("skipping: {reason}");
-                None
-            }
-        }
-    })
-    .as_ref()
+    slot.get_or_init(|| common::skip::interpreter(make())).as_ref()
 }
 
 fn python_backend() -> Option<&'static WasmInterpreter> {

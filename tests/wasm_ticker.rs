@@ -3,21 +3,16 @@
 //! these look (the tests here take turns).
 #![cfg(feature = "wasm")]
 
+mod common;
+
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use common::procfs::threads_named;
 use execbox::Executor;
 use execbox::backends::{WasmGuest, WasmGuestConfig};
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
-
-fn threads_named(name: &str) -> usize {
-    std::fs::read_dir("/proc/self/task")
-        .unwrap()
-        .filter_map(Result::ok)
-        .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name))
-        .count()
-}
 
 /// A new thread names itself once it runs: give it a moment.
 fn settles_at(name: &str, expected: usize) -> usize {
