@@ -2,10 +2,13 @@
 //! code-block extraction, sessions, concurrency, the tool schema, the loop.
 #![cfg(feature = "js")]
 
+mod common;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use common::wait::wait_until;
 use execbox::agent::{
     AgentLoop, CodeBlockExtractor, CodeExecutionInput, CodeExecutor, CodeExecutorError, Delimiters,
     ExecboxCodeExecutor, InvocationContext, Message, ModelOutcome as Outcome, Part, Role, SessionConfig, Sessions,
@@ -291,10 +294,7 @@ async fn idle_sessions_expire_and_the_count_is_bounded() {
     let err = executor.execute_code(&InvocationContext::default(), third).await.unwrap_err();
     assert_eq!(err.kind(), "too_many_sessions", "{err}");
     // Closed by the expiry thread, untouched; reported once as lost, never silently reset.
-    let until = Instant::now() + Duration::from_secs(10);
-    while executor.session_count() > 0 && Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until(Duration::from_secs(10), || executor.session_count() == 0);
     assert_eq!(executor.session_count(), 0, "both went idle");
     let again = CodeExecutionInput { execution_id: Some("a".into()), ..CodeExecutionInput::new("js", "typeof kept") };
     let err = executor.execute_code(&InvocationContext::default(), again).await.unwrap_err();
@@ -400,6 +400,7 @@ async fn the_loop_awaits_an_async_model() {
     let mut asked = 0;
     let model = async |history: &[Message]| {
         asked += 1;
+        // The subject: a model that awaits something (not a wait for anything).
         tokio::time::sleep(Duration::from_millis(5)).await;
         if history.iter().any(|m| m.role == Role::Tool) {
             "Done: 3.".to_string()

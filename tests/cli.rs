@@ -3,8 +3,10 @@
 mod common;
 
 use std::process::{Command, Output};
+use std::time::{Duration, Instant};
 
-use common::procfs;
+use common::wait::wait_until;
+use common::{process, procfs};
 
 use serde_json::{Value, json};
 
@@ -152,23 +154,20 @@ fn a_killed_cli_takes_its_js_worker_with_it() {
         let children = procfs::live_children(cli);
         children.into_iter().filter(|&pid| procfs::has_env(pid, "EXECBOX_WORKER_ROLE=boa-js")).collect()
     };
-    let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    let mut workers = children_of_cli();
-    while workers.is_empty() && std::time::Instant::now() < until {
-        std::thread::sleep(std::time::Duration::from_millis(20));
-        workers = children_of_cli();
-    }
+    // The worker has no way to say it started: its parent's children are looked at.
+    wait_until(Duration::from_secs(20), || !children_of_cli().is_empty());
+    let workers = children_of_cli();
     assert!(!workers.is_empty(), "the CLI started no worker");
-    // Give the run time to reach its endless native loop.
-    std::thread::sleep(std::time::Duration::from_millis(500));
+    // The run has reached its endless native loop once its worker has spent
+    // 200 ms on a CPU (starting and answering `return 1` takes ~10 ms).
+    wait_until(Duration::from_secs(20), || workers.iter().any(|&w| procfs::cpu_ticks(w) >= 20));
     child.kill().unwrap(); // SIGKILL: nothing in the CLI runs
     child.wait().unwrap();
-    let alive = |pid: &u32| procfs::alive(*pid);
-    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    while workers.iter().any(alive) && std::time::Instant::now() < until {
-        std::thread::sleep(std::time::Duration::from_millis(20));
+    let until = Instant::now() + Duration::from_secs(5);
+    for &worker in &workers {
+        process::wait_exit(worker, until.saturating_duration_since(Instant::now()));
     }
-    let left: Vec<&u32> = workers.iter().filter(|p| alive(p)).collect();
+    let left: Vec<&u32> = workers.iter().filter(|&&p| procfs::alive(p)).collect();
     assert!(left.is_empty(), "workers outlived their killed host: {left:?}");
 }
 
@@ -238,7 +237,6 @@ mod wasm {
 mod containers {
     use super::*;
     use crate::common::docker;
-    use crate::common::wait::wait_until;
 
     fn engine_answers() -> bool {
         crate::common::skip::engine_answers("docker".as_ref())
@@ -435,8 +433,8 @@ mod containers {
             .spawn()
             .unwrap();
         let token = procfs::owner_token(child.id());
-        let started = wait_until(std::time::Duration::from_secs(30), || !docker::owned(&token, false).is_empty());
-        if !started {
+        let started = docker::Events::new(&[&docker::owned_by(&token), "event=start"]);
+        if started.next_before(Instant::now() + Duration::from_secs(30)).is_none() {
             drop(child.kill());
             panic!("the container never started");
         }
@@ -456,8 +454,9 @@ mod containers {
         child.kill().unwrap(); // SIGKILL: no handler runs
         child.wait().unwrap();
         // The deadline started before the kill: this bound is generous.
-        let gone = wait_until(deadline + KILL_GRACE, || docker::owned(&token, true).is_empty());
+        let gone = docker::wait_gone(&docker::owned_by(&token), deadline + KILL_GRACE);
         assert!(gone, "container of a SIGKILLed host still there: {:?}", docker::owned(&token, true));
+        // Nothing announces a removed directory: it is looked for.
         let cleaned = wait_until(deadline + KILL_GRACE, || temp_dirs_in(tmp.path()).is_empty());
         assert!(cleaned, "temp dirs of a SIGKILLed host still there: {:?}", temp_dirs_in(tmp.path()));
     }

@@ -17,6 +17,7 @@ use common::tools::{
     ERROR_GRANTS, PYTHON_ERRORS, PYTHON_ROUND_TRIP, Probe, assert_error_ledger, assert_python_round_trip,
     assert_session_cells_call_tools, outcomes, python_errors_output, registry, source, with_limits,
 };
+use common::wait::wait_until;
 use common::{docker, procfs, skip};
 use execbox::backends::Container;
 use execbox::backends::container::{ContainerConfig, KILL_GRACE};
@@ -56,10 +57,7 @@ fn leftovers(label: &str) -> Vec<String> {
 
 /// Waits (at most 20 s) for the reaper to remove this test's containers.
 fn assert_no_containers_left(label: &str) {
-    let until = Instant::now() + Duration::from_secs(20);
-    while !leftovers(label).is_empty() && Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    docker::wait_gone(&docker::test_label(label), Duration::from_secs(20));
     assert!(leftovers(label).is_empty(), "containers left: {:?}", leftovers(label));
 }
 
@@ -610,10 +608,8 @@ print(json.dumps([imported, kind, raw, total]))";
     assert!(sessions.execute("s", cell("print(1)", &[])).is_err(), "the session is lost");
     probe.assert_nothing_running();
     sessions.close("s");
-    let until = Instant::now() + Duration::from_secs(10);
-    while !socket_dirs().is_empty() && Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    // Nothing announces a removed directory: it is looked for.
+    wait_until(Duration::from_secs(10), || socket_dirs().is_empty());
     assert!(socket_dirs().is_empty(), "{:?}", socket_dirs());
     assert_no_containers_left(label);
 }

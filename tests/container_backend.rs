@@ -13,8 +13,8 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::docker;
 use common::programs::FLOOD_WORK_OUT;
+use common::{docker, process};
 use execbox::backends::container::{ContainerConfig, KILL_GRACE, RustConfig};
 use execbox::backends::{Container, WasmGuest};
 use execbox::{
@@ -266,18 +266,9 @@ for sig in (signal.SIGSTOP, signal.SIGKILL):
 while True: pass
 ";
     std::io::Write::write_all(&mut child.stdin.take().unwrap(), code.as_bytes()).unwrap();
-    let started = Instant::now();
     // The timer fires `stop_after` after the container started; starting may take a few seconds here.
     let bound = spec.stop_after + Duration::from_secs(10);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break Some(status);
-        }
-        if started.elapsed() > bound {
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = process::wait_child(&mut child, bound);
     let mut out = String::new();
     drop(std::io::Read::read_to_string(&mut child.stdout.take().unwrap(), &mut out));
     drop(Command::new("docker").args(["rm", "--force", &spec.name]).output());

@@ -12,8 +12,7 @@
 mod common;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::{docker, procfs, skip};
 use execbox::backends::container::{Container, ContainerConfig};
@@ -55,20 +54,9 @@ async fn a_mix_of_runs_with_endless_loops_leaves_nothing_behind() {
     container.availability().expect("images built (scripts/build-images.sh)");
     let exec = Executor::builder().backend(container).build();
 
-    // Proof that the label check below can see something: the runs carry it.
-    let seen = Arc::new(AtomicBool::new(false));
-    let watching = {
-        let seen = Arc::clone(&seen);
-        tokio::task::spawn_blocking(move || {
-            for _ in 0..600 {
-                if !docker::owned(Container::owner_token(), false).is_empty() {
-                    seen.store(true, Ordering::SeqCst);
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        })
-    };
+    // Proof that the label check below can see something: the runs carry it
+    // (docker's event of a container of this process starting).
+    let started = docker::Events::new(&[&docker::owned_by(Container::owner_token()), "event=start"]);
 
     const RUNS: usize = 40;
     const AT_ONCE: usize = 6;
@@ -88,8 +76,8 @@ async fn a_mix_of_runs_with_endless_loops_leaves_nothing_behind() {
         let result = result.unwrap_or_else(|e| panic!("run {i}: {e}"));
         assert_eq!(result.outcome, expected, "run {i}: {result:?}");
     }
-    watching.await.unwrap();
-    assert!(seen.load(Ordering::SeqCst), "no container ever carried this process's owner label");
+    let seen = started.next_before(Instant::now() + Duration::from_secs(60)).is_some();
+    assert!(seen, "no container ever carried this process's owner label");
 
     drop(exec); // the last handle: joins the reaper
     assert_eq!(docker::owned(Container::owner_token(), true), Vec::<String>::new(), "containers left behind");

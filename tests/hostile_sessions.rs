@@ -15,7 +15,9 @@ use common::docker;
 use common::programs::FLOOD_WORK_OUT;
 use common::programs::STOP_READING;
 use common::skip;
+use common::wait::wait_until;
 use execbox::backends::{BoaJs, BoaJsConfig, InterpreterConfig, WasmInterpreter};
+use execbox::limits::OutputTap;
 use execbox::{
     Backend, ExecRequest, Language, Outcome, SandboxPolicy, SessionBackend, SessionConfig, SessionSpec, Sessions,
 };
@@ -106,10 +108,7 @@ fn a_one_megabyte_js_cell_meets_its_deadline_after_hostile_cells() {
     assert_eq!(r.outcome, Outcome::TimedOut, "{r:?}");
     assert!(took < Duration::from_millis(3_000) + OVERRUN, "{took:?}");
     sessions.close_all();
-    let until = Instant::now() + Duration::from_secs(10);
-    while gauge.live() > 0 && Instant::now() < until {
-        std::thread::yield_now();
-    }
+    wait_until(Duration::from_secs(10), || gauge.live() == 0);
     assert_eq!(gauge.live(), 0, "a session worker outlived its session");
 }
 
@@ -118,19 +117,20 @@ fn closing_a_python_wasm_session_during_a_call_kills_it_at_once() {
     let Some(py) = python() else { return };
     let sessions = Sessions::builder().backend(py).build();
     sessions.open("sleepy", SessionSpec::new(Language::Python)).unwrap();
-    for code in ["import time\ntime.sleep(60)", "while True: pass"] {
+    for code in
+        ["print('going', flush=True)\nimport time\ntime.sleep(60)", "print('going', flush=True)\nwhile True: pass"]
+    {
+        // The cell says when it is going: its first output, streamed to a channel.
+        let (going, printed) = std::sync::mpsc::channel();
+        let tap = OutputTap::new(move |_, _: &[u8]| {
+            let _ = going.send(());
+        });
         let caller = {
             let sessions = sessions.clone();
-            let code = code.to_string();
-            std::thread::spawn(move || {
-                sessions.execute("sleepy", ExecRequest::source(Language::Python, code).policy(timed(60_000)))
-            })
+            let request = ExecRequest::source(Language::Python, code).policy(timed(60_000)).tap_output(tap);
+            std::thread::spawn(move || sessions.execute("sleepy", request))
         };
-        while sessions.calls_in_flight() == 0 {
-            std::thread::yield_now();
-        }
-        // Let the cell get going.
-        std::thread::sleep(Duration::from_millis(200));
+        printed.recv_timeout(Duration::from_secs(60)).expect("the cell got going");
         let started = Instant::now();
         assert!(sessions.close("sleepy"));
         let r = caller.join().unwrap().unwrap();
@@ -240,11 +240,8 @@ fn interleave(sessions: &Sessions, spec: SessionSpec, seed: u64, steps: usize) {
             });
         }
     });
-    // Idle expiry takes what the steps left open.
-    let until = Instant::now() + Duration::from_secs(30);
-    while (!sessions.is_empty() || sessions.calls_in_flight() > 0) && Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    // Idle expiry takes what the steps left open (the registry announces nothing: it is looked at).
+    wait_until(Duration::from_secs(30), || sessions.is_empty() && sessions.calls_in_flight() == 0);
     assert_eq!((sessions.len(), sessions.calls_in_flight()), (0, 0), "seed {seed}: sessions left live or busy");
 }
 
@@ -261,10 +258,7 @@ fn random_interleavings_on_js_sessions_leave_nothing_behind() {
     for seed in [1, 2, 3] {
         interleave(&sessions, SessionSpec::new(Language::JavaScript), seed, 25);
     }
-    let until = Instant::now() + Duration::from_secs(10);
-    while gauge.live() > 0 && Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until(Duration::from_secs(10), || gauge.live() == 0);
     assert_eq!(gauge.live(), 0, "session workers outlived their sessions");
 }
 
@@ -277,10 +271,7 @@ fn random_interleavings_on_python_wasm_sessions_leave_nothing_behind() {
         interleave(&sessions, SessionSpec::new(Language::Python), seed, 20);
     }
     // Every instance slot but the warm pool's is free again.
-    let until = Instant::now() + Duration::from_secs(10);
-    while engine.slots_in_use() > py.warm_idle() && Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until(Duration::from_secs(10), || engine.slots_in_use() <= py.warm_idle());
     assert_eq!(engine.slots_in_use(), py.warm_idle(), "instances outlived their sessions");
 }
 
@@ -292,12 +283,8 @@ fn random_interleavings_on_container_sessions_leave_no_container() {
     let sessions = registry(container);
     let spec = SessionSpec::new(Language::Python).policy(SandboxPolicy::strict().timeout(Duration::from_secs(20)));
     interleave(&sessions, spec, 6, 12);
-    let ours = || our_containers(false);
-    let until = Instant::now() + Duration::from_secs(20);
-    while ours() > 0 && Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    assert_eq!(ours(), 0, "containers outlived their sessions");
+    docker::wait_stopped(&docker::owned_by(execbox::backends::Container::owner_token()), Duration::from_secs(20));
+    assert_eq!(our_containers(false), 0, "containers outlived their sessions");
 }
 
 #[cfg(feature = "container")]

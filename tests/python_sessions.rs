@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::procfs::threads_named;
 use common::skip;
+use common::wait::wait_until;
 use execbox::Executor;
 use execbox::backends::{InterpreterConfig, WasmInterpreter};
 use execbox::{Backend, ExecRequest, Language, Outcome, SandboxPolicy, SessionConfig, SessionSpec, Sessions};
@@ -104,10 +105,7 @@ fn sessions_are_bounded_expire_and_free_everything_on_close() {
     );
     sessions.execute(&a, cell("v = 1")).unwrap();
     // Both expire untouched; their instances' threads end.
-    let until = Instant::now() + Duration::from_secs(15);
-    while (!sessions.is_empty() || threads_named("execbox-warm") > before + 1) && Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until(Duration::from_secs(15), || sessions.is_empty() && threads_named("execbox-warm") <= before + 1);
     assert!(sessions.is_empty(), "idle sessions expired");
     assert_eq!(sessions.execute(&a, cell("v")).unwrap_err().kind(), "session_lost");
     // At most the pool's own instance is left (it was refilled).
@@ -174,10 +172,7 @@ mod containers {
         assert_eq!(sessions.execute("np", cell("a").policy(slow)).unwrap_err().kind(), "session_lost");
         sessions.close("plain");
         // Closed (or lost) sessions leave no container behind.
-        let until = Instant::now() + Duration::from_secs(20);
-        while !ours().is_empty() && Instant::now() < until {
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        common::docker::wait_gone(&common::docker::owned_by(Container::owner_token()), Duration::from_secs(20));
         assert!(ours().is_empty(), "containers left: {:?}", ours());
     }
 

@@ -112,11 +112,8 @@ fn a_thousand_mixed_runs_at_64_concurrent_leave_nothing_behind() {
     ) {
         return;
     }
-    let containers = available("container");
-    assert!(
-        containers || std::env::var_os("EXECBOX_REQUIRE_CONTAINERS").is_none(),
-        "containers are required but the engine or images are missing"
-    );
+    let no_engine = "no container engine or images: the container runs are left out";
+    let containers = skip::available(skip::CONTAINERS, if available("container") { Ok(()) } else { Err(no_engine) });
     // One run of each kind first: what exists once per process (pools,
     // compile workers, spawner threads) exists before the counts are taken.
     for i in 0..70 {
@@ -124,7 +121,11 @@ fn a_thousand_mixed_runs_at_64_concurrent_leave_nothing_behind() {
         let (request, _) = job(i, kind);
         let _ = exec.execute_blocking(request);
     }
-    std::thread::sleep(Duration::from_secs(2));
+    // Then it settles: every pool is full again and the warm-up's containers
+    // are removed (which nothing announces: both are looked at).
+    let pools_full = || exec.backends().all(|b| b.readiness().is_none_or(|r| r.ready >= r.target));
+    let settled = || pools_full() && (!containers || docker::owned(Container::owner_token(), true).is_empty());
+    wait_until(Duration::from_secs(60), settled);
     let threads_before = procfs::count_entries("/proc/self/task");
     let fds_before = procfs::count_entries("/proc/self/fd");
     let rss_before = procfs::own_rss_bytes();

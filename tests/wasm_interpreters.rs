@@ -11,6 +11,7 @@ mod common;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use common::wait::wait_until;
 use execbox::backends::{BoaJs, BoaJsConfig, Interpreter, InterpreterConfig, WasmInterpreter};
 use execbox::{Backend, ExecRequest, ExecResult, Executor, Language, Outcome, SandboxPolicy};
 use serde_json::json;
@@ -230,10 +231,8 @@ fn python_prefers_wasm_over_the_container_unless_pinned() {
 fn warm_instances_serve_requests_and_are_replaced_at_once() {
     let Some(py) = python_backend() else { return };
     assert_eq!(py.warm_idle(), 2, "warm_up started the pool");
-    let until = Instant::now() + Duration::from_secs(60);
-    while py.warm_ready() < 2 && Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    // `prepare` waits for one ready instance; the pool's second says nothing.
+    wait_until(Duration::from_secs(60), || py.warm_ready() >= 2);
     assert_eq!(py.warm_ready(), 2, "both instances finished start-up and wait for code");
     let r = run(py, python("print(6 * 7)"));
     assert_eq!(r.output, Some(json!(42)));
@@ -350,10 +349,7 @@ fn a_run_that_cannot_get_a_slot_in_time_is_busy_naming_its_backend() {
     let sleeper = ExecRequest::wasm(tool).arg("sleep").arg("2000");
     std::thread::scope(|s| {
         let slept = s.spawn(|| Executor::run_on(&wasm, sleeper).unwrap());
-        let until = Instant::now() + Duration::from_secs(30);
-        while engine.slots_in_use() == 0 && Instant::now() < until {
-            std::thread::sleep(Duration::from_millis(2));
-        }
+        wait_until(Duration::from_secs(30), || engine.slots_in_use() > 0);
         let short = python("print(1)").policy(SandboxPolicy::strict().timeout(Duration::from_millis(100)));
         let err = Executor::run_on(&py, short).unwrap_err();
         assert!(matches!(&err, execbox::ExecError::Busy { backend, .. } if backend == "python-wasm"), "{err:?}");
@@ -374,10 +370,7 @@ fn interpreter_runs_without_a_policy_timeout_get_the_default() {
     let qjs = WasmInterpreter::on_engine(engine, InterpreterConfig::default().kind(Interpreter::QuickJs));
     py.warm_up().unwrap();
     qjs.warm_up().unwrap();
-    let until = Instant::now() + Duration::from_secs(60);
-    while py.warm_ready() < 1 && Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    py.prepare(Duration::from_secs(60));
     let mut unbounded = SandboxPolicy::strict();
     unbounded.timeout_ms = None;
     let cases = [

@@ -15,6 +15,7 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::wait::wait_until;
 use common::{procfs, skip, soak};
 use execbox::backends::{Interpreter, InterpreterConfig, WasmEngine, WasmGuest, WasmGuestConfig, WasmInterpreter};
 use execbox::{Backend, ExecError, ExecRequest, Executor, Language, Outcome, SandboxPolicy};
@@ -112,10 +113,7 @@ fn soak_mixed_wasm_runs_at_high_concurrency() {
     let settle = |what: &str| {
         // The warm pool refills after each pooled run: wait until it is full
         // and its instances wait for code.
-        let until = Instant::now() + Duration::from_secs(120);
-        while (py.warm_idle() < 2 || py.warm_ready() < 2) && Instant::now() < until {
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        wait_until(Duration::from_secs(120), || py.warm_idle() >= 2 && py.warm_ready() >= 2);
         assert_eq!(py.warm_ready(), 2, "{what}: the warm pool is full and ready");
     };
 
@@ -139,6 +137,7 @@ fn soak_mixed_wasm_runs_at_high_concurrency() {
             let mut most = 0;
             while sampling.load(std::sync::atomic::Ordering::Relaxed) {
                 most = most.max(engine.slots_in_use());
+                // The sampling period of the measurement, not a wait for anything.
                 std::thread::sleep(Duration::from_micros(500));
             }
             most

@@ -6,24 +6,20 @@
 mod common;
 
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::procfs::threads_named;
+use common::wait::wait_until;
 use execbox::Executor;
 use execbox::backends::{WasmGuest, WasmGuestConfig};
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
-/// A new thread names itself once it runs: give it a moment.
+/// A new thread names itself once it runs (which nothing announces): how
+/// many there are once `expected` are, or after 2 s.
 fn settles_at(name: &str, expected: usize) -> usize {
-    let until = Instant::now() + Duration::from_secs(2);
-    loop {
-        let n = threads_named(name);
-        if n == expected || Instant::now() > until {
-            return n;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_until(Duration::from_secs(2), || threads_named(name) == expected);
+    threads_named(name)
 }
 
 #[test]

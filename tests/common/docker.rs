@@ -82,15 +82,28 @@ impl Drop for Events {
 /// `limit`: each one listed now is waited for on its `destroy` event.
 /// Whether none is left.
 pub fn wait_gone(filter: &str, limit: Duration) -> bool {
+    wait_for_each(filter, limit, "destroy", &["--all"])
+}
+
+/// Waits until no running container passes `filter`, at most `limit`: each
+/// one running now is waited for on its `die` event. Whether none runs.
+pub fn wait_stopped(filter: &str, limit: Duration) -> bool {
+    wait_for_each(filter, limit, "die", &[])
+}
+
+/// Waits for `event` of each container `ps` lists (with `which`) under
+/// `filter`; whether the listing is empty at the end.
+fn wait_for_each(filter: &str, limit: Duration, event: &str, which: &[&str]) -> bool {
     let until = Instant::now() + limit;
-    let destroyed = Events::new(&[filter, "event=destroy"]);
-    let mut left: std::collections::HashSet<String> =
-        ps(&["--all", "--no-trunc", "--filter", filter]).into_iter().collect();
+    // Subscribed before the listing: an event between the two is not missed.
+    let events = Events::new(&[filter, &format!("event={event}")]);
+    let listed = ps(&[which, &["--no-trunc", "--filter", filter]].concat());
+    let mut left: std::collections::HashSet<String> = listed.into_iter().collect();
     while !left.is_empty() {
-        let Some(event) = destroyed.next_before(until) else { break };
-        if let Some(id) = event.strip_prefix("destroy ") {
+        let Some(line) = events.next_before(until) else { break };
+        if let Some((_, id)) = line.split_once(' ') {
             left.remove(id);
         }
     }
-    ps(&["--all", "--filter", filter]).is_empty()
+    ps(&[which, &["--filter", filter]].concat()).is_empty()
 }
