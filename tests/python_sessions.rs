@@ -1,7 +1,7 @@
 //! Python sessions: CPython-in-wasm instances that keep globals across
 //! cells (and, with declared packages, containers: see
-//! `container_backend.rs`). Through the library's session registry, the
-//! way the agent layer and the MCP server use them.
+//! `tests/library/container_backend.rs`). Through the library's session
+//! registry, the way the agent layer and the MCP server use them.
 #![cfg(feature = "wasm")]
 
 mod common;

@@ -3,7 +3,7 @@
 //! (busy, floods), sessions per connection, graceful shutdown.
 #![cfg(all(feature = "serve", feature = "js"))]
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

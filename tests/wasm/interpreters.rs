@@ -6,7 +6,7 @@
 //! `.ci/run`) makes that a failure.
 #![cfg(feature = "wasm")]
 
-mod common;
+use crate::common;
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -344,7 +344,7 @@ fn a_run_that_cannot_get_a_slot_in_time_is_busy_naming_its_backend() {
     let wasm = WasmGuest::on_engine(engine.clone());
     let py = WasmInterpreter::on_engine(engine.clone(), InterpreterConfig::default().warm_pool(0));
     py.warm_up().unwrap();
-    let tool = include_bytes!("../guests/prebuilt/wasi_tool.wasm").to_vec();
+    let tool = include_bytes!("../../guests/prebuilt/wasi_tool.wasm").to_vec();
     wasm.precompile(&tool).unwrap();
     let sleeper = ExecRequest::wasm(tool).arg("sleep").arg("2000");
     std::thread::scope(|s| {

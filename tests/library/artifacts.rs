@@ -9,8 +9,6 @@
 //! `EXECBOX_REQUIRE_INTERPRETERS=1` makes that a failure.
 #![cfg(all(feature = "artifacts", feature = "js"))]
 
-mod common;
-
 use std::time::Duration;
 
 use execbox::artifacts::{ArtifactStore, ArtifactStoreConfig};

@@ -7,7 +7,7 @@
 //! `EXECBOX_REQUIRE_INTERPRETERS=1` makes that a failure.
 #![cfg(feature = "wasm")]
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -429,7 +429,7 @@ fn quickjs_without_a_grant_has_no_tools_global() {
 
 // ---- WASM guests --------------------------------------------------------------
 
-const TOOL_CALLER: &[u8] = include_bytes!("../guests/prebuilt/tool_caller.wasm");
+const TOOL_CALLER: &[u8] = include_bytes!("../../guests/prebuilt/tool_caller.wasm");
 
 fn guest(probe: &Arc<Probe>) -> Executor {
     Executor::builder().backend(WasmGuest::on_engine(engine())).tools(registry(probe)).build()
@@ -528,7 +528,7 @@ fn every_wasm_backend_and_python_sessions_declare_the_bridge_enforced() {
         assert!(enforced(&caps.tools.deny), "{:?}", caps.tools);
     }
     // Matching lets a request that grants tools through (a backend that
-    // cannot carry them refuses it naming `tools`, see policy_matrix.rs).
+    // cannot carry them refuses it naming `tools`, see tests/library/policy_matrix.rs).
     let request = python("print(1)", &["math.*"]);
     assert_eq!(execbox::matching::check(py.capabilities(), &request), Ok(()));
 }

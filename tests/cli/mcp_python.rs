@@ -8,7 +8,7 @@
 //! `EXECBOX_REQUIRE_MCP_CLIENT=1` (as in CI), which makes it fail instead.
 #![cfg(all(feature = "serve", feature = "js", feature = "wasm"))]
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 

@@ -2,7 +2,7 @@
 //! guest and filesystem escape, with the exact outcome.
 #![cfg(feature = "wasm")]
 
-mod common;
+use crate::common;
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -16,10 +16,10 @@ use serde_json::json;
 
 macro_rules! guest {
     (wat $name:literal) => {
-        include_bytes!(concat!("../guests/wat/", $name, ".wat")).to_vec()
+        include_bytes!(concat!("../../guests/wat/", $name, ".wat")).to_vec()
     };
     (prebuilt $name:literal) => {
-        include_bytes!(concat!("../guests/prebuilt/", $name, ".wasm")).to_vec()
+        include_bytes!(concat!("../../guests/prebuilt/", $name, ".wasm")).to_vec()
     };
 }
 

@@ -1,6 +1,6 @@
 //! The `execbox` CLI contract: JSON fields, outcomes and exit codes.
 
-mod common;
+use crate::common;
 
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -256,7 +256,7 @@ mod containers {
                 .unwrap();
             let v = json_out(&out);
             if backend == "python-wasm" && v["error"]["kind"] == "backend_unavailable" {
-                continue; // interpreters not fetched: tests/wasm_interpreters.rs says so
+                continue; // interpreters not fetched: tests/wasm/interpreters.rs says so
             }
             assert_eq!(out.status.code(), Some(0), "{v}");
             assert_eq!(v["backend"], backend);

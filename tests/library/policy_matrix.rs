@@ -1,7 +1,7 @@
 //! Matching and selection: every control × enforced / by omission / not
 //! enforced, all violations reported, and how the executor picks or refuses.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -357,7 +357,7 @@ mod wasm_routing {
     use super::*;
     use execbox::backends::{WasmGuest, WasmGuestConfig};
 
-    const HELLO: &[u8] = include_bytes!("../guests/wat/hello.wat");
+    const HELLO: &[u8] = include_bytes!("../../guests/wat/hello.wat");
 
     #[test]
     fn wasm_requests_route_to_the_wasm_backend() {

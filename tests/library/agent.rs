@@ -2,7 +2,7 @@
 //! code-block extraction, sessions, concurrency, the tool schema, the loop.
 #![cfg(feature = "js")]
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -1,6 +1,6 @@
 //! The boa JavaScript backend: request semantics, limits, hostile code.
 
-mod common;
+use crate::common;
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};

@@ -7,7 +7,7 @@
 //! `scripts/build-images.sh`.
 #![cfg(feature = "container")]
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;
