@@ -11,6 +11,7 @@
 #![allow(dead_code)]
 
 pub mod docker;
+pub mod large_replies;
 pub mod process;
 pub mod procfs;
 pub mod programs;
