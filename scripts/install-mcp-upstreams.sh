@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A reference upstream MCP server for the Code Mode tests of `execbox serve`
-# and `execbox run --upstreams` (tests/mcp_python.rs): the MCP project's
+# and `execbox run --upstreams` (tests/cli/mcp_python.rs): the MCP project's
 # "everything" server from npm, pinned, under the cache dir. Idempotent.
 #   EXECBOX_MCP_UPSTREAMS (default ~/.cache/execbox/mcp-upstreams)
 set -euo pipefail

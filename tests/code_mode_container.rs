@@ -8,76 +8,25 @@
 //! `scripts/build-images.sh` (and `scripts/build-rust-deps.sh` for Rust).
 #![cfg(feature = "container")]
 
-use std::process::Command;
+mod common;
+
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use common::tools::{
+    ERROR_GRANTS, PYTHON_ERRORS, PYTHON_ROUND_TRIP, Probe, assert_error_ledger, assert_python_round_trip,
+    assert_session_cells_call_tools, outcomes, python_errors_output, registry, source, with_limits,
+};
+use common::wait::wait_until;
+use common::{docker, procfs, skip};
 use execbox::backends::Container;
 use execbox::backends::container::{ContainerConfig, KILL_GRACE};
-use execbox::tools::{ToolCallOutcome, ToolCallRecord, ToolError, ToolErrorKind, ToolLimits, ToolRegistry, ToolSpec};
+use execbox::tools::{ToolCallOutcome, ToolErrorKind, ToolLimits};
 use execbox::{
     Access, Backend, ExecError, ExecFile, ExecRequest, ExecResult, Executor, InvalidRequest, Language, Outcome,
     PathGrants, SandboxPolicy, SessionConfig, SessionSpec, Sessions,
 };
-use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
-
-// ---- the tools, and what they saw --------------------------------------------
-
-/// Counts the calls of `slow.sleep` that started and those whose future was
-/// dropped (a call cancelled when its run ended, or timed out).
-#[derive(Default)]
-struct Probe {
-    started: AtomicUsize,
-    ended: AtomicUsize,
-}
-
-struct Ended(Arc<Probe>);
-
-impl Drop for Ended {
-    fn drop(&mut self) {
-        self.0.ended.fetch_add(1, Ordering::SeqCst);
-    }
-}
-
-impl Probe {
-    /// Waits (at most 5 s) until every `slow.sleep` that started has ended.
-    fn assert_nothing_running(&self) {
-        let until = Instant::now() + Duration::from_secs(5);
-        while self.ended.load(Ordering::SeqCst) < self.started.load(Ordering::SeqCst) && Instant::now() < until {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let (started, ended) = (self.started.load(Ordering::SeqCst), self.ended.load(Ordering::SeqCst));
-        assert!(started > 0, "the hanging tool ran");
-        assert_eq!(started, ended, "a tool call outlived its run");
-    }
-}
-
-fn registry(probe: &Arc<Probe>) -> ToolRegistry {
-    let probe = probe.clone();
-    ToolRegistry::builder()
-        .tool(ToolSpec::new("math.add").description("a + b".to_string()), |args: Value| async move {
-            Ok(json!(args["a"].as_i64().unwrap_or(0) + args["b"].as_i64().unwrap_or(0)))
-        })
-        .tool(ToolSpec::new("echo.args"), |args: Value| async move { Ok(args) })
-        .tool(ToolSpec::new("fail.always"), |_: Value| async {
-            Err(ToolError::failed("fail.always", "it always fails"))
-        })
-        .tool(ToolSpec::new("bad.panic"), |_: Value| async { panic!("a tool that panics") })
-        .tool(ToolSpec::new("big.blob"), |_: Value| async { Ok(json!("x".repeat(100 << 20))) })
-        .tool(ToolSpec::new("slow.sleep"), move |_: Value| {
-            let probe = probe.clone();
-            async move {
-                probe.started.fetch_add(1, Ordering::SeqCst);
-                let _ended = Ended(probe);
-                tokio::time::sleep(Duration::from_secs(3600)).await;
-                Ok(Value::Null)
-            }
-        })
-        .build()
-        .unwrap()
-}
+use serde_json::json;
 
 // ---- the backend -------------------------------------------------------------
 
@@ -91,21 +40,7 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 /// A backend whose containers carry a label unique to this test (so the
 /// test can check that none is left), or `None` when no engine answers.
 fn backend(label: &str) -> Option<Container> {
-    let answers = Command::new("docker").arg("info").output().is_ok_and(|o| o.status.success());
-    if !answers {
-        assert!(
-            std::env::var_os("EXECBOX_REQUIRE_CONTAINERS").is_none(),
-            "EXECBOX_REQUIRE_CONTAINERS is set but docker does not answer"
-        );
-        eprintln!("skipping: no container engine answers (docker info failed)");
-        return None;
-    }
-    let cfg = ContainerConfig::default().extra_run_args(vec![format!("--label=execbox.test={label}")]);
-    let container = Container::new(cfg).expect("config");
-    if let Err(reason) = container.availability() {
-        panic!("an engine answers but the backend is unavailable: {reason}");
-    }
-    Some(container)
+    common::skip::labelled_container(label, ContainerConfig::default())
 }
 
 /// An executor on `label`'s backend with the tools of `probe`.
@@ -117,46 +52,26 @@ fn executor(label: &str, probe: &Arc<Probe>) -> Option<(Container, Executor)> {
 
 /// Containers (running or not) carrying this test's label.
 fn leftovers(label: &str) -> Vec<String> {
-    let filter = format!("label=execbox.test={label}");
-    let out = Command::new("docker").args(["ps", "--all", "--quiet", "--filter", &filter]).output().expect("ps");
-    String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect()
+    docker::ps(&["--all", "--filter", &docker::test_label(label)])
 }
 
 /// Waits (at most 20 s) for the reaper to remove this test's containers.
 fn assert_no_containers_left(label: &str) {
-    let until = Instant::now() + Duration::from_secs(20);
-    while !leftovers(label).is_empty() && Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    docker::wait_gone(&docker::test_label(label), Duration::from_secs(20));
     assert!(leftovers(label).is_empty(), "containers left: {:?}", leftovers(label));
 }
 
 /// This process's tool socket directories still on disk.
 fn socket_dirs() -> Vec<String> {
-    let prefix = format!("execbox-tools-{}-", Container::owner_token());
-    std::fs::read_dir(std::env::temp_dir())
-        .unwrap()
-        .flatten()
-        .filter_map(|e| e.file_name().into_string().ok())
-        .filter(|n| n.starts_with(&prefix))
-        .collect()
+    procfs::temp_dirs("execbox-tools-", Container::owner_token())
 }
 
 fn request(language: Language, code: &str, grants: &[&str]) -> ExecRequest {
-    let mut policy = SandboxPolicy::strict().timeout(Duration::from_secs(60));
-    if !grants.is_empty() {
-        policy = policy.tools(grants.iter().copied());
-    }
-    ExecRequest::source(language, code).policy(policy)
+    source(language, code, Duration::from_secs(60), grants)
 }
 
 fn python(code: &str, grants: &[&str]) -> ExecRequest {
     request(Language::Python, code, grants)
-}
-
-fn with_limits(request: ExecRequest, f: impl FnOnce(SandboxPolicy) -> SandboxPolicy) -> ExecRequest {
-    let policy = f(request.policy.clone());
-    request.policy(policy)
 }
 
 fn run(exec: &Executor, request: ExecRequest) -> ExecResult {
@@ -170,18 +85,9 @@ fn on_both_images(container: &Container, exec: &Executor, request: ExecRequest) 
     if container.packages(Language::Python).iter().any(|p| p == "numpy") {
         results.push(("data", run(exec, request.packages(["numpy"]))));
     } else {
-        assert!(std::env::var_os("EXECBOX_REQUIRE_CONTAINERS").is_none(), "the data image lacks numpy");
-        eprintln!("the data image lacks numpy: its runs are skipped");
+        skip::available(skip::CONTAINERS, Err("the data image lacks numpy: its runs are skipped"));
     }
     results
-}
-
-fn sha256(args: &Value) -> String {
-    format!("{:x}", Sha256::digest(serde_json::to_vec(args).unwrap()))
-}
-
-fn outcomes(ledger: &[ToolCallRecord]) -> Vec<(String, ToolCallOutcome, Option<ToolErrorKind>)> {
-    ledger.iter().map(|r| (r.tool.clone(), r.outcome, r.error)).collect()
 }
 
 // ---- argv: nothing changes for runs without tools (no engine needed) --------
@@ -287,42 +193,9 @@ fn python_round_trip_with_every_form_of_the_api_and_the_ledger() {
     let _serial = serial();
     let probe = Arc::new(Probe::default());
     let Some((container, exec)) = executor("cm-py-round-trip", &probe) else { return };
-    let code = "\
-import json, tools
-from tools.math import add
-import tools.echo
-print(json.dumps({
-    'add': add(a=2, b=3),
-    'positional': tools.math.add({'a': 1}, b=1),
-    'call': tools.call('math.add', {'a': 5, 'b': 5}),
-    'echo': tools.echo.args(x=[1, 'é', None]),
-    'list': tools.list(),
-    'describe': tools.describe('math.add')['description'],
-    'error_class': [tools.ToolError.__module__, issubclass(tools.ToolError, Exception)],
-    'input': input,
-}))";
-    let request = python(code, &["math.*", "echo.args"]).input(json!({"n": 1}));
+    let request = python(PYTHON_ROUND_TRIP, &["math.*", "echo.args"]).input(json!({"n": 1}));
     for (label, r) in on_both_images(&container, &exec, request) {
-        assert_eq!(r.outcome, Outcome::Ok, "{label}: {r:?}");
-        assert_eq!(
-            r.output,
-            Some(json!({
-                "add": 5, "positional": 2, "call": 10, "echo": {"x": [1, "é", null]},
-                "list": ["echo.args", "math.add"], "describe": "a + b",
-                "error_class": ["tools", true], "input": {"n": 1},
-            })),
-            "{label}: {r:?}"
-        );
-        // The built-ins are not ledgered; each call is, with its arguments' hash.
-        let tools: Vec<&str> = r.tool_calls.iter().map(|c| c.tool.as_str()).collect();
-        assert_eq!(tools, ["math.add", "math.add", "math.add", "echo.args"], "{label}");
-        let first = &r.tool_calls[0];
-        assert_eq!(first.outcome, ToolCallOutcome::Ok);
-        assert_eq!(first.args_sha256, sha256(&json!({"a": 2, "b": 3})));
-        assert_eq!(
-            (first.bytes_in, first.bytes_out),
-            (serde_json::to_vec(&json!({"a": 2, "b": 3})).unwrap().len() as u64, 1)
-        );
+        assert_python_round_trip(label, &r);
     }
     assert!(socket_dirs().is_empty(), "{:?}", socket_dirs());
     assert_no_containers_left("cm-py-round-trip");
@@ -333,48 +206,10 @@ fn python_errors_are_tool_errors_the_code_catches() {
     let _serial = serial();
     let probe = Arc::new(Probe::default());
     let Some((container, exec)) = executor("cm-py-errors", &probe) else { return };
-    let code = "\
-import json, tools
-seen = []
-for name, args in [('fail.always', {}), ('slow.sleep', {}), ('math.nope', {}), ('bad.panic', {}),
-                   ('echo.args', {'s': 'x' * 100000}), ('echo.args', {'s': 'x' * 1000000})]:
-    try:
-        tools.call(name, args)
-        seen.append('ok')
-    except tools.ToolError as e:
-        seen.append([e.tool, e.kind])
-try:
-    tools.call('echo.args', {'x': float('nan')})
-except tools.ToolError as e:
-    seen.append(['local', e.kind])
-print(json.dumps({'seen': seen, 'after': tools.math.add(a=1, b=1)}))";
-    for (label, r) in on_both_images(&container, &exec, python(code, &["math.*", "echo.*", "fail.*", "bad.*"])) {
+    for (label, r) in on_both_images(&container, &exec, python(PYTHON_ERRORS, ERROR_GRANTS)) {
         assert_eq!(r.outcome, Outcome::Ok, "{label}: {r:?}");
-        let kinds = json!([
-            ["fail.always", "failed"],
-            ["slow.sleep", "not_granted"],
-            ["math.nope", "not_found"],
-            ["bad.panic", "failed"],
-            ["echo.args", "invalid_arguments"],
-            ["echo.args", "invalid_arguments"],
-            ["local", "invalid_arguments"],
-        ]);
-        assert_eq!(r.output, Some(json!({"seen": kinds, "after": 2})), "{label}: {r:?}");
-        use ToolCallOutcome::*;
-        use ToolErrorKind::*;
-        let expected = [
-            ("fail.always", Error, Some(Failed)),
-            ("slow.sleep", Refused, Some(NotGranted)),
-            ("math.nope", Refused, Some(NotFound)),
-            ("bad.panic", Error, Some(Failed)),
-            ("echo.args", Refused, Some(InvalidArguments)),
-            ("echo.args", Refused, Some(InvalidArguments)),
-            ("math.add", Ok, None),
-        ];
-        let expected: Vec<_> = expected.iter().map(|(t, o, k)| (t.to_string(), *o, *k)).collect();
-        assert_eq!(outcomes(&r.tool_calls), expected, "{label}");
-        // The long call was refused unread, by its head: its size is counted.
-        assert!(r.tool_calls[5].bytes_in > 1_000_000, "{label}: {:?}", r.tool_calls[5]);
+        assert_eq!(r.output, Some(python_errors_output()), "{label}: {r:?}");
+        assert_error_ledger(label, &r.tool_calls);
     }
 }
 
@@ -501,17 +336,6 @@ os.kill(os.getpid(), 9)";
     assert_no_containers_left(label);
 }
 
-/// The host's resident memory, in bytes.
-fn host_rss() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let kb: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0);
-    kb << 10
-}
-
 /// Code that floods its socket — garbage, a line of 50 MB, calls whose
 /// answers it never reads, far more connections than allowed — gets typed
 /// answers where it reads them, its run a typed result, and the host stays
@@ -584,7 +408,7 @@ time.sleep(0.5)
 seen['after'] = tools.math.add(a=2, b=2)
 print(json.dumps(seen))
 "#;
-    let before = host_rss();
+    let before = procfs::own_rss_bytes();
     let request = with_limits(python(code, &["math.*", "echo.*"]), |p| {
         p.tool_limits(ToolLimits::default().max_calls(10_000)).timeout(Duration::from_secs(120))
     });
@@ -598,7 +422,7 @@ print(json.dumps(seen))
     let served = out["served"].as_u64().unwrap();
     assert!((1..=15).contains(&served), "{served} served at once: {r:?}");
     assert_eq!(out["after"], 4, "{r:?}");
-    let grown = host_rss().saturating_sub(before);
+    let grown = procfs::own_rss_bytes().saturating_sub(before);
     assert!(grown < 256 << 20, "the host grew by {} MiB", grown >> 20);
     // The host is alive and answers.
     let r = run(&exec, python("import tools\nprint(tools.math.add(a=1, b=1))", &["math.*"]));
@@ -663,8 +487,7 @@ printf '{"sum": %s, "names": %s, "piped": %s, "failed": %s, "error": %s, "denied
 fn rust_runs(exec: &Executor, request: ExecRequest) -> Option<ExecResult> {
     match exec.execute_blocking(request) {
         Err(ExecError::BackendUnavailable { reason, .. }) => {
-            assert!(std::env::var_os("EXECBOX_REQUIRE_CONTAINERS").is_none(), "the Rust pipeline: {reason}");
-            eprintln!("skipping: {reason}");
+            skip::available(skip::CONTAINERS, Err(format!("the Rust pipeline: {reason}")));
             None
         }
         other => Some(other.expect("runs")),
@@ -742,29 +565,8 @@ fn a_session_cell_calls_tools_and_a_cell_without_a_grant_cannot() {
     let sessions =
         Sessions::builder().config(SessionConfig::default()).backend(container).tools(registry(&probe)).build();
     sessions.open("s", SessionSpec::new(Language::Python)).unwrap();
-    let r = sessions
-        .execute(
-            "s",
-            cell("import json, tools\ntotal = tools.math.add(a=40, b=2)\nprint(json.dumps(total))", &["math.*"]),
-        )
-        .unwrap();
-    assert_eq!(r.backend, "container-session");
-    assert_eq!((r.outcome, r.output.clone()), (Outcome::Ok, Some(json!(42))), "{r:?}");
-    assert_eq!(outcomes(&r.tool_calls), [("math.add".into(), ToolCallOutcome::Ok, None)]);
-    // Many calls in one cell, errors caught, and the cell ends with its own status.
-    let code = "\
-import json
-kinds = []
-for i in range(20):
-    total = tools.math.add(a=total, b=1)
-try:
-    tools.fail.always()
-except tools.ToolError as e:
-    kinds.append(e.kind)
-print(json.dumps([total, kinds]))";
-    let r = sessions.execute("s", cell(code, &["math.*", "fail.*"])).unwrap();
-    assert_eq!((r.outcome, r.output.clone()), (Outcome::Ok, Some(json!([62, ["failed"]]))), "{r:?}");
-    assert_eq!(r.tool_calls.len(), 21);
+    let first = assert_session_cells_call_tools(&sessions, "s", cell);
+    assert_eq!(first.backend, "container-session");
     // A cell without a grant: no module to import, and the one kept in the
     // globals gets not_granted (nothing reaches the tools), even over a
     // connection of its own.
@@ -806,10 +608,8 @@ print(json.dumps([imported, kind, raw, total]))";
     assert!(sessions.execute("s", cell("print(1)", &[])).is_err(), "the session is lost");
     probe.assert_nothing_running();
     sessions.close("s");
-    let until = Instant::now() + Duration::from_secs(10);
-    while !socket_dirs().is_empty() && Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    // Nothing announces a removed directory: it is looked for.
+    wait_until(Duration::from_secs(10), || socket_dirs().is_empty());
     assert!(socket_dirs().is_empty(), "{:?}", socket_dirs());
     assert_no_containers_left(label);
 }

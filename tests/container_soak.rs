@@ -9,42 +9,18 @@
 //! makes that a failure.
 #![cfg(feature = "container")]
 
-use std::process::Command;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+mod common;
 
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{docker, procfs, skip};
 use execbox::backends::container::{Container, ContainerConfig};
 use execbox::{Backend, ExecRequest, Executor, Language, Outcome, SandboxPolicy};
 use serde_json::json;
 
-fn engine_answers() -> bool {
-    let ok = Command::new("docker").arg("info").output().is_ok_and(|o| o.status.success());
-    if !ok {
-        assert!(std::env::var_os("EXECBOX_REQUIRE_CONTAINERS").is_none(), "no engine but one is required");
-        eprintln!("skipping: no container engine answers (docker info failed)");
-    }
-    ok
-}
-
-fn owned_containers(all: bool) -> Vec<String> {
-    let filter = format!("label=execbox.owner={}", Container::owner_token());
-    let mut command = Command::new("docker");
-    command.args(["ps", "--quiet", "--filter", &filter]);
-    if all {
-        command.arg("--all");
-    }
-    let out = command.output().expect("docker ps");
-    String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect()
-}
-
 fn owned_temp_dirs() -> Vec<String> {
-    let infix = format!("-{}-", Container::owner_token());
-    std::fs::read_dir(std::env::temp_dir())
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter(|name| name.starts_with("execbox-") && name.contains(&infix))
-        .collect()
+    procfs::temp_dirs("execbox-", Container::owner_token())
 }
 
 /// One request of the mix and the outcome it must have.
@@ -70,7 +46,7 @@ fn request(i: usize) -> (ExecRequest, Outcome) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mix_of_runs_with_endless_loops_leaves_nothing_behind() {
-    if !engine_answers() {
+    if !skip::engine_answers("docker".as_ref()) {
         return;
     }
     let cfg = ContainerConfig::default().extra_run_args(vec!["--label=execbox.test=soak".into()]);
@@ -78,20 +54,9 @@ async fn a_mix_of_runs_with_endless_loops_leaves_nothing_behind() {
     container.availability().expect("images built (scripts/build-images.sh)");
     let exec = Executor::builder().backend(container).build();
 
-    // Proof that the label check below can see something: the runs carry it.
-    let seen = Arc::new(AtomicBool::new(false));
-    let watching = {
-        let seen = Arc::clone(&seen);
-        tokio::task::spawn_blocking(move || {
-            for _ in 0..600 {
-                if !owned_containers(false).is_empty() {
-                    seen.store(true, Ordering::SeqCst);
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        })
-    };
+    // Proof that the label check below can see something: the runs carry it
+    // (docker's event of a container of this process starting).
+    let started = docker::Events::new(&[&docker::owned_by(Container::owner_token()), "event=start"]);
 
     const RUNS: usize = 40;
     const AT_ONCE: usize = 6;
@@ -111,10 +76,10 @@ async fn a_mix_of_runs_with_endless_loops_leaves_nothing_behind() {
         let result = result.unwrap_or_else(|e| panic!("run {i}: {e}"));
         assert_eq!(result.outcome, expected, "run {i}: {result:?}");
     }
-    watching.await.unwrap();
-    assert!(seen.load(Ordering::SeqCst), "no container ever carried this process's owner label");
+    let seen = started.next_before(Instant::now() + Duration::from_secs(60)).is_some();
+    assert!(seen, "no container ever carried this process's owner label");
 
     drop(exec); // the last handle: joins the reaper
-    assert_eq!(owned_containers(true), Vec::<String>::new(), "containers left behind");
+    assert_eq!(docker::owned(Container::owner_token(), true), Vec::<String>::new(), "containers left behind");
     assert_eq!(owned_temp_dirs(), Vec::<String>::new(), "temp dirs left behind");
 }

@@ -5,9 +5,19 @@
 //! kind of call leave nothing busy, live or running.
 #![cfg(all(feature = "js", feature = "wasm"))]
 
+mod common;
+
 use std::time::{Duration, Instant};
 
+#[cfg(feature = "container")]
+use common::docker;
+#[cfg(feature = "container")]
+use common::programs::FLOOD_WORK_OUT;
+use common::programs::STOP_READING;
+use common::skip;
+use common::wait::wait_until;
 use execbox::backends::{BoaJs, BoaJsConfig, InterpreterConfig, WasmInterpreter};
+use execbox::limits::OutputTap;
 use execbox::{
     Backend, ExecRequest, Language, Outcome, SandboxPolicy, SessionBackend, SessionConfig, SessionSpec, Sessions,
 };
@@ -21,18 +31,14 @@ fn js() -> BoaJs {
 }
 
 fn python() -> Option<WasmInterpreter> {
-    let backend = WasmInterpreter::new(InterpreterConfig::default().warm_pool(1)).expect("engine");
-    match backend.availability() {
-        Ok(()) => {
-            backend.warm_up().expect("the interpreter loads");
-            Some(backend)
-        }
-        Err(reason) => {
-            assert!(std::env::var_os("EXECBOX_REQUIRE_INTERPRETERS").is_none(), "required but {reason}");
-            eprintln!("skipping: {reason}");
-            None
-        }
-    }
+    skip::interpreter(WasmInterpreter::new(InterpreterConfig::default().warm_pool(1)).expect("engine"))
+}
+
+/// The container backend, if its engine and images are there.
+#[cfg(feature = "container")]
+fn container() -> Option<execbox::backends::Container> {
+    let container = execbox::backends::Container::default();
+    skip::available(skip::CONTAINERS, container.availability()).then_some(container)
 }
 
 /// The container tests count this process's containers (by its owner
@@ -46,23 +52,6 @@ fn one_container_test_at_a_time() -> std::sync::MutexGuard<'static, ()> {
 fn timed(ms: u64) -> SandboxPolicy {
     SandboxPolicy::strict().timeout(Duration::from_millis(ms))
 }
-
-/// A cell that makes the session loop's own reads of more than one byte
-/// sleep for an hour: the loop then reads the next cell's header and
-/// blocks in the middle of its body. (It rebinds the loop's `read`, bound
-/// when the loop was defined, through the loop's frame: the first line of
-/// defence does not hold against a cell, the host's deadline must.)
-const STOP_READING: &str = "\
-import sys, time
-loop = sys._getframe(1).f_locals['read_message']
-real = loop.__defaults__[0]
-def stuck(fd, n):
-    if n > 1:
-        time.sleep(3600)
-    return real(fd, n)
-loop.__defaults__ = (stuck,)
-print('armed')
-";
 
 /// About 1 MB of Python that would print `done`.
 fn big_cell() -> String {
@@ -119,10 +108,7 @@ fn a_one_megabyte_js_cell_meets_its_deadline_after_hostile_cells() {
     assert_eq!(r.outcome, Outcome::TimedOut, "{r:?}");
     assert!(took < Duration::from_millis(3_000) + OVERRUN, "{took:?}");
     sessions.close_all();
-    let until = Instant::now() + Duration::from_secs(10);
-    while gauge.live() > 0 && Instant::now() < until {
-        std::thread::yield_now();
-    }
+    wait_until(Duration::from_secs(10), || gauge.live() == 0);
     assert_eq!(gauge.live(), 0, "a session worker outlived its session");
 }
 
@@ -131,19 +117,20 @@ fn closing_a_python_wasm_session_during_a_call_kills_it_at_once() {
     let Some(py) = python() else { return };
     let sessions = Sessions::builder().backend(py).build();
     sessions.open("sleepy", SessionSpec::new(Language::Python)).unwrap();
-    for code in ["import time\ntime.sleep(60)", "while True: pass"] {
+    for code in
+        ["print('going', flush=True)\nimport time\ntime.sleep(60)", "print('going', flush=True)\nwhile True: pass"]
+    {
+        // The cell says when it is going: its first output, streamed to a channel.
+        let (going, printed) = std::sync::mpsc::channel();
+        let tap = OutputTap::new(move |_, _: &[u8]| {
+            let _ = going.send(());
+        });
         let caller = {
             let sessions = sessions.clone();
-            let code = code.to_string();
-            std::thread::spawn(move || {
-                sessions.execute("sleepy", ExecRequest::source(Language::Python, code).policy(timed(60_000)))
-            })
+            let request = ExecRequest::source(Language::Python, code).policy(timed(60_000)).tap_output(tap);
+            std::thread::spawn(move || sessions.execute("sleepy", request))
         };
-        while sessions.calls_in_flight() == 0 {
-            std::thread::yield_now();
-        }
-        // Let the cell get going.
-        std::thread::sleep(Duration::from_millis(200));
+        printed.recv_timeout(Duration::from_secs(60)).expect("the cell got going");
         let started = Instant::now();
         assert!(sessions.close("sleepy"));
         let r = caller.join().unwrap().unwrap();
@@ -253,11 +240,8 @@ fn interleave(sessions: &Sessions, spec: SessionSpec, seed: u64, steps: usize) {
             });
         }
     });
-    // Idle expiry takes what the steps left open.
-    let until = Instant::now() + Duration::from_secs(30);
-    while (!sessions.is_empty() || sessions.calls_in_flight() > 0) && Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    // Idle expiry takes what the steps left open (the registry announces nothing: it is looked at).
+    wait_until(Duration::from_secs(30), || sessions.is_empty() && sessions.calls_in_flight() == 0);
     assert_eq!((sessions.len(), sessions.calls_in_flight()), (0, 0), "seed {seed}: sessions left live or busy");
 }
 
@@ -274,10 +258,7 @@ fn random_interleavings_on_js_sessions_leave_nothing_behind() {
     for seed in [1, 2, 3] {
         interleave(&sessions, SessionSpec::new(Language::JavaScript), seed, 25);
     }
-    let until = Instant::now() + Duration::from_secs(10);
-    while gauge.live() > 0 && Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until(Duration::from_secs(10), || gauge.live() == 0);
     assert_eq!(gauge.live(), 0, "session workers outlived their sessions");
 }
 
@@ -290,99 +271,39 @@ fn random_interleavings_on_python_wasm_sessions_leave_nothing_behind() {
         interleave(&sessions, SessionSpec::new(Language::Python), seed, 20);
     }
     // Every instance slot but the warm pool's is free again.
-    let until = Instant::now() + Duration::from_secs(10);
-    while engine.slots_in_use() > py.warm_idle() && Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until(Duration::from_secs(10), || engine.slots_in_use() <= py.warm_idle());
     assert_eq!(engine.slots_in_use(), py.warm_idle(), "instances outlived their sessions");
 }
 
 #[cfg(feature = "container")]
 #[test]
 fn random_interleavings_on_container_sessions_leave_no_container() {
-    use execbox::backends::Container;
     let _one = one_container_test_at_a_time();
-    let container = Container::default();
-    if let Err(reason) = container.availability() {
-        assert!(std::env::var_os("EXECBOX_REQUIRE_CONTAINERS").is_none(), "required but {reason}");
-        eprintln!("skipping: {reason}");
-        return;
-    }
+    let Some(container) = container() else { return };
     let sessions = registry(container);
     let spec = SessionSpec::new(Language::Python).policy(SandboxPolicy::strict().timeout(Duration::from_secs(20)));
     interleave(&sessions, spec, 6, 12);
-    let ours = || {
-        let out = std::process::Command::new("docker")
-            .args([
-                "ps",
-                "-q",
-                "--filter",
-                &format!("label=execbox.owner={}", execbox::backends::Container::owner_token()),
-            ])
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).lines().count()
-    };
-    let until = Instant::now() + Duration::from_secs(20);
-    while ours() > 0 && Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    assert_eq!(ours(), 0, "containers outlived their sessions");
+    docker::wait_stopped(&docker::owned_by(execbox::backends::Container::owner_token()), Duration::from_secs(20));
+    assert_eq!(our_containers(false), 0, "containers outlived their sessions");
 }
 
 #[cfg(feature = "container")]
 #[test]
 fn a_container_cell_that_stops_the_loop_reading_cannot_hold_the_next_call() {
-    use execbox::backends::Container;
     let _one = one_container_test_at_a_time();
-    let container = Container::default();
-    if let Err(reason) = container.availability() {
-        assert!(std::env::var_os("EXECBOX_REQUIRE_CONTAINERS").is_none(), "required but {reason}");
-        eprintln!("skipping: {reason}");
-        return;
-    }
+    let Some(container) = container() else { return };
     let sessions = Sessions::builder().backend(container).build();
     let slow = |ms: u64| timed(ms);
     sessions.open("c", SessionSpec::new(Language::Python)).unwrap();
     the_next_call_still_meets_its_deadline(&sessions, "c", slow);
-    let running = std::process::Command::new("docker")
-        .args(["ps", "-q", "--filter", &format!("label=execbox.owner={}", Container::owner_token())])
-        .output()
-        .unwrap();
-    assert!(running.stdout.is_empty(), "the session's container still runs");
+    assert_eq!(our_containers(false), 0, "the session's container still runs");
 }
 
-/// Docker's view of this process's containers (running or not).
+/// How many containers of this process docker lists (with `all`, stopped ones too).
 #[cfg(feature = "container")]
 fn our_containers(all: bool) -> usize {
-    let owner = format!("label=execbox.owner={}", execbox::backends::Container::owner_token());
-    let mut args = vec!["ps", "-q", "--filter", &owner];
-    if all {
-        args.push("--all");
-    }
-    let out = std::process::Command::new("docker").args(&args).output().unwrap();
-    String::from_utf8_lossy(&out.stdout).lines().count()
+    docker::owned(execbox::backends::Container::owner_token(), all).len()
 }
-
-/// A cell that writes files into `/work/out` until something stops it, then
-/// one huge file: what it prints says what stopped it.
-#[cfg(feature = "container")]
-const FLOOD_OUT: &str = "\
-import os
-n = 0
-try:
-    while True:
-        open('/work/out/f%07d' % n, 'w').close()
-        n += 1
-except OSError as e:
-    print('files', n, e.errno)
-try:
-    with open('/work/out/big', 'wb') as f:
-        while True:
-            f.write(b'x' * (1 << 20))
-except OSError as e:
-    print('bytes', e.errno)
-";
 
 /// Issue 17 (F1/F2): `/work/out` of a session is bounded by the kernel (a
 /// size- and inode-capped tmpfs inside the container), so a cell that floods
@@ -392,19 +313,16 @@ except OSError as e:
 #[cfg(feature = "container")]
 #[test]
 fn a_container_cell_that_floods_work_out_is_stopped_by_the_kernel_and_nothing_waits_for_it() {
-    use execbox::backends::Container;
     let _one = one_container_test_at_a_time();
-    let container = Container::default();
-    if let Err(reason) = container.availability() {
-        assert!(std::env::var_os("EXECBOX_REQUIRE_CONTAINERS").is_none(), "required but {reason}");
-        eprintln!("skipping: {reason}");
-        return;
-    }
+    let Some(container) = container() else { return };
     let sessions = Sessions::builder().backend(container).build();
     sessions.open("flood", SessionSpec::new(Language::Python)).unwrap();
     let started = Instant::now();
     let r = sessions
-        .execute("flood", ExecRequest::source(Language::Python, FLOOD_OUT).policy(timed(3_000)).collect_output_files())
+        .execute(
+            "flood",
+            ExecRequest::source(Language::Python, FLOOD_WORK_OUT).policy(timed(3_000)).collect_output_files(),
+        )
         .unwrap();
     let took = started.elapsed();
     eprintln!(
@@ -435,7 +353,7 @@ fn a_container_cell_that_floods_work_out_is_stopped_by_the_kernel_and_nothing_wa
     assert_eq!(r.output_files.iter().map(|f| f.name.as_str()).collect::<Vec<_>>(), ["a.txt"]);
     assert!(took < Duration::from_millis(3_000) + OVERRUN, "{took:?}");
     // Flood again, then close everything: nothing on the host is left to empty.
-    sessions.execute("flood", ExecRequest::source(Language::Python, FLOOD_OUT).policy(timed(3_000))).unwrap();
+    sessions.execute("flood", ExecRequest::source(Language::Python, FLOOD_WORK_OUT).policy(timed(3_000))).unwrap();
     let started = Instant::now();
     sessions.close_all();
     drop(sessions);
@@ -452,14 +370,8 @@ fn a_container_cell_that_floods_work_out_is_stopped_by_the_kernel_and_nothing_wa
 #[cfg(feature = "container")]
 #[test]
 fn a_container_cell_whose_files_cannot_be_listed_in_time_gets_none_and_the_session_goes_on() {
-    use execbox::backends::Container;
     let _one = one_container_test_at_a_time();
-    let container = Container::default();
-    if let Err(reason) = container.availability() {
-        assert!(std::env::var_os("EXECBOX_REQUIRE_CONTAINERS").is_none(), "required but {reason}");
-        eprintln!("skipping: {reason}");
-        return;
-    }
+    let Some(container) = container() else { return };
     let sessions = Sessions::builder().backend(container).build();
     sessions.open("late", SessionSpec::new(Language::Python)).unwrap();
     let late = "\

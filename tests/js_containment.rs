@@ -5,9 +5,13 @@
 //! The workers come from the `execbox` binary cargo builds for these tests
 //! (found next to the test binary, see `execbox::worker`).
 
+mod common;
+
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
+use common::procfs::zombie_children;
+use common::wait::wait_until;
 use execbox::Executor;
 use execbox::backends::{BoaJs, BoaJsConfig};
 use execbox::{
@@ -45,35 +49,9 @@ fn process_gone(pid: u32) -> bool {
     }
 }
 
-/// Children of this process that are zombies (dead, not reaped).
-fn zombie_children() -> Vec<u32> {
-    let me = std::process::id().to_string();
-    let mut zombies = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
-        let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
-        if fields.first() == Some(&"Z") && fields.get(1) == Some(&me.as_str()) {
-            zombies.push(pid);
-        }
-    }
-    zombies
-}
-
 /// Workers started and waiting for a request.
 fn ready(backend: &BoaJs) -> usize {
     backend.readiness().map_or(0, |r| r.ready)
-}
-
-fn wait_until(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
-    let until = Instant::now() + limit;
-    while Instant::now() < until {
-        if done() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    done()
 }
 
 /// Each snippet reproduced a host abort, a multi-GB allocation or a stuck
@@ -230,7 +208,8 @@ fn the_caps_hold_for_the_returned_value_and_the_message() {
 fn a_timed_out_worker_is_killed_and_uses_no_cpu() {
     let backend =
         BoaJs::new(BoaJsConfig::default().idle_workers(1).worker_program(env!("CARGO_BIN_EXE_execbox"))).unwrap();
-    assert!(wait_until(Duration::from_secs(20), || ready(&backend) == 1));
+    backend.prepare(Duration::from_secs(20));
+    assert_eq!(ready(&backend), 1);
     let pid = backend.idle_worker_pids()[0];
     let start = Instant::now();
     let r = run(&backend, "[1].map(() => { while (true) {} })", policy().timeout(Duration::from_millis(300))).unwrap();
@@ -240,7 +219,8 @@ fn a_timed_out_worker_is_killed_and_uses_no_cpu() {
     assert!(process_gone(pid), "worker {pid} still exists");
     assert!(zombie_children().is_empty());
     // A replacement is started off the request path.
-    assert!(wait_until(Duration::from_secs(20), || ready(&backend) == 1));
+    backend.prepare(Duration::from_secs(20));
+    assert_eq!(ready(&backend), 1);
     assert_ne!(backend.idle_worker_pids()[0], pid);
 }
 
@@ -258,7 +238,8 @@ fn libc_sigsys() -> i32 {
 #[test]
 fn workers_run_in_their_own_session_and_die_with_their_host() {
     let backend = backend();
-    assert!(wait_until(Duration::from_secs(20), || ready(&backend) >= 1));
+    backend.prepare(Duration::from_secs(20));
+    assert!(ready(&backend) >= 1);
     let pid = backend.idle_worker_pids()[0];
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
     let fields: Vec<&str> = stat.rsplit(')').next().unwrap().split_whitespace().collect();
@@ -365,9 +346,7 @@ fn sessions_are_contained_and_validated() {
             sessions.execute("t", spin)
         })
     };
-    while sessions.calls_in_flight() == 0 {
-        std::thread::yield_now();
-    }
+    wait_until(Duration::from_secs(10), || sessions.calls_in_flight() > 0);
     let started = Instant::now();
     assert!(sessions.close("t"));
     let r = caller.join().unwrap().unwrap();
@@ -505,26 +484,25 @@ fn input_at_the_nesting_bound_is_accepted_and_one_deeper_is_refused() {
 /// and no process is left behind.
 #[test]
 fn a_worker_killed_mid_call_ends_the_run_and_leaves_the_call_unknown() {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::{Arc, Mutex, mpsc};
+    use std::sync::{Mutex, mpsc};
 
     use execbox::tools::{ToolCallOutcome, ToolRegistry, ToolSpec};
     use serde_json::Value;
 
-    /// Set when the hanging tool's future is dropped.
-    struct Dropped(Arc<AtomicBool>);
+    /// Says so when the hanging tool's future is dropped.
+    struct Dropped(mpsc::Sender<()>);
     impl Drop for Dropped {
         fn drop(&mut self) {
-            self.0.store(true, Ordering::SeqCst);
+            let _ = self.0.send(());
         }
     }
-    let dropped = Arc::new(AtomicBool::new(false));
+    let (dropped, was_dropped) = mpsc::channel::<()>();
+    let dropped = Mutex::new(dropped);
     let (called, was_called) = mpsc::channel::<()>();
     let called = Mutex::new(called);
-    let flag = dropped.clone();
     let registry = ToolRegistry::builder()
         .tool(ToolSpec::new("slow.hang"), move |_: Value| {
-            let guard = Dropped(flag.clone());
+            let guard = Dropped(dropped.lock().unwrap().clone());
             let _ = called.lock().unwrap().send(());
             async move {
                 let _guard = guard;
@@ -537,7 +515,8 @@ fn a_worker_killed_mid_call_ends_the_run_and_leaves_the_call_unknown() {
     let backend =
         BoaJs::new(BoaJsConfig::default().idle_workers(1).worker_program(env!("CARGO_BIN_EXE_execbox"))).unwrap();
     let gauge = backend.worker_gauge();
-    assert!(wait_until(Duration::from_secs(20), || ready(&backend) == 1));
+    backend.prepare(Duration::from_secs(20));
+    assert_eq!(ready(&backend), 1);
     let pid = backend.idle_worker_pids()[0];
     let exec = Executor::builder().backend(backend.clone()).tools(registry).build();
     let policy = policy().timeout(Duration::from_secs(20)).tools(["slow.*"]);
@@ -559,7 +538,7 @@ fn a_worker_killed_mid_call_ends_the_run_and_leaves_the_call_unknown() {
     assert_eq!(result.tool_calls[0].outcome, ToolCallOutcome::Unknown);
     // Nothing left running: the tool's work was dropped, the worker reaped
     // and replaced, no zombie.
-    assert!(wait_until(Duration::from_secs(5), || dropped.load(Ordering::SeqCst)), "the tool still runs");
+    assert!(was_dropped.recv_timeout(Duration::from_secs(5)).is_ok(), "the tool still runs");
     assert!(process_gone(pid));
     assert!(zombie_children().is_empty(), "zombies: {:?}", zombie_children());
     assert!(wait_until(Duration::from_secs(20), || gauge.live() == 1 && ready(&backend) == 1));

@@ -2,17 +2,16 @@
 //! binary: the host's RSS is measured, and other tests in the same process
 //! would move it.
 
+mod common;
+
 use std::time::Duration;
+
+use common::procfs::own_rss_bytes;
 
 use execbox::Executor;
 use execbox::backends::{BoaJs, BoaJsConfig};
 use execbox::{ExecRequest, Outcome, SandboxPolicy};
 use serde_json::json;
-
-fn rss_bytes() -> u64 {
-    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
-    statm.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 4096
-}
 
 #[test]
 fn memory_bombs_and_huge_values_leave_the_host_flat() {
@@ -20,7 +19,7 @@ fn memory_bombs_and_huge_values_leave_the_host_flat() {
     let policy = SandboxPolicy::strict().timeout(Duration::from_secs(10));
     let warm = Executor::run_on(&backend, ExecRequest::javascript("return 1").policy(policy.clone())).unwrap();
     assert_eq!(warm.outcome, Outcome::Ok);
-    let before = rss_bytes();
+    let before = own_rss_bytes();
     for code in ["let a = []; while (true) a.push('x'.repeat(1e6) + a.length)", "let s = 'x'; while (true) s = s + s"] {
         let r = Executor::run_on(&backend, ExecRequest::javascript(code).policy(policy.clone().memory_bytes(64 << 20)))
             .unwrap();
@@ -37,7 +36,7 @@ fn memory_bombs_and_huge_values_leave_the_host_flat() {
         let r = Executor::run_on(&backend, ExecRequest::javascript(code).policy(policy.clone())).unwrap();
         assert!(r.message.as_deref().unwrap_or("").len() < 4200, "{code}");
     }
-    let grown = rss_bytes().saturating_sub(before);
+    let grown = own_rss_bytes().saturating_sub(before);
     assert!(grown < 32 << 20, "the host grew by {} MiB", grown >> 20);
     let r = Executor::run_on(
         &backend,

@@ -1,41 +1,27 @@
 //! Python sessions: CPython-in-wasm instances that keep globals across
 //! cells (and, with declared packages, containers: see
-//! `container_backend.rs`). Through the library's session registry, the
-//! way the agent layer and the MCP server use them.
+//! `tests/library/container_backend.rs`). Through the library's session
+//! registry, the way the agent layer and the MCP server use them.
 #![cfg(feature = "wasm")]
+
+mod common;
 
 use std::time::{Duration, Instant};
 
+use common::procfs::threads_named;
+use common::skip;
+use common::wait::wait_until;
 use execbox::Executor;
 use execbox::backends::{InterpreterConfig, WasmInterpreter};
 use execbox::{Backend, ExecRequest, Language, Outcome, SandboxPolicy, SessionConfig, SessionSpec, Sessions};
 use serde_json::json;
 
 fn python() -> Option<WasmInterpreter> {
-    let backend = WasmInterpreter::new(InterpreterConfig::default().warm_pool(1)).expect("engine");
-    match backend.availability() {
-        Ok(()) => {
-            backend.warm_up().expect("the interpreter loads");
-            Some(backend)
-        }
-        Err(reason) => {
-            assert!(std::env::var_os("EXECBOX_REQUIRE_INTERPRETERS").is_none(), "required but {reason}");
-            eprintln!("skipping: {reason}");
-            None
-        }
-    }
+    skip::interpreter(WasmInterpreter::new(InterpreterConfig::default().warm_pool(1)).expect("engine"))
 }
 
 fn cell(code: &str) -> ExecRequest {
     ExecRequest::source(Language::Python, code).policy(SandboxPolicy::strict().timeout(Duration::from_secs(20)))
-}
-
-fn threads_named(name: &str) -> usize {
-    std::fs::read_dir("/proc/self/task")
-        .unwrap()
-        .flatten()
-        .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name))
-        .count()
 }
 
 #[test]
@@ -119,10 +105,7 @@ fn sessions_are_bounded_expire_and_free_everything_on_close() {
     );
     sessions.execute(&a, cell("v = 1")).unwrap();
     // Both expire untouched; their instances' threads end.
-    let until = Instant::now() + Duration::from_secs(15);
-    while (!sessions.is_empty() || threads_named("execbox-warm") > before + 1) && Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until(Duration::from_secs(15), || sessions.is_empty() && threads_named("execbox-warm") <= before + 1);
     assert!(sessions.is_empty(), "idle sessions expired");
     assert_eq!(sessions.execute(&a, cell("v")).unwrap_err().kind(), "session_lost");
     // At most the pool's own instance is left (it was refilled).
@@ -138,23 +121,12 @@ mod containers {
 
     fn container() -> Option<Container> {
         let c = Container::default();
-        match c.availability() {
-            Ok(()) => Some(c),
-            Err(reason) => {
-                assert!(std::env::var_os("EXECBOX_REQUIRE_CONTAINERS").is_none(), "required but {reason}");
-                eprintln!("skipping: {reason}");
-                None
-            }
-        }
+        skip::available(skip::CONTAINERS, c.availability()).then_some(c)
     }
 
-    fn ours(name_part: &str) -> Vec<String> {
-        let out = std::process::Command::new("docker")
-            .args(["ps", "-aq", "--filter", &format!("label=execbox.owner={}", Container::owner_token())])
-            .output()
-            .unwrap();
-        let _ = name_part;
-        String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect()
+    /// This process's containers (running or not).
+    fn ours() -> Vec<String> {
+        common::docker::owned(Container::owner_token(), true)
     }
 
     #[test]
@@ -165,7 +137,7 @@ mod containers {
         let sessions = Sessions::builder().config(SessionConfig::default()).backend(py).backend(c).build();
         let numpy = ["numpy".to_string()];
         sessions.open("np", SessionSpec::new(Language::Python).packages(numpy.clone())).unwrap();
-        let before = ours("");
+        let before = ours();
         assert!(!before.is_empty(), "the session's container runs");
         let slow = SandboxPolicy::strict().timeout(Duration::from_secs(60));
         let r = sessions.execute("np", cell("import numpy as np\na = np.arange(10)").policy(slow.clone())).unwrap();
@@ -200,11 +172,8 @@ mod containers {
         assert_eq!(sessions.execute("np", cell("a").policy(slow)).unwrap_err().kind(), "session_lost");
         sessions.close("plain");
         // Closed (or lost) sessions leave no container behind.
-        let until = Instant::now() + Duration::from_secs(20);
-        while !ours("").is_empty() && Instant::now() < until {
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        assert!(ours("").is_empty(), "containers left: {:?}", ours(""));
+        common::docker::wait_gone(&common::docker::owned_by(Container::owner_token()), Duration::from_secs(20));
+        assert!(ours().is_empty(), "containers left: {:?}", ours());
     }
 
     /// The analysis in three cells, through the agent layer: read a

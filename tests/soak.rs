@@ -13,8 +13,12 @@
 //! an engine and its images, and are left out without one unless
 //! `EXECBOX_REQUIRE_CONTAINERS=1`.
 
-use std::sync::Arc;
+mod common;
+
 use std::time::{Duration, Instant};
+
+use common::wait::wait_until;
+use common::{docker, procfs, skip, soak};
 
 use execbox::backends::Container;
 use execbox::{ExecError, ExecRequest, Executor, Language, Outcome, SandboxPolicy};
@@ -92,72 +96,24 @@ fn job(i: usize, kind: Kind) -> (ExecRequest, Option<String>) {
     (request, Some(nonce))
 }
 
-fn count_entries(dir: &str) -> usize {
-    std::fs::read_dir(dir).map(|d| d.count()).unwrap_or(0)
-}
-
-fn rss_bytes() -> u64 {
-    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
-    statm.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 4096
-}
-
-/// Children of this process that are zombies (dead, not reaped).
-fn zombie_children() -> usize {
-    let me = std::process::id().to_string();
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter(|e| {
-            let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else { return false };
-            let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
-            fields.first() == Some(&"Z") && fields.get(1) == Some(&me.as_str())
-        })
-        .count()
-}
-
-fn own_containers() -> Vec<String> {
-    let filter = format!("label=execbox.owner={}", Container::owner_token());
-    let out = std::process::Command::new("docker").args(["ps", "-aq", "--filter", &filter]).output();
-    out.map(|o| String::from_utf8_lossy(&o.stdout).split_whitespace().map(String::from).collect()).unwrap_or_default()
-}
-
+/// This process's temp dirs.
 fn own_temp_dirs() -> usize {
-    let infix = format!("-{}-", Container::owner_token());
-    std::fs::read_dir(std::env::temp_dir())
-        .unwrap()
-        .flatten()
-        .filter(|e| {
-            let name = e.file_name().to_string_lossy().into_owned();
-            name.starts_with("execbox-") && name.contains(&infix)
-        })
-        .count()
-}
-
-fn wait_until(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
-    let until = Instant::now() + limit;
-    while Instant::now() < until {
-        if done() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(25));
-    }
-    done()
+    procfs::temp_dirs("execbox-", Container::owner_token()).len()
 }
 
 #[test]
 fn a_thousand_mixed_runs_at_64_concurrent_leave_nothing_behind() {
     let exec = Executor::with_default_backends();
     let available = |name: &str| exec.backends().find(|b| b.name() == name).is_some_and(|b| b.availability().is_ok());
-    if !available("python-wasm") || !available("boa-js") {
-        assert!(std::env::var_os("EXECBOX_REQUIRE_INTERPRETERS").is_none(), "the interpreters are required");
-        eprintln!("skipping: needs the interpreters (scripts/fetch-interpreters.sh) and a JS worker");
+    let needs = "needs the interpreters (scripts/fetch-interpreters.sh) and a JS worker";
+    if !skip::available(
+        skip::INTERPRETERS,
+        if available("python-wasm") && available("boa-js") { Ok(()) } else { Err(needs) },
+    ) {
         return;
     }
-    let containers = available("container");
-    assert!(
-        containers || std::env::var_os("EXECBOX_REQUIRE_CONTAINERS").is_none(),
-        "containers are required but the engine or images are missing"
-    );
+    let no_engine = "no container engine or images: the container runs are left out";
+    let containers = skip::available(skip::CONTAINERS, if available("container") { Ok(()) } else { Err(no_engine) });
     // One run of each kind first: what exists once per process (pools,
     // compile workers, spawner threads) exists before the counts are taken.
     for i in 0..70 {
@@ -165,43 +121,26 @@ fn a_thousand_mixed_runs_at_64_concurrent_leave_nothing_behind() {
         let (request, _) = job(i, kind);
         let _ = exec.execute_blocking(request);
     }
-    std::thread::sleep(Duration::from_secs(2));
-    let threads_before = count_entries("/proc/self/task");
-    let fds_before = count_entries("/proc/self/fd");
-    let rss_before = rss_bytes();
+    // Then it settles: every pool is full again and the warm-up's containers
+    // are removed (which nothing announces: both are looked at).
+    let pools_full = || exec.backends().all(|b| b.readiness().is_none_or(|r| r.ready >= r.target));
+    let settled = || pools_full() && (!containers || docker::owned(Container::owner_token(), true).is_empty());
+    wait_until(Duration::from_secs(60), settled);
+    let threads_before = procfs::count_entries("/proc/self/task");
+    let fds_before = procfs::count_entries("/proc/self/fd");
+    let rss_before = procfs::own_rss_bytes();
     let started = Instant::now();
 
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(4)
-        .max_blocking_threads(CONCURRENCY)
-        .enable_all()
-        .build()
-        .unwrap();
-    let outcomes = runtime.block_on(async {
-        let gate = Arc::new(tokio::sync::Semaphore::new(CONCURRENCY));
-        let mut tasks = Vec::new();
-        for i in 0..RUNS {
-            let exec = exec.clone();
-            let gate = gate.clone();
-            tasks.push(tokio::spawn(async move {
-                let _permit = gate.acquire_owned().await.unwrap();
-                let kind = kind_of(i, containers);
-                let (request, nonce) = job(i, kind);
-                (i, kind, nonce, exec.execute(request).await)
-            }));
-        }
-        let mut outcomes = Vec::new();
-        for task in tasks {
-            outcomes.push(task.await.unwrap());
-        }
-        outcomes
+    let outcomes = soak::burst(&exec, RUNS, CONCURRENCY, move |i| {
+        let kind = kind_of(i, containers);
+        let (request, nonce) = job(i, kind);
+        (request, (kind, nonce))
     });
-    runtime.shutdown_timeout(Duration::from_secs(30));
     let took = started.elapsed();
 
     let mut per_kind = std::collections::BTreeMap::<String, usize>::new();
     let mut busy = 0;
-    for (i, kind, nonce, result) in outcomes {
+    for (i, (kind, nonce), result) in outcomes {
         let r = match (kind, result) {
             (_, Ok(r)) => r,
             // A 400 ms deadline may pass while every slot or worker is busy:
@@ -230,19 +169,24 @@ fn a_thousand_mixed_runs_at_64_concurrent_leave_nothing_behind() {
 
     // Pools refill and shrink back off the request path: give them time.
     let settled = wait_until(Duration::from_secs(60), || {
-        count_entries("/proc/self/task") <= threads_before + 2 && count_entries("/proc/self/fd") <= fds_before + 4
+        procfs::count_entries("/proc/self/task") <= threads_before + 2
+            && procfs::count_entries("/proc/self/fd") <= fds_before + 4
     });
     assert!(
         settled,
         "threads {} (before {threads_before}), fds {} (before {fds_before})",
-        count_entries("/proc/self/task"),
-        count_entries("/proc/self/fd")
+        procfs::count_entries("/proc/self/task"),
+        procfs::count_entries("/proc/self/fd")
     );
-    assert!(wait_until(Duration::from_secs(30), || zombie_children() == 0), "zombie workers");
-    let grown = rss_bytes().saturating_sub(rss_before);
+    assert!(wait_until(Duration::from_secs(30), || procfs::zombie_children().is_empty()), "zombie workers");
+    let grown = procfs::own_rss_bytes().saturating_sub(rss_before);
     assert!(grown < 128 << 20, "the host grew by {} MiB", grown >> 20);
     if containers {
-        assert!(wait_until(Duration::from_secs(60), || own_containers().is_empty()), "{:?}", own_containers());
+        assert!(
+            wait_until(Duration::from_secs(60), || docker::owned(Container::owner_token(), true).is_empty()),
+            "{:?}",
+            docker::owned(Container::owner_token(), true)
+        );
     }
     drop(exec);
     assert!(wait_until(Duration::from_secs(60), || own_temp_dirs() == 0), "temp dirs left: {}", own_temp_dirs());

@@ -10,9 +10,13 @@
 //! them it passes with a message unless `EXECBOX_REQUIRE_INTERPRETERS=1`.
 #![cfg(feature = "wasm")]
 
+mod common;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::wait::wait_until;
+use common::{procfs, skip, soak};
 use execbox::backends::{Interpreter, InterpreterConfig, WasmEngine, WasmGuest, WasmGuestConfig, WasmInterpreter};
 use execbox::{Backend, ExecError, ExecRequest, Executor, Language, Outcome, SandboxPolicy};
 use serde_json::json;
@@ -20,18 +24,9 @@ use serde_json::json;
 const RUNS: usize = 400;
 const CONCURRENCY: usize = 64;
 
-fn count_entries(dir: &str) -> usize {
-    std::fs::read_dir(dir).map(|d| d.count()).unwrap_or(0)
-}
-
-/// execbox temp dirs of this process (`execbox-<what>-<pid>.<start>-...`).
+/// execbox temp dirs of this process (`execbox-<what>-<owner token>-...`).
 fn own_temp_dirs(what: &str) -> usize {
-    let prefix = format!("execbox-{what}-{}.", std::process::id());
-    std::fs::read_dir(std::env::temp_dir())
-        .unwrap()
-        .filter_map(Result::ok)
-        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
-        .count()
+    procfs::temp_dirs(&format!("execbox-{what}-"), &procfs::own_token()).len()
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -110,9 +105,7 @@ fn soak_mixed_wasm_runs_at_high_concurrency() {
     let qjs =
         Arc::new(WasmInterpreter::on_engine(engine.clone(), InterpreterConfig::default().kind(Interpreter::QuickJs)));
     let py = Arc::new(WasmInterpreter::on_engine(engine.clone(), InterpreterConfig::default()));
-    if let Err(reason) = py.availability().and(qjs.availability()) {
-        assert!(std::env::var_os("EXECBOX_REQUIRE_INTERPRETERS").is_none(), "required but {reason}");
-        eprintln!("skipping: {reason}");
+    if !skip::available(skip::INTERPRETERS, py.availability().and(qjs.availability())) {
         return;
     }
     let exec =
@@ -120,10 +113,7 @@ fn soak_mixed_wasm_runs_at_high_concurrency() {
     let settle = |what: &str| {
         // The warm pool refills after each pooled run: wait until it is full
         // and its instances wait for code.
-        let until = Instant::now() + Duration::from_secs(120);
-        while (py.warm_idle() < 2 || py.warm_ready() < 2) && Instant::now() < until {
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        wait_until(Duration::from_secs(120), || py.warm_idle() >= 2 && py.warm_ready() >= 2);
         assert_eq!(py.warm_ready(), 2, "{what}: the warm pool is full and ready");
     };
 
@@ -135,8 +125,8 @@ fn soak_mixed_wasm_runs_at_high_concurrency() {
         exec.execute_blocking(request).unwrap();
     }
     settle("before");
-    let threads_before = count_entries("/proc/self/task");
-    let fds_before = count_entries("/proc/self/fd");
+    let threads_before = procfs::count_entries("/proc/self/task");
+    let fds_before = procfs::count_entries("/proc/self/fd");
     let started = Instant::now();
 
     // How full the instance pool got: the burst must exceed it, or nothing waited.
@@ -147,36 +137,13 @@ fn soak_mixed_wasm_runs_at_high_concurrency() {
             let mut most = 0;
             while sampling.load(std::sync::atomic::Ordering::Relaxed) {
                 most = most.max(engine.slots_in_use());
+                // The sampling period of the measurement, not a wait for anything.
                 std::thread::sleep(Duration::from_micros(500));
             }
             most
         })
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(4)
-        .max_blocking_threads(CONCURRENCY)
-        .enable_all()
-        .build()
-        .unwrap();
-    let outcomes = runtime.block_on(async {
-        let gate = Arc::new(tokio::sync::Semaphore::new(CONCURRENCY));
-        let mut tasks = Vec::new();
-        for i in 0..RUNS {
-            let exec = exec.clone();
-            let gate = gate.clone();
-            tasks.push(tokio::spawn(async move {
-                let _permit = gate.acquire_owned().await.unwrap();
-                let (request, nonce) = job(i);
-                (i, nonce, exec.execute(request).await)
-            }));
-        }
-        let mut outcomes = Vec::new();
-        for task in tasks {
-            outcomes.push(task.await.unwrap());
-        }
-        outcomes
-    });
-    runtime.shutdown_timeout(Duration::from_secs(30));
+    let outcomes = soak::burst(&exec, RUNS, CONCURRENCY, job);
     let took = started.elapsed();
     sampling.store(false, std::sync::atomic::Ordering::Relaxed);
     let most_slots = sampler.join().unwrap();
@@ -213,8 +180,8 @@ fn soak_mixed_wasm_runs_at_high_concurrency() {
 
     settle("after");
     assert_eq!(engine.slots_in_use(), 2, "only the two warm instances hold slots");
-    let threads_after = count_entries("/proc/self/task");
-    let fds_after = count_entries("/proc/self/fd");
+    let threads_after = procfs::count_entries("/proc/self/task");
+    let fds_after = procfs::count_entries("/proc/self/fd");
     assert!(threads_after <= threads_before + 2, "threads: {threads_before} before, {threads_after} after");
     assert!(fds_after <= fds_before + 4, "fds: {fds_before} before, {fds_after} after");
     assert_eq!(own_temp_dirs("input"), 0, "no staging dir is left");

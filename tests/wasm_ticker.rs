@@ -3,32 +3,23 @@
 //! these look (the tests here take turns).
 #![cfg(feature = "wasm")]
 
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+mod common;
 
+use std::sync::Mutex;
+use std::time::Duration;
+
+use common::procfs::threads_named;
+use common::wait::wait_until;
 use execbox::Executor;
 use execbox::backends::{WasmGuest, WasmGuestConfig};
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
-fn threads_named(name: &str) -> usize {
-    std::fs::read_dir("/proc/self/task")
-        .unwrap()
-        .filter_map(Result::ok)
-        .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name))
-        .count()
-}
-
-/// A new thread names itself once it runs: give it a moment.
+/// A new thread names itself once it runs (which nothing announces): how
+/// many there are once `expected` are, or after 2 s.
 fn settles_at(name: &str, expected: usize) -> usize {
-    let until = Instant::now() + Duration::from_secs(2);
-    loop {
-        let n = threads_named(name);
-        if n == expected || Instant::now() > until {
-            return n;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_until(Duration::from_secs(2), || threads_named(name) == expected);
+    threads_named(name)
 }
 
 #[test]

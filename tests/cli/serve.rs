@@ -3,15 +3,55 @@
 //! (busy, floods), sessions per connection, graceful shutdown.
 #![cfg(all(feature = "serve", feature = "js"))]
 
+use crate::common;
+
 use std::time::{Duration, Instant};
 
-use rmcp::ServiceExt;
-use rmcp::model::{CallToolRequestParams, CallToolResult};
-use rmcp::service::{RoleClient, RunningService, ServiceError};
+use common::wait::{wait_until, wait_until_async};
+use common::{process, procfs};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResult, NumberOrString, ProgressNotificationParam, ProgressToken, RequestMetaObject,
+};
+use rmcp::service::{NotificationContext, RoleClient, RunningService, ServiceError};
 use rmcp::transport::TokioChildProcess;
+use rmcp::{ClientHandler, ServiceExt};
 use serde_json::{Value, json};
 
-type Client = RunningService<RoleClient, ()>;
+/// The tests' client: it does nothing but take note of the server's
+/// progress notifications (sent while a call that asked for them runs).
+#[derive(Default)]
+struct Watcher {
+    progressed: tokio::sync::Notify,
+}
+
+impl ClientHandler for Watcher {
+    fn on_progress(
+        &self,
+        _: ProgressNotificationParam,
+        _: NotificationContext<RoleClient>,
+    ) -> impl Future<Output = ()> + Send + '_ {
+        self.progressed.notify_one();
+        std::future::ready(())
+    }
+}
+
+type Client = RunningService<RoleClient, Watcher>;
+
+/// `run_code` with `arguments`, asking for progress notifications: the
+/// server sends one a second while the run goes on.
+fn run_code_with_progress(arguments: Value) -> CallToolRequestParams {
+    let Value::Object(arguments) = arguments else { panic!("arguments must be an object") };
+    let mut params = CallToolRequestParams::new("run_code").with_arguments(arguments);
+    params.meta = Some(RequestMetaObject::with_progress_token(ProgressToken(NumberOrString::Number(1))));
+    params
+}
+
+/// Waits until a call of `client`'s that asked for progress has run for a
+/// second (its first progress notification): it is in flight.
+async fn running(client: &Client) {
+    let first = client.service().progressed.notified();
+    tokio::time::timeout(Duration::from_secs(60), first).await.expect("a progress notification");
+}
 
 /// A server started with `args`, its pid, and a client connected to it.
 async fn connect(args: &[&str]) -> (Client, u32) {
@@ -19,7 +59,7 @@ async fn connect(args: &[&str]) -> (Client, u32) {
     command.arg("serve").args(args);
     let transport = TokioChildProcess::new(command).expect("spawn execbox serve");
     let pid = transport.id().expect("pid");
-    let client = ().serve(transport).await.expect("MCP handshake");
+    let client = Watcher::default().serve(transport).await.expect("MCP handshake");
     (client, pid)
 }
 
@@ -131,7 +171,7 @@ async fn a_tool_call_cannot_widen_any_control() {
 #[tokio::test(flavor = "multi_thread")]
 async fn excess_calls_get_busy_and_a_flood_leaves_the_server_serving() {
     let (client, pid) = connect(&["--max-concurrent", "1", "--max-queued", "2"]).await;
-    let rss = || rss_kb(pid);
+    let rss = || procfs::rss_kb(pid);
     run(&client, json!({"language": "js", "code": "return 1"})).await;
     let before = rss();
     let peer = client.peer().clone();
@@ -210,32 +250,13 @@ async fn sessions_are_bounded_and_belong_to_their_connection() {
 
     // (Ids belong to their connection: see the HTTP test, where two
     // connections share one server.) Closing a session ends its worker.
-    let before = live_children(pid);
+    let before = procfs::live_children(pid);
     let closed = call(&a, "close_session", json!({"session_id": id})).await.unwrap().structured_content.unwrap();
     assert_eq!(closed["closed"], true);
-    let ended = || before.iter().any(|child| !live_children(pid).contains(child));
-    let until = Instant::now() + Duration::from_secs(5);
-    while !ended() && Instant::now() < until {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let ended = || before.iter().any(|child| !procfs::live_children(pid).contains(child));
+    tokio::task::block_in_place(|| process::wait_any_exit(&before, Duration::from_secs(5)));
     assert!(ended(), "closing the session ended its worker");
     a.cancel().await.unwrap();
-}
-
-/// Live (not zombie) child processes of `pid`, whichever thread spawned them.
-fn live_children(pid: u32) -> Vec<u32> {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return Vec::new() };
-    let mut children: Vec<u32> = tasks
-        .flatten()
-        .filter_map(|task| std::fs::read_to_string(task.path().join("children")).ok())
-        .flat_map(|list| list.split_whitespace().filter_map(|p| p.parse().ok()).collect::<Vec<u32>>())
-        .filter(|child| {
-            let stat = std::fs::read_to_string(format!("/proc/{child}/stat")).unwrap_or_default();
-            stat.rsplit(')').next().and_then(|rest| rest.split_whitespace().next()).is_some_and(|state| state != "Z")
-        })
-        .collect();
-    children.sort();
-    children
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -339,23 +360,16 @@ async fn sigterm_lets_the_call_in_flight_answer_then_exits_cleanly() {
     let (client, pid) = connect(&[]).await;
     let peer = client.peer().clone();
     let slow = tokio::spawn(async move {
-        let code = "let t = Date.now(); while (Date.now() - t < 1200) {} return 'finished'";
-        let Value::Object(args) = json!({"language": "js", "code": code}) else { unreachable!() };
-        peer.call_tool(CallToolRequestParams::new("run_code").with_arguments(args)).await
+        // Long enough to be still running a second in, at its first progress notification.
+        let code = "let t = Date.now(); while (Date.now() - t < 2200) {} return 'finished'";
+        peer.call_tool(run_code_with_progress(json!({"language": "js", "code": code}))).await
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    running(&client).await;
     send_signal(pid, "TERM");
     let answered = slow.await.unwrap().expect("the call in flight is answered");
     assert_eq!(answered.structured_content.unwrap()["output"], "finished");
-    let until = Instant::now() + Duration::from_secs(15);
-    while std::path::Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < until {
-        // A zombie until the transport reaps it.
-        let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        if state.split_whitespace().nth(2) == Some("Z") {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    // Exited: a zombie until the transport reaps it, or gone.
+    tokio::task::block_in_place(|| process::wait_exit(pid, Duration::from_secs(15)));
     let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     assert!(state.is_empty() || state.split_whitespace().nth(2) == Some("Z"), "still running: {state}");
     let _ = client.cancel().await;
@@ -407,16 +421,6 @@ fn list_backends_call(id: u64) -> String {
     )
 }
 
-/// VmRSS of `pid` in kB.
-fn rss_kb(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
-}
-
 /// SIGTERM ends a server whose client reads nothing (answers it cannot
 /// write do not hold the exit up).
 #[test]
@@ -428,12 +432,12 @@ fn sigterm_ends_a_server_whose_client_reads_nothing() {
             break;
         }
     }
-    std::thread::sleep(Duration::from_secs(2));
-    send_signal(server.0.id(), "TERM");
-    let started = Instant::now();
-    while server.0.try_wait().unwrap().is_none() && started.elapsed() < Duration::from_secs(8) {
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    // Once its answers fill the pipe nobody reads, its writes block (nothing
+    // announces that: its threads are looked at).
+    let pid = server.0.id();
+    wait_until(Duration::from_secs(20), || procfs::blocked_writing_a_pipe(pid));
+    send_signal(pid, "TERM");
+    process::wait_child(&mut server.0, Duration::from_secs(8));
     assert!(server.0.try_wait().unwrap().is_some(), "still running 8 s after SIGTERM");
     drop(stdin);
 }
@@ -449,23 +453,25 @@ fn a_client_that_never_reads_is_disconnected_and_memory_stays_bounded() {
     let writer = std::thread::spawn(move || {
         for id in 1..20_000 {
             if writeln!(stdin, "{}", list_backends_call(id)).is_err() {
-                return;
+                return None;
             }
         }
-        // Keep stdin open: only the unread stdout may end the connection.
-        std::thread::sleep(Duration::from_secs(60));
+        // Kept open (the thread's result) until the test ends: only the
+        // unread stdout may end the connection.
+        Some(stdin)
     });
     let started = Instant::now();
     let mut peak = 0;
     let exited = loop {
-        peak = peak.max(rss_kb(pid));
+        peak = peak.max(procfs::rss_kb(pid));
         if let Some(status) = server.0.try_wait().unwrap() {
             break Some(status);
         }
         if started.elapsed() > Duration::from_secs(40) {
             break None;
         }
-        std::thread::sleep(Duration::from_millis(100));
+        // The next sample of the peak: 100 ms on, or at once when the server exits.
+        process::wait_exit(pid, Duration::from_millis(100));
     };
     assert!(exited.is_some(), "the server still serves a client that reads nothing");
     // Measured: ~83 MB (it was 579 MB before reads paused on blocked writes).
@@ -479,7 +485,7 @@ async fn sessions_work_when_the_server_passes_environment_values() {
     let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_execbox"));
     command.args(["serve", "--allow-env", "EXECBOX_TEST_VALUE"]).env("EXECBOX_TEST_VALUE", "visible");
     let transport = TokioChildProcess::new(command).unwrap();
-    let client = ().serve(transport).await.unwrap();
+    let client = Watcher::default().serve(transport).await.unwrap();
     let (r, _) =
         run(&client, json!({"language": "python", "code": "import os\nprint(os.environ['EXECBOX_TEST_VALUE'])"})).await;
     assert_eq!(r["stdout"], "visible\n", "{r}");
@@ -512,15 +518,14 @@ async fn a_refused_pin_leaves_the_session_to_expire_and_errors_name_the_callers_
     assert!(is_error && r["error"]["kind"] == "wrong_backend", "{r}");
     let message = r["error"]["message"].as_str().unwrap();
     assert!(message.contains(&format!("\"{id}\"")) && !message.contains('/'), "the caller's id only: {message}");
-    // The refused call left nothing busy: the session expires when idle.
-    let until = Instant::now() + Duration::from_secs(10);
-    loop {
-        let status = call(&client, "list_backends", json!({})).await.unwrap().structured_content.unwrap();
-        if status["sessions"]["live"] == 0 || Instant::now() > until {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    // The refused call left nothing busy: the session expires when idle
+    // (which the server announces to no one: its status is asked).
+    let asking = &client;
+    let expired = move || async move {
+        let status = call(asking, "list_backends", json!({})).await.unwrap().structured_content.unwrap();
+        status["sessions"]["live"] == 0
+    };
+    wait_until_async(Duration::from_secs(10), expired).await;
     let (lost, _) = run(&client, json!({"language": "js", "code": "1", "session_id": id})).await;
     assert_eq!(lost["error"]["kind"], "session_lost", "{lost}");
     assert!(lost["error"]["message"].as_str().unwrap().contains("idle"), "{lost}");
@@ -532,13 +537,12 @@ async fn the_wait_for_a_run_slot_counts_against_the_calls_deadline() {
     let (client, _) = connect(&["--max-concurrent", "1"]).await;
     let peer = client.peer().clone();
     let first = tokio::spawn(async move {
-        let Value::Object(args) = json!({"language": "js", "code": "while (true) {}", "timeout_ms": 2000}) else {
-            unreachable!()
-        };
-        peer.call_tool(CallToolRequestParams::new("run_code").with_arguments(args)).await
+        // It holds the only slot 1.6 s past its first progress notification.
+        let args = json!({"language": "js", "code": "while (true) {}", "timeout_ms": 2600});
+        peer.call_tool(run_code_with_progress(args)).await
     });
-    // Let the first call take the only slot.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The first call has the only slot.
+    running(&client).await;
     let started = Instant::now();
     let (r, is_error) = run(&client, json!({"language": "js", "code": "while (true) {}", "timeout_ms": 2000})).await;
     let took = started.elapsed();
@@ -555,37 +559,22 @@ async fn the_wait_for_a_run_slot_counts_against_the_calls_deadline() {
 #[cfg(feature = "container")]
 mod container_sessions {
     use super::*;
+    use crate::common::programs::STOP_READING;
+    use crate::common::{docker, skip};
 
     fn engine_available() -> bool {
         let ok = std::process::Command::new("docker")
             .args(["image", "inspect", "localhost/execbox-python:3.11"])
             .output()
             .is_ok_and(|o| o.status.success());
-        assert!(ok || std::env::var_os("EXECBOX_REQUIRE_CONTAINERS").is_none(), "containers are required");
-        ok
+        skip::available(skip::CONTAINERS, if ok { Ok(()) } else { Err("no image localhost/execbox-python:3.11") })
     }
 
-    /// Containers started by the server `pid` (their owner label names it), running or not.
-    fn containers_of(pid: u32) -> usize {
-        let out = std::process::Command::new("docker")
-            .args(["ps", "-aq", "--filter", "label=execbox.owner"])
-            .args(["--format", "{{.Label \"execbox.owner\"}}"])
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).lines().filter(|owner| owner.starts_with(&format!("{pid}."))).count()
+    /// Whether every container of the server whose owner token is `token`
+    /// is removed within `limit` (each waited for on its docker event).
+    fn gone(token: &str, limit: Duration) -> bool {
+        tokio::task::block_in_place(|| docker::wait_gone(&docker::owned_by(token), limit))
     }
-
-    async fn gone(pid: u32, limit: Duration) -> bool {
-        let until = Instant::now() + limit;
-        while containers_of(pid) > 0 && Instant::now() < until {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        containers_of(pid) == 0
-    }
-
-    /// The cell of issue 17: the session loop's own reads of more than one
-    /// byte sleep, so the next cell's body is never read.
-    const STOP_READING: &str = "import sys, time\nloop = sys._getframe(1).f_locals['read_message']\nreal = loop.__defaults__[0]\ndef stuck(fd, n):\n    if n > 1:\n        time.sleep(3600)\n    return real(fd, n)\nloop.__defaults__ = (stuck,)\nprint('armed')";
 
     #[tokio::test(flavor = "multi_thread")]
     async fn a_cell_that_stops_the_loop_reading_cannot_hold_a_run_slot_past_its_deadline() {
@@ -593,6 +582,7 @@ mod container_sessions {
             return;
         }
         let (client, pid) = connect(&["--max-concurrent", "1"]).await;
+        let token = procfs::owner_token(pid);
         let (other, _) = connect(&[]).await;
         let id = create_session(&client, json!({"language": "python", "packages": ["numpy"]})).await;
         let (r, _) =
@@ -612,7 +602,7 @@ mod container_sessions {
         assert_eq!(r["output"], 7, "{r}");
         let (r, _) = run(&client, json!({"language": "python", "code": "1", "session_id": id})).await;
         assert_eq!(r["error"]["kind"], "session_lost", "{r}");
-        assert!(gone(pid, Duration::from_secs(10)).await, "the session's container outlived it");
+        assert!(gone(&token, Duration::from_secs(10)), "the session's container outlived it");
         drop(other);
         client.cancel().await.unwrap();
     }
@@ -623,26 +613,24 @@ mod container_sessions {
             return;
         }
         let (client, pid) = connect(&[]).await;
+        let token = procfs::owner_token(pid);
         let id = create_session(&client, json!({"language": "python", "packages": ["numpy"]})).await;
-        let running = {
+        let call_in_flight = {
             let peer = client.peer().clone();
             let id = id.clone();
             tokio::spawn(async move {
-                let Value::Object(args) = json!({"language": "python", "code": "import time\ntime.sleep(600)", "session_id": id, "timeout_ms": 60_000})
-                else {
-                    unreachable!()
-                };
-                peer.call_tool(CallToolRequestParams::new("run_code").with_arguments(args)).await
+                let args = json!({"language": "python", "code": "import time\ntime.sleep(600)", "session_id": id, "timeout_ms": 60_000});
+                peer.call_tool(run_code_with_progress(args)).await
             })
         };
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        running(&client).await;
         let started = Instant::now();
         let closed = call(&client, "close_session", json!({"session_id": id})).await.unwrap();
         assert_eq!(closed.structured_content.unwrap()["closed"], true);
-        let r = running.await.unwrap().unwrap().structured_content.unwrap();
+        let r = call_in_flight.await.unwrap().unwrap().structured_content.unwrap();
         assert_eq!(r["outcome"], "killed", "{r}");
         assert!(started.elapsed() < Duration::from_secs(4), "{:?}", started.elapsed());
-        assert!(gone(pid, Duration::from_secs(10)).await, "closed, yet its container is still there");
+        assert!(gone(&token, Duration::from_secs(10)), "closed, yet its container is still there");
         client.cancel().await.unwrap();
     }
 
@@ -677,32 +665,27 @@ mod container_sessions {
         command.arg("serve");
         let transport = TokioChildProcess::new(command).unwrap();
         let pid = transport.id().unwrap();
-        let client = ().serve(transport).await.unwrap();
+        let token = procfs::owner_token(pid);
+        let client = Watcher::default().serve(transport).await.unwrap();
         let id = create_session(&client, json!({"language": "python", "packages": ["numpy"]})).await;
         let (r, _) = run(&client, json!({"language": "python", "code": STOP_READING, "session_id": id})).await;
         assert_eq!(r["stdout"], "armed\n", "{r}");
         let peer = client.peer().clone();
         let big = format!("x = 1\n{}", "# padding\n".repeat(100_000));
         let stuck = tokio::spawn(async move {
-            let Value::Object(args) = json!({"language": "python", "code": big, "session_id": id, "timeout_ms": 4000})
-            else {
-                unreachable!()
-            };
-            peer.call_tool(CallToolRequestParams::new("run_code").with_arguments(args)).await
+            let args = json!({"language": "python", "code": big, "session_id": id, "timeout_ms": 4000});
+            peer.call_tool(run_code_with_progress(args)).await
         });
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        running(&client).await;
         // End of stdin: the server drains, then exits.
         let started = Instant::now();
         drop(client);
         let _ = stuck.await;
-        let until = Instant::now() + Duration::from_secs(15);
-        while std::path::Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < until {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        tokio::task::block_in_place(|| process::wait_exit(pid, Duration::from_secs(15)));
         let took = started.elapsed();
         eprintln!("serve: exit after stdin EOF with a stuck session call in flight: {took:?}");
         assert!(took < Duration::from_millis(4000 + 2000 + 1500), "{took:?}");
-        assert!(gone(pid, Duration::from_secs(10)).await, "the server left its session's container");
+        assert!(gone(&token, Duration::from_secs(10)), "the server left its session's container");
     }
 }
 
@@ -758,9 +741,8 @@ async fn artifacts_belong_to_their_connection() {
     let scopes = dir.path().join("scopes");
     assert_eq!(std::fs::read_dir(&scopes).unwrap().count(), 1, "one scope saved anything");
     a.cancel().await.unwrap();
-    let until = Instant::now() + Duration::from_secs(10);
-    while std::fs::read_dir(&scopes).unwrap().count() > 0 && Instant::now() < until {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    // Nothing announces a removed directory: it is looked for.
+    let emptied = || std::future::ready(std::fs::read_dir(&scopes).unwrap().count() == 0);
+    wait_until_async(Duration::from_secs(10), emptied).await;
     assert_eq!(std::fs::read_dir(&scopes).unwrap().count(), 0, "the connection's artifacts are gone");
 }

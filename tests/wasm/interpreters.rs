@@ -6,9 +6,12 @@
 //! `.ci/run`) makes that a failure.
 #![cfg(feature = "wasm")]
 
+use crate::common;
+
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use common::wait::wait_until;
 use execbox::backends::{BoaJs, BoaJsConfig, Interpreter, InterpreterConfig, WasmInterpreter};
 use execbox::{Backend, ExecRequest, ExecResult, Executor, Language, Outcome, SandboxPolicy};
 use serde_json::json;
@@ -17,21 +20,7 @@ fn shared(
     slot: &'static OnceLock<Option<WasmInterpreter>>,
     make: fn() -> WasmInterpreter,
 ) -> Option<&'static WasmInterpreter> {
-    slot.get_or_init(|| {
-        let backend = make();
-        match backend.availability() {
-            Ok(()) => {
-                backend.warm_up().expect("the interpreter loads");
-                Some(backend)
-            }
-            Err(reason) => {
-                assert!(std::env::var_os("EXECBOX_REQUIRE_INTERPRETERS").is_none(), "required but {reason}");
-                eprintln!("skipping: {reason}");
-                None
-            }
-        }
-    })
-    .as_ref()
+    slot.get_or_init(|| common::skip::interpreter(make())).as_ref()
 }
 
 fn python_backend() -> Option<&'static WasmInterpreter> {
@@ -242,10 +231,8 @@ fn python_prefers_wasm_over_the_container_unless_pinned() {
 fn warm_instances_serve_requests_and_are_replaced_at_once() {
     let Some(py) = python_backend() else { return };
     assert_eq!(py.warm_idle(), 2, "warm_up started the pool");
-    let until = Instant::now() + Duration::from_secs(60);
-    while py.warm_ready() < 2 && Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    // `prepare` waits for one ready instance; the pool's second says nothing.
+    wait_until(Duration::from_secs(60), || py.warm_ready() >= 2);
     assert_eq!(py.warm_ready(), 2, "both instances finished start-up and wait for code");
     let r = run(py, python("print(6 * 7)"));
     assert_eq!(r.output, Some(json!(42)));
@@ -357,15 +344,12 @@ fn a_run_that_cannot_get_a_slot_in_time_is_busy_naming_its_backend() {
     let wasm = WasmGuest::on_engine(engine.clone());
     let py = WasmInterpreter::on_engine(engine.clone(), InterpreterConfig::default().warm_pool(0));
     py.warm_up().unwrap();
-    let tool = include_bytes!("../guests/prebuilt/wasi_tool.wasm").to_vec();
+    let tool = include_bytes!("../../guests/prebuilt/wasi_tool.wasm").to_vec();
     wasm.precompile(&tool).unwrap();
     let sleeper = ExecRequest::wasm(tool).arg("sleep").arg("2000");
     std::thread::scope(|s| {
         let slept = s.spawn(|| Executor::run_on(&wasm, sleeper).unwrap());
-        let until = Instant::now() + Duration::from_secs(30);
-        while engine.slots_in_use() == 0 && Instant::now() < until {
-            std::thread::sleep(Duration::from_millis(2));
-        }
+        wait_until(Duration::from_secs(30), || engine.slots_in_use() > 0);
         let short = python("print(1)").policy(SandboxPolicy::strict().timeout(Duration::from_millis(100)));
         let err = Executor::run_on(&py, short).unwrap_err();
         assert!(matches!(&err, execbox::ExecError::Busy { backend, .. } if backend == "python-wasm"), "{err:?}");
@@ -386,10 +370,7 @@ fn interpreter_runs_without_a_policy_timeout_get_the_default() {
     let qjs = WasmInterpreter::on_engine(engine, InterpreterConfig::default().kind(Interpreter::QuickJs));
     py.warm_up().unwrap();
     qjs.warm_up().unwrap();
-    let until = Instant::now() + Duration::from_secs(60);
-    while py.warm_ready() < 1 && Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    py.prepare(Duration::from_secs(60));
     let mut unbounded = SandboxPolicy::strict();
     unbounded.timeout_ms = None;
     let cases = [

@@ -7,71 +7,19 @@
 //! `EXECBOX_REQUIRE_INTERPRETERS=1` makes that a failure.
 #![cfg(feature = "wasm")]
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use crate::common;
+
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use execbox::backends::{Interpreter, InterpreterConfig, WasmEngine, WasmGuest, WasmGuestConfig, WasmInterpreter};
-use execbox::tools::{ToolCallOutcome, ToolCallRecord, ToolError, ToolErrorKind, ToolLimits, ToolRegistry, ToolSpec};
-use execbox::{
-    Backend, ExecRequest, ExecResult, Executor, Language, Outcome, SandboxPolicy, SessionConfig, SessionSpec, Sessions,
+use common::tools::{
+    ERROR_GRANTS, PYTHON_ERRORS, PYTHON_ROUND_TRIP, Probe, assert_error_ledger, assert_python_round_trip,
+    assert_session_cells_call_tools, granting, outcomes, python_errors_output, registry, sha256, source, with_limits,
 };
+use execbox::backends::{Interpreter, InterpreterConfig, WasmEngine, WasmGuest, WasmGuestConfig, WasmInterpreter};
+use execbox::tools::{ToolCallOutcome, ToolErrorKind, ToolLimits};
+use execbox::{Backend, ExecRequest, ExecResult, Executor, Language, Outcome, SessionConfig, SessionSpec, Sessions};
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
-
-/// Counts the calls of `slow.sleep` that started and those whose future was
-/// dropped (a call cancelled when its run ended, or timed out).
-#[derive(Default)]
-struct Probe {
-    started: AtomicUsize,
-    ended: AtomicUsize,
-}
-
-struct Ended(Arc<Probe>);
-
-impl Drop for Ended {
-    fn drop(&mut self) {
-        self.0.ended.fetch_add(1, Ordering::SeqCst);
-    }
-}
-
-impl Probe {
-    /// Waits (at most 5 s) until every `slow.sleep` that started has ended.
-    fn assert_nothing_running(&self) {
-        let until = Instant::now() + Duration::from_secs(5);
-        while self.ended.load(Ordering::SeqCst) < self.started.load(Ordering::SeqCst) && Instant::now() < until {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let (started, ended) = (self.started.load(Ordering::SeqCst), self.ended.load(Ordering::SeqCst));
-        assert!(started > 0, "the hanging tool ran");
-        assert_eq!(started, ended, "a tool call outlived its run");
-    }
-}
-
-fn registry(probe: &Arc<Probe>) -> ToolRegistry {
-    let probe = probe.clone();
-    ToolRegistry::builder()
-        .tool(ToolSpec::new("math.add").description("a + b".to_string()), |args: Value| async move {
-            Ok(json!(args["a"].as_i64().unwrap_or(0) + args["b"].as_i64().unwrap_or(0)))
-        })
-        .tool(ToolSpec::new("echo.args"), |args: Value| async move { Ok(args) })
-        .tool(ToolSpec::new("fail.always"), |_: Value| async {
-            Err(ToolError::failed("fail.always", "it always fails"))
-        })
-        .tool(ToolSpec::new("bad.panic"), |_: Value| async { panic!("a tool that panics") })
-        .tool(ToolSpec::new("big.blob"), |_: Value| async { Ok(json!("x".repeat(100 << 20))) })
-        .tool(ToolSpec::new("slow.sleep"), move |_: Value| {
-            let probe = probe.clone();
-            async move {
-                probe.started.fetch_add(1, Ordering::SeqCst);
-                let _ended = Ended(probe);
-                tokio::time::sleep(Duration::from_secs(3600)).await;
-                Ok(Value::Null)
-            }
-        })
-        .build()
-        .unwrap()
-}
 
 /// The engine every backend here shares.
 fn engine() -> Arc<WasmEngine> {
@@ -79,21 +27,10 @@ fn engine() -> Arc<WasmEngine> {
     ENGINE.get_or_init(|| WasmEngine::new(WasmGuestConfig::default().pooled_instances(48)).expect("engine")).clone()
 }
 
-/// `make()`'s backend if its interpreter is installed (skips, or fails
-/// with `EXECBOX_REQUIRE_INTERPRETERS`, otherwise).
+/// `cfg`'s interpreter on the shared engine, warmed up, if it is installed
+/// (skips, or fails with `EXECBOX_REQUIRE_INTERPRETERS`, otherwise).
 fn interpreter(cfg: InterpreterConfig) -> Option<WasmInterpreter> {
-    let backend = WasmInterpreter::on_engine(engine(), cfg);
-    match backend.availability() {
-        Ok(()) => {
-            backend.warm_up().expect("the interpreter loads");
-            Some(backend)
-        }
-        Err(reason) => {
-            assert!(std::env::var_os("EXECBOX_REQUIRE_INTERPRETERS").is_none(), "required but {reason}");
-            eprintln!("skipping: {reason}");
-            None
-        }
-    }
+    common::skip::interpreter(WasmInterpreter::on_engine(engine(), cfg))
 }
 
 /// Python on a warm instance (its pool of one ready before each run) and on
@@ -127,53 +64,12 @@ impl Pythons {
 }
 
 fn python(code: &str, grants: &[&str]) -> ExecRequest {
-    let mut policy = SandboxPolicy::strict().timeout(Duration::from_secs(30));
-    if !grants.is_empty() {
-        policy = policy.tools(grants.iter().copied());
-    }
-    ExecRequest::source(Language::Python, code).policy(policy)
+    source(Language::Python, code, Duration::from_secs(30), grants)
 }
 
 fn javascript(code: &str, grants: &[&str]) -> ExecRequest {
-    let mut policy = SandboxPolicy::strict().timeout(Duration::from_secs(30));
-    if !grants.is_empty() {
-        policy = policy.tools(grants.iter().copied());
-    }
-    ExecRequest::source(Language::JavaScript, code).policy(policy)
+    source(Language::JavaScript, code, Duration::from_secs(30), grants)
 }
-
-fn with_limits(request: ExecRequest, f: impl FnOnce(SandboxPolicy) -> SandboxPolicy) -> ExecRequest {
-    let policy = f(request.policy.clone());
-    request.policy(policy)
-}
-
-fn sha256(args: &Value) -> String {
-    format!("{:x}", Sha256::digest(serde_json::to_vec(args).unwrap()))
-}
-
-fn outcomes(ledger: &[ToolCallRecord]) -> Vec<(String, ToolCallOutcome, Option<ToolErrorKind>)> {
-    ledger.iter().map(|r| (r.tool.clone(), r.outcome, r.error)).collect()
-}
-
-/// What every carrier's error scenario leaves in the ledger (see the codes).
-fn assert_error_ledger(label: &str, ledger: &[ToolCallRecord]) {
-    use ToolCallOutcome::*;
-    use ToolErrorKind::*;
-    let expected = [
-        ("fail.always", Error, Some(Failed)),
-        ("slow.sleep", Refused, Some(NotGranted)),
-        ("math.nope", Refused, Some(NotFound)),
-        ("bad.panic", Error, Some(Failed)),
-        ("echo.args", Refused, Some(InvalidArguments)),
-        ("echo.args", Refused, Some(InvalidArguments)),
-        ("math.add", Ok, None),
-    ];
-    let expected: Vec<_> = expected.iter().map(|(t, o, k)| (t.to_string(), *o, *k)).collect();
-    assert_eq!(outcomes(ledger), expected, "{label}");
-    assert!(ledger[5].bytes_in > 1_000_000, "{label}: the long call's size is counted: {:?}", ledger[5]);
-}
-
-const ERROR_GRANTS: &[&str] = &["math.*", "echo.*", "fail.*", "bad.*"];
 
 // ---- CPython-in-wasm ----------------------------------------------------------
 
@@ -181,41 +77,8 @@ const ERROR_GRANTS: &[&str] = &["math.*", "echo.*", "fail.*", "bad.*"];
 fn python_round_trip_with_every_form_of_the_api_and_the_ledger() {
     let probe = Arc::new(Probe::default());
     let Some(py) = Pythons::new(&probe) else { return };
-    let code = "\
-import json, tools
-from tools.math import add
-import tools.echo
-print(json.dumps({
-    'add': add(a=2, b=3),
-    'positional': tools.math.add({'a': 1}, b=1),
-    'call': tools.call('math.add', {'a': 5, 'b': 5}),
-    'echo': tools.echo.args(x=[1, 'é', None]),
-    'list': tools.list(),
-    'describe': tools.describe('math.add')['description'],
-    'error_class': [tools.ToolError.__module__, issubclass(tools.ToolError, Exception)],
-    'input': input,
-}))";
-    for (label, r) in py.run(python(code, &["math.*", "echo.args"]).input(json!({"n": 1}))) {
-        assert_eq!(r.outcome, Outcome::Ok, "{label}: {r:?}");
-        assert_eq!(
-            r.output,
-            Some(json!({
-                "add": 5, "positional": 2, "call": 10, "echo": {"x": [1, "é", null]},
-                "list": ["echo.args", "math.add"], "describe": "a + b",
-                "error_class": ["tools", true], "input": {"n": 1},
-            })),
-            "{label}: {r:?}"
-        );
-        // The built-ins are not ledgered; each call is, with its arguments' hash.
-        let tools: Vec<&str> = r.tool_calls.iter().map(|c| c.tool.as_str()).collect();
-        assert_eq!(tools, ["math.add", "math.add", "math.add", "echo.args"], "{label}");
-        let first = &r.tool_calls[0];
-        assert_eq!(first.outcome, ToolCallOutcome::Ok);
-        assert_eq!(first.args_sha256, sha256(&json!({"a": 2, "b": 3})));
-        assert_eq!(
-            (first.bytes_in, first.bytes_out),
-            (serde_json::to_vec(&json!({"a": 2, "b": 3})).unwrap().len() as u64, 1)
-        );
+    for (label, r) in py.run(python(PYTHON_ROUND_TRIP, &["math.*", "echo.args"]).input(json!({"n": 1}))) {
+        assert_python_round_trip(label, &r);
     }
 }
 
@@ -223,33 +86,9 @@ print(json.dumps({
 fn python_errors_are_tool_errors_the_code_catches() {
     let probe = Arc::new(Probe::default());
     let Some(py) = Pythons::new(&probe) else { return };
-    let code = "\
-import json, tools
-seen = []
-for name, args in [('fail.always', {}), ('slow.sleep', {}), ('math.nope', {}), ('bad.panic', {}),
-                   ('echo.args', {'s': 'x' * 100000}), ('echo.args', {'s': 'x' * 1000000})]:
-    try:
-        tools.call(name, args)
-        seen.append('ok')
-    except tools.ToolError as e:
-        seen.append([e.tool, e.kind])
-try:
-    tools.call('echo.args', {'x': float('nan')})
-except tools.ToolError as e:
-    seen.append(['local', e.kind])
-print(json.dumps({'seen': seen, 'after': tools.math.add(a=1, b=1)}))";
-    for (label, r) in py.run(python(code, ERROR_GRANTS)) {
+    for (label, r) in py.run(python(PYTHON_ERRORS, ERROR_GRANTS)) {
         assert_eq!(r.outcome, Outcome::Ok, "{label}: {r:?}");
-        let kinds = json!([
-            ["fail.always", "failed"],
-            ["slow.sleep", "not_granted"],
-            ["math.nope", "not_found"],
-            ["bad.panic", "failed"],
-            ["echo.args", "invalid_arguments"],
-            ["echo.args", "invalid_arguments"],
-            ["local", "invalid_arguments"],
-        ]);
-        assert_eq!(r.output, Some(json!({"seen": kinds, "after": 2})), "{label}: {r:?}");
+        assert_eq!(r.output, Some(python_errors_output()), "{label}: {r:?}");
         assert_error_ledger(label, &r.tool_calls);
     }
 }
@@ -419,28 +258,7 @@ fn a_session_cell_calls_tools_and_a_cell_without_a_grant_cannot() {
     let Some(py) = interpreter(InterpreterConfig::default().warm_pool(1)) else { return };
     let sessions = Sessions::builder().config(SessionConfig::default()).backend(py).tools(registry(&probe)).build();
     sessions.open("s", SessionSpec::new(Language::Python)).unwrap();
-    let r = sessions
-        .execute(
-            "s",
-            cell("import json, tools\ntotal = tools.math.add(a=40, b=2)\nprint(json.dumps(total))", &["math.*"]),
-        )
-        .unwrap();
-    assert_eq!((r.outcome, r.output.clone()), (Outcome::Ok, Some(json!(42))), "{r:?}");
-    assert_eq!(outcomes(&r.tool_calls), [("math.add".into(), ToolCallOutcome::Ok, None)]);
-    // Many calls in one cell, errors caught, and the cell ends with its own status.
-    let code = "\
-import json
-kinds = []
-for i in range(20):
-    total = tools.math.add(a=total, b=1)
-try:
-    tools.fail.always()
-except tools.ToolError as e:
-    kinds.append(e.kind)
-print(json.dumps([total, kinds]))";
-    let r = sessions.execute("s", cell(code, &["math.*", "fail.*"])).unwrap();
-    assert_eq!((r.outcome, r.output.clone()), (Outcome::Ok, Some(json!([62, ["failed"]]))), "{r:?}");
-    assert_eq!(r.tool_calls.len(), 21);
+    assert_session_cells_call_tools(&sessions, "s", cell);
     // A cell without a grant: no module to import, and the one kept in the
     // globals gets not_granted (nothing reaches the tools).
     let code = "\
@@ -473,9 +291,8 @@ fn a_session_closed_mid_call_leaves_the_call_unknown_and_nothing_running() {
     let started = Instant::now();
     let r = std::thread::scope(|s| {
         let cell = s.spawn(|| sessions.execute("k", cell("import tools\ntools.slow.sleep()", &["slow.*"])));
-        while probe.started.load(Ordering::SeqCst) == 0 && started.elapsed() < Duration::from_secs(15) {
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        // Closed once its tool call has started (or 15 s after the cell, as before).
+        probe.wait_started(Duration::from_secs(15).saturating_sub(started.elapsed()));
         assert!(sessions.close("k"));
         cell.join().unwrap()
     })
@@ -612,18 +429,14 @@ fn quickjs_without_a_grant_has_no_tools_global() {
 
 // ---- WASM guests --------------------------------------------------------------
 
-const TOOL_CALLER: &[u8] = include_bytes!("../guests/prebuilt/tool_caller.wasm");
+const TOOL_CALLER: &[u8] = include_bytes!("../../guests/prebuilt/tool_caller.wasm");
 
 fn guest(probe: &Arc<Probe>) -> Executor {
     Executor::builder().backend(WasmGuest::on_engine(engine())).tools(registry(probe)).build()
 }
 
 fn call_guest(name: &str, grants: &[&str]) -> ExecRequest {
-    let mut policy = SandboxPolicy::strict().timeout(Duration::from_secs(30));
-    if !grants.is_empty() {
-        policy = policy.tools(grants.iter().copied());
-    }
-    ExecRequest::wasm(TOOL_CALLER.to_vec()).arg(name).policy(policy)
+    ExecRequest::wasm(TOOL_CALLER.to_vec()).arg(name).policy(granting(Duration::from_secs(30), grants))
 }
 
 /// The answers the guest printed, one per line.
@@ -715,7 +528,7 @@ fn every_wasm_backend_and_python_sessions_declare_the_bridge_enforced() {
         assert!(enforced(&caps.tools.deny), "{:?}", caps.tools);
     }
     // Matching lets a request that grants tools through (a backend that
-    // cannot carry them refuses it naming `tools`, see policy_matrix.rs).
+    // cannot carry them refuses it naming `tools`, see tests/library/policy_matrix.rs).
     let request = python("print(1)", &["math.*"]);
     assert_eq!(execbox::matching::check(py.capabilities(), &request), Ok(()));
 }

@@ -8,41 +8,37 @@
 //! `EXECBOX_REQUIRE_MCP_CLIENT=1` (as in CI), which makes it fail instead.
 #![cfg(all(feature = "serve", feature = "js", feature = "wasm"))]
 
+use crate::common;
+
 use std::path::PathBuf;
 
-fn venv_python() -> PathBuf {
-    let venv = std::env::var_os("EXECBOX_MCP_VENV").map(PathBuf::from).unwrap_or_else(|| {
+use common::skip;
+
+/// `$<variable>`, or `<name>` in execbox's cache dir (`$XDG_CACHE_HOME/execbox`
+/// or `~/.cache/execbox`), where the install scripts put it.
+fn installed(variable: &str, name: &str) -> PathBuf {
+    std::env::var_os(variable).map(PathBuf::from).unwrap_or_else(|| {
         let cache = std::env::var_os("XDG_CACHE_HOME")
             .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache"));
-        cache.join("execbox/mcp-venv")
-    });
-    venv.join("bin/python")
+        cache.join("execbox").join(name)
+    })
+}
+
+fn venv_python() -> PathBuf {
+    installed("EXECBOX_MCP_VENV", "mcp-venv").join("bin/python")
 }
 
 /// The reference upstream's entry point (scripts/install-mcp-upstreams.sh).
 fn everything_server() -> PathBuf {
-    let dir = std::env::var_os("EXECBOX_MCP_UPSTREAMS").map(PathBuf::from).unwrap_or_else(|| {
-        let cache = std::env::var_os("XDG_CACHE_HOME")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache"));
-        cache.join("execbox/mcp-upstreams")
-    });
-    dir.join("node_modules/@modelcontextprotocol/server-everything/dist/index.js")
+    installed("EXECBOX_MCP_UPSTREAMS", "mcp-upstreams")
+        .join("node_modules/@modelcontextprotocol/server-everything/dist/index.js")
 }
 
 /// Whether `needed` exists; without it, skip (or fail when the client is required).
 fn present(needed: &std::path::Path, install: &str) -> bool {
-    if needed.exists() {
-        return true;
-    }
-    assert!(
-        std::env::var("EXECBOX_REQUIRE_MCP_CLIENT").is_err(),
-        "EXECBOX_REQUIRE_MCP_CLIENT is set but {} is missing: run {install}",
-        needed.display()
-    );
-    eprintln!("skipping: {} is missing ({install})", needed.display());
-    false
+    let missing = || format!("{} is missing: run {install}", needed.display());
+    skip::available(skip::MCP_CLIENT, if needed.exists() { Ok(()) } else { Err(missing()) })
 }
 
 /// Runs a client script; it prints "ok" last when every check held.

@@ -2,6 +2,8 @@
 //! guest and filesystem escape, with the exact outcome.
 #![cfg(feature = "wasm")]
 
+use crate::common;
+
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -14,10 +16,10 @@ use serde_json::json;
 
 macro_rules! guest {
     (wat $name:literal) => {
-        include_bytes!(concat!("../guests/wat/", $name, ".wat")).to_vec()
+        include_bytes!(concat!("../../guests/wat/", $name, ".wat")).to_vec()
     };
     (prebuilt $name:literal) => {
-        include_bytes!(concat!("../guests/prebuilt/", $name, ".wasm")).to_vec()
+        include_bytes!(concat!("../../guests/prebuilt/", $name, ".wasm")).to_vec()
     };
 }
 
@@ -478,10 +480,7 @@ fn a_burst_beyond_the_pool_waits_and_only_an_expired_wait_is_busy() {
     wasm.precompile(&guest!(wat "hello")).unwrap();
     std::thread::scope(|s| {
         let sleeper = s.spawn(|| Executor::run_on(&wasm, tool(&["sleep", "1500"])).unwrap());
-        let until = Instant::now() + Duration::from_secs(30);
-        while wasm.engine().slots_in_use() == 0 && Instant::now() < until {
-            std::thread::sleep(Duration::from_millis(2));
-        }
+        common::wait::wait_until(Duration::from_secs(30), || wasm.engine().slots_in_use() > 0);
         assert_eq!(wasm.engine().slots_in_use(), 1, "the sleeper holds the only slot");
         // A run whose deadline passes while it waits is refused, as busy, naming its backend...
         let short = SandboxPolicy::strict().timeout(Duration::from_millis(100));

@@ -1,6 +1,12 @@
 //! The `execbox` CLI contract: JSON fields, outcomes and exit codes.
 
+use crate::common;
+
 use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use common::wait::wait_until;
+use common::{process, procfs};
 
 use serde_json::{Value, json};
 
@@ -143,43 +149,25 @@ fn a_killed_cli_takes_its_js_worker_with_it() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let cli = child.id().to_string();
-    let children_of_cli = || -> Vec<String> {
-        std::fs::read_dir("/proc")
-            .unwrap()
-            .flatten()
-            .filter_map(|e| {
-                let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
-                let fields: Vec<&str> = stat.rsplit(')').next()?.split_whitespace().collect();
-                let environ = std::fs::read(e.path().join("environ")).ok()?;
-                let js_worker = environ.split(|&b| b == 0).any(|v| v == b"EXECBOX_WORKER_ROLE=boa-js");
-                (fields.get(1) == Some(&cli.as_str()) && js_worker)
-                    .then(|| e.file_name().to_string_lossy().into_owned())
-            })
-            .collect()
+    let cli = child.id();
+    let children_of_cli = || -> Vec<u32> {
+        let children = procfs::live_children(cli);
+        children.into_iter().filter(|&pid| procfs::has_env(pid, "EXECBOX_WORKER_ROLE=boa-js")).collect()
     };
-    let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    let mut workers = children_of_cli();
-    while workers.is_empty() && std::time::Instant::now() < until {
-        std::thread::sleep(std::time::Duration::from_millis(20));
-        workers = children_of_cli();
-    }
+    // The worker has no way to say it started: its parent's children are looked at.
+    wait_until(Duration::from_secs(20), || !children_of_cli().is_empty());
+    let workers = children_of_cli();
     assert!(!workers.is_empty(), "the CLI started no worker");
-    // Give the run time to reach its endless native loop.
-    std::thread::sleep(std::time::Duration::from_millis(500));
+    // The run has reached its endless native loop once its worker has spent
+    // 200 ms on a CPU (starting and answering `return 1` takes ~10 ms).
+    wait_until(Duration::from_secs(20), || workers.iter().any(|&w| procfs::cpu_ticks(w) >= 20));
     child.kill().unwrap(); // SIGKILL: nothing in the CLI runs
     child.wait().unwrap();
-    let alive = |pid: &String| {
-        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-            let state = stat.rsplit(')').next().and_then(|r| r.split_whitespace().next()).unwrap_or("?");
-            state != "Z" && state != "X"
-        })
-    };
-    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    while workers.iter().any(alive) && std::time::Instant::now() < until {
-        std::thread::sleep(std::time::Duration::from_millis(20));
+    let until = Instant::now() + Duration::from_secs(5);
+    for &worker in &workers {
+        process::wait_exit(worker, until.saturating_duration_since(Instant::now()));
     }
-    let left: Vec<&String> = workers.iter().filter(|p| alive(p)).collect();
+    let left: Vec<&u32> = workers.iter().filter(|&&p| procfs::alive(p)).collect();
     assert!(left.is_empty(), "workers outlived their killed host: {left:?}");
 }
 
@@ -248,14 +236,10 @@ mod wasm {
 #[cfg(feature = "container")]
 mod containers {
     use super::*;
+    use crate::common::docker;
 
     fn engine_answers() -> bool {
-        let ok = Command::new("docker").arg("info").output().is_ok_and(|o| o.status.success());
-        if !ok {
-            assert!(std::env::var_os("EXECBOX_REQUIRE_CONTAINERS").is_none(), "no engine but one is required");
-            eprintln!("skipping: no container engine answers (docker info failed)");
-        }
-        ok
+        crate::common::skip::engine_answers("docker".as_ref())
     }
 
     #[test]
@@ -272,7 +256,7 @@ mod containers {
                 .unwrap();
             let v = json_out(&out);
             if backend == "python-wasm" && v["error"]["kind"] == "backend_unavailable" {
-                continue; // interpreters not fetched: tests/wasm_interpreters.rs says so
+                continue; // interpreters not fetched: tests/wasm/interpreters.rs says so
             }
             assert_eq!(out.status.code(), Some(0), "{v}");
             assert_eq!(v["backend"], backend);
@@ -360,6 +344,15 @@ mod containers {
         (root, grant, secret)
     }
 
+    /// `code` in Python with `grant` read-write at `/data`, saving its output
+    /// files into the grant's `out/`.
+    fn python_in_grant(grant: &std::path::Path, code: &str) -> Output {
+        let preopen = format!("{}:/data:rw", grant.display());
+        let out_dir = grant.join("out");
+        let args = ["run", "--lang", "python", "--code", code, "--preopen", &preopen, "--output-dir"];
+        execbox(&[&args[..], &[out_dir.to_str().unwrap(), "--json"]].concat())
+    }
+
     #[test]
     fn a_symlink_planted_by_the_program_in_a_grant_is_never_written_through() {
         if !engine_answers() {
@@ -373,20 +366,7 @@ mod containers {
             secret = secret.display().to_string(),
             dir = secret.parent().unwrap().display().to_string(),
         );
-        let preopen = format!("{}:/data:rw", grant.display());
-        let out_dir = grant.join("out");
-        let out = execbox(&[
-            "run",
-            "--lang",
-            "python",
-            "--code",
-            &code,
-            "--preopen",
-            &preopen,
-            "--output-dir",
-            out_dir.to_str().unwrap(),
-            "--json",
-        ]);
+        let out = python_in_grant(&grant, &code);
         // The program ran: its result is printed, the failed save goes to
         // stderr, and the exit code is 1 (not 2, "nothing ran").
         let v = json_out(&out);
@@ -412,20 +392,7 @@ mod containers {
              open('/work/out/secret.txt', 'w').write('pwned')\n",
             dir = secret.parent().unwrap().display().to_string(),
         );
-        let preopen = format!("{}:/data:rw", grant.display());
-        let out_dir = grant.join("out");
-        let out = execbox(&[
-            "run",
-            "--lang",
-            "python",
-            "--code",
-            &code,
-            "--preopen",
-            &preopen,
-            "--output-dir",
-            out_dir.to_str().unwrap(),
-            "--json",
-        ]);
+        let out = python_in_grant(&grant, &code);
         assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stdout));
         assert_eq!(std::fs::read_to_string(&secret).unwrap(), "precious", "the save followed the swapped-in link");
         assert_eq!(
@@ -451,38 +418,8 @@ mod containers {
         assert_eq!(std::fs::read_to_string(&secret).unwrap(), "precious");
     }
 
-    /// `<pid>.<start time>`: the owner token a running execbox process puts
-    /// on its containers and temp dirs.
-    fn token_of(pid: u32) -> String {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-        let start = stat[stat.rfind(')').unwrap() + 1..].split_whitespace().nth(19).unwrap().to_string();
-        format!("{pid}.{start}")
-    }
-
-    fn containers_of(token: &str, all: bool) -> Vec<String> {
-        let filter = format!("label=execbox.owner={token}");
-        let mut command = Command::new("docker");
-        command.args(["ps", "--quiet", "--filter", &filter]);
-        if all {
-            command.arg("--all");
-        }
-        String::from_utf8_lossy(&command.output().unwrap().stdout).lines().map(str::to_string).collect()
-    }
-
     fn temp_dirs_in(dir: &std::path::Path) -> Vec<String> {
         std::fs::read_dir(dir).unwrap().filter_map(|e| e.ok()?.file_name().into_string().ok()).collect()
-    }
-
-    /// Polls `done` every 100 ms until it holds or `bound` passes; whether it held.
-    fn within(bound: std::time::Duration, mut done: impl FnMut() -> bool) -> bool {
-        let started = std::time::Instant::now();
-        while started.elapsed() < bound {
-            if done() {
-                return true;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(100));
-        }
-        done()
     }
 
     /// Starts `execbox run` of an endless shell loop with its temp dir in
@@ -495,9 +432,9 @@ mod containers {
             .stdout(std::process::Stdio::null())
             .spawn()
             .unwrap();
-        let token = token_of(child.id());
-        let started = within(std::time::Duration::from_secs(30), || !containers_of(&token, false).is_empty());
-        if !started {
+        let token = procfs::owner_token(child.id());
+        let started = docker::Events::new(&[&docker::owned_by(&token), "event=start"]);
+        if started.next_before(Instant::now() + Duration::from_secs(30)).is_none() {
             drop(child.kill());
             panic!("the container never started");
         }
@@ -517,9 +454,10 @@ mod containers {
         child.kill().unwrap(); // SIGKILL: no handler runs
         child.wait().unwrap();
         // The deadline started before the kill: this bound is generous.
-        let gone = within(deadline + KILL_GRACE, || containers_of(&token, true).is_empty());
-        assert!(gone, "container of a SIGKILLed host still there: {:?}", containers_of(&token, true));
-        let cleaned = within(deadline + KILL_GRACE, || temp_dirs_in(tmp.path()).is_empty());
+        let gone = docker::wait_gone(&docker::owned_by(&token), deadline + KILL_GRACE);
+        assert!(gone, "container of a SIGKILLed host still there: {:?}", docker::owned(&token, true));
+        // Nothing announces a removed directory: it is looked for.
+        let cleaned = wait_until(deadline + KILL_GRACE, || temp_dirs_in(tmp.path()).is_empty());
         assert!(cleaned, "temp dirs of a SIGKILLed host still there: {:?}", temp_dirs_in(tmp.path()));
     }
 
@@ -535,7 +473,7 @@ mod containers {
         let out = child.wait_with_output().unwrap();
         assert_eq!(out.status.code(), Some(128 + 15));
         // Cleaned up before it exited: nothing to wait for.
-        assert_eq!(containers_of(&token, true), Vec::<String>::new());
+        assert_eq!(docker::owned(&token, true), Vec::<String>::new());
         assert_eq!(temp_dirs_in(tmp.path()), Vec::<String>::new());
     }
 

@@ -1,5 +1,7 @@
 //! The boa JavaScript backend: request semantics, limits, hostile code.
 
+use crate::common;
+
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -340,10 +342,7 @@ fn dropping_the_backend_ends_its_threads() {
     assert_eq!(timed_out.outcome, Outcome::TimedOut);
     assert!(gauge.live() >= 1);
     drop(exec);
-    let start = Instant::now();
-    while gauge.live() > 0 && start.elapsed() < Duration::from_secs(10) {
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    common::wait::wait_until(Duration::from_secs(10), || gauge.live() == 0);
     assert_eq!(gauge.live(), 0, "worker threads outlived the backend");
 }
 
@@ -443,6 +442,7 @@ mod code_mode {
             })
             .tool(ToolSpec::new("fail.always"), |_: Value| async { Err(ToolError::failed("fail.always", "nope")) })
             .tool(ToolSpec::new("slow.sleep"), |args: Value| async move {
+                // The subject: a tool that takes `ms` to answer.
                 tokio::time::sleep(Duration::from_millis(args["ms"].as_u64().unwrap_or(0))).await;
                 Ok(json!("slept"))
             })

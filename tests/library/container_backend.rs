@@ -7,10 +7,14 @@
 //! `scripts/build-images.sh`.
 #![cfg(feature = "container")]
 
+use crate::common;
+
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::programs::FLOOD_WORK_OUT;
+use common::{docker, process};
 use execbox::backends::container::{ContainerConfig, KILL_GRACE, RustConfig};
 use execbox::backends::{Container, WasmGuest};
 use execbox::{
@@ -26,39 +30,17 @@ fn backend(label: &str) -> Option<Container> {
 }
 
 fn backend_with(label: &str, cfg: ContainerConfig) -> Option<Container> {
-    let engine = cfg.engine.clone();
-    let answers = Command::new(&engine).arg("info").output().is_ok_and(|o| o.status.success());
-    if !answers {
-        assert!(
-            std::env::var_os("EXECBOX_REQUIRE_CONTAINERS").is_none(),
-            "EXECBOX_REQUIRE_CONTAINERS is set but {} does not answer",
-            engine.display()
-        );
-        eprintln!("skipping: no container engine answers ({} info failed)", engine.display());
-        return None;
-    }
-    let mut cfg = cfg;
-    cfg.extra_run_args.push(format!("--label=execbox.test={label}"));
-    let container = Container::new(cfg).expect("config");
-    if let Err(reason) = container.availability() {
-        panic!("an engine answers but the backend is unavailable: {reason}");
-    }
-    Some(container)
+    common::skip::labelled_container(label, cfg)
 }
 
 /// Containers (running or not) carrying this test's label.
 fn leftovers(label: &str) -> Vec<String> {
-    docker_ps(&["--all", "--filter", &format!("label=execbox.test={label}")])
+    docker::ps(&["--all", "--filter", &docker::test_label(label)])
 }
 
 /// Running containers carrying this test's label.
 fn running(label: &str) -> Vec<String> {
-    docker_ps(&["--filter", &format!("label=execbox.test={label}")])
-}
-
-fn docker_ps(filters: &[&str]) -> Vec<String> {
-    let out = Command::new("docker").args(["ps", "--quiet"]).args(filters).output().expect("docker ps");
-    String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect()
+    docker::ps(&["--filter", &docker::test_label(label)])
 }
 
 /// What `execute` may take past the deadline and its grace: spawning, joining
@@ -284,18 +266,9 @@ for sig in (signal.SIGSTOP, signal.SIGKILL):
 while True: pass
 ";
     std::io::Write::write_all(&mut child.stdin.take().unwrap(), code.as_bytes()).unwrap();
-    let started = Instant::now();
     // The timer fires `stop_after` after the container started; starting may take a few seconds here.
     let bound = spec.stop_after + Duration::from_secs(10);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break Some(status);
-        }
-        if started.elapsed() > bound {
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = process::wait_child(&mut child, bound);
     let mut out = String::new();
     drop(std::io::Read::read_to_string(&mut child.stdout.take().unwrap(), &mut out));
     drop(Command::new("docker").args(["rm", "--force", &spec.name]).output());
@@ -593,22 +566,7 @@ for i in range(50):
 #[test]
 fn a_run_that_floods_work_out_is_stopped_by_the_kernel() {
     let Some(c) = backend("outflood") else { return };
-    let code = "\
-import os
-n = 0
-try:
-    while True:
-        open('/work/out/f%07d' % n, 'w').close()
-        n += 1
-except OSError as e:
-    print('files', n, e.errno)
-try:
-    with open('/work/out/big', 'wb') as f:
-        while True:
-            f.write(b'x' * (1 << 20))
-except OSError as e:
-    print('bytes', e.errno)
-";
+    let code = FLOOD_WORK_OUT;
     let limit = Duration::from_secs(10);
     let started = Instant::now();
     let r = run(&c, python(code).policy(SandboxPolicy::strict().timeout(limit)).collect_output_files());

@@ -1,0 +1,14 @@
+//! The wasm backends in one test binary (one link of wasmtime and boa
+//! instead of three): raw guests on `wasm` (`backend`), CPython and QuickJS
+//! in wasm (`interpreters`), and Code Mode on all of them (`code_mode`).
+//!
+//! The wasm tests that count this process's threads, descriptors or temp
+//! dirs, or change its environment, have binaries of their own
+//! (`wasm_ticker`, `wasm_warm_pool`, `wasm_soak`).
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod backend;
+mod code_mode;
+mod interpreters;
