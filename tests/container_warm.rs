@@ -6,63 +6,39 @@
 //!
 //! Skips (printing why) when no engine answers; with
 //! `EXECBOX_REQUIRE_CONTAINERS=1` (set by `.ci/run`) it fails instead.
+//!
+//! Its own binary: one test re-runs it as a host to kill, and a
+//! `Container::shutdown` elsewhere in the process would remove every warm
+//! container's staging directory (shutdown is for a host about to exit).
 #![cfg(feature = "container")]
+
+mod common;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::docker::{ps, test_label};
+use common::skip::labelled_container;
+use common::wait::wait_until;
 use execbox::backends::Container;
 use execbox::backends::container::{ContainerConfig, KILL_GRACE};
 use execbox::{Backend, ExecFile, ExecRequest, ExecResult, Executor, Language, Outcome, SandboxPolicy};
 use serde_json::json;
 
-/// A backend with a warm pool of `size`, its containers labelled for this test.
+/// A backend with a warm pool of `size`, its containers labelled for this
+/// test (`None`: no engine, skipped).
 fn warm_backend(label: &str, size: usize) -> Option<Container> {
-    let answers = Command::new("docker").arg("info").output().is_ok_and(|o| o.status.success());
-    if !answers {
-        assert!(
-            std::env::var_os("EXECBOX_REQUIRE_CONTAINERS").is_none(),
-            "EXECBOX_REQUIRE_CONTAINERS is set but docker does not answer"
-        );
-        eprintln!("skipping: no container engine answers (docker info failed)");
-        return None;
-    }
-    let cfg =
-        ContainerConfig::default().warm_containers(size).extra_run_args(vec![format!("--label=execbox.test={label}")]);
-    let container = Container::new(cfg).expect("config");
-    container.availability().expect("an engine answers but the backend is unavailable");
-    Some(container)
+    labelled_container(label, ContainerConfig::default().warm_containers(size))
 }
 
 /// Running containers carrying this test's label.
 fn running(label: &str) -> Vec<String> {
-    let out = Command::new("docker")
-        .args(["ps", "--quiet", "--filter", &format!("label=execbox.test={label}")])
-        .output()
-        .expect("docker ps");
-    String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect()
+    ps(&["--filter", &test_label(label)])
 }
 
 /// Containers (running or not) carrying this test's label.
 fn leftovers(label: &str) -> Vec<String> {
-    let out = Command::new("docker")
-        .args(["ps", "--all", "--quiet", "--filter", &format!("label=execbox.test={label}")])
-        .output()
-        .expect("docker ps");
-    String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect()
-}
-
-/// Polls `done` until it holds or `limit` passes: used only where no event
-/// can be waited on (the engine's state, the pool's fill).
-fn wait_until(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
-    let until = Instant::now() + limit;
-    while Instant::now() < until {
-        if done() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    done()
+    ps(&["--all", "--filter", &test_label(label)])
 }
 
 /// Starts the plain pool and waits until `n` containers are ready.
