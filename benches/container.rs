@@ -126,7 +126,7 @@ fn bench(c: &mut Criterion) {
 }
 
 /// One run through a warm pool: each sample waits (untimed) until the pool
-/// has a container ready, then times the run that takes it. Sustained rates
+/// is full again (no start in flight), then times the run that takes one. Sustained rates
 /// above the pool's refill (a container start each, ~0.3 s, two at once)
 /// fall back to cold starts: that is `python_print_execbox`.
 fn bench_warm(c: &mut Criterion) {
@@ -154,7 +154,7 @@ fn bench_warm(c: &mut Criterion) {
         }
         let ready = || {
             let until = std::time::Instant::now() + Duration::from_secs(60);
-            while warm.readiness().is_none_or(|r| r.ready == 0) {
+            while warm.readiness().is_none_or(|r| r.ready < r.target) {
                 assert!(std::time::Instant::now() < until, "the warm pool does not fill");
                 std::thread::sleep(Duration::from_millis(5));
             }
