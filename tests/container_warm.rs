@@ -447,3 +447,74 @@ fn a_taken_container_is_younger_than_its_lifetime() {
     drop(c);
     assert!(wait_until(Duration::from_secs(20), || leftovers(label).is_empty()), "{:?}", leftovers(label));
 }
+
+/// The engine's record of a container's flags (all but its name, staging
+/// path and command), one line per field.
+fn flags(name: &str) -> Vec<String> {
+    let format = "{{json .HostConfig.Memory}}\n{{json .HostConfig.MemorySwap}}\n{{json .HostConfig.PidsLimit}}\n\
+                  {{json .HostConfig.NanoCpus}}\n{{json .HostConfig.ReadonlyRootfs}}\n{{json .HostConfig.NetworkMode}}\n\
+                  {{json .HostConfig.CapDrop}}\n{{json .HostConfig.CapAdd}}\n{{json .HostConfig.SecurityOpt}}\n\
+                  {{json .HostConfig.IpcMode}}\n{{json .HostConfig.Tmpfs}}\n{{json .HostConfig.Binds}}\n\
+                  {{range .HostConfig.Mounts}}{{.Type}} {{.Target}} {{.ReadOnly}};{{end}}\n{{json .Config.User}}\n\
+                  {{json .Config.Env}}\n{{json .HostConfig.Privileged}}\n{{json .Config.Image}}\n\
+                  {{json .Config.WorkingDir}}\n{{json .HostConfig.LogConfig.Type}}";
+    let out = Command::new("docker").args(["inspect", "--format", format, name]).output().expect("docker inspect");
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect()
+}
+
+/// Whether the container runs the warm end-record wrapper.
+fn is_warm(name: &str) -> bool {
+    let out = Command::new("docker").args(["inspect", "--format", "{{json .Config.Cmd}}", name]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).contains("execbox-end")
+}
+
+#[test]
+fn a_warm_container_has_the_flags_its_cold_run_would_have() {
+    let label = "warm-flags";
+    let Some(c) = warm_backend(label, 1) else { return };
+    for collect in [false, true] {
+        let mut request = python("import time\ntime.sleep(30)").policy(SandboxPolicy::strict().memory_bytes(200 << 20));
+        if collect {
+            request = request.collect_output_files();
+        }
+        // The first run of this pool is cold (an argument keeps it so)
+        // and starts the pool: compare the two while both live.
+        let before = running(label);
+        let cold = std::thread::scope(|scope| {
+            let cold_run = request
+                .clone()
+                .arg("cold")
+                .policy(SandboxPolicy::strict().memory_bytes(200 << 20).timeout(Duration::from_secs(20)));
+            let handle = scope.spawn(|| Executor::run_on(&c, cold_run));
+            assert!(wait_until(Duration::from_secs(30), || running(label).len() > before.len()));
+            let started = running(label).into_iter().find(|id| !before.contains(id)).unwrap();
+            let cold = flags(&started);
+            // Starts the pool of this key (a run that fits it), then waits
+            // for its container.
+            let _ = Executor::run_on(
+                &c,
+                request
+                    .clone()
+                    .policy(SandboxPolicy::strict().memory_bytes(200 << 20).timeout(Duration::from_millis(100))),
+            );
+            let new_warm = || running(label).into_iter().find(|id| !before.contains(id) && is_warm(id));
+            assert!(wait_until(Duration::from_secs(60), || new_warm().is_some()), "no warm container started");
+            let warm_id = new_warm().unwrap();
+            let warm = flags(&warm_id);
+            Command::new("docker").args(["kill", &started]).output().unwrap();
+            drop(handle.join());
+            (cold, warm)
+        });
+        let (mut cold, warm) = cold;
+        // The one difference: without /work/out, one process more for the
+        // end-record wrapper (so the program has as many as cold).
+        if !collect {
+            let pids: u64 = cold[2].parse().unwrap();
+            cold[2] = (pids + 1).to_string();
+        }
+        assert_eq!(cold, warm, "collect={collect}: cold (left) and warm flags differ");
+    }
+    drop(c);
+    assert!(wait_until(Duration::from_secs(20), || leftovers(label).is_empty()), "{:?}", leftovers(label));
+}
