@@ -324,3 +324,209 @@ fn warm_and_cold_runs_end_the_same_way() {
     drop(cold);
     assert!(wait_until(Duration::from_secs(20), || leftovers(label).is_empty()), "{:?}", leftovers(label));
 }
+
+/// Python finding its wrapper's end-record nonce and defining `rec(code)`,
+/// the record with that code (as a program attacking its own run would).
+const FORGER: &str = "\
+import os, sys, time
+for pid in os.listdir('/proc'):
+    try:
+        argv = open(f'/proc/{pid}/cmdline', 'rb').read().split(b'\\0')
+    except OSError:
+        continue
+    if b'execbox-end' in argv:
+        nonce = argv[argv.index(b'execbox-end') + 1].decode()
+def rec(code):
+    return f'\\0execbox:{nonce}:Z{code}\\n'.encode()
+";
+
+#[test]
+fn a_forged_end_record_never_makes_an_engine_error_or_a_foreign_exit_code() {
+    let label = "warm-forged-codes";
+    let Some(c) = warm_backend(label, 1) else { return };
+    let policy = SandboxPolicy::strict().timeout(Duration::from_secs(20));
+    let forged = |code: &str| {
+        fill(&c, 1);
+        let r = Executor::run_on(&c, python(&format!("{FORGER}{code}")).policy(policy.clone()));
+        r.unwrap_or_else(|e| panic!("{code}: the program's own run ended as an error: {e}"))
+    };
+    // A forged code the daemon must explain (125-127, 137) then waits for
+    // the engine: the wrapper's real record and the program's output that
+    // follow must not cost the CLI a SIGPIPE (which read as "the docker CLI
+    // was killed by a signal", an internal error).
+    let r = forged("os.write(1, rec('125')); os.write(2, rec('125'))\ntime.sleep(0.5)\n");
+    assert_eq!((r.outcome, r.exit_code), (Outcome::Ok, Some(0)), "{r:?}");
+    let r = forged("os.write(1, rec('137')); os.write(2, rec('137'))\nsys.stdout.write('x' * (2 << 20))\n");
+    assert_eq!((r.outcome, r.exit_code), (Outcome::Ok, Some(0)), "{r:?}");
+    assert!(r.stdout.bytes.is_empty(), "nothing after the end record is output: {r:?}");
+    // A record on one stream only: the run ends with the program's code,
+    // not the CLI's (which exited 1 on a closed stdout).
+    let r = forged("os.write(1, rec('000'))\nsys.stderr.write('y' * 100000)\nraise SystemExit(3)\n");
+    assert_eq!((r.outcome, r.exit_code), (Outcome::Failed, Some(3)), "{r:?}");
+    // No exit status is over 255: such a "record" is the program's text.
+    let r = forged("os.write(1, rec('999')); os.write(2, rec('999'))\ntime.sleep(0.2)\nraise SystemExit(5)\n");
+    assert_eq!((r.outcome, r.exit_code), (Outcome::Failed, Some(5)), "{r:?}");
+    assert!(r.stdout.text().contains(":Z999"), "{r:?}");
+    drop(c);
+    assert!(wait_until(Duration::from_secs(20), || leftovers(label).is_empty()), "{:?}", leftovers(label));
+}
+
+#[test]
+fn a_warm_run_may_start_as_many_processes_as_a_cold_one() {
+    let label = "warm-pids";
+    let Some(c) = warm_backend(label, 1) else { return };
+    let code = format!(
+        "{CONTAINER_AGE}import subprocess\ntry:\n    subprocess.run(['/bin/true'])\n    print('spawned')\n\
+         except OSError:\n    print('refused')"
+    );
+    for (pids, expect) in [(2, "refused"), (3, "spawned")] {
+        let request = python(&code).policy(SandboxPolicy::strict().max_processes(pids));
+        // The first run of this process cap is cold and starts its pool.
+        let cold = run(&c, request.clone());
+        assert_eq!(cold.outcome, Outcome::Ok, "{cold:?}");
+        assert_eq!(cold.stdout.text().lines().nth(1), Some(expect), "cold, --pids-limit={pids}: {cold:?}");
+        assert!(
+            wait_until(Duration::from_secs(60), || c.readiness().is_some_and(|r| r.ready >= 1)),
+            "no warm container starts under --pids-limit={pids}: {:?}",
+            c.readiness()
+        );
+        // Not synchronisation: the container must be visibly older than a run.
+        std::thread::sleep(Duration::from_millis(800));
+        let warm = run(&c, request);
+        assert_eq!(warm.outcome, Outcome::Ok, "{warm:?}");
+        let warm_age: f64 = warm.stdout.text().lines().next().and_then(|l| l.parse().ok()).unwrap_or(0.0);
+        assert!(warm_age >= 0.5, "not warm: {warm:?}");
+        assert_eq!(warm.stdout.text().lines().nth(1), Some(expect), "warm, --pids-limit={pids}: {warm:?}");
+    }
+    drop(c);
+    assert!(wait_until(Duration::from_secs(20), || leftovers(label).is_empty()), "{:?}", leftovers(label));
+}
+
+#[test]
+fn a_warm_run_refuses_the_files_a_cold_one_refuses() {
+    let label = "warm-staging";
+    let Some(c) = warm_backend(label, 1) else { return };
+    for request in [
+        // A file where the JSON input goes.
+        python("print(open('/work/input.json').read())")
+            .input(json!({"n": 1}))
+            .input_file(ExecFile::new("input.json", b"forged".to_vec())),
+        // Two files of one name.
+        python("print(open('/work/a.txt').read())")
+            .input_file(ExecFile::new("a.txt", b"one".to_vec()))
+            .input_file(ExecFile::new("a.txt", b"two".to_vec())),
+    ] {
+        fill(&c, 1);
+        let r = Executor::run_on(&c, request);
+        assert!(matches!(r, Err(execbox::ExecError::InvalidRequest(_))), "refused cold, but warm: {r:?}");
+    }
+    drop(c);
+    assert!(wait_until(Duration::from_secs(20), || leftovers(label).is_empty()), "{:?}", leftovers(label));
+}
+
+#[test]
+fn a_taken_container_is_younger_than_its_lifetime() {
+    // Its in-container timer (warm_lifetime + the default timeout + 2 s)
+    // runs from its start, which is before its packages were imported: its
+    // lifetime must count from there too, or a run taking it late is killed
+    // by that timer before its own deadline (exit 137, not timed_out).
+    let label = "warm-lifetime";
+    let Some(_) = warm_backend(label, 0) else { return };
+    let lifetime = Duration::from_secs(10);
+    let cfg = ContainerConfig::default()
+        .warm_containers(1)
+        .warm_lifetime(lifetime)
+        .extra_run_args(vec![format!("--label=execbox.test={label}")]);
+    let c = Container::new(cfg).expect("config");
+    let request = python(CONTAINER_AGE).packages(["numpy", "pandas"]);
+    // Cold; starts the pool of this package set.
+    let first = run(&c, request.clone());
+    assert_eq!(first.outcome, Outcome::Ok, "{first:?}");
+    if !wait_until(Duration::from_secs(60), || c.readiness().is_some_and(|r| r.ready >= 1)) {
+        eprintln!("skipping: no warm container of numpy and pandas started within 60 s (a slow machine)");
+        return;
+    }
+    // Not synchronisation: the take must come late in its lifetime as the
+    // pool counts it (ready a moment ago).
+    std::thread::sleep(lifetime - Duration::from_millis(500));
+    let late = run(&c, request);
+    assert_eq!(late.outcome, Outcome::Ok, "{late:?}");
+    assert!(
+        age(&late) <= lifetime.as_secs_f64() + 0.25,
+        "a run took a container {} s old, past its lifetime of {lifetime:?}",
+        age(&late)
+    );
+    drop(c);
+    assert!(wait_until(Duration::from_secs(20), || leftovers(label).is_empty()), "{:?}", leftovers(label));
+}
+
+/// The engine's record of a container's flags (all but its name, staging
+/// path and command), one line per field.
+fn flags(name: &str) -> Vec<String> {
+    let format = "{{json .HostConfig.Memory}}\n{{json .HostConfig.MemorySwap}}\n{{json .HostConfig.PidsLimit}}\n\
+                  {{json .HostConfig.NanoCpus}}\n{{json .HostConfig.ReadonlyRootfs}}\n{{json .HostConfig.NetworkMode}}\n\
+                  {{json .HostConfig.CapDrop}}\n{{json .HostConfig.CapAdd}}\n{{json .HostConfig.SecurityOpt}}\n\
+                  {{json .HostConfig.IpcMode}}\n{{json .HostConfig.Tmpfs}}\n{{json .HostConfig.Binds}}\n\
+                  {{range .HostConfig.Mounts}}{{.Type}} {{.Target}} {{.ReadOnly}};{{end}}\n{{json .Config.User}}\n\
+                  {{json .Config.Env}}\n{{json .HostConfig.Privileged}}\n{{json .Config.Image}}\n\
+                  {{json .Config.WorkingDir}}\n{{json .HostConfig.LogConfig.Type}}";
+    let out = Command::new("docker").args(["inspect", "--format", format, name]).output().expect("docker inspect");
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect()
+}
+
+/// Whether the container runs the warm end-record wrapper.
+fn is_warm(name: &str) -> bool {
+    let out = Command::new("docker").args(["inspect", "--format", "{{json .Config.Cmd}}", name]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).contains("execbox-end")
+}
+
+#[test]
+fn a_warm_container_has_the_flags_its_cold_run_would_have() {
+    let label = "warm-flags";
+    let Some(c) = warm_backend(label, 1) else { return };
+    for collect in [false, true] {
+        let mut request = python("import time\ntime.sleep(30)").policy(SandboxPolicy::strict().memory_bytes(200 << 20));
+        if collect {
+            request = request.collect_output_files();
+        }
+        // The first run of this pool is cold (an argument keeps it so)
+        // and starts the pool: compare the two while both live.
+        let before = running(label);
+        let cold = std::thread::scope(|scope| {
+            let cold_run = request
+                .clone()
+                .arg("cold")
+                .policy(SandboxPolicy::strict().memory_bytes(200 << 20).timeout(Duration::from_secs(20)));
+            let handle = scope.spawn(|| Executor::run_on(&c, cold_run));
+            assert!(wait_until(Duration::from_secs(30), || running(label).len() > before.len()));
+            let started = running(label).into_iter().find(|id| !before.contains(id)).unwrap();
+            let cold = flags(&started);
+            // Starts the pool of this key (a run that fits it), then waits
+            // for its container.
+            let _ = Executor::run_on(
+                &c,
+                request
+                    .clone()
+                    .policy(SandboxPolicy::strict().memory_bytes(200 << 20).timeout(Duration::from_millis(100))),
+            );
+            let new_warm = || running(label).into_iter().find(|id| !before.contains(id) && is_warm(id));
+            assert!(wait_until(Duration::from_secs(60), || new_warm().is_some()), "no warm container started");
+            let warm_id = new_warm().unwrap();
+            let warm = flags(&warm_id);
+            Command::new("docker").args(["kill", &started]).output().unwrap();
+            drop(handle.join());
+            (cold, warm)
+        });
+        let (mut cold, warm) = cold;
+        // The one difference: without /work/out, one process more for the
+        // end-record wrapper (so the program has as many as cold).
+        if !collect {
+            let pids: u64 = cold[2].parse().unwrap();
+            cold[2] = (pids + 1).to_string();
+        }
+        assert_eq!(cold, warm, "collect={collect}: cold (left) and warm flags differ");
+    }
+    drop(c);
+    assert!(wait_until(Duration::from_secs(20), || leftovers(label).is_empty()), "{:?}", leftovers(label));
+}

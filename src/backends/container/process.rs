@@ -143,8 +143,9 @@ pub(super) fn run(mut inv: Invocation<'_>, remove: &dyn Fn(&str)) -> std::io::Re
                     Some(listing) => listing.feed(chunk, &mut buffer),
                     None => buffer.write(chunk),
                 };
-                if let Some(mut pipe) = pipe {
-                    drain(&mut pipe, &mut |chunk: &[u8]| match end.as_mut() {
+                let mut pipe = pipe;
+                if let Some(pipe) = pipe.as_mut() {
+                    drain(pipe, &mut |chunk: &[u8]| match end.as_mut() {
                         Some(end) => end.feed(chunk, &mut text),
                         None => {
                             text(chunk);
@@ -155,6 +156,14 @@ pub(super) fn run(mut inv: Invocation<'_>, remove: &dyn Fn(&str)) -> std::io::Re
                 let status = end.and_then(|end| end.finish(&mut text));
                 let listing = listing.and_then(|listing| listing.finish(&mut buffer));
                 let _ = tx.send(status);
+                // After the end record nothing is the run's, but the pipe
+                // stays read to its end (the CLI is killed, or exits, soon):
+                // closed, it would cost the CLI a SIGPIPE on whatever comes
+                // next (a forged record's real one), and the run a "killed
+                // by a signal" engine error instead of the program's exit.
+                if let Some(pipe) = pipe.as_mut() {
+                    drain(pipe, &mut |_: &[u8]| true);
+                }
                 (buffer, listing)
             })
         };
@@ -340,8 +349,18 @@ impl EndTap {
             i += 1;
             if self.held.len() == whole {
                 let digits = &self.held[self.marker.len()..whole - 1];
-                self.code = std::str::from_utf8(digits).ok().and_then(|d| d.parse().ok());
-                return false;
+                // An exit status is at most 255: anything else is not a
+                // record (only a program can have written it) but text.
+                match std::str::from_utf8(digits).ok().and_then(|d| d.parse::<i32>().ok()).filter(|c| *c <= 255) {
+                    Some(code) => {
+                        self.code = Some(code);
+                        return false;
+                    }
+                    None => {
+                        text(&self.held);
+                        self.held.clear();
+                    }
+                }
             }
         }
         true
@@ -504,6 +523,35 @@ pub(super) fn bounded_output(command: &mut Command, limit: Duration, max_bytes: 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Feeds `chunks` to an end tap: the text, and the code if a record came.
+    fn tap(chunks: &[&[u8]]) -> (Vec<u8>, Option<i32>) {
+        let mut end = EndTap::new("n1");
+        let mut text = Vec::new();
+        for chunk in chunks {
+            if !end.feed(chunk, &mut |t: &[u8]| text.extend_from_slice(t)) {
+                break;
+            }
+        }
+        let code = end.finish(&mut |t: &[u8]| text.extend_from_slice(t));
+        (text, code)
+    }
+
+    #[test]
+    fn an_end_record_holds_an_exit_status_or_is_text() {
+        assert_eq!(tap(&[b"hi\0execbox:n1:Z007\n", b"after"]), (b"hi".to_vec(), Some(7)));
+        // Split across reads, byte by byte.
+        let record = b"\0execbox:n1:Z255\n";
+        let bytes: Vec<&[u8]> = record.chunks(1).collect();
+        assert_eq!(tap(&bytes), (Vec::new(), Some(255)));
+        // No exit status is over 255: a program wrote that, and it is text.
+        let (text, code) = tap(&[b"\0execbox:n1:Z999\nmore\0execbox:n1:Z003\n"]);
+        assert_eq!((text.as_slice(), code), (b"\0execbox:n1:Z999\nmore".as_slice(), Some(3)));
+        // Another nonce, a sign, a missing newline: text.
+        for fake in [&b"\0execbox:n2:Z000\n"[..], b"\0execbox:n1:Z-01\n", b"\0execbox:n1:Z000x"] {
+            assert_eq!(tap(&[fake]), (fake.to_vec(), None), "{fake:?}");
+        }
+    }
 
     #[test]
     fn bounded_output_waits_on_the_pidfd_and_kills_what_overruns() {

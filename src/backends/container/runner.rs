@@ -296,6 +296,11 @@ impl Runner {
         deadline: Deadline,
     ) -> RunEnd {
         if self.shut_down.load(Ordering::SeqCst) {
+            if let Some(mut started) = started {
+                process::kill_group(&mut started.child);
+                drop(started.child.wait());
+                self.reaper.remove(spec.name.clone());
+            }
             return RunEnd::SpawnFailed("the backend is shutting down".into());
         }
         let listing =
@@ -476,7 +481,7 @@ impl Runner {
         deadline: Deadline,
     ) -> Result<ExecResult, ExecError> {
         let Warm { spec, staging, mut spawned, .. } = warm;
-        if let Err(e) = staging.stage_cell(request, input) {
+        if let Err(e) = staging.stage_run(request, input) {
             process::kill_group(&mut spawned.child);
             drop(spawned.child.wait());
             self.reaper.remove(spec.name.clone());
@@ -563,7 +568,7 @@ fn locked_spec(
 /// run's locked spec at the default caps, its command the warm bootstrap,
 /// its end record's nonce the listing's, its timer covering the longest
 /// wait and run.
-fn warm_spec(cfg: &ContainerConfig, key: &WarmKey) -> std::io::Result<(RunSpec, Staging)> {
+pub(super) fn warm_spec(cfg: &ContainerConfig, key: &WarmKey) -> std::io::Result<(RunSpec, Staging)> {
     let staging = Staging::empty(key.outputs)?;
     let command = vec![
         "/usr/bin/python3".to_string(),
@@ -576,7 +581,11 @@ fn warm_spec(cfg: &ContainerConfig, key: &WarmKey) -> std::io::Result<(RunSpec, 
         key.packages.iter().filter(|p| importable(p)).cloned().collect::<Vec<_>>().join(","),
     ];
     let stop_after = cfg.warm_lifetime.saturating_add(cfg.defaults.timeout).saturating_add(KILL_GRACE);
-    let limits = Limits { memory_bytes: key.memory_bytes, pids: key.pids, stop_after };
+    // The end-record wrapper is one process more than a cold run has (a
+    // cold run that collects outputs has its own wrapper): the cap counts
+    // it, so that the program may start exactly as many as in a cold run.
+    let pids = if key.outputs { key.pids } else { key.pids.saturating_add(1) };
+    let limits = Limits { memory_bytes: key.memory_bytes, pids, stop_after };
     let mut spec = locked_spec(cfg, &staging, staging.mounts(), key.image.clone(), command, limits);
     let nonce = match spec.output_dir.as_ref().and_then(|out| out.listing_nonce.clone()) {
         Some(nonce) => nonce,

@@ -45,14 +45,7 @@ impl Staging {
         let root = crate::backends::owner::temp_dir("run").map_err(|e| io("<staging dir>", e))?;
         let dir = hostfs::open_ambient(root.path()).map_err(|e| io("<staging dir>", e))?;
         let work = hostfs::create_dirs(&dir, Path::new("work"), Some(0o755)).map_err(|e| io("<staging dir>", e))?;
-        if let Some(json) = input {
-            hostfs::write_new(&work, OsStr::new("input.json"), json, 0o644).map_err(|e| io("input.json", e))?;
-        }
-        for file in &request.input_files {
-            stage_file(&work, file, request.collect_output_files, |dir, leaf| {
-                hostfs::write_new(dir, leaf, &file.content, 0o644)
-            })?;
-        }
+        stage_run_files(&work, request, input)?;
         if request.collect_output_files {
             // The mount point of the /work/out tmpfs, never written into:
             // docker (20.10) gives the tmpfs this directory's mode over its
@@ -79,6 +72,16 @@ impl Staging {
             hostfs::create_dirs(&work, Path::new("out"), Some(0o1777))?;
         }
         Ok(Self { root, dir, collect_outputs, has_env: false })
+    }
+
+    /// Stages a one-shot run's files into an [`Staging::empty`] directory (a
+    /// warm container's), exactly as [`Staging::new`] does: the same modes,
+    /// and the same refusals (two files of one name, a file named
+    /// `input.json` beside the JSON input).
+    pub fn stage_run(&self, request: &ExecRequest, input: Option<&[u8]>) -> Result<(), ExecError> {
+        let io = |what: &str, e: std::io::Error| InvalidRequest::BadPath { path: what.into(), reason: e.to_string() };
+        let work = hostfs::open_dir(&self.dir, OsStr::new("work")).map_err(|e| io("<staging dir>", e))?;
+        stage_run_files(&work, request, input)
     }
 
     /// Stages one session cell's files in `/work` (replacing files of the
@@ -128,6 +131,20 @@ impl Staging {
     pub fn into_dir(self) -> tempfile::TempDir {
         self.root
     }
+}
+
+/// A one-shot run's `input.json` and input files, as fresh files in `work`.
+fn stage_run_files(work: &Dir, request: &ExecRequest, input: Option<&[u8]>) -> Result<(), ExecError> {
+    let io = |what: &str, e: std::io::Error| InvalidRequest::BadPath { path: what.into(), reason: e.to_string() };
+    if let Some(json) = input {
+        hostfs::write_new(work, OsStr::new("input.json"), json, 0o644).map_err(|e| io("input.json", e))?;
+    }
+    for file in &request.input_files {
+        stage_file(work, file, request.collect_output_files, |dir, leaf| {
+            hostfs::write_new(dir, leaf, &file.content, 0o644)
+        })?;
+    }
+    Ok(())
 }
 
 /// Turns a policy grant into a mount, refusing paths the engine would

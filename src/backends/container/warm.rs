@@ -29,10 +29,15 @@
 //!   container would have had the same flags.
 //! - **Bounded.** Per package set ([`WarmKey`]) at most `warm_containers`
 //!   ready or starting; at most [`MAX_KEYS`] package sets (the least
-//!   recently used one goes); at most [`MAX_STARTING`] starts at once; a
-//!   container that has not said ready within [`START_TIMEOUT`] is removed,
-//!   and failed starts back off (up to [`MAX_BACKOFF`]); a ready one waits at
-//!   most `warm_lifetime`, then is replaced.
+//!   recently used one goes; its starts still count until they end); at
+//!   most [`MAX_STARTING`] starts at once; a container that has not said
+//!   ready within [`START_TIMEOUT`] (or within `warm_lifetime`) is removed,
+//!   and a pool whose starts fail backs off on its own (up to
+//!   [`MAX_BACKOFF`]: a package set that can never start, e.g. one that
+//!   needs more memory than its cap, neither spins nor holds back the
+//!   others); a ready one is replaced once `warm_lifetime` has passed since
+//!   its start (not since it said ready: its in-container timer runs from
+//!   its start, and must outlast any run it takes).
 //! - **Off the request path.** Starts, expiry, health checks (a container
 //!   killed from outside is replaced within [`HEALTH_EVERY`]) and removals
 //!   happen on the pool's own thread and its starters. A run never waits for
@@ -93,6 +98,9 @@ pub(super) struct Warm {
     pub spec: RunSpec,
     pub staging: Staging,
     pub spawned: Spawned,
+    /// Just before its CLI was spawned: its in-container timer started
+    /// later, so a container younger than `warm_lifetime` by this clock has
+    /// at least `defaults.timeout + KILL_GRACE` of its timer left.
     born: Instant,
 }
 
@@ -104,10 +112,26 @@ impl Warm {
 
     /// Stops its CLI and removes the container (a housekeeping wait, never
     /// on a request's path).
-    fn discard(mut self, engine: &std::path::Path) {
-        process::kill_group(&mut self.spawned.child);
-        drop(self.spawned.child.wait());
-        drop(process::quiet(engine, &["rm", "--force", &self.spec.name], HOUSEKEEPING_TIMEOUT));
+    fn discard(self, engine: &std::path::Path) {
+        discard_all(engine, vec![self]);
+    }
+}
+
+/// Stops the CLIs of `warms` and removes their containers with one `rm`
+/// per hundred: a daemon that does not answer costs one
+/// [`HOUSEKEEPING_TIMEOUT`] per batch, not per container (the pool's drop
+/// waits for this).
+fn discard_all(engine: &std::path::Path, warms: Vec<Warm>) {
+    let mut names = Vec::with_capacity(warms.len());
+    for mut warm in warms {
+        process::kill_group(&mut warm.spawned.child);
+        drop(warm.spawned.child.wait());
+        names.push(warm.spec.name);
+    }
+    for batch in names.chunks(100) {
+        let mut args = vec!["rm", "--force"];
+        args.extend(batch.iter().map(String::as_str));
+        drop(process::quiet(engine, &args, HOUSEKEEPING_TIMEOUT));
     }
 }
 
@@ -138,16 +162,24 @@ struct State {
     /// CLIs starting now: killed at drop so their starters end at once.
     starting: Vec<u32>,
     starters: Vec<JoinHandle<()>>,
-    failures: u32,
-    retry_at: Option<Instant>,
+    /// Starts under way, of every pool, evicted ones too (at most
+    /// [`MAX_STARTING`]).
+    in_flight: usize,
+    /// The id of the next pool: a starter finds its own pool by id, never
+    /// a later pool of the same key.
+    next_id: u64,
     shut_down: bool,
 }
 
 struct Pool {
+    id: u64,
     key: WarmKey,
     ready: VecDeque<Warm>,
     starting: usize,
     last_used: Instant,
+    /// Failed starts in a row, and when this pool may try again.
+    failures: u32,
+    retry_at: Option<Instant>,
 }
 
 impl WarmPool {
@@ -266,10 +298,22 @@ fn add_pool(state: &mut State, key: WarmKey, now: Instant) {
     if state.pools.len() >= MAX_KEYS
         && let Some(oldest) = state.pools.iter().enumerate().min_by_key(|(_, p)| p.last_used).map(|(i, _)| i)
     {
+        // Its starts still under way stay counted in `in_flight`; their
+        // containers, once ready, find no pool and are removed.
         let evicted = state.pools.remove(oldest);
         state.discard.extend(evicted.ready);
     }
-    state.pools.push(Pool { key, ready: VecDeque::new(), starting: 0, last_used: now });
+    let id = state.next_id;
+    state.next_id += 1;
+    state.pools.push(Pool {
+        id,
+        key,
+        ready: VecDeque::new(),
+        starting: 0,
+        last_used: now,
+        failures: 0,
+        retry_at: None,
+    });
 }
 
 fn kill_starting(pids: &[u32]) {
@@ -303,35 +347,40 @@ fn keep(shared: &Arc<Shared>) {
             }
         }
         let mut starts = Vec::new();
-        if !state.shut_down && state.retry_at.is_none_or(|at| now >= at) {
-            state.retry_at = None;
-            let mut in_flight: usize = state.pools.iter().map(|p| p.starting).sum();
+        if !state.shut_down {
+            let mut in_flight = state.in_flight;
             for pool in &mut state.pools {
+                if pool.retry_at.is_some_and(|at| now < at) {
+                    continue;
+                }
+                pool.retry_at = None;
                 while pool.ready.len() + pool.starting < shared.size && in_flight < MAX_STARTING {
                     pool.starting += 1;
                     in_flight += 1;
-                    starts.push(pool.key.clone());
+                    starts.push((pool.id, pool.key.clone()));
                 }
             }
+            state.in_flight = in_flight;
         }
         state.starters.retain(|h| !h.is_finished());
-        let done = state.shut_down && state.pools.iter().all(|p| p.starting == 0);
+        let done = state.shut_down && state.in_flight == 0;
         let starters = if done { std::mem::take(&mut state.starters) } else { Vec::new() };
         drop(state);
 
-        for warm in discard {
-            warm.discard(&shared.engine);
+        if !discard.is_empty() {
+            discard_all(&shared.engine, discard);
         }
         let mut spawned = Vec::new();
-        for key in starts {
+        for (id, key) in starts {
             let shared2 = Arc::clone(shared);
-            let key2 = key.clone();
-            match std::thread::Builder::new().name("execbox-warm-start".into()).spawn(move || start(&shared2, key2)) {
+            match std::thread::Builder::new().name("execbox-warm-start".into()).spawn(move || start(&shared2, id, key))
+            {
                 Ok(handle) => spawned.push(handle),
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot start a warm container's starter");
                     let mut state = shared.state.lock();
-                    if let Some(pool) = state.pools.iter_mut().find(|p| p.key == key) {
+                    state.in_flight -= 1;
+                    if let Some(pool) = state.pools.iter_mut().find(|p| p.id == id) {
                         pool.starting -= 1;
                     }
                 }
@@ -341,14 +390,19 @@ fn keep(shared: &Arc<Shared>) {
             for handle in starters {
                 drop(handle.join());
             }
+            // Whatever a starter handed over meanwhile (none should).
+            let left = std::mem::take(&mut shared.state.lock().discard);
+            if !left.is_empty() {
+                discard_all(&shared.engine, left);
+            }
             return;
         }
 
         state = shared.state.lock();
         state.starters.extend(spawned);
-        if state.discard.is_empty() && !(state.shut_down && state.pools.iter().all(|p| p.starting == 0)) {
+        if state.discard.is_empty() && !(state.shut_down && state.in_flight == 0) {
             let mut wait = HEALTH_EVERY;
-            if let Some(at) = state.retry_at {
+            for at in state.pools.iter().filter_map(|p| p.retry_at) {
                 wait = wait.min(at.saturating_duration_since(Instant::now()));
             }
             for warm in state.pools.iter().flat_map(|p| p.ready.iter()) {
@@ -359,28 +413,34 @@ fn keep(shared: &Arc<Shared>) {
     }
 }
 
-/// A starter: one warm container for `key`, handed to the pool when ready.
-fn start(shared: &Arc<Shared>, key: WarmKey) {
+/// A starter: one warm container for the pool `id` (of `key`), handed to
+/// that pool when ready (removed if the pool is gone).
+fn start(shared: &Arc<Shared>, id: u64, key: WarmKey) {
     let result = launch(shared, &key);
     let mut state = shared.state.lock();
-    let pool = state.pools.iter().position(|p| p.key == key);
-    if let Some(at) = pool {
-        state.pools[at].starting -= 1;
-    }
-    match result {
-        Ok(warm) if !state.shut_down && pool.is_some() => {
-            state.failures = 0;
-            if let Some(at) = pool {
-                state.pools[at].ready.push_back(warm);
-            }
+    state.in_flight -= 1;
+    let shut_down = state.shut_down;
+    let pool = state.pools.iter_mut().find(|p| p.id == id);
+    match (result, pool) {
+        (Ok(warm), Some(pool)) if !shut_down => {
+            pool.starting -= 1;
+            pool.failures = 0;
+            pool.ready.push_back(warm);
         }
-        Ok(warm) => state.discard.push(warm),
-        Err(e) => {
-            state.failures = state.failures.saturating_add(1);
-            let backoff = Duration::from_millis(250).saturating_mul(1 << state.failures.min(7)).min(MAX_BACKOFF);
-            state.retry_at = Some(Instant::now() + backoff);
-            if !state.shut_down {
-                tracing::warn!(error = %e, image = %key.image, "a warm container did not start; retrying in {backoff:?}");
+        (Ok(warm), pool) => {
+            if let Some(pool) = pool {
+                pool.starting -= 1;
+            }
+            state.discard.push(warm);
+        }
+        (Err(_), None) => {}
+        (Err(e), Some(pool)) => {
+            pool.starting -= 1;
+            pool.failures = pool.failures.saturating_add(1);
+            let backoff = Duration::from_millis(250).saturating_mul(1 << pool.failures.min(7)).min(MAX_BACKOFF);
+            pool.retry_at = Some(Instant::now() + backoff);
+            if !shut_down {
+                tracing::warn!(error = %e, image = %key.image, packages = ?key.packages, "a warm container did not start; retrying in {backoff:?}");
             }
         }
     }
@@ -391,6 +451,7 @@ fn start(shared: &Arc<Shared>, key: WarmKey) {
 /// for its ready line. On failure nothing of it is left.
 fn launch(shared: &Shared, key: &WarmKey) -> std::io::Result<Warm> {
     let (spec, staging) = (shared.launch)(key)?;
+    let born = Instant::now();
     let mut spawned = process::spawn(&shared.engine, &spec.argv())?;
     let pid = spawned.child.id();
     {
@@ -400,9 +461,10 @@ fn launch(shared: &Shared, key: &WarmKey) -> std::io::Result<Warm> {
         }
         state.starting.push(pid);
     }
-    let ready = wait_ready(&mut spawned, Instant::now() + START_TIMEOUT);
+    // Ready after its lifetime, it could not be taken: a failed start.
+    let until = born + START_TIMEOUT.min(shared.lifetime);
+    let ready = wait_ready(&mut spawned, until);
     shared.state.lock().starting.retain(|p| *p != pid);
-    let born = Instant::now();
     let warm = Warm { spec, staging, spawned, born };
     match ready {
         Ok(()) => Ok(warm),
@@ -461,4 +523,158 @@ fn wait_ready(spawned: &mut Spawned, until: Instant) -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backends::container::config::ContainerConfig;
+    use crate::backends::container::runner::warm_spec;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// A stand-in engine: `run` logs its pid, says ready after `delay`
+    /// seconds (or fails at once for the image `image-bad`) and then waits;
+    /// any other subcommand (`rm`) succeeds, or hangs once `<dir>/hang`
+    /// exists (a daemon that stopped answering).
+    fn fake_engine(dir: &std::path::Path, delay: &str) -> (PathBuf, PathBuf) {
+        let log = dir.join("log");
+        let script = format!(
+            "#!/bin/sh\n[ \"$1\" = run ] || {{ [ -e {hang} ] && exec sleep 1000; exit 0; }}\ncase \"$*\" in *image-bad*) echo \"fail $$\" >> {log}; exit 1 ;; esac\n\
+             echo \"start $$ $(date +%s.%N)\" >> {log}\nsleep {delay}\necho \"ready $$ $(date +%s.%N)\" >> {log}\n\
+             printf '\\000execbox:warm\\n'\nexec sleep 1000\n",
+            log = log.display(),
+            hang = dir.join("hang").display()
+        );
+        let engine = dir.join("engine");
+        std::fs::write(&engine, script).unwrap();
+        std::fs::set_permissions(&engine, std::fs::Permissions::from_mode(0o755)).unwrap();
+        (engine, log)
+    }
+
+    fn key(image: &str, memory_mb: u64) -> WarmKey {
+        WarmKey { image: image.into(), packages: Vec::new(), outputs: false, memory_bytes: memory_mb << 20, pids: 64 }
+    }
+
+    fn pool(engine: &std::path::Path, size: usize) -> WarmPool {
+        let cfg = ContainerConfig::default();
+        WarmPool::new(engine.to_path_buf(), size, Duration::from_secs(60), Box::new(move |k| warm_spec(&cfg, k)))
+    }
+
+    fn lines(log: &std::path::Path, kind: &str) -> Vec<(u32, f64)> {
+        std::fs::read_to_string(log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| {
+                let mut f = l.split_whitespace();
+                (f.next() == Some(kind))
+                    .then(|| (f.next().unwrap().parse().unwrap(), f.next().map_or(0.0, |t| t.parse().unwrap())))
+            })
+            .collect()
+    }
+
+    /// Polls `done` (a test only: the pool's state has no event to wait on).
+    fn wait_for(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+        let until = Instant::now() + limit;
+        while Instant::now() < until {
+            if done() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        done()
+    }
+
+    fn alive(pid: u32) -> bool {
+        // SAFETY: kill(2) with signal 0 only checks that the pid exists.
+        unsafe { libc::kill(pid as i32, 0) == 0 }
+    }
+
+    /// Drops `pool` on another thread: whether that returned within `limit`.
+    fn dropped_within(pool: WarmPool, limit: Duration) -> bool {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            drop(pool);
+            let _ = tx.send(());
+        });
+        rx.recv_timeout(limit).is_ok()
+    }
+
+    #[test]
+    fn an_evicted_pools_starts_stay_counted_and_leave_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let (engine, log) = fake_engine(dir.path(), "2");
+        let pool = pool(&engine, 1);
+        pool.want(key("image-a", 100));
+        assert!(wait_for(Duration::from_secs(10), || lines(&log, "start").len() == 1));
+        // Eight more package sets: the first (still starting) is evicted,
+        // then asked for again at once.
+        for n in 1..=MAX_KEYS as u64 {
+            pool.want(key("image-a", 100 + n));
+        }
+        pool.want(key("image-a", 100));
+        assert!(
+            wait_for(Duration::from_secs(60), || pool.counts().0 == MAX_KEYS),
+            "the pools did not fill: {:?}",
+            pool.counts()
+        );
+        let starts = lines(&log, "start");
+        let readies = lines(&log, "ready");
+        let end = |pid: u32| readies.iter().find(|(p, _)| *p == pid).map_or(f64::MAX, |(_, t)| *t);
+        let most =
+            starts.iter().map(|(_, at)| starts.iter().filter(|(p, s)| s <= at && end(*p) > *at).count()).max().unwrap();
+        assert!(most <= MAX_STARTING, "{most} starts at once: {starts:?} {readies:?}");
+        {
+            let state = pool.shared.state.lock();
+            assert_eq!(state.in_flight, 0);
+            assert!(state.pools.iter().all(|p| p.starting == 0 && p.ready.len() == 1));
+        }
+        assert!(dropped_within(pool, Duration::from_secs(30)), "dropping the pool hung");
+        let left: Vec<u32> = starts.iter().map(|(p, _)| *p).filter(|p| alive(*p)).collect();
+        for pid in &left {
+            // SAFETY: kill(2) on a leftover stand-in engine of this test.
+            unsafe { libc::kill(*pid as i32, libc::SIGKILL) };
+        }
+        assert!(left.is_empty(), "warm CLIs outlived the pool: {left:?}");
+    }
+
+    #[test]
+    fn a_hung_engine_holds_the_pools_drop_once_not_per_container() {
+        let dir = tempfile::tempdir().unwrap();
+        let (engine, log) = fake_engine(dir.path(), "0.1");
+        let pool = pool(&engine, 3);
+        pool.want(key("image-a", 100));
+        assert!(wait_for(Duration::from_secs(30), || pool.counts().0 == 3), "{:?}", pool.counts());
+        std::fs::write(dir.path().join("hang"), "").unwrap();
+        let started = Instant::now();
+        assert!(dropped_within(pool, HOUSEKEEPING_TIMEOUT * 2), "the drop waited per container");
+        assert!(started.elapsed() >= HOUSEKEEPING_TIMEOUT, "the removal did not wait for the engine at all");
+        let left: Vec<u32> = lines(&log, "start").iter().map(|(p, _)| *p).filter(|p| alive(*p)).collect();
+        assert!(left.is_empty(), "warm CLIs outlived the pool: {left:?}");
+    }
+
+    #[test]
+    fn a_package_set_that_never_starts_backs_off_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let (engine, log) = fake_engine(dir.path(), "0.1");
+        let pool = pool(&engine, 1);
+        pool.want(key("image-bad", 100));
+        let good = key("image-good", 100);
+        pool.want(good.clone());
+        let started = Instant::now();
+        let mut taken = 0;
+        while started.elapsed() < Duration::from_secs(6) {
+            if let Some(warm) = pool.take(&good) {
+                taken += 1;
+                warm.discard(&engine);
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        let fails = lines(&log, "fail").len();
+        assert!(dropped_within(pool, Duration::from_secs(30)), "dropping the pool hung");
+        // Backing off 0.5, 1, 2, 4 s: at most 5 tries in 6 s, whatever the
+        // other pool does ...
+        assert!(fails <= 5, "{fails} failed starts in 6 s");
+        // ... and the other pool refills meanwhile.
+        assert!(taken >= 10, "only {taken} of 20 takes found a container");
+    }
 }
