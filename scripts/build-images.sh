@@ -93,6 +93,17 @@ build_image() {
   [ -e "$root/bin/sh" ] || ln -s dash "$root/bin/sh"
   [ -e "$root/bin/dash" ] || ln -s /usr/bin/dash "$root/bin/dash"
   [ -e "$root/usr/bin/cc" ] || { [ -e "$root/usr/bin/gcc-12" ] && ln -s gcc-12 "$root/usr/bin/cc"; } || true
+  # Byte-compile what Python imports, as Debian's maintainer scripts
+  # (py3compile), which never ran, would have: without it every interpreter
+  # start compiles the modules it imports again (~30 ms of the standard
+  # library's first imports, ~2 s for pandas). Tests are left out.
+  if [ -x "$root/usr/bin/python3" ]; then
+    local dirs=() dir
+    for dir in "$root"/usr/lib/python3.[0-9]* "$root"/usr/lib/python3/dist-packages; do
+      [ -d "$dir" ] && dirs+=("${dir#"$root"}")
+    done
+    $SUDO chroot "$root" /usr/bin/python3 -m compileall -q -x '/tests?/' "${dirs[@]}" >/dev/null
+  fi
   local changes=(
     --change 'ENV PATH=/usr/local/bin:/usr/bin:/bin'
     --change 'ENV LANG=C.UTF-8'
