@@ -57,7 +57,7 @@ fn leftovers(label: &str) -> Vec<String> {
 
 /// Waits (at most 20 s) for the reaper to remove this test's containers.
 fn assert_no_containers_left(label: &str) {
-    docker::wait_gone(&docker::test_label(label), Duration::from_secs(20));
+    docker::wait_gone(&[&docker::test_label(label)], Duration::from_secs(20));
     assert!(leftovers(label).is_empty(), "containers left: {:?}", leftovers(label));
 }
 
@@ -125,7 +125,8 @@ fn normalized(argv: Vec<String>) -> Vec<String> {
 /// The `run` arguments of requests that grant no tools are exactly those
 /// execbox built before it carried the bridge (recorded from that build;
 /// the run that collects output files re-recorded when `/work/out` became a
-/// tmpfs listed inside the container, issue 17).
+/// tmpfs listed inside the container, issue 17; the `execbox.role=run`
+/// label added when warm and session containers got their own roles).
 #[test]
 fn runs_without_tools_get_exactly_the_argv_they_had_before() {
     let _serial = serial();

@@ -75,6 +75,9 @@ fn a_pooled_run_is_warm_fresh_and_removed() {
     let label = "warm-fresh";
     let Some(c) = warm_backend(label, 1) else { return };
     fill(&c, 1);
+    // Labelled as waiting, so an operator (and serve's tests) can tell it apart.
+    let waiting = ps(&["--filter", &test_label(label), "--filter", "label=execbox.role=warm"]);
+    assert_eq!(waiting.len(), 1, "{waiting:?}");
     // Not synchronisation: the container must be visibly older than a run.
     std::thread::sleep(Duration::from_millis(800));
     let first = run(&c, python(CONTAINER_AGE));

@@ -283,7 +283,7 @@ fn random_interleavings_on_container_sessions_leave_no_container() {
     let sessions = registry(container);
     let spec = SessionSpec::new(Language::Python).policy(SandboxPolicy::strict().timeout(Duration::from_secs(20)));
     interleave(&sessions, spec, 6, 12);
-    docker::wait_stopped(&docker::owned_by(execbox::backends::Container::owner_token()), Duration::from_secs(20));
+    docker::wait_stopped(&[&docker::owned_by(execbox::backends::Container::owner_token())], Duration::from_secs(20));
     assert_eq!(our_containers(false), 0, "containers outlived their sessions");
 }
 

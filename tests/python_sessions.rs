@@ -172,7 +172,7 @@ mod containers {
         assert_eq!(sessions.execute("np", cell("a").policy(slow)).unwrap_err().kind(), "session_lost");
         sessions.close("plain");
         // Closed (or lost) sessions leave no container behind.
-        common::docker::wait_gone(&common::docker::owned_by(Container::owner_token()), Duration::from_secs(20));
+        common::docker::wait_gone(&[&common::docker::owned_by(Container::owner_token())], Duration::from_secs(20));
         assert!(ours().is_empty(), "containers left: {:?}", ours());
     }
 

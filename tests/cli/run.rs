@@ -454,7 +454,7 @@ mod containers {
         child.kill().unwrap(); // SIGKILL: no handler runs
         child.wait().unwrap();
         // The deadline started before the kill: this bound is generous.
-        let gone = docker::wait_gone(&docker::owned_by(&token), deadline + KILL_GRACE);
+        let gone = docker::wait_gone(&[&docker::owned_by(&token)], deadline + KILL_GRACE);
         assert!(gone, "container of a SIGKILLed host still there: {:?}", docker::owned(&token, true));
         // Nothing announces a removed directory: it is looked for.
         let cleaned = wait_until(deadline + KILL_GRACE, || temp_dirs_in(tmp.path()).is_empty());

@@ -570,10 +570,13 @@ mod container_sessions {
         skip::available(skip::CONTAINERS, if ok { Ok(()) } else { Err("no image localhost/execbox-python:3.11") })
     }
 
-    /// Whether every container of the server whose owner token is `token`
-    /// is removed within `limit` (each waited for on its docker event).
+    /// Whether every session container of the server whose owner token is
+    /// `token` is removed within `limit` (each waited for on its docker
+    /// event). The server's warm containers are not sessions' and stay.
     fn gone(token: &str, limit: Duration) -> bool {
-        tokio::task::block_in_place(|| docker::wait_gone(&docker::owned_by(token), limit))
+        tokio::task::block_in_place(|| {
+            docker::wait_gone(&[&docker::owned_by(token), "label=execbox.role=session"], limit)
+        })
     }
 
     #[tokio::test(flavor = "multi_thread")]

@@ -78,32 +78,40 @@ impl Drop for Events {
     }
 }
 
-/// Waits until no container (running or not) passes `filter`, at most
-/// `limit`: each one listed now is waited for on its `destroy` event.
-/// Whether none is left.
-pub fn wait_gone(filter: &str, limit: Duration) -> bool {
-    wait_for_each(filter, limit, "destroy", &["--all"])
+/// Waits until no container (running or not) passes every one of
+/// `filters`, at most `limit`: each one listed now is waited for on its
+/// `destroy` event. Whether none is left.
+pub fn wait_gone(filters: &[&str], limit: Duration) -> bool {
+    wait_for_each(filters, limit, "destroy", &["--all"])
 }
 
-/// Waits until no running container passes `filter`, at most `limit`: each
-/// one running now is waited for on its `die` event. Whether none runs.
-pub fn wait_stopped(filter: &str, limit: Duration) -> bool {
-    wait_for_each(filter, limit, "die", &[])
+/// Waits until no running container passes every one of `filters`, at most
+/// `limit`: each one running now is waited for on its `die` event. Whether
+/// none runs.
+pub fn wait_stopped(filters: &[&str], limit: Duration) -> bool {
+    wait_for_each(filters, limit, "die", &[])
 }
 
 /// Waits for `event` of each container `ps` lists (with `which`) under
-/// `filter`; whether the listing is empty at the end.
-fn wait_for_each(filter: &str, limit: Duration, event: &str, which: &[&str]) -> bool {
+/// `filters`; whether the listing is empty at the end.
+fn wait_for_each(filters: &[&str], limit: Duration, event: &str, which: &[&str]) -> bool {
     let until = Instant::now() + limit;
+    let event = format!("event={event}");
     // Subscribed before the listing: an event between the two is not missed.
-    let events = Events::new(&[filter, &format!("event={event}")]);
-    let listed = ps(&[which, &["--no-trunc", "--filter", filter]].concat());
-    let mut left: std::collections::HashSet<String> = listed.into_iter().collect();
+    let events = Events::new(&[filters, &[event.as_str()]].concat());
+    let listing = |extra: &[&str]| {
+        let mut args: Vec<&str> = which.iter().chain(extra).copied().collect();
+        for filter in filters {
+            args.extend(["--filter", filter]);
+        }
+        ps(&args)
+    };
+    let mut left: std::collections::HashSet<String> = listing(&["--no-trunc"]).into_iter().collect();
     while !left.is_empty() {
         let Some(line) = events.next_before(until) else { break };
         if let Some((_, id)) = line.split_once(' ') {
             left.remove(id);
         }
     }
-    ps(&[which, &["--filter", filter]].concat()).is_empty()
+    listing(&[]).is_empty()
 }

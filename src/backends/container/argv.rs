@@ -150,6 +150,11 @@ pub struct RunSpec {
     /// with this nonce and the exit code to both streams, so the host has
     /// the result without waiting for the engine to stop the container.
     pub end_nonce: Option<String>,
+    /// What the container is for, as its `execbox.role` label: `run` (one
+    /// run), `warm` (a pre-started one waiting for its run), `session` or
+    /// `compile` (a Rust build), so an operator's `docker ps --filter`
+    /// can tell them apart.
+    pub role: &'static str,
 }
 
 /// Where the in-container timer's execute-only copy lives (a tmpfs).
@@ -167,9 +172,10 @@ const STOP_SCRIPT: &str = "/usr/bin/install -m 0111 /usr/bin/timeout /opt/execbo
 
 /// Labels on every container: execbox's, and who started it (see
 /// `owners.rs`), so a later process can clean up after a dead one.
-fn locked_labels() -> [String; 3] {
+fn locked_labels(role: &str) -> [String; 4] {
     [
         "--label=execbox=1".into(),
+        format!("--label={}={role}", super::owners::ROLE_LABEL),
         format!("--label={}={}", super::owners::OWNER_LABEL, crate::backends::owner::token()),
         format!("--label={}={}", super::owners::SCOPE_LABEL, super::owners::scope()),
     ]
@@ -215,7 +221,7 @@ fn run_argv(spec: &RunSpec) -> Vec<String> {
         // The timer's copy: executable, tiny, nothing else lives there.
         format!("--tmpfs={STOP_DIR}:rw,nosuid,nodev,exec,size=256k,mode=1777"),
     ]);
-    argv.extend(locked_labels());
+    argv.extend(locked_labels(spec.role));
     for mount in &spec.mounts {
         let mode = if mount.writable { "" } else { ",readonly" };
         argv.push(format!("--mount=type=bind,src={},dst={}{mode}", mount.host.display(), mount.guest));

@@ -40,6 +40,9 @@ pub(super) const OWNER_LABEL: &str = "execbox.owner";
 /// Label naming the boot and PID namespace that owner lives in.
 pub(super) const SCOPE_LABEL: &str = "execbox.scope";
 
+/// The label naming what a container is for (see `RunSpec::role`).
+pub(super) const ROLE_LABEL: &str = "execbox.role";
+
 /// Most containers one sweep removes: a start-up never does unbounded work.
 const MAX_SWEPT: usize = 1000;
 /// Containers per `rm` command.

@@ -97,8 +97,14 @@ fn run(engine: &Path, jobs: Vec<Job>) {
     }
     for dir in dirs {
         // Not TempDir's own removal: it recurses per level (see `remove_tree`).
-        if let Err(e) = super::hostfs::remove_tree(dir.path()) {
-            tracing::warn!(path = %dir.path().display(), error = %e, "cannot remove a staging directory");
+        // Already gone is done: a host exiting on a signal sweeps its own
+        // staging directories while removals may still be queued here.
+        match super::hostfs::remove_tree(dir.path()) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                tracing::warn!(path = %dir.path().display(), error = %e, "cannot remove a staging directory");
+            }
         }
     }
 }

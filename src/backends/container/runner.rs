@@ -561,6 +561,7 @@ fn locked_spec(
         command,
         stop_after: limits.stop_after,
         end_nonce: None,
+        role: "run",
     }
 }
 
@@ -592,6 +593,7 @@ pub(super) fn warm_spec(cfg: &ContainerConfig, key: &WarmKey) -> std::io::Result
         None => crate::nonce::hex128(),
     };
     spec.end_nonce = Some(nonce);
+    spec.role = "warm";
     Ok((spec, staging))
 }
 

@@ -402,6 +402,7 @@ fn compile(
         command,
         stop_after: compile_deadline.remaining().unwrap_or(Duration::MAX).saturating_add(KILL_GRACE),
         end_nonce: None,
+        role: "compile",
     };
     let caps = Caps { stdout: Some(64 << 10), stderr: Some(16 << 20), tap: None };
     let end = runner.run_spec(&spec, Vec::new(), caps, compile_deadline);

@@ -176,6 +176,7 @@ impl ContainerSession {
         let command = vec!["/usr/bin/python3".to_string(), "-c".to_string(), program];
         let image = runner.script_image(&template);
         let mut spec = runner.spec(&template, &staging, image, command, cfg.session_lifetime)?;
+        spec.role = "session";
         // Cells' files are listed by `exec`, not after the (endless) loop.
         if let Some(out) = spec.output_dir.as_mut() {
             out.listing_nonce = None;
