@@ -1,0 +1,519 @@
+//! The `wasm` guest on the async path: `Executor::execute` runs a cached
+//! module on the caller's task (wasmtime yields at every epoch tick), so a
+//! hostile guest cannot hold a runtime thread, and every limit holds as on
+//! the blocking path.
+//!
+//! Most tests run on a current-thread runtime whose only blocking-pool
+//! thread is held for the whole test ([`OnTask`]): a run that finishes there
+//! did not go to the blocking pool, and a task that keeps ticking while a
+//! guest runs shows the guest did not hold the runtime's one thread.
+#![cfg(feature = "wasm")]
+
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use execbox::backends::{WasmGuest, WasmGuestConfig};
+use execbox::tools::{ToolLimits, ToolRegistry, ToolSpec};
+use execbox::{ExecFile, ExecRequest, ExecResult, Executor, Outcome, SandboxPolicy};
+use serde_json::{Value, json};
+
+macro_rules! guest {
+    (wat $name:literal) => {
+        include_bytes!(concat!("../guests/wat/", $name, ".wat")).to_vec()
+    };
+    (prebuilt $name:literal) => {
+        include_bytes!(concat!("../guests/prebuilt/", $name, ".wasm")).to_vec()
+    };
+}
+
+/// Sleeps `ms` milliseconds with `poll_oneoff` (a relative monotonic
+/// clock), then writes "awake\n".
+fn nap(ms: u64) -> Vec<u8> {
+    format!(
+        r#"(module
+  (import "wasi_snapshot_preview1" "poll_oneoff" (func $poll (param i32 i32 i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "fd_write" (func $fd_write (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (data (i32.const 256) "awake\n")
+  (func (export "_start")
+    (i32.store8 (i32.const 8) (i32.const 0))
+    (i32.store (i32.const 16) (i32.const 1))
+    (i64.store (i32.const 24) (i64.const {}))
+    (drop (call $poll (i32.const 0) (i32.const 64) (i32.const 1) (i32.const 128)))
+    (i32.store (i32.const 200) (i32.const 256))
+    (i32.store (i32.const 204) (i32.const 6))
+    (drop (call $fd_write (i32.const 1) (i32.const 200) (i32.const 1) (i32.const 208)))))"#,
+        ms * 1_000_000
+    )
+    .into_bytes()
+}
+
+/// Writes one byte to stdout forever: an endless loop of host calls.
+const WRITE_FOREVER: &str = r#"(module
+  (import "wasi_snapshot_preview1" "fd_write" (func $fd_write (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (data (i32.const 16) "x")
+  (func (export "_start")
+    (i32.store (i32.const 0) (i32.const 16))
+    (i32.store (i32.const 4) (i32.const 1))
+    (loop $again
+      (drop (call $fd_write (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))
+      (br $again))))"#;
+
+/// Recurses without end, writing a byte to stdout at every level: host
+/// calls made with the wasm stack nearly used up, until it overflows.
+const RECURSE_AND_WRITE: &str = r#"(module
+  (import "wasi_snapshot_preview1" "fd_write" (func $fd_write (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (data (i32.const 16) "x")
+  (func $down (param i32) (result i32)
+    (i32.store (i32.const 0) (i32.const 16))
+    (i32.store (i32.const 4) (i32.const 1))
+    (drop (call $fd_write (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))
+    (i32.add (call $down (i32.add (local.get 0) (i32.const 1))) (i32.const 1)))
+  (func (export "_start") (drop (call $down (i32.const 0)))))"#;
+
+const TOOL_CALLER: &[u8] = include_bytes!("../guests/prebuilt/tool_caller.wasm");
+
+/// Tools for the guests here: `slow.nap` answers after 200 ms, `slow.hang`
+/// never (and counts the calls that started and the ones that ended).
+fn tools(hangs: &Arc<(AtomicUsize, AtomicUsize)>) -> ToolRegistry {
+    let hangs = hangs.clone();
+    ToolRegistry::builder()
+        .tool(ToolSpec::new("slow.nap"), |_: Value| async {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            Ok(json!("rested"))
+        })
+        .tool(ToolSpec::new("slow.hang"), move |_: Value| {
+            let hangs = hangs.clone();
+            async move {
+                hangs.0.fetch_add(1, Ordering::SeqCst);
+                let _ended = Ended(hangs);
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+                Ok(Value::Null)
+            }
+        })
+        .build()
+        .expect("a valid registry")
+}
+
+struct Ended(Arc<(AtomicUsize, AtomicUsize)>);
+
+impl Drop for Ended {
+    fn drop(&mut self) {
+        self.0.1.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// A backend and an executor of it alone, with the tools above.
+fn matrix(cfg: WasmGuestConfig) -> (Arc<WasmGuest>, Executor, Arc<(AtomicUsize, AtomicUsize)>) {
+    let guest = Arc::new(WasmGuest::new(cfg).expect("wasm backend"));
+    let hangs = Arc::default();
+    let exec = Executor::builder().shared_backend(guest.clone()).tools(tools(&hangs)).build();
+    (guest, exec, hangs)
+}
+
+/// A current-thread runtime whose only blocking-pool thread is held until
+/// this drops: a run that ends on it never went to the blocking pool.
+struct OnTask {
+    /// Dropped first: lets the held blocking thread end, so the runtime can.
+    release: std::sync::mpsc::Sender<()>,
+    runtime: tokio::runtime::Runtime,
+}
+
+impl OnTask {
+    fn new() -> Self {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .max_blocking_threads(1)
+            .build()
+            .expect("runtime");
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        drop(runtime.spawn_blocking(move || {
+            let _ = held.recv();
+        }));
+        Self { release, runtime }
+    }
+
+    /// `future`'s output; a test failure after 60 s (a run that went to the
+    /// held blocking pool would wait forever).
+    fn block_on<F: Future>(&self, future: F) -> F::Output {
+        self.runtime.block_on(async {
+            tokio::time::timeout(Duration::from_secs(60), future).await.expect("waited for the blocking pool")
+        })
+    }
+}
+
+impl Drop for OnTask {
+    fn drop(&mut self) {
+        let _ = self.release.send(());
+    }
+}
+
+/// Runs `work` while another task on the same runtime wakes every 2 ms;
+/// returns `work`'s output and the longest the other task waited between
+/// two wake-ups (how long `work` held the thread at most) and its count.
+async fn beside<T>(work: impl Future<Output = T>) -> (T, Duration, usize) {
+    let gaps = Arc::new(Mutex::new((Duration::ZERO, 0usize)));
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let ticker = {
+        let (gaps, stop) = (gaps.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut last = Instant::now();
+            loop {
+                tokio::select! {
+                    _ = stop.notified() => break,
+                    _ = tokio::time::sleep(Duration::from_millis(2)) => {}
+                }
+                let now = Instant::now();
+                let mut g = gaps.lock().unwrap();
+                g.0 = g.0.max(now - last);
+                g.1 += 1;
+                last = now;
+            }
+        })
+    };
+    // Let the ticker start first.
+    tokio::task::yield_now().await;
+    let out = work.await;
+    stop.notify_one();
+    ticker.await.expect("ticker");
+    let (gap, ticks) = *gaps.lock().unwrap();
+    (out, gap, ticks)
+}
+
+fn strict(timeout_ms: u64) -> SandboxPolicy {
+    SandboxPolicy::strict().timeout(Duration::from_millis(timeout_ms))
+}
+
+/// `work`, given up (dropped) after `limit`.
+async fn within<T>(limit: Duration, work: impl Future<Output = T>) -> Result<T, tokio::time::error::Elapsed> {
+    tokio::time::timeout(limit, work).await
+}
+
+// ---- the runtime stays free ------------------------------------------------
+
+#[test]
+fn an_endless_guest_cannot_block_a_current_thread_runtime() {
+    let rt = OnTask::new();
+    let (guest, exec, _) = matrix(WasmGuestConfig::default());
+    guest.precompile(&guest!(wat "infinite_loop")).unwrap();
+    let request = ExecRequest::wasm(guest!(wat "infinite_loop")).policy(strict(400));
+    let (r, gap, ticks) = rt.block_on(beside(exec.execute(request)));
+    let r = r.unwrap();
+    assert_eq!(r.outcome, Outcome::TimedOut, "{r:?}");
+    let took = r.usage.duration;
+    assert!(took >= Duration::from_millis(400) && took < Duration::from_millis(900), "{took:?}");
+    // The other task ran all along: at 2 ms a tick, ~200 wake-ups, none
+    // held up for long (one epoch tick plus a loaded machine's noise).
+    assert!(ticks >= 40, "only {ticks} wake-ups beside the guest");
+    assert!(gap < Duration::from_millis(100), "the guest held the thread for {gap:?}");
+    assert_eq!(guest.engine().slots_in_use(), 0);
+}
+
+#[test]
+fn an_endless_loop_of_host_calls_cannot_block_a_current_thread_runtime() {
+    let rt = OnTask::new();
+    let (guest, exec, _) = matrix(WasmGuestConfig::default());
+    guest.precompile(WRITE_FOREVER.as_bytes()).unwrap();
+    let request = ExecRequest::wasm(WRITE_FOREVER.as_bytes().to_vec()).policy(strict(300).max_output_bytes(100));
+    let (r, gap, ticks) = rt.block_on(beside(exec.execute(request)));
+    let r = r.unwrap();
+    assert_eq!(r.outcome, Outcome::TimedOut, "{r:?}");
+    assert!(r.stdout.truncated && r.stdout.bytes.len() == 100 && r.stdout.total_bytes > 100, "{:?}", r.stdout);
+    assert!(r.usage.duration < Duration::from_millis(800), "{r:?}");
+    assert!(ticks >= 30, "only {ticks} wake-ups beside the guest");
+    assert!(gap < Duration::from_millis(100), "the guest held the thread for {gap:?}");
+}
+
+#[test]
+fn host_calls_at_the_bottom_of_a_full_wasm_stack_end_as_a_stack_overflow() {
+    let request =
+        || ExecRequest::wasm(RECURSE_AND_WRITE.as_bytes().to_vec()).policy(strict(10_000).max_output_bytes(10));
+    let check = |r: ExecResult| {
+        assert_eq!(r.outcome, Outcome::Failed, "{r:?}");
+        assert!(r.message.as_deref().unwrap_or_default().contains("call stack exhausted"), "{r:?}");
+        assert!(r.stdout.total_bytes > 1000, "{:?}", r.stdout);
+    };
+    let rt = OnTask::new();
+    let (guest, exec, _) = matrix(WasmGuestConfig::default());
+    guest.precompile(RECURSE_AND_WRITE.as_bytes()).unwrap();
+    check(rt.block_on(exec.execute(request())).unwrap());
+    let multi = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    check(multi.block_on(exec.execute(request())).unwrap());
+    check(exec.execute_blocking(request()).unwrap());
+    // A smaller wasm stack leaves the host its own share all the same.
+    let (guest, exec, _) = matrix(WasmGuestConfig::default().max_wasm_stack(64 << 10));
+    guest.precompile(RECURSE_AND_WRITE.as_bytes()).unwrap();
+    check(rt.block_on(exec.execute(request())).unwrap());
+}
+
+#[test]
+fn a_sleeping_guest_awaits_on_a_current_thread_runtime() {
+    let rt = OnTask::new();
+    let (guest, exec, _) = matrix(WasmGuestConfig::default());
+    let napper = nap(150);
+    guest.precompile(&napper).unwrap();
+    guest.precompile(&guest!(wat "sleep_forever")).unwrap();
+
+    let (r, gap, ticks) = rt.block_on(beside(exec.execute(ExecRequest::wasm(napper).policy(strict(5_000)))));
+    let r = r.unwrap();
+    assert_eq!((r.outcome, r.stdout.text().as_ref()), (Outcome::Ok, "awake\n"), "{r:?}");
+    assert!(r.usage.duration >= Duration::from_millis(150), "{r:?}");
+    assert!(r.usage.duration < Duration::from_millis(1_000), "{r:?}");
+    assert!(ticks >= 20, "only {ticks} wake-ups beside the sleeper");
+    assert!(gap < Duration::from_millis(100), "the sleeper held the thread for {gap:?}");
+
+    // A sleep past the deadline ends at the deadline.
+    let forever = ExecRequest::wasm(guest!(wat "sleep_forever")).policy(strict(300));
+    let (r, gap, _) = rt.block_on(beside(exec.execute(forever)));
+    let r = r.unwrap();
+    assert_eq!(r.outcome, Outcome::TimedOut, "{r:?}");
+    let took = r.usage.duration;
+    assert!(took >= Duration::from_millis(300) && took < Duration::from_millis(800), "{took:?}");
+    assert!(gap < Duration::from_millis(100), "the sleeper held the thread for {gap:?}");
+    assert_eq!(guest.engine().slots_in_use(), 0);
+}
+
+#[test]
+fn a_tool_call_awaits_on_a_current_thread_runtime() {
+    let rt = OnTask::new();
+    let (guest, exec, _) = matrix(WasmGuestConfig::default());
+    guest.precompile(TOOL_CALLER).unwrap();
+    let request = ExecRequest::wasm(TOOL_CALLER.to_vec()).arg("slow.nap").policy(strict(10_000).tools(["slow.*"]));
+    let (r, gap, ticks) = rt.block_on(beside(exec.execute(request)));
+    let r = r.unwrap();
+    assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
+    let answer: Value = serde_json::from_str(r.stdout.text().trim()).unwrap();
+    assert_eq!(answer, json!({"id": 1, "ok": true, "value": "rested"}));
+    assert_eq!(r.tool_calls.len(), 1);
+    assert!(ticks >= 20, "only {ticks} wake-ups beside the tool call");
+    assert!(gap < Duration::from_millis(100), "the tool call held the thread for {gap:?}");
+}
+
+#[test]
+fn a_hanging_tool_call_ends_at_the_runs_deadline() {
+    let rt = OnTask::new();
+    let (guest, exec, hangs) = matrix(WasmGuestConfig::default());
+    guest.precompile(TOOL_CALLER).unwrap();
+    let request = ExecRequest::wasm(TOOL_CALLER.to_vec())
+        .arg("slow.hang")
+        .policy(strict(300).tools(["slow.*"]).tool_limits(ToolLimits::default()));
+    let r = rt.block_on(exec.execute(request)).unwrap();
+    assert_eq!(r.outcome, Outcome::TimedOut, "{r:?}");
+    assert!(r.usage.duration < Duration::from_millis(3_500), "{r:?}");
+    wait_until(|| hangs.1.load(Ordering::SeqCst) == hangs.0.load(Ordering::SeqCst));
+    assert_eq!(hangs.0.load(Ordering::SeqCst), 1);
+}
+
+// ---- cancellation ----------------------------------------------------------
+
+#[test]
+fn dropping_the_future_ends_the_run_and_gives_its_slot_back() {
+    let rt = OnTask::new();
+    let (guest, exec, hangs) = matrix(WasmGuestConfig::default().pooled_instances(2));
+    let spinner = ExecRequest::wasm(guest!(wat "infinite_loop")).policy(strict(30_000));
+    let sleeper = ExecRequest::wasm(guest!(wat "sleep_forever")).policy(strict(30_000));
+    let hanger = ExecRequest::wasm(TOOL_CALLER.to_vec()).arg("slow.hang").policy(strict(30_000).tools(["slow.*"]));
+    for module in [guest!(wat "infinite_loop"), guest!(wat "sleep_forever"), TOOL_CALLER.to_vec(), guest!(wat "hello")]
+    {
+        guest.precompile(&module).unwrap();
+    }
+    for (what, request) in [("spinning", spinner), ("sleeping", sleeper), ("calling a tool", hanger)] {
+        let gave_up = rt.block_on(within(Duration::from_millis(150), exec.execute(request)));
+        assert!(gave_up.is_err(), "a guest {what} for 30 s ended within 150 ms");
+        // The store went with the future, and its slot with it: at once,
+        // not at the run's deadline.
+        assert_eq!(guest.engine().slots_in_use(), 0, "a guest {what} kept its slot");
+    }
+    // The tool call of the dropped run ended with it.
+    wait_until(|| hangs.1.load(Ordering::SeqCst) == hangs.0.load(Ordering::SeqCst));
+    assert_eq!(hangs.0.load(Ordering::SeqCst), 1);
+    // And the engine runs on: both slots are free.
+    let r = rt.block_on(exec.execute(ExecRequest::wasm(guest!(wat "hello")).policy(strict(5_000)))).unwrap();
+    assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
+    assert_eq!(guest.engine().slots_in_use(), 0);
+}
+
+// ---- every limit as on the blocking path ------------------------------------
+
+/// What must be the same on both paths (durations aside).
+#[derive(Debug, PartialEq)]
+struct Verdict {
+    outcome: Outcome,
+    exit_code: Option<i32>,
+    stdout: Vec<u8>,
+    stdout_total: u64,
+    stdout_truncated: bool,
+    stderr: String,
+    output: Option<Value>,
+    output_truncated: bool,
+    message: Option<String>,
+    fuel: Option<u64>,
+}
+
+fn verdict(r: &ExecResult) -> Verdict {
+    Verdict {
+        outcome: r.outcome,
+        exit_code: r.exit_code,
+        stdout: r.stdout.bytes.clone(),
+        stdout_total: r.stdout.total_bytes,
+        stdout_truncated: r.stdout.truncated,
+        stderr: r.stderr.text().into_owned(),
+        output: r.output.clone(),
+        output_truncated: r.output_truncated,
+        // A timeout's message names its duration.
+        message: r.message.clone().map(|m| if r.outcome == Outcome::TimedOut { "timed out".into() } else { m }),
+        fuel: r.usage.fuel,
+    }
+}
+
+fn hostile() -> Vec<(&'static str, ExecRequest)> {
+    let input = json!({"a": [1, 2, {"b": "ü"}]});
+    vec![
+        ("hello", ExecRequest::wasm(guest!(wat "hello"))),
+        ("exit 42", ExecRequest::wasm(guest!(wat "exit42"))),
+        ("unreachable", ExecRequest::wasm(guest!(wat "unreachable"))),
+        ("json abi", ExecRequest::wasm(guest!(wat "echo_json")).input(input.clone())),
+        (
+            "json abi over the cap",
+            ExecRequest::wasm(guest!(wat "echo_json")).input(input).policy(strict(5_000).max_output_bytes(4)),
+        ),
+        ("memory bomb", ExecRequest::wasm(guest!(wat "grow_bomb")).policy(strict(5_000).memory_bytes(64 << 20))),
+        ("stdout flood", ExecRequest::wasm(guest!(wat "stdout_flood")).policy(strict(10_000).max_output_bytes(1000))),
+        ("deep recursion", ExecRequest::wasm(guest!(wat "deep_recursion"))),
+        ("out of fuel", ExecRequest::wasm(guest!(wat "infinite_loop")).policy(strict(5_000).fuel(1_000_000))),
+        ("endless loop", ExecRequest::wasm(guest!(wat "infinite_loop")).policy(strict(200))),
+        ("endless sleep", ExecRequest::wasm(guest!(wat "sleep_forever")).policy(strict(200))),
+        (
+            "stdin in, stdout out",
+            ExecRequest::wasm(guest!(prebuilt "wasi_tool")).arg("cat").stdin(b"on the task".to_vec()),
+        ),
+        ("argv", ExecRequest::wasm(guest!(prebuilt "wasi_tool")).arg("args").arg("x")),
+        ("usleep", ExecRequest::wasm(guest!(prebuilt "wasi_tool")).arg("sleep").arg("30")),
+        (
+            "malloc bomb",
+            ExecRequest::wasm(guest!(prebuilt "wasi_tool"))
+                .arg("malloc-bomb")
+                .policy(strict(10_000).memory_bytes(32 << 20)),
+        ),
+    ]
+}
+
+#[test]
+fn hostile_guests_end_the_same_on_both_paths_on_a_current_thread_runtime() {
+    let rt = OnTask::new();
+    let (guest, exec, _) = matrix(WasmGuestConfig::default());
+    for (what, request) in hostile() {
+        let blocking = exec.execute_blocking(request.clone()).expect("runs");
+        let on_task = rt.block_on(exec.execute(request)).expect("runs");
+        assert_eq!(verdict(&on_task), verdict(&blocking), "{what}: {on_task:?}\nvs {blocking:?}");
+        assert_eq!(guest.engine().slots_in_use(), 0, "{what}");
+    }
+}
+
+#[test]
+fn hostile_guests_end_the_same_on_both_paths_on_a_multi_thread_runtime() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let (guest, exec, _) = matrix(WasmGuestConfig::default().pooled_instances(16));
+    let requests = hostile();
+    let expected: Vec<_> =
+        requests.iter().map(|(_, r)| verdict(&exec.execute_blocking(r.clone()).expect("runs"))).collect();
+    // Every hostile guest at once, 4 times over, on 2 worker threads.
+    let results = rt.block_on(async {
+        let mut tasks = Vec::new();
+        for round in 0..4 {
+            for (i, (_, request)) in requests.iter().enumerate() {
+                let (exec, request) = (exec.clone(), request.clone());
+                tasks.push(tokio::spawn(async move { (round, i, exec.execute(request).await) }));
+            }
+        }
+        let mut results = Vec::new();
+        for task in tasks {
+            results.push(task.await.unwrap());
+        }
+        results
+    });
+    for (round, i, result) in results {
+        let r = result.expect("runs");
+        assert_eq!(verdict(&r), expected[i], "{} (round {round}): {r:?}", requests[i].0);
+    }
+    assert_eq!(guest.engine().slots_in_use(), 0);
+}
+
+// ---- what goes to the blocking pool ------------------------------------------
+
+#[test]
+fn a_run_that_finds_no_slot_free_waits_on_the_blocking_pool() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let (guest, exec, _) = matrix(WasmGuestConfig::default().pooled_instances(1));
+    let napper = nap(200);
+    guest.precompile(&napper).unwrap();
+    let (first, second) = rt.block_on(async {
+        let first = tokio::spawn({
+            let exec = exec.clone();
+            let request = ExecRequest::wasm(napper.clone()).policy(strict(5_000));
+            async move { exec.execute(request).await }
+        });
+        // The first holds the only slot while it sleeps, on the task.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(guest.engine().slots_in_use(), 1);
+        let second = exec.execute(ExecRequest::wasm(napper).policy(strict(5_000))).await;
+        (first.await.unwrap(), second)
+    });
+    for r in [first.unwrap(), second.unwrap()] {
+        assert_eq!((r.outcome, r.stdout.text().as_ref()), (Outcome::Ok, "awake\n"), "{r:?}");
+    }
+    assert_eq!(guest.engine().slots_in_use(), 0);
+}
+
+#[test]
+fn a_module_not_yet_cached_compiles_on_the_blocking_pool() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let (guest, exec, _) = matrix(WasmGuestConfig::default());
+    let r = rt.block_on(exec.execute(ExecRequest::wasm(guest!(wat "hello")))).unwrap();
+    assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
+    assert_eq!(guest.cache_stats().compiled, 1);
+    // The next call finds it cached, and runs on the task.
+    let held = OnTask::new();
+    let r = held.block_on(exec.execute(ExecRequest::wasm(guest!(wat "hello")))).unwrap();
+    assert_eq!(r.stdout.text(), "hello from wasm\n");
+    assert_eq!(guest.cache_stats().memory_hits, 1);
+}
+
+#[test]
+fn runs_with_files_or_without_async_runs_take_the_blocking_pool() {
+    let (guest, exec, _) = matrix(WasmGuestConfig::default());
+    guest.precompile(&guest!(prebuilt "wasi_tool")).unwrap();
+    let with_file = || {
+        ExecRequest::wasm(guest!(prebuilt "wasi_tool"))
+            .arg("read")
+            .arg("/input/a.txt")
+            .input_file(ExecFile::new("a.txt", b"staged".to_vec()))
+    };
+    // Held: the run waits for the blocking pool, which never frees.
+    let held = OnTask::new();
+    assert!(held.block_on(within(Duration::from_millis(300), exec.execute(with_file()))).is_err());
+    drop(held);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let r = rt.block_on(exec.execute(with_file())).unwrap();
+    assert_eq!(r.stdout.text(), "staged", "{r:?}");
+
+    let (guest, exec, _) = matrix(WasmGuestConfig::default().async_runs(false));
+    guest.precompile(&guest!(wat "hello")).unwrap();
+    let held = OnTask::new();
+    let hello = || ExecRequest::wasm(guest!(wat "hello"));
+    assert!(held.block_on(within(Duration::from_millis(300), exec.execute(hello()))).is_err());
+    drop(held);
+    assert_eq!(rt.block_on(exec.execute(hello())).unwrap().outcome, Outcome::Ok);
+}
+
+fn wait_until(done: impl Fn() -> bool) {
+    let until = Instant::now() + Duration::from_secs(10);
+    while !done() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(done(), "not within 10 s");
+}
