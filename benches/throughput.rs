@@ -3,7 +3,9 @@
 //! `Executor::execute`, as a server's connections do.
 //!
 //! `cargo bench --bench throughput`. Three workloads:
-//! - `wasm_hello`: the trivial cached WASI command (`hello.wat`, one `fd_write`);
+//! - `wasm_hello`: the trivial cached WASI command (`hello.wat`, one
+//!   `fd_write`), on the caller's task; `wasm_hello_blocking_pool` the same
+//!   with `async_runs(false)`, each run handed to tokio's blocking pool;
 //! - `js_transform`: the 100-number JS transform of `benches/js.rs` on the
 //!   contained `boa-js` (worker processes);
 //! - `python_print_pooled`: `print(1+1)` on `python-wasm` with its warm pool
@@ -84,9 +86,15 @@ fn bench(c: &mut Criterion) {
     // One worker thread per core, as `#[tokio::main]` builds it.
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
 
-    let wasm = Executor::with_backend(WasmGuest::new(WasmGuestConfig::default()).expect("wasm"));
     let hello = wat::parse_str(HELLO).expect("valid WAT");
-    group(c, &runtime, "wasm_hello", &wasm, Arc::new(move || ExecRequest::wasm(hello.clone())), false);
+    let wasm = Executor::with_backend(WasmGuest::new(WasmGuestConfig::default()).expect("wasm"));
+    let request = hello.clone();
+    group(c, &runtime, "wasm_hello", &wasm, Arc::new(move || ExecRequest::wasm(request.clone())), false);
+    // The same on tokio's blocking pool (each run a thread hand-off): the
+    // path every run took before runs on the async task.
+    let pooled = WasmGuest::new(WasmGuestConfig::default().async_runs(false)).expect("wasm");
+    let wasm = Executor::with_backend(pooled);
+    group(c, &runtime, "wasm_hello_blocking_pool", &wasm, Arc::new(move || ExecRequest::wasm(hello.clone())), false);
 
     let boa = BoaJs::default();
     let js = Executor::with_backend(boa);

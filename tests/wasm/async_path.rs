@@ -21,10 +21,10 @@ use serde_json::{Value, json};
 
 macro_rules! guest {
     (wat $name:literal) => {
-        include_bytes!(concat!("../guests/wat/", $name, ".wat")).to_vec()
+        include_bytes!(concat!("../../guests/wat/", $name, ".wat")).to_vec()
     };
     (prebuilt $name:literal) => {
-        include_bytes!(concat!("../guests/prebuilt/", $name, ".wasm")).to_vec()
+        include_bytes!(concat!("../../guests/prebuilt/", $name, ".wasm")).to_vec()
     };
 }
 
@@ -75,7 +75,7 @@ const RECURSE_AND_WRITE: &str = r#"(module
     (i32.add (call $down (i32.add (local.get 0) (i32.const 1))) (i32.const 1)))
   (func (export "_start") (drop (call $down (i32.const 0)))))"#;
 
-const TOOL_CALLER: &[u8] = include_bytes!("../guests/prebuilt/tool_caller.wasm");
+const TOOL_CALLER: &[u8] = include_bytes!("../../guests/prebuilt/tool_caller.wasm");
 
 /// Tools for the guests here: `slow.nap` answers after 200 ms, `slow.hang`
 /// never (and counts the calls that started and the ones that ended).
