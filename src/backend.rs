@@ -47,7 +47,8 @@ pub trait Backend: Send + Sync + 'static {
     /// run, which ends on the pool by its deadline. A backend that can run
     /// on the task itself overrides it: the `wasm` guest does, for cached
     /// modules (wasmtime yields to the runtime at every epoch tick, so the
-    /// guest holds a runtime thread for at most one tick at a time), and
+    /// guest holds a runtime thread for about one tick at a time, one
+    /// uninterruptible bulk-memory instruction aside), and
     /// dropping its future ends the run at once. Either way every control
     /// of the policy holds as in [`Backend::execute`].
     fn execute_async(self: Arc<Self>, call: Admitted) -> RunFuture {

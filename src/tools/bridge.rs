@@ -354,8 +354,11 @@ impl ToolBridge {
             Err(tokio::sync::oneshot::error::TryRecvError::Empty) => {}
         }
         let Some(runtime) = tool_runtime() else { return late() };
-        // Aborted if this future is dropped (its run was cancelled).
-        let mut timed = AbortOnDrop(runtime.spawn(tokio::time::timeout(wait, rx)));
+        // Aborted if this future is dropped (its run was cancelled). The
+        // timeout is made inside the task: `tokio::time::timeout` takes the
+        // timer of the runtime it is called on, and the caller's may have
+        // none (it panicked there).
+        let mut timed = AbortOnDrop(runtime.spawn(async move { tokio::time::timeout(wait, rx).await }));
         match (&mut timed.0).await {
             Ok(Ok(Ok(result))) => result,
             _ => late(),

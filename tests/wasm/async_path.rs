@@ -173,14 +173,19 @@ async fn beside<T>(work: impl Future<Output = T>) -> (T, Duration, usize) {
                 g.1 += 1;
                 last = now;
             }
+            last
         })
     };
     // Let the ticker start first.
     tokio::task::yield_now().await;
     let out = work.await;
     stop.notify_one();
-    ticker.await.expect("ticker");
-    let (gap, ticks) = *gaps.lock().unwrap();
+    let last = ticker.await.expect("ticker");
+    // The wait since the last wake-up counts too (a `work` that held the
+    // thread to its end left no wake-up after it).
+    let mut g = gaps.lock().unwrap();
+    g.0 = g.0.max(last.elapsed());
+    let (gap, ticks) = *g;
     (out, gap, ticks)
 }
 
@@ -516,4 +521,407 @@ fn wait_until(done: impl Fn() -> bool) {
         std::thread::sleep(Duration::from_millis(10));
     }
     assert!(done(), "not within 10 s");
+}
+
+// ---- what a hostile guest or caller tries next -------------------------------
+
+/// Reads one byte of stdin: `w` fills the whole memory (grown to 1 MiB,
+/// data segments and the kept-resident first 64 KiB included) with 0x5A;
+/// `x` does that too, then checks (finds it dirty: the check works); `r`
+/// checks that nothing of that is left — the data segments
+/// as the module has them, every other word of the grown memory free of
+/// 0x5A5A5A5A — and prints "clean" or "dirty". `variant` makes a
+/// different module of the same code.
+fn memory_spy(variant: u32) -> Vec<u8> {
+    format!(
+        r#"(module
+  (import "wasi_snapshot_preview1" "fd_read" (func $fd_read (param i32 i32 i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "fd_write" (func $fd_write (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 2)
+  (global (export "variant") i32 (i32.const {variant}))
+  (data (i32.const 1024) "PRISTINE")
+  (data (i32.const 70000) "IMAGE2!!")
+  (func (export "_start")
+    (local $at i32) (local $dirty i32) (local $mode i32)
+    (i32.store (i32.const 0) (i32.const 16))
+    (i32.store (i32.const 4) (i32.const 1))
+    (drop (call $fd_read (i32.const 0) (i32.const 0) (i32.const 1) (i32.const 8)))
+    (drop (memory.grow (i32.const 14)))
+    (local.set $mode (i32.load8_u (i32.const 16)))
+    (if (i32.ne (local.get $mode) (i32.const 114))
+      (then (memory.fill (i32.const 0) (i32.const 0x5A) (i32.const 1048576))))
+    (if (i32.eq (local.get $mode) (i32.const 119)) (then (return)))
+    (local.set $dirty
+      (i32.or
+        (i64.ne (i64.load (i32.const 1024)) (i64.const 0x454E495453495250))
+        (i64.ne (i64.load (i32.const 70000)) (i64.const 0x2121324547414D49))))
+    (local.set $at (i32.const 0))
+    (loop $scan
+      (if (i32.eq (i32.load (local.get $at)) (i32.const 0x5A5A5A5A))
+        (then (local.set $dirty (i32.const 1))))
+      (local.set $at (i32.add (local.get $at) (i32.const 4)))
+      (br_if $scan (i32.lt_u (local.get $at) (i32.const 1048576))))
+    (i32.store (i32.const 2048) (select (i32.const 0x74726964) (i32.const 0x61656c63) (local.get $dirty)))
+    (i32.store16 (i32.const 2052) (select (i32.const 0x0a79) (i32.const 0x0a6e) (local.get $dirty)))
+    (i32.store (i32.const 200) (i32.const 2048))
+    (i32.store (i32.const 204) (i32.const 6))
+    (drop (call $fd_write (i32.const 1) (i32.const 200) (i32.const 1) (i32.const 208)))))"#
+    )
+    .into_bytes()
+}
+
+/// The pool keeps the first 64 KiB of a slot's memory resident and resets
+/// only the pages a run touched: a run still finds nothing of the last one
+/// on its slot (same module or another, either path), in the kept pages,
+/// past them, in its data segments or in memory it grows.
+#[test]
+fn a_pooled_memory_holds_nothing_of_the_last_run_on_its_slot() {
+    let rt = OnTask::new();
+    // One slot: every run takes the slot the last one left.
+    let (guest, exec, _) = matrix(WasmGuestConfig::default().pooled_instances(1));
+    let (spy, other) = (memory_spy(1), memory_spy(2));
+    guest.precompile(&spy).unwrap();
+    guest.precompile(&other).unwrap();
+    let run = |module: &[u8], stdin: &[u8], on_task: bool| {
+        let request = ExecRequest::wasm(module.to_vec()).stdin(stdin.to_vec()).policy(strict(10_000));
+        let r = if on_task { rt.block_on(exec.execute(request)) } else { exec.execute_blocking(request) };
+        r.expect("runs")
+    };
+    // The check sees what a run leaves in its own memory.
+    assert_eq!(run(&spy, b"x", true).stdout.text(), "dirty\n");
+    assert_eq!(run(&spy, b"x", false).stdout.text(), "dirty\n");
+    for (write_on_task, read_on_task) in [(true, true), (false, true), (true, false), (false, false)] {
+        for reader in [&spy, &other] {
+            let w = run(&spy, b"w", write_on_task);
+            assert_eq!(w.outcome, Outcome::Ok, "{w:?}");
+            let r = run(reader, b"r", read_on_task);
+            assert_eq!(
+                (r.outcome, r.stdout.text().as_ref()),
+                (Outcome::Ok, "clean\n"),
+                "written on the task: {write_on_task}, read on the task: {read_on_task}, same module: {}",
+                std::ptr::eq(reader, &spy)
+            );
+        }
+    }
+}
+
+/// Fills 64 MiB of its memory with `random_get` (wasmtime-wasi's limit for
+/// one call), over and over.
+const RANDOM_FOREVER: &str = r#"(module
+  (import "wasi_snapshot_preview1" "random_get" (func $random (param i32 i32) (result i32)))
+  (memory (export "memory") 1025)
+  (func (export "_start")
+    (loop $again
+      (drop (call $random (i32.const 0) (i32.const 67108864)))
+      (br $again))))"#;
+
+/// `random_get` of 32 bytes (0: fills them), then of 100 bytes that run
+/// past the end of memory (21: `EFAULT`): exits with the sum, plus 1 if
+/// the 32 bytes are not all zero.
+const RANDOM_SMALL: &str = r#"(module
+  (import "wasi_snapshot_preview1" "random_get" (func $random (param i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "proc_exit" (func $exit (param i32)))
+  (memory (export "memory") 1)
+  (func (export "_start")
+    (local $sum i32)
+    (local.set $sum (i32.add (call $random (i32.const 0) (i32.const 32)) (call $random (i32.const 65500) (i32.const 100))))
+    (call $exit (i32.add (local.get $sum)
+      (i64.ne (i64.or (i64.or (i64.load (i32.const 0)) (i64.load (i32.const 8)))
+                      (i64.or (i64.load (i32.const 16)) (i64.load (i32.const 24)))) (i64.const 0))))))"#;
+
+/// wasmtime-wasi's `random_get` built 64 MiB on the host a byte at a time,
+/// deaf to the deadline: 17 s of the runtime's one thread (debug build)
+/// for a run of 300 ms. execbox's fills the guest's memory in chunks,
+/// looking at the deadline (and yielding, on a task) between two.
+#[test]
+fn random_get_of_a_large_buffer_cannot_hold_the_runtime_thread() {
+    let rt = OnTask::new();
+    let (guest, exec, _) = matrix(WasmGuestConfig::default());
+    guest.precompile(RANDOM_FOREVER.as_bytes()).unwrap();
+    let request = ExecRequest::wasm(RANDOM_FOREVER.as_bytes().to_vec()).policy(strict(300));
+    let (r, gap, _) = rt.block_on(beside(exec.execute(request)));
+    let r = r.unwrap();
+    assert_eq!(r.outcome, Outcome::TimedOut, "{r:?}");
+    assert!(r.usage.duration < Duration::from_millis(1_000), "{r:?}");
+    assert!(gap < Duration::from_millis(100), "the guest held the thread for {gap:?}");
+    let blocking = exec.execute_blocking(ExecRequest::wasm(RANDOM_FOREVER.as_bytes().to_vec()).policy(strict(300)));
+    let blocking = blocking.unwrap();
+    assert_eq!(blocking.outcome, Outcome::TimedOut, "{blocking:?}");
+    assert!(blocking.usage.duration < Duration::from_millis(1_000), "{blocking:?}");
+    // And it still answers as WASI says.
+    guest.precompile(RANDOM_SMALL.as_bytes()).unwrap();
+    let small = || ExecRequest::wasm(RANDOM_SMALL.as_bytes().to_vec());
+    for r in [rt.block_on(exec.execute(small())).unwrap(), exec.execute_blocking(small()).unwrap()] {
+        assert_eq!(r.exit_code, Some(22), "{r:?}");
+    }
+}
+
+/// A start function that spins forever: it runs while instantiating.
+const START_SPINS: &str = r#"(module
+  (func $spin (loop $forever (br $forever)))
+  (start $spin)
+  (func (export "_start")))"#;
+
+/// A JSON-ABI guest whose `alloc` traps.
+const ALLOC_TRAPS: &str = r#"(module
+  (memory (export "memory") 1)
+  (func (export "alloc") (param i32) (result i32) unreachable)
+  (func (export "run") (param i32 i32) (result i64) (i64.const 0)))"#;
+
+/// A JSON-ABI guest whose `run` exits with code 3.
+const RUN_EXITS: &str = r#"(module
+  (import "wasi_snapshot_preview1" "proc_exit" (func $exit (param i32)))
+  (memory (export "memory") 1)
+  (func (export "alloc") (param i32) (result i32) (i32.const 1024))
+  (func (export "run") (param i32 i32) (result i64) (call $exit (i32.const 3)) (i64.const 0)))"#;
+
+/// A JSON-ABI guest whose `run` spins forever.
+const RUN_SPINS: &str = r#"(module
+  (memory (export "memory") 1)
+  (func (export "alloc") (param i32) (result i32) (i32.const 1024))
+  (func (export "run") (param i32 i32) (result i64) (loop $l (br $l)) (i64.const 0)))"#;
+
+/// A JSON-ABI guest whose `run` answers outside its memory.
+const RUN_OUTSIDE: &str = r#"(module
+  (memory (export "memory") 1)
+  (func (export "alloc") (param i32) (result i32) (i32.const 1024))
+  (func (export "run") (param i32 i32) (result i64) (i64.const 0x0010000000000010)))"#;
+
+/// A JSON-ABI guest whose `alloc` points outside its memory.
+const ALLOC_OUTSIDE: &str = r#"(module
+  (memory (export "memory") 1)
+  (func (export "alloc") (param i32) (result i32) (i32.const 65530))
+  (func (export "run") (param i32 i32) (result i64) (i64.const 0)))"#;
+
+/// Sleeps with an absolute clock: realtime (0) or monotonic (1), `ms` from
+/// now, then prints the poll's errno and event count.
+fn absolute_nap(clock: u32, ms: u64) -> Vec<u8> {
+    format!(
+        r#"(module
+  (import "wasi_snapshot_preview1" "clock_time_get" (func $now (param i32 i64 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "poll_oneoff" (func $poll (param i32 i32 i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "proc_exit" (func $exit (param i32)))
+  (memory (export "memory") 1)
+  (func (export "_start")
+    (drop (call $now (i32.const {clock}) (i64.const 0) (i32.const 304)))
+    (i32.store8 (i32.const 8) (i32.const 0))
+    (i32.store (i32.const 16) (i32.const {clock}))
+    (i64.store (i32.const 24) (i64.add (i64.load (i32.const 304)) (i64.const {ns})))
+    (i32.store16 (i32.const 40) (i32.const 1))
+    (call $exit (i32.add (i32.mul (call $poll (i32.const 0) (i32.const 64) (i32.const 1) (i32.const 128)) (i32.const 10))
+      (i32.load (i32.const 128))))))"#,
+        ns = ms * 1_000_000
+    )
+    .into_bytes()
+}
+
+/// Polls `n` subscriptions (all zeroed: relative clock 0 timeouts, due
+/// now) and exits with the errno * 10 + events (mod 256).
+fn many_subscriptions(n: u32) -> Vec<u8> {
+    format!(
+        r#"(module
+  (import "wasi_snapshot_preview1" "poll_oneoff" (func $poll (param i32 i32 i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "proc_exit" (func $exit (param i32)))
+  (memory (export "memory") 200)
+  (func (export "_start")
+    (call $exit (i32.add (call $poll (i32.const 0) (i32.const 6000000) (i32.const {n}) (i32.const 16))
+      (i32.mul (i32.const 10) (i32.ne (i32.load (i32.const 16)) (i32.const 0)))))))"#
+    )
+    .into_bytes()
+}
+
+/// Grows its table by `n` (past the engine's limit when large).
+fn table_grow(n: u32) -> Vec<u8> {
+    format!(
+        r#"(module
+  (import "wasi_snapshot_preview1" "proc_exit" (func $exit (param i32)))
+  (memory (export "memory") 1)
+  (table 1 funcref)
+  (func (export "_start")
+    (call $exit (i32.add (i32.const 2) (table.grow (ref.null func) (i32.const {n}))))))"#
+    )
+    .into_bytes()
+}
+
+fn more_hostile() -> Vec<(&'static str, ExecRequest)> {
+    vec![
+        ("start spins", ExecRequest::wasm(START_SPINS.as_bytes().to_vec()).policy(strict(200))),
+        ("alloc traps", ExecRequest::wasm(ALLOC_TRAPS.as_bytes().to_vec()).input(json!({"a": 1}))),
+        ("run exits 3", ExecRequest::wasm(RUN_EXITS.as_bytes().to_vec()).input(json!({"a": 1}))),
+        ("run spins", ExecRequest::wasm(RUN_SPINS.as_bytes().to_vec()).input(json!(1)).policy(strict(200))),
+        (
+            "run spins out of fuel",
+            ExecRequest::wasm(RUN_SPINS.as_bytes().to_vec()).input(json!(1)).policy(strict(5_000).fuel(100_000)),
+        ),
+        ("run outside", ExecRequest::wasm(RUN_OUTSIDE.as_bytes().to_vec()).input(json!(1))),
+        ("alloc outside", ExecRequest::wasm(ALLOC_OUTSIDE.as_bytes().to_vec()).input(json!("0123456789"))),
+        ("realtime nap", ExecRequest::wasm(absolute_nap(0, 50))),
+        ("monotonic nap", ExecRequest::wasm(absolute_nap(1, 50))),
+        ("realtime nap past the deadline", ExecRequest::wasm(absolute_nap(0, 3_600_000)).policy(strict(200))),
+        ("monotonic nap past the deadline", ExecRequest::wasm(absolute_nap(1, 3_600_000)).policy(strict(200))),
+        ("process cputime nap", ExecRequest::wasm(absolute_nap(2, 3_600_000)).policy(strict(200))),
+        ("21845 subscriptions", ExecRequest::wasm(many_subscriptions(21845))),
+        ("21846 subscriptions", ExecRequest::wasm(many_subscriptions(21846))),
+        ("-1 subscriptions", ExecRequest::wasm(many_subscriptions(u32::MAX))),
+        ("table grow", ExecRequest::wasm(table_grow(1000))),
+        ("table grow past the limit", ExecRequest::wasm(table_grow(10_000_000))),
+        ("exit 125", ExecRequest::wasm(guest!(prebuilt "wasi_tool")).arg("exit").arg("125")),
+        ("exit 255", ExecRequest::wasm(guest!(prebuilt "wasi_tool")).arg("exit").arg("255")),
+        ("exit 1", ExecRequest::wasm(guest!(prebuilt "wasi_tool")).arg("exit").arg("1")),
+        (
+            "stderr cap",
+            ExecRequest::wasm(guest!(prebuilt "wasi_tool")).arg("nope").policy(strict(5_000).max_output_bytes(3)),
+        ),
+    ]
+}
+
+/// Start functions, JSON-ABI traps and exits, absolute sleeps on every
+/// clock, huge poll subscription counts, table growth and exit codes end
+/// the same on the task as on the blocking path.
+#[test]
+fn more_hostile_guests_end_the_same_on_both_paths() {
+    let rt = OnTask::new();
+    let (guest, exec, _) = matrix(WasmGuestConfig::default());
+    let mut differ = Vec::new();
+    for (what, request) in more_hostile() {
+        let blocking = exec.execute_blocking(request.clone()).expect("runs");
+        let on_task = rt.block_on(exec.execute(request)).expect("runs");
+        if verdict(&on_task) != verdict(&blocking) {
+            differ.push(format!("{what}: {on_task:?}\nvs {blocking:?}"));
+        }
+        assert_eq!(guest.engine().slots_in_use(), 0, "{what}");
+    }
+    assert!(differ.is_empty(), "{differ:#?}");
+}
+
+/// A runtime dropped (or shut down in the background) with runs on its
+/// tasks — spinning, sleeping, in a tool call, in a start function — drops
+/// their futures: every slot comes back and every tool call ends.
+#[test]
+fn shutting_down_the_runtime_mid_runs_gives_every_slot_back() {
+    for background in [false, true] {
+        let (guest, exec, hangs) = matrix(WasmGuestConfig::default().pooled_instances(64));
+        for module in [guest!(wat "infinite_loop"), guest!(wat "sleep_forever"), TOOL_CALLER.to_vec()] {
+            guest.precompile(&module).unwrap();
+        }
+        guest.precompile(START_SPINS.as_bytes()).unwrap();
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        for i in 0..32 {
+            let request = match i % 4 {
+                0 => ExecRequest::wasm(guest!(wat "infinite_loop")),
+                1 => ExecRequest::wasm(guest!(wat "sleep_forever")),
+                2 => ExecRequest::wasm(TOOL_CALLER.to_vec()).arg("slow.hang").policy(strict(30_000).tools(["slow.*"])),
+                _ => ExecRequest::wasm(START_SPINS.as_bytes().to_vec()),
+            };
+            let request = if i % 4 == 2 { request } else { request.policy(strict(30_000)) };
+            let exec = exec.clone();
+            rt.spawn(async move { exec.execute(request).await });
+        }
+        wait_until(|| guest.engine().slots_in_use() == 32 && hangs.0.load(Ordering::SeqCst) == 8);
+        if background {
+            rt.shutdown_background();
+        } else {
+            drop(rt);
+        }
+        wait_until(|| guest.engine().slots_in_use() == 0);
+        wait_until(|| hangs.1.load(Ordering::SeqCst) == 8);
+    }
+}
+
+/// `JoinHandle::abort` of a spawned run, at every kind of wait, 50 times.
+#[test]
+fn aborting_spawned_runs_gives_their_slots_back() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let (guest, exec, hangs) = matrix(WasmGuestConfig::default().pooled_instances(4));
+    for module in [guest!(wat "infinite_loop"), guest!(wat "sleep_forever"), TOOL_CALLER.to_vec()] {
+        guest.precompile(&module).unwrap();
+    }
+    guest.precompile(START_SPINS.as_bytes()).unwrap();
+    for round in 0..50 {
+        let request = match round % 4 {
+            0 => ExecRequest::wasm(guest!(wat "infinite_loop")).policy(strict(30_000)),
+            1 => ExecRequest::wasm(guest!(wat "sleep_forever")).policy(strict(30_000)),
+            2 => ExecRequest::wasm(TOOL_CALLER.to_vec()).arg("slow.hang").policy(strict(30_000).tools(["slow.*"])),
+            _ => ExecRequest::wasm(START_SPINS.as_bytes().to_vec()).policy(strict(30_000)),
+        };
+        let exec2 = exec.clone();
+        let task = rt.spawn(async move { exec2.execute(request).await });
+        wait_until(|| guest.engine().slots_in_use() == 1);
+        task.abort();
+        let joined = rt.block_on(task);
+        assert!(joined.unwrap_err().is_cancelled());
+        assert_eq!(guest.engine().slots_in_use(), 0, "round {round}");
+    }
+    wait_until(|| hangs.1.load(Ordering::SeqCst) == hangs.0.load(Ordering::SeqCst));
+}
+
+/// 300 runs at once (spinners, sleepers, quick ones) on 2 worker threads.
+#[test]
+fn hundreds_of_runs_on_two_threads_end_within_their_limits() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let (guest, exec, _) = matrix(WasmGuestConfig::default().pooled_instances(400));
+    guest.precompile(&guest!(wat "infinite_loop")).unwrap();
+    guest.precompile(&guest!(wat "hello")).unwrap();
+    let napper = nap(100);
+    guest.precompile(&napper).unwrap();
+    let started = Instant::now();
+    let results = rt.block_on(async {
+        let mut tasks = Vec::new();
+        for i in 0..300 {
+            let request = match i % 3 {
+                0 => ExecRequest::wasm(guest!(wat "infinite_loop")).policy(strict(300)),
+                1 => ExecRequest::wasm(guest!(wat "hello")).policy(strict(5_000)),
+                _ => ExecRequest::wasm(napper.clone()).policy(strict(5_000)),
+            };
+            let exec = exec.clone();
+            tasks.push(tokio::spawn(async move {
+                let t = Instant::now();
+                (i, exec.execute(request).await, t.elapsed())
+            }));
+        }
+        let mut out = Vec::new();
+        for t in tasks {
+            out.push(t.await.unwrap());
+        }
+        out
+    });
+    let mut worst = Duration::ZERO;
+    for (i, r, wall) in results {
+        let r = r.unwrap();
+        match i % 3 {
+            0 => {
+                assert_eq!(r.outcome, Outcome::TimedOut);
+                worst = worst.max(wall.saturating_sub(Duration::from_millis(300)));
+            }
+            _ => assert_eq!(r.outcome, Outcome::Ok, "{r:?}"),
+        }
+    }
+    // 100 spinners share 2 threads a tick at a time: each is looked at
+    // every ~50 ms at worst; 2 s is a loaded machine's margin.
+    assert!(worst < Duration::from_secs(2), "a spinner ended {worst:?} past its deadline");
+    assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
+    assert_eq!(guest.engine().slots_in_use(), 0);
+}
+
+/// A runtime built without timers: a tool call on the task made its
+/// timeout with the caller's timer and panicked through `execute`.
+#[test]
+fn a_runtime_without_timers_or_io_runs_sleeps_and_tool_calls() {
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let (guest, exec, _) = matrix(WasmGuestConfig::default());
+    let napper = nap(50);
+    for module in [guest!(wat "sleep_forever"), TOOL_CALLER.to_vec(), napper.clone(), guest!(wat "hello")] {
+        guest.precompile(&module).unwrap();
+    }
+    let r = rt.block_on(exec.execute(ExecRequest::wasm(napper).policy(strict(5_000)))).unwrap();
+    assert_eq!(r.stdout.text(), "awake\n", "{r:?}");
+    let r = rt.block_on(exec.execute(ExecRequest::wasm(guest!(wat "sleep_forever")).policy(strict(200)))).unwrap();
+    assert_eq!(r.outcome, Outcome::TimedOut, "{r:?}");
+    let request = ExecRequest::wasm(TOOL_CALLER.to_vec()).arg("slow.nap").policy(strict(10_000).tools(["slow.*"]));
+    let r = rt.block_on(exec.execute(request)).unwrap();
+    assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
+    assert!(r.stdout.text().contains("rested"), "{r:?}");
+    let request = ExecRequest::wasm(TOOL_CALLER.to_vec()).arg("slow.hang").policy(strict(300).tools(["slow.*"]));
+    let r = rt.block_on(exec.execute(request)).unwrap();
+    assert_eq!(r.outcome, Outcome::TimedOut, "{r:?}");
 }

@@ -131,8 +131,10 @@ pub struct WasmGuestConfig {
     /// awaits [`Executor::execute`](crate::executor::Executor::execute),
     /// instead of on tokio's blocking pool: the guest yields to the runtime
     /// at every epoch tick (so it holds a runtime thread for at most one
-    /// `epoch_tick` at a time), and its sleeps and tool calls await instead
-    /// of blocking. Every limit holds as on the blocking pool. A run that
+    /// `epoch_tick` at a time, past the one wasm instruction it is in: a
+    /// bulk-memory instruction is not interrupted, and one `memory.fill` of
+    /// 512 MiB holds the thread ~0.3 s), and its sleeps, `random_get` and
+    /// tool calls await instead of blocking. Every limit holds as on the blocking pool. A run that
     /// must compile its module, that is granted files (preopens or input
     /// files), or that finds no instance slot free takes the blocking pool
     /// anyway; `execute_blocking` always runs on the calling thread, and the

@@ -46,6 +46,7 @@ pub(crate) fn linker(engine: &Engine) -> wasmtime::Result<Linker<GuestState>> {
     linker.func_wrap("wasi_snapshot_preview1", "path_symlink", fs_guard::path_symlink)?;
     linker.func_wrap("wasi_snapshot_preview1", "path_rename", fs_guard::path_rename)?;
     linker.func_wrap("wasi_snapshot_preview1", "path_link", fs_guard::path_link)?;
+    linker.func_wrap("wasi_snapshot_preview1", "random_get", random_get)?;
     linker.allow_shadowing(false);
     tool_import::add_to_linker(&mut linker)?;
     Ok(linker)
@@ -62,6 +63,7 @@ pub(crate) fn linker_async(engine: &Engine) -> wasmtime::Result<Linker<GuestStat
     wasmtime_wasi::p1::add_to_linker_async(&mut linker, |s: &mut GuestState| &mut s.wasi)?;
     linker.allow_shadowing(true);
     linker.func_wrap_async("wasi_snapshot_preview1", "poll_oneoff", poll_oneoff_async)?;
+    linker.func_wrap_async("wasi_snapshot_preview1", "random_get", random_get_async)?;
     fs_guard::add_async(&mut linker)?;
     linker.allow_shadowing(false);
     tool_import::add_async(&mut linker)?;
@@ -109,6 +111,84 @@ fn poll_oneoff_async<'a>(
         }
         Ok(poll.answer(&mut caller, events, nevents))
     })
+}
+
+/// Bytes of a guest's buffer `random_get` fills at a time: between two, the
+/// run stops if its deadline passed, and a run on an async task yields.
+const RANDOM_CHUNK: usize = 64 << 10;
+
+/// `random_get`: fills the guest's buffer from the OS's random source in
+/// place, [`RANDOM_CHUNK`] bytes at a time, and stops the run at its
+/// deadline between two. wasmtime-wasi's builds the whole buffer on the
+/// host first (up to 64 MiB, outside the run's memory cap), a byte at a
+/// time and with no look at the deadline: a guest that asked for 64 MiB in
+/// a loop held its thread for seconds past its deadline.
+fn random_get(mut caller: Caller<'_, GuestState>, buf: i32, len: i32) -> wasmtime::Result<i32> {
+    let Ok((memory, chunks)) = RandomFill::new(&mut caller, buf, len) else { return Ok(ERRNO_FAULT) };
+    let controls = caller.data().controls.clone();
+    for chunk in chunks {
+        if controls.deadline().expired() {
+            return Err(wasmtime::Error::new(DeadlineReached));
+        }
+        fill_random(&mut memory.data_mut(&mut caller)[chunk])?;
+    }
+    Ok(ERRNO_SUCCESS)
+}
+
+/// [`random_get`] on an async task: it yields to the runtime between two
+/// chunks.
+fn random_get_async<'a>(
+    mut caller: Caller<'a, GuestState>,
+    (buf, len): (i32, i32),
+) -> Box<dyn Future<Output = wasmtime::Result<i32>> + Send + 'a> {
+    Box::new(async move {
+        let Ok((memory, chunks)) = RandomFill::new(&mut caller, buf, len) else { return Ok(ERRNO_FAULT) };
+        let deadline = caller.data().controls.deadline();
+        let mut first = true;
+        for chunk in chunks {
+            if !std::mem::take(&mut first) {
+                tokio::task::yield_now().await;
+            }
+            if deadline.expired() {
+                return Err(wasmtime::Error::new(DeadlineReached));
+            }
+            fill_random(&mut memory.data_mut(&mut caller)[chunk])?;
+        }
+        Ok(ERRNO_SUCCESS)
+    })
+}
+
+/// The chunks of a `random_get` buffer, checked to lie in the guest's memory.
+struct RandomFill {
+    at: usize,
+    end: usize,
+}
+
+impl RandomFill {
+    /// The guest's memory and the chunks of `buf..buf+len`; `Err` when the
+    /// guest has no memory or the buffer is outside it (`EFAULT`).
+    fn new(caller: &mut Caller<'_, GuestState>, buf: i32, len: i32) -> Result<(wasmtime::Memory, Self), ()> {
+        let memory = caller.get_export("memory").and_then(|e| e.into_memory()).ok_or(())?;
+        let at = buf as u32 as usize;
+        let end = at.checked_add(len as u32 as usize).filter(|&end| end <= memory.data_size(&*caller)).ok_or(())?;
+        Ok((memory, Self { at, end }))
+    }
+}
+
+impl Iterator for RandomFill {
+    type Item = std::ops::Range<usize>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        (self.at < self.end).then(|| {
+            let chunk = self.at..self.end.min(self.at.saturating_add(RANDOM_CHUNK));
+            self.at = chunk.end;
+            chunk
+        })
+    }
+}
+
+fn fill_random(bytes: &mut [u8]) -> wasmtime::Result<()> {
+    getrandom::fill(bytes).map_err(|e| wasmtime::format_err!("the OS random source failed: {e}"))
 }
 
 /// A guest's `poll_oneoff` subscriptions, read from its memory: each one's
