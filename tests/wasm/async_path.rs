@@ -925,3 +925,51 @@ fn a_runtime_without_timers_or_io_runs_sleeps_and_tool_calls() {
     let r = rt.block_on(exec.execute(request)).unwrap();
     assert_eq!(r.outcome, Outcome::TimedOut, "{r:?}");
 }
+
+/// A run's future polled on one runtime (so it started on the task, in a
+/// sleep, a tool call or a spin), then dropped on a plain thread after
+/// that runtime is gone: its slot and tool call end with it. Another one
+/// finishes on a second runtime.
+#[test]
+fn a_run_started_on_one_runtime_ends_off_it() {
+    let (guest, exec, hangs) = matrix(WasmGuestConfig::default().pooled_instances(8));
+    let napper = nap(100);
+    for module in [guest!(wat "infinite_loop"), guest!(wat "sleep_forever"), TOOL_CALLER.to_vec(), napper.clone()] {
+        guest.precompile(&module).unwrap();
+    }
+    let first = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let mut futures: Vec<_> = [
+        ExecRequest::wasm(guest!(wat "infinite_loop")).policy(strict(30_000)),
+        ExecRequest::wasm(guest!(wat "sleep_forever")).policy(strict(30_000)),
+        ExecRequest::wasm(TOOL_CALLER.to_vec()).arg("slow.hang").policy(strict(30_000).tools(["slow.*"])),
+        ExecRequest::wasm(napper).policy(strict(30_000)),
+    ]
+    .into_iter()
+    .map(|request| {
+        let exec = exec.clone();
+        Box::pin(async move { exec.execute(request).await })
+    })
+    .collect();
+    first.block_on(async {
+        for (i, future) in futures.iter_mut().enumerate() {
+            // The tool caller is polled until its call started.
+            while {
+                let polled = std::future::poll_fn(|cx| std::task::Poll::Ready(future.as_mut().poll(cx))).await;
+                assert!(polled.is_pending());
+                i == 2 && hangs.0.load(Ordering::SeqCst) == 0
+            } {
+                tokio::task::yield_now().await;
+            }
+        }
+    });
+    assert_eq!(guest.engine().slots_in_use(), 4);
+    drop(first);
+    let napper = futures.pop().unwrap();
+    let second = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let r = second.block_on(napper).unwrap();
+    assert_eq!((r.outcome, r.stdout.text().as_ref()), (Outcome::Ok, "awake\n"), "{r:?}");
+    std::thread::spawn(move || drop(futures)).join().unwrap();
+    assert_eq!(guest.engine().slots_in_use(), 0);
+    wait_until(|| hangs.1.load(Ordering::SeqCst) == 1);
+    assert_eq!(hangs.0.load(Ordering::SeqCst), 1);
+}
