@@ -2,7 +2,9 @@
 //! (`InstancePre` + pooling, no WASI), JSON-ABI transforms, a WASI command
 //! round trip, and fuel metering on vs off.
 //!
-//! `cargo bench --bench wasm`.
+//! `cargo bench --bench wasm`. The `command_cached_*` benches run the same
+//! cached command through the executor: `execute_blocking` (a sync caller)
+//! and `execute` awaited on a tokio runtime (an async caller), side by side.
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -59,6 +61,26 @@ fn bench(c: &mut Criterion) {
     });
     // Every later call: sha256 + cache hit + WASI ctx + instantiate + `_start`.
     g.bench_function("command_cached", |b| b.iter(|| run(&wasm, ExecRequest::wasm(hello.clone()))));
+    // The same through an executor: as a sync caller, and as an async one
+    // (`block_on` polls the future on this thread; a multi-thread runtime
+    // as in a server, and a current-thread one).
+    let exec = Executor::with_backend(WasmGuest::on_engine(wasm.engine().clone()));
+    let checked = |result: Result<execbox::ExecResult, execbox::ExecError>| {
+        let result = result.expect("runs");
+        assert!(result.is_ok(), "{result:?}");
+        black_box(result);
+    };
+    g.bench_function("command_cached_execute_blocking", |b| {
+        b.iter(|| checked(exec.execute_blocking(ExecRequest::wasm(hello.clone()))))
+    });
+    let multi = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    g.bench_function("command_cached_execute", |b| {
+        b.iter(|| checked(multi.block_on(exec.execute(ExecRequest::wasm(hello.clone())))))
+    });
+    let current = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    g.bench_function("command_cached_execute_current_thread", |b| {
+        b.iter(|| checked(current.block_on(exec.execute(ExecRequest::wasm(hello.clone())))))
+    });
     g.bench_function("json_abi_echo_cached", |b| {
         b.iter(|| run(&wasm, ExecRequest::wasm(echo.clone()).input(json!({"x": 1}))))
     });

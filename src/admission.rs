@@ -84,8 +84,8 @@ impl Finisher {
     /// `unknown` in the ledger), puts the ledger in the result, spills
     /// stdout when the policy asks it (file work: see [`Finisher::spills`])
     /// and caps the result's fields that are not streams.
-    pub(crate) fn finish(self, result: Result<ExecResult, ExecError>) -> Result<ExecResult, ExecError> {
-        let ledger = self.tools.as_ref().map(|bridge| bridge.finish().0);
+    pub(crate) fn finish(mut self, result: Result<ExecResult, ExecError>) -> Result<ExecResult, ExecError> {
+        let ledger = self.tools.take().map(|bridge| bridge.finish().0);
         result.map(|mut r| {
             if let Some(ledger) = ledger {
                 r.tool_calls = ledger;
@@ -103,6 +103,17 @@ impl Finisher {
     /// stdout): an async caller finishes it where blocking is fine.
     pub(crate) fn spills(&self) -> bool {
         self.spill.is_some()
+    }
+}
+
+/// A run whose result nobody will finish (its caller dropped the future of
+/// [`Executor::execute`](crate::executor::Executor::execute)): its tool
+/// calls end now, not at their timeouts, and no later call starts.
+impl Drop for Finisher {
+    fn drop(&mut self) {
+        if let Some(bridge) = self.tools.take() {
+            bridge.finish();
+        }
     }
 }
 

@@ -1,6 +1,8 @@
 //! [`Backend`]: one way of running code, and what it tells the matrix
 //! about itself (its capabilities, availability and readiness).
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,6 +36,24 @@ pub trait Backend: Send + Sync + 'static {
     /// and its deadline has started). Blocks until the run ends, at most
     /// about 2 s past its deadline. A program's failure is an `Ok` result.
     fn execute(&self, call: Admitted) -> Result<ExecResult, ExecError>;
+
+    /// Runs an admitted request for an async caller, without blocking the
+    /// task that awaits it: what [`Executor::execute`](crate::executor::Executor::execute)
+    /// awaits inside a tokio runtime (and only there: the future may need
+    /// one).
+    ///
+    /// The default moves [`Backend::execute`] to tokio's blocking pool (a
+    /// thread hand-off); dropping its future abandons the result, not the
+    /// run, which ends on the pool by its deadline. A backend that can run
+    /// on the task itself overrides it: the `wasm` guest does, for cached
+    /// modules (wasmtime yields to the runtime at every epoch tick, so the
+    /// guest holds a runtime thread for about one tick at a time, one
+    /// uninterruptible bulk-memory instruction aside), and
+    /// dropping its future ends the run at once. Either way every control
+    /// of the policy holds as in [`Backend::execute`].
+    fn execute_async(self: Arc<Self>, call: Admitted) -> RunFuture {
+        Box::pin(on_blocking_pool(self, call))
+    }
 
     /// Gets ready now rather than on the first request: loads modules,
     /// starts workers or warm instances, and waits at most `limit` for
@@ -69,6 +89,28 @@ pub trait Backend: Send + Sync + 'static {
     fn session_backend(&self) -> Option<Arc<dyn SessionBackend>> {
         None
     }
+}
+
+/// A run in progress for an async caller ([`Backend::execute_async`]): it
+/// owns what it needs, so it can be spawned.
+pub type RunFuture = Pin<Box<dyn Future<Output = Result<ExecResult, ExecError>> + Send + 'static>>;
+
+/// Runs `call` on `backend` on tokio's blocking pool (the thread marked for
+/// [`may_block_here`]), in the caller's tracing span. Inside a tokio runtime
+/// only.
+pub(crate) async fn on_blocking_pool<B: Backend + ?Sized>(
+    backend: Arc<B>,
+    call: Admitted,
+) -> Result<ExecResult, ExecError> {
+    let span = tracing::Span::current();
+    let name = backend.name().to_string();
+    let run = move || {
+        let _marked = BlockingPoolMark::set();
+        span.in_scope(|| backend.execute(call))
+    };
+    tokio::task::spawn_blocking(run)
+        .await
+        .unwrap_or_else(|join_err| Err(ExecError::internal(&name, format!("worker task failed: {join_err}"))))
 }
 
 /// Why a backend cannot run anything now, and how to fix it.

@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tracing::Span;
+use tracing::{Instrument, Span};
 
 use crate::admission::{self, Admitted, SpillStore};
-use crate::backend::{Backend, BlockingPoolMark, Readiness, Unavailable};
+use crate::backend::{Backend, Readiness, Unavailable};
 use crate::capabilities::BackendCapabilities;
 use crate::error::{BackendRejection, ExecError};
 use crate::limits::{nesting, text};
@@ -315,22 +315,17 @@ impl Executor {
     }
 
     /// Runs `request` without blocking the async caller: inside a tokio
-    /// runtime the run happens on its blocking pool; elsewhere, inline.
+    /// runtime the backend runs it as it can without blocking the task
+    /// ([`Backend::execute_async`]: on the task itself for cached `wasm`
+    /// modules, which yield at every epoch tick; on tokio's blocking pool
+    /// otherwise); elsewhere, inline. Dropping the future gives up the
+    /// result: a run on the task ends at once, one on the blocking pool by
+    /// its deadline.
     pub async fn execute(&self, request: ExecRequest) -> Result<ExecResult, ExecError> {
         let (backend, call, span) = self.admit(request)?;
         let finisher = call.finisher();
         let result = match tokio::runtime::Handle::try_current() {
-            Ok(handle) => {
-                let name = backend.name().to_string();
-                let in_span = span.clone();
-                let run = move || {
-                    let _marked = BlockingPoolMark::set();
-                    in_span.in_scope(|| backend.execute(call))
-                };
-                handle.spawn_blocking(run).await.unwrap_or_else(|join_err| {
-                    Err(ExecError::internal(&name, format!("worker task failed: {join_err}")))
-                })
-            }
+            Ok(_) => backend.execute_async(call).instrument(span.clone()).await,
             Err(_) => span.in_scope(|| backend.execute(call)),
         };
         let result = match tokio::runtime::Handle::try_current() {

@@ -53,7 +53,7 @@ pub mod violation;
 pub mod worker;
 
 pub use admission::Admitted;
-pub use backend::{Backend, Readiness, Unavailable};
+pub use backend::{Backend, Readiness, RunFuture, Unavailable};
 pub use capabilities::{
     BackendCapabilities, CostClass, Enforcement, IsolationKind, PayloadKind, RequestFeatures, SurfaceCapability,
 };

@@ -544,3 +544,53 @@ fn a_worker_killed_mid_call_ends_the_run_and_leaves_the_call_unknown() {
     assert!(wait_until(Duration::from_secs(20), || gauge.live() == 1 && ready(&backend) == 1));
     still_serves(&backend);
 }
+
+/// 48 requests at once, from threads and from async tasks, for 2 workers,
+/// each run busy ~30 ms: every waiter is woken as a worker frees (one
+/// waiter per freed worker), none sleeps to its deadline, and no more than
+/// 2 workers ever live; after the burst the pool is back to its idle size.
+#[test]
+fn many_waiters_for_few_workers_are_all_served_in_turn() {
+    let backend =
+        BoaJs::new(BoaJsConfig::default().idle_workers(1).max_workers(2).worker_program(env!("CARGO_BIN_EXE_execbox")))
+            .unwrap();
+    let gauge = backend.worker_gauge();
+    let busy = "const t = Date.now(); while (Date.now() - t < 30) {} return input";
+    let most = std::sync::atomic::AtomicUsize::new(0);
+    let started = Instant::now();
+    std::thread::scope(|scope| {
+        for n in 0..24u64 {
+            let (backend, most, gauge) = (&backend, &most, &gauge);
+            scope.spawn(move || {
+                let request =
+                    ExecRequest::javascript(busy).input(json!(n)).policy(policy().timeout(Duration::from_secs(60)));
+                let r = Executor::run_on(backend, request).unwrap();
+                most.fetch_max(gauge.live(), std::sync::atomic::Ordering::SeqCst);
+                assert_eq!((r.outcome, r.output), (Outcome::Ok, Some(json!(n))));
+            });
+        }
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        let exec = Executor::builder().backend(backend.clone()).build();
+        runtime.block_on(async {
+            let mut tasks = Vec::new();
+            for n in 0..24u64 {
+                let exec = exec.clone();
+                let request =
+                    ExecRequest::javascript(busy).input(json!(n)).policy(policy().timeout(Duration::from_secs(60)));
+                tasks.push(tokio::spawn(async move { (n, exec.execute(request).await) }));
+            }
+            for task in tasks {
+                let (n, r) = task.await.unwrap();
+                let r = r.unwrap();
+                assert_eq!((r.outcome, r.output), (Outcome::Ok, Some(json!(n))));
+            }
+        });
+    });
+    let took = started.elapsed();
+    // 48 runs of 30 ms on 2 workers: ~1 s of work; a waiter left asleep
+    // would wait for its 60 s deadline.
+    assert!(took < Duration::from_secs(30), "{took:?}");
+    assert!(most.load(std::sync::atomic::Ordering::SeqCst) <= 2, "{} workers", most.into_inner());
+    assert!(wait_until(Duration::from_secs(20), || gauge.live() == 1), "live workers: {}", gauge.live());
+    assert!(zombie_children().is_empty(), "zombies: {:?}", zombie_children());
+}

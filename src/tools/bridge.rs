@@ -330,6 +330,41 @@ impl ToolBridge {
         })
     }
 
+    /// [`ToolBridge::call_blocking`] for a carrier on an async task (a wasm
+    /// guest run there): awaits the answer instead of blocking the thread,
+    /// as long as a blocking caller would wait. The wait is timed on the
+    /// tool runtime, so the caller's runtime needs no timer.
+    pub(crate) async fn call_async(self: &Arc<Self>, call: ToolCall) -> ToolResult {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let id = call.id;
+        let name = call.name.clone();
+        self.call(call, move |result| {
+            let _ = tx.send(result);
+        });
+        let wait = Duration::from_millis(self.limits.call_timeout_ms)
+            .min(self.deadline.remaining().unwrap_or(Duration::MAX))
+            .saturating_add(ANSWER_GRACE);
+        let late =
+            || ToolResult::error(id, ToolError::new(&name, ToolErrorKind::TimedOut, "no answer before the deadline"));
+        // Answered inline (refused, built in): no need for a timer.
+        let mut rx = rx;
+        match rx.try_recv() {
+            Ok(result) => return result,
+            Err(tokio::sync::oneshot::error::TryRecvError::Closed) => return late(),
+            Err(tokio::sync::oneshot::error::TryRecvError::Empty) => {}
+        }
+        let Some(runtime) = tool_runtime() else { return late() };
+        // Aborted if this future is dropped (its run was cancelled). The
+        // timeout is made inside the task: `tokio::time::timeout` takes the
+        // timer of the runtime it is called on, and the caller's may have
+        // none (it panicked there).
+        let mut timed = AbortOnDrop(runtime.spawn(async move { tokio::time::timeout(wait, rx).await }));
+        match (&mut timed.0).await {
+            Ok(Ok(Ok(result))) => result,
+            _ => late(),
+        }
+    }
+
     /// Refuses call `id` of `name` whose frame the carrier did not read whole
     /// because it is `bytes_in` bytes, over the carrier's limit (which is
     /// above `max_argument_bytes`): answered `invalid_arguments` and ledgered

@@ -7,7 +7,10 @@
 //! spawning happens on one refill thread, off the request path: a request
 //! only ever takes a ready worker (waiting for one within its own deadline)
 //! and gives it back when the run ended cleanly. A worker that timed out,
-//! crashed or misbehaved is killed and never reused.
+//! crashed or misbehaved is killed and never reused. After a burst, the
+//! workers past `idle_workers` stay for [`SURPLUS_LINGER`] of rest before
+//! the refill thread retires them, so steady concurrent load does not
+//! start and kill a worker per request.
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::collections::VecDeque;
@@ -65,8 +68,13 @@ impl Drop for Handle {
     fn drop(&mut self) {
         self.core.lock().shutdown = true;
         self.core.changed.notify_all();
+        self.core.freed.notify_all();
     }
 }
+
+/// How long a worker past [`BoaJsConfig::idle_workers`] rests idle before
+/// the refill thread retires it.
+const SURPLUS_LINGER: Duration = Duration::from_secs(1);
 
 pub(crate) struct Core {
     pub cfg: BoaJsConfig,
@@ -74,7 +82,12 @@ pub(crate) struct Core {
     /// How to start a worker, or why none can be.
     spec: Result<SpawnSpec, Unavailable>,
     state: Mutex<State>,
+    /// The pool changed: for the refill thread and `prepare`.
     changed: Condvar,
+    /// A worker became idle: wakes one waiting request per worker (not
+    /// every waiter, which at high concurrency woke dozens of threads to
+    /// find one worker).
+    freed: Condvar,
     live: Arc<AtomicUsize>,
 }
 
@@ -100,6 +113,8 @@ pub(crate) struct Worker {
     ready: bool,
     /// Still pinned to the CPU of its last caller.
     pinned: bool,
+    /// When it last went idle.
+    idle_since: Instant,
     _live: LiveCount,
 }
 
@@ -163,6 +178,7 @@ impl BoaJs {
             spec,
             state: Mutex::new(State::default()),
             changed: Condvar::new(),
+            freed: Condvar::new(),
             live: Arc::new(AtomicUsize::new(0)),
         });
         if core.spec.is_ok() {
@@ -324,7 +340,7 @@ impl Core {
         }
         // Until a run sets its own cap, an idle worker may grow only this much.
         let _ = process.limit_memory(self.cfg.defaults.memory_bytes);
-        Ok(Worker { process, ready: true, pinned: false, _live: live })
+        Ok(Worker { process, ready: true, pinned: false, idle_since: Instant::now(), _live: live })
     }
 
     /// Takes a ready worker, waiting for one until `deadline`.
@@ -359,7 +375,7 @@ impl Core {
             }
             state.waiting += 1;
             self.changed.notify_all();
-            self.changed.wait_for(&mut state, left.min(Duration::from_secs(3600)));
+            self.freed.wait_for(&mut state, left.min(Duration::from_secs(3600)));
             state.waiting -= 1;
         }
     }
@@ -385,19 +401,27 @@ impl Core {
         }
     }
 
-    /// Gives back a worker after a clean run, or drops it (a dead one; or,
-    /// after a burst, one more than `idle_workers` that nobody waits for:
-    /// the pool shrinks back to its idle size).
+    /// Gives back a worker after a clean run, or drops it (a dead one, or
+    /// any once the backend is dropped). One past `idle_workers` that
+    /// nobody waits for is kept too, until it has rested [`SURPLUS_LINGER`]:
+    /// the refill thread then retires it and the pool shrinks back to its
+    /// idle size.
     fn release(&self, worker: Option<Worker>) {
         let mut state = self.lock();
         state.busy -= 1;
-        let keep = !state.shutdown && (state.waiting > 0 || state.idle.len() < self.cfg.idle_workers);
         let surplus = match worker {
-            Some(worker) if keep => {
+            Some(mut worker) if !state.shutdown => {
+                worker.idle_since = Instant::now();
                 state.idle.push_back(worker);
+                self.freed.notify_one();
                 None
             }
-            other => other,
+            other => {
+                // No worker came back: a waiting request may have to give
+                // up now (a start error with none busy).
+                self.freed.notify_all();
+                other
+            }
         };
         drop(state);
         self.changed.notify_all();
@@ -429,11 +453,34 @@ impl Core {
     }
 }
 
-/// Keeps the pool filled (the only thread that starts workers for it).
+/// What the refill thread does next.
+enum Chore {
+    /// Start a worker.
+    Start,
+    /// Retire these surplus workers that rested long enough.
+    Retire(Vec<Worker>),
+}
+
+/// The idle workers past `keep` that have rested [`SURPLUS_LINGER`]
+/// (longest idle first), and how long until the next one has, if any.
+fn rested_surplus(state: &mut State, keep: usize) -> (Vec<Worker>, Option<Duration>) {
+    let mut rested = Vec::new();
+    while state.idle.len() > keep {
+        let Some(rest) = state.idle.front().map(|w| w.idle_since.elapsed()) else { break };
+        if rest < SURPLUS_LINGER {
+            return (rested, Some(SURPLUS_LINGER - rest));
+        }
+        rested.extend(state.idle.pop_front());
+    }
+    (rested, None)
+}
+
+/// Keeps the pool filled (the only thread that starts workers for it) and
+/// retires the surplus after a burst.
 fn refill(core: &Core) {
     loop {
         let mut state = core.lock();
-        loop {
+        let chore = loop {
             // Workers given back after a run are still pinned to their
             // caller's CPU: let them build their next context anywhere.
             for worker in state.idle.iter_mut().filter(|w| w.pinned) {
@@ -452,9 +499,19 @@ fn refill(core: &Core) {
             // wait and nothing is starting for them.
             let short = live < core.cfg.idle_workers || state.idle.len() + state.starting < state.waiting;
             if short && live < core.cfg.max_workers.max(1) {
-                break;
+                break Chore::Start;
             }
-            core.changed.wait(&mut state);
+            match rested_surplus(&mut state, core.cfg.idle_workers) {
+                (rested, _) if !rested.is_empty() => break Chore::Retire(rested),
+                (_, Some(next)) => drop(core.changed.wait_for(&mut state, next)),
+                (_, None) => core.changed.wait(&mut state),
+            }
+        };
+        if let Chore::Retire(rested) = chore {
+            drop(state);
+            drop(rested); // killed and reaped outside the lock
+            core.changed.notify_all();
+            continue;
         }
         if state.failures_in_a_row > 0 {
             // Back off after failures: 50 ms, 100 ms, ... up to 5 s.
@@ -475,6 +532,7 @@ fn refill(core: &Core) {
                 // Started for a burst that is over: not kept.
                 if state.idle.len() < core.cfg.idle_workers.max(state.waiting) && !state.shutdown {
                     state.idle.push_back(worker);
+                    core.freed.notify_one();
                 } else {
                     surplus = Some(worker);
                 }
@@ -485,6 +543,8 @@ fn refill(core: &Core) {
                 tracing::warn!(error = %e, "cannot start a boa worker");
                 state.spawn_error = Some(e);
                 state.failures_in_a_row = state.failures_in_a_row.saturating_add(1);
+                // Waiting requests decide whether to give up.
+                core.freed.notify_all();
             }
         }
         drop(state);

@@ -53,6 +53,7 @@ pub struct CacheStats {
 pub(crate) struct ModuleCache {
     engine: Engine,
     linker: Arc<Linker<GuestState>>,
+    linker_async: Arc<Linker<GuestState>>,
     /// Least recently used evicted first (the `lru` crate: O(1) lookups,
     /// inserts and evictions).
     entries: Mutex<LruCache<Key, Arc<Compiled>>>,
@@ -79,6 +80,7 @@ impl ModuleCache {
         Self {
             engine: wasm.engine().clone(),
             linker: wasm.linker().clone(),
+            linker_async: wasm.linker_async().clone(),
             compiler: wasm.compiler().cloned(),
             entries: Mutex::new(LruCache::new(capacity)),
             disk,
@@ -138,6 +140,18 @@ impl ModuleCache {
             }
         };
         Ok(self.ready(key, &module)?)
+    }
+
+    /// The ready module for the untrusted payload `bytes` if it is in memory
+    /// now (a hit counts as one); `None` for anything else, which
+    /// [`ModuleCache::get_untrusted`] then decides (compiles, waits, refuses).
+    /// Never blocks: for runs on an async task.
+    pub(crate) fn cached(&self, bytes: &[u8], limits: &ModuleLimits) -> Option<Arc<Compiled>> {
+        module_limits::check_size(bytes, limits).ok()?;
+        let key: Key = Sha256::digest(bytes).into();
+        let hit = self.lookup(&key)?;
+        self.memory_hits.fetch_add(1, Ordering::Relaxed);
+        Some(hit)
     }
 
     /// The ready module whose sha256 is `key`. `bytes` is called only when
@@ -206,10 +220,12 @@ impl ModuleCache {
     /// Decides the ABI, resolves the imports and keeps the result in memory.
     fn ready(&self, key: Key, module: &Module) -> Result<Arc<Compiled>, InvalidRequest> {
         let abi = guest_abi(module)?;
-        let pre = self.linker.instantiate_pre(module).map_err(|e| InvalidRequest::InvalidModule {
-            reason: format!("{e:#} (execbox provides only wasi_snapshot_preview1)"),
-        })?;
-        let compiled = Arc::new(Compiled { pre, abi });
+        let link = |linker: &Linker<GuestState>| {
+            linker.instantiate_pre(module).map_err(|e| InvalidRequest::InvalidModule {
+                reason: format!("{e:#} (execbox provides only wasi_snapshot_preview1)"),
+            })
+        };
+        let compiled = Arc::new(Compiled { pre: link(&self.linker)?, pre_async: link(&self.linker_async)?, abi });
         self.insert(key, compiled.clone());
         Ok(compiled)
     }

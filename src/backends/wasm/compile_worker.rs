@@ -44,6 +44,11 @@ pub(crate) const MAX_COMPILE_WORKERS: usize = 4;
 /// How long a compile worker may take to start, at most (within the run's deadline).
 const START_LIMIT: Duration = Duration::from_secs(10);
 
+/// Stack for the host functions a guest calls, above its wasm stack: a
+/// thread of its own has this much (`WasmEngine::on_blocking_thread`), and
+/// so has the fiber of a run on an async task.
+pub(crate) const HOST_STACK: usize = 2 << 20;
+
 /// The engine settings that decide whether an artifact loads into the
 /// host's engine: the worker builds its engine from these, without the
 /// pooling allocator (which does not change artifact compatibility).
@@ -57,10 +62,16 @@ pub(crate) struct CompileSettings {
 }
 
 impl CompileSettings {
-    /// The wasmtime config both the host and the worker build their engines from.
+    /// The wasmtime config both the host and the worker build their engines
+    /// from. A run on an async task runs on a stack of its own (a fiber):
+    /// the wasm stack plus [`HOST_STACK`] for the host functions it calls.
     pub fn config(&self) -> Config {
         let mut config = Config::new();
-        config.consume_fuel(self.consume_fuel).epoch_interruption(true).max_wasm_stack(self.max_wasm_stack);
+        config
+            .consume_fuel(self.consume_fuel)
+            .epoch_interruption(true)
+            .max_wasm_stack(self.max_wasm_stack)
+            .async_stack_size(self.max_wasm_stack.saturating_add(HOST_STACK));
         if self.small_reservations {
             config.memory_reservation(0).memory_reservation_for_growth(16 << 20).memory_guard_size(64 << 10);
         }

@@ -127,6 +127,23 @@ pub struct WasmGuestConfig {
     /// # Default
     /// 1 GiB.
     pub max_compile_memory_bytes: u64,
+    /// Run a `wasm` guest whose module is cached on the async task that
+    /// awaits [`Executor::execute`](crate::executor::Executor::execute),
+    /// instead of on tokio's blocking pool: the guest yields to the runtime
+    /// at every epoch tick (so it holds a runtime thread for at most one
+    /// `epoch_tick` at a time, past the one wasm instruction it is in: a
+    /// bulk-memory instruction is not interrupted, and one `memory.fill` of
+    /// 512 MiB holds the thread ~0.3 s), and its sleeps, `random_get` and
+    /// tool calls await instead of blocking. Every limit holds as on the blocking pool. A run that
+    /// must compile its module, that is granted files (preopens or input
+    /// files), or that finds no instance slot free takes the blocking pool
+    /// anyway; `execute_blocking` always runs on the calling thread, and the
+    /// interpreters (`python-wasm`, `quickjs-wasm`) always on the blocking
+    /// pool. `false` sends every run to the blocking pool.
+    ///
+    /// # Default
+    /// `true`.
+    pub async_runs: bool,
 }
 
 impl Default for WasmGuestConfig {
@@ -146,6 +163,7 @@ impl Default for WasmGuestConfig {
             worker_program: None,
             max_compile_memory_bytes: 1 << 30,
             module_limits: ModuleLimits::default(),
+            async_runs: true,
         }
     }
 }
@@ -163,6 +181,7 @@ setters!(WasmGuestConfig {
     module_limits: ModuleLimits,
     compile_in_worker: bool,
     max_compile_memory_bytes: u64,
+    async_runs: bool,
 } some {
     disk_cache_dir: PathBuf,
     worker_program: PathBuf,

@@ -1,5 +1,5 @@
-//! [`WasmEngine`]: the wasmtime [`Engine`], its epoch ticker, the WASI linker
-//! and the instance slots, shared by every wasm backend built on it.
+//! [`WasmEngine`]: the wasmtime [`Engine`], its epoch ticker, the WASI
+//! linkers and the instance slots, shared by every wasm backend built on it.
 //!
 //! An engine is the expensive part of a wasm backend: building it reserves
 //! the pooling allocator's address space (tens of GiB of it, committed only
@@ -21,9 +21,9 @@
 use parking_lot::{Condvar, Mutex};
 use std::sync::Arc;
 
-use wasmtime::{Engine, InstanceAllocationStrategy, Linker, PoolingAllocationConfig};
+use wasmtime::{Enabled, Engine, InstanceAllocationStrategy, Linker, PoolingAllocationConfig};
 
-use super::compile_worker::{CompileSettings, CompileWorkers};
+use super::compile_worker::{CompileSettings, CompileWorkers, HOST_STACK};
 use super::config::WasmGuestConfig;
 use super::disk_cache::DiskCache;
 use super::guest::GuestState;
@@ -33,6 +33,14 @@ use crate::backend::may_block_here;
 use crate::error::{ConfigError, ExecError};
 use crate::limits::deadline::Deadline;
 use crate::policy::SandboxPolicy;
+
+/// Bytes of each pooled linear memory that stay resident when its instance
+/// ends, reset with `memset` (only the pages the guest touched, where the
+/// kernel has `PAGEMAP_SCAN`) instead of `madvise`: a small guest's next run
+/// then takes no page faults, and no TLB shootdown crosses the CPUs (which
+/// kept concurrent runs from scaling past one core). Memory past this is
+/// given back as before; contents are reset either way.
+const KEEP_RESIDENT: usize = 64 << 10;
 
 /// A wasmtime engine with everything its runs share: the epoch ticker
 /// thread, the WASI linker (with execbox's own `poll_oneoff`, `path_open` and
@@ -46,6 +54,7 @@ pub struct WasmEngine {
     cfg: WasmGuestConfig,
     engine: Engine,
     linker: Arc<Linker<GuestState>>,
+    linker_async: Arc<Linker<GuestState>>,
     ticker: EpochTicker,
     slots: Arc<Slots>,
     pooling: bool,
@@ -90,11 +99,22 @@ impl WasmEngine {
             Arc::new(CompileWorkers::new(&engine, settings, cfg.worker_program.clone(), cfg.max_compile_memory_bytes))
         });
         let linker = linker::linker(&engine).map_err(|e| unsupported("cannot link WASI", &e))?;
+        let linker_async = linker::linker_async(&engine).map_err(|e| unsupported("cannot link WASI", &e))?;
         let ticker = EpochTicker::start(engine.clone(), cfg.epoch_tick, cfg.ticker_linger)
             .map_err(|e| unsupported("cannot start the epoch ticker", &e))?;
         let capacity = (cfg.pooled_instances > 0).then_some(cfg.pooled_instances as usize);
         let slots = Arc::new(Slots { capacity, busy: Mutex::new(0), freed: Condvar::new() });
-        Ok(Arc::new(Self { cfg, engine, linker: Arc::new(linker), ticker, slots, pooling, compiler, disk }))
+        Ok(Arc::new(Self {
+            cfg,
+            engine,
+            linker: Arc::new(linker),
+            linker_async: Arc::new(linker_async),
+            ticker,
+            slots,
+            pooling,
+            compiler,
+            disk,
+        }))
     }
 
     /// The settings in use.
@@ -137,6 +157,11 @@ impl WasmEngine {
 
     pub(crate) fn linker(&self) -> &Arc<Linker<GuestState>> {
         &self.linker
+    }
+
+    /// The linker of runs on an async task (see `linker.rs`).
+    pub(crate) fn linker_async(&self) -> &Arc<Linker<GuestState>> {
+        &self.linker_async
     }
 
     pub(crate) fn ticker(&self) -> &EpochTicker {
@@ -206,7 +231,7 @@ impl WasmEngine {
         std::thread::scope(|scope| {
             std::thread::Builder::new()
                 .name("execbox-wasm".into())
-                .stack_size(self.cfg.max_wasm_stack + (2 << 20))
+                .stack_size(self.cfg.max_wasm_stack.saturating_add(HOST_STACK))
                 .spawn_scoped(scope, f)
                 .map_err(|e| ExecError::internal(backend, format!("cannot spawn: {e}")))?
                 .join()
@@ -264,7 +289,10 @@ fn build_engine(cfg: &WasmGuestConfig) -> wasmtime::Result<(Engine, bool, Compil
         .table_elements(cfg.max_table_elements)
         .max_memory_size(usize::try_from(cfg.max_memory_bytes).unwrap_or(usize::MAX))
         .total_component_instances(0)
-        .total_stacks(0);
+        // One fiber stack per slot, for runs on an async task.
+        .total_stacks(n)
+        .linear_memory_keep_resident(KEEP_RESIDENT)
+        .pagemap_scan(Enabled::Auto);
     let mut pooled = config.clone();
     pooled.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
     match Engine::new(&pooled) {

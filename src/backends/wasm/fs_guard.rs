@@ -35,7 +35,9 @@
 //! read-write grant — could swap a regular file for a FIFO in between. Only
 //! grant directories where no such process works are covered fully.
 
-use wasmtime::{AsContextMut, Caller, Extern};
+use std::future::Future;
+
+use wasmtime::{AsContextMut, Caller, Extern, Linker};
 use wasmtime_wasi::p1::WasiP1Ctx;
 use wasmtime_wasi::p1::types::{Errno, Fd, Filetype, Lookupflags};
 use wasmtime_wasi::p1::wasi_snapshot_preview1::{self as p1, WasiSnapshotPreview1};
@@ -45,8 +47,20 @@ use wiggle::{GuestMemory, GuestPtr};
 use super::guest::{GuestState, Preopen};
 use crate::error::InvalidRequest;
 
+const MODULE: &str = "wasi_snapshot_preview1";
+
 fn errno(e: Errno) -> i32 {
     i32::from(u16::from(e))
+}
+
+/// The guards in async form, for the async linker (`linker.rs`): the same
+/// checks, awaited instead of blocked on.
+pub(crate) fn add_async(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
+    linker.func_wrap(MODULE, "path_symlink", path_symlink)?;
+    linker.func_wrap_async(MODULE, "path_rename", path_rename_async)?;
+    linker.func_wrap_async(MODULE, "path_link", path_link_async)?;
+    linker.func_wrap_async(MODULE, "path_open", path_open_async)?;
+    Ok(())
 }
 
 /// `path_symlink`: refused, so no guest leaves a link behind.
@@ -71,13 +85,33 @@ pub(crate) fn path_rename(
     new_path: i32,
     new_path_len: i32,
 ) -> wasmtime::Result<i32> {
-    with_wasi(&mut caller, |wasi, memory, fuel| {
-        if is_symlink(wasi, memory, fd, old_path, old_path_len) {
-            return Ok(errno(Errno::Perm));
-        }
-        wasi.set_hostcall_fuel(fuel);
-        in_tokio(p1::path_rename(wasi, memory, fd, old_path, old_path_len, new_fd, new_path, new_path_len))
+    let (wasi, mut memory, fuel) = parts(&mut caller)?;
+    in_tokio(rename(wasi, &mut memory, fuel, (fd, old_path, old_path_len, new_fd, new_path, new_path_len)))
+}
+
+type RenameArgs = (i32, i32, i32, i32, i32, i32);
+
+fn path_rename_async<'a>(
+    mut caller: Caller<'a, GuestState>,
+    args: RenameArgs,
+) -> Box<dyn Future<Output = wasmtime::Result<i32>> + Send + 'a> {
+    Box::new(async move {
+        let (wasi, mut memory, fuel) = parts(&mut caller)?;
+        rename(wasi, &mut memory, fuel, args).await
     })
+}
+
+async fn rename(
+    wasi: &mut WasiP1Ctx,
+    memory: &mut GuestMemory<'_>,
+    fuel: usize,
+    (fd, old_path, old_path_len, new_fd, new_path, new_path_len): RenameArgs,
+) -> wasmtime::Result<i32> {
+    if is_symlink(wasi, memory, fd, old_path, old_path_len).await {
+        return Ok(errno(Errno::Perm));
+    }
+    wasi.set_hostcall_fuel(fuel);
+    p1::path_rename(wasi, memory, fd, old_path, old_path_len, new_fd, new_path, new_path_len).await
 }
 
 /// `path_link`: refused (`EPERM`) when the source path names a symlink
@@ -93,13 +127,34 @@ pub(crate) fn path_link(
     new_path: i32,
     new_path_len: i32,
 ) -> wasmtime::Result<i32> {
-    with_wasi(&mut caller, |wasi, memory, fuel| {
-        if is_symlink(wasi, memory, old_fd, old_path, old_path_len) {
-            return Ok(errno(Errno::Perm));
-        }
-        wasi.set_hostcall_fuel(fuel);
-        in_tokio(p1::path_link(wasi, memory, old_fd, old_flags, old_path, old_path_len, new_fd, new_path, new_path_len))
+    let (wasi, mut memory, fuel) = parts(&mut caller)?;
+    let args = (old_fd, old_flags, old_path, old_path_len, new_fd, new_path, new_path_len);
+    in_tokio(link(wasi, &mut memory, fuel, args))
+}
+
+type LinkArgs = (i32, i32, i32, i32, i32, i32, i32);
+
+fn path_link_async<'a>(
+    mut caller: Caller<'a, GuestState>,
+    args: LinkArgs,
+) -> Box<dyn Future<Output = wasmtime::Result<i32>> + Send + 'a> {
+    Box::new(async move {
+        let (wasi, mut memory, fuel) = parts(&mut caller)?;
+        link(wasi, &mut memory, fuel, args).await
     })
+}
+
+async fn link(
+    wasi: &mut WasiP1Ctx,
+    memory: &mut GuestMemory<'_>,
+    fuel: usize,
+    (old_fd, old_flags, old_path, old_path_len, new_fd, new_path, new_path_len): LinkArgs,
+) -> wasmtime::Result<i32> {
+    if is_symlink(wasi, memory, old_fd, old_path, old_path_len).await {
+        return Ok(errno(Errno::Perm));
+    }
+    wasi.set_hostcall_fuel(fuel);
+    p1::path_link(wasi, memory, old_fd, old_flags, old_path, old_path_len, new_fd, new_path, new_path_len).await
 }
 
 /// `path_open` for regular files, directories and symlinks only; see the
@@ -117,40 +172,59 @@ pub(crate) fn path_open(
     fdflags: i32,
     opened_fd: i32,
 ) -> wasmtime::Result<i32> {
-    with_wasi(&mut caller, |wasi, memory, fuel| {
-        let Ok(flags) = Lookupflags::try_from(dirflags) else { return Ok(errno(Errno::Inval)) };
-        match filetype(wasi, memory, fd, flags, path, path_len) {
-            Ok(Filetype::RegularFile | Filetype::Directory | Filetype::SymbolicLink) => {}
-            Ok(_) => return Ok(errno(Errno::Nxio)),
-            // Missing, not permitted, outside the preopen...: the open below
-            // fails the same way, or creates a regular file (`O_CREAT`).
-            Err(e) if e.downcast_ref().is_some() => {}
-            // wasmtime-wasi traps on a socket's file type: refuse it as such.
-            Err(_) => return Ok(errno(Errno::Nxio)),
-        }
-        wasi.set_hostcall_fuel(fuel);
-        in_tokio(p1::path_open(
-            wasi,
-            memory,
-            fd,
-            dirflags,
-            path,
-            path_len,
-            oflags,
-            fs_rights_base,
-            fs_rights_inheriting,
-            fdflags,
-            opened_fd,
-        ))
+    let (wasi, mut memory, fuel) = parts(&mut caller)?;
+    let args = (fd, dirflags, path, path_len, oflags, fs_rights_base, fs_rights_inheriting, fdflags, opened_fd);
+    in_tokio(open(wasi, &mut memory, fuel, args))
+}
+
+type OpenArgs = (i32, i32, i32, i32, i32, i64, i64, i32, i32);
+
+fn path_open_async<'a>(
+    mut caller: Caller<'a, GuestState>,
+    args: OpenArgs,
+) -> Box<dyn Future<Output = wasmtime::Result<i32>> + Send + 'a> {
+    Box::new(async move {
+        let (wasi, mut memory, fuel) = parts(&mut caller)?;
+        open(wasi, &mut memory, fuel, args).await
     })
 }
 
-/// Runs `f` with the guest's WASI context and memory, hostcall fuel set;
-/// `f` gets the fuel too, to set it again before the call it forwards.
-fn with_wasi(
-    caller: &mut Caller<'_, GuestState>,
-    f: impl FnOnce(&mut WasiP1Ctx, &mut GuestMemory<'_>, usize) -> wasmtime::Result<i32>,
+async fn open(
+    wasi: &mut WasiP1Ctx,
+    memory: &mut GuestMemory<'_>,
+    fuel: usize,
+    (fd, dirflags, path, path_len, oflags, fs_rights_base, fs_rights_inheriting, fdflags, opened_fd): OpenArgs,
 ) -> wasmtime::Result<i32> {
+    let Ok(flags) = Lookupflags::try_from(dirflags) else { return Ok(errno(Errno::Inval)) };
+    match filetype(wasi, memory, fd, flags, path, path_len).await {
+        Ok(Filetype::RegularFile | Filetype::Directory | Filetype::SymbolicLink) => {}
+        Ok(_) => return Ok(errno(Errno::Nxio)),
+        // Missing, not permitted, outside the preopen...: the open below
+        // fails the same way, or creates a regular file (`O_CREAT`).
+        Err(e) if e.downcast_ref().is_some() => {}
+        // wasmtime-wasi traps on a socket's file type: refuse it as such.
+        Err(_) => return Ok(errno(Errno::Nxio)),
+    }
+    wasi.set_hostcall_fuel(fuel);
+    p1::path_open(
+        wasi,
+        memory,
+        fd,
+        dirflags,
+        path,
+        path_len,
+        oflags,
+        fs_rights_base,
+        fs_rights_inheriting,
+        fdflags,
+        opened_fd,
+    )
+    .await
+}
+
+/// The guest's WASI context and memory, hostcall fuel set, and the fuel,
+/// to set again before the call a guard forwards.
+fn parts<'c>(caller: &'c mut Caller<'_, GuestState>) -> wasmtime::Result<(&'c mut WasiP1Ctx, GuestMemory<'c>, usize)> {
     let Some(Extern::Memory(memory)) = caller.get_export("memory") else {
         wasmtime::bail!("missing required memory export");
     };
@@ -158,12 +232,12 @@ fn with_wasi(
     let (bytes, state) = memory.data_and_store_mut(caller);
     let wasi: &mut WasiP1Ctx = &mut state.wasi;
     wasi.set_hostcall_fuel(fuel);
-    f(wasi, &mut GuestMemory::Unshared(bytes), fuel)
+    Ok((wasi, GuestMemory::Unshared(bytes), fuel))
 }
 
 /// The type of `path` under `fd`, looked up with `flags` (nothing is
 /// written to guest memory).
-fn filetype(
+async fn filetype(
     wasi: &mut WasiP1Ctx,
     memory: &mut GuestMemory<'_>,
     fd: i32,
@@ -172,14 +246,13 @@ fn filetype(
     path_len: i32,
 ) -> Result<Filetype, wasmtime_wasi::p1::types::Error> {
     let target = GuestPtr::<str>::new((path as u32, path_len as u32));
-    in_tokio(WasiSnapshotPreview1::path_filestat_get(wasi, memory, Fd::from(fd), flags, target))
-        .map(|stat| stat.filetype)
+    WasiSnapshotPreview1::path_filestat_get(wasi, memory, Fd::from(fd), flags, target).await.map(|stat| stat.filetype)
 }
 
 /// True when `path` under `fd`, not followed, is a symlink (a missing path
 /// fails in the call itself).
-fn is_symlink(wasi: &mut WasiP1Ctx, memory: &mut GuestMemory<'_>, fd: i32, path: i32, path_len: i32) -> bool {
-    matches!(filetype(wasi, memory, fd, Lookupflags::empty(), path, path_len), Ok(Filetype::SymbolicLink))
+async fn is_symlink(wasi: &mut WasiP1Ctx, memory: &mut GuestMemory<'_>, fd: i32, path: i32, path_len: i32) -> bool {
+    matches!(filetype(wasi, memory, fd, Lookupflags::empty(), path, path_len).await, Ok(Filetype::SymbolicLink))
 }
 
 /// Filesystems with regular files whose reads or opens can wait forever.

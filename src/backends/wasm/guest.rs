@@ -16,6 +16,7 @@ use wasmtime::{InstancePre, ResourceLimiter};
 use wasmtime_wasi::FsPerms;
 use wasmtime_wasi::p1::WasiP1Ctx;
 
+use super::ticker::{Alarm, Alarms};
 use crate::limits::deadline::Deadline;
 use crate::tools::ToolBridge;
 
@@ -32,9 +33,11 @@ pub(crate) enum GuestAbi {
     },
 }
 
-/// A module ready to instantiate.
+/// A module ready to instantiate: linked for runs that may block their
+/// thread, and for runs on an async task.
 pub(crate) struct Compiled {
     pub(crate) pre: InstancePre<GuestState>,
+    pub(crate) pre_async: InstancePre<GuestState>,
     pub(crate) abi: GuestAbi,
 }
 
@@ -57,6 +60,8 @@ pub(crate) struct GuestState {
     pub(crate) tools: Option<Arc<ToolBridge>>,
     /// The last answer of `execbox_tools.call`, until `result` copies it.
     pub(crate) tool_answer: Vec<u8>,
+    /// The engine ticker's alarms, for a guest that sleeps on an async task.
+    pub(crate) alarms: Arc<Alarms>,
 }
 
 /// The limits of a run that the host may set while the guest is already
@@ -120,6 +125,20 @@ impl RunControls {
             let step = deadline.remaining().map_or(left, |d| d.min(left));
             self.moved.wait_for(&mut deadline, step);
         }
+    }
+
+    /// [`RunControls::sleep`] for a guest on an async task: awaits an
+    /// [`Alarm`] of `alarms` (rung by the epoch ticker, within a tick of its
+    /// time) instead of blocking the thread. The deadline of a run on an
+    /// async task never moves (only warm instances and sessions move
+    /// theirs, and they run on threads of their own), so it is read once.
+    pub(crate) async fn sleep_async(&self, wait: Duration, alarms: &Alarms) -> bool {
+        let deadline = self.deadline();
+        let until = Instant::now() + wait;
+        // `now` read after `remaining`: the alarm is never set before the deadline.
+        let wake = deadline.remaining().map_or(until, |left| until.min(Instant::now() + left));
+        Alarm::at(alarms, wake).await;
+        deadline.expired()
     }
 
     /// The memory cap in force, in bytes.

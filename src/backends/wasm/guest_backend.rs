@@ -7,16 +7,18 @@ use wasmtime_wasi::FsPerms;
 use super::capabilities::capabilities;
 use super::compile::{CacheStats, CompileRefusal, ModuleCache};
 use super::config::WasmGuestConfig;
-use super::engine::WasmEngine;
-use super::guest::{GuestAbi, Preopen};
+use super::engine::{SlotPermit, WasmEngine};
+use super::guest::{Compiled, GuestAbi, Preopen};
 use super::module_limits::Ceilings;
 use super::run::{self, early_result};
 use super::staging::{INPUT_DIR, policy_preopens, stage_input_files};
 use crate::admission::Admitted;
-use crate::backend::Backend;
+use crate::backend::{Backend, RunFuture, on_blocking_pool};
 use crate::capabilities::BackendCapabilities;
 use crate::error::{ConfigError, ExecError, InvalidRequest};
 use crate::limits::deadline::Deadline;
+use crate::policy::Access;
+use crate::request::{ExecRequest, Payload};
 use crate::result::{ExecResult, Outcome};
 
 /// In-process WebAssembly guests (backend `wasm`) on a (possibly shared)
@@ -99,9 +101,6 @@ impl WasmGuest {
         let deadline = call.deadline();
         let module = call.take_module(Self::NAME)?;
         let cfg = self.config();
-        let input = call.take_input_json(cfg.defaults.max_input_nesting, Self::NAME)?;
-        let tools = call.tools().cloned();
-        let mut request = call.into_request();
         let compiled = match self.cache.get_untrusted(&module, &cfg.module_limits, &self.ceilings(), &deadline) {
             Ok(compiled) => compiled,
             Err(CompileRefusal::Invalid(e)) => return Err(e.into()),
@@ -114,8 +113,17 @@ impl WasmGuest {
         if deadline.expired() {
             return Ok(compile_timed_out(Self::NAME, &deadline));
         }
+        let (job, _staged) = self.job(call, compiled.abi)?;
+        run::run(&self.engine, Self::NAME, &compiled, job, deadline)
+    }
 
-        let guest_input = match compiled.abi {
+    /// The run of `call` on a module with `abi`, and the directory its input
+    /// files are staged in (removed when dropped: keep it until the run ends).
+    fn job(&self, mut call: Admitted, abi: GuestAbi) -> Result<(run::Job, Option<tempfile::TempDir>), ExecError> {
+        let input = call.take_input_json(self.config().defaults.max_input_nesting, Self::NAME)?;
+        let tools = call.tools().cloned();
+        let mut request = call.into_request();
+        let guest_input = match abi {
             GuestAbi::Command => match (request.stdin.take(), input) {
                 (Some(_), Some(_)) => {
                     return Err(InvalidRequest::Conflict(
@@ -129,9 +137,8 @@ impl WasmGuest {
         };
 
         let policy = &request.policy;
+        // No grants: no file work (the mount check reads nothing).
         let mut preopens = policy_preopens(policy)?;
-        // Staged input files live in a temporary directory, removed when
-        // this function returns whatever the outcome.
         let staged = stage_input_files(&request, None)?;
         if let Some(dir) = &staged {
             preopens.push(Preopen {
@@ -153,8 +160,33 @@ impl WasmGuest {
             tap: request.output_tap.take(),
             tools,
         };
-        run::run(&self.engine, Self::NAME, &compiled, job, deadline)
+        Ok((job, staged))
     }
+
+    /// The module and the instance slot of `call` if it can run on the
+    /// async task: its module is cached, it is granted no files (staging
+    /// them, checking their mounts and every file operation would be
+    /// blocking work) and an instance slot is free now. Otherwise it goes to
+    /// the blocking pool, which compiles, stages and waits.
+    fn on_task(&self, call: &Admitted) -> Option<(Arc<Compiled>, SlotPermit)> {
+        if !self.config().async_runs || uses_files(call.request()) {
+            return None;
+        }
+        let Payload::WasmModule(module) = &call.request().payload else { return None };
+        let compiled = self.cache.cached(module, &self.config().module_limits)?;
+        let slot = self.engine.try_acquire_slot(0)?;
+        Some((compiled, slot))
+    }
+}
+
+/// True when `request` is granted files: host directories, or input files
+/// staged for it.
+fn uses_files(request: &ExecRequest) -> bool {
+    let granted = match &request.policy.filesystem {
+        Access::Allow(grants) => !(grants.read_only.is_empty() && grants.read_write.is_empty()),
+        _ => false,
+    };
+    granted || !request.input_files.is_empty()
 }
 
 /// `timed_out`: the deadline passed before the module was ready.
@@ -174,5 +206,16 @@ impl Backend for WasmGuest {
 
     fn execute(&self, call: Admitted) -> Result<ExecResult, ExecError> {
         self.engine.on_blocking_thread(Self::NAME, || self.execute_here(call))
+    }
+
+    /// On the caller's task when the module is cached (see
+    /// [`WasmGuestConfig::async_runs`]), else on tokio's blocking pool.
+    fn execute_async(self: Arc<Self>, call: Admitted) -> RunFuture {
+        let Some((compiled, slot)) = self.on_task(&call) else { return Box::pin(on_blocking_pool(self, call)) };
+        Box::pin(async move {
+            let deadline = call.deadline();
+            let (job, _staged) = self.job(call, compiled.abi)?;
+            run::run_async(&self.engine, Self::NAME, &compiled, job, deadline, slot).await
+        })
     }
 }

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use wasmtime::{Store, Trap};
+use wasmtime::{Instance, Memory, Store, Trap, TypedFunc, UpdateDeadline};
 use wasmtime_wasi::p2::pipe::MemoryInputPipe;
 use wasmtime_wasi::{HostMonotonicClock, I32Exit, WasiCtxBuilder};
 
@@ -68,16 +68,80 @@ pub(crate) fn run(
     mut job: Job,
     deadline: Deadline,
 ) -> Result<ExecResult, ExecError> {
+    let (stdin, stdio) = streams(compiled.abi, &mut job);
+    run_with(engine, backend, compiled, job, MemoryInputPipe::new(stdin), stdio, deadline)
+}
+
+/// A job's stdin bytes and capped output streams. A command reads the input
+/// on stdin; a JSON-ABI guest gets it through `alloc`/`run`.
+fn streams(abi: GuestAbi, job: &mut Job) -> (Vec<u8>, Stdio) {
     let stdio = Stdio {
         stdout: CappedPipe::new(job.max_stdout).with_tap(job.tap.clone(), StreamKind::Stdout),
         stderr: CappedPipe::new(job.max_stderr).with_tap(job.tap.clone(), StreamKind::Stderr),
     };
-    // A command reads the input on stdin; a JSON-ABI guest gets it through `alloc`/`run`.
-    let stdin = match compiled.abi {
+    let stdin = match abi {
         GuestAbi::Command => std::mem::take(&mut job.guest_input),
         GuestAbi::JsonAbi { .. } => Vec::new(),
     };
-    run_with(engine, backend, compiled, job, MemoryInputPipe::new(stdin), stdio, deadline)
+    (stdin, stdio)
+}
+
+/// [`run`] on the caller's async task, holding `slot` (taken without
+/// waiting: a run that would wait for one goes to the blocking pool). The
+/// guest yields to the runtime at every epoch tick and stops at the first
+/// tick past its deadline; its sleeps and tool calls await (see
+/// [`linker_async`](super::linker::linker_async)). Every other limit is the
+/// same as [`run`]'s. Dropping the future ends the run where it is
+/// (wasmtime unwinds the guest's stack): the store goes, then the slot.
+pub(crate) async fn run_async(
+    engine: &WasmEngine,
+    backend: &str,
+    compiled: &Compiled,
+    mut job: Job,
+    deadline: Deadline,
+    slot: SlotPermit,
+) -> Result<ExecResult, ExecError> {
+    // Declared first, so it is given back after the store is gone.
+    let _slot = slot;
+    let (stdin, stdio) = streams(compiled.abi, &mut job);
+    let controls = RunControls::new(deadline, job.memory_cap);
+    let setup = StoreSetup {
+        args: &job.args,
+        env: &job.env,
+        preopens: &job.preopens,
+        fuel: job.fuel,
+        tools: job.tools.clone(),
+    };
+    let mut store =
+        new_store_with(engine, compiled.abi, MemoryInputPipe::new(stdin), &stdio, &setup, controls, Blocking::Never)?;
+    // Every tick: the deadline, then a yield to the runtime. The deadline
+    // of a run here never moves, so the callback keeps its own copy.
+    store.set_epoch_deadline(1);
+    store.epoch_deadline_callback(move |_| {
+        if deadline.expired() {
+            return Err(wasmtime::Error::new(DeadlineReached));
+        }
+        // tokio's yield lets the runtime poll its timers and I/O before it
+        // resumes this task (a self-wake would not, on a busy runtime), and
+        // outside tokio it is a plain yield.
+        Ok(UpdateDeadline::YieldCustom(1, Box::pin(tokio::task::yield_now())))
+    });
+    let _ticking = engine.ticker().run_guard();
+
+    let verdict = match pool_full(backend, compiled.pre_async.instantiate_async(&mut store).await)? {
+        Err(err) => Err(err),
+        Ok(instance) => match compiled.abi {
+            GuestAbi::Command => {
+                let start = instance.get_typed_func::<(), ()>(&mut store, "_start");
+                match start {
+                    Ok(start) => exited(start.call_async(&mut store, ()).await),
+                    Err(err) => Err(err),
+                }
+            }
+            GuestAbi::JsonAbi { initialize } => call_json_abi_async(&mut store, instance, initialize, &job).await,
+        },
+    };
+    Ok(finish(engine, backend, &mut store, verdict, &stdio, job.fuel))
 }
 
 /// [`run`] with the streams made by the caller (QuickJS taps its stdout; an
@@ -155,8 +219,8 @@ pub(crate) struct StoreSetup<'a> {
     pub tools: Option<Arc<ToolBridge>>,
 }
 
-/// A store with the WASI context, limiter and fuel of one run. The epoch
-/// deadline is the caller's to set.
+/// A store with the WASI context, limiter and fuel of one run, for the
+/// synchronous API. The epoch deadline is the caller's to set.
 pub(crate) fn new_store(
     engine: &WasmEngine,
     abi: GuestAbi,
@@ -165,11 +229,32 @@ pub(crate) fn new_store(
     setup: &StoreSetup<'_>,
     controls: Arc<RunControls>,
 ) -> Result<Store<GuestState>, ExecError> {
+    new_store_with(engine, abi, stdin, stdio, setup, controls, Blocking::Allowed)
+}
+
+/// Whether a store's file operations may block the thread it runs on.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Blocking {
+    /// A thread of its own, or tokio's blocking pool: inline.
+    Allowed,
+    /// An async task: each goes to tokio's blocking pool.
+    Never,
+}
+
+fn new_store_with(
+    engine: &WasmEngine,
+    abi: GuestAbi,
+    stdin: impl wasmtime_wasi::cli::StdinStream + 'static,
+    stdio: &Stdio,
+    setup: &StoreSetup<'_>,
+    controls: Arc<RunControls>,
+    blocking: Blocking,
+) -> Result<Store<GuestState>, ExecError> {
     let clock_start = Instant::now();
     let mut wasi = WasiCtxBuilder::new();
     wasi.stdout(stdio.stdout.clone())
         .stderr(stdio.stderr.clone())
-        .allow_blocking_current_thread(true)
+        .allow_blocking_current_thread(blocking == Blocking::Allowed)
         .monotonic_clock(GuestClock(clock_start));
     if abi == GuestAbi::Command {
         wasi.stdin(stdin);
@@ -191,6 +276,7 @@ pub(crate) fn new_store(
         clock_start,
         tools: setup.tools.clone(),
         tool_answer: Vec::new(),
+        alarms: engine.ticker().alarms().clone(),
     };
     let mut store = Store::new(engine.engine(), state);
     store.limiter(|s| &mut s.limits);
@@ -209,7 +295,12 @@ pub(crate) fn instantiate(
     compiled: &Compiled,
     store: &mut Store<GuestState>,
 ) -> Result<wasmtime::Result<wasmtime::Instance>, ExecError> {
-    match compiled.pre.instantiate(store) {
+    pool_full(backend, compiled.pre.instantiate(store))
+}
+
+/// A full pool as [`ExecError::Busy`]; any other outcome as the run's.
+fn pool_full(backend: &str, instantiated: wasmtime::Result<Instance>) -> Result<wasmtime::Result<Instance>, ExecError> {
+    match instantiated {
         Err(err) if err.is::<wasmtime::PoolConcurrencyLimitError>() => {
             Err(ExecError::Busy { backend: backend.into(), reason: format!("the wasm instance pool is full: {err:#}") })
         }
@@ -275,7 +366,12 @@ pub(crate) enum Finished {
 
 pub(crate) fn call_start(store: &mut Store<GuestState>, instance: wasmtime::Instance) -> wasmtime::Result<Finished> {
     let start = instance.get_typed_func::<(), ()>(&mut *store, "_start")?;
-    match start.call(&mut *store, ()) {
+    exited(start.call(&mut *store, ()))
+}
+
+/// How `_start` ended: returning, or `proc_exit(0)`, is exit code 0.
+fn exited(started: wasmtime::Result<()>) -> wasmtime::Result<Finished> {
+    match started {
         Ok(()) => Ok(Finished::Exited(0)),
         Err(err) => match err.downcast_ref::<I32Exit>() {
             Some(I32Exit(0)) => Ok(Finished::Exited(0)),
@@ -295,34 +391,92 @@ fn call_json_abi(
     if initialize {
         instance.get_typed_func::<(), ()>(&mut *store, "_initialize")?.call(&mut *store, ())?;
     }
-    let alloc = instance.get_typed_func::<i32, i32>(&mut *store, "alloc")?;
-    let run = instance.get_typed_func::<(i32, i32), i64>(&mut *store, "run")?;
-    let memory =
-        instance.get_memory(&mut *store, "memory").ok_or_else(|| wasmtime::format_err!("no exported memory"))?;
-    let input = &job.guest_input;
-    let Ok(len) = i32::try_from(input.len()) else {
-        return Ok(Finished::Refused(format!("input of {} bytes is too large for a 32-bit guest", input.len())));
+    let abi = JsonAbi::of(store, instance)?;
+    let len = match abi.input_len(&job.guest_input) {
+        Ok(len) => len,
+        Err(refused) => return Ok(refused),
     };
-    let ptr = alloc.call(&mut *store, len)?;
-    if memory.write(&mut *store, ptr as u32 as usize, input).is_err() {
-        return Ok(Finished::Refused(format!("alloc({len}) returned {ptr:#x}, outside the guest's memory")));
+    let ptr = abi.alloc.call(&mut *store, len)?;
+    if let Some(refused) = abi.write_input(store, ptr, len, &job.guest_input) {
+        return Ok(refused);
     }
-    let packed = run.call(&mut *store, (ptr, len))? as u64;
-    let (out_ptr, out_len) = ((packed >> 32) as usize, (packed & 0xffff_ffff) as usize);
-    if let Some(max) = job.max_stdout
-        && out_len as u64 > max
-    {
-        return Ok(Finished::OverCap(max));
+    let packed = abi.run.call(&mut *store, (ptr, len))?;
+    Ok(abi.read_output(store, packed, job.max_stdout))
+}
+
+/// [`call_json_abi`] with the async API.
+async fn call_json_abi_async(
+    store: &mut Store<GuestState>,
+    instance: wasmtime::Instance,
+    initialize: bool,
+    job: &Job,
+) -> wasmtime::Result<Finished> {
+    if initialize {
+        instance.get_typed_func::<(), ()>(&mut *store, "_initialize")?.call_async(&mut *store, ()).await?;
     }
-    let Some(bytes) = memory.data(&*store).get(out_ptr..out_ptr.saturating_add(out_len)) else {
-        return Ok(Finished::Refused(format!(
-            "run returned {out_len} bytes at {out_ptr:#x}, outside the guest's memory"
-        )));
+    let abi = JsonAbi::of(store, instance)?;
+    let len = match abi.input_len(&job.guest_input) {
+        Ok(len) => len,
+        Err(refused) => return Ok(refused),
     };
-    Ok(match serde_json::from_slice(bytes) {
-        Ok(value) => Finished::Returned(value),
-        Err(e) => Finished::Refused(format!("output is not valid JSON: {e}")),
-    })
+    let ptr = abi.alloc.call_async(&mut *store, len).await?;
+    if let Some(refused) = abi.write_input(store, ptr, len, &job.guest_input) {
+        return Ok(refused);
+    }
+    let packed = abi.run.call_async(&mut *store, (ptr, len)).await?;
+    Ok(abi.read_output(store, packed, job.max_stdout))
+}
+
+/// A JSON-ABI guest's exports.
+struct JsonAbi {
+    alloc: TypedFunc<i32, i32>,
+    run: TypedFunc<(i32, i32), i64>,
+    memory: Memory,
+}
+
+impl JsonAbi {
+    fn of(store: &mut Store<GuestState>, instance: wasmtime::Instance) -> wasmtime::Result<Self> {
+        let alloc = instance.get_typed_func::<i32, i32>(&mut *store, "alloc")?;
+        let run = instance.get_typed_func::<(i32, i32), i64>(&mut *store, "run")?;
+        let memory =
+            instance.get_memory(&mut *store, "memory").ok_or_else(|| wasmtime::format_err!("no exported memory"))?;
+        Ok(Self { alloc, run, memory })
+    }
+
+    /// The input's length as the guest's `i32`.
+    fn input_len(&self, input: &[u8]) -> Result<i32, Finished> {
+        i32::try_from(input.len())
+            .map_err(|_| Finished::Refused(format!("input of {} bytes is too large for a 32-bit guest", input.len())))
+    }
+
+    /// Writes `input` where `alloc(len)` returned `ptr`; `Some` when that is
+    /// outside the guest's memory.
+    fn write_input(&self, store: &mut Store<GuestState>, ptr: i32, len: i32, input: &[u8]) -> Option<Finished> {
+        self.memory
+            .write(&mut *store, ptr as u32 as usize, input)
+            .is_err()
+            .then(|| Finished::Refused(format!("alloc({len}) returned {ptr:#x}, outside the guest's memory")))
+    }
+
+    /// The document `run` returned as `packed`, held to `max_stdout`.
+    fn read_output(&self, store: &Store<GuestState>, packed: i64, max_stdout: Option<u64>) -> Finished {
+        let packed = packed as u64;
+        let (out_ptr, out_len) = ((packed >> 32) as usize, (packed & 0xffff_ffff) as usize);
+        if let Some(max) = max_stdout
+            && out_len as u64 > max
+        {
+            return Finished::OverCap(max);
+        }
+        let Some(bytes) = self.memory.data(store).get(out_ptr..out_ptr.saturating_add(out_len)) else {
+            return Finished::Refused(format!(
+                "run returned {out_len} bytes at {out_ptr:#x}, outside the guest's memory"
+            ));
+        };
+        match serde_json::from_slice(bytes) {
+            Ok(value) => Finished::Returned(value),
+            Err(e) => Finished::Refused(format!("output is not valid JSON: {e}")),
+        }
+    }
 }
 
 /// Maps the engine's error to an outcome, exit code and message.

@@ -16,7 +16,8 @@
 //!   `tools.describe` with `{"name"}` are built in). It runs the call through
 //!   the run's tool bridge — the guest waits, at most the call's timeout
 //!   (`tool_limits.call_timeout_ms`) and never past the run's deadline, since
-//!   the epoch deadline cannot interrupt a host call — keeps the answer and
+//!   the epoch deadline cannot interrupt a host call (on an async task it
+//!   awaits the answer; elsewhere it blocks its thread) — keeps the answer and
 //!   returns its length in bytes. The answer is a `ToolResult` as JSON:
 //!   `{"id", "ok": true, "value": ..., "truncated"?: true}` or
 //!   `{"id", "ok": false, "error": {"tool", "kind", "message"}}` (`kind` is
@@ -34,9 +35,13 @@
 //! 64 KiB is answered `invalid_arguments` without its arguments being
 //! parsed. See `guests/c/tool_caller.c` for a guest in C.
 
+use std::future::Future;
+
 use wasmtime::{Caller, Linker, Memory};
 
 use super::guest::GuestState;
+use crate::tools::bridge::ToolBridge;
+use crate::tools::frame::{ToolCall, ToolResult};
 use crate::tools::wire::{Request, frame_limit, not_granted, read_bare_call};
 
 /// The import module's name.
@@ -54,30 +59,76 @@ pub(crate) fn add_to_linker(linker: &mut Linker<GuestState>) -> wasmtime::Result
     Ok(())
 }
 
+/// [`add_to_linker`] for the async linker: `call` awaits the answer
+/// instead of blocking the thread.
+pub(crate) fn add_async(linker: &mut Linker<GuestState>) -> wasmtime::Result<()> {
+    linker.func_wrap_async(MODULE, "call", call_async)?;
+    linker.func_wrap(MODULE, "result", result)?;
+    Ok(())
+}
+
 fn memory(caller: &mut Caller<'_, GuestState>) -> Option<Memory> {
     caller.get_export("memory").and_then(|e| e.into_memory())
 }
 
-fn call(mut caller: Caller<'_, GuestState>, ptr: i32, len: i32) -> wasmtime::Result<i64> {
-    let Some(memory) = memory(&mut caller) else { return Ok(OUT_OF_BOUNDS) };
+/// What a guest's `call` asks.
+enum Asked {
+    /// A call for the run's bridge.
+    Call(ToolCall, std::sync::Arc<ToolBridge>),
+    /// Answered at once (refused, not granted).
+    Answered(ToolResult),
+    /// `call`'s negative return: nothing ran, no answer kept.
+    Bad(i64),
+}
+
+/// Reads the request at `ptr..ptr+len` of the guest's memory (parsed in
+/// place: a long request is not copied out of the guest).
+fn ask(caller: &mut Caller<'_, GuestState>, ptr: i32, len: i32) -> Asked {
+    let Some(memory) = memory(caller) else { return Asked::Bad(OUT_OF_BOUNDS) };
     let bridge = caller.data().tools.clone();
     let (start, len) = (ptr as u32 as usize, len as u32 as usize);
-    // Parsed in place: a long request is not copied out of the guest.
-    let request = match memory.data(&caller).get(start..start.saturating_add(len)) {
+    let request = match memory.data(&*caller).get(start..start.saturating_add(len)) {
         Some(bytes) => read_bare_call(bytes, frame_limit(bridge.as_deref())),
-        None => return Ok(OUT_OF_BOUNDS),
+        None => return Asked::Bad(OUT_OF_BOUNDS),
     };
-    let answer = match (request, &bridge) {
-        (Request::Malformed { .. }, _) => return Ok(MALFORMED),
-        (Request::Call(call), Some(bridge)) => bridge.call_blocking(call),
-        (Request::Call(call), None) => not_granted(call.id, &call.name),
-        (Request::TooLarge { id, name, len }, Some(bridge)) => bridge.refuse_unread(id, &name, len),
-        (Request::TooLarge { id, name, .. }, None) => not_granted(id, &name),
-    };
-    let answer = serde_json::to_vec(&answer)?;
+    match (request, bridge) {
+        (Request::Malformed { .. }, _) => Asked::Bad(MALFORMED),
+        (Request::Call(call), Some(bridge)) => Asked::Call(call, bridge),
+        (Request::Call(call), None) => Asked::Answered(not_granted(call.id, &call.name)),
+        (Request::TooLarge { id, name, len }, Some(bridge)) => Asked::Answered(bridge.refuse_unread(id, &name, len)),
+        (Request::TooLarge { id, name, .. }, None) => Asked::Answered(not_granted(id, &name)),
+    }
+}
+
+/// Keeps `answer` for `result` and returns its length.
+fn keep(caller: &mut Caller<'_, GuestState>, answer: &ToolResult) -> wasmtime::Result<i64> {
+    let answer = serde_json::to_vec(answer)?;
     let len = answer.len() as i64;
     caller.data_mut().tool_answer = answer;
     Ok(len)
+}
+
+fn call(mut caller: Caller<'_, GuestState>, ptr: i32, len: i32) -> wasmtime::Result<i64> {
+    let answer = match ask(&mut caller, ptr, len) {
+        Asked::Bad(code) => return Ok(code),
+        Asked::Answered(answer) => answer,
+        Asked::Call(call, bridge) => bridge.call_blocking(call),
+    };
+    keep(&mut caller, &answer)
+}
+
+fn call_async<'a>(
+    mut caller: Caller<'a, GuestState>,
+    (ptr, len): (i32, i32),
+) -> Box<dyn Future<Output = wasmtime::Result<i64>> + Send + 'a> {
+    Box::new(async move {
+        let answer = match ask(&mut caller, ptr, len) {
+            Asked::Bad(code) => return Ok(code),
+            Asked::Answered(answer) => answer,
+            Asked::Call(call, bridge) => bridge.call_async(call).await,
+        };
+        keep(&mut caller, &answer)
+    })
 }
 
 fn result(mut caller: Caller<'_, GuestState>, ptr: i32, len: i32) -> wasmtime::Result<i32> {
