@@ -334,6 +334,7 @@ impl ToolBridge {
     /// guest run there): awaits the answer instead of blocking the thread,
     /// as long as a blocking caller would wait. The wait is timed on the
     /// tool runtime, so the caller's runtime needs no timer.
+    #[cfg(feature = "wasm")]
     pub(crate) async fn call_async(self: &Arc<Self>, call: ToolCall) -> ToolResult {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let id = call.id;
