@@ -322,12 +322,16 @@ impl ToolBridge {
         self.call(call, move |result| {
             let _ = tx.send(result);
         });
-        let wait = Duration::from_millis(self.limits.call_timeout_ms)
+        let wait = self.answer_wait();
+        rx.recv_timeout(wait).unwrap_or_else(|_| no_answer(id, &name))
+    }
+
+    /// How long a carrier waits for a call's answer: its timeout, never past
+    /// the run's deadline, plus a moment for the answer to arrive.
+    fn answer_wait(&self) -> Duration {
+        Duration::from_millis(self.limits.call_timeout_ms)
             .min(self.deadline.remaining().unwrap_or(Duration::MAX))
-            .saturating_add(ANSWER_GRACE);
-        rx.recv_timeout(wait).unwrap_or_else(|_| {
-            ToolResult::error(id, ToolError::new(name, ToolErrorKind::TimedOut, "no answer before the deadline"))
-        })
+            .saturating_add(ANSWER_GRACE)
     }
 
     /// [`ToolBridge::call_blocking`] for a carrier on an async task (a wasm
@@ -342,11 +346,8 @@ impl ToolBridge {
         self.call(call, move |result| {
             let _ = tx.send(result);
         });
-        let wait = Duration::from_millis(self.limits.call_timeout_ms)
-            .min(self.deadline.remaining().unwrap_or(Duration::MAX))
-            .saturating_add(ANSWER_GRACE);
-        let late =
-            || ToolResult::error(id, ToolError::new(&name, ToolErrorKind::TimedOut, "no answer before the deadline"));
+        let wait = self.answer_wait();
+        let late = || no_answer(id, &name);
         // Answered inline (refused, built in): no need for a timer.
         let mut rx = rx;
         match rx.try_recv() {
@@ -488,6 +489,11 @@ impl ToolBridge {
         };
         push_record(&mut self.state.lock(), record);
     }
+}
+
+/// The answer of a call its carrier stopped waiting for.
+fn no_answer(id: u64, name: &str) -> ToolResult {
+    ToolResult::error(id, ToolError::new(name, ToolErrorKind::TimedOut, "no answer before the deadline"))
 }
 
 /// A task aborted when this drops.

@@ -45,6 +45,19 @@ pub(crate) struct Job {
     pub tools: Option<Arc<ToolBridge>>,
 }
 
+impl Job {
+    /// What a store of this job is built from.
+    fn store_setup(&self) -> StoreSetup<'_> {
+        StoreSetup {
+            args: &self.args,
+            env: &self.env,
+            preopens: &self.preopens,
+            fuel: self.fuel,
+            tools: self.tools.clone(),
+        }
+    }
+}
+
 /// The guest's monotonic clock, started with the run, so the poll guard can
 /// turn an absolute guest time into a wait.
 struct GuestClock(Instant);
@@ -105,13 +118,7 @@ pub(crate) async fn run_async(
     let _slot = slot;
     let (stdin, stdio) = streams(compiled.abi, &mut job);
     let controls = RunControls::new(deadline, job.memory_cap);
-    let setup = StoreSetup {
-        args: &job.args,
-        env: &job.env,
-        preopens: &job.preopens,
-        fuel: job.fuel,
-        tools: job.tools.clone(),
-    };
+    let setup = job.store_setup();
     let mut store =
         new_store_with(engine, compiled.abi, MemoryInputPipe::new(stdin), &stdio, &setup, controls, Blocking::Never)?;
     // Every tick: the deadline, then a yield to the runtime. The deadline
@@ -158,13 +165,7 @@ pub(crate) fn run_with(
     // Declared first, so it is given back after the store is gone.
     let _slot: SlotPermit = engine.acquire_slot(&deadline, backend)?;
     let controls = RunControls::new(deadline, job.memory_cap);
-    let setup = StoreSetup {
-        args: &job.args,
-        env: &job.env,
-        preopens: &job.preopens,
-        fuel: job.fuel,
-        tools: job.tools.clone(),
-    };
+    let setup = job.store_setup();
     let mut store = new_store(engine, compiled.abi, stdin, &stdio, &setup, controls)?;
     let ticker = engine.ticker();
     store.set_epoch_deadline(deadline.remaining().map_or(u64::MAX / 2, |left| ticker.ticks_for(left)));
