@@ -41,6 +41,13 @@ fn leftovers(label: &str) -> Vec<String> {
     ps(&["--all", "--filter", &test_label(label)])
 }
 
+/// Asserts that no container carrying this test's label is left within
+/// `limit`. Polled, not waited for on docker events: a start still in
+/// flight when the pool or its host went may create one after any listing.
+fn assert_nothing_left(label: &str, limit: Duration, what: &str) {
+    assert!(wait_until(limit, || leftovers(label).is_empty()), "{what}: {:?}", leftovers(label));
+}
+
 /// Starts the plain pool and waits until `n` containers are ready.
 fn fill(backend: &Container, n: usize) {
     backend.prepare(Duration::ZERO);
@@ -112,7 +119,7 @@ fn a_pooled_run_is_warm_fresh_and_removed() {
     assert_ne!(fields[3], dirty.stdout.text().trim(), "the same container ran twice");
 
     drop(c);
-    assert!(wait_until(Duration::from_secs(20), || leftovers(label).is_empty()), "{:?}", leftovers(label));
+    assert_nothing_left(label, Duration::from_secs(20), "left behind");
 }
 
 #[test]
@@ -161,7 +168,7 @@ fn a_pooled_run_keeps_every_outcome_of_a_cold_one() {
     assert!(loud.stdout.truncated, "{loud:?}");
 
     drop(c);
-    assert!(wait_until(Duration::from_secs(20), || leftovers(label).is_empty()), "{:?}", leftovers(label));
+    assert_nothing_left(label, Duration::from_secs(20), "left behind");
 }
 
 #[test]
@@ -187,7 +194,7 @@ fn a_pooled_container_killed_from_outside_is_replaced() {
     assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
     assert!(age(&r) >= 0.5, "the run did not take the replacement: {r:?}");
     drop(c);
-    assert!(wait_until(Duration::from_secs(20), || leftovers(label).is_empty()), "{:?}", leftovers(label));
+    assert_nothing_left(label, Duration::from_secs(20), "left behind");
 }
 
 #[test]
@@ -213,7 +220,7 @@ fn an_empty_pool_falls_back_to_a_cold_start() {
     let args = run(&c, python("import sys\nprint(sys.argv[1:])").arg("a").arg("b"));
     assert_eq!(args.stdout.text().trim(), "['a', 'b']", "{args:?}");
     drop(c);
-    assert!(wait_until(Duration::from_secs(20), || leftovers(label).is_empty()), "{:?}", leftovers(label));
+    assert_nothing_left(label, Duration::from_secs(20), "left behind");
 }
 
 #[test]
@@ -250,7 +257,7 @@ time.sleep(100)
         running(label)
     );
     drop(c);
-    assert!(wait_until(Duration::from_secs(20), || leftovers(label).is_empty()), "{:?}", leftovers(label));
+    assert_nothing_left(label, Duration::from_secs(20), "left behind");
 }
 
 #[test]
@@ -274,11 +281,7 @@ fn the_hosts_death_leaves_no_warm_container() {
     );
     host.kill().unwrap();
     host.wait().unwrap();
-    assert!(
-        wait_until(Duration::from_secs(30), || leftovers(label).is_empty()),
-        "warm containers outlived their host: {:?}",
-        leftovers(label)
-    );
+    assert_nothing_left(label, Duration::from_secs(30), "warm containers outlived their host");
 }
 
 /// The host of `the_hosts_death_leaves_no_warm_container` (run only by it).
@@ -325,7 +328,7 @@ fn warm_and_cold_runs_end_the_same_way() {
     }
     drop(c);
     drop(cold);
-    assert!(wait_until(Duration::from_secs(20), || leftovers(label).is_empty()), "{:?}", leftovers(label));
+    assert_nothing_left(label, Duration::from_secs(20), "left behind");
 }
 
 /// Python finding its wrapper's end-record nonce and defining `rec(code)`,
@@ -371,7 +374,7 @@ fn a_forged_end_record_never_makes_an_engine_error_or_a_foreign_exit_code() {
     assert_eq!((r.outcome, r.exit_code), (Outcome::Failed, Some(5)), "{r:?}");
     assert!(r.stdout.text().contains(":Z999"), "{r:?}");
     drop(c);
-    assert!(wait_until(Duration::from_secs(20), || leftovers(label).is_empty()), "{:?}", leftovers(label));
+    assert_nothing_left(label, Duration::from_secs(20), "left behind");
 }
 
 #[test]
@@ -402,7 +405,7 @@ fn a_warm_run_may_start_as_many_processes_as_a_cold_one() {
         assert_eq!(warm.stdout.text().lines().nth(1), Some(expect), "warm, --pids-limit={pids}: {warm:?}");
     }
     drop(c);
-    assert!(wait_until(Duration::from_secs(20), || leftovers(label).is_empty()), "{:?}", leftovers(label));
+    assert_nothing_left(label, Duration::from_secs(20), "left behind");
 }
 
 #[test]
@@ -424,7 +427,7 @@ fn a_warm_run_refuses_the_files_a_cold_one_refuses() {
         assert!(matches!(r, Err(execbox::ExecError::InvalidRequest(_))), "refused cold, but warm: {r:?}");
     }
     drop(c);
-    assert!(wait_until(Duration::from_secs(20), || leftovers(label).is_empty()), "{:?}", leftovers(label));
+    assert_nothing_left(label, Duration::from_secs(20), "left behind");
 }
 
 #[test]
@@ -460,7 +463,7 @@ fn a_taken_container_is_younger_than_its_lifetime() {
         age(&late)
     );
     drop(c);
-    assert!(wait_until(Duration::from_secs(20), || leftovers(label).is_empty()), "{:?}", leftovers(label));
+    assert_nothing_left(label, Duration::from_secs(20), "left behind");
 }
 
 /// The engine's record of a container's flags (all but its name, staging
@@ -531,5 +534,5 @@ fn a_warm_container_has_the_flags_its_cold_run_would_have() {
         assert_eq!(cold, warm, "collect={collect}: cold (left) and warm flags differ");
     }
     drop(c);
-    assert!(wait_until(Duration::from_secs(20), || leftovers(label).is_empty()), "{:?}", leftovers(label));
+    assert_nothing_left(label, Duration::from_secs(20), "left behind");
 }
