@@ -111,8 +111,6 @@ pub(crate) struct Worker {
     pub process: WorkerProcess,
     /// Its `Ready` after the last run was read: its next context is built.
     ready: bool,
-    /// Still pinned to the CPU of its last caller.
-    pinned: bool,
     /// When it last went idle.
     idle_since: Instant,
     _live: LiveCount,
@@ -340,7 +338,7 @@ impl Core {
         }
         // Until a run sets its own cap, an idle worker may grow only this much.
         let _ = process.limit_memory(self.cfg.defaults.memory_bytes);
-        Ok(Worker { process, ready: true, pinned: false, idle_since: Instant::now(), _live: live })
+        Ok(Worker { process, ready: true, idle_since: Instant::now(), _live: live })
     }
 
     /// Takes a ready worker, waiting for one until `deadline`.
@@ -350,10 +348,10 @@ impl Core {
         }
         let mut state = self.lock();
         loop {
+            // Taking a worker leaves the refill thread nothing to do: it
+            // counts busy workers as coming back.
             if let Some(worker) = Self::take_idle(&mut state.idle) {
                 state.busy += 1;
-                drop(state);
-                self.changed.notify_all();
                 return Ok(worker);
             }
             if state.shutdown {
@@ -405,10 +403,15 @@ impl Core {
     /// any once the backend is dropped). One past `idle_workers` that
     /// nobody waits for is kept too, until it has rested [`SURPLUS_LINGER`]:
     /// the refill thread then retires it and the pool shrinks back to its
-    /// idle size.
+    /// idle size. The refill thread is woken only when it has something to
+    /// do: a wake-up per run cost the caller ~10 µs and, on 2 CPUs, took a
+    /// CPU from the next run.
     fn release(&self, worker: Option<Worker>) {
         let mut state = self.lock();
         state.busy -= 1;
+        // The refill thread replaces a worker that did not come back;
+        // `prepare` waits for the first idle one.
+        let wake = worker.is_none() || state.idle.is_empty();
         let surplus = match worker {
             Some(mut worker) if !state.shutdown => {
                 worker.idle_since = Instant::now();
@@ -423,8 +426,11 @@ impl Core {
                 other
             }
         };
+        let wake = wake || state.shutdown || state.waiting > 0 || state.idle.len() > self.cfg.idle_workers;
         drop(state);
-        self.changed.notify_all();
+        if wake {
+            self.changed.notify_all();
+        }
         drop(surplus); // killed and reaped outside the lock
     }
 
@@ -443,7 +449,9 @@ impl Core {
                 Conversation::NotStarted => self.release(None),
                 Conversation::Finished { result, reusable } => {
                     worker.ready = false;
-                    worker.pinned = true;
+                    // Its next context is built on whichever CPU is free,
+                    // not on the caller's.
+                    worker.process.unpin();
                     self.release(reusable.then_some(worker));
                     return Ok(*result);
                 }
@@ -481,12 +489,6 @@ fn refill(core: &Core) {
     loop {
         let mut state = core.lock();
         let chore = loop {
-            // Workers given back after a run are still pinned to their
-            // caller's CPU: let them build their next context anywhere.
-            for worker in state.idle.iter_mut().filter(|w| w.pinned) {
-                worker.process.unpin();
-                worker.pinned = false;
-            }
             if state.shutdown {
                 let idle = std::mem::take(&mut state.idle);
                 drop(state);
@@ -671,8 +673,8 @@ pub(crate) fn converse(
             Ok(FromWorker::Done { report, stdout_total, stderr_total, retire }) => {
                 // The run's memory limit stays while the worker builds its
                 // next context (trusted code, well within it); the next run
-                // sets its own. The pin is lifted off the request path (the
-                // pool's refill thread, a session after its call).
+                // sets its own. The caller lifts the pin (the pool, a
+                // session after its call).
                 let mut result = ExecResult::new(BoaJs::NAME, report.outcome);
                 result.stdout = with_total(stdout, stdout_total);
                 result.stderr = with_total(stderr, stderr_total);
