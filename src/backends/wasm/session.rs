@@ -104,8 +104,9 @@ impl PythonSession {
     /// Starts the session loop on `warm` (an instance of `engine`, from the
     /// `python-wasm` backend whose capabilities are `caps`).
     pub(crate) fn open(engine: Arc<WasmEngine>, caps: Arc<BackendCapabilities>, warm: Warm) -> Result<Self, ExecError> {
-        let Warm { code, controls, stdio, work, done, thread } = warm;
+        let Warm { code, controls, stdio, work, done, thread, priority } = warm;
         drop(thread); // detached: it ends when the session's stdin does
+        priority.restore();
         let nonce = quickjs::nonce();
         let ceiling = usize::try_from(engine.config().max_memory_bytes).unwrap_or(usize::MAX);
         controls.arm(Deadline::start(Some(OPEN_LIMIT)), ceiling);
