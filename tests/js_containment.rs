@@ -594,3 +594,65 @@ fn many_waiters_for_few_workers_are_all_served_in_turn() {
     assert!(wait_until(Duration::from_secs(20), || gauge.live() == 1), "live workers: {}", gauge.live());
     assert!(zombie_children().is_empty(), "zombies: {:?}", zombie_children());
 }
+
+/// SIGKILLs `pid` from outside (as the OOM killer or an operator would) and
+/// waits until it is no longer running.
+fn kill_from_outside(pid: u32) {
+    let status = std::process::Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap();
+    assert!(status.success(), "kill -9 {pid}: {status}");
+    assert!(wait_until(Duration::from_secs(10), || !common::procfs::alive(pid)), "worker {pid} survived SIGKILL");
+}
+
+/// Idle workers the pool has, alive.
+fn alive_idle(backend: &BoaJs) -> usize {
+    backend.idle_worker_pids().into_iter().filter(|&pid| common::procfs::alive(pid)).count()
+}
+
+/// Every idle worker killed from outside: the next run is served (it waits
+/// for a new worker rather than sending its job to three dead ones and
+/// failing), and the pool is back to its idle size.
+#[test]
+fn idle_workers_killed_from_outside_are_replaced_and_the_next_run_is_served() {
+    let backend =
+        BoaJs::new(BoaJsConfig::default().idle_workers(4).worker_program(env!("CARGO_BIN_EXE_execbox"))).unwrap();
+    let gauge = backend.worker_gauge();
+    assert!(wait_until(Duration::from_secs(30), || alive_idle(&backend) == 4), "the pool never filled");
+    for pid in backend.idle_worker_pids() {
+        kill_from_outside(pid);
+    }
+    still_serves(&backend);
+    assert!(
+        wait_until(Duration::from_secs(20), || alive_idle(&backend) == 4 && gauge.live() == 4),
+        "idle alive: {}, live: {}",
+        alive_idle(&backend),
+        gauge.live()
+    );
+    assert!(zombie_children().is_empty(), "zombies: {:?}", zombie_children());
+}
+
+/// The worker that just answered, killed from outside while it builds its
+/// next context: the next run drops it and the refill thread replaces it,
+/// also under sequential load (where no run gives a worker back to an empty
+/// idle list, so nothing else wakes the refill thread).
+#[test]
+fn a_worker_killed_while_it_builds_its_next_context_is_replaced_under_sequential_load() {
+    let backend =
+        BoaJs::new(BoaJsConfig::default().idle_workers(3).worker_program(env!("CARGO_BIN_EXE_execbox"))).unwrap();
+    let gauge = backend.worker_gauge();
+    assert!(wait_until(Duration::from_secs(30), || alive_idle(&backend) == 3), "the pool never filled");
+    for round in 0..5 {
+        still_serves(&backend);
+        // The worker that answered went back last.
+        kill_from_outside(*backend.idle_worker_pids().last().unwrap());
+        for _ in 0..5 {
+            still_serves(&backend);
+        }
+        assert!(
+            wait_until(Duration::from_secs(20), || alive_idle(&backend) == 3 && gauge.live() == 3),
+            "round {round}: idle alive: {}, live: {}",
+            alive_idle(&backend),
+            gauge.live()
+        );
+    }
+    assert!(zombie_children().is_empty(), "zombies: {:?}", zombie_children());
+}

@@ -120,7 +120,13 @@ impl Worker {
     /// Whether its next context is built, reading its `Ready` if it came.
     /// `None` if it died or broke the protocol.
     fn is_ready(&mut self) -> Option<bool> {
-        if !self.ready {
+        if self.ready {
+            // Killed while idle (the OOM killer, an operator): found here,
+            // not by a run that would send it a job and try the next one.
+            if self.process.has_exited() {
+                return None;
+            }
+        } else {
             match self.process.recv::<FromWorker>(Some(Instant::now()), 1 << 10) {
                 Ok(FromWorker::Ready) => self.ready = true,
                 Err(RecvError::TimedOut) => {}
@@ -348,10 +354,17 @@ impl Core {
         }
         let mut state = self.lock();
         loop {
-            // Taking a worker leaves the refill thread nothing to do: it
-            // counts busy workers as coming back.
+            // Taking a worker leaves the refill thread nothing to do (it
+            // counts busy workers as coming back), unless dead ones were
+            // dropped on the way: those it replaces.
+            let before = state.idle.len();
             if let Some(worker) = Self::take_idle(&mut state.idle) {
                 state.busy += 1;
+                let dropped = before - state.idle.len() > 1;
+                drop(state);
+                if dropped {
+                    self.changed.notify_all();
+                }
                 return Ok(worker);
             }
             if state.shutdown {
