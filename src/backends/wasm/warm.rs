@@ -532,6 +532,9 @@ impl Pool {
             .stack_size(self.engine.config().max_wasm_stack + (2 << 20))
             .spawn(move || {
                 thread_priority.lower_this_thread();
+                // Marked before the thread ends, whatever way it ends: a
+                // restore never names a thread id that may have been reused.
+                let _ended = PriorityEnd(thread_priority);
                 // Dropped last, in this order: the store (below) frees the
                 // pool slot, then `/work` goes, then the slot is given back.
                 let _slot = slot;
@@ -645,8 +648,17 @@ enum Priority {
     Normal,
     /// Lowered: the thread and its nice value before.
     Lowered { tid: rustix::process::Pid, nice: i32 },
-    /// Restored for a run: never lowered again.
+    /// Restored for a run, or its thread ended: never touched again.
     Restored,
+}
+
+/// Marks its [`StartPriority`] done when dropped (as its thread ends).
+struct PriorityEnd(Arc<StartPriority>);
+
+impl Drop for PriorityEnd {
+    fn drop(&mut self) {
+        *self.0.0.lock() = Priority::Restored;
+    }
 }
 
 impl StartPriority {
@@ -747,6 +759,20 @@ mod tests {
             assert_eq!(lowered, before, "lowered where it could not be raised back");
         }
         assert_eq!(after, before);
+    }
+
+    #[test]
+    fn a_thread_that_ended_lowered_is_never_named_by_a_restore() {
+        let priority = Arc::new(StartPriority::default());
+        let thread_priority = priority.clone();
+        std::thread::spawn(move || {
+            thread_priority.lower_this_thread();
+            let _ended = PriorityEnd(thread_priority);
+        })
+        .join()
+        .unwrap();
+        assert!(matches!(*priority.0.lock(), Priority::Restored));
+        priority.restore();
     }
 
     #[test]
