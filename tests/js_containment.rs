@@ -656,3 +656,32 @@ fn a_worker_killed_while_it_builds_its_next_context_is_replaced_under_sequential
     }
     assert!(zombie_children().is_empty(), "zombies: {:?}", zombie_children());
 }
+
+/// Idle workers killed from outside while no request comes: the pool reaps
+/// and replaces them on its own (within its sweep), so its readiness never
+/// counts dead workers for long and none is left a zombie.
+#[test]
+fn idle_workers_killed_while_nothing_runs_are_reaped_and_replaced_without_a_request() {
+    let backend =
+        BoaJs::new(BoaJsConfig::default().idle_workers(3).worker_program(env!("CARGO_BIN_EXE_execbox"))).unwrap();
+    let gauge = backend.worker_gauge();
+    assert!(wait_until(Duration::from_secs(30), || alive_idle(&backend) == 3), "the pool never filled");
+    let killed = backend.idle_worker_pids();
+    for &pid in &killed[..2] {
+        kill_from_outside(pid);
+    }
+    let replaced = || {
+        let pids = backend.idle_worker_pids();
+        pids.len() == 3 && pids.iter().all(|pid| !killed[..2].contains(pid)) && alive_idle(&backend) == 3
+    };
+    assert!(
+        wait_until(Duration::from_secs(20), || replaced() && gauge.live() == 3),
+        "idle: {:?} (killed {:?}), live: {}",
+        backend.idle_worker_pids(),
+        &killed[..2],
+        gauge.live()
+    );
+    assert_eq!(backend.readiness().map(|r| r.ready), Some(3));
+    assert!(zombie_children().is_empty(), "zombies: {:?}", zombie_children());
+    still_serves(&backend);
+}

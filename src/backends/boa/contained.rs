@@ -76,6 +76,10 @@ impl Drop for Handle {
 /// the refill thread retires it.
 const SURPLUS_LINGER: Duration = Duration::from_secs(1);
 
+/// How often the refill thread looks for idle workers that died (a
+/// non-blocking `waitpid` each).
+const IDLE_SWEEP: Duration = Duration::from_secs(1);
+
 pub(crate) struct Core {
     pub cfg: BoaJsConfig,
     pub caps: BackendCapabilities,
@@ -508,6 +512,10 @@ fn refill(core: &Core) {
                 drop(idle); // killed and reaped
                 return;
             }
+            // Idle workers killed from outside (the OOM killer, an operator)
+            // are reaped and replaced within a sweep, not left for the next
+            // request to find, and `readiness` does not count them.
+            state.idle.retain_mut(|worker| !worker.process.has_exited());
             let live = state.idle.len() + state.starting + state.busy;
             // Busy workers come back after a clean run: the pool is short only
             // if, counting them, it is below its idle size, or if requests
@@ -518,8 +526,7 @@ fn refill(core: &Core) {
             }
             match rested_surplus(&mut state, core.cfg.idle_workers) {
                 (rested, _) if !rested.is_empty() => break Chore::Retire(rested),
-                (_, Some(next)) => drop(core.changed.wait_for(&mut state, next)),
-                (_, None) => core.changed.wait(&mut state),
+                (_, next) => drop(core.changed.wait_for(&mut state, next.unwrap_or(IDLE_SWEEP).min(IDLE_SWEEP))),
             }
         };
         if let Chore::Retire(rested) = chore {
