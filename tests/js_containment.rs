@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use common::procfs::zombie_children;
 use common::wait::wait_until;
 use execbox::Executor;
-use execbox::backends::{BoaJs, BoaJsConfig};
+use execbox::backends::{BoaJs, BoaJsConfig, WorkerGauge};
 use execbox::{
     Backend, ExecError, ExecRequest, ExecResult, Language, Outcome, SandboxPolicy, SessionError, SessionSpec, Sessions,
 };
@@ -608,25 +608,36 @@ fn alive_idle(backend: &BoaJs) -> usize {
     backend.idle_worker_pids().into_iter().filter(|&pid| common::procfs::alive(pid)).count()
 }
 
+/// A pool of `idle` workers, once all of them are ready, and its gauge.
+fn filled_pool(idle: usize) -> (BoaJs, WorkerGauge) {
+    let backend =
+        BoaJs::new(BoaJsConfig::default().idle_workers(idle).worker_program(env!("CARGO_BIN_EXE_execbox"))).unwrap();
+    let gauge = backend.worker_gauge();
+    assert!(wait_until(Duration::from_secs(30), || alive_idle(&backend) == idle), "the pool never filled");
+    (backend, gauge)
+}
+
+/// Waits until the pool is back to `idle` live, idle workers and no more.
+fn assert_back_to(backend: &BoaJs, gauge: &WorkerGauge, idle: usize, when: &str) {
+    assert!(
+        wait_until(Duration::from_secs(20), || alive_idle(backend) == idle && gauge.live() == idle),
+        "{when}: idle alive: {}, live: {}",
+        alive_idle(backend),
+        gauge.live()
+    );
+}
+
 /// Every idle worker killed from outside: the next run is served (it waits
 /// for a new worker rather than sending its job to three dead ones and
 /// failing), and the pool is back to its idle size.
 #[test]
 fn idle_workers_killed_from_outside_are_replaced_and_the_next_run_is_served() {
-    let backend =
-        BoaJs::new(BoaJsConfig::default().idle_workers(4).worker_program(env!("CARGO_BIN_EXE_execbox"))).unwrap();
-    let gauge = backend.worker_gauge();
-    assert!(wait_until(Duration::from_secs(30), || alive_idle(&backend) == 4), "the pool never filled");
+    let (backend, gauge) = filled_pool(4);
     for pid in backend.idle_worker_pids() {
         kill_from_outside(pid);
     }
     still_serves(&backend);
-    assert!(
-        wait_until(Duration::from_secs(20), || alive_idle(&backend) == 4 && gauge.live() == 4),
-        "idle alive: {}, live: {}",
-        alive_idle(&backend),
-        gauge.live()
-    );
+    assert_back_to(&backend, &gauge, 4, "after the run");
     assert!(zombie_children().is_empty(), "zombies: {:?}", zombie_children());
 }
 
@@ -636,10 +647,7 @@ fn idle_workers_killed_from_outside_are_replaced_and_the_next_run_is_served() {
 /// idle list, so nothing else wakes the refill thread).
 #[test]
 fn a_worker_killed_while_it_builds_its_next_context_is_replaced_under_sequential_load() {
-    let backend =
-        BoaJs::new(BoaJsConfig::default().idle_workers(3).worker_program(env!("CARGO_BIN_EXE_execbox"))).unwrap();
-    let gauge = backend.worker_gauge();
-    assert!(wait_until(Duration::from_secs(30), || alive_idle(&backend) == 3), "the pool never filled");
+    let (backend, gauge) = filled_pool(3);
     for round in 0..5 {
         still_serves(&backend);
         // The worker that answered went back last.
@@ -647,12 +655,7 @@ fn a_worker_killed_while_it_builds_its_next_context_is_replaced_under_sequential
         for _ in 0..5 {
             still_serves(&backend);
         }
-        assert!(
-            wait_until(Duration::from_secs(20), || alive_idle(&backend) == 3 && gauge.live() == 3),
-            "round {round}: idle alive: {}, live: {}",
-            alive_idle(&backend),
-            gauge.live()
-        );
+        assert_back_to(&backend, &gauge, 3, &format!("round {round}"));
     }
     assert!(zombie_children().is_empty(), "zombies: {:?}", zombie_children());
 }
@@ -662,10 +665,7 @@ fn a_worker_killed_while_it_builds_its_next_context_is_replaced_under_sequential
 /// counts dead workers for long and none is left a zombie.
 #[test]
 fn idle_workers_killed_while_nothing_runs_are_reaped_and_replaced_without_a_request() {
-    let backend =
-        BoaJs::new(BoaJsConfig::default().idle_workers(3).worker_program(env!("CARGO_BIN_EXE_execbox"))).unwrap();
-    let gauge = backend.worker_gauge();
-    assert!(wait_until(Duration::from_secs(30), || alive_idle(&backend) == 3), "the pool never filled");
+    let (backend, gauge) = filled_pool(3);
     let killed = backend.idle_worker_pids();
     for &pid in &killed[..2] {
         kill_from_outside(pid);
