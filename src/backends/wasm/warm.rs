@@ -617,19 +617,22 @@ impl Drop for WarmPool {
 /// The thread ends right after, so it never needs its priority back (which
 /// would take a privilege).
 fn step_aside() {
-    let tid = rustix::thread::gettid();
-    if let Ok(nice) = rustix::process::getpriority_process(Some(tid)) {
-        let _ = rustix::process::setpriority_process(Some(tid), (nice + STEP_ASIDE_NICE).min(19));
-    }
+    let _ = lower_this_thread_by(BACKGROUND_NICE_STEP);
     std::thread::yield_now();
 }
 
-/// How much an instance's thread lowers its priority once it has answered.
-const STEP_ASIDE_NICE: i32 = 10;
-
 /// How much an instance's thread lowers its priority (raises its nice
-/// value) while it starts.
-const START_NICE_STEP: i32 = 10;
+/// value) for its background work: starting, and freeing after its answer.
+const BACKGROUND_NICE_STEP: i32 = 10;
+
+/// Raises the calling thread's nice value by `step` (at most to 19); its
+/// id and nice value before, if it could.
+fn lower_this_thread_by(step: i32) -> Option<(rustix::process::Pid, i32)> {
+    let tid = rustix::thread::gettid();
+    let nice = rustix::process::getpriority_process(Some(tid)).ok()?;
+    rustix::process::setpriority_process(Some(tid), (nice + step).min(19)).ok()?;
+    Some((tid, nice))
+}
 
 /// The priority of an instance's thread while it starts. CPython's start
 /// takes ~100 ms of CPU; at normal priority a caller's threads woken
@@ -669,9 +672,7 @@ impl StartPriority {
         if !matches!(*state, Priority::Normal) || !may_raise_priority() {
             return;
         }
-        let tid = rustix::thread::gettid();
-        let Ok(nice) = rustix::process::getpriority_process(Some(tid)) else { return };
-        if rustix::process::setpriority_process(Some(tid), (nice + START_NICE_STEP).min(19)).is_ok() {
+        if let Some((tid, nice)) = lower_this_thread_by(BACKGROUND_NICE_STEP) {
             *state = Priority::Lowered { tid, nice };
         }
     }
@@ -694,11 +695,8 @@ fn may_raise_priority() -> bool {
     static MAY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *MAY.get_or_init(|| {
         let probe = std::thread::Builder::new().name("execbox-nice-probe".into()).spawn(|| {
-            let tid = rustix::thread::gettid();
-            let Ok(nice) = rustix::process::getpriority_process(Some(tid)) else { return false };
-            nice < 19
-                && rustix::process::setpriority_process(Some(tid), nice + 1).is_ok()
-                && rustix::process::setpriority_process(Some(tid), nice).is_ok()
+            matches!(lower_this_thread_by(1), Some((tid, nice))
+                if nice < 19 && rustix::process::setpriority_process(Some(tid), nice).is_ok())
         });
         probe.ok().and_then(|t| t.join().ok()).unwrap_or(false)
     })
@@ -754,7 +752,7 @@ mod tests {
         let restorer = priority.clone();
         let (before, lowered, after) = on_a_thread(priority, move || restorer.restore());
         if may_raise_priority() {
-            assert_eq!(lowered, (before + START_NICE_STEP).min(19));
+            assert_eq!(lowered, (before + BACKGROUND_NICE_STEP).min(19));
         } else {
             assert_eq!(lowered, before, "lowered where it could not be raised back");
         }
