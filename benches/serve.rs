@@ -1,7 +1,8 @@
 //! `execbox serve` in front of an agent: an MCP `run_code` round trip over
 //! stdio (rmcp's client, the release `execbox` binary as the server) against
-//! the same run through the library, for a JS transform and a pooled
-//! Python `print(1+1)`.
+//! the same run through the library (blocking, and for Python also awaited
+//! as the server awaits it), for a JS transform and a pooled Python
+//! `print(1+1)`.
 //!
 //! `cargo bench --bench serve` (it builds the `execbox` binary it talks to).
 
@@ -95,6 +96,21 @@ fn bench(c: &mut Criterion) {
                 let started = std::time::Instant::now();
                 let request = ExecRequest::source(Language::Python, "print(1+1)").policy(SandboxPolicy::strict());
                 let r = exec.execute_blocking(request).unwrap();
+                total += started.elapsed();
+                assert_eq!(r.output, Some(json!(2)));
+            }
+            total
+        })
+    });
+    // The same awaited, as the server awaits it (on a 2-worker runtime).
+    g.bench_function("python_print/library_async_paced", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                std::thread::sleep(Duration::from_millis(100));
+                let started = std::time::Instant::now();
+                let request = ExecRequest::source(Language::Python, "print(1+1)").policy(SandboxPolicy::strict());
+                let r = runtime.block_on(exec.execute(request)).unwrap();
                 total += started.elapsed();
                 assert_eq!(r.output, Some(json!(2)));
             }

@@ -48,9 +48,10 @@ pub trait Backend: Send + Sync + 'static {
     /// on the task itself overrides it: the `wasm` guest does, for cached
     /// modules (wasmtime yields to the runtime at every epoch tick, so the
     /// guest holds a runtime thread for about one tick at a time, one
-    /// uninterruptible bulk-memory instruction aside), and
-    /// dropping its future ends the run at once. Either way every control
-    /// of the policy holds as in [`Backend::execute`].
+    /// uninterruptible bulk-memory instruction aside), and `python-wasm`
+    /// does for a run on a warm instance (the task awaits the instance's own
+    /// thread). Dropping such a future ends the run at once. Either way
+    /// every control of the policy holds as in [`Backend::execute`].
     fn execute_async(self: Arc<Self>, call: Admitted) -> RunFuture {
         Box::pin(on_blocking_pool(self, call))
     }
@@ -102,15 +103,25 @@ pub(crate) async fn on_blocking_pool<B: Backend + ?Sized>(
     backend: Arc<B>,
     call: Admitted,
 ) -> Result<ExecResult, ExecError> {
-    let span = tracing::Span::current();
     let name = backend.name().to_string();
+    blocking(&name, move || backend.execute(call)).await
+}
+
+/// Runs `work` (part of a run of `backend`) on tokio's blocking pool, the
+/// thread marked for [`may_block_here`], in the caller's tracing span.
+/// Inside a tokio runtime only.
+pub(crate) async fn blocking<R: Send + 'static>(
+    backend: &str,
+    work: impl FnOnce() -> Result<R, ExecError> + Send + 'static,
+) -> Result<R, ExecError> {
+    let span = tracing::Span::current();
     let run = move || {
         let _marked = BlockingPoolMark::set();
-        span.in_scope(|| backend.execute(call))
+        span.in_scope(work)
     };
     tokio::task::spawn_blocking(run)
         .await
-        .unwrap_or_else(|join_err| Err(ExecError::internal(&name, format!("worker task failed: {join_err}"))))
+        .unwrap_or_else(|join_err| Err(ExecError::internal(backend, format!("worker task failed: {join_err}"))))
 }
 
 /// Why a backend cannot run anything now, and how to fix it.

@@ -14,9 +14,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use execbox::backends::{WasmGuest, WasmGuestConfig};
+use execbox::backends::{InterpreterConfig, WasmEngine, WasmGuest, WasmGuestConfig, WasmInterpreter};
 use execbox::tools::{ToolLimits, ToolRegistry, ToolSpec};
-use execbox::{ExecFile, ExecRequest, ExecResult, Executor, Outcome, SandboxPolicy};
+use execbox::{Backend, ExecFile, ExecRequest, ExecResult, Executor, Language, Outcome, SandboxPolicy};
 use serde_json::{Value, json};
 
 macro_rules! guest {
@@ -972,4 +972,53 @@ fn a_run_started_on_one_runtime_ends_off_it() {
     assert_eq!(guest.engine().slots_in_use(), 0);
     wait_until(|| hangs.1.load(Ordering::SeqCst) == 1);
     assert_eq!(hangs.0.load(Ordering::SeqCst), 1);
+}
+
+// ---- pooled Python on the task ----------------------------------------------
+
+/// Python on an engine of its own, its warm pool of one ready; `None`
+/// (skipped) without the interpreter modules.
+fn pooled_python() -> Option<(WasmInterpreter, Executor)> {
+    let engine = WasmEngine::new(WasmGuestConfig::default().pooled_instances(8)).expect("engine");
+    let py = crate::common::skip::interpreter(WasmInterpreter::on_engine(
+        engine,
+        InterpreterConfig::default().warm_pool(1),
+    ))?;
+    py.prepare(Duration::from_secs(60));
+    let exec = Executor::builder().backend(py.clone()).build();
+    Some((py, exec))
+}
+
+fn python(code: &str, timeout_ms: u64) -> ExecRequest {
+    ExecRequest::source(Language::Python, code).policy(strict(timeout_ms))
+}
+
+#[test]
+fn pooled_python_is_awaited_on_the_task_and_an_endless_loop_holds_no_runtime_thread() {
+    let Some((py, exec)) = pooled_python() else { return };
+    let held = OnTask::new();
+    let r = held.block_on(exec.execute(python("print(6 * 7)", 30_000).input(json!({"n": 1})))).unwrap();
+    assert_eq!((r.outcome, r.output.clone(), r.usage.fuel), (Outcome::Ok, Some(json!(42)), None), "{r:?}");
+
+    py.prepare(Duration::from_secs(60));
+    let started = Instant::now();
+    let (r, gap, ticks) = held.block_on(beside(exec.execute(python("while True: pass", 1_000))));
+    let r = r.unwrap();
+    assert_eq!((r.outcome, r.usage.fuel), (Outcome::TimedOut, None), "{r:?}");
+    assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
+    assert!(gap < Duration::from_millis(500) && ticks > 10, "the run held the thread for {gap:?} ({ticks} ticks)");
+}
+
+#[test]
+fn dropping_a_pooled_python_run_ends_it_at_once() {
+    let Some((py, exec)) = pooled_python() else { return };
+    let held = OnTask::new();
+    assert_eq!(py.engine().slots_in_use(), 1, "the warm instance");
+    let gave_up = held.block_on(within(Duration::from_millis(300), exec.execute(python("while True: pass", 30_000))));
+    assert!(gave_up.is_err(), "a 30 s loop ended within 300 ms");
+    // Its instance stops at the next epoch tick and gives its slot back;
+    // the replacement (listed by the refill thread) keeps one.
+    wait_until(|| py.warm_idle() == 1 && py.engine().slots_in_use() == 1);
+    let r = held.block_on(exec.execute(python("print(1)", 30_000))).unwrap();
+    assert_eq!(r.output, Some(json!(1)), "{r:?}");
 }

@@ -50,16 +50,23 @@ impl Pythons {
         Some(Self { warm, warm_exec, fresh_exec })
     }
 
-    /// Runs `request` on both; the warm run is checked to be warm (a warm
-    /// run reports no fuel figure) and the fresh one fresh (it does).
-    fn run(&self, request: ExecRequest) -> [(&'static str, ExecResult); 2] {
+    /// Runs `request` on a warm instance, blocking and then awaited (on a
+    /// runtime without I/O or timer drivers: the async caller's task waits
+    /// on the instance itself), and on a fresh one. The warm runs are
+    /// checked to be warm (a warm run reports no fuel figure) and the fresh
+    /// one fresh (it does).
+    fn run(&self, request: ExecRequest) -> [(&'static str, ExecResult); 3] {
         self.warm.prepare(Duration::from_secs(30));
         let warm = self.warm_exec.execute_blocking(request.clone()).expect("warm run");
         assert_eq!(warm.usage.fuel, None, "ran on a warm instance: {warm:?}");
+        self.warm.prepare(Duration::from_secs(30));
+        let no_drivers = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+        let awaited = no_drivers.block_on(self.warm_exec.execute(request.clone())).expect("awaited warm run");
+        assert_eq!(awaited.usage.fuel, None, "ran on a warm instance: {awaited:?}");
         let fresh = self.fresh_exec.execute_blocking(request).expect("fresh run");
         // (A timed-out run reports no fuel figure either.)
         assert!(fresh.usage.fuel.is_some() || fresh.outcome == Outcome::TimedOut, "ran on a fresh instance: {fresh:?}");
-        [("warm", warm), ("fresh", fresh)]
+        [("warm", warm), ("warm, awaited", awaited), ("fresh", fresh)]
     }
 }
 

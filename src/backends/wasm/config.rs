@@ -137,9 +137,14 @@ pub struct WasmGuestConfig {
     /// tool calls await instead of blocking. Every limit holds as on the blocking pool. A run that
     /// must compile its module, that is granted files (preopens or input
     /// files), or that finds no instance slot free takes the blocking pool
-    /// anyway; `execute_blocking` always runs on the calling thread, and the
-    /// interpreters (`python-wasm`, `quickjs-wasm`) always on the blocking
-    /// pool. `false` sends every run to the blocking pool.
+    /// anyway; `execute_blocking` always runs on the calling thread.
+    ///
+    /// For `python-wasm` on this engine, `true` also lets a run that takes a
+    /// warm instance await that instance's answer on the task (the instance
+    /// runs on its own thread, as always), with no blocking-pool thread in
+    /// between; a run with input files, or that finds the pool empty, takes
+    /// the blocking pool. `quickjs-wasm` always takes the blocking pool.
+    /// `false` sends every run to the blocking pool.
     ///
     /// # Default
     /// `true`.

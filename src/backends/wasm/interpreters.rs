@@ -69,7 +69,7 @@ use super::stdio::{CappedPipe, MessageSender, MessageStdin};
 use super::tool_channel::{ToolChannel, Watchdog, cut_off_at_deadline};
 use super::warm::{SessionSetup, WarmPool};
 use crate::admission::Admitted;
-use crate::backend::{Backend, Readiness, Unavailable};
+use crate::backend::{Backend, Readiness, RunFuture, Unavailable, blocking, on_blocking_pool};
 use crate::backends::conventions;
 use crate::capabilities::{
     BackendCapabilities, CostClass, Enforcement, PayloadKind, RequestFeatures, SurfaceCapability,
@@ -333,7 +333,9 @@ impl WasmInterpreter {
         Unavailable::new(format!("{place} is missing"), "fetch it with scripts/fetch-interpreters.sh")
     }
 
-    fn execute_here(&self, mut call: Admitted) -> Result<ExecResult, ExecError> {
+    /// The run `call` asks for, its interpreter loaded; or its result if
+    /// the deadline passed while loading.
+    fn prepare_run(&self, mut call: Admitted) -> Result<Result<PreparedRun, ExecResult>, ExecError> {
         let name = self.kind().backend_name();
         // The clock started at admission: a first load (a compile, with a
         // cold disk cache) counts against the deadline.
@@ -345,30 +347,56 @@ impl WasmInterpreter {
                 "{} while loading the interpreter, before the code ran (call warm_up() at start-up)",
                 deadline.exceeded_message()
             );
-            return Ok(early_result(name, Outcome::TimedOut, message, &deadline));
+            return Ok(Err(early_result(name, Outcome::TimedOut, message, &deadline)));
         }
         let input = call.take_input_json(self.0.engine.config().defaults.max_input_nesting, name)?;
         let tools = call.tools().cloned();
-        let request = call.into_request();
+        Ok(Ok(PreparedRun { source, input, tools, request: call.into_request(), deadline, compiled }))
+    }
 
-        if self.kind() == Interpreter::Python
-            && WarmPool::fits(&request)
-            && let Some(pool) = self.warm_pool(&compiled)
-        {
-            if let Some(result) = pool.run(&source, input.as_deref(), &request, deadline, tools.as_ref()) {
-                let mut result = result?;
-                if result.outcome == Outcome::Ok {
-                    result.output = conventions::json_stdout(&result.stdout);
-                }
-                return Ok(result);
-            }
-            // No warm instance could take it: run fresh, then let the pool
-            // catch up (off this request's path).
-            let result = self.run_fresh(request, source, input, &compiled, deadline, tools);
-            pool.top_up();
-            return result;
+    /// The warm pool `run` may take an instance of.
+    fn pool_for(&self, run: &PreparedRun) -> Option<&WarmPool> {
+        (self.kind() == Interpreter::Python && WarmPool::fits(&run.request))
+            .then(|| self.warm_pool(&run.compiled))
+            .flatten()
+    }
+
+    fn execute_here(&self, call: Admitted) -> Result<ExecResult, ExecError> {
+        match self.prepare_run(call)? {
+            Ok(run) => self.run_prepared(run),
+            Err(early) => Ok(early),
         }
-        self.run_fresh(request, source, input, &compiled, deadline, tools)
+    }
+
+    /// Runs on a warm instance if the pool has one for `run`; else on a
+    /// fresh one, and then, if the pool had none, has the pool catch up.
+    fn run_prepared(&self, run: PreparedRun) -> Result<ExecResult, ExecError> {
+        let pool = self.pool_for(&run);
+        if let Some(pool) = pool {
+            let PreparedRun { source, input, tools, request, deadline, .. } = &run;
+            if let Some(result) = pool.run(source, input.as_deref(), request, *deadline, tools.as_ref()) {
+                return pooled_result(result);
+            }
+        }
+        let PreparedRun { source, input, tools, request, deadline, compiled } = run;
+        let result = self.run_fresh(request, source, input, &compiled, deadline, tools);
+        if let Some(pool) = pool {
+            pool.top_up();
+        }
+        result
+    }
+
+    /// Whether `call` can run on the async caller's task (see
+    /// [`Backend::execute_async`]): a pooled Python run, with the module
+    /// loaded, no input files to stage and an instance in the pool.
+    fn runs_on_task(&self, call: &Admitted) -> bool {
+        self.0.engine.config().async_runs
+            && self.kind() == Interpreter::Python
+            && self.0.compiled.lock().is_some()
+            && WarmPool::fits(call.request())
+            && call.request().input_files.is_empty()
+            && self.0.warm_size > 0
+            && self.0.warm.get().is_some_and(|pool| pool.idle() > 0)
     }
 
     /// Runs on a new instance, its tool calls (if it may make any) going to `tools`.
@@ -460,6 +488,26 @@ impl WasmInterpreter {
     }
 }
 
+/// A request ready to run on an instance (see [`WasmInterpreter::prepare_run`]).
+struct PreparedRun {
+    source: String,
+    input: Option<Vec<u8>>,
+    tools: Option<Arc<ToolBridge>>,
+    request: ExecRequest,
+    deadline: Deadline,
+    compiled: Arc<Compiled>,
+}
+
+/// A warm instance's result as the request gets it: Python's stdout, if it
+/// is one JSON value, is its output.
+fn pooled_result(result: Result<ExecResult, ExecError>) -> Result<ExecResult, ExecError> {
+    let mut result = result?;
+    if result.outcome == Outcome::Ok {
+        result.output = conventions::json_stdout(&result.stdout);
+    }
+    Ok(result)
+}
+
 /// A fresh run whose code may call tools (see `tool_channel.rs`): its
 /// stdout's tap takes the calls (records of `nonce`) to `bridge`, keeping a
 /// returned value of at most `value_cap` bytes (QuickJS's); its stdin is a
@@ -531,6 +579,32 @@ impl Backend for WasmInterpreter {
 
     fn execute(&self, call: Admitted) -> Result<ExecResult, ExecError> {
         self.0.engine.on_blocking_thread(self.kind().backend_name(), || self.execute_here(call))
+    }
+
+    /// A pooled Python run awaits its warm instance on the caller's task
+    /// (see [`WarmPool::run_async`]; dropping the future ends the run at
+    /// once). Everything else, and a run that finds no idle instance after
+    /// all, goes to tokio's blocking pool.
+    fn execute_async(self: Arc<Self>, call: Admitted) -> RunFuture {
+        if !self.runs_on_task(&call) {
+            return Box::pin(on_blocking_pool(self, call));
+        }
+        Box::pin(async move {
+            let run = match self.prepare_run(call)? {
+                Ok(run) => run,
+                Err(early) => return Ok(early),
+            };
+            if let Some(pool) = self.pool_for(&run) {
+                let PreparedRun { source, input, tools, request, deadline, .. } = &run;
+                if let Some(result) = pool.run_async(source, input.as_deref(), request, *deadline, tools.as_ref()).await
+                {
+                    return pooled_result(result);
+                }
+            }
+            let name = self.kind().backend_name();
+            // Taken meanwhile: the blocking pool waits for the next to be listed, or runs fresh.
+            blocking(name, move || self.0.engine.on_blocking_thread(name, || self.run_prepared(run))).await
+        })
     }
 
     /// Loads the module (from the disk cache, or compiles it once) and

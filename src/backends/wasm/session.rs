@@ -41,6 +41,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
+use super::answer::Answer;
 use super::engine::WasmEngine;
 use super::guest::RunControls;
 use super::quickjs;
@@ -93,7 +94,7 @@ pub struct PythonSession {
 
 /// The instance thread's end: its channel, and the result once received.
 struct Ended {
-    rx: mpsc::Receiver<Result<ExecResult, ExecError>>,
+    rx: Answer<Result<ExecResult, ExecError>>,
     result: Option<Result<ExecResult, ExecError>>,
 }
 
@@ -156,7 +157,7 @@ impl PythonSession {
     fn wait_end(&self, limit: Duration) -> bool {
         let mut done = self.done.lock();
         if done.result.is_none() {
-            match done.rx.recv_timeout(limit) {
+            match done.rx.recv_timeout(Some(limit)) {
                 Ok(result) => done.result = Some(result),
                 Err(mpsc::RecvTimeoutError::Timeout) => return false,
                 Err(mpsc::RecvTimeoutError::Disconnected) => {

@@ -11,7 +11,8 @@
 //! Each instance serves exactly one request and is never reused: its thread
 //! ends with the run, and a replacement starts as soon as the run has
 //! answered (not during it: on a small machine its start-up would slow the
-//! run down). An instance gets its request's deadline, memory cap and output caps
+//! run down), started by the pool's refill thread, so the caller gets its
+//! result without waiting for that start. An instance gets its request's deadline, memory cap and output caps
 //! when the code arrives ([`RunControls::arm`]); requests that need what is
 //! fixed at start-up (arguments, environment, granted directories, a fuel
 //! budget, or a memory cap below what start-up already used) run fresh instead.
@@ -21,26 +22,36 @@
 //! free (warm instances never queue for a slot ahead of requests, nor take
 //! the last ones). A start that fails — no temporary directory, no
 //! thread, an instance that dies during start-up — does not shrink the pool
-//! for good: a retry thread (alive only while the pool is short) tries again
-//! after a backoff of 100 ms, doubling per failure in a row up to 10 s; a
-//! start that found every slot busy is retried after 100 ms without growing
-//! the backoff. Meanwhile requests run on fresh instances.
+//! for good: the refill thread tries again after a backoff of 100 ms,
+//! doubling per failure in a row up to 10 s; a start that found every slot
+//! busy is retried after 100 ms without growing the backoff. Meanwhile
+//! requests run on fresh instances. The refill thread ends after 30 s
+//! with nothing to do, and the next run starts it again.
+//!
+//! A blocking caller waits for its instance's answer on its own thread; an
+//! async one ([`WarmPool::run_async`]) awaits it on its task, woken by the
+//! instance's thread, with no thread of tokio's blocking pool in between.
 
 use parking_lot::{Condvar, Mutex};
 use std::collections::VecDeque;
+use std::future::{Future, poll_fn};
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::mpsc::RecvTimeoutError;
+use std::task::{Context, Poll, Waker};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use wasmtime_wasi::FsPerms;
 
+use super::answer::{Answer, answer};
 use super::engine::WasmEngine;
 use super::guest::{Compiled, Preopen, RunControls};
 use super::run::{self, Stdio, StoreSetup};
 use super::staging::write_staged;
 use super::stdio::{CappedPipe, MessageSender, MessageStdin, WaitSignal};
+use super::ticker::Alarm;
 use super::tool_channel::{ToolChannel, cut_off_at_deadline};
 use crate::error::ExecError;
 use crate::limits::deadline::Deadline;
@@ -59,6 +70,14 @@ use crate::tools::wire::{frame_limit, python_header};
 const BACKOFF_START: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(10);
 
+/// How long the refill thread waits for work before it ends (the next run
+/// starts it again): longer than an agent's usual pause between turns.
+const REFILL_LINGER: Duration = Duration::from_secs(30);
+
+/// How long a blocking run that found the pool empty waits for the refill
+/// thread to list an instance it is starting, before it runs fresh.
+const LISTING_WAIT: Duration = Duration::from_millis(10);
+
 /// One pre-started instance, waiting for its code.
 pub(crate) struct Warm {
     /// Its stdin: the code, as one message (a session's loop, then cells;
@@ -72,7 +91,7 @@ pub(crate) struct Warm {
     /// that thread ends, never while the guest may still read it.
     pub work: PathBuf,
     /// The instance's end: `_start`'s result, once it returns.
-    pub done: mpsc::Receiver<Result<ExecResult, ExecError>>,
+    pub done: Answer<Result<ExecResult, ExecError>>,
     pub thread: JoinHandle<()>,
     /// Its thread's priority: lowered while it starts, restored (by
     /// [`StartPriority::restore`]) before it gets its code.
@@ -130,20 +149,32 @@ struct Pool {
     backoff: Mutex<Backoff>,
     /// Held by whoever is starting instances (one refiller at a time).
     refilling: Mutex<()>,
-    /// Set when the pool is dropped; the retry thread waits on `wake`.
-    closed: Mutex<bool>,
+    /// What the refill thread waits for, on `wake`.
+    control: Mutex<Control>,
     wake: Condvar,
-    /// The retry thread, while the pool is short.
-    retrier: Mutex<Retrier>,
+    /// The refill thread, while it runs.
+    refiller: Mutex<Refiller>,
     /// Notified each time one of the pool's instances blocks for its code
     /// (done starting).
     started: Arc<WaitSignal>,
 }
 
+/// Work for the refill thread.
 #[derive(Default)]
-struct Retrier {
+struct Control {
+    /// The pool was dropped.
+    closed: bool,
+    /// Set after each run (and each instance a session took): top the pool up.
+    wanted: bool,
+    /// The refill thread took that work and is starting instances.
+    listing: bool,
+}
+
+#[derive(Default)]
+struct Refiller {
     /// Set by whoever starts the thread, cleared by the thread as it ends
-    /// (both under the mutex, so a pool found short is never left alone).
+    /// (under `control` and this mutex both, so a refill asked for is never
+    /// left without a thread).
     running: bool,
     thread: Option<JoinHandle<()>>,
 }
@@ -171,12 +202,12 @@ impl WarmPool {
             handed: Mutex::new(Vec::new()),
             backoff: Mutex::new(Backoff::default()),
             refilling: Mutex::new(()),
-            closed: Mutex::new(false),
+            control: Mutex::new(Control::default()),
             wake: Condvar::new(),
-            retrier: Mutex::new(Retrier::default()),
+            refiller: Mutex::new(Refiller::default()),
             started: Arc::new(WaitSignal::default()),
         });
-        pool.top_up();
+        pool.fill_now();
         Self { pool }
     }
 
@@ -200,12 +231,27 @@ impl WarmPool {
         deadline: Deadline,
         tools: Option<&Arc<ToolBridge>>,
     ) -> Option<Result<ExecResult, ExecError>> {
-        self.pool.run(code, input_json, request, deadline, tools)
+        finished_now(self.pool.backend, self.pool.run(code, input_json, request, deadline, tools, Waiting::Blocking))
     }
 
-    /// Starts instances until the pool is full again (see [`Pool::top_up`]).
+    /// [`WarmPool::run`] for an async caller: the task awaits the
+    /// instance's answer, with no thread between them. The preparation
+    /// before the code is sent (writing `input.json` into the instance's
+    /// `/work`) runs on the task. Dropping the future ends the run at once.
+    pub async fn run_async(
+        &self,
+        code: &str,
+        input_json: Option<&[u8]>,
+        request: &ExecRequest,
+        deadline: Deadline,
+        tools: Option<&Arc<ToolBridge>>,
+    ) -> Option<Result<ExecResult, ExecError>> {
+        self.pool.run(code, input_json, request, deadline, tools, Waiting::Async).await
+    }
+
+    /// Has the pool topped up off the caller's path (see [`Pool::refill_soon`]).
     pub fn top_up(&self) {
-        self.pool.top_up();
+        self.pool.refill_soon();
     }
 
     /// Instances in the pool (started or still starting).
@@ -250,7 +296,7 @@ impl WarmPool {
                 Err(StartError::Failed(why)) => return Err(why),
             },
         };
-        self.pool.top_up();
+        self.pool.refill_soon();
         Ok(warm)
     }
 }
@@ -268,16 +314,19 @@ impl Pool {
         lock(&self.idle).iter().filter(|w| w.code.waits() > 0).count()
     }
 
-    fn run(
+    /// Runs `code` on an idle instance (see [`WarmPool::run`]), waiting for
+    /// its answer as `waiting` says.
+    async fn run(
         self: &Arc<Self>,
         code: &str,
         input_json: Option<&[u8]>,
         request: &ExecRequest,
         deadline: Deadline,
         tools: Option<&Arc<ToolBridge>>,
+        waiting: Waiting,
     ) -> Option<Result<ExecResult, ExecError>> {
         let warm = loop {
-            let warm = lock(&self.idle).pop_front()?;
+            let warm = self.take_idle(waiting)?;
             if !warm.thread.is_finished() {
                 break warm;
             }
@@ -295,11 +344,11 @@ impl Pool {
         let policy = &request.policy;
         let memory_cap = self.engine.memory_cap(policy);
         if warm.controls.peak() > memory_cap {
-            warm.retire();
+            self.discard(warm);
             return None;
         }
         if let Err(e) = write_staged(&warm.work, request, input_json.map(|j| ("input.json", j))) {
-            warm.retire();
+            self.discard(warm);
             return Some(Err(e));
         }
         let tap = request.output_tap.clone();
@@ -332,20 +381,29 @@ impl Pool {
             return None;
         }
         drop(message);
-        let result = match (deadline.remaining(), &channel) {
+        let mut flight = InFlight {
+            pool: self,
+            code: warm.code,
+            controls: warm.controls,
+            thread: Some(warm.thread),
+            channel,
+            answered: false,
+        };
+        let done = &warm.done;
+        let result = match (deadline.remaining(), flight.channel.is_some()) {
             // Without tools the code is all it gets: a read of stdin after it
             // is end-of-file, never a wait the deadline cannot interrupt.
-            (Some(left), None) => {
-                warm.code.close();
-                warm.done.recv_timeout(left + REPORT_GRACE)
+            (Some(left), false) => {
+                flight.code.close();
+                waiting.answer(self, done, Some(left + REPORT_GRACE)).await
             }
             // With tools stdin stays open for the answers until the deadline;
             // then a guest blocked reading it reads end-of-file and stops.
-            (Some(left), Some(_)) => match warm.done.recv_timeout(left) {
+            (Some(left), true) => match waiting.answer(self, done, Some(left)).await {
                 Err(RecvTimeoutError::Timeout) => {
-                    warm.controls.expire_now();
-                    warm.code.close();
-                    let mut late = warm.done.recv_timeout(REPORT_GRACE);
+                    flight.controls.expire_now();
+                    flight.code.close();
+                    let mut late = waiting.answer(self, done, Some(REPORT_GRACE)).await;
                     if let Ok(Ok(result)) = &mut late {
                         cut_off_at_deadline(result, &deadline);
                     }
@@ -353,18 +411,15 @@ impl Pool {
                 }
                 answered => answered,
             },
-            (None, channel) => {
-                if channel.is_none() {
-                    warm.code.close();
+            (None, calls_tools) => {
+                if !calls_tools {
+                    flight.code.close();
                 }
-                warm.done.recv().map_err(|_| RecvTimeoutError::Disconnected)
+                waiting.answer(self, done, None).await
             }
         };
-        if let Some(channel) = &channel {
-            channel.end();
-        }
-        warm.code.close();
-        self.hand_off(warm.thread, result.is_ok());
+        flight.answered = result.is_ok();
+        drop(flight);
         Some(match result {
             Ok(mut result) => {
                 if let Ok(r) = &mut result {
@@ -383,90 +438,142 @@ impl Pool {
         })
     }
 
-    /// Starts instances until the pool is full again, unless a recent start
-    /// failed and its backoff has not passed. Called after each run answered
-    /// (never during one), by the caller after a fresh run, and by the retry
-    /// thread, which runs while the pool is short.
-    fn top_up(self: &Arc<Self>) {
-        self.join_handed(false);
-        let Some(refilling) = self.refilling.try_lock() else { return };
-        let due = lock(&self.backoff).retry_at.is_none_or(|at| Instant::now() >= at);
-        if due {
+    /// The next idle instance. When none is listed but the refill thread
+    /// is about to list one (a run just answered), a blocking caller waits
+    /// for it up to [`LISTING_WAIT`]: the replacement started first, so it
+    /// is ready sooner than a fresh instance would be.
+    fn take_idle(&self, waiting: Waiting) -> Option<Warm> {
+        // Read before looking: the refill thread lists its instance before
+        // it clears `listing`.
+        let refilling = {
+            let control = lock(&self.control);
+            control.wanted || control.listing
+        };
+        if let Some(warm) = lock(&self.idle).pop_front() {
+            return Some(warm);
+        }
+        let listing = refilling && lock(&self.backoff).retry_at.is_none_or(|at| at <= Instant::now());
+        if !listing || matches!(waiting, Waiting::Async) {
+            return None;
+        }
+        self.started.wait_for(LISTING_WAIT, || !lock(&self.idle).is_empty());
+        lock(&self.idle).pop_front()
+    }
+
+    /// Ends an instance that will not run this request, without waiting
+    /// for its thread (it may still be starting): with its stdin closed it
+    /// runs nothing and exits, and is joined once it has.
+    fn discard(&self, warm: Warm) {
+        warm.code.close();
+        self.hand_off(warm.thread, true);
+    }
+
+    /// Starts instances on the calling thread until the pool is full (the
+    /// first fill, so that a backend warmed up has its instances listed);
+    /// a pool left short is the refill thread's from then on.
+    fn fill_now(self: &Arc<Self>) {
+        if let Some(_refilling) = self.refilling.try_lock() {
             self.start_instances();
         }
-        drop(refilling);
         if lock(&self.idle).len() < self.size {
-            self.keep_retrying();
+            self.refill_soon();
         }
     }
 
-    /// Starts the retry thread unless it runs: it tops the pool up when each
-    /// backoff passes, and ends once the pool is full (or closed).
-    fn keep_retrying(self: &Arc<Self>) {
-        let mut retrier = lock(&self.retrier);
-        if retrier.running {
+    /// Has the refill thread top the pool up, starting the thread unless it
+    /// runs. Called after each run has answered (never during one), by the
+    /// caller after a fresh run, and when a session takes an instance: the
+    /// caller pays a notify, not the ~0.15 ms of starting an instance's
+    /// thread and its `/work`.
+    fn refill_soon(self: &Arc<Self>) {
+        let mut control = lock(&self.control);
+        if control.closed {
             return;
         }
-        if let Some(ended) = retrier.thread.take() {
+        control.wanted = true;
+        self.wake.notify_all();
+        // Under `control`: a thread that has not yet decided to end will see
+        // `wanted`, and one that has is marked not running by now.
+        let mut refiller = lock(&self.refiller);
+        if refiller.running {
+            return;
+        }
+        if let Some(ended) = refiller.thread.take() {
             drop(ended.join());
         }
         let pool = self.clone();
         let spawned = std::thread::Builder::new()
-            .name("execbox-warm-retry".into())
+            .name("execbox-warm-refill".into())
             .stack_size(256 << 10)
-            .spawn(move || pool.retry_loop());
+            .spawn(move || pool.refill_loop());
         match spawned {
-            Ok(thread) => *retrier = Retrier { running: true, thread: Some(thread) },
-            // The next request that ends tries again.
-            Err(e) => tracing::debug!(error = %e, "cannot start the warm pool's retry thread"),
+            Ok(thread) => *refiller = Refiller { running: true, thread: Some(thread) },
+            // The next run that ends tries again.
+            Err(e) => tracing::debug!(error = %e, "cannot start the warm pool's refill thread"),
         }
     }
 
-    fn retry_loop(self: Arc<Self>) {
-        loop {
-            if !self.wait_for_backoff() {
-                break;
+    /// The refill thread: joins ended instance threads and starts missing
+    /// instances whenever asked, and while the pool is short each time the
+    /// backoff passes; ends when the pool closes or after [`REFILL_LINGER`]
+    /// with nothing to do.
+    fn refill_loop(self: Arc<Self>) {
+        while self.next_refill() {
+            match self.refilling.try_lock() {
+                Some(_refilling) => self.start_instances(),
+                // The first fill is at work: look again after a pause.
+                None => lock(&self.backoff).retry_at = Some(Instant::now() + BACKOFF_START),
             }
-            self.start_missing();
-            let mut retrier = lock(&self.retrier);
-            if lock(&self.idle).len() >= self.size || *lock(&self.closed) {
-                retrier.running = false;
-                return;
-            }
+            lock(&self.control).listing = false;
+            self.join_handed(false);
         }
-        lock(&self.retrier).running = false;
     }
 
-    /// Sleeps until the backoff has passed; false if the pool closed meanwhile.
-    fn wait_for_backoff(&self) -> bool {
-        let mut closed = lock(&self.closed);
-        while !*closed {
-            let retry_at = lock(&self.backoff).retry_at;
-            let wait = retry_at.map_or(Duration::ZERO, |at| at.saturating_duration_since(Instant::now()));
-            if wait.is_zero() {
+    /// Waits for refill work that is due: asked for, or a short pool whose
+    /// backoff has passed. False (the thread ends, marked not running) once
+    /// the pool closes, or after [`REFILL_LINGER`] with nothing to do.
+    fn next_refill(&self) -> bool {
+        let mut control = lock(&self.control);
+        let idle_until = Instant::now() + REFILL_LINGER;
+        while !control.closed {
+            // Short alone is no reason to start one: the pool's instance
+            // may be running a request (its replacement starts once it has
+            // answered). Short after a failed start is.
+            let short = lock(&self.idle).len() < self.size;
+            let retry_at = lock(&self.backoff).retry_at.filter(|_| short);
+            let work = match retry_at {
+                Some(at) if at > Instant::now() => {
+                    self.wake.wait_until(&mut control, at);
+                    continue;
+                }
+                Some(_) => true,
+                None => control.wanted,
+            };
+            if work {
+                control.wanted = false;
+                control.listing = true;
                 return true;
             }
-            self.wake.wait_for(&mut closed, wait);
+            if self.wake.wait_until(&mut control, idle_until).timed_out() && !control.wanted {
+                break;
+            }
         }
+        lock(&self.refiller).running = false;
         false
     }
 
-    /// One refill attempt of the retry thread.
-    fn start_missing(&self) {
-        let Some(_refilling) = self.refilling.try_lock() else {
-            // A request's refill is at work: look again after a pause.
-            lock(&self.backoff).retry_at = Some(Instant::now() + BACKOFF_START);
-            return;
-        };
-        self.start_instances();
-    }
-
-    /// Starts instances until the pool is full, a start fails (backoff) or
-    /// finds no slot (retry soon). The caller holds `refilling`.
+    /// Starts the instances the pool misses now (not more: one listed and
+    /// taken at once is a run's, whose replacement waits for its answer),
+    /// until a start fails (backoff) or finds no slot (retry soon). The
+    /// caller holds `refilling`.
     fn start_instances(&self) {
-        loop {
-            let short = lock(&self.idle).len() < self.size;
-            if !short || *lock(&self.closed) {
+        let missing = self.size.saturating_sub(lock(&self.idle).len());
+        if missing == 0 {
+            // Full: nothing to retry (the failure count stays).
+            lock(&self.backoff).retry_at = None;
+        }
+        for _ in 0..missing {
+            if lock(&self.control).closed {
                 return;
             }
             match self.start_one(self.size, SessionSetup::default()) {
@@ -518,7 +625,7 @@ impl Pool {
         let ceiling = usize::try_from(self.engine.config().max_memory_bytes).unwrap_or(usize::MAX);
         let controls = RunControls::new(Deadline::start(None), ceiling);
         let stdio = Stdio { stdout: CappedPipe::new(Some(0)), stderr: CappedPipe::new(Some(0)) };
-        let (done_tx, done) = mpsc::sync_channel(1);
+        let (done_tx, done) = answer();
         let engine = self.engine.clone();
         let backend = self.backend;
         let compiled = self.compiled.clone();
@@ -547,7 +654,7 @@ impl Pool {
                     match run::new_store(&engine, compiled.abi, stdin, &thread_stdio, &setup, thread_controls) {
                         Ok(store) => store,
                         Err(e) => {
-                            let _ = done_tx.send(Err(e));
+                            done_tx.send(Err(e));
                             return;
                         }
                     };
@@ -556,14 +663,14 @@ impl Pool {
                     Ok(Ok(instance)) => run::call_start(&mut store, instance),
                     Ok(Err(err)) => Err(err),
                     Err(e) => {
-                        let _ = done_tx.send(Err(e));
+                        done_tx.send(Err(e));
                         return;
                     }
                 };
                 // Answer first: freeing the instance (resetting its memory
                 // slot) is not the caller's wait. (On the early returns above,
                 // `ended` goes when the thread ends, after its answer.)
-                let _ = done_tx.send(Ok(run::finish(&engine, backend, &mut store, verdict, &thread_stdio, None)));
+                done_tx.send(Ok(run::finish(&engine, backend, &mut store, verdict, &thread_stdio, None)));
                 drop(ended);
                 step_aside();
                 drop(store);
@@ -594,12 +701,12 @@ impl Pool {
 impl Drop for WarmPool {
     fn drop(&mut self) {
         let pool = &self.pool;
-        *lock(&pool.closed) = true;
+        lock(&pool.control).closed = true;
         pool.wake.notify_all();
-        // Wait for a refill at work, then stop the retry thread.
+        // Wait for a refill at work, then stop the refill thread.
         drop(lock(&pool.refilling));
-        let retrier = lock(&pool.retrier).thread.take();
-        if let Some(thread) = retrier {
+        let refiller = lock(&pool.refiller).thread.take();
+        if let Some(thread) = refiller {
             drop(thread.join());
         }
         let idle = std::mem::take(&mut *lock(&pool.idle));
@@ -702,12 +809,88 @@ fn may_raise_priority() -> bool {
     })
 }
 
-/// Tops the pool up when dropped (whatever path `run` returns by).
+/// How a caller waits for its instance's answer.
+#[derive(Clone, Copy)]
+enum Waiting {
+    /// Blocking this thread: the future of [`Pool::run`] never pends, and
+    /// one poll finishes it ([`finished_now`]).
+    Blocking,
+    /// Awaiting it: the instance's thread wakes the task, and the limit is
+    /// an [`Alarm`] of the engine's ticker (which ticks while the run is
+    /// active), so no runtime driver is needed.
+    Async,
+}
+
+impl Waiting {
+    /// The instance's answer, waited for at most `limit` (`None`: no limit).
+    async fn answer<T>(self, pool: &Pool, done: &Answer<T>, limit: Option<Duration>) -> Result<T, RecvTimeoutError> {
+        match self {
+            Waiting::Blocking => done.recv_timeout(limit),
+            Waiting::Async => {
+                let until = limit.and_then(|limit| Instant::now().checked_add(limit));
+                let mut alarm = until.map(|until| Alarm::at(pool.engine.ticker().alarms(), until));
+                poll_fn(|cx| {
+                    if let Poll::Ready(answer) = done.poll_recv(cx) {
+                        return Poll::Ready(answer.map_err(|_| RecvTimeoutError::Disconnected));
+                    }
+                    match alarm.as_mut().map(|alarm| Pin::new(alarm).poll(cx)) {
+                        Some(Poll::Ready(())) => Poll::Ready(Err(RecvTimeoutError::Timeout)),
+                        _ => Poll::Pending,
+                    }
+                })
+                .await
+            }
+        }
+    }
+}
+
+/// The result of [`Pool::run`] for a blocking caller: its waits block the
+/// thread and never leave the future pending, so one poll finishes it.
+fn finished_now(
+    backend: &str,
+    run: impl Future<Output = Option<Result<ExecResult, ExecError>>>,
+) -> Option<Result<ExecResult, ExecError>> {
+    let mut run = std::pin::pin!(run);
+    match run.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(result) => result,
+        Poll::Pending => Some(Err(ExecError::internal(backend, "a blocking wait for a warm instance pended"))),
+    }
+}
+
+/// An instance that has its code, until [`Pool::run`] has its answer or
+/// stops waiting. Dropped unanswered (an async caller dropped the run's
+/// future), it ends the run at once: the guest stops at the next epoch
+/// tick, as a cached `wasm` module on the task does.
+struct InFlight<'a> {
+    pool: &'a Arc<Pool>,
+    code: Arc<MessageSender>,
+    controls: Arc<RunControls>,
+    thread: Option<JoinHandle<()>>,
+    channel: Option<Arc<ToolChannel>>,
+    answered: bool,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.controls.expire_now();
+        }
+        if let Some(channel) = &self.channel {
+            channel.end();
+        }
+        self.code.close();
+        if let Some(thread) = self.thread.take() {
+            self.pool.hand_off(thread, self.answered);
+        }
+    }
+}
+
+/// Has the pool topped up when dropped (whatever path `run` returns by).
 struct Refill(Arc<Pool>);
 
 impl Drop for Refill {
     fn drop(&mut self) {
-        self.0.top_up();
+        self.0.refill_soon();
     }
 }
 
@@ -721,6 +904,7 @@ fn stuck(backend: &str, deadline: &Deadline) -> ExecResult {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::mpsc;
 
     fn nice_of_this_thread() -> i32 {
         rustix::process::getpriority_process(Some(rustix::thread::gettid())).unwrap()
