@@ -1022,3 +1022,42 @@ fn dropping_a_pooled_python_run_ends_it_at_once() {
     let r = held.block_on(exec.execute(python("print(1)", 30_000))).unwrap();
     assert_eq!(r.output, Some(json!(1)), "{r:?}");
 }
+
+/// `print(1)` under a memory cap that a fresh instance honours but a warm
+/// one cannot (its start-up took more); `None` if no cap from 9 MiB to
+/// 16 MiB is such (found on the blocking path, which runs it fresh).
+fn cap_below_a_warm_start(py: &WasmInterpreter, exec: &Executor) -> Option<ExecRequest> {
+    (144..=256).map(|pages: u64| pages << 16).find_map(|cap| {
+        let request = ExecRequest::source(Language::Python, "print(1)").policy(strict(30_000).memory_bytes(cap));
+        py.prepare(Duration::from_secs(60));
+        let r = exec.execute_blocking(request.clone()).unwrap();
+        (r.outcome == Outcome::Ok && r.usage.fuel.is_some()).then_some(request)
+    })
+}
+
+/// A request whose memory cap a warm instance cannot honour runs fresh on
+/// either path, as a caller sends it: awaited, or right after another run
+/// (when the pool's only instance is its replacement, still starting).
+/// The async path's fallback took that replacement, which then ran out of
+/// memory starting; and such requests leave the pool's instances alone.
+#[test]
+fn a_memory_cap_below_a_warm_start_runs_fresh_on_both_paths() {
+    let Some((py, exec)) = pooled_python() else { return };
+    let low = cap_below_a_warm_start(&py, &exec).expect("a cap a fresh instance honours and a warm one cannot");
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    for round in 0..3 {
+        py.prepare(Duration::from_secs(60));
+        let r = rt.block_on(exec.execute(low.clone())).unwrap();
+        assert_eq!((r.outcome, r.output.clone()), (Outcome::Ok, Some(json!(1))), "awaited, round {round}: {r:?}");
+        assert!(r.usage.fuel.is_some(), "ran fresh: {r:?}");
+        py.prepare(Duration::from_secs(60));
+        let before = exec.execute_blocking(python("print(0)", 30_000)).unwrap();
+        assert_eq!(before.outcome, Outcome::Ok, "{before:?}");
+        let r = exec.execute_blocking(low.clone()).unwrap();
+        assert_eq!((r.outcome, r.output.clone()), (Outcome::Ok, Some(json!(1))), "back to back, round {round}: {r:?}");
+    }
+    // The warm instance stayed for a run it can serve.
+    py.prepare(Duration::from_secs(60));
+    let r = rt.block_on(exec.execute(python("print(2)", 30_000))).unwrap();
+    assert_eq!((r.output.clone(), r.usage.fuel), (Some(json!(2)), None), "{r:?}");
+}

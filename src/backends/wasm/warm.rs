@@ -15,7 +15,9 @@
 //! result without waiting for that start. An instance gets its request's deadline, memory cap and output caps
 //! when the code arrives ([`RunControls::arm`]); requests that need what is
 //! fixed at start-up (arguments, environment, granted directories, a fuel
-//! budget, or a memory cap below what start-up already used) run fresh instead.
+//! budget, or a memory cap below what an instance's start-up uses, as seen
+//! of the pool's started instances) run fresh instead, leaving the pool's
+//! instances to the next run.
 //!
 //! Each instance holds one of the engine's instance slots while it waits, and
 //! takes one only if it is free at once and as many as the pool's size stay
@@ -38,6 +40,7 @@ use std::future::{Future, poll_fn};
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::RecvTimeoutError;
 use std::task::{Context, Poll, Waker};
 use std::thread::JoinHandle;
@@ -157,6 +160,9 @@ struct Pool {
     /// Notified each time one of the pool's instances blocks for its code
     /// (done starting).
     started: Arc<WaitSignal>,
+    /// The most memory an instance was seen to have used by the end of its
+    /// start-up (0 until one was seen): a run capped below it runs fresh.
+    startup_peak: AtomicUsize,
 }
 
 /// Work for the refill thread.
@@ -206,6 +212,7 @@ impl WarmPool {
             wake: Condvar::new(),
             refiller: Mutex::new(Refiller::default()),
             started: Arc::new(WaitSignal::default()),
+            startup_peak: AtomicUsize::new(0),
         });
         pool.fill_now();
         Self { pool }
@@ -325,6 +332,12 @@ impl Pool {
         tools: Option<&Arc<ToolBridge>>,
         waiting: Waiting,
     ) -> Option<Result<ExecResult, ExecError>> {
+        let policy = &request.policy;
+        let memory_cap = self.engine.memory_cap(policy);
+        if self.startup_peak.load(Ordering::Relaxed) > memory_cap {
+            // No instance of this pool can honour the cap: leave them all.
+            return None;
+        }
         let warm = loop {
             let warm = self.take_idle(waiting)?;
             if !warm.thread.is_finished() {
@@ -338,15 +351,20 @@ impl Pool {
             self.note_failure(&why);
             drop(warm.thread.join());
         };
+        // Done starting, an instance has used what every start-up uses; one
+        // still starting (just listed) has not yet, and is judged by those
+        // seen before it.
+        if warm.code.waits() > 0 {
+            self.startup_peak.fetch_max(warm.controls.peak(), Ordering::Relaxed);
+        }
+        if warm.controls.peak().max(self.startup_peak.load(Ordering::Relaxed)) > memory_cap {
+            // Untouched: it stays for a run it can serve.
+            lock(&self.idle).push_front(warm);
+            return None;
+        }
         // The replacement starts once this run has answered: started now, its
         // start-up would compete with this run for the CPU.
         let _refill = Refill(self.clone());
-        let policy = &request.policy;
-        let memory_cap = self.engine.memory_cap(policy);
-        if warm.controls.peak() > memory_cap {
-            self.discard(warm);
-            return None;
-        }
         if let Err(e) = write_staged(&warm.work, request, input_json.map(|j| ("input.json", j))) {
             self.discard(warm);
             return Some(Err(e));
