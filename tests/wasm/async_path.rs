@@ -1061,3 +1061,41 @@ fn a_memory_cap_below_a_warm_start_runs_fresh_on_both_paths() {
     let r = rt.block_on(exec.execute(python("print(2)", 30_000))).unwrap();
     assert_eq!((r.output.clone(), r.usage.fuel), (Some(json!(2)), None), "{r:?}");
 }
+
+/// An async caller that arrives while another thread loads the interpreter
+/// (a cold load compiles it: seconds) waits for that load on the blocking
+/// pool, never on its runtime's thread. Checking whether the module was
+/// loaded took the lock the load holds, on the task.
+#[test]
+fn an_async_run_during_a_cold_interpreter_load_holds_no_runtime_thread() {
+    let Some(installed) = InterpreterConfig::default().dir else { return };
+    if !crate::common::skip::available(
+        crate::common::skip::INTERPRETERS,
+        WasmInterpreter::new(InterpreterConfig::default()).unwrap().availability(),
+    ) {
+        return;
+    }
+    // A directory of its own, with no compiled form cached: the load compiles.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(installed.join("python.wasm"), dir.path().join("python.wasm")).unwrap();
+    let py = WasmInterpreter::new(InterpreterConfig::default().dir(dir.path().to_path_buf()).warm_pool(1)).unwrap();
+    let exec = Executor::builder().backend(py.clone()).build();
+    let loader = {
+        let py = py.clone();
+        std::thread::spawn(move || {
+            let started = Instant::now();
+            py.warm_up().unwrap();
+            started.elapsed()
+        })
+    };
+    std::thread::sleep(Duration::from_millis(100));
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let (r, gap, _) = rt.block_on(beside(exec.execute(python("print(1)", 600_000))));
+    let load = loader.join().unwrap();
+    assert_eq!(r.unwrap().output, Some(json!(1)));
+    if load < Duration::from_secs(2) {
+        eprintln!("skipping: the interpreter compiled in {load:?}, too fast to tell");
+        return;
+    }
+    assert!(gap < Duration::from_millis(1_000), "the task waited {gap:?} for a load of {load:?}");
+}

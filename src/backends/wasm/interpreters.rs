@@ -388,11 +388,13 @@ impl WasmInterpreter {
 
     /// Whether `call` can run on the async caller's task (see
     /// [`Backend::execute_async`]): a pooled Python run, with the module
-    /// loaded, no input files to stage and an instance in the pool.
+    /// loaded, no input files to stage and an instance in the pool. Never
+    /// waits: while another thread loads the module (holding its lock for
+    /// a compile, seconds when cold) the run takes the blocking pool.
     fn runs_on_task(&self, call: &Admitted) -> bool {
         self.0.engine.config().async_runs
             && self.kind() == Interpreter::Python
-            && self.0.compiled.lock().is_some()
+            && self.0.compiled.try_lock().is_some_and(|compiled| compiled.is_some())
             && WarmPool::fits(call.request())
             && call.request().input_files.is_empty()
             && self.0.warm_size > 0
@@ -573,7 +575,8 @@ impl Backend for WasmInterpreter {
     }
 
     fn availability(&self) -> Result<(), Unavailable> {
-        let loaded = self.0.compiled.lock().is_some();
+        // Never waits for a load in progress (an async caller's task asks).
+        let loaded = self.0.compiled.try_lock().is_some_and(|compiled| compiled.is_some());
         if loaded || self.0.module_path.as_deref().is_some_and(Path::is_file) { Ok(()) } else { Err(self.missing()) }
     }
 
