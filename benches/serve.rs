@@ -73,49 +73,35 @@ fn bench(c: &mut Criterion) {
             black_box(exec.execute_blocking(request).unwrap())
         })
     });
-    // Paced like an agent loop: the warm pool refills between turns (100 ms, untimed).
-    g.sample_size(10).measurement_time(Duration::from_secs(3));
-    g.bench_function("python_print/mcp_stdio_paced", |b| {
+    // Paced like an agent loop: the warm pool refills between turns (100 ms,
+    // untimed). `run` makes one call and gives its output.
+    let paced = |b: &mut criterion::Bencher, run: &dyn Fn() -> Value| {
         b.iter_custom(|iters| {
             let mut total = Duration::ZERO;
             for _ in 0..iters {
                 std::thread::sleep(Duration::from_millis(100));
                 let started = std::time::Instant::now();
-                let r = call(json!({"language": "python", "code": "print(1+1)"}));
+                let output = run();
                 total += started.elapsed();
-                assert_eq!(r.structured_content.as_ref().unwrap()["output"], 2);
+                assert_eq!(output, json!(2));
             }
             total
+        })
+    };
+    let print = || ExecRequest::source(Language::Python, "print(1+1)").policy(SandboxPolicy::strict());
+    g.sample_size(10).measurement_time(Duration::from_secs(3));
+    g.bench_function("python_print/mcp_stdio_paced", |b| {
+        paced(b, &|| {
+            let r = call(json!({"language": "python", "code": "print(1+1)"}));
+            r.structured_content.as_ref().unwrap()["output"].clone()
         })
     });
     g.bench_function("python_print/library_paced", |b| {
-        b.iter_custom(|iters| {
-            let mut total = Duration::ZERO;
-            for _ in 0..iters {
-                std::thread::sleep(Duration::from_millis(100));
-                let started = std::time::Instant::now();
-                let request = ExecRequest::source(Language::Python, "print(1+1)").policy(SandboxPolicy::strict());
-                let r = exec.execute_blocking(request).unwrap();
-                total += started.elapsed();
-                assert_eq!(r.output, Some(json!(2)));
-            }
-            total
-        })
+        paced(b, &|| exec.execute_blocking(print()).unwrap().output.unwrap_or_default())
     });
     // The same awaited, as the server awaits it (on a 2-worker runtime).
     g.bench_function("python_print/library_async_paced", |b| {
-        b.iter_custom(|iters| {
-            let mut total = Duration::ZERO;
-            for _ in 0..iters {
-                std::thread::sleep(Duration::from_millis(100));
-                let started = std::time::Instant::now();
-                let request = ExecRequest::source(Language::Python, "print(1+1)").policy(SandboxPolicy::strict());
-                let r = runtime.block_on(exec.execute(request)).unwrap();
-                total += started.elapsed();
-                assert_eq!(r.output, Some(json!(2)));
-            }
-            total
-        })
+        paced(b, &|| runtime.block_on(exec.execute(print())).unwrap().output.unwrap_or_default())
     });
     g.finish();
     drop(runtime.block_on(client.cancel()));
