@@ -585,7 +585,7 @@ impl Backend for WasmInterpreter {
     }
 
     /// A pooled Python run awaits its warm instance on the caller's task
-    /// (see [`WarmPool::run_async`]; dropping the future ends the run at
+    /// (see `WarmPool::run_async`; dropping the future ends the run at
     /// once). Everything else, and a run that finds no idle instance after
     /// all, goes to tokio's blocking pool.
     fn execute_async(self: Arc<Self>, call: Admitted) -> RunFuture {
