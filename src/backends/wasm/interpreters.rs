@@ -606,7 +606,7 @@ impl Backend for WasmInterpreter {
             }
             let name = self.kind().backend_name();
             // Taken meanwhile: the blocking pool waits for the next to be listed, or runs fresh.
-            blocking(name, move || self.0.engine.on_blocking_thread(name, || self.run_prepared(run))).await
+            blocking(name, move || self.run_prepared(run)).await
         })
     }
 

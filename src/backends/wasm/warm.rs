@@ -464,8 +464,12 @@ impl Pool {
     /// The next idle instance. When none is listed but the refill thread
     /// is about to list one (a run just answered), a blocking caller waits
     /// for it up to [`LISTING_WAIT`]: the replacement started first, so it
-    /// is ready sooner than a fresh instance would be.
+    /// is ready sooner than a fresh instance would be. An async caller
+    /// never waits here (its fallback, on the blocking pool, does).
     fn take_idle(&self, waiting: Waiting) -> Option<Warm> {
+        if matches!(waiting, Waiting::Async) {
+            return lock(&self.idle).pop_front();
+        }
         // Read before looking: the refill thread lists its instance before
         // it clears `listing`.
         let refilling = {
@@ -476,7 +480,7 @@ impl Pool {
             return Some(warm);
         }
         let listing = refilling && lock(&self.backoff).retry_at.is_none_or(|at| at <= Instant::now());
-        if !listing || matches!(waiting, Waiting::Async) {
+        if !listing {
             return None;
         }
         self.started.wait_for(LISTING_WAIT, || !lock(&self.idle).is_empty());
