@@ -42,6 +42,7 @@ pub mod matching;
 mod nonce;
 mod observe;
 pub mod policy;
+mod reactor;
 pub mod request;
 pub mod result;
 #[cfg(feature = "serve")]
@@ -65,6 +66,7 @@ pub use file::ExecFile;
 pub use language::Language;
 pub use matching::check;
 pub use policy::{Access, PathGrant, PathGrants, SandboxPolicy};
+pub use reactor::runtime_builder;
 pub use request::{ExecRequest, Payload};
 pub use result::{CapturedStream, Diagnostic, ExecResult, FailureKind, Outcome, Usage};
 pub use sessions::{Session, SessionBackend, SessionConfig, SessionError, SessionSpec, Sessions, SessionsBuilder};

@@ -18,6 +18,13 @@ use rustix::process::{Pid, PidfdFlags, Signal};
 #[derive(Clone, Debug)]
 pub(crate) struct ChildHandle(Arc<OwnedFd>);
 
+/// The pidfd: readable once the process has exited.
+impl std::os::fd::AsFd for ChildHandle {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.0.as_fd()
+    }
+}
+
 impl ChildHandle {
     /// The handle of `child`, opened before anything reaps it.
     pub fn of(child: &std::process::Child) -> io::Result<Self> {

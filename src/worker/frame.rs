@@ -68,6 +68,12 @@ pub(crate) struct FrameReader<R> {
     filled: usize,
 }
 
+impl<R: AsFd> AsFd for FrameReader<R> {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.inner.as_fd()
+    }
+}
+
 impl<R: Read + AsFd> FrameReader<R> {
     /// Takes the read end of a pipe and makes it non-blocking.
     pub fn new(inner: R) -> io::Result<Self> {

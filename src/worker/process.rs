@@ -57,7 +57,17 @@ pub(crate) struct WorkerProcess {
     hard_as: Option<u64>,
     #[cfg_attr(not(feature = "js"), allow(dead_code))]
     host_cpus: Option<rustix::thread::CpuSet>,
+    /// Sent SIGKILL by [`WorkerProcess::stop`], not yet reaped.
+    #[cfg_attr(not(feature = "js"), allow(dead_code))]
+    stopped: bool,
+    /// Its sockets on a runtime's reactor, once an async caller talked to it.
+    #[cfg(feature = "js")]
+    reactor: Option<Sockets>,
 }
+
+/// How long a worker that closed its end may take to exit before it is
+/// killed ([`WorkerProcess::death`]).
+const DEATH_WAIT: Duration = Duration::from_millis(500);
 
 /// Why a frame did not reach a worker.
 #[derive(Debug)]
@@ -245,6 +255,18 @@ impl WorkerProcess {
         self.status.is_some() || matches!(self.child.try_wait(), Ok(Some(_)) | Err(_))
     }
 
+    /// SIGKILLs the worker without reaping it (dropping it, [`kill`] or,
+    /// for an async caller, `reap_async` does that). Idempotent.
+    ///
+    /// [`kill`]: WorkerProcess::kill
+    #[cfg_attr(not(feature = "js"), allow(dead_code))]
+    pub fn stop(&mut self) {
+        if self.status.is_none() {
+            self.handle.kill();
+            self.stopped = true;
+        }
+    }
+
     /// SIGKILLs the worker and reaps it. Idempotent.
     pub fn kill(&mut self) {
         if self.status.is_some() {
@@ -257,8 +279,14 @@ impl WorkerProcess {
     /// How the worker died, once its pipe closed: waits briefly for the exit
     /// (killing it if it lingers) and reads what it left on stderr.
     pub fn death(&mut self) -> Death {
+        self.death_after(self.handle.wait_exit(Some(Instant::now() + DEATH_WAIT)))
+    }
+
+    /// [`WorkerProcess::death`] once the wait for its exit is over
+    /// (`exited`: the exit was seen).
+    fn death_after(&mut self, exited: bool) -> Death {
         if self.status.is_none() {
-            if self.handle.wait_exit(Some(Instant::now() + Duration::from_millis(500))) {
+            if exited {
                 self.status = self.child.try_wait().ok().flatten();
             }
             if self.status.is_none() {
@@ -431,7 +459,21 @@ fn start(spec: &SpawnSpec) -> io::Result<WorkerProcess> {
     let host_cpus = rustix::thread::sched_getaffinity(None).ok();
     set_nonblocking(&to_worker)?;
     let handle = ChildHandle::of(&child)?;
-    Ok(WorkerProcess { child, pid, to_worker, handle, frames, stderr, statm, status: None, hard_as, host_cpus })
+    Ok(WorkerProcess {
+        child,
+        pid,
+        to_worker,
+        handle,
+        frames,
+        stderr,
+        statm,
+        status: None,
+        hard_as,
+        host_cpus,
+        stopped: false,
+        #[cfg(feature = "js")]
+        reactor: None,
+    })
 }
 
 /// Runs in the child between fork and exec: new session, death with the
@@ -490,4 +532,197 @@ pub(crate) fn find_program(explicit: Option<&Path>) -> Result<PathBuf, String> {
          to an execbox binary, or set the backend's worker_program"
             .to_string()
     })
+}
+
+// A worker's conversation for an async caller: the same frames as
+// `WorkerProcess::send` and `WorkerProcess::exchange`, waited for on the
+// runtime's reactor rather than on a thread. Only where
+// `crate::reactor::here`: tokio panics registering a descriptor with a
+// runtime that has no I/O driver.
+#[cfg(feature = "js")]
+pub(crate) use on_reactor::{Registered, Sockets};
+
+#[cfg(feature = "js")]
+mod on_reactor {
+    use std::io;
+    use std::os::fd::{AsFd, OwnedFd};
+    use std::time::Duration;
+
+    use serde::Serialize;
+    use serde::de::DeserializeOwned;
+    use tokio::io::Interest;
+    use tokio::io::unix::AsyncFd;
+
+    use crate::worker::frame::{RecvError, Waited};
+    use crate::worker::process::{DEATH_WAIT, Death, Outbox, SendError, WorkerProcess};
+
+    /// A descriptor registered with the current runtime's reactor. It owns a
+    /// duplicate of the descriptor it watches: dropping it deregisters and
+    /// closes the duplicate only, and never touches a descriptor number that
+    /// its owner may have closed and the process reused meanwhile.
+    pub(crate) struct Registered(AsyncFd<OwnedFd>);
+
+    impl Registered {
+        /// Registers a duplicate of `fd` for `interest`.
+        pub fn new(fd: impl AsFd, interest: Interest) -> io::Result<Self> {
+            debug_assert!(crate::reactor::here(), "registered outside a runtime marked as having a reactor");
+            let duplicate = fd.as_fd().try_clone_to_owned()?;
+            // SAFETY: the `AsyncFd` owns `duplicate`, an open descriptor that
+            // stays open, and names the same file description, until the
+            // `AsyncFd` drops; `OwnedFd::as_raw_fd` always returns it.
+            let registered = unsafe { AsyncFd::register_with_interest(duplicate, interest) };
+            Ok(Self(registered?))
+        }
+
+        /// Waits until the descriptor may be ready for `interest`, then clears
+        /// that readiness: the caller's next attempt tells, and a descriptor
+        /// that turns out not ready is waited for again rather than spun on.
+        pub async fn wait(&self, interest: Interest) {
+            // An error means the reactor is gone (the runtime is shutting
+            // down): the caller's next attempt, or its deadline, reports.
+            if let Ok(mut guard) = self.0.ready(interest).await {
+                guard.clear_ready();
+            }
+        }
+    }
+
+    /// A worker's sockets on a runtime's reactor, kept with the worker
+    /// across runs (registering costs a `dup` and an `epoll_ctl` each way).
+    pub(crate) struct Sockets {
+        /// The runtime whose reactor they are registered with.
+        runtime: tokio::runtime::Id,
+        from_worker: Registered,
+        /// Registered only once a write found no room: a registration for
+        /// writability wakes the reactor at every change of room, which on a
+        /// small machine took CPU from the worker it waits for.
+        to_worker: Option<Registered>,
+    }
+
+    impl WorkerProcess {
+        /// Registers the worker's frames with the current runtime's reactor,
+        /// unless they are already. Only where [`crate::reactor::here`].
+        pub fn on_reactor(&mut self) -> io::Result<()> {
+            let runtime = tokio::runtime::Handle::try_current().map_err(io::Error::other)?.id();
+            if self.reactor.as_ref().is_none_or(|sockets| sockets.runtime != runtime) {
+                self.reactor = None;
+                let from_worker = Registered::new(&self.frames, Interest::READABLE)?;
+                self.reactor = Some(Sockets { runtime, from_worker, to_worker: None });
+            }
+            Ok(())
+        }
+
+        /// Waits on the reactor for room to write to the worker; false if
+        /// that cannot be waited for (no registration).
+        async fn room(&mut self) -> bool {
+            let Some(sockets) = self.reactor.as_mut() else { return false };
+            if sockets.to_worker.is_none() {
+                sockets.to_worker = Registered::new(&self.to_worker, Interest::WRITABLE).ok();
+            }
+            match &sockets.to_worker {
+                Some(to_worker) => {
+                    to_worker.wait(Interest::WRITABLE).await;
+                    true
+                }
+                None => false,
+            }
+        }
+
+        /// [`WorkerProcess::send`] for an async caller, after
+        /// [`WorkerProcess::on_reactor`]: the frame goes out as the worker
+        /// makes room. Not bounded by time: the caller bounds it, and a frame
+        /// cut short by that makes the worker unusable, as
+        /// [`SendError::TimedOut`] says.
+        pub async fn send_async(&mut self, message: &impl Serialize) -> Result<(), SendError> {
+            let mut outbox = Outbox::default();
+            outbox.push(message).map_err(|_| SendError::Closed { written: 0 })?;
+            loop {
+                outbox.write_some(&self.to_worker);
+                if outbox.closed {
+                    return Err(SendError::Closed { written: outbox.written });
+                }
+                if outbox.len() == 0 {
+                    return Ok(());
+                }
+                if !self.room().await {
+                    return Err(SendError::Closed { written: outbox.written });
+                }
+            }
+        }
+
+        /// [`WorkerProcess::exchange`] for an async caller: the next frame,
+        /// meanwhile writing `outbox` as the worker makes room, or `Ok(None)`
+        /// as soon as `wake` is ready (the caller has frames to add and clears
+        /// `wake`). Not bounded by time: the caller bounds it. Cancel-safe: a
+        /// partial frame read so far is kept for the next call, and the outbox
+        /// knows what it wrote.
+        pub async fn exchange_async<T: DeserializeOwned>(
+            &mut self,
+            outbox: &mut Outbox,
+            wake: Option<&Registered>,
+            max: usize,
+        ) -> Result<Option<T>, RecvError> {
+            loop {
+                outbox.write_some(&self.to_worker);
+                // Reads what is there, without waiting.
+                if let Some(frame) = self.frames.recv_or(None, max, |_, _| Waited::Interrupted)? {
+                    return Ok(Some(frame));
+                }
+                let wants_room = outbox.wants_room();
+                if let Some(sockets) = self.reactor.as_mut()
+                    && wants_room
+                    && sockets.to_worker.is_none()
+                {
+                    // Without it, what is left is written after the next frame or wake-up.
+                    sockets.to_worker = Registered::new(&self.to_worker, Interest::WRITABLE).ok();
+                }
+                let Some(sockets) = self.reactor.as_ref() else { return Err(RecvError::Closed) };
+                let woken = async {
+                    match wake {
+                        Some(wake) => wake.wait(Interest::READABLE).await,
+                        None => std::future::pending().await,
+                    }
+                };
+                let room = async {
+                    match &sockets.to_worker {
+                        Some(to_worker) if wants_room => to_worker.wait(Interest::WRITABLE).await,
+                        _ => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    biased;
+                    () = woken => return Ok(None),
+                    () = sockets.from_worker.wait(Interest::READABLE) => {}
+                    () = room => {}
+                }
+            }
+        }
+
+        /// Reaps a worker that [`WorkerProcess::stop`] signalled, once it has
+        /// exited, waiting for that on the reactor (a worker not stopped is
+        /// left alone). If it has not exited within [`REAP_WAIT`] (stuck in the
+        /// kernel), reaping is left to its drop.
+        pub async fn reap_async(&mut self) {
+            if self.stopped && self.status.is_none() && self.exit_async(REAP_WAIT).await {
+                self.status = self.child.try_wait().ok().flatten();
+            }
+        }
+
+        /// [`WorkerProcess::death`] for an async caller: its wait for the exit
+        /// is on the reactor.
+        pub async fn death_async(&mut self) -> Death {
+            let exited = self.status.is_some() || self.exit_async(DEATH_WAIT).await;
+            self.death_after(exited)
+        }
+
+        /// Waits on the reactor, at most `limit`, until the worker has exited
+        /// (true). Does not reap it.
+        async fn exit_async(&self, limit: Duration) -> bool {
+            let Ok(exit) = Registered::new(&self.handle, Interest::READABLE) else { return false };
+            tokio::time::timeout(limit, exit.wait(Interest::READABLE)).await.is_ok()
+        }
+    }
+
+    /// How long a stopped worker may take to exit before its reaping is left to
+    /// its drop ([`WorkerProcess::reap_async`]).
+    const REAP_WAIT: Duration = Duration::from_secs(1);
 }

@@ -470,6 +470,9 @@ mod code_mode {
     /// The three JavaScript carriers of the tool bridge.
     enum Carrier {
         Executor(Executor),
+        /// Awaited on a task of an execbox runtime: contained boa's runs talk
+        /// to their worker on the task, through the runtime's reactor.
+        Awaited(Executor, tokio::runtime::Runtime),
         /// Each run in a new session (a call that times out ends its session).
         Sessions(Sessions, AtomicU64),
     }
@@ -479,6 +482,13 @@ mod code_mode {
             let request = ExecRequest::javascript(code).policy(policy);
             match self {
                 Carrier::Executor(exec) => exec.execute_blocking(request).unwrap(),
+                Carrier::Awaited(exec, runtime) => {
+                    let exec = exec.clone();
+                    runtime
+                        .block_on(async move { tokio::spawn(async move { exec.execute(request).await }).await })
+                        .unwrap()
+                        .unwrap()
+                }
                 Carrier::Sessions(sessions, next) => {
                     let id = format!("s{}", next.fetch_add(1, Ordering::SeqCst));
                     sessions.execute_or_open(&id, request).unwrap()
@@ -490,6 +500,13 @@ mod code_mode {
     fn carriers() -> Vec<(&'static str, Carrier)> {
         vec![
             ("boa-js", Carrier::Executor(Executor::builder().backend(BoaJs::default()).tools(registry()).build())),
+            (
+                "boa-js awaited",
+                Carrier::Awaited(
+                    Executor::builder().backend(BoaJs::default()).tools(registry()).build(),
+                    execbox::runtime_builder().worker_threads(2).build().unwrap(),
+                ),
+            ),
             (
                 "boa-js-inthread",
                 Carrier::Executor(Executor::builder().backend(BoaJsInThread::default()).tools(registry()).build()),
@@ -506,7 +523,7 @@ mod code_mode {
 
     fn ok(carrier: &str, r: &ExecResult) -> Value {
         assert_eq!(r.outcome, Outcome::Ok, "{carrier}: {r:?}");
-        assert_eq!(r.backend, carrier);
+        assert_eq!(r.backend, carrier.trim_end_matches(" awaited"));
         r.output.clone().unwrap_or(Value::Null)
     }
 
@@ -655,5 +672,115 @@ mod code_mode {
         assert!(r.tool_calls.is_empty(), "nothing reached the host");
         let r = cell("return await sum(1, 2)", policy()).unwrap();
         assert_eq!(ok("boa-js-session", &r), json!(3), "the grant is per call");
+    }
+}
+
+// ---- Contained boa awaited on an execbox runtime (on the caller's task) ----
+
+mod on_task {
+    use std::sync::mpsc;
+    use std::time::{Duration, Instant};
+
+    use execbox::backends::{BoaJs, BoaJsConfig};
+    use execbox::{ExecRequest, Executor, Outcome, SandboxPolicy};
+    use serde_json::json;
+
+    /// A runtime from `execbox::runtime_builder` with one worker thread and
+    /// one blocking thread, and that blocking thread held until the sender
+    /// drops: whatever runs there must run on its task.
+    fn runtime_with_its_blocking_thread_held() -> (tokio::runtime::Runtime, mpsc::Sender<()>) {
+        let runtime = execbox::runtime_builder().worker_threads(1).max_blocking_threads(1).build().unwrap();
+        let (hold, held) = mpsc::channel::<()>();
+        let (started, running) = mpsc::channel();
+        runtime.spawn_blocking(move || {
+            started.send(()).unwrap();
+            let _ = held.recv();
+        });
+        running.recv().unwrap();
+        (runtime, hold)
+    }
+
+    fn filled(idle: usize) -> BoaJs {
+        let mut cfg = BoaJsConfig::default();
+        cfg.idle_workers = idle;
+        let backend = BoaJs::new(cfg).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while backend.idle_worker_pids().len() < idle && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        backend
+    }
+
+    #[test]
+    fn runs_are_awaited_on_the_task_and_hostile_ones_end_typed_in_time() {
+        let backend = filled(2);
+        let exec = Executor::builder().backend(backend).build();
+        let (runtime, _hold) = runtime_with_its_blocking_thread_held();
+        let run = |code: &'static str, timeout: Duration| {
+            let exec = exec.clone();
+            let request =
+                ExecRequest::javascript(code).input(json!([1, 2])).policy(SandboxPolicy::strict().timeout(timeout));
+            runtime
+                .block_on(async move {
+                    let run = tokio::spawn(async move { exec.execute(request).await });
+                    // A run that needed the (held) blocking pool would never end.
+                    tokio::time::timeout(Duration::from_secs(15), run).await.expect("the run needed the blocking pool")
+                })
+                .unwrap()
+                .unwrap()
+        };
+        let r = run("return input.map(x => x * 2)", Duration::from_secs(5));
+        assert_eq!((r.outcome, r.output.clone()), (Outcome::Ok, Some(json!([2, 4]))), "{r:?}");
+        let started = Instant::now();
+        let r = run("while (true) {}", Duration::from_millis(300));
+        assert_eq!(r.outcome, Outcome::TimedOut, "{r:?}");
+        assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+        let r = run("for (let i = 0; i < 1e6; i++) console.log('flood ' + i)", Duration::from_secs(5));
+        assert!(r.stdout.truncated, "{r:?}");
+        let r = run("throw new Error('nope')", Duration::from_secs(5));
+        assert_eq!(r.outcome, Outcome::Failed, "{r:?}");
+        // The worker dies of its memory cap: its death is read on the reactor.
+        let r = run("let s = 'x'; while (true) s = s + s", Duration::from_secs(10));
+        assert!(matches!(r.outcome, Outcome::OutOfMemory | Outcome::Failed), "{r:?}");
+        let r = run("return 7", Duration::from_secs(5));
+        assert_eq!(r.output, Some(json!(7)), "{r:?}");
+    }
+
+    #[test]
+    fn dropping_an_awaited_run_stops_its_worker_at_once_and_the_pool_recovers() {
+        let backend = filled(1);
+        let gauge = backend.worker_gauge();
+        let exec = Executor::builder().backend(backend.clone()).build();
+        let runtime = execbox::runtime_builder().worker_threads(1).build().unwrap();
+        let before: Vec<u32> = backend.idle_worker_pids();
+        let request =
+            ExecRequest::javascript("while (true) {}").policy(SandboxPolicy::strict().timeout(Duration::from_secs(60)));
+        let run = runtime.spawn({
+            let exec = exec.clone();
+            async move { exec.execute(request).await }
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        run.abort();
+        // The worker that took the run is gone well before its deadline.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while before.iter().any(|pid| std::path::Path::new(&format!("/proc/{pid}")).exists()) {
+            assert!(Instant::now() < deadline, "the dropped run's worker still lives");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // The pool is back to its size, counts nothing busy, and serves.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while backend.idle_worker_pids().len() < 1 || gauge.live() != 1 {
+            assert!(Instant::now() < deadline, "live workers: {}", gauge.live());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let request = ExecRequest::javascript("return 1").policy(SandboxPolicy::strict());
+        let r = runtime
+            .block_on(async move { tokio::spawn(async move { exec.execute(request).await }).await })
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.output, Some(json!(1)), "{r:?}");
+        // Dropping the runtime with a run in flight leaves no worker behind.
+        drop(runtime);
+        drop(backend);
     }
 }

@@ -7,6 +7,10 @@ use crate::capabilities::{
 };
 use crate::language::Language;
 
+/// The contained backend's name (`BoaJs::NAME`), here so that the modules
+/// it uses can name it without importing it.
+pub(crate) const CONTAINED_NAME: &str = "boa-js";
+
 /// What both backends enforce the same way.
 fn common(cfg: &BoaJsConfig, isolation: IsolationKind) -> BackendCapabilities {
     let none = |what: &'static str| Enforcement::by_omission(what);

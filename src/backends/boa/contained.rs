@@ -14,32 +14,26 @@
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::collections::VecDeque;
-use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Once};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
-
 use crate::admission::Admitted;
-use crate::backend::{Backend, Readiness, Unavailable};
+use crate::backend::{Backend, Readiness, RunFuture, Unavailable, blocking, on_blocking_pool};
 use crate::backends::boa::capabilities;
 use crate::backends::boa::config::BoaJsConfig;
+use crate::backends::boa::conversation::{Conversation, Limits, converse, converse_async, describe_death};
 use crate::backends::boa::engine::{Job, Mode};
 use crate::backends::boa::gauge::{LiveCount, WorkerGauge};
 use crate::backends::boa::job::job;
-use crate::backends::boa::port::fit_result;
-use crate::backends::boa::worker::{FromWorker, Init, ToWorkerRef};
+use crate::backends::boa::worker::{FromWorker, Init};
 use crate::capabilities::BackendCapabilities;
 use crate::error::{ConfigError, ExecError};
 use crate::limits::deadline::Deadline;
-use crate::limits::output::BoundedBuffer;
-use crate::limits::text::cap_message;
-use crate::result::{ExecResult, Outcome};
-use crate::tools::frame::{ToCode, ToCodeHost, ToolCall, ToolResult};
-use crate::tools::{ToolBridge, ToolError, ToolErrorKind};
-use crate::worker::frame::{MAX_FRAME_BYTES, RecvError};
-use crate::worker::process::{Death, Outbox, SendError, SpawnSpec, WorkerProcess};
+use crate::result::ExecResult;
+use crate::tools::ToolBridge;
+use crate::worker::frame::RecvError;
+use crate::worker::process::{Death, SpawnSpec, WorkerProcess};
 use crate::worker::role::{EXIT_PROTOCOL_MISMATCH, PROGRAM_ENV, Role};
 
 /// JavaScript on boa in contained worker processes (`boa-js`, see
@@ -114,7 +108,7 @@ struct State {
 pub(crate) struct Worker {
     pub process: WorkerProcess,
     /// Its `Ready` after the last run was read: its next context is built.
-    ready: bool,
+    pub(super) ready: bool,
     /// When it last went idle.
     idle_since: Instant,
     _live: LiveCount,
@@ -160,7 +154,7 @@ const NO_WORKER_FIX: &str = "call execbox::worker::serve_if_worker() first thing
 
 impl BoaJs {
     /// The backend's name.
-    pub const NAME: &'static str = "boa-js";
+    pub const NAME: &'static str = capabilities::CONTAINED_NAME;
 
     /// Starts the pool: the refill thread begins starting
     /// [`BoaJsConfig::idle_workers`] workers in the background.
@@ -423,7 +417,7 @@ impl Core {
     /// idle size. The refill thread is woken only when it has something to
     /// do: a wake-up per run cost the caller ~10 µs and, on 2 CPUs, took a
     /// CPU from the next run.
-    fn release(&self, worker: Option<Worker>) {
+    pub(super) fn release(&self, worker: Option<Worker>) {
         let mut state = self.lock();
         state.busy -= 1;
         // The refill thread replaces a worker that did not come back;
@@ -451,18 +445,42 @@ impl Core {
         drop(surplus); // killed and reaped outside the lock
     }
 
+    /// Takes an idle worker without waiting, if one is there (for a run on
+    /// an async task, which must not wait on a condition variable).
+    pub(super) fn try_acquire(&self) -> Option<Worker> {
+        if self.spec.is_err() {
+            return None;
+        }
+        let mut state = self.lock();
+        if state.shutdown {
+            return None;
+        }
+        let before = state.idle.len();
+        let worker = Self::take_idle(&mut state.idle);
+        // Dead ones dropped on the way are for the refill thread to replace.
+        let dropped = before - state.idle.len() > usize::from(worker.is_some());
+        if worker.is_some() {
+            state.busy += 1;
+        }
+        drop(state);
+        if dropped {
+            self.changed.notify_all();
+        }
+        worker
+    }
+
     /// Runs a request's job on a pooled worker.
     fn execute(&self, call: Admitted) -> Result<ExecResult, ExecError> {
-        let memory = call.policy().memory_bytes.unwrap_or(self.cfg.defaults.memory_bytes);
-        let deadline = call.deadline();
-        let tools = call.tools().cloned();
-        let mut job = job(&self.cfg, call, Mode::FunctionBody, false)?;
+        self.run(Run::new(&self.cfg, call)?)
+    }
+
+    /// Runs `run` on a pooled worker, waiting for one within its deadline.
+    pub(super) fn run(&self, mut run: Run) -> Result<ExecResult, ExecError> {
         // A worker that died while idle is found when the job is sent;
         // nothing ran then, so another worker is tried.
         for _ in 0..3 {
-            let mut worker = self.acquire(&deadline)?;
-            let limits = Limits { memory, grace: self.cfg.deadline_grace };
-            match converse(&mut worker.process, &mut job, &deadline, limits, tools.as_ref()) {
+            let mut worker = self.acquire(&run.deadline)?;
+            match converse(&mut worker.process, &mut run.job, &run.deadline, run.limits, run.tools.as_ref()) {
                 Conversation::NotStarted => self.release(None),
                 Conversation::Finished { result, reusable } => {
                     worker.ready = false;
@@ -474,7 +492,30 @@ impl Core {
                 }
             }
         }
-        Err(self.unavailable(Unavailable::because("three workers in a row died before they could take the job")))
+        Err(self.all_died())
+    }
+
+    /// The error of a run whose workers all died before taking its job.
+    pub(super) fn all_died(&self) -> ExecError {
+        self.unavailable(Unavailable::because("three workers in a row died before they could take the job"))
+    }
+}
+
+/// A request's job on a pooled worker, and what its conversation needs.
+pub(super) struct Run {
+    pub job: Job,
+    pub deadline: Deadline,
+    pub tools: Option<Arc<ToolBridge>>,
+    pub limits: Limits,
+}
+
+impl Run {
+    fn new(cfg: &BoaJsConfig, call: Admitted) -> Result<Self, ExecError> {
+        let memory = call.policy().memory_bytes.unwrap_or(cfg.defaults.memory_bytes);
+        let deadline = call.deadline();
+        let tools = call.tools().cloned();
+        let job = job(cfg, call, Mode::FunctionBody, false)?;
+        Ok(Self { job, deadline, tools, limits: Limits { memory, grace: cfg.deadline_grace } })
     }
 }
 
@@ -575,309 +616,107 @@ fn refill(core: &Core) {
     }
 }
 
-/// How a conversation with a worker ended.
-pub(crate) enum Conversation {
-    /// The worker was gone before it took the job: nothing ran.
-    NotStarted,
-    /// The run has a result; `reusable` if the worker may serve again.
-    Finished { result: Box<ExecResult>, reusable: bool },
-}
+// An async run on the caller's task (see `BoaJs::execute_async`): on a
+// runtime with a reactor (`crate::runtime_builder`), a run that finds a
+// worker idle talks to it through the reactor (`converse_async`) instead of
+// handing the whole run to a thread of tokio's blocking pool. However the
+// run's future ends, the worker it took goes back to the pool after a clean
+// run, or is stopped, reaped and counted out: dropped mid-conversation, it is
+// stopped at once and reaped by a task of its own.
 
-/// The limits of one conversation.
-#[derive(Clone, Copy)]
-pub(crate) struct Limits {
-    /// Bytes the worker may grow by during the run (and while it builds its
-    /// next context afterwards).
-    pub memory: u64,
-    /// How long past the deadline the worker may take to report itself
-    /// before it is killed.
-    pub grace: Duration,
-}
-
-/// Runs `job` on `worker`: caps its memory, sends the job with what is left
-/// of `deadline`, collects its output, and kills it if it has not answered
-/// `grace` after the deadline. With `tools` (the run's bridge; the job then
-/// names the granted tools), the worker's tool calls go to the bridge and
-/// their answers back to the worker, within the same wait.
-pub(crate) fn converse(
-    worker: &mut WorkerProcess,
-    job: &mut Job,
-    deadline: &Deadline,
-    limits: Limits,
-    tools: Option<&Arc<ToolBridge>>,
-) -> Conversation {
-    let Limits { memory, grace } = limits;
-    let link = match tools.map(|bridge| Link::new(bridge.clone())).transpose() {
-        Ok(link) => link,
-        Err(e) => {
-            let mut result = ExecResult::new(BoaJs::NAME, Outcome::Failed);
-            result.message = Some(format!("cannot set up the channel for tool calls: {e}"));
-            return Conversation::Finished { result: Box::new(result), reusable: true };
-        }
-    };
-    if worker.limit_memory(memory).is_err() {
-        return Conversation::NotStarted;
-    }
-    job.timeout = deadline.remaining();
-    let mut stdout = BoundedBuffer::new(job.max_stdout);
-    let mut stderr = BoundedBuffer::new(job.max_stderr);
-    worker.pin_to_this_cpu();
-    let until = deadline.remaining().map(|left| Instant::now() + left + grace);
-    match worker.send(&ToWorkerRef::Run(job), until) {
-        Ok(()) => {}
-        Err(e) if e.nothing_sent() => return Conversation::NotStarted,
-        Err(SendError::TimedOut) => {
-            // The worker did not take the whole job before the deadline.
-            worker.kill();
-            let mut result = ExecResult::new(BoaJs::NAME, Outcome::TimedOut);
-            result.message = Some(deadline.exceeded_message());
-            result.usage.duration = deadline.elapsed();
-            return Conversation::Finished { result: Box::new(result), reusable: false };
-        }
-        // It died while taking the job: its death says how (below).
-        Err(SendError::Closed { .. }) => {}
-    }
-    let max_frame = frame_limit(job);
-    // The worker's running counts of what the code wrote (kept or not).
-    let mut totals = (0u64, 0u64);
-    let partial =
-        |stdout: BoundedBuffer, stderr: BoundedBuffer, totals: (u64, u64), outcome: Outcome, message: String| {
-            let mut result = ExecResult::new(BoaJs::NAME, outcome);
-            result.stdout = with_total(stdout, totals.0);
-            result.stderr = with_total(stderr, totals.1);
-            result.message = Some(cap_message(message));
-            result.usage.duration = deadline.elapsed();
-            result
+/// Runs `call` on the caller's task with an idle worker, or on the blocking
+/// pool when none is idle (that path waits for one). The caller checked
+/// [`crate::reactor::here`].
+async fn execute_on_task(core: Arc<Core>, call: Admitted) -> Result<ExecResult, ExecError> {
+    let mut run = Run::new(&core.cfg, call)?;
+    // A worker that died while idle is found when the job is sent; nothing
+    // ran then, so another worker is tried.
+    for _ in 0..3 {
+        let Some(worker) = core.try_acquire() else {
+            return blocking(BoaJs::NAME, move || core.run(run)).await;
         };
-    // Tool answers for the worker, written as it reads.
-    let mut outbox = Outbox::default();
-    loop {
-        let next = match &link {
-            Some(link) => worker.exchange::<FromWorker>(&mut outbox, link.answers.wake.as_fd(), until, max_frame),
-            None => worker.recv::<FromWorker>(until, max_frame).map(Some),
-        };
-        let next = match (next, &link) {
-            (Ok(Some(frame)), _) => Ok(frame),
-            (Err(e), _) => Err(e),
-            // Woken: answers to pass on.
-            (Ok(None), None) => continue,
-            (Ok(None), Some(link)) => {
-                for (tool, answer) in link.take() {
-                    link.forward(tool, answer, &mut outbox);
-                }
-                if outbox.len() > MAX_UNREAD_ANSWERS {
-                    worker.kill();
-                    let why = format!("the JS worker left over {MAX_UNREAD_ANSWERS} tool answers unread");
-                    let result = partial(stdout, stderr, totals, Outcome::Failed, why);
-                    return Conversation::Finished { result: Box::new(result), reusable: false };
-                }
-                continue;
+        let mut lent = Lent { core: core.clone(), worker: Some(worker) };
+        let Some(worker) = lent.worker.as_mut() else { break };
+        let conversation =
+            converse_async(&mut worker.process, &mut run.job, &run.deadline, run.limits, run.tools.as_ref()).await;
+        match conversation {
+            Conversation::NotStarted => lent.give_back(false).await,
+            Conversation::Finished { result, reusable } => {
+                lent.give_back(reusable).await;
+                return Ok(*result);
             }
-        };
-        match next {
-            Ok(FromWorker::Tools(ToCodeHost::ToolCall(call))) => match &link {
-                Some(link) => link.dispatch(call),
-                None => {
-                    worker.kill();
-                    let why = "the JS worker sent a tool call, but this run grants no tools".to_string();
-                    let result = partial(stdout, stderr, totals, Outcome::Failed, why);
-                    return Conversation::Finished { result: Box::new(result), reusable: false };
-                }
-            },
-            Ok(FromWorker::Console { stderr: to_stderr, text, total }) => {
-                let (stream, seen) =
-                    if to_stderr { (&mut stderr, &mut totals.1) } else { (&mut stdout, &mut totals.0) };
-                stream.write_str(&text);
-                *seen = (*seen).max(total);
-            }
-            Ok(FromWorker::Done { report, stdout_total, stderr_total, retire }) => {
-                // The run's memory limit stays while the worker builds its
-                // next context (trusted code, well within it); the next run
-                // sets its own. The caller lifts the pin (the pool, a
-                // session after its call).
-                let mut result = ExecResult::new(BoaJs::NAME, report.outcome);
-                result.stdout = with_total(stdout, stdout_total);
-                result.stderr = with_total(stderr, stderr_total);
-                // The worker's clock started when it read the job: the
-                // request's own deadline is the one to report.
-                result.message = match report.outcome {
-                    Outcome::TimedOut => Some(deadline.exceeded_message()),
-                    _ => report.message.map(cap_message),
-                };
-                result.output_truncated = report.output_truncated;
-                result.usage.instructions = Some(report.instructions);
-                result.usage.duration = deadline.elapsed();
-                if let Some(text) = report.output {
-                    match serde_json::from_str::<Value>(&text) {
-                        Ok(value) => result.output = Some(value),
-                        Err(e) => {
-                            result.outcome = Outcome::Failed;
-                            result.message = Some(format!("the returned value is not usable JSON: {e}"));
-                        }
-                    }
-                }
-                // A tool answer cut short in the worker's input would be
-                // read as the start of its next job.
-                let reusable = !retire && outbox.at_frame_boundary();
-                return Conversation::Finished { result: Box::new(result), reusable };
-            }
-            // Sent when the previous run's successor context was built; the
-            // pool had no time to read it.
-            Ok(FromWorker::Ready) => {}
-            Err(RecvError::TimedOut) => {
-                worker.kill();
-                let result = partial(stdout, stderr, totals, Outcome::TimedOut, deadline.exceeded_message());
-                return Conversation::Finished { result: Box::new(result), reusable: false };
-            }
-            Err(RecvError::Invalid(why)) => {
-                worker.kill();
-                let result = partial(stdout, stderr, totals, Outcome::Failed, format!("the JS worker sent {why}"));
-                return Conversation::Finished { result: Box::new(result), reusable: false };
-            }
-            Err(RecvError::Closed) => {
-                let death = worker.death();
-                let (outcome, message) = crash_outcome(&death, memory);
-                let result = partial(stdout, stderr, totals, outcome, message);
-                return Conversation::Finished { result: Box::new(result), reusable: false };
-            }
+        }
+    }
+    Err(core.all_died())
+}
+
+/// A worker an async run took from the pool (counted busy until it comes
+/// back or is counted out).
+struct Lent {
+    core: Arc<Core>,
+    /// `None` once given back.
+    worker: Option<Worker>,
+}
+
+impl Lent {
+    /// Gives the worker back after a clean run (`reusable`); otherwise
+    /// stops it and reaps it on the reactor before counting it out.
+    async fn give_back(mut self, reusable: bool) {
+        let Some(mut worker) = self.worker.take() else { return };
+        worker.ready = false;
+        // Its next context is built on whichever CPU is free, not on the
+        // caller's.
+        worker.process.unpin();
+        if reusable {
+            self.core.release(Some(worker));
+        } else {
+            Reaping::of(&self.core, worker).run().await;
         }
     }
 }
 
-/// The largest frame a run's worker may send: its output caps in JSON
-/// (each byte may become a 6-byte `\u00XX` escape) plus room for the
-/// message and framing; with tools, at least a call's largest arguments
-/// (measured as the JSON the frame holds) plus room for its name.
-fn frame_limit(job: &Job) -> usize {
-    let caps = job.max_stdout.unwrap_or(u64::MAX).max(job.max_stderr.unwrap_or(u64::MAX));
-    let output = caps.saturating_mul(6).saturating_add(256 << 10);
-    let call = job.tools.as_ref().map_or(0, |tools| tools.max_argument_bytes.saturating_add(64 << 10));
-    usize::try_from(output.max(call)).unwrap_or(usize::MAX).min(MAX_FRAME_BYTES)
-}
-
-/// Most tool answers the host holds for a worker that does not read them:
-/// the engine keeps at most `MAX_PENDING` calls waiting (256), so only a
-/// worker that broke out of it gets here, and is killed.
-const MAX_UNREAD_ANSWERS: usize = 1024;
-
-/// The host's side of one run's tool calls: each call goes to the bridge;
-/// its answer comes back on a thread of the tool runtime, which queues it
-/// and wakes the conversation (an eventfd it polls with the worker's
-/// socket). The conversation alone writes to the worker, so an answer
-/// never blocks a tool thread and none arrives after the run.
-struct Link {
-    bridge: Arc<ToolBridge>,
-    answers: Arc<Answers>,
-}
-
-struct Answers {
-    /// Answers by the name of their tool.
-    queue: Mutex<Vec<(String, ToolResult)>>,
-    wake: OwnedFd,
-}
-
-impl Answers {
-    fn push(&self, tool: String, answer: ToolResult) {
-        self.queue.lock().push((tool, answer));
-        // Non-blocking; a full counter has woken the conversation already.
-        let _ = rustix::io::write(&self.wake, &1u64.to_ne_bytes());
-    }
-}
-
-impl Link {
-    fn new(bridge: Arc<ToolBridge>) -> std::io::Result<Self> {
-        use rustix::event::{EventfdFlags, eventfd};
-        let wake = eventfd(0, EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC)?;
-        Ok(Self { bridge, answers: Arc::new(Answers { queue: Mutex::new(Vec::new()), wake }) })
-    }
-
-    /// Hands one call to the bridge (which checks everything about it).
-    fn dispatch(&self, call: ToolCall) {
-        let answers = self.answers.clone();
-        let tool = call.name.clone();
-        self.bridge.call(call, move |answer| {
-            let answer = fit_result(answer, &tool);
-            answers.push(tool, answer);
-        });
-    }
-
-    /// The answers that arrived, clearing the wake-up.
-    fn take(&self) -> Vec<(String, ToolResult)> {
-        let mut counter = [0u8; 8];
-        let _ = rustix::io::read(&self.answers.wake, &mut counter);
-        std::mem::take(&mut *self.answers.queue.lock())
-    }
-
-    /// Queues `answer` for the worker; one too large for a frame becomes
-    /// an error saying so.
-    fn forward(&self, tool: String, answer: ToolResult, outbox: &mut Outbox) {
-        let id = answer.id;
-        if outbox.push(&ToWorkerRef::Tools(&ToCode::ToolResult(answer))).is_err() {
-            let message = format!("the value is over the {} MiB frame limit of a worker", MAX_FRAME_BYTES >> 20);
-            let error = ToolResult::error(id, ToolError::new(tool, ToolErrorKind::ResultTooLarge, message));
-            // A frame of an error message always fits.
-            let _ = outbox.push(&ToWorkerRef::Tools(&ToCode::ToolResult(error)));
+/// Dropped with its worker still lent, the run was dropped
+/// mid-conversation (or a conversation ended in a panic): the worker may be
+/// anywhere in the job, so it is stopped and reaped by a task of its own.
+impl Drop for Lent {
+    fn drop(&mut self) {
+        let Some(worker) = self.worker.take() else { return };
+        let reaping = Reaping::of(&self.core, worker);
+        if crate::reactor::here() {
+            // A runtime shutting down drops the task unrun: `Reaping`'s
+            // drop then reaps the worker in place.
+            drop(tokio::spawn(reaping.run()));
         }
     }
 }
 
-/// A stream received from a worker, with the worker's count of what the
-/// code wrote (it counts what it did not send).
-fn with_total(buffer: BoundedBuffer, total: u64) -> crate::result::CapturedStream {
-    let mut captured = buffer.into_captured();
-    if total > captured.total_bytes {
-        captured.total_bytes = total;
-        captured.truncated = true;
-    }
-    captured
+/// A stopped worker on its way out: reaped on the reactor by
+/// [`Reaping::run`], counted out of the pool when this drops (reaping it in
+/// place if it was not yet).
+struct Reaping {
+    core: Arc<Core>,
+    worker: Option<Worker>,
 }
 
-/// The outcome and message of a worker that died during a run.
-fn crash_outcome(death: &Death, memory: u64) -> (Outcome, String) {
-    let stderr = death.stderr();
-    if stderr.contains("memory allocation of") {
-        return (
-            Outcome::OutOfMemory,
-            format!("memory limit of {memory} bytes reached: the JS engine could not allocate and was stopped"),
-        );
+impl Reaping {
+    /// Stops `worker` (SIGKILL, no wait).
+    fn of(core: &Arc<Core>, mut worker: Worker) -> Self {
+        worker.process.stop();
+        Self { core: core.clone(), worker: Some(worker) }
     }
-    if stderr.contains("has overflowed its stack") {
-        return (Outcome::Failed, "the JS engine crashed: stack overflow (native recursion)".into());
-    }
-    (Outcome::Failed, describe_death(death))
-}
 
-fn describe_death(death: &Death) -> String {
-    let detail = |stderr: &str| {
-        stderr
-            .lines()
-            .find(|l| !l.trim().is_empty())
-            .map(|l| format!(": {}", cap_message(l.to_string())))
-            .unwrap_or_default()
-    };
-    match death {
-        Death::KilledByHost => "the JS engine was stopped".into(),
-        Death::Signal { signal, .. } if *signal == libc::SIGSYS => {
-            "the JS engine made a forbidden system call and was killed (seccomp)".into()
+    async fn run(mut self) {
+        if let Some(worker) = self.worker.as_mut() {
+            worker.process.reap_async().await;
         }
-        Death::Signal { signal, .. } if *signal == libc::SIGKILL => {
-            "the JS engine was killed (SIGKILL from outside execbox, e.g. the kernel's OOM killer)".into()
-        }
-        Death::Signal { signal, stderr } => {
-            format!("the JS engine crashed ({}){}", signal_name(*signal), detail(stderr))
-        }
-        Death::Exited { code, stderr } => format!("the JS engine exited with code {code}{}", detail(stderr)),
     }
 }
 
-fn signal_name(signal: i32) -> String {
-    match signal {
-        libc::SIGSEGV => "SIGSEGV: a stack overflow or an invalid memory access".into(),
-        libc::SIGABRT => "SIGABRT".into(),
-        libc::SIGBUS => "SIGBUS".into(),
-        libc::SIGILL => "SIGILL".into(),
-        libc::SIGFPE => "SIGFPE".into(),
-        other => format!("signal {other}"),
+impl Drop for Reaping {
+    fn drop(&mut self) {
+        let worker = self.worker.take();
+        self.core.release(None);
+        drop(worker);
     }
 }
 
@@ -902,6 +741,19 @@ impl Backend for BoaJs {
 
     fn execute(&self, call: Admitted) -> Result<ExecResult, ExecError> {
         self.handle.core.execute(call)
+    }
+
+    /// On a runtime from [`crate::runtime_builder`] (which `execbox serve`
+    /// uses), a run that finds a worker idle is awaited on the caller's task:
+    /// the worker's socket is waited for on the runtime's reactor, and a
+    /// dropped future stops the worker at once. Any other run takes the
+    /// blocking pool (the default), where a dropped future's run ends by its
+    /// deadline.
+    fn execute_async(self: Arc<Self>, call: Admitted) -> RunFuture {
+        if !crate::reactor::here() {
+            return Box::pin(on_blocking_pool(self, call));
+        }
+        Box::pin(execute_on_task(self.handle.core.clone(), call))
     }
 
     /// Waits for a ready worker (the pool starts its workers when built).

@@ -75,6 +75,7 @@
 mod capabilities;
 mod config;
 mod contained;
+mod conversation;
 mod engine;
 mod gauge;
 mod inthread;

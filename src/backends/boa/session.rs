@@ -7,7 +7,8 @@ use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::admission::Admitted;
-use crate::backends::boa::contained::{BoaJs, Conversation, Limits, Worker, converse};
+use crate::backends::boa::contained::{BoaJs, Worker};
+use crate::backends::boa::conversation::{Conversation, Limits, converse};
 use crate::backends::boa::engine::Mode;
 use crate::backends::boa::job::job;
 use crate::capabilities::BackendCapabilities;

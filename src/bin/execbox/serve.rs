@@ -85,8 +85,8 @@ pub(crate) fn serve(args: ServeArgs) -> ExitCode {
     // Every tool passes the run gate before it takes a blocking thread: a
     // flood never holds more than this.
     let blocking = cfg.max_concurrent + 16;
-    let runtime = match tokio::runtime::Builder::new_multi_thread().max_blocking_threads(blocking).enable_all().build()
-    {
+    // execbox's builder: runs may wait for their workers on its reactor.
+    let runtime = match execbox::runtime_builder().max_blocking_threads(blocking).build() {
         Ok(runtime) => runtime,
         Err(e) => return fail(format!("cannot start the async runtime: {e}")),
     };
