@@ -769,7 +769,7 @@ mod on_task {
         }
         // The pool is back to its size, counts nothing busy, and serves.
         let deadline = Instant::now() + Duration::from_secs(20);
-        while backend.idle_worker_pids().len() < 1 || gauge.live() != 1 {
+        while backend.idle_worker_pids().is_empty() || gauge.live() != 1 {
             assert!(Instant::now() < deadline, "live workers: {}", gauge.live());
             std::thread::sleep(Duration::from_millis(20));
         }
