@@ -255,15 +255,24 @@ impl WorkerProcess {
         self.status.is_some() || matches!(self.child.try_wait(), Ok(Some(_)) | Err(_))
     }
 
-    /// SIGKILLs the worker without reaping it (dropping it, [`kill`] or,
-    /// for an async caller, `reap_async` does that). Idempotent.
+    /// SIGKILLs the worker without reaping it ([`reap`], or `reap_async`
+    /// for an async caller, does that). Idempotent.
     ///
-    /// [`kill`]: WorkerProcess::kill
+    /// [`reap`]: WorkerProcess::reap
     #[cfg_attr(not(feature = "js"), allow(dead_code))]
     pub fn stop(&mut self) {
         if self.status.is_none() {
             self.handle.kill();
             self.stopped = true;
+        }
+    }
+
+    /// Reaps a worker that [`WorkerProcess::stop`] signalled (waiting for
+    /// its exit); a worker not stopped is left alone.
+    #[cfg_attr(not(feature = "js"), allow(dead_code))]
+    pub fn reap(&mut self) {
+        if self.stopped && self.status.is_none() {
+            self.status = self.child.wait().ok();
         }
     }
 

@@ -64,9 +64,9 @@ pub(crate) fn converse(
         Ok(begun) => begun,
         Err(ended) => return ended,
     };
-    // A worker stopped on the way is reaped when its owner drops it.
     let sent = worker.send(&ToWorkerRef::Run(job), until);
     if let Some(ended) = talk.sent(worker, sent) {
+        worker.reap();
         return ended;
     }
     loop {
@@ -78,7 +78,11 @@ pub(crate) fn converse(
         };
         match talk.hear(worker, heard) {
             Step::Listen => {}
-            Step::Over(ended) => return ended,
+            Step::Over(ended) => {
+                // A stopped worker is gone, and reaped, when the run returns.
+                worker.reap();
+                return ended;
+            }
             Step::Closed => return talk.died(&worker.death()),
         }
     }
