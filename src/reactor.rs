@@ -20,8 +20,9 @@ thread_local! {
 /// threads execbox may wait on: on a runtime built from it,
 /// [`Executor::execute`](crate::Executor::execute) awaits a contained
 /// `boa-js` run's worker on the runtime's reactor, on the caller's task,
-/// rather than hand the run to a thread of the blocking pool (about 0.1 ms
-/// less per run on a 2-CPU machine). Every control holds as on any runtime.
+/// rather than hand the run to a thread of the blocking pool (0.05–0.1 ms
+/// less per paced run on a 2-CPU machine, more under load). Every control
+/// holds as on any runtime.
 ///
 /// Set what else you need on it (thread counts, names, `max_blocking_threads`)
 /// but keep its `on_thread_start` hook, which is the mark: replacing it
