@@ -549,13 +549,13 @@ pub(crate) fn find_program(explicit: Option<&Path>) -> Result<PathBuf, String> {
 // `crate::reactor::here`: tokio panics registering a descriptor with a
 // runtime that has no I/O driver.
 #[cfg(feature = "js")]
-pub(crate) use on_reactor::{Registered, Sockets};
+pub(crate) use on_reactor::{NoReactor, Registered, Sockets};
 
 #[cfg(feature = "js")]
 mod on_reactor {
     use std::io;
     use std::os::fd::{AsFd, OwnedFd};
-    use std::time::Duration;
+    use std::time::{Duration, Instant};
 
     use serde::Serialize;
     use serde::de::DeserializeOwned;
@@ -570,6 +570,15 @@ mod on_reactor {
     /// closes the duplicate only, and never touches a descriptor number that
     /// its owner may have closed and the process reused meanwhile.
     pub(crate) struct Registered(AsyncFd<OwnedFd>);
+
+    /// The runtime's reactor cannot be waited on: it shut down (the runtime
+    /// is shutting down while a caller still polls, e.g. `Handle::block_on`
+    /// on a thread of its blocking pool), or a descriptor could not be
+    /// registered with it. Waiting on it again would return at once: a
+    /// conversation that kept trying would spin until its worker answers,
+    /// and forever for a worker that does not.
+    #[derive(Debug)]
+    pub(crate) struct NoReactor;
 
     impl Registered {
         /// Registers a duplicate of `fd` for `interest`.
@@ -586,12 +595,11 @@ mod on_reactor {
         /// Waits until the descriptor may be ready for `interest`, then clears
         /// that readiness: the caller's next attempt tells, and a descriptor
         /// that turns out not ready is waited for again rather than spun on.
-        pub async fn wait(&self, interest: Interest) {
-            // An error means the reactor is gone (the runtime is shutting
-            // down): the caller's next attempt, or its deadline, reports.
-            if let Ok(mut guard) = self.0.ready(interest).await {
-                guard.clear_ready();
-            }
+        /// An error means the reactor is gone (the runtime is shutting down).
+        pub async fn wait(&self, interest: Interest) -> Result<(), NoReactor> {
+            let mut guard = self.0.ready(interest).await.map_err(|_| NoReactor)?;
+            guard.clear_ready();
+            Ok(())
         }
     }
 
@@ -620,41 +628,35 @@ mod on_reactor {
             Ok(())
         }
 
-        /// Waits on the reactor for room to write to the worker; false if
-        /// that cannot be waited for (no registration).
-        async fn room(&mut self) -> bool {
-            let Some(sockets) = self.reactor.as_mut() else { return false };
+        /// Waits on the reactor for room to write to the worker.
+        async fn room(&mut self) -> Result<(), NoReactor> {
+            let sockets = self.reactor.as_mut().ok_or(NoReactor)?;
             if sockets.to_worker.is_none() {
-                sockets.to_worker = Registered::new(&self.to_worker, Interest::WRITABLE).ok();
+                sockets.to_worker = Some(Registered::new(&self.to_worker, Interest::WRITABLE).map_err(|_| NoReactor)?);
             }
-            match &sockets.to_worker {
-                Some(to_worker) => {
-                    to_worker.wait(Interest::WRITABLE).await;
-                    true
-                }
-                None => false,
-            }
+            sockets.to_worker.as_ref().ok_or(NoReactor)?.wait(Interest::WRITABLE).await
         }
 
         /// [`WorkerProcess::send`] for an async caller, after
         /// [`WorkerProcess::on_reactor`]: the frame goes out as the worker
         /// makes room. Not bounded by time: the caller bounds it, and a frame
         /// cut short by that makes the worker unusable, as
-        /// [`SendError::TimedOut`] says.
-        pub async fn send_async(&mut self, message: &impl Serialize) -> Result<(), SendError> {
+        /// [`SendError::TimedOut`] says; so does one cut short by
+        /// [`NoReactor`].
+        pub async fn send_async(&mut self, message: &impl Serialize) -> Result<Result<(), SendError>, NoReactor> {
             let mut outbox = Outbox::default();
-            outbox.push(message).map_err(|_| SendError::Closed { written: 0 })?;
+            if outbox.push(message).is_err() {
+                return Ok(Err(SendError::Closed { written: 0 }));
+            }
             loop {
                 outbox.write_some(&self.to_worker);
                 if outbox.closed {
-                    return Err(SendError::Closed { written: outbox.written });
+                    return Ok(Err(SendError::Closed { written: outbox.written }));
                 }
                 if outbox.len() == 0 {
-                    return Ok(());
+                    return Ok(Ok(()));
                 }
-                if !self.room().await {
-                    return Err(SendError::Closed { written: outbox.written });
-                }
+                self.room().await?;
             }
         }
 
@@ -669,12 +671,13 @@ mod on_reactor {
             outbox: &mut Outbox,
             wake: Option<&Registered>,
             max: usize,
-        ) -> Result<Option<T>, RecvError> {
+        ) -> Result<Result<Option<T>, RecvError>, NoReactor> {
             loop {
                 outbox.write_some(&self.to_worker);
                 // Reads what is there, without waiting.
-                if let Some(frame) = self.frames.recv_or(None, max, |_, _| Waited::Interrupted)? {
-                    return Ok(Some(frame));
+                match self.frames.recv_or(None, max, |_, _| Waited::Interrupted) {
+                    Ok(None) => {}
+                    heard => return Ok(heard),
                 }
                 let wants_room = outbox.wants_room();
                 if let Some(sockets) = self.reactor.as_mut()
@@ -684,7 +687,7 @@ mod on_reactor {
                     // Without it, what is left is written after the next frame or wake-up.
                     sockets.to_worker = Registered::new(&self.to_worker, Interest::WRITABLE).ok();
                 }
-                let Some(sockets) = self.reactor.as_ref() else { return Err(RecvError::Closed) };
+                let sockets = self.reactor.as_ref().ok_or(NoReactor)?;
                 let woken = async {
                     match wake {
                         Some(wake) => wake.wait(Interest::READABLE).await,
@@ -699,9 +702,9 @@ mod on_reactor {
                 };
                 tokio::select! {
                     biased;
-                    () = woken => return Ok(None),
-                    () = sockets.from_worker.wait(Interest::READABLE) => {}
-                    () = room => {}
+                    woken = woken => return woken.map(|()| Ok(None)),
+                    readable = sockets.from_worker.wait(Interest::READABLE) => readable?,
+                    room = room => room?,
                 }
             }
         }
@@ -724,10 +727,16 @@ mod on_reactor {
         }
 
         /// Waits on the reactor, at most `limit`, until the worker has exited
-        /// (true). Does not reap it.
+        /// (true). Does not reap it. Without a reactor to wait on, waits on
+        /// this thread (a stopped worker exits at once).
         async fn exit_async(&self, limit: Duration) -> bool {
-            let Ok(exit) = Registered::new(&self.handle, Interest::READABLE) else { return false };
-            tokio::time::timeout(limit, exit.wait(Interest::READABLE)).await.is_ok()
+            let on_thread = || self.handle.wait_exit(Some(Instant::now() + limit));
+            let Ok(exit) = Registered::new(&self.handle, Interest::READABLE) else { return on_thread() };
+            match tokio::time::timeout(limit, exit.wait(Interest::READABLE)).await {
+                Ok(Ok(())) => true,
+                Ok(Err(NoReactor)) => on_thread(),
+                Err(_) => false,
+            }
         }
     }
 

@@ -632,9 +632,16 @@ async fn execute_on_task(core: Arc<Core>, call: Admitted) -> Result<ExecResult, 
     // A worker that died while idle is found when the job is sent; nothing
     // ran then, so another worker is tried.
     for _ in 0..3 {
-        let Some(worker) = core.try_acquire() else {
+        let Some(mut worker) = core.try_acquire() else {
             return blocking(BoaJs::NAME, move || core.run(run)).await;
         };
+        if worker.process.on_reactor().is_err() {
+            // Its sockets cannot be waited on here (the runtime shut down
+            // under a caller that still polls, or no descriptor is left):
+            // the worker is as it was, and the run takes the blocking pool.
+            core.release(Some(worker));
+            return blocking(BoaJs::NAME, move || core.run(run)).await;
+        }
         let mut lent = Lent { core: core.clone(), worker: Some(worker) };
         let Some(worker) = lent.worker.as_mut() else { break };
         let conversation =

@@ -27,7 +27,7 @@ use crate::result::{ExecResult, Outcome};
 use crate::tools::frame::{ToCode, ToCodeHost, ToolCall, ToolResult};
 use crate::tools::{ToolBridge, ToolError, ToolErrorKind};
 use crate::worker::frame::{MAX_FRAME_BYTES, RecvError};
-use crate::worker::process::{Death, Outbox, Registered, SendError, WorkerProcess};
+use crate::worker::process::{Death, NoReactor, Outbox, Registered, SendError, WorkerProcess};
 
 /// How a conversation with a worker ended.
 pub(crate) enum Conversation {
@@ -105,19 +105,26 @@ pub(crate) async fn converse_async(
         Err(ended) => return ended,
     };
     let wake = talk.link.as_ref().map(|link| Registered::new(&link.answers.wake, tokio::io::Interest::READABLE));
+    // The caller registered the worker (`on_reactor`) before it lent it.
     let (Ok(()), Ok(wake)) = (worker.on_reactor(), wake.transpose()) else {
-        // Nothing was sent: the caller may run the job elsewhere.
-        worker.unpin();
-        return Conversation::NotStarted;
+        return talk.off_reactor(worker).await;
     };
-    let sent = within(until, worker.send_async(&ToWorkerRef::Run(job))).await.unwrap_or(Err(SendError::TimedOut));
+    let sent = match within(until, worker.send_async(&ToWorkerRef::Run(job))).await {
+        Some(Ok(sent)) => sent,
+        Some(Err(NoReactor)) => return talk.off_reactor(worker).await,
+        None => Err(SendError::TimedOut),
+    };
     if let Some(ended) = talk.sent(worker, sent) {
         worker.reap_async().await;
         return ended;
     }
     loop {
         let exchange = worker.exchange_async::<FromWorker>(&mut talk.outbox, wake.as_ref(), talk.max_frame);
-        let heard = within(until, exchange).await.unwrap_or(Err(RecvError::TimedOut));
+        let heard = match within(until, exchange).await {
+            Some(Ok(heard)) => heard,
+            Some(Err(NoReactor)) => return talk.off_reactor(worker).await,
+            None => Err(RecvError::TimedOut),
+        };
         match talk.hear(worker, heard) {
             Step::Listen => {}
             Step::Over(ended) => {
@@ -306,6 +313,21 @@ impl<'a> Talk<'a> {
             FromWorker::Ready => {}
         }
         Step::Listen
+    }
+
+    /// The end of an async conversation that cannot wait on its runtime's
+    /// reactor (the runtime shut down under a caller that still polls, or
+    /// no descriptor was left to register): the worker is stopped and
+    /// reaped, and the run fails saying so, rather than wait on a reactor
+    /// that returns at once (a spin until the worker answers, forever for
+    /// one that does not).
+    async fn off_reactor(mut self, worker: &mut WorkerProcess) -> Conversation {
+        let why = "the run could not wait on its runtime's reactor (the runtime shut down during the run, or no \
+                   descriptor was left to register): the JS worker was stopped";
+        let ended = self.partial(Outcome::Failed, why.to_string());
+        worker.stop();
+        worker.reap_async().await;
+        ended
     }
 
     /// The end of a worker that closed its end, as its `death` tells.
