@@ -585,10 +585,15 @@ mod on_reactor {
         pub fn new(fd: impl AsFd, interest: Interest) -> io::Result<Self> {
             debug_assert!(crate::reactor::here(), "registered outside a runtime marked as having a reactor");
             let duplicate = fd.as_fd().try_clone_to_owned()?;
-            // SAFETY: the `AsyncFd` owns `duplicate`, an open descriptor that
-            // stays open, and names the same file description, until the
-            // `AsyncFd` drops; `OwnedFd::as_raw_fd` always returns it.
-            let registered = unsafe { AsyncFd::register_with_interest(duplicate, interest) };
+            Self::owning(duplicate, interest)
+        }
+
+        /// Registers `fd` itself, which it then owns.
+        fn owning(fd: OwnedFd, interest: Interest) -> io::Result<Self> {
+            // SAFETY: the `AsyncFd` owns `fd`, an open descriptor that stays
+            // open, and names the same file description, until the `AsyncFd`
+            // drops; `OwnedFd::as_raw_fd` always returns it.
+            let registered = unsafe { AsyncFd::register_with_interest(fd, interest) };
             Ok(Self(registered?))
         }
 
@@ -603,6 +608,51 @@ mod on_reactor {
         }
     }
 
+    /// A deadline on the reactor: a timerfd, kept with the worker. No wait of
+    /// an async conversation uses tokio's timer: polling one after its
+    /// runtime's time driver shut down panics, which a caller that polls
+    /// through `Handle::block_on` while the runtime is dropped would hit.
+    struct Alarm(Registered);
+
+    impl Alarm {
+        fn new() -> io::Result<Self> {
+            use rustix::time::{TimerfdClockId, TimerfdFlags, timerfd_create};
+            let fd = timerfd_create(TimerfdClockId::Monotonic, TimerfdFlags::NONBLOCK | TimerfdFlags::CLOEXEC)?;
+            Registered::owning(fd, Interest::READABLE).map(Self)
+        }
+
+        /// Rings at `until`, or never (`None`), replacing any earlier setting.
+        fn set(&self, until: Option<Instant>) -> Result<(), NoReactor> {
+            use rustix::time::{Itimerspec, TimerfdTimerFlags, Timespec, timerfd_settime};
+            let never = Timespec { tv_sec: 0, tv_nsec: 0 };
+            let value = match until {
+                // A zero value disarms: a deadline already past rings in 1 ns.
+                Some(at) => {
+                    Timespec::try_from(at.saturating_duration_since(Instant::now()).max(Duration::from_nanos(1)))
+                        .unwrap_or(Timespec { tv_sec: i64::MAX, tv_nsec: 0 })
+                }
+                None => never,
+            };
+            let spec = Itimerspec { it_interval: never, it_value: value };
+            timerfd_settime(self.0.0.get_ref(), TimerfdTimerFlags::empty(), &spec).map_err(|_| NoReactor)?;
+            Ok(())
+        }
+
+        /// Waits until it rang. Reads the expiry, so a readiness left from an
+        /// earlier setting is waited past.
+        async fn rung(&self) -> Result<(), NoReactor> {
+            loop {
+                let mut expiries = [0u8; 8];
+                match rustix::io::read(self.0.0.get_ref(), &mut expiries) {
+                    Ok(_) => return Ok(()),
+                    Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => {}
+                    Err(_) => return Err(NoReactor),
+                }
+                self.0.wait(Interest::READABLE).await?;
+            }
+        }
+    }
+
     /// A worker's sockets on a runtime's reactor, kept with the worker
     /// across runs (registering costs a `dup` and an `epoll_ctl` each way).
     pub(crate) struct Sockets {
@@ -613,6 +663,8 @@ mod on_reactor {
         /// writability wakes the reactor at every change of room, which on a
         /// small machine took CPU from the worker it waits for.
         to_worker: Option<Registered>,
+        /// The deadline of its conversation (or of its reaping).
+        alarm: Alarm,
     }
 
     impl WorkerProcess {
@@ -623,24 +675,38 @@ mod on_reactor {
             if self.reactor.as_ref().is_none_or(|sockets| sockets.runtime != runtime) {
                 self.reactor = None;
                 let from_worker = Registered::new(&self.frames, Interest::READABLE)?;
-                self.reactor = Some(Sockets { runtime, from_worker, to_worker: None });
+                self.reactor = Some(Sockets { runtime, from_worker, to_worker: None, alarm: Alarm::new()? });
             }
             Ok(())
         }
 
-        /// Waits on the reactor for room to write to the worker.
-        async fn room(&mut self) -> Result<(), NoReactor> {
+        /// Sets the deadline that [`WorkerProcess::send_async`],
+        /// [`WorkerProcess::exchange_async`] and the waits for an exit keep:
+        /// `None` for none (an idle worker's alarm is off: it would wake the
+        /// reactor for nothing).
+        pub fn set_alarm(&mut self, until: Option<Instant>) -> Result<(), NoReactor> {
+            self.reactor.as_ref().ok_or(NoReactor)?.alarm.set(until)
+        }
+
+        /// Waits on the reactor for room to write to the worker: false if the
+        /// alarm rang first.
+        async fn room(&mut self) -> Result<bool, NoReactor> {
             let sockets = self.reactor.as_mut().ok_or(NoReactor)?;
             if sockets.to_worker.is_none() {
                 sockets.to_worker = Some(Registered::new(&self.to_worker, Interest::WRITABLE).map_err(|_| NoReactor)?);
             }
-            sockets.to_worker.as_ref().ok_or(NoReactor)?.wait(Interest::WRITABLE).await
+            let to_worker = sockets.to_worker.as_ref().ok_or(NoReactor)?;
+            tokio::select! {
+                biased;
+                room = to_worker.wait(Interest::WRITABLE) => room.map(|()| true),
+                rung = sockets.alarm.rung() => rung.map(|()| false),
+            }
         }
 
         /// [`WorkerProcess::send`] for an async caller, after
         /// [`WorkerProcess::on_reactor`]: the frame goes out as the worker
-        /// makes room. Not bounded by time: the caller bounds it, and a frame
-        /// cut short by that makes the worker unusable, as
+        /// makes room, until the alarm ([`WorkerProcess::set_alarm`]) rings. A
+        /// frame cut short makes the worker unusable, as
         /// [`SendError::TimedOut`] says; so does one cut short by
         /// [`NoReactor`].
         pub async fn send_async(&mut self, message: &impl Serialize) -> Result<Result<(), SendError>, NoReactor> {
@@ -656,14 +722,17 @@ mod on_reactor {
                 if outbox.len() == 0 {
                     return Ok(Ok(()));
                 }
-                self.room().await?;
+                if !self.room().await? {
+                    return Ok(Err(SendError::TimedOut));
+                }
             }
         }
 
         /// [`WorkerProcess::exchange`] for an async caller: the next frame,
         /// meanwhile writing `outbox` as the worker makes room, or `Ok(None)`
         /// as soon as `wake` is ready (the caller has frames to add and clears
-        /// `wake`). Not bounded by time: the caller bounds it. Cancel-safe: a
+        /// `wake`), or [`RecvError::TimedOut`] once the alarm
+        /// ([`WorkerProcess::set_alarm`]) rings. Cancel-safe: a
         /// partial frame read so far is kept for the next call, and the outbox
         /// knows what it wrote.
         pub async fn exchange_async<T: DeserializeOwned>(
@@ -705,6 +774,7 @@ mod on_reactor {
                     woken = woken => return woken.map(|()| Ok(None)),
                     readable = sockets.from_worker.wait(Interest::READABLE) => readable?,
                     room = room => room?,
+                    rung = sockets.alarm.rung() => return rung.map(|()| Err(RecvError::TimedOut)),
                 }
             }
         }
@@ -729,14 +799,18 @@ mod on_reactor {
         /// Waits on the reactor, at most `limit`, until the worker has exited
         /// (true). Does not reap it. Without a reactor to wait on, waits on
         /// this thread (a stopped worker exits at once).
-        async fn exit_async(&self, limit: Duration) -> bool {
-            let on_thread = || self.handle.wait_exit(Some(Instant::now() + limit));
-            let Ok(exit) = Registered::new(&self.handle, Interest::READABLE) else { return on_thread() };
-            match tokio::time::timeout(limit, exit.wait(Interest::READABLE)).await {
-                Ok(Ok(())) => true,
-                Ok(Err(NoReactor)) => on_thread(),
-                Err(_) => false,
-            }
+        async fn exit_async(&mut self, limit: Duration) -> bool {
+            let until = Instant::now() + limit;
+            let exit = Registered::new(&self.handle, Interest::READABLE);
+            let waited = match (exit, self.set_alarm(Some(until)), self.reactor.as_ref()) {
+                (Ok(exit), Ok(()), Some(sockets)) => tokio::select! {
+                    biased;
+                    exited = exit.wait(Interest::READABLE) => exited.map(|()| true),
+                    rung = sockets.alarm.rung() => rung.map(|()| false),
+                },
+                _ => Err(NoReactor),
+            };
+            waited.unwrap_or_else(|NoReactor| self.handle.wait_exit(Some(until)))
         }
     }
 

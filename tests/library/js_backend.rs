@@ -792,34 +792,47 @@ mod on_task {
     /// failed and saying why, and the pool recovers.
     #[test]
     fn a_run_whose_runtime_shuts_down_under_it_ends_at_once() {
-        let backend = filled(1);
-        let gauge = backend.worker_gauge();
-        let pid = backend.idle_worker_pids()[0];
-        let exec = Executor::builder().backend(backend.clone()).build();
-        let runtime = execbox::runtime_builder().worker_threads(1).build().unwrap();
-        let (done, result) = mpsc::channel();
-        let handle = runtime.handle().clone();
-        runtime.spawn_blocking(move || {
-            let request = ExecRequest::javascript("while (true) {}")
-                .policy(SandboxPolicy::strict().timeout(Duration::from_secs(1)));
-            let _ = done.send(handle.block_on(exec.execute(request)));
-        });
-        std::thread::sleep(Duration::from_millis(300));
-        // The worker stops answering (stuck, as far as the host can tell).
-        let stuck = rustix::process::Pid::from_raw(pid as i32).unwrap();
-        rustix::process::kill_process(stuck, rustix::process::Signal::STOP).unwrap();
-        runtime.shutdown_background();
-        let r = result
-            .recv_timeout(Duration::from_secs(10))
-            .expect("the run never ended after its runtime shut down")
-            .unwrap();
-        assert_eq!(r.outcome, Outcome::Failed, "{r:?}");
-        assert!(r.message.as_deref().unwrap_or("").contains("reactor"), "{r:?}");
-        assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists(), "the stuck worker still lives");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while backend.idle_worker_pids().is_empty() || gauge.live() != 1 {
-            assert!(Instant::now() < deadline, "live workers: {}", gauge.live());
-            std::thread::sleep(Duration::from_millis(20));
+        // Shut down in the background, or dropped (which waits for the
+        // blocking thread; tokio's timers panic if polled then, so the run
+        // must use none).
+        for dropped in [false, true] {
+            let backend = filled(1);
+            let gauge = backend.worker_gauge();
+            let pid = backend.idle_worker_pids()[0];
+            let exec = Executor::builder().backend(backend.clone()).build();
+            let runtime = execbox::runtime_builder().worker_threads(1).build().unwrap();
+            let (done, result) = mpsc::channel();
+            let handle = runtime.handle().clone();
+            runtime.spawn_blocking(move || {
+                let request = ExecRequest::javascript("while (true) {}")
+                    .policy(SandboxPolicy::strict().timeout(Duration::from_secs(1)));
+                let _ = done.send(handle.block_on(exec.execute(request)));
+            });
+            std::thread::sleep(Duration::from_millis(300));
+            // The worker stops answering (stuck, as far as the host can tell).
+            let stuck = rustix::process::Pid::from_raw(pid as i32).unwrap();
+            rustix::process::kill_process(stuck, rustix::process::Signal::STOP).unwrap();
+            let dropping = if dropped {
+                Some(std::thread::spawn(move || drop(runtime)))
+            } else {
+                runtime.shutdown_background();
+                None
+            };
+            let r = result
+                .recv_timeout(Duration::from_secs(10))
+                .expect("the run never ended after its runtime shut down")
+                .unwrap();
+            assert_eq!(r.outcome, Outcome::Failed, "dropped: {dropped}: {r:?}");
+            assert!(r.message.as_deref().unwrap_or("").contains("reactor"), "{r:?}");
+            assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists(), "the stuck worker still lives");
+            if let Some(dropping) = dropping {
+                dropping.join().expect("dropping the runtime panicked");
+            }
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while backend.idle_worker_pids().is_empty() || gauge.live() != 1 {
+                assert!(Instant::now() < deadline, "live workers: {}", gauge.live());
+                std::thread::sleep(Duration::from_millis(20));
+            }
         }
     }
 }

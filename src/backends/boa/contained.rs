@@ -675,6 +675,8 @@ impl Lent {
         // caller's.
         worker.process.unpin();
         if reusable {
+            // An idle worker's alarm would wake the reactor for nothing.
+            let _ = worker.process.set_alarm(None);
             self.core.release(Some(worker));
         } else {
             Reaping::of(&self.core, worker).run().await;

@@ -106,13 +106,12 @@ pub(crate) async fn converse_async(
     };
     let wake = talk.link.as_ref().map(|link| Registered::new(&link.answers.wake, tokio::io::Interest::READABLE));
     // The caller registered the worker (`on_reactor`) before it lent it.
-    let (Ok(()), Ok(wake)) = (worker.on_reactor(), wake.transpose()) else {
+    let (Ok(()), Ok(wake), Ok(())) = (worker.on_reactor(), wake.transpose(), worker.set_alarm(until)) else {
         return talk.off_reactor(worker).await;
     };
-    let sent = match within(until, worker.send_async(&ToWorkerRef::Run(job))).await {
-        Some(Ok(sent)) => sent,
-        Some(Err(NoReactor)) => return talk.off_reactor(worker).await,
-        None => Err(SendError::TimedOut),
+    let sent = match worker.send_async(&ToWorkerRef::Run(job)).await {
+        Ok(sent) => sent,
+        Err(NoReactor) => return talk.off_reactor(worker).await,
     };
     if let Some(ended) = talk.sent(worker, sent) {
         worker.reap_async().await;
@@ -120,10 +119,9 @@ pub(crate) async fn converse_async(
     }
     loop {
         let exchange = worker.exchange_async::<FromWorker>(&mut talk.outbox, wake.as_ref(), talk.max_frame);
-        let heard = match within(until, exchange).await {
-            Some(Ok(heard)) => heard,
-            Some(Err(NoReactor)) => return talk.off_reactor(worker).await,
-            None => Err(RecvError::TimedOut),
+        let heard = match exchange.await {
+            Ok(heard) => heard,
+            Err(NoReactor) => return talk.off_reactor(worker).await,
         };
         match talk.hear(worker, heard) {
             Step::Listen => {}
@@ -133,14 +131,6 @@ pub(crate) async fn converse_async(
             }
             Step::Closed => return talk.died(&worker.death_async().await),
         }
-    }
-}
-
-/// `work`, unless `until` passes first (`None`); `until: None` never passes.
-async fn within<T>(until: Option<Instant>, work: impl Future<Output = T>) -> Option<T> {
-    match until {
-        Some(at) => tokio::time::timeout_at(at.into(), work).await.ok(),
-        None => Some(work.await),
     }
 }
 
