@@ -7,7 +7,9 @@
 //!   `fd_write`), on the caller's task; `wasm_hello_blocking_pool` the same
 //!   with `async_runs(false)`, each run handed to tokio's blocking pool;
 //! - `js_transform`: the 100-number JS transform of `benches/js.rs` on the
-//!   contained `boa-js` (worker processes);
+//!   contained `boa-js` (worker processes), each run handed to tokio's
+//!   blocking pool; `js_transform_execbox_runtime` the same on a runtime
+//!   from `execbox::runtime_builder`, awaited on the task;
 //! - `python_print_pooled`: `print(1+1)` on `python-wasm` with its warm pool
 //!   (skipped with a message when the interpreters are not fetched).
 //!
@@ -105,6 +107,11 @@ fn bench(c: &mut Criterion) {
     };
     assert_eq!(js.execute_blocking(transform()).expect("runs").output, Some(json!(6534)));
     group(c, &runtime, "js_transform", &js, Arc::new(transform), false);
+    // The same on a runtime from `execbox::runtime_builder`: a run that
+    // finds a worker idle is awaited on its task, not handed to the
+    // blocking pool.
+    let marked = execbox::runtime_builder().build().expect("runtime");
+    group(c, &marked, "js_transform_execbox_runtime", &js, Arc::new(transform), false);
 
     let python = WasmInterpreter::new(InterpreterConfig::default()).expect("engine");
     match python.availability().map_err(|e| e.to_string()).and_then(|()| python.warm_up().map_err(|e| e.to_string())) {

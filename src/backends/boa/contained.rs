@@ -670,10 +670,8 @@ impl Lent {
     /// stops it and reaps it on the reactor before counting it out.
     async fn give_back(mut self, reusable: bool) {
         let Some(mut worker) = self.worker.take() else { return };
+        // Not pinned on this path (see `converse_async`).
         worker.ready = false;
-        // Its next context is built on whichever CPU is free, not on the
-        // caller's.
-        worker.process.unpin();
         if reusable {
             // An idle worker's alarm would wake the reactor for nothing.
             let _ = worker.process.set_alarm(None);

@@ -64,6 +64,8 @@ pub(crate) fn converse(
         Ok(begun) => begun,
         Err(ended) => return ended,
     };
+    // The worker runs where this thread waits for it (its caller unpins it).
+    worker.pin_to_this_cpu();
     let sent = worker.send(&ToWorkerRef::Run(job), until);
     if let Some(ended) = talk.sent(worker, sent) {
         worker.reap();
@@ -89,8 +91,10 @@ pub(crate) fn converse(
 }
 
 /// [`converse`] for an async caller, on a thread where
-/// [`crate::reactor::here`]: every wait is on the runtime's reactor and
-/// timer, none on the thread. A worker that must be stopped is signalled
+/// [`crate::reactor::here`]: every wait is on the runtime's reactor (the
+/// deadline too: a timerfd), none on the thread. The worker is not pinned:
+/// the task may move between threads, and tasks that ran on one thread
+/// pinned their workers to one CPU, which halved throughput on two. A worker that must be stopped is signalled
 /// here and reaped once it has exited, also on the reactor. Dropping the
 /// future leaves the worker mid-job: its owner must stop it.
 pub(crate) async fn converse_async(
@@ -164,8 +168,8 @@ enum Step {
 }
 
 impl<'a> Talk<'a> {
-    /// Gets `worker` ready for `job`: caps its memory, pins it to this CPU
-    /// and gives the job what is left of `deadline`. Returns the talk and
+    /// Gets `worker` ready for `job`: caps its memory and gives the job what
+    /// is left of `deadline`. Returns the talk and
     /// when it ends at the latest (the deadline plus the grace), or how the
     /// conversation ended before it began.
     fn begin(
@@ -198,7 +202,6 @@ impl<'a> Talk<'a> {
             totals: (0, 0),
             outbox: Outbox::default(),
         };
-        worker.pin_to_this_cpu();
         let until = deadline.remaining().map(|left| Instant::now() + left + grace);
         Ok((talk, until))
     }
