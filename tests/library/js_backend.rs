@@ -835,4 +835,165 @@ mod on_task {
             }
         }
     }
+
+    /// A worker program that takes its job and then sends console frames
+    /// without end: what a worker taken over by the code it runs could do.
+    fn flooding_worker() -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("execbox-flood-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("flood.py");
+        let script = r#"#!/usr/bin/python3
+import os, struct, json
+def read():
+    n = struct.unpack('<I', os.read(0, 4))[0]
+    got = b''
+    while len(got) < n:
+        got += os.read(0, n - len(got))
+def send(o):
+    b = json.dumps(o).encode()
+    os.write(1, struct.pack('<I', len(b)) + b)
+read()
+send("Ready")
+read()
+total = 0
+while True:
+    total += 1
+    send({"Console": {"stderr": False, "text": "x", "total": total}})
+"#;
+        std::fs::write(&path, script).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        path
+    }
+
+    /// A worker that never stops talking is still stopped at the deadline
+    /// plus its grace: frames that keep coming must not keep the alarm
+    /// from being heard.
+    #[test]
+    fn a_worker_that_floods_frames_is_stopped_at_its_deadline() {
+        let backend = BoaJs::new(BoaJsConfig::default().idle_workers(1).worker_program(flooding_worker())).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while backend.idle_worker_pids().is_empty() {
+            assert!(Instant::now() < deadline, "the fake worker never became ready");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let exec = Executor::builder().backend(backend).build();
+        let runtime = execbox::runtime_builder().worker_threads(1).build().unwrap();
+        let (done, result) = mpsc::channel();
+        let request =
+            ExecRequest::javascript("return 1").policy(SandboxPolicy::strict().timeout(Duration::from_millis(300)));
+        let started = Instant::now();
+        runtime.spawn(async move {
+            let _ = done.send(exec.execute(request).await);
+        });
+        let r = result.recv_timeout(Duration::from_secs(10)).expect("a flooding worker kept the run going").unwrap();
+        assert_eq!(r.outcome, Outcome::TimedOut, "{r:?}");
+        assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+    }
+
+    fn open_fds() -> usize {
+        std::fs::read_dir("/proc/self/fd").unwrap().count()
+    }
+
+    /// Runtimes come and go; the descriptors of their reactors do not stay.
+    #[test]
+    fn many_runtimes_leave_no_descriptors() {
+        let backend = filled(2);
+        let gauge = backend.worker_gauge();
+        let exec = Executor::builder().backend(backend.clone()).build();
+        let round = |exec: &Executor| {
+            let runtime = execbox::runtime_builder().worker_threads(1).build().unwrap();
+            for (code, ms) in [("return 1", 5000), ("while (true) {}", 30), ("return 2", 5000)] {
+                let exec = exec.clone();
+                let request =
+                    ExecRequest::javascript(code).policy(SandboxPolicy::strict().timeout(Duration::from_millis(ms)));
+                runtime
+                    .block_on(async move { tokio::spawn(async move { exec.execute(request).await }).await })
+                    .unwrap()
+                    .unwrap();
+            }
+            drop(runtime);
+        };
+        for _ in 0..5 {
+            round(&exec);
+        }
+        let settle = |gauge: &execbox::backends::WorkerGauge| {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while backend.idle_worker_pids().len() < 2 || gauge.live() != 2 {
+                assert!(Instant::now() < deadline);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        };
+        settle(&gauge);
+        let before = open_fds();
+        for _ in 0..40 {
+            round(&exec);
+        }
+        settle(&gauge);
+        let after = open_fds();
+        assert!(after <= before + 8, "descriptors: {before} before, {after} after 40 runtimes");
+    }
+
+    /// Code Mode on the task: deadlines that hit while a tool call is out,
+    /// while the code spins between calls, and runs right after them on
+    /// the same worker, which must not end early.
+    #[test]
+    fn tool_calls_on_the_task_end_at_their_deadline_and_reuse_is_clean() {
+        use execbox::tools::{ToolRegistry, ToolSpec};
+        use serde_json::Value;
+        let registry = ToolRegistry::builder()
+            .tool(ToolSpec::new("t.hang"), |_: Value| async {
+                std::future::pending::<()>().await;
+                Ok(Value::Null)
+            })
+            .tool(ToolSpec::new("t.echo"), |args: Value| async move { Ok(args) })
+            .build()
+            .unwrap();
+        let backend = filled(1);
+        let gauge = backend.worker_gauge();
+        let exec = Executor::builder().backend(backend.clone()).tools(registry).build();
+        let runtime = execbox::runtime_builder().worker_threads(2).build().unwrap();
+        let run = |code: &str, ms: u64| {
+            let exec = exec.clone();
+            let mut policy = SandboxPolicy::strict().timeout(Duration::from_millis(ms)).tools(["t.*"]);
+            policy.memory_bytes = None;
+            let request = ExecRequest::javascript(code).policy(policy);
+            let started = Instant::now();
+            let r = runtime
+                .block_on(async move { tokio::spawn(async move { exec.execute(request).await }).await })
+                .unwrap()
+                .unwrap();
+            (r, started.elapsed())
+        };
+        let slow = "let s = 0; for (let i = 0; i < 2e5; i++) s += i; return [await tools.t.echo({s}), s]";
+        for ms in [1, 10, 300, 1500] {
+            for code in [
+                "await tools.t.hang({})",
+                "await tools.t.echo({}); while (true) {}",
+                "for (;;) { try { await tools.t.echo({x: 1}) } catch (e) {} }",
+                "tools.t.hang({}); tools.t.echo({}); while (true) {}",
+            ] {
+                let (r, took) = run(code, ms);
+                assert_eq!(r.outcome, Outcome::TimedOut, "{ms} ms: {code}: {:?}", r.message);
+                assert!(took < Duration::from_millis(ms + 1000), "{ms} ms: {code}: took {took:?}");
+                // Right after, a run that takes a while: no alarm left over ends it.
+                let (r, took) = run(slow, 20_000);
+                assert_eq!(r.outcome, Outcome::Ok, "after {ms} ms: {code}: {r:?} ({took:?})");
+            }
+        }
+        // Back to back on one reused worker whose previous alarm was still
+        // armed (a long deadline) when it came back.
+        for _ in 0..20 {
+            let (r, _) = run("return await tools.t.echo({a: 1})", 10);
+            assert!(matches!(r.outcome, Outcome::Ok | Outcome::TimedOut), "{r:?}");
+            let (r, _) = run(slow, 20_000);
+            assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while backend.idle_worker_pids().is_empty() || gauge.live() != 1 {
+            assert!(Instant::now() < deadline, "live workers: {}", gauge.live());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
 }
