@@ -855,10 +855,13 @@ def send(o):
 read()
 send("Ready")
 read()
-total = 0
+# Frames in bulk, faster than the host reads them: its reader never waits.
+chunk = b''
+for total in range(1, 2001):
+    b = json.dumps({"Console": {"stderr": False, "text": "x", "total": total}}).encode()
+    chunk += struct.pack('<I', len(b)) + b
 while True:
-    total += 1
-    send({"Console": {"stderr": False, "text": "x", "total": total}})
+    os.write(1, chunk)
 "#;
         std::fs::write(&path, script).unwrap();
         use std::os::unix::fs::PermissionsExt;
@@ -867,28 +870,39 @@ while True:
     }
 
     /// A worker that never stops talking is still stopped at the deadline
-    /// plus its grace: frames that keep coming must not keep the alarm
-    /// from being heard.
+    /// plus its grace, awaited and blocking: frames that keep coming (read
+    /// without a wait) must not keep the deadline from being heard.
     #[test]
     fn a_worker_that_floods_frames_is_stopped_at_its_deadline() {
-        let backend = BoaJs::new(BoaJsConfig::default().idle_workers(1).worker_program(flooding_worker())).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while backend.idle_worker_pids().is_empty() {
-            assert!(Instant::now() < deadline, "the fake worker never became ready");
-            std::thread::sleep(Duration::from_millis(20));
+        for awaited in [true, false] {
+            let backend = BoaJs::new(BoaJsConfig::default().idle_workers(1).worker_program(flooding_worker())).unwrap();
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while backend.idle_worker_pids().is_empty() {
+                assert!(Instant::now() < deadline, "the fake worker never became ready");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let exec = Executor::builder().backend(backend).build();
+            let runtime = execbox::runtime_builder().worker_threads(1).build().unwrap();
+            let (done, result) = mpsc::channel();
+            let request =
+                ExecRequest::javascript("return 1").policy(SandboxPolicy::strict().timeout(Duration::from_millis(300)));
+            let started = Instant::now();
+            if awaited {
+                runtime.spawn(async move {
+                    let _ = done.send(exec.execute(request).await);
+                });
+            } else {
+                std::thread::spawn(move || {
+                    let _ = done.send(exec.execute_blocking(request));
+                });
+            }
+            let r = result
+                .recv_timeout(Duration::from_secs(10))
+                .unwrap_or_else(|_| panic!("awaited: {awaited}: a flooding worker kept the run going"))
+                .unwrap();
+            assert_eq!(r.outcome, Outcome::TimedOut, "awaited: {awaited}: {r:?}");
+            assert!(started.elapsed() < Duration::from_secs(2), "awaited: {awaited}: {:?}", started.elapsed());
         }
-        let exec = Executor::builder().backend(backend).build();
-        let runtime = execbox::runtime_builder().worker_threads(1).build().unwrap();
-        let (done, result) = mpsc::channel();
-        let request =
-            ExecRequest::javascript("return 1").policy(SandboxPolicy::strict().timeout(Duration::from_millis(300)));
-        let started = Instant::now();
-        runtime.spawn(async move {
-            let _ = done.send(exec.execute(request).await);
-        });
-        let r = result.recv_timeout(Duration::from_secs(10)).expect("a flooding worker kept the run going").unwrap();
-        assert_eq!(r.outcome, Outcome::TimedOut, "{r:?}");
-        assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
     }
 
     fn open_fds() -> usize {

@@ -147,6 +147,8 @@ struct Talk<'a> {
     link: Option<Link>,
     /// The largest frame the worker may send ([`frame_limit`]).
     max_frame: usize,
+    /// When the conversation ends at the latest: the deadline plus the grace.
+    until: Option<Instant>,
     stdout: BoundedBuffer,
     stderr: BoundedBuffer,
     /// The worker's running counts of what the code wrote (kept or not).
@@ -192,17 +194,18 @@ impl<'a> Talk<'a> {
             return Err(Conversation::NotStarted);
         }
         job.timeout = deadline.remaining();
+        let until = deadline.remaining().map(|left| Instant::now() + left + grace);
         let talk = Talk {
             deadline,
             memory,
             link,
             max_frame: frame_limit(job),
+            until,
             stdout: BoundedBuffer::new(job.max_stdout),
             stderr: BoundedBuffer::new(job.max_stderr),
             totals: (0, 0),
             outbox: Outbox::default(),
         };
-        let until = deadline.remaining().map(|left| Instant::now() + left + grace);
         Ok((talk, until))
     }
 
@@ -304,6 +307,13 @@ impl<'a> Talk<'a> {
             // Sent when the previous run's successor context was built; the
             // pool had no time to read it.
             FromWorker::Ready => {}
+        }
+        // Frames already waiting are read without a wait, so a worker that
+        // sent them faster than they are read would never meet the
+        // deadline's wait: it is checked after every frame.
+        if self.until.is_some_and(|until| Instant::now() >= until) {
+            let why = self.deadline.exceeded_message();
+            return self.stopped(worker, Outcome::TimedOut, why);
         }
         Step::Listen
     }
