@@ -688,13 +688,20 @@ mod on_reactor {
             self.reactor.as_ref().ok_or(NoReactor)?.alarm.set(until)
         }
 
-        /// Waits on the reactor for room to write to the worker: false if the
-        /// alarm rang first.
-        async fn room(&mut self) -> Result<bool, NoReactor> {
+        /// Registers the write side with the reactor, unless it is already
+        /// (see [`Sockets::to_worker`]).
+        fn watch_room(&mut self) -> Result<&Sockets, NoReactor> {
             let sockets = self.reactor.as_mut().ok_or(NoReactor)?;
             if sockets.to_worker.is_none() {
                 sockets.to_worker = Some(Registered::new(&self.to_worker, Interest::WRITABLE).map_err(|_| NoReactor)?);
             }
+            Ok(sockets)
+        }
+
+        /// Waits on the reactor for room to write to the worker: false if the
+        /// alarm rang first.
+        async fn room(&mut self) -> Result<bool, NoReactor> {
+            let sockets = self.watch_room()?;
             let to_worker = sockets.to_worker.as_ref().ok_or(NoReactor)?;
             tokio::select! {
                 biased;
@@ -749,12 +756,8 @@ mod on_reactor {
                     heard => return Ok(heard),
                 }
                 let wants_room = outbox.wants_room();
-                if let Some(sockets) = self.reactor.as_mut()
-                    && wants_room
-                    && sockets.to_worker.is_none()
-                {
-                    // Without it, what is left is written after the next frame or wake-up.
-                    sockets.to_worker = Registered::new(&self.to_worker, Interest::WRITABLE).ok();
+                if wants_room {
+                    self.watch_room()?;
                 }
                 let sockets = self.reactor.as_ref().ok_or(NoReactor)?;
                 let woken = async {

@@ -352,13 +352,7 @@ impl Core {
         }
         let mut state = self.lock();
         loop {
-            // Taking a worker leaves the refill thread nothing to do (it
-            // counts busy workers as coming back), unless dead ones were
-            // dropped on the way: those it replaces.
-            let before = state.idle.len();
-            if let Some(worker) = Self::take_idle(&mut state.idle) {
-                state.busy += 1;
-                let dropped = before - state.idle.len() > 1;
+            if let (Some(worker), dropped) = Self::take_counted(&mut state) {
                 drop(state);
                 if dropped {
                     self.changed.notify_all();
@@ -387,6 +381,20 @@ impl Core {
             self.freed.wait_for(&mut state, left.min(Duration::from_secs(3600)));
             state.waiting -= 1;
         }
+    }
+
+    /// [`Core::take_idle`], counting the worker busy; true in second place
+    /// if dead workers were dropped on the way. Taking a worker leaves the
+    /// refill thread nothing to do (it counts busy workers as coming back),
+    /// but dropped ones it replaces: the caller wakes it then.
+    fn take_counted(state: &mut State) -> (Option<Worker>, bool) {
+        let before = state.idle.len();
+        let worker = Self::take_idle(&mut state.idle);
+        let dropped = before - state.idle.len() > usize::from(worker.is_some());
+        if worker.is_some() {
+            state.busy += 1;
+        }
+        (worker, dropped)
     }
 
     /// The most recently used idle worker whose next context is built (its
@@ -455,13 +463,7 @@ impl Core {
         if state.shutdown {
             return None;
         }
-        let before = state.idle.len();
-        let worker = Self::take_idle(&mut state.idle);
-        // Dead ones dropped on the way are for the refill thread to replace.
-        let dropped = before - state.idle.len() > usize::from(worker.is_some());
-        if worker.is_some() {
-            state.busy += 1;
-        }
+        let (worker, dropped) = Self::take_counted(&mut state);
         drop(state);
         if dropped {
             self.changed.notify_all();
@@ -631,18 +633,20 @@ async fn execute_on_task(core: Arc<Core>, call: Admitted) -> Result<ExecResult, 
     let mut run = Run::new(&core.cfg, call)?;
     // A worker that died while idle is found when the job is sent; nothing
     // ran then, so another worker is tried.
-    for _ in 0..3 {
-        let Some(mut worker) = core.try_acquire() else {
-            return blocking(BoaJs::NAME, move || core.run(run)).await;
-        };
+    for attempt in 0.. {
+        if attempt == 3 {
+            return Err(core.all_died());
+        }
+        let Some(mut worker) = core.try_acquire() else { break };
         if worker.process.on_reactor().is_err() {
             // Its sockets cannot be waited on here (the runtime shut down
             // under a caller that still polls, or no descriptor is left):
             // the worker is as it was, and the run takes the blocking pool.
             core.release(Some(worker));
-            return blocking(BoaJs::NAME, move || core.run(run)).await;
+            break;
         }
         let mut lent = Lent { core: core.clone(), worker: Some(worker) };
+        // (Always there: it was just lent.)
         let Some(worker) = lent.worker.as_mut() else { break };
         let conversation =
             converse_async(&mut worker.process, &mut run.job, &run.deadline, run.limits, run.tools.as_ref()).await;
@@ -654,7 +658,9 @@ async fn execute_on_task(core: Arc<Core>, call: Admitted) -> Result<ExecResult, 
             }
         }
     }
-    Err(core.all_died())
+    // No worker idle (or none it can wait on here): the blocking pool waits
+    // for one within the deadline.
+    blocking(BoaJs::NAME, move || core.run(run)).await
 }
 
 /// A worker an async run took from the pool (counted busy until it comes

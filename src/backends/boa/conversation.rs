@@ -60,13 +60,13 @@ pub(crate) fn converse(
     limits: Limits,
     tools: Option<&Arc<ToolBridge>>,
 ) -> Conversation {
-    let (mut talk, until) = match Talk::begin(worker, job, deadline, limits, tools) {
+    let mut talk = match Talk::begin(worker, job, deadline, limits, tools) {
         Ok(begun) => begun,
         Err(ended) => return ended,
     };
     // The worker runs where this thread waits for it (its caller unpins it).
     worker.pin_to_this_cpu();
-    let sent = worker.send(&ToWorkerRef::Run(job), until);
+    let sent = worker.send(&ToWorkerRef::Run(job), talk.until);
     if let Some(ended) = talk.sent(worker, sent) {
         worker.reap();
         return ended;
@@ -74,9 +74,9 @@ pub(crate) fn converse(
     loop {
         let heard = match &talk.link {
             Some(link) => {
-                worker.exchange::<FromWorker>(&mut talk.outbox, link.answers.wake.as_fd(), until, talk.max_frame)
+                worker.exchange::<FromWorker>(&mut talk.outbox, link.answers.wake.as_fd(), talk.until, talk.max_frame)
             }
-            None => worker.recv::<FromWorker>(until, talk.max_frame).map(Some),
+            None => worker.recv::<FromWorker>(talk.until, talk.max_frame).map(Some),
         };
         match talk.hear(worker, heard) {
             Step::Listen => {}
@@ -94,9 +94,11 @@ pub(crate) fn converse(
 /// [`crate::reactor::here`]: every wait is on the runtime's reactor (the
 /// deadline too: a timerfd), none on the thread. The worker is not pinned:
 /// the task may move between threads, and tasks that ran on one thread
-/// pinned their workers to one CPU, which halved throughput on two. A worker that must be stopped is signalled
-/// here and reaped once it has exited, also on the reactor. Dropping the
-/// future leaves the worker mid-job: its owner must stop it.
+/// pinned their workers to one CPU, which halved throughput on two. A
+/// worker that must be stopped is signalled here and reaped once it has
+/// exited, also on the reactor. The caller registered the worker with the
+/// reactor first ([`WorkerProcess::on_reactor`]). Dropping the future
+/// leaves the worker mid-job: its owner must stop it.
 pub(crate) async fn converse_async(
     worker: &mut WorkerProcess,
     job: &mut Job,
@@ -104,13 +106,12 @@ pub(crate) async fn converse_async(
     limits: Limits,
     tools: Option<&Arc<ToolBridge>>,
 ) -> Conversation {
-    let (mut talk, until) = match Talk::begin(worker, job, deadline, limits, tools) {
+    let mut talk = match Talk::begin(worker, job, deadline, limits, tools) {
         Ok(begun) => begun,
         Err(ended) => return ended,
     };
     let wake = talk.link.as_ref().map(|link| Registered::new(&link.answers.wake, tokio::io::Interest::READABLE));
-    // The caller registered the worker (`on_reactor`) before it lent it.
-    let (Ok(()), Ok(wake), Ok(())) = (worker.on_reactor(), wake.transpose(), worker.set_alarm(until)) else {
+    let (Ok(wake), Ok(())) = (wake.transpose(), worker.set_alarm(talk.until)) else {
         return talk.off_reactor(worker).await;
     };
     let sent = match worker.send_async(&ToWorkerRef::Run(job)).await {
@@ -171,16 +172,15 @@ enum Step {
 
 impl<'a> Talk<'a> {
     /// Gets `worker` ready for `job`: caps its memory and gives the job what
-    /// is left of `deadline`. Returns the talk and
-    /// when it ends at the latest (the deadline plus the grace), or how the
-    /// conversation ended before it began.
+    /// is left of `deadline`. Returns the talk, or how the conversation
+    /// ended before it began.
     fn begin(
         worker: &mut WorkerProcess,
         job: &mut Job,
         deadline: &'a Deadline,
         limits: Limits,
         tools: Option<&Arc<ToolBridge>>,
-    ) -> Result<(Self, Option<Instant>), Conversation> {
+    ) -> Result<Self, Conversation> {
         let Limits { memory, grace } = limits;
         let link = match tools.map(|bridge| Link::new(bridge.clone())).transpose() {
             Ok(link) => link,
@@ -206,7 +206,7 @@ impl<'a> Talk<'a> {
             totals: (0, 0),
             outbox: Outbox::default(),
         };
-        Ok((talk, until))
+        Ok(talk)
     }
 
     /// How sending the job went: `Some` if that ended the conversation
