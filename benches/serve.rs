@@ -1,8 +1,10 @@
 //! `execbox serve` in front of an agent: an MCP `run_code` round trip over
 //! stdio (rmcp's client, the release `execbox` binary as the server) against
-//! the same run through the library (blocking, and for Python also awaited
-//! as the server awaits it), for a JS transform and a pooled Python
-//! `print(1+1)`.
+//! the same run through the library (blocking, and awaited on a task of an
+//! execbox runtime as the server awaits it), for a JS transform back to
+//! back, and paced like an agent loop for a pooled Python `print(1+1)` and a
+//! JS `return 2`. The server's share is `mcp_stdio_paced` minus
+//! `library_async_paced`.
 //!
 //! `cargo bench --bench serve` (it builds the `execbox` binary it talks to).
 
@@ -37,7 +39,9 @@ fn bench(c: &mut Criterion) {
         eprintln!("skipping: {} is missing (cargo build --release)", binary.display());
         return;
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    // An execbox runtime, as the server's: a run awaited on one of its tasks
+    // talks to a JS worker on the task, with no blocking-pool hand-off.
+    let runtime = execbox::runtime_builder().worker_threads(2).build().unwrap();
     let client = runtime.block_on(async {
         let mut command = tokio::process::Command::new(&binary);
         command.arg("serve");
@@ -73,13 +77,15 @@ fn bench(c: &mut Criterion) {
             black_box(exec.execute_blocking(request).unwrap())
         })
     });
-    // Paced like an agent loop: the warm pool refills between turns (100 ms,
-    // untimed). `run` makes one call and gives its output.
+    // Paced like an agent loop: the warm pool refills between turns (200 ms,
+    // untimed; at 100 ms a CPython start-up at lowered priority on a busy
+    // 2-CPU VM sometimes missed the turn, and the median measured the pool's
+    // refill rate instead of the hop). `run` makes one call and gives its output.
     let paced = |b: &mut criterion::Bencher, run: &dyn Fn() -> Value| {
         b.iter_custom(|iters| {
             let mut total = Duration::ZERO;
             for _ in 0..iters {
-                std::thread::sleep(Duration::from_millis(100));
+                std::thread::sleep(Duration::from_millis(200));
                 let started = std::time::Instant::now();
                 let output = run();
                 total += started.elapsed();
@@ -88,8 +94,14 @@ fn bench(c: &mut Criterion) {
             total
         })
     };
+    // Awaited on a task of the runtime, as the server awaits a call.
+    let awaited = |request: ExecRequest| {
+        let exec = exec.clone();
+        let run = runtime.spawn(async move { exec.execute(request).await.unwrap() });
+        runtime.block_on(run).unwrap().output.unwrap_or_default()
+    };
     let print = || ExecRequest::source(Language::Python, "print(1+1)").policy(SandboxPolicy::strict());
-    g.sample_size(10).measurement_time(Duration::from_secs(3));
+    g.sample_size(20).measurement_time(Duration::from_secs(6));
     g.bench_function("python_print/mcp_stdio_paced", |b| {
         paced(b, &|| {
             let r = call(json!({"language": "python", "code": "print(1+1)"}));
@@ -99,9 +111,18 @@ fn bench(c: &mut Criterion) {
     g.bench_function("python_print/library_paced", |b| {
         paced(b, &|| exec.execute_blocking(print()).unwrap().output.unwrap_or_default())
     });
-    // The same awaited, as the server awaits it (on a 2-worker runtime).
-    g.bench_function("python_print/library_async_paced", |b| {
-        paced(b, &|| runtime.block_on(exec.execute(print())).unwrap().output.unwrap_or_default())
+    // The same awaited on a task, as the server awaits it.
+    g.bench_function("python_print/library_async_paced", |b| paced(b, &|| awaited(print())));
+    g.bench_function("js_return/mcp_stdio_paced", |b| {
+        paced(b, &|| {
+            let r = call(json!({"language": "javascript", "code": "return 2"}));
+            r.structured_content.as_ref().unwrap()["output"].clone()
+        })
+    });
+    let ret = || ExecRequest::javascript("return 2").policy(SandboxPolicy::strict());
+    g.bench_function("js_return/library_async_paced", |b| paced(b, &|| awaited(ret())));
+    g.bench_function("js_return/library_paced", |b| {
+        paced(b, &|| exec.execute_blocking(ret()).unwrap().output.unwrap_or_default())
     });
     g.finish();
     drop(runtime.block_on(client.cancel()));

@@ -1,6 +1,6 @@
 """`execbox serve` through the official MCP Python SDK, as an agent would use it.
 
-Run by tests/cli/mcp_python.rs:  python mcp_client.py EXECBOX_BINARY
+Run by tests/cli/mcp_sdks.rs:  python mcp_client.py EXECBOX_BINARY
 Checks stdio and streamable HTTP (with a bearer token): tools, a JS and a
 Python run, structuredContent, a failure and a refusal as isError results,
 streamed stdout lines (logging), progress notifications, sessions, the

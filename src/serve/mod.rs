@@ -28,6 +28,7 @@ mod http;
 mod server;
 mod shared;
 mod stdio;
+mod stdio_io;
 // MCP logging notifications are what clients use for output today; rmcp
 // marks them deprecated for a later protocol revision (SEP-2577).
 #[allow(deprecated)]

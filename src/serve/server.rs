@@ -82,8 +82,8 @@ impl Server {
     pub async fn serve_stdio(&self, stop: CancellationToken) -> std::io::Result<()> {
         use rmcp::ServiceExt;
         let stalled = Arc::new(Stall::default());
-        let stdout = Watched { inner: tokio::io::stdout(), stall: stalled.clone() };
-        let stdin = Paced { inner: tokio::io::stdin(), stall: stalled.clone() };
+        let stdout = Watched { inner: super::stdio_io::ServerStdout::new(), stall: stalled.clone() };
+        let stdin = Paced { inner: super::stdio_io::ServerStdin::new(), stall: stalled.clone() };
         let running = self
             .handler()
             .serve((stdin, stdout))

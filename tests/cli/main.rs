@@ -1,11 +1,11 @@
 //! The `execbox` binary from the outside, in one test binary: the `run` and
 //! `backends` commands (`run`), `execbox serve` through rmcp's client
-//! (`serve`) and through the MCP Python SDK (`mcp_python`, with the
-//! scripts `tests/mcp_*.py`).
+//! (`serve`) and through the official MCP SDKs (`mcp_sdks`: Python, with
+//! the scripts `tests/mcp_*.py`, and TypeScript, `tests/mcp_ts_client.mjs`).
 
 #[path = "../common/mod.rs"]
 mod common;
 
-mod mcp_python;
+mod mcp_sdks;
 mod run;
 mod serve;

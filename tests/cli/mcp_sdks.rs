@@ -1,7 +1,9 @@
-//! `execbox serve` through the official MCP Python SDK (`mcp` on PyPI), as
+//! `execbox serve` through the official MCP SDKs. Python (`mcp` on PyPI), as
 //! agents in Python use it: stdio and streamable HTTP with a bearer token,
 //! streamed output, progress, sessions (tests/mcp_client.py); and Code
 //! Mode against a real upstream server (tests/mcp_code_mode.py).
+//! TypeScript (`@modelcontextprotocol/sdk` on npm), as Node hosts start a
+//! server: over a socket pair, not pipes (tests/mcp_ts_client.mjs).
 //!
 //! Needs `scripts/install-mcp-client.sh` (and
 //! `scripts/install-mcp-upstreams.sh`); skips without them unless
@@ -35,16 +37,22 @@ fn everything_server() -> PathBuf {
         .join("node_modules/@modelcontextprotocol/server-everything/dist/index.js")
 }
 
+/// The official TypeScript SDK (scripts/install-mcp-upstreams.sh).
+fn typescript_sdk() -> PathBuf {
+    installed("EXECBOX_MCP_UPSTREAMS", "mcp-upstreams").join("node_modules/@modelcontextprotocol/sdk")
+}
+
 /// Whether `needed` exists; without it, skip (or fail when the client is required).
 fn present(needed: &std::path::Path, install: &str) -> bool {
     let missing = || format!("{} is missing: run {install}", needed.display());
     skip::available(skip::MCP_CLIENT, if needed.exists() { Ok(()) } else { Err(missing()) })
 }
 
-/// Runs a client script; it prints "ok" last when every check held.
-fn client(script: &str, args: &[&std::ffi::OsStr]) {
+/// Runs a client script with `interpreter`; it prints "ok" last when every
+/// check held.
+fn client_with(interpreter: &std::path::Path, script: &str, args: &[&std::ffi::OsStr]) {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests").join(script);
-    let out = std::process::Command::new(venv_python())
+    let out = std::process::Command::new(interpreter)
         .arg(script)
         .arg(env!("CARGO_BIN_EXE_execbox"))
         .args(args)
@@ -57,6 +65,19 @@ fn client(script: &str, args: &[&std::ffi::OsStr]) {
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// Runs a Python client script in the SDK's venv.
+fn client(script: &str, args: &[&std::ffi::OsStr]) {
+    client_with(&venv_python(), script, args)
+}
+
+#[test]
+fn the_typescript_sdk_drives_the_server_over_a_socket_pair() {
+    let sdk = typescript_sdk();
+    if present(&sdk, "scripts/install-mcp-upstreams.sh") {
+        client_with(std::path::Path::new("node"), "mcp_ts_client.mjs", &[sdk.as_os_str()]);
+    }
 }
 
 #[test]

@@ -1,0 +1,62 @@
+// `execbox serve` through the official MCP TypeScript SDK over stdio, as
+// most MCP hosts (Node) start a server: Node gives the child a socket pair
+// for its stdin and stdout, not pipes, so this drives the server's
+// socket-on-the-reactor path (src/serve/stdio_io.rs).
+//
+// node tests/mcp_ts_client.mjs <execbox binary> <@modelcontextprotocol/sdk dir>
+// Prints "ok" last when every check held.
+
+import { pathToFileURL } from "node:url";
+
+const [, , execbox, sdk] = process.argv;
+const load = (path) => import(pathToFileURL(`${sdk}/dist/esm/${path}`).href);
+const { Client } = await load("client/index.js");
+const { StdioClientTransport } = await load("client/stdio.js");
+
+function check(condition, what, detail) {
+  if (!condition) {
+    console.log(`FAILED: ${what}: ${JSON.stringify(detail)}`);
+    process.exit(1);
+  }
+}
+
+const transport = new StdioClientTransport({ command: execbox, args: ["serve"], stderr: "ignore" });
+const client = new Client({ name: "execbox-ts-test", version: "1.0.0" });
+await client.connect(transport);
+const pid = transport.pid;
+const run = (args) => client.callTool({ name: "run_code", arguments: args });
+
+const { tools } = await client.listTools();
+check(tools.some((t) => t.name === "run_code"), "run_code is listed", tools.map((t) => t.name));
+
+let r = await run({ language: "javascript", code: "return input.items.map(x => x * 2)", input: { items: [1, 2, 3] } });
+check(!r.isError && JSON.stringify(r.structuredContent.output) === "[2,4,6]", "the JS transform", r);
+
+r = await run({ language: "python", code: "print(6 * 7)" });
+check(!r.isError && r.structuredContent.stdout === "42\n", "Python", r);
+
+// Calls in flight at once: every answer comes back to its own call.
+const many = await Promise.all(
+  Array.from({ length: 24 }, (_, i) => run({ language: "javascript", code: `return ${i} * 3` })),
+);
+many.forEach((m, i) => check(!m.isError && m.structuredContent.output === i * 3, `concurrent call ${i}`, m));
+
+// An answer far larger than a socket's buffer crosses whole.
+r = await run({ language: "javascript", code: "return 'x'.repeat(600000)" });
+check(!r.isError && r.structuredContent.output.length === 600000, "a 600 kB answer", r.structuredContent?.message);
+
+// Hostile code ends typed, and the server answers the next call.
+r = await run({ language: "javascript", code: "while (true) {}", timeout_ms: 300 });
+check(r.isError && r.structuredContent.outcome === "timed_out", "an endless loop times out", r.structuredContent);
+r = await run({ language: "javascript", code: "return 1" });
+check(!r.isError && r.structuredContent.output === 1, "a call after the endless loop", r);
+
+await client.close();
+let alive = true;
+try {
+  process.kill(pid, 0);
+} catch {
+  alive = false;
+}
+check(!alive, "the server is gone once the client closed", pid);
+console.log("ok");
