@@ -6,9 +6,10 @@
 //! tokio's own `Stdin` and `Stdout` read and write on a thread of its
 //! blocking pool, so every request and every answer crosses one more thread
 //! than it must. Measured through `execbox serve` on 2 CPUs (rmcp's client,
-//! `cargo bench --bench serve`, two runs each, alternating binaries): JS
-//! `return 2` paced 1.54 / 1.45 → 0.94 / 1.06 ms, the JS transform back to
-//! back 1.23 / 1.03 → 0.83 / 0.83 ms.
+//! `cargo bench --bench serve`, two runs each, alternating binaries): the
+//! JS transform 1.02 / 1.12 → 0.79 / 0.77 ms, JS `return 2` paced 1.43 /
+//! 1.46 → 1.04 / 0.98 ms, pooled Python `print(1+1)` paced 1.95 / 1.90 →
+//! 1.45 / 1.51 ms.
 //!
 //! Reading and writing on the reactor takes `O_NONBLOCK`, a flag of the
 //! open file that every descriptor of it shares, other processes' too. So:
