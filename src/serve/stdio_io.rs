@@ -149,8 +149,9 @@ impl Kind {
         if kind.is_socket() {
             let Some(restore) = Blocking::of(fd) else { return Kind::Other };
             let socket = std::os::unix::net::UnixStream::from(OwnedFd::from(file));
-            // Not a Unix stream socket (TCP from inetd, say): left alone.
-            if socket.local_addr().is_ok() && socket.set_nonblocking(true).is_ok() {
+            // Not a Unix stream socket (TCP from inetd, a datagram socket):
+            // left alone.
+            if socket.local_addr().is_ok() && is_stream(socket.as_fd()) && socket.set_nonblocking(true).is_ok() {
                 return Kind::Socket(socket, restore);
             }
         }
@@ -204,6 +205,17 @@ impl Drop for Blocking {
             }
         }
     }
+}
+
+/// Whether a socket is a stream socket (`SO_TYPE`).
+fn is_stream(fd: BorrowedFd<'_>) -> bool {
+    let mut kind: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `kind`, which lives
+    // for the call; the borrow keeps the descriptor open.
+    let got =
+        unsafe { libc::getsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_TYPE, (&raw mut kind).cast(), &mut len) };
+    got == 0 && kind == libc::SOCK_STREAM
 }
 
 /// Whether two descriptors name the same file.
@@ -329,6 +341,15 @@ mod tests {
             drop(stdin);
         });
         assert!(!nonblocking(ours.as_fd()), "and blocking again once the transport is dropped");
+    }
+
+    #[test]
+    fn a_datagram_socket_is_left_to_the_blocking_pool_untouched() {
+        let (ours, _theirs) = std::os::unix::net::UnixDatagram::pair().unwrap();
+        runtime().block_on(async {
+            assert!(!ServerStdin::of(ours.as_fd()).on_reactor());
+        });
+        assert!(!nonblocking(ours.as_fd()));
     }
 
     #[test]
