@@ -82,13 +82,19 @@ impl Server {
     pub async fn serve_stdio(&self, stop: CancellationToken) -> std::io::Result<()> {
         use rmcp::ServiceExt;
         let stalled = Arc::new(Stall::default());
-        let stdout = Watched { inner: super::stdio_io::ServerStdout::new(), stall: stalled.clone() };
-        let stdin = Paced { inner: super::stdio_io::ServerStdin::new(), stall: stalled.clone() };
-        let running = self
-            .handler()
-            .serve((stdin, stdout))
-            .await
-            .map_err(|e| std::io::Error::other(format!("MCP handshake on stdio failed: {e}")))?;
+        let stdout = super::stdio_io::ServerStdout::new();
+        let stdin = Paced { inner: super::stdio_io::ServerStdin::new(&stdout), stall: stalled.clone() };
+        let stdout = Watched { inner: stdout, stall: stalled.clone() };
+        // A signal before the client's `initialize` ends the server too.
+        let running = tokio::select! {
+            running = self.handler().serve((stdin, stdout)) => {
+                running.map_err(|e| std::io::Error::other(format!("MCP handshake on stdio failed: {e}")))?
+            }
+            _ = stop.cancelled() => {
+                self.drain().await;
+                return Ok(());
+            }
+        };
         let cancel = running.cancellation_token();
         let waiting = running.waiting();
         tokio::pin!(waiting);

@@ -16,8 +16,18 @@
 //! - a pipe is opened anew through `/proc/self/fd` (a new open file on the
 //!   same pipe), and only that one is made non-blocking; where that fails,
 //!   tokio's blocking-thread `Stdin`/`Stdout` are kept;
+//! - a named FIFO to read keeps the blocking thread: Linux reports no hang-up
+//!   to a FIFO's reader opened non-blocking while it had no writer, so a
+//!   reopened stdin whose writer had already written and gone would never
+//!   see its end;
+//! - a descriptor opened for the other direction (stdin open for writing
+//!   only, say) is left alone: reopening it the way it is used would make the
+//!   server a reader or writer of a pipe it was not given that end of;
 //! - a socket cannot be opened anew: its flag is set, and cleared again when
-//!   the transport drops its end, if it was clear before;
+//!   the transport drops its end, if it was clear before; a stdin socket that
+//!   is also stderr, or stdout left on the blocking thread (one socket for
+//!   all three, as systemd's `StandardInput=socket` or inetd give), is left
+//!   blocking, since their writes would meet `EAGAIN`;
 //! - a terminal, a regular file or anything else keeps tokio's
 //!   blocking-thread `Stdin`/`Stdout`;
 //! - stdout that is the same file as stderr (`2>&1`) keeps it too: logging
@@ -70,14 +80,22 @@ enum Direction {
 }
 
 impl ServerStdin {
-    /// This process's stdin (call within a runtime with I/O enabled).
-    pub fn new() -> Self {
-        Self::of(io::stdin().as_fd())
+    /// This process's stdin (call within a runtime with I/O enabled), read
+    /// beside `stdout`.
+    pub fn new(stdout: &ServerStdout) -> Self {
+        let (out, err) = (io::stdout(), io::stderr());
+        let mut blocking = vec![err.as_fd()];
+        if !stdout.reactor() {
+            blocking.push(out.as_fd());
+        }
+        Self::of(io::stdin().as_fd(), &blocking)
     }
 
-    /// `fd` as the transport reads it; `fd` itself is left as it was.
-    fn of(fd: BorrowedFd<'_>) -> Self {
-        let end = match Kind::of(fd, Direction::Read) {
+    /// `fd` as the transport reads it; `fd` itself is left as it was. A
+    /// socket that is the same as one of `blocking` (written by blocking
+    /// writes) is not made non-blocking.
+    fn of(fd: BorrowedFd<'_>, blocking: &[BorrowedFd<'_>]) -> Self {
+        let end = match Kind::of(fd, Direction::Read, blocking) {
             Kind::Pipe(fd) => pipe::Receiver::from_owned_fd(fd).ok().map(|r| (In::Pipe(r), None)),
             Kind::Socket(socket, restore) => UnixStream::from_std(socket).ok().map(|s| (In::Socket(s), Some(restore))),
             Kind::Other => None,
@@ -104,7 +122,7 @@ impl ServerStdout {
     /// `fd` as the transport writes it, unless it is the same file as
     /// `stderr`; `fd` itself is left as it was.
     fn of(fd: BorrowedFd<'_>, stderr: BorrowedFd<'_>) -> Self {
-        let kind = if same_file(fd, stderr) { Kind::Other } else { Kind::of(fd, Direction::Write) };
+        let kind = if same_file(fd, stderr) { Kind::Other } else { Kind::of(fd, Direction::Write, &[]) };
         let end = match kind {
             Kind::Pipe(fd) => pipe::Sender::from_owned_fd(fd).ok().map(|w| (Out::Pipe(w), None)),
             Kind::Socket(socket, restore) => UnixStream::from_std(socket).ok().map(|s| (Out::Socket(s), Some(restore))),
@@ -117,9 +135,13 @@ impl ServerStdout {
     }
 
     /// Whether answers are written on the reactor (not tokio's blocking pool).
+    fn reactor(&self) -> bool {
+        !matches!(self.end, Out::Thread(_))
+    }
+
     #[cfg(test)]
     fn on_reactor(&self) -> bool {
-        !matches!(self.end, Out::Thread(_))
+        self.reactor()
     }
 }
 
@@ -135,18 +157,27 @@ enum Kind {
 }
 
 impl Kind {
-    fn of(fd: BorrowedFd<'_>, direction: Direction) -> Kind {
+    fn of(fd: BorrowedFd<'_>, direction: Direction, blocking: &[BorrowedFd<'_>]) -> Kind {
+        if !opened_for(fd, direction) {
+            return Kind::Other;
+        }
         let Ok(duplicate) = fd.try_clone_to_owned() else { return Kind::Other };
         let file = std::fs::File::from(duplicate);
         let Ok(meta) = file.metadata() else { return Kind::Other };
         let kind = meta.file_type();
         if kind.is_fifo() {
+            if matches!(direction, Direction::Read) && !anonymous_pipe(fd) {
+                return Kind::Other;
+            }
             return match reopen(fd, direction) {
                 Some(pipe) => Kind::Pipe(pipe),
                 None => Kind::Other,
             };
         }
         if kind.is_socket() {
+            if blocking.iter().any(|other| same_file(fd, *other)) {
+                return Kind::Other;
+            }
             let Some(restore) = Blocking::of(fd) else { return Kind::Other };
             let socket = std::os::unix::net::UnixStream::from(OwnedFd::from(file));
             // Not a Unix stream socket (TCP from inetd, a datagram socket):
@@ -157,6 +188,27 @@ impl Kind {
         }
         Kind::Other
     }
+}
+
+/// Whether `fd` was opened for `direction` (reading, or writing).
+fn opened_for(fd: BorrowedFd<'_>, direction: Direction) -> bool {
+    // SAFETY: F_GETFL reads the flags of a descriptor this borrow keeps open.
+    let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
+    if flags < 0 {
+        return false;
+    }
+    matches!(
+        (direction, flags & libc::O_ACCMODE),
+        (_, libc::O_RDWR) | (Direction::Read, libc::O_RDONLY) | (Direction::Write, libc::O_WRONLY)
+    )
+}
+
+/// Whether `fd` is a pipe made by `pipe(2)` (`pipe:[inode]`), not a named
+/// FIFO (a path).
+fn anonymous_pipe(fd: BorrowedFd<'_>) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .is_ok_and(|target| target.as_os_str().as_bytes().starts_with(b"pipe:["))
 }
 
 /// A new open file on the pipe `fd` names (through `/proc/self/fd`), so
@@ -288,7 +340,7 @@ mod tests {
     fn a_pipe_is_read_on_the_reactor_and_the_callers_descriptor_stays_blocking() {
         runtime().block_on(async {
             let (read, mut write) = pipe();
-            let mut stdin = ServerStdin::of(read.as_fd());
+            let mut stdin = ServerStdin::of(read.as_fd(), &[]);
             assert!(stdin.on_reactor());
             assert!(!nonblocking(read.as_fd()), "the caller's open file must keep its flags");
             write.write_all(b"{\"jsonrpc\":\"2.0\"}\n").unwrap();
@@ -331,7 +383,7 @@ mod tests {
     fn a_socket_is_used_on_the_reactor_and_its_flag_is_cleared_again() {
         let (ours, mut theirs) = std::os::unix::net::UnixStream::pair().unwrap();
         runtime().block_on(async {
-            let mut stdin = ServerStdin::of(ours.as_fd());
+            let mut stdin = ServerStdin::of(ours.as_fd(), &[]);
             assert!(stdin.on_reactor());
             theirs.write_all(b"ping\n").unwrap();
             let mut buf = [0u8; 5];
@@ -347,7 +399,7 @@ mod tests {
     fn a_datagram_socket_is_left_to_the_blocking_pool_untouched() {
         let (ours, _theirs) = std::os::unix::net::UnixDatagram::pair().unwrap();
         runtime().block_on(async {
-            assert!(!ServerStdin::of(ours.as_fd()).on_reactor());
+            assert!(!ServerStdin::of(ours.as_fd(), &[]).on_reactor());
         });
         assert!(!nonblocking(ours.as_fd()));
     }
@@ -356,7 +408,7 @@ mod tests {
     fn files_and_stdout_shared_with_stderr_stay_on_the_blocking_pool() {
         runtime().block_on(async {
             let file = tempfile::tempfile().unwrap();
-            assert!(!ServerStdin::of(file.as_fd()).on_reactor());
+            assert!(!ServerStdin::of(file.as_fd(), &[]).on_reactor());
             assert!(!ServerStdout::of(file.as_fd(), pipe().1.as_fd()).on_reactor());
             let (_read, write) = pipe();
             let twin = write.try_clone().unwrap();
@@ -377,11 +429,56 @@ mod tests {
     }
 
     #[test]
+    fn a_named_fifo_to_read_stays_on_the_blocking_pool() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("requests");
+        let status = std::process::Command::new("mkfifo").arg(&path).status().unwrap();
+        assert!(status.success());
+        // Opened (as a shell's `< fifo` is) while the writer was there; the
+        // writer is gone before the server looks at its stdin. Reopened
+        // non-blocking now, the FIFO would never report its end to the
+        // reactor (tests/cli/serve.rs has the server that never exited).
+        let read = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(&path).unwrap();
+        let mut write = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        write.write_all(b"{\"jsonrpc\":\"2.0\"}\n").unwrap();
+        drop(write);
+        runtime().block_on(async {
+            assert!(!ServerStdin::of(read.as_fd(), &[]).on_reactor());
+        });
+    }
+
+    #[test]
+    fn a_descriptor_open_the_other_way_is_not_reopened_the_way_it_is_used() {
+        runtime().block_on(async {
+            // stdin that is the write end of a pipe (`serve 0>&1`): reading it
+            // must fail as before, not make the server a reader of the pipe.
+            let (read, write) = pipe();
+            assert!(!ServerStdin::of(write.as_fd(), &[]).on_reactor());
+            assert!(!ServerStdout::of(read.as_fd(), pipe().1.as_fd()).on_reactor());
+        });
+    }
+
+    #[test]
+    fn a_socket_that_is_also_stderr_is_left_blocking() {
+        // One socket as stdin, stdout and stderr (systemd's
+        // `StandardInput=socket`, inetd): stdout stays on the thread (it is
+        // stderr), so stdin must not turn their shared open file non-blocking.
+        let (ours, _theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        let twin = ours.try_clone().unwrap();
+        runtime().block_on(async {
+            let stdout = ServerStdout::of(ours.as_fd(), twin.as_fd());
+            assert!(!stdout.on_reactor());
+            assert!(!ServerStdin::of(ours.as_fd(), &[twin.as_fd()]).on_reactor());
+            assert!(!nonblocking(ours.as_fd()), "stderr's writes would meet EAGAIN");
+        });
+    }
+
+    #[test]
     fn a_pipe_whose_writer_is_gone_is_reopened_without_waiting_and_reads_the_end() {
         runtime().block_on(async {
             let (read, write) = pipe();
             drop(write);
-            let mut stdin = ServerStdin::of(read.as_fd());
+            let mut stdin = ServerStdin::of(read.as_fd(), &[]);
             assert!(stdin.on_reactor());
             let mut text = String::new();
             assert_eq!(stdin.read_to_string(&mut text).await.unwrap(), 0);

@@ -749,3 +749,112 @@ async fn artifacts_belong_to_their_connection() {
     wait_until_async(Duration::from_secs(10), emptied).await;
     assert_eq!(std::fs::read_dir(&scopes).unwrap().count(), 0, "the connection's artifacts are gone");
 }
+
+/// Whether `pid` catches SIGTERM (its handler is installed: `SigCgt`).
+fn catches_sigterm(pid: u32) -> bool {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let caught = status.lines().find_map(|line| line.strip_prefix("SigCgt:")).map(str::trim);
+    caught.and_then(|mask| u64::from_str_radix(mask, 16).ok()).is_some_and(|mask| mask & (1 << (15 - 1)) != 0)
+}
+
+/// SIGTERM (or Ctrl-C) before the client's `initialize` ends the server: it
+/// used to wait for the handshake first, so a client that never sent one
+/// (or a stdin that never ends) left only SIGKILL.
+#[test]
+fn a_signal_before_the_handshake_ends_the_server() {
+    use std::process::{Command, Stdio};
+    let mut server = KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_execbox"))
+            .arg("serve")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let pid = server.0.id();
+    assert!(wait_until(Duration::from_secs(30), || catches_sigterm(pid)), "no SIGTERM handler installed");
+    send_signal(pid, "TERM");
+    let status = process::wait_child(&mut server.0, Duration::from_secs(15));
+    assert!(status.is_some(), "still waiting for the handshake 15 s after SIGTERM");
+    assert_eq!(status.unwrap().code(), Some(0));
+}
+
+/// One Unix socket as stdin, stdout and stderr (systemd's
+/// `StandardInput=socket`, inetd): an answer larger than the socket's
+/// buffer, written while the client is not reading yet, arrives whole (stdin
+/// on the reactor used to make the shared socket non-blocking under stdout's
+/// and stderr's blocking writes: the answer was cut at `EAGAIN`).
+#[test]
+fn one_socket_for_stdin_stdout_and_stderr_gets_whole_answers() {
+    use std::io::{BufRead, Write};
+    use std::os::unix::net::UnixStream;
+    use std::process::{Command, Stdio};
+    let (ours, mut theirs) = UnixStream::pair().unwrap();
+    let (stdin, stdout, stderr) = (
+        std::os::fd::OwnedFd::from(ours.try_clone().unwrap()),
+        std::os::fd::OwnedFd::from(ours.try_clone().unwrap()),
+        std::os::fd::OwnedFd::from(ours),
+    );
+    let mut server = KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_execbox"))
+            .arg("serve")
+            .stdin(Stdio::from(stdin))
+            .stdout(Stdio::from(stdout))
+            .stderr(Stdio::from(stderr))
+            .spawn()
+            .unwrap(),
+    );
+    let init = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}"#;
+    let initialized = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
+    let big = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"run_code","arguments":{"language":"javascript","code":"return 'y'.repeat(300000)"}}}"#;
+    writeln!(theirs, "{init}\n{initialized}\n{big}").unwrap();
+    // Not read yet: the answer (~600 kB) fills the socket's buffer.
+    let mut lines = std::io::BufReader::new(theirs.try_clone().unwrap()).lines();
+    let first = lines.next().expect("the initialize answer").unwrap();
+    assert!(first.contains(r#""id":0"#), "{first}");
+    std::thread::sleep(Duration::from_secs(2));
+    let answer = lines.next().expect("the call's answer").unwrap();
+    let answer: Value =
+        serde_json::from_str(&answer).unwrap_or_else(|e| panic!("a cut answer ({e}): {} bytes", answer.len()));
+    assert_eq!(answer["result"]["structuredContent"]["output"].as_str().map(str::len), Some(300_000));
+    theirs.shutdown(std::net::Shutdown::Write).unwrap();
+    let status = process::wait_child(&mut server.0, Duration::from_secs(30));
+    assert_eq!(status.and_then(|s| s.code()), Some(0));
+}
+
+/// A named FIFO as stdin whose writer wrote its requests and closed before
+/// the server looked (`execbox serve < fifo` with a quick writer): every
+/// request is answered and the server exits at the FIFO's end.
+#[test]
+fn a_named_fifo_whose_writer_is_gone_is_read_to_its_end() {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    use std::process::{Command, Stdio};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("requests");
+    assert!(Command::new("mkfifo").arg(&path).status().unwrap().success());
+    // O_NONBLOCK: opening to read does not wait for a writer.
+    let read = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(&path).unwrap();
+    let mut write = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    let init = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}"#;
+    let initialized = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
+    writeln!(write, "{init}\n{initialized}\n{}", list_backends_call(1)).unwrap();
+    drop(write);
+    let mut server = KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_execbox"))
+            .arg("serve")
+            .stdin(Stdio::from(read))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let stdout = server.0.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || std::io::read_to_string(stdout).unwrap());
+    let status = process::wait_child(&mut server.0, Duration::from_secs(30));
+    assert!(status.is_some(), "the server never saw the FIFO's end");
+    assert_eq!(status.unwrap().code(), Some(0));
+    let answers = reader.join().unwrap();
+    assert_eq!(answers.lines().count(), 2, "{answers}");
+}
