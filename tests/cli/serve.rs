@@ -426,16 +426,22 @@ fn list_backends_call(id: u64) -> String {
 #[test]
 fn sigterm_ends_a_server_whose_client_reads_nothing() {
     use std::io::Write;
-    let (mut server, mut stdin, _unread) = unread_server(&[]);
+    let (mut server, mut stdin, unread) = unread_server(&[]);
     for id in 1..300 {
         if writeln!(stdin, "{}", list_backends_call(id)).is_err() {
             break;
         }
     }
     // Once its answers fill the pipe nobody reads, its writes block (nothing
-    // announces that: its threads are looked at).
+    // announces that: the pipe, or a thread blocked writing it, is looked at;
+    // on the reactor no thread blocks in the write). A full 64 KiB pipe
+    // holds a little less than 64 KiB of multi-page answers.
     let pid = server.0.id();
-    wait_until(Duration::from_secs(20), || procfs::blocked_writing_a_pipe(pid));
+    let full = || rustix::io::ioctl_fionread(&unread).is_ok_and(|unread| unread >= 48 * 1024);
+    assert!(
+        wait_until(Duration::from_secs(20), || full() || procfs::blocked_writing_a_pipe(pid)),
+        "the server's answers never filled its stdout"
+    );
     send_signal(pid, "TERM");
     process::wait_child(&mut server.0, Duration::from_secs(8));
     assert!(server.0.try_wait().unwrap().is_some(), "still running 8 s after SIGTERM");
