@@ -85,7 +85,7 @@ impl ServerStdin {
     pub fn new(stdout: &ServerStdout) -> Self {
         let (out, err) = (io::stdout(), io::stderr());
         let mut blocking = vec![err.as_fd()];
-        if !stdout.reactor() {
+        if !stdout.on_reactor() {
             blocking.push(out.as_fd());
         }
         Self::of(io::stdin().as_fd(), &blocking)
@@ -135,13 +135,8 @@ impl ServerStdout {
     }
 
     /// Whether answers are written on the reactor (not tokio's blocking pool).
-    fn reactor(&self) -> bool {
-        !matches!(self.end, Out::Thread(_))
-    }
-
-    #[cfg(test)]
     fn on_reactor(&self) -> bool {
-        self.reactor()
+        !matches!(self.end, Out::Thread(_))
     }
 }
 
