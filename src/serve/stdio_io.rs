@@ -153,7 +153,8 @@ enum Kind {
 
 impl Kind {
     fn of(fd: BorrowedFd<'_>, direction: Direction, blocking: &[BorrowedFd<'_>]) -> Kind {
-        if !opened_for(fd, direction) {
+        let Some(flags) = file_flags(fd) else { return Kind::Other };
+        if !opened_for(flags, direction) {
             return Kind::Other;
         }
         let Ok(duplicate) = fd.try_clone_to_owned() else { return Kind::Other };
@@ -173,7 +174,7 @@ impl Kind {
             if blocking.iter().any(|other| same_file(fd, *other)) {
                 return Kind::Other;
             }
-            let Some(restore) = Blocking::of(fd) else { return Kind::Other };
+            let Some(restore) = Blocking::of(fd, flags) else { return Kind::Other };
             let socket = std::os::unix::net::UnixStream::from(OwnedFd::from(file));
             // Not a Unix stream socket (TCP from inetd, a datagram socket):
             // left alone.
@@ -185,13 +186,16 @@ impl Kind {
     }
 }
 
-/// Whether `fd` was opened for `direction` (reading, or writing).
-fn opened_for(fd: BorrowedFd<'_>, direction: Direction) -> bool {
+/// The flags of the open file `fd` names (`F_GETFL`).
+fn file_flags(fd: BorrowedFd<'_>) -> Option<libc::c_int> {
     // SAFETY: F_GETFL reads the flags of a descriptor this borrow keeps open.
     let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
-    if flags < 0 {
-        return false;
-    }
+    (flags >= 0).then_some(flags)
+}
+
+/// Whether an open file with `flags` was opened for `direction` (reading,
+/// or writing).
+fn opened_for(flags: libc::c_int, direction: Direction) -> bool {
     matches!(
         (direction, flags & libc::O_ACCMODE),
         (_, libc::O_RDWR) | (Direction::Read, libc::O_RDONLY) | (Direction::Write, libc::O_WRONLY)
@@ -217,11 +221,9 @@ fn reopen(fd: BorrowedFd<'_>, direction: Direction) -> Option<OwnedFd> {
     };
     // Non-blocking at once: opening a pipe's read side with no writer left
     // would otherwise wait for one.
-    let reopened = options.custom_flags(libc::O_NONBLOCK).open(path).ok()?;
-    let same = |f: &std::fs::File| f.metadata().ok().map(|m| (m.dev(), m.ino()));
-    let original = std::fs::File::from(fd.try_clone_to_owned().ok()?);
+    let reopened = OwnedFd::from(options.custom_flags(libc::O_NONBLOCK).open(path).ok()?);
     // A descriptor swapped between the two looks: leave it all alone.
-    (same(&reopened).is_some() && same(&reopened) == same(&original)).then(|| OwnedFd::from(reopened))
+    same_file(reopened.as_fd(), fd).then_some(reopened)
 }
 
 /// Clears `O_NONBLOCK` on a socket's open file when dropped, if it was clear
@@ -229,12 +231,8 @@ fn reopen(fd: BorrowedFd<'_>, direction: Direction) -> Option<OwnedFd> {
 struct Blocking(Option<OwnedFd>);
 
 impl Blocking {
-    fn of(fd: BorrowedFd<'_>) -> Option<Blocking> {
-        // SAFETY: F_GETFL reads the flags of a descriptor this borrow keeps open.
-        let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
-        if flags < 0 {
-            return None;
-        }
+    /// For `fd`, whose open file's flags are `flags` now.
+    fn of(fd: BorrowedFd<'_>, flags: libc::c_int) -> Option<Blocking> {
         let was_blocking = flags & libc::O_NONBLOCK == 0;
         Some(Blocking(if was_blocking { Some(fd.try_clone_to_owned().ok()?) } else { None }))
     }
@@ -242,14 +240,11 @@ impl Blocking {
 
 impl Drop for Blocking {
     fn drop(&mut self) {
-        if let Some(fd) = &self.0 {
-            // SAFETY: F_GETFL/F_SETFL on a descriptor this value owns.
-            unsafe {
-                let flags = libc::fcntl(fd.as_raw_fd(), libc::F_GETFL);
-                if flags >= 0 {
-                    libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags & !libc::O_NONBLOCK);
-                }
-            }
+        if let Some(fd) = &self.0
+            && let Some(flags) = file_flags(fd.as_fd())
+        {
+            // SAFETY: F_SETFL on a descriptor this value owns.
+            unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags & !libc::O_NONBLOCK) };
         }
     }
 }
@@ -317,10 +312,7 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     fn nonblocking(fd: BorrowedFd<'_>) -> bool {
-        // SAFETY: F_GETFL on a descriptor the borrow keeps open.
-        let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
-        assert!(flags >= 0);
-        flags & libc::O_NONBLOCK != 0
+        file_flags(fd).expect("F_GETFL") & libc::O_NONBLOCK != 0
     }
 
     fn pipe() -> (std::io::PipeReader, std::io::PipeWriter) {
