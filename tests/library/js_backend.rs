@@ -735,7 +735,13 @@ mod on_task {
         let r = run("while (true) {}", Duration::from_millis(300));
         assert_eq!(r.outcome, Outcome::TimedOut, "{r:?}");
         assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
-        let r = run("for (let i = 0; i < 1e6; i++) console.log('flood ' + i)", Duration::from_secs(5));
+        // Lines of ~1 kB pass the 1 MiB cap within ~1,000 of them: short lines
+        // (8 bytes) met the 5 s deadline first in a debug build on a busy
+        // 2-CPU machine (892 kB kept, not truncated).
+        let r = run(
+            "const pad = 'x'.repeat(1000); for (let i = 0; i < 1e6; i++) console.log('flood ' + i + pad)",
+            Duration::from_secs(5),
+        );
         assert!(r.stdout.truncated, "{r:?}");
         let r = run("throw new Error('nope')", Duration::from_secs(5));
         assert_eq!(r.outcome, Outcome::Failed, "{r:?}");
