@@ -153,7 +153,7 @@ impl Admitted {
         let bridge = ToolBridge::for_run(
             registry,
             grants.to_vec(),
-            self.request.policy.tool_limits.clone(),
+            self.request.policy.effective_tool_limits(),
             self.deadline,
             self.request.tool_approver.clone(),
             context,

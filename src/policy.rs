@@ -16,7 +16,19 @@ use crate::error::InvalidRequest;
 ///
 /// `Allow` grants exactly the listed items (hosts, paths, variable names) and
 /// nothing else; an empty list grants nothing and behaves like `Deny`.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// In JSON it is written `{"mode": "allow", "allow": [...]}`,
+/// `{"mode": "deny"}` or `{"mode": "not_asked"}`, and read in those forms
+/// or in the obvious shorthands: the list (or path grants object) alone
+/// for allow, `"deny"` or `"not_asked"` alone for the others:
+///
+/// ```
+/// use execbox::{Access, SandboxPolicy};
+/// let p: SandboxPolicy = serde_json::from_str(r#"{"tools": ["memory.*"], "network": "deny"}"#).unwrap();
+/// assert_eq!(p.tools, Access::Allow(vec!["memory.*".to_string()]));
+/// assert_eq!(serde_json::to_string(&p.tools).unwrap(), r#"{"mode":"allow","allow":["memory.*"]}"#);
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case", tag = "mode", content = "allow")]
 pub enum Access<T> {
     /// The caller states no requirement; the backend's own behaviour applies.
@@ -32,6 +44,44 @@ impl<T> Access<T> {
     /// True when the caller has stated a requirement (deny or allow).
     pub fn is_asked(&self) -> bool {
         !matches!(self, Access::NotAsked)
+    }
+}
+
+/// [`Access`] as written out in full (the shape it serializes to).
+#[derive(Deserialize)]
+#[serde(rename_all = "snake_case", tag = "mode", content = "allow", deny_unknown_fields)]
+enum TaggedAccess<T> {
+    NotAsked,
+    Deny,
+    Allow(T),
+}
+
+impl<'de, T: serde::de::DeserializeOwned> Deserialize<'de> for Access<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        const SHAPES: &str = r#"expected a list (allow exactly these, e.g. ["memory.*"]), "deny", "not_asked", or {"mode": "allow", "allow": [...]} / {"mode": "deny"} / {"mode": "not_asked"}"#;
+        let value = serde_json::Value::deserialize(deserializer)?;
+        let tagged = |value| {
+            serde_json::from_value::<TaggedAccess<T>>(value).map_err(|e| D::Error::custom(format!("{e}; {SHAPES}")))
+        };
+        let access = match value {
+            serde_json::Value::String(mode) => match mode.as_str() {
+                "deny" => TaggedAccess::Deny,
+                "not_asked" => TaggedAccess::NotAsked,
+                other => return Err(D::Error::custom(format!("unknown access mode {other:?}; {SHAPES}"))),
+            },
+            serde_json::Value::Object(ref fields) if fields.contains_key("mode") => tagged(value)?,
+            // The grants alone: a list, or the path grants object.
+            value @ (serde_json::Value::Array(_) | serde_json::Value::Object(_)) => TaggedAccess::Allow(
+                serde_json::from_value(value).map_err(|e| D::Error::custom(format!("{e}; {SHAPES}")))?,
+            ),
+            other => return Err(D::Error::custom(format!("{other} is not an access control; {SHAPES}"))),
+        };
+        Ok(match access {
+            TaggedAccess::NotAsked => Access::NotAsked,
+            TaggedAccess::Deny => Access::Deny,
+            TaggedAccess::Allow(items) => Access::Allow(items),
+        })
     }
 }
 
@@ -179,8 +229,12 @@ pub struct SandboxPolicy {
     /// whose capabilities enforce the tool bridge runs a request that grants
     /// tools.
     pub tools: Access<Vec<String>>,
-    /// How much a run may use its tools (calls, timeouts, sizes).
-    pub tool_limits: crate::tools::ToolLimits,
+    /// How much a run may use its tools (calls, timeouts, sizes). `None`:
+    /// not asked; held to a ceiling, the ceiling's limits; run without one,
+    /// [`ToolLimits::default`](crate::tools::ToolLimits::default) (see
+    /// [`SandboxPolicy::effective_tool_limits`]). Absent from JSON when `None`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_limits: Option<crate::tools::ToolLimits>,
     /// Spilled output: when the run's stdout passes `max_stdout_bytes`, keep
     /// the whole stream (up to the artifact store's largest file,
     /// `ArtifactStoreConfig::max_file_bytes`, feature `artifacts`)
@@ -228,7 +282,7 @@ impl SandboxPolicy {
             max_code_bytes: Some(1 << 20),
             max_processes: None,
             tools: Access::Deny,
-            tool_limits: crate::tools::ToolLimits::default(),
+            tool_limits: None,
             spill_output: None,
         }
     }
@@ -248,7 +302,7 @@ impl SandboxPolicy {
             max_code_bytes: Some(16 << 20),
             max_processes: None,
             tools: Access::NotAsked,
-            tool_limits: crate::tools::ToolLimits::default(),
+            tool_limits: None,
             spill_output: None,
         }
     }
@@ -271,7 +325,7 @@ impl SandboxPolicy {
             max_code_bytes: None,
             max_processes: None,
             tools: Access::NotAsked,
-            tool_limits: crate::tools::ToolLimits::default(),
+            tool_limits: None,
             spill_output: None,
         }
     }
@@ -333,8 +387,14 @@ impl SandboxPolicy {
 
     /// Sets the tool budgets.
     pub fn tool_limits(mut self, limits: crate::tools::ToolLimits) -> Self {
-        self.tool_limits = limits;
+        self.tool_limits = Some(limits);
         self
+    }
+
+    /// The tool budgets a run under this policy gets: the stated ones, or
+    /// [`ToolLimits::default`](crate::tools::ToolLimits::default).
+    pub fn effective_tool_limits(&self) -> crate::tools::ToolLimits {
+        self.tool_limits.clone().unwrap_or_default()
     }
 
     /// Keeps the whole stdout as an artifact when it passes its cap (see
@@ -395,7 +455,12 @@ impl SandboxPolicy {
             tools: access_within(&self.tools, &ceiling.tools, "tools", |asked, allowed| {
                 crate::tools::grants_outside(asked, allowed)
             })?,
-            tool_limits: self.tool_limits.within(&ceiling.tool_limits),
+            // Not asked: the ceiling's. A ceiling that states none holds a
+            // request to the defaults, as a run without a ceiling gets them.
+            tool_limits: match (&self.tool_limits, &ceiling.tool_limits) {
+                (None, ceiling) => ceiling.clone(),
+                (Some(asked), ceiling) => Some(asked.within(&ceiling.clone().unwrap_or_default())),
+            },
             spill_output: match (self.spill_output, ceiling.spill_output) {
                 (None, ceiling) => ceiling,
                 (Some(true), Some(false)) => {
@@ -519,6 +584,21 @@ mod tests {
     }
 
     #[test]
+    fn unstated_tool_limits_take_the_ceilings_even_above_the_defaults() {
+        use crate::tools::ToolLimits;
+        let ceiling = SandboxPolicy::strict().tool_limits(ToolLimits::default().max_calls(500));
+        let held = SandboxPolicy::unstated().within(&ceiling).unwrap();
+        assert_eq!(held.effective_tool_limits().max_calls, 500);
+        let asked = SandboxPolicy::unstated().tool_limits(ToolLimits::default().max_calls(1000));
+        assert_eq!(asked.within(&ceiling).unwrap().effective_tool_limits().max_calls, 500, "the smaller wins");
+        let no_ceiling_limits = asked.within(&SandboxPolicy::strict()).unwrap();
+        assert_eq!(no_ceiling_limits.effective_tool_limits().max_calls, 100, "the defaults hold when unstated");
+        let p: SandboxPolicy = serde_json::from_str(r#"{"tool_limits": {"max_calls": 500}}"#).unwrap();
+        assert_eq!(p.effective_tool_limits().max_calls, 500);
+        assert_eq!(p.effective_tool_limits().call_timeout_ms, ToolLimits::default().call_timeout_ms);
+    }
+
+    #[test]
     fn partial_json_policy_keeps_strict_defaults() {
         let p: SandboxPolicy = serde_json::from_str(r#"{"timeout_ms": 100}"#).unwrap();
         assert_eq!(p.timeout_ms, Some(100));
@@ -535,6 +615,27 @@ mod tests {
         assert_eq!(back, a);
         let d: Access<Vec<String>> = serde_json::from_str(r#"{"mode":"deny"}"#).unwrap();
         assert_eq!(d, Access::Deny);
+    }
+
+    #[test]
+    fn access_reads_the_obvious_shorthands_and_names_the_shapes_otherwise() {
+        let p: SandboxPolicy = serde_json::from_str(
+            r#"{"tools": ["memory.*"], "environment": "not_asked", "network": "deny",
+                "filesystem": {"read_only": ["/data"]}}"#,
+        )
+        .unwrap();
+        assert_eq!(p.tools, Access::Allow(vec!["memory.*".into()]));
+        assert_eq!(p.environment, Access::NotAsked);
+        assert_eq!(p.network, Access::Deny);
+        assert_eq!(p.filesystem, Access::Allow(PathGrants::new().read_only("/data")));
+        let full: SandboxPolicy =
+            serde_json::from_str(r#"{"tools": {"mode": "allow", "allow": ["memory.*"]}}"#).unwrap();
+        assert_eq!(full.tools, p.tools);
+        for bad in [r#"{"tools": "memory.*"}"#, r#"{"tools": 7}"#, r#"{"tools": {"mode": "sometimes"}}"#] {
+            let err = serde_json::from_str::<SandboxPolicy>(bad).unwrap_err().to_string();
+            assert!(err.contains(r#"["memory.*"]"#) && err.contains(r#"{"mode": "allow""#), "{bad}: {err}");
+        }
+        assert!(serde_json::from_str::<SandboxPolicy>(r#"{"tools": [7]}"#).is_err());
     }
 
     #[test]

@@ -38,5 +38,6 @@ mod tools;
 
 pub use config::ServeConfig;
 pub use gate::SERVER;
+pub use http::HttpAccess;
 pub use server::Server;
 pub use tools::{CloseSessionArgs, CreateSessionArgs, ExecboxMcp, FileArg, LanguageArg, NoArgs, RunCodeArgs};

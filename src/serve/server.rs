@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::config::ServeConfig;
 use super::gate::Gate;
-use super::http::{HttpLimits, MAX_HTTP_REQUESTS, MAX_HTTP_SESSIONS, admit, bearer};
+use super::http::{HttpAccess, HttpLimits, MAX_HTTP_REQUESTS, MAX_HTTP_SESSIONS, admit, bearer};
 use super::shared::{Connections, Shared, UpstreamStatus};
 use super::stdio::{Paced, Stall, WRITE_STALL_LIMIT, Watched};
 use super::tools::ExecboxMcp;
@@ -129,32 +129,33 @@ impl Server {
     }
 
     /// Serves streamable HTTP at `http://addr/mcp` until `stop` is
-    /// cancelled. With `token`, every request must carry `Authorization:
-    /// Bearer <token>` (else 401). Refuses (`InvalidInput`) to bind a
+    /// cancelled, to the clients `access` lets in (see [`HttpAccess`]:
+    /// loopback `Host` and `Origin` names by default, 403 for others; with
+    /// a token, every request must carry it, else 401). Refuses
+    /// (`InvalidInput`) settings [`HttpAccess::check`] refuses, such as a
     /// non-loopback address without a token.
     pub async fn serve_http(
         &self,
         addr: SocketAddr,
-        token: Option<String>,
+        access: HttpAccess,
         stop: CancellationToken,
         bound: impl FnOnce(SocketAddr),
     ) -> std::io::Result<()> {
         use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
         use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
-        if !addr.ip().is_loopback() && token.is_none() {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                format!(
-                    "refusing to serve {addr} without --token-file: only loopback addresses may go without a bearer token"
-                ),
-            ));
-        }
+        access.check(addr).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        let local = listener.local_addr()?;
         let server = self.clone();
-        let config = StreamableHttpServerConfig::default()
+        // DNS-rebinding protection: rmcp checks `Host` and `Origin` before
+        // it reads a request (403 otherwise).
+        let mut config = StreamableHttpServerConfig::default()
             .with_cancellation_token(stop.child_token())
-            // The bearer token (or loopback) is the access control; hosts
-            // are not checked, so clients may use any name for this address.
-            .disable_allowed_hosts();
+            .with_allowed_hosts(access.hosts_for(local));
+        config = match access.origins() {
+            Some(origins) => config.with_allowed_origins(origins).enforce_origin_validation(),
+            None => config.disable_allowed_origins(),
+        };
         let mut manager = LocalSessionManager::default();
         // An MCP session unused this long goes, with the execbox sessions it opened.
         manager.session_config.keep_alive = Some(self.shared.cfg.sessions.idle_timeout);
@@ -168,13 +169,12 @@ impl Server {
         let mut router = axum::Router::new()
             .nest_service("/mcp", service)
             .layer(axum::middleware::from_fn(move |req, next| admit(limits.clone(), req, next)));
-        if let Some(token) = token {
+        if let Some(token) = access.token {
             let token = Arc::new(token);
             // Outermost: nothing is looked at before the token.
             router = router.layer(axum::middleware::from_fn(move |req, next| bearer(token.clone(), req, next)));
         }
-        let listener = tokio::net::TcpListener::bind(addr).await?;
-        bound(listener.local_addr()?);
+        bound(local);
         // Answers go out in several small writes: without TCP_NODELAY,
         // Nagle's algorithm meets the client's delayed ACK and each
         // round trip waits ~40 ms.

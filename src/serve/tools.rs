@@ -416,7 +416,8 @@ impl ExecboxMcp {
             "tools": {
                 "granted": self.shared.granted_tools().iter().map(|s| s.name.clone()).collect::<Vec<_>>(),
                 "upstreams": self.shared.upstreams,
-                "tool_limits": self.shared.cfg.policy.tool_limits,
+                // What a call really gets: the ceiling's, or the defaults.
+                "tool_limits": self.shared.cfg.policy.effective_tool_limits(),
             },
         });
         let mut text = String::new();

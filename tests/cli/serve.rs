@@ -355,6 +355,142 @@ async fn http_sessions_are_isolated_per_connection_and_need_the_token() {
     assert_eq!(status.code(), Some(0));
 }
 
+/// `execbox serve --http 127.0.0.1:0 args`, its bound port and its stderr banner read.
+fn http_server(args: &[&str]) -> (KillOnDrop, u16) {
+    use std::io::BufRead;
+    let mut server = KillOnDrop(
+        std::process::Command::new(env!("CARGO_BIN_EXE_execbox"))
+            .args(["serve", "--http", "127.0.0.1:0"])
+            .args(args)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut banner = String::new();
+    let mut stderr = std::io::BufReader::new(server.0.stderr.take().unwrap());
+    stderr.read_line(&mut banner).unwrap();
+    // The rest of the log is drained, so a warning never meets a closed pipe.
+    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+    let port = banner
+        .trim()
+        .strip_suffix("/mcp")
+        .and_then(|s| s.rsplit(':').next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no port in {banner:?}"));
+    (server, port)
+}
+
+/// A POST to the server at `port` with these extra headers: the status
+/// line and the whole answer.
+fn post_with(port: u16, headers: &[String], body: &Value) -> (String, String) {
+    let out = std::process::Command::new("curl")
+        .args(["-s", "-i", "-X", "POST", &format!("http://127.0.0.1:{port}/mcp")])
+        .args(["-H", "content-type: application/json", "-H", "accept: application/json, text/event-stream"])
+        .args(["-H", "mcp-protocol-version: 2025-06-18"])
+        .args(headers.iter().flat_map(|h| ["-H", h.as_str()]))
+        .args(["--data", &body.to_string()])
+        .output()
+        .unwrap();
+    let answer = String::from_utf8_lossy(&out.stdout).into_owned();
+    (answer.lines().next().unwrap_or_default().trim().to_string(), answer)
+}
+
+/// DNS rebinding: a page that points its own name at 127.0.0.1 sends its
+/// name in `Host` and its origin in `Origin`. Both get 403 before anything
+/// runs, with or without a token; loopback names and allowed names pass.
+#[cfg(feature = "artifacts")]
+#[test]
+fn http_requests_naming_another_site_get_403_and_run_nothing() {
+    let store = tempfile::tempdir().unwrap();
+    let args = ["--artifacts", store.path().to_str().unwrap(), "--allow-tool", "artifacts.*"];
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}});
+    let session_of = |answer: &str| {
+        answer
+            .lines()
+            .find_map(|l| l.to_ascii_lowercase().strip_prefix("mcp-session-id: ").map(|s| s.trim().to_string()))
+            .unwrap_or_else(|| panic!("no session header: {answer}"))
+    };
+    let saves = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "run_code",
+        "arguments": {"language": "js", "code": "return (await tools.artifacts.save({name: 'pwned', content: 'x'})).version"}}});
+    let saved = |dir: &std::path::Path| {
+        let scopes = dir.join("scopes");
+        std::fs::read_dir(scopes).map(|d| d.count()).unwrap_or(0)
+    };
+
+    let (_server, port) = http_server(&args);
+    let host = |name: &str| format!("host: {name}");
+    // The attacker's name in Host: refused before the handshake.
+    for bad_host in ["evil.example", &format!("evil.example:{port}"), "localhost:1", &format!("127.0.0.2:{port}")] {
+        let (status, answer) = post_with(port, &[host(bad_host)], &init);
+        assert_eq!(status, "HTTP/1.1 403 Forbidden", "Host {bad_host}: {answer}");
+    }
+    // A page's Origin, with a loopback Host (a rebound name cannot send
+    // one, but a page on another loopback server could send this Origin).
+    for bad_origin in ["http://evil.example", &format!("http://evil.example:{port}"), "null", "file://"] {
+        let (status, answer) = post_with(port, &[format!("origin: {bad_origin}")], &init);
+        assert_eq!(status, "HTTP/1.1 403 Forbidden", "Origin {bad_origin}: {answer}");
+    }
+    // Loopback names and origins pass; so does a client that sends no Origin.
+    for good in [
+        vec![host(&format!("localhost:{port}"))],
+        vec![host(&format!("[::1]:{port}"))],
+        vec![format!("origin: http://localhost:6274")],
+        vec![format!("origin: http://127.0.0.1:{port}")],
+        vec![],
+    ] {
+        let (status, answer) = post_with(port, &good, &init);
+        assert_eq!(status, "HTTP/1.1 200 OK", "{good:?}: {answer}");
+    }
+    // A session opened legitimately cannot be driven from a page: the call
+    // is refused and its code never runs (nothing is saved).
+    let session = session_of(&post_with(port, &[], &init).1);
+    let sid = format!("mcp-session-id: {session}");
+    post_with(port, std::slice::from_ref(&sid), &json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    let (status, answer) = post_with(port, &[sid.clone(), "origin: http://evil.example".into()], &saves);
+    assert_eq!(status, "HTTP/1.1 403 Forbidden", "{answer}");
+    let (status, answer) = post_with(port, &[sid.clone(), host(&format!("evil.example:{port}"))], &saves);
+    assert_eq!(status, "HTTP/1.1 403 Forbidden", "{answer}");
+    assert_eq!(saved(store.path()), 0, "a refused call ran nothing");
+    // The same call from the client itself runs (the check is not a wall).
+    let (_, answer) = post_with(port, &[sid], &saves);
+    assert!(answer.contains(r#""outcome":"ok""#), "{answer}");
+    assert_eq!(saved(store.path()), 1);
+
+    // A token does not replace the check: the right token from a page is
+    // still refused.
+    let token = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(token.path(), "a-long-enough-test-token\n").unwrap();
+    let bearer = "authorization: Bearer a-long-enough-test-token".to_string();
+    let (_server, port) = http_server(&["--token-file", token.path().to_str().unwrap()]);
+    let (status, answer) = post_with(port, &[bearer.clone(), "origin: http://evil.example".into()], &init);
+    assert_eq!(status, "HTTP/1.1 403 Forbidden", "{answer}");
+    let (status, answer) = post_with(port, &[bearer.clone(), host("evil.example")], &init);
+    assert_eq!(status, "HTTP/1.1 403 Forbidden", "{answer}");
+    let (status, answer) = post_with(port, &[bearer], &init);
+    assert_eq!(status, "HTTP/1.1 200 OK", "{answer}");
+
+    // Names behind a proxy are allowed one by one.
+    let (_server, port) =
+        http_server(&["--allowed-host", "proxy.example", "--allowed-origin", "https://app.example:8443"]);
+    for good in [vec![host("proxy.example")], vec![format!("origin: https://app.example:8443")]] {
+        let (status, answer) = post_with(port, &good, &init);
+        assert_eq!(status, "HTTP/1.1 200 OK", "{good:?}: {answer}");
+    }
+    let (status, _) = post_with(port, &["origin: https://app.example:9999".to_string()], &init);
+    assert_eq!(status, "HTTP/1.1 403 Forbidden", "another port of an allowed origin");
+
+    // `*` without a token would let any page in: the server refuses to start.
+    for flag in ["--allowed-host", "--allowed-origin"] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_execbox"))
+            .args(["serve", "--http", "127.0.0.1:0", flag, "*"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{flag} *: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("needs a token"));
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn sigterm_lets_the_call_in_flight_answer_then_exits_cleanly() {
     let (client, pid) = connect(&[]).await;

@@ -55,6 +55,16 @@ pub(crate) struct ServeArgs {
     /// A file holding the bearer token HTTP clients must send; required for a non-loopback ADDR.
     #[arg(long, value_name = "FILE")]
     pub(crate) token_file: Option<PathBuf>,
+    /// Also accept requests whose Host header names this (NAME or NAME:PORT; repeatable), e.g. the name
+    /// a reverse proxy forwards. Loopback names with the bound port are always accepted; `*` accepts any
+    /// (only with --token-file). Other Hosts get 403: DNS-rebinding protection.
+    #[arg(long = "allowed-host", value_name = "NAME", requires = "http")]
+    pub(crate) allowed_hosts: Vec<String>,
+    /// Also accept browser requests from this Origin (scheme://host:port, scheme://host:* or null;
+    /// repeatable). Loopback origins are always accepted, requests without an Origin too; `*` accepts
+    /// any (only with --token-file). Other Origins get 403.
+    #[arg(long = "allowed-origin", value_name = "ORIGIN", requires = "http")]
+    pub(crate) allowed_origins: Vec<String>,
     /// The policy ceiling, a SandboxPolicy in JSON (missing fields take strict's values; default: strict).
     /// Grants (directories, environment names) come only from here.
     #[arg(long, value_name = "FILE")]

@@ -51,13 +51,17 @@ pub(crate) fn serve(args: ServeArgs) -> ExitCode {
         },
         None => None,
     };
+    let access = execbox::serve::HttpAccess::default()
+        .allowed_hosts(args.allowed_hosts.clone())
+        .allowed_origins(args.allowed_origins.clone());
+    let access = match token.clone() {
+        Some(token) => access.token(token),
+        None => access,
+    };
     if let Some(addr) = args.http
-        && !addr.ip().is_loopback()
-        && token.is_none()
+        && let Err(e) = access.check(addr)
     {
-        return fail(format!(
-            "refusing to serve {addr} without --token-file: only loopback addresses may go without a bearer token"
-        ));
+        return fail(e.to_string());
     }
     if token.is_some() && args.http.is_none() {
         return fail("--token-file applies to --http only".into());
@@ -114,7 +118,7 @@ pub(crate) fn serve(args: ServeArgs) -> ExitCode {
         let served = match args.http {
             Some(addr) => {
                 server
-                    .serve_http(addr, token, stop, |bound| eprintln!("execbox serve: listening on http://{bound}/mcp"))
+                    .serve_http(addr, access, stop, |bound| eprintln!("execbox serve: listening on http://{bound}/mcp"))
                     .await
             }
             None => server.serve_stdio(stop).await,
