@@ -19,7 +19,10 @@
 //! stdout past its cap into the artifact store when the policy asks it
 //! ([`SandboxPolicy::spill_output`]: the run then captures stdout up to
 //! the store's largest file, and the finisher cuts the result back to the
-//! cap, for every backend alike), and caps the fields that are not streams.
+//! cap, for every backend alike), caps the fields that are not streams,
+//! and checks the output against the request's output schema
+//! ([`ExecRequest::output_schema`]: a run that ends `ok` with an output
+//! that does not match ends [`Outcome::InvalidOutput`](crate::result::Outcome::InvalidOutput)).
 
 use crate::capabilities::BackendCapabilities;
 use crate::error::{ExecError, InvalidRequest};
@@ -27,7 +30,8 @@ use crate::limits::deadline::Deadline;
 use crate::limits::{nesting, result_caps};
 use crate::policy::{Access, SandboxPolicy};
 use crate::request::{ExecRequest, Payload};
-use crate::result::ExecResult;
+use crate::result::{ExecResult, Outcome};
+use crate::schema::JsonSchema;
 use crate::tools::{ToolBridge, ToolContext, ToolRegistry};
 use std::sync::Arc;
 
@@ -77,6 +81,7 @@ pub(crate) struct Finisher {
     policy: SandboxPolicy,
     tools: Option<Arc<ToolBridge>>,
     spill: Option<SpillPlan>,
+    schema: Option<JsonSchema>,
 }
 
 impl Finisher {
@@ -95,6 +100,9 @@ impl Finisher {
                 spill.finish(&mut r);
             }
             result_caps::cap_result(&mut r, &self.policy);
+            if let Some(schema) = &self.schema {
+                check_output(&mut r, schema);
+            }
             r
         })
     }
@@ -104,6 +112,43 @@ impl Finisher {
     pub(crate) fn spills(&self) -> bool {
         self.spill.is_some()
     }
+}
+
+/// Holds an `ok` run's output to `schema`: no output, or one that does not
+/// match, makes the run [`Outcome::InvalidOutput`] with each failing place
+/// in `output_errors` and the first in `message`. Other outcomes are left
+/// as they are (their output is not an answer).
+fn check_output(result: &mut ExecResult, schema: &JsonSchema) {
+    if result.outcome != Outcome::Ok {
+        return;
+    }
+    let mismatch = match &result.output {
+        Some(output) => match schema.validate(output) {
+            Ok(()) => return,
+            Err(mismatch) => mismatch,
+        },
+        None => crate::schema::Mismatch {
+            errors: vec![crate::result::OutputError {
+                path: String::new(),
+                schema_path: String::new(),
+                message: "the program gave no structured output (JavaScript: return a value; Python and \
+                          containers: print one JSON value; Rust: return from run)"
+                    .into(),
+            }],
+            more: false,
+        },
+    };
+    let others = mismatch.errors.len().saturating_sub(1);
+    let first = mismatch.errors.first().map(crate::result::OutputError::line).unwrap_or_default();
+    let more = match (others, mismatch.more) {
+        (0, false) => String::new(),
+        (n, false) => format!(" (and {n} more: see output_errors)"),
+        (n, true) => format!(" (and more than {n} more: see output_errors)"),
+    };
+    result.outcome = Outcome::InvalidOutput;
+    result.message =
+        Some(crate::limits::text::cap_message(format!("the output does not match the output schema: {first}{more}")));
+    result.output_errors = mismatch.errors;
 }
 
 /// A run whose result nobody will finish (its caller dropped the future of
@@ -217,7 +262,12 @@ impl Admitted {
             // The run captured more than its cap; its result is held to the cap.
             policy.max_stdout_bytes = Some(spill.cap());
         }
-        Finisher { policy, tools: self.tools.clone(), spill: self.spill.clone() }
+        Finisher {
+            policy,
+            tools: self.tools.clone(),
+            spill: self.spill.clone(),
+            schema: self.request.output_schema.clone(),
+        }
     }
 
     /// The request, with its effective policy.

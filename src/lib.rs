@@ -45,6 +45,7 @@ pub mod policy;
 mod reactor;
 pub mod request;
 pub mod result;
+pub mod schema;
 #[cfg(feature = "serve")]
 pub mod serve;
 pub mod sessions;
@@ -68,7 +69,8 @@ pub use matching::check;
 pub use policy::{Access, PathGrant, PathGrants, SandboxPolicy};
 pub use reactor::runtime_builder;
 pub use request::{ExecRequest, Payload};
-pub use result::{CapturedStream, Diagnostic, ExecResult, FailureKind, Outcome, Usage};
+pub use result::{CapturedStream, Diagnostic, ExecResult, FailureKind, Outcome, OutputError, Usage};
+pub use schema::{JsonSchema, SchemaError};
 pub use sessions::{Session, SessionBackend, SessionConfig, SessionError, SessionSpec, Sessions, SessionsBuilder};
 pub use violation::{Control, Violation};
 

@@ -4,6 +4,8 @@
 //! carries the span's fields (a JSON log shows them on that line).
 //!
 //! Fields of a run: `backend`, `language`, `session` (the session's id, or
+//! empty), `invocation` (the request's
+//! [`invocation_id`](crate::request::ExecRequest::invocation_id), or
 //! empty), `bytes_in` (code, stdin and input files), then `outcome`,
 //! `duration_ms` and `bytes_out` (stdout, stderr and output files, as
 //! written, kept or not). A refusal carries `language`, `kind` and
@@ -29,6 +31,7 @@ pub(crate) fn run_span(backend: &str, request: &ExecRequest, session: Option<&st
         backend,
         language = request.language.as_str(),
         session = session.unwrap_or(""),
+        invocation = request.invocation_id.as_deref().unwrap_or(""),
         bytes_in,
         outcome = Empty,
         duration_ms = Empty,
@@ -64,6 +67,7 @@ pub(crate) fn refused(request: &ExecRequest, error: &ExecError, session: Option<
         "refused",
         language = request.language.as_str(),
         session = session.unwrap_or(""),
+        invocation = request.invocation_id.as_deref().unwrap_or(""),
         kind = error.kind(),
         violations,
     );

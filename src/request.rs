@@ -10,6 +10,7 @@ use crate::file::ExecFile;
 use crate::language::Language;
 use crate::limits::output::OutputTap;
 use crate::policy::SandboxPolicy;
+use crate::schema::JsonSchema;
 
 /// The code to run.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -112,6 +113,16 @@ pub struct ExecRequest {
     /// with the same scope share their artifacts; a run without one has no
     /// artifacts (the tools answer `unavailable`).
     pub artifact_scope: Option<String>,
+    /// What the run's structured output must match: a run that ends `ok`
+    /// with an output that does not (or with no output) ends
+    /// [`Outcome::InvalidOutput`](crate::result::Outcome::InvalidOutput),
+    /// its [`ExecResult::output_errors`](crate::result::ExecResult::output_errors)
+    /// naming each failing place. Checked in the one finish path, for
+    /// every backend alike.
+    pub output_schema: Option<JsonSchema>,
+    /// Who asked (an agent framework's invocation id): carried into the
+    /// run's tracing span as `invocation`, never interpreted.
+    pub invocation_id: Option<String>,
 }
 
 impl ExecRequest {
@@ -133,6 +144,8 @@ impl ExecRequest {
             deadline_from: None,
             tool_approver: None,
             artifact_scope: None,
+            output_schema: None,
+            invocation_id: None,
         }
     }
 
@@ -231,6 +244,18 @@ impl ExecRequest {
         self.backend = Some(name.into());
         self
     }
+
+    /// Requires the output to match `schema` (see [`ExecRequest::output_schema`]).
+    pub fn output_schema(mut self, schema: JsonSchema) -> Self {
+        self.output_schema = Some(schema);
+        self
+    }
+
+    /// Carries `id` into the run's span (see [`ExecRequest::invocation_id`]).
+    pub fn invocation_id(mut self, id: impl Into<String>) -> Self {
+        self.invocation_id = Some(id.into());
+        self
+    }
 }
 
 /// [`ExecRequest`]'s JSON shape.
@@ -260,6 +285,10 @@ struct RequestJson {
     backend: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     packages: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    output_schema: Option<JsonSchema>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    invocation_id: Option<String>,
 }
 
 impl From<ExecRequest> for RequestJson {
@@ -281,6 +310,8 @@ impl From<ExecRequest> for RequestJson {
             policy: r.policy,
             backend: r.backend,
             packages: r.packages,
+            output_schema: r.output_schema,
+            invocation_id: r.invocation_id,
         }
     }
 }
@@ -311,6 +342,8 @@ impl TryFrom<RequestJson> for ExecRequest {
             deadline_from: None,
             tool_approver: None,
             artifact_scope: None,
+            output_schema: j.output_schema,
+            invocation_id: j.invocation_id,
         })
     }
 }

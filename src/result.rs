@@ -28,6 +28,11 @@ pub enum Outcome {
     OutOfFuel,
     /// Stopped by a signal or by the backend for another reason.
     Killed,
+    /// Ran to the end, but its structured output does not match the
+    /// request's [`output_schema`](crate::request::ExecRequest::output_schema)
+    /// (or it gave none): [`ExecResult::output_errors`] names each failing
+    /// place; `output` keeps what it gave.
+    InvalidOutput,
 }
 
 impl Outcome {
@@ -40,6 +45,7 @@ impl Outcome {
             Outcome::OutOfMemory => "out_of_memory",
             Outcome::OutOfFuel => "out_of_fuel",
             Outcome::Killed => "killed",
+            Outcome::InvalidOutput => "invalid_output",
         }
     }
 }
@@ -120,6 +126,27 @@ fn without_cut_char(bytes: &[u8]) -> &[u8] {
     bytes
 }
 
+/// One place where a run's output does not match its output schema.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutputError {
+    /// Where in the output: a JSON pointer (`/items/3/id`; empty for the
+    /// whole value).
+    pub path: String,
+    /// Where in the schema: the keyword that failed, as a JSON pointer
+    /// (`/items/properties/id/type`).
+    pub schema_path: String,
+    /// What is wrong, in words (`"x" is not of type "integer"`).
+    pub message: String,
+}
+
+impl OutputError {
+    /// `path: message`, with `/` for the whole value.
+    pub fn line(&self) -> String {
+        let path = if self.path.is_empty() { "/" } else { self.path.as_str() };
+        format!("{path}: {}", self.message)
+    }
+}
+
 /// Resources a run used, where the backend can tell.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Usage {
@@ -176,6 +203,11 @@ pub struct ExecResult {
     /// scope (`artifacts.load` from code, `ArtifactStore::load` from the
     /// host). In JSON only when set.
     pub spilled: Option<String>,
+    /// Why the output does not match the request's output schema, when the
+    /// outcome is [`Outcome::InvalidOutput`]: each failing place, at most
+    /// [`MAX_REPORTED_ERRORS`](crate::schema::MAX_REPORTED_ERRORS). In JSON
+    /// only when not empty.
+    pub output_errors: Vec<OutputError>,
 }
 
 impl ExecResult {
@@ -197,6 +229,7 @@ impl ExecResult {
             usage: Usage::default(),
             tool_calls: Vec::new(),
             spilled: None,
+            output_errors: Vec::new(),
         }
     }
 
@@ -217,8 +250,8 @@ impl ExecResult {
 /// fractional milliseconds; files are [`ExecFile`]'s shape.
 #[derive(Serialize)]
 struct ResultJsonRef<'a> {
-    backend: &'a str,
     outcome: Outcome,
+    backend: &'a str,
     exit_code: Option<i32>,
     stdout: Cow<'a, str>,
     stderr: Cow<'a, str>,
@@ -239,6 +272,8 @@ struct ResultJsonRef<'a> {
     tool_calls: &'a [crate::tools::ToolCallRecord],
     #[serde(skip_serializing_if = "Option::is_none")]
     spilled: &'a Option<String>,
+    #[serde(skip_serializing_if = "<[OutputError]>::is_empty")]
+    output_errors: &'a [OutputError],
 }
 
 /// The owned side of [`ResultJsonRef`], for clients reading results back.
@@ -285,13 +320,15 @@ struct ResultJson {
     tool_calls: Vec<crate::tools::ToolCallRecord>,
     #[serde(default)]
     spilled: Option<String>,
+    #[serde(default)]
+    output_errors: Vec<OutputError>,
 }
 
 impl Serialize for ExecResult {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         ResultJsonRef {
-            backend: &self.backend,
             outcome: self.outcome,
+            backend: &self.backend,
             exit_code: self.exit_code,
             stdout: self.stdout.text(),
             stderr: self.stderr.text(),
@@ -311,6 +348,7 @@ impl Serialize for ExecResult {
             output_files: &self.output_files,
             tool_calls: &self.tool_calls,
             spilled: &self.spilled,
+            output_errors: &self.output_errors,
         }
         .serialize(serializer)
     }
@@ -348,6 +386,7 @@ impl<'de> Deserialize<'de> for ExecResult {
             },
             tool_calls: j.tool_calls,
             spilled: j.spilled,
+            output_errors: j.output_errors,
         })
     }
 }

@@ -2,7 +2,9 @@
 
 Run by tests/cli/mcp_sdks.rs:  python mcp_client.py EXECBOX_BINARY
 Checks stdio and streamable HTTP (with a bearer token): tools, a JS and a
-Python run, structuredContent, a failure and a refusal as isError results,
+Python run, structuredContent, two failing programs in a row as normal
+results (their outcome first) and a refusal as an isError result, an
+output schema,
 streamed stdout lines (logging), progress notifications, sessions, the
 token check. Prints "ok" at the end; any failed check raises.
 """
@@ -39,9 +41,20 @@ async def exercise(session: ClientSession, logs: list, transport: str):
     r = await session.call_tool("run_code", {"language": "python", "code": "import json\nprint(json.dumps(sum(input)))", "input": [1, 2, 3]})
     check(not r.is_error and r.structured_content["output"] == 6, f"{transport}: python {r}")
 
-    r = await session.call_tool("run_code", {"language": "js", "code": "throw new TypeError('nope')"})
-    check(r.is_error and r.structured_content["outcome"] == "failed", f"{transport}: failure {r}")
-    check("TypeError: nope" in r.structured_content["message"], f"{transport}: message {r.structured_content}")
+    # A program that ran and failed is the tool's answer, twice in a row: an
+    # agent framework does not spend its tool retries on the model's bugs.
+    for code in ["throw new TypeError('nope')", "throw new TypeError('nope again')"]:
+        r = await session.call_tool("run_code", {"language": "js", "code": code})
+        check(not r.is_error and r.structured_content["outcome"] == "failed", f"{transport}: failure {r}")
+        check("TypeError: nope" in r.structured_content["message"], f"{transport}: message {r.structured_content}")
+        check(r.content[0].text.startswith("outcome: failed"), f"{transport}: outcome first {r.content[0].text}")
+        check(next(iter(r.structured_content)) == "outcome", f"{transport}: outcome first {r.structured_content}")
+
+    # An output schema: the mismatch names the failing place.
+    r = await session.call_tool("run_code", {"language": "python", "code": "print('[1, \"two\"]')",
+                                             "output_schema": {"type": "array", "items": {"type": "integer"}}})
+    s = r.structured_content
+    check(not r.is_error and s["outcome"] == "invalid_output" and s["output_errors"][0]["path"] == "/1", f"{transport}: schema {s}")
 
     # A refusal (no backend runs JS with a network allow-list... nor can a call ask for one):
     # pin a backend that does not run the language.

@@ -177,6 +177,7 @@ impl ExecboxCodeExecutor {
         request.input_files = input.input_files;
         request.packages = input.packages;
         request.collect_output_files = input.collect_output_files;
+        request.output_schema = input.output_schema;
         Ok(request)
     }
 

@@ -32,6 +32,12 @@ pub struct CodeExecutionInput {
     /// containers, are then chosen).
     #[serde(default)]
     pub collect_output_files: bool,
+    /// execbox extension: what the structured output must match (see
+    /// [`ExecRequest::output_schema`](crate::request::ExecRequest::output_schema)):
+    /// a run whose output does not is [`ModelOutcome::Failed`] and its
+    /// [`CodeExecutionResult::output_errors`] say where.
+    #[serde(default)]
+    pub output_schema: Option<crate::schema::JsonSchema>,
 }
 
 impl CodeExecutionInput {
@@ -86,12 +92,27 @@ pub struct CodeExecutionResult {
     pub duration_ms: f64,
     /// Runs started for this result (more than 1 after a retried executor error).
     pub attempts: u32,
+    /// Where the output does not match the input's `output_schema`, if it
+    /// does not (then the outcome is `Failed`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub output_errors: Vec<crate::result::OutputError>,
 }
 
 impl CodeExecutionResult {
-    /// Exit code 0, or no exit code and nothing on stderr.
+    /// Whether the code ran to the end and did what was asked: never true
+    /// for a result whose outcome is known and not [`ModelOutcome::Ok`]
+    /// (an output over its cap or one that does not match its schema keeps
+    /// exit code 0 and is still not a success). For a result built by hand
+    /// ([`ModelOutcome::Unspecified`]): exit code 0, or no exit code and
+    /// nothing on stderr.
     pub fn is_success(&self) -> bool {
-        self.exit_code == Some(0) || (self.exit_code.is_none() && self.stderr.is_empty())
+        match self.outcome {
+            ModelOutcome::Ok => true,
+            ModelOutcome::Failed | ModelOutcome::DeadlineExceeded => false,
+            ModelOutcome::Unspecified => {
+                self.exit_code == Some(0) || (self.exit_code.is_none() && self.stderr.is_empty())
+            }
+        }
     }
 
     /// stdout, then stderr under a `--- stderr ---` divider when both have text.
@@ -133,6 +154,16 @@ impl CodeExecutionResult {
             }
             text.push_str(&format!("--- output ---\n{output}"));
         }
+        if !self.output_errors.is_empty() {
+            if !text.is_empty() && !text.ends_with('\n') {
+                text.push('\n');
+            }
+            text.push_str("--- the output does not match the output schema ---");
+            for error in &self.output_errors {
+                text.push('\n');
+                text.push_str(&error.line());
+            }
+        }
         if !self.output_files.is_empty() {
             if !text.is_empty() && !text.ends_with('\n') {
                 text.push('\n');
@@ -163,8 +194,11 @@ impl From<ExecResult> for CodeExecutionResult {
         let mut stderr = r.stderr.text().into_owned();
         // A failure must never look like a success: without a process there
         // is no exit code, so the reason goes to stderr.
+        // (An output that does not match its schema is listed in full
+        // under its own heading instead.)
         if outcome != ModelOutcome::Ok
             && stderr.is_empty()
+            && r.output_errors.is_empty()
             && let Some(message) = &r.message
         {
             stderr = format!("execbox: {}: {message}\n", r.outcome.as_str());
@@ -183,6 +217,7 @@ impl From<ExecResult> for CodeExecutionResult {
             backend: r.backend,
             duration_ms: r.usage.duration.as_secs_f64() * 1e3,
             attempts: 1,
+            output_errors: r.output_errors,
         }
     }
 }

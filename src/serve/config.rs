@@ -28,6 +28,15 @@ pub struct ServeConfig {
     pub sessions: SessionConfig,
     /// The backends' settings (pool sizes, engine, caches).
     pub backends: BackendsConfig,
+    /// Report a program that ran and did not end `ok` as a failed tool
+    /// call (`isError: true`), as execbox did before. Off, such a run is
+    /// the tool's normal answer, its outcome first: agent frameworks spend
+    /// their tool-retry budget on failed calls (pydantic-ai's default is
+    /// one retry), and a model's bug is not a tool failure.
+    ///
+    /// # Default
+    /// `false`.
+    pub failures_as_errors: bool,
     /// Host tools code may call when the policy grants them (Code Mode).
     ///
     /// # Default
@@ -64,6 +73,7 @@ impl Default for ServeConfig {
             max_queued: 64,
             sessions: SessionConfig::default(),
             backends: BackendsConfig::default(),
+            failures_as_errors: false,
             tools: ToolRegistry::default(),
             #[cfg(feature = "upstream")]
             upstreams: crate::tools::UpstreamsConfig::default(),
@@ -80,6 +90,7 @@ setters!(ServeConfig {
     max_queued: usize,
     sessions: SessionConfig,
     backends: BackendsConfig,
+    failures_as_errors: bool,
     tools: ToolRegistry,
 });
 

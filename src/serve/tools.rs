@@ -1,11 +1,18 @@
 //! The MCP tools: `run_code`, `list_backends`, `create_session`,
 //! `close_session`.
 //!
-//! A program's failure (`failed`, `timed_out`, ...), a refusal and
-//! malformed arguments (`invalid_arguments`, SEP-1303) are ordinary tool
-//! results with `isError: true`. `structuredContent` of `run_code` is exactly
-//! the JSON `execbox run --json` prints (an [`ExecResult`], or
-//! `{"error": {...}}`); the text content is a short rendering for a model.
+//! A program that ran is the tool's answer, whatever its outcome (`ok`,
+//! `failed`, `timed_out`, `invalid_output`, ...): an ordinary result, its
+//! outcome first in the text and in `structuredContent`, so an agent
+//! framework's tool-retry budget does not pay for the model's bugs
+//! (pydantic-ai's default of one retry ended an agent run after two
+//! failing programs in a row). A refusal, `busy`, an unknown session, an
+//! internal fault and malformed arguments (`invalid_arguments`, SEP-1303)
+//! are failed tool calls (`isError: true`). [`ServeConfig::failures_as_errors`](super::ServeConfig::failures_as_errors)
+//! brings back the old behaviour (a program's failure is `isError` too).
+//! `structuredContent` of `run_code` is exactly the JSON `execbox run
+//! --json` prints (an [`ExecResult`], or `{"error": {...}}`); the text
+//! content is a short rendering for a model.
 
 use parking_lot::Mutex;
 use std::sync::Arc;
@@ -189,6 +196,11 @@ pub struct RunCodeArgs {
     /// that provides every one runs it (list_backends shows who provides what).
     #[serde(default)]
     pub packages: Option<Vec<String>>,
+    /// A JSON Schema (2020-12) the run's output must match: a run whose output does not (or that
+    /// gives none) ends with outcome `invalid_output` and `output_errors` naming each failing place.
+    /// References only within the schema (`#/$defs/...`); bounded in size and cost.
+    #[serde(default)]
+    pub output_schema: Option<Value>,
     /// Artifacts (when the server keeps them; the code's `artifacts.*` tools): runs and sessions of
     /// this connection share one scope; a key gives a separate scope of this connection. Removed
     /// when the connection ends.
@@ -273,6 +285,10 @@ impl ExecboxMcp {
         request.collect_output_files = args.collect_files.unwrap_or(false);
         request.backend = args.backend;
         request.packages = args.packages.unwrap_or_default();
+        if let Some(schema) = args.output_schema {
+            request.output_schema =
+                Some(crate::schema::JsonSchema::new(schema).map_err(|e| format!("output_schema: {e}"))?);
+        }
         #[cfg(feature = "artifacts")]
         {
             request.artifact_scope = self.artifact_scope(args.artifact_key)?;
@@ -324,10 +340,13 @@ impl ExecboxMcp {
     /// Runs code once, or as the next call of a session.
     #[tool(
         description = "Run code in a sandbox: no network, no host files, no host environment unless the server grants \
-            them. Languages: javascript, python, shell, rust, wasm. The result's structuredContent holds stdout, \
-            stderr, outcome (ok, failed, timed_out, out_of_memory, out_of_fuel, killed), output (the returned or \
-            printed JSON value), exit_code, message, and output_files (base64). A failed run or a refusal has \
-            isError: true. Pass session_id (from create_session) to keep state between calls."
+            them. Languages: javascript, python, shell, rust, wasm. The result's structuredContent holds outcome \
+            (ok, failed, timed_out, out_of_memory, out_of_fuel, killed, invalid_output), stdout, stderr, output \
+            (the returned or printed JSON value), exit_code, message, output_errors (with output_schema) and \
+            output_files (base64). A program that ran and failed is a normal result: read its outcome and fix \
+            the code. Only a call that could not run (refused, busy, unknown session, bad arguments) has \
+            isError: true. Pass session_id (from create_session) to keep state between calls, and \
+            output_schema (a JSON Schema) to have the output checked."
     )]
     async fn run_code(
         &self,
@@ -377,7 +396,7 @@ impl ExecboxMcp {
             lines.finish(&peer, level).await;
         }
         Ok(match outcome {
-            Ok(result) => rendered(result),
+            Ok(result) => rendered(result, self.shared.cfg.failures_as_errors),
             Err(Refusal::Exec(e)) => refusal(&e),
             Err(Refusal::Session(e)) => refusal(&e),
         })
@@ -578,18 +597,19 @@ enum Refusal {
     Session(SessionError),
 }
 
-/// A run's result: the CLI's JSON as structuredContent, a short text, and
-/// image files as images.
-fn rendered(result: ExecResult) -> CallToolResult {
+/// A run's result: the CLI's JSON as structuredContent, a short text that
+/// starts with the outcome, and image files as images. A program that ran
+/// is not a failed tool call, unless `failures_as_errors`.
+fn rendered(result: ExecResult, failures_as_errors: bool) -> CallToolResult {
     let body = result.to_json();
     let mut text = format!(
-        "[{}] {} in {:.1} ms{}\n",
-        result.backend,
+        "outcome: {}{} [{}, {:.1} ms]\n",
         result.outcome.as_str(),
+        result.exit_code.filter(|c| *c != 0).map(|c| format!(" (exit code {c})")).unwrap_or_default(),
+        result.backend,
         result.usage.duration.as_secs_f64() * 1e3,
-        result.exit_code.filter(|c| *c != 0).map(|c| format!(" (exit code {c})")).unwrap_or_default()
     );
-    let (message, is_error) = (result.message.clone(), result.outcome != Outcome::Ok);
+    let (message, is_error) = (result.message.clone(), failures_as_errors && result.outcome != Outcome::Ok);
     // The model's text is the agent layer's (the result moves there: no copy of its streams and files).
     let model = crate::agent::CodeExecutionResult::from(result);
     let body_text = model.model_text();

@@ -81,12 +81,12 @@ fn policy_file(policy: Value) -> tempfile::NamedTempFile {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn results_are_the_cli_json_and_failures_and_refusals_are_tool_errors() {
+async fn results_are_the_cli_json_programs_that_ran_are_answers_and_refusals_are_tool_errors() {
     let (client, _) = connect(&[]).await;
     let (ok, is_error) =
         run(&client, json!({"language": "javascript", "code": "return input.a + 1", "input": {"a": 41}})).await;
     assert!(!is_error);
-    // Exactly the keys of `execbox run --json`.
+    // Exactly the keys of `execbox run --json`, the outcome first.
     let cli = std::process::Command::new(env!("CARGO_BIN_EXE_execbox"))
         .args(["run", "--code", "return 1", "--json"])
         .output()
@@ -94,12 +94,37 @@ async fn results_are_the_cli_json_and_failures_and_refusals_are_tool_errors() {
     let cli: Value = serde_json::from_slice(&cli.stdout).unwrap();
     let keys = |v: &Value| v.as_object().unwrap().keys().cloned().collect::<Vec<_>>();
     assert_eq!(keys(&ok), keys(&cli));
+    assert_eq!(keys(&ok)[0], "outcome");
     assert_eq!((ok["outcome"].as_str(), ok["output"].as_i64()), (Some("ok"), Some(42)));
 
-    let (failed, is_error) =
-        run(&client, json!({"language": "js", "code": "while (true) {}", "timeout_ms": 100})).await;
-    assert!(is_error);
-    assert_eq!(failed["outcome"], "timed_out");
+    // Two failing programs in a row are two answers, not two failed tool
+    // calls: an agent framework's retry budget is not spent on them.
+    let text = |r: &CallToolResult| r.content[0].as_text().map(|t| t.text.clone()).unwrap_or_default();
+    for (code, outcome) in [("while (true) {}", "timed_out"), ("throw new Error('boom')", "failed")] {
+        let result =
+            call(&client, "run_code", json!({"language": "js", "code": code, "timeout_ms": 100})).await.unwrap();
+        assert_eq!(result.is_error, Some(false), "{code}: {result:?}");
+        assert_eq!(result.structured_content.as_ref().unwrap()["outcome"], outcome);
+        assert!(text(&result).starts_with(&format!("outcome: {outcome}")), "{}", text(&result));
+    }
+    // An output schema: a mismatch is an answer that names each failing place.
+    let schema = json!({"type": "array", "items": {"type": "integer"}});
+    let (bad, is_error) =
+        run(&client, json!({"language": "js", "code": "return [1, 'x', 3, 'y']", "output_schema": schema})).await;
+    assert!(!is_error, "{bad}");
+    assert_eq!(bad["outcome"], "invalid_output", "{bad}");
+    assert_eq!(bad["output"], json!([1, "x", 3, "y"]), "what it gave is kept");
+    let paths: Vec<&str> =
+        bad["output_errors"].as_array().unwrap().iter().map(|e| e["path"].as_str().unwrap()).collect();
+    assert_eq!(paths, ["/1", "/3"], "{bad}");
+    let (good, _) = run(&client, json!({"language": "js", "code": "return [1, 2]", "output_schema": schema})).await;
+    assert_eq!(good["outcome"], "ok", "{good}");
+    // A schema execbox will not compile is the caller's mistake: a tool error.
+    let (r, is_error) =
+        run(&client, json!({"language": "js", "code": "return 1", "output_schema": {"$ref": "https://x/s.json"}}))
+            .await;
+    assert!(is_error && r["error"]["kind"] == "invalid_arguments", "{r}");
+    assert!(r["error"]["message"].as_str().unwrap().contains("output_schema"), "{r}");
 
     let (refused, is_error) = run(&client, json!({"language": "shell", "code": "echo", "backend": "boa-js"})).await;
     assert!(is_error);
@@ -123,6 +148,18 @@ async fn results_are_the_cli_json_and_failures_and_refusals_are_tool_errors() {
         Err(ServiceError::McpError(e)) => assert_eq!(e.code.0, -32602, "{e:?}"),
         other => panic!("expected a JSON-RPC error, got {other:?}"),
     }
+    client.cancel().await.unwrap();
+}
+
+/// `--failures-as-errors` brings back the old contract: a program's
+/// failure is a failed tool call.
+#[tokio::test(flavor = "multi_thread")]
+async fn failures_as_errors_makes_a_programs_failure_a_tool_error() {
+    let (client, _) = connect(&["--failures-as-errors"]).await;
+    let (failed, is_error) = run(&client, json!({"language": "js", "code": "throw new Error('x')"})).await;
+    assert!(is_error && failed["outcome"] == "failed", "{failed}");
+    let (ok, is_error) = run(&client, json!({"language": "js", "code": "return 1"})).await;
+    assert!(!is_error && ok["outcome"] == "ok", "{ok}");
     client.cancel().await.unwrap();
 }
 
@@ -688,10 +725,11 @@ async fn the_wait_for_a_run_slot_counts_against_the_calls_deadline() {
     let started = Instant::now();
     let (r, is_error) = run(&client, json!({"language": "js", "code": "while (true) {}", "timeout_ms": 2000})).await;
     let took = started.elapsed();
-    assert!(is_error, "{r}");
-    // Either no slot came free within its deadline (busy), or it ran with what was left.
+    // Either no slot came free within its deadline (busy, a failed call),
+    // or it ran with what was left (timed out, an answer).
     let kind = r["error"]["kind"].as_str().or(r["outcome"].as_str()).unwrap_or_default().to_string();
     assert!(kind == "busy" || kind == "timed_out", "{r}");
+    assert_eq!(is_error, kind == "busy", "{r}");
     // Before the fix: 1.7 s waiting, then a fresh 2 s deadline.
     assert!(took < Duration::from_millis(3_000), "{took:?}: the wait did not count");
     first.await.unwrap().unwrap();

@@ -95,6 +95,11 @@ pub(crate) struct ServeArgs {
     /// A session unused this many seconds is closed.
     #[arg(long, value_name = "SECS", default_value_t = 300)]
     pub(crate) session_idle_secs: u64,
+    /// Report a program that ran and did not end ok as a failed tool call (isError: true), as before
+    /// this flag existed. By default such a run is the tool's normal answer, its outcome first: agent
+    /// frameworks spend their tool-retry budget on failed calls.
+    #[arg(long)]
+    pub(crate) failures_as_errors: bool,
     /// How the log on stderr is written (`EXECBOX_LOG` sets the level, e.g. `info` for one span per run; default warn).
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub(crate) log_format: LogFormat,
@@ -272,6 +277,10 @@ pub(crate) struct RunArgs {
     /// Print exactly one JSON object on stdout.
     #[arg(long)]
     pub(crate) json: bool,
+    /// A JSON Schema (JSON file) the program's output must match: otherwise the outcome is
+    /// invalid_output, with output_errors naming each failing place (exit code 1).
+    #[arg(long, value_name = "FILE")]
+    pub(crate) output_schema: Option<PathBuf>,
     /// How the log on stderr is written (`EXECBOX_LOG` sets the level; default warn).
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub(crate) log_format: LogFormat,
@@ -329,12 +338,7 @@ fn main() -> ExitCode {
     }
 }
 
-/// On SIGTERM, SIGINT or SIGHUP (a closed terminal): shuts the executor's
-/// backends down (kills and removes the containers this process started,
-/// removes its staging directories) and exits with 128 + the signal. A
-/// result already being printed is finished first. The handler holds the
-/// executor weakly, so an ordinary exit still waits for the backends'
-/// own cleanup.
+/// Largest `--input-file` or `--stdin-file` the CLI reads, in bytes.
 pub(crate) const MAX_INPUT_FILE_BYTES: u64 = 64 << 20;
 
 /// Reads at most `max` bytes of a regular file, or of this process's stdin

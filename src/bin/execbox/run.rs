@@ -268,10 +268,17 @@ fn build_request(args: RunArgs) -> Result<ExecRequest, (String, String)> {
         request = request.on_backend(name);
     }
     request = request.packages(args.packages);
+    if let Some(path) = &args.output_schema {
+        let bytes = read(path, execbox::schema::MAX_SCHEMA_BYTES as u64, "execbox's limit for a schema")
+            .map_err(arg("--output-schema"))?;
+        let schema: Value = serde_json::from_slice(&bytes)
+            .map_err(|e| ("--output-schema".to_string(), format!("not valid JSON: {e}")))?;
+        let schema = execbox::JsonSchema::new(schema).map_err(|e| ("--output-schema".to_string(), e.to_string()))?;
+        request = request.output_schema(schema);
+    }
     Ok(request)
 }
 
-/// Largest `--input-file` or `--stdin-file` the CLI reads, in bytes.
 /// Without the container backend no backend returns files: `--output-dir`
 /// is refused before anything runs.
 #[cfg(not(feature = "container"))]

@@ -69,8 +69,13 @@ pub(crate) fn serve(args: ServeArgs) -> ExitCode {
     let sessions = execbox::SessionConfig::default()
         .max_sessions(args.max_sessions)
         .idle_timeout(Duration::from_secs(args.session_idle_secs));
-    let mut cfg =
-        ServeConfig::default().policy(policy).env(env).max_queued(args.max_queued).sessions(sessions).backends(
+    let mut cfg = ServeConfig::default()
+        .policy(policy)
+        .env(env)
+        .max_queued(args.max_queued)
+        .sessions(sessions)
+        .failures_as_errors(args.failures_as_errors)
+        .backends(
             args.backends.config(args.js_idle_workers, args.python_warm_pool).warm_containers(args.warm_containers),
         );
     #[cfg(feature = "upstream")]

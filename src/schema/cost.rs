@@ -1,0 +1,346 @@
+//! The static bounds a schema passes before it is compiled (see the module
+//! docs of [`super`]).
+//!
+//! A schema is a graph: its subschemas are the nodes (each named by its
+//! JSON pointer), and each applicator keyword is an edge. An edge either
+//! applies its subschema to the *same* value (`$ref`, `allOf`, `anyOf`,
+//! `oneOf`, `not`, `if`/`then`/`else`, `dependentSchemas`) or to a part of
+//! it, one level down (`properties`, `items`, `contains`, ...). The
+//! validator walks exactly these edges, so:
+//!
+//! - a cycle of same-value edges never ends (refused), and a long chain of
+//!   them is one stack frame per link on every value (refused past
+//!   [`MAX_IN_PLACE_CHAIN`]);
+//! - the evaluations one value costs are the paths that reach it: at depth
+//!   0 the same-value paths from the root; at depth k + 1 those from every
+//!   descending edge of depth k. Counting paths level by level, with
+//!   saturating arithmetic, bounds the work of any value of any shape
+//!   (refused past [`MAX_EVALUATIONS_PER_VALUE`]).
+//!
+//! `if`/`then`/`else` count both branches and the `unevaluated*` keywords
+//! count the same-value applicators of their node once more (they look at
+//! them again for annotations): the count may be above the validator's
+//! real work, never below.
+
+use std::collections::HashMap;
+
+use serde_json::Value;
+
+use super::{MAX_EVALUATIONS_PER_VALUE, MAX_IN_PLACE_CHAIN, MAX_VALUE_NESTING, SchemaError};
+
+/// Keywords whose subschema applies to the same value.
+const SAME_VALUE_ONE: [&str; 4] = ["not", "if", "then", "else"];
+const SAME_VALUE_LIST: [&str; 3] = ["allOf", "anyOf", "oneOf"];
+const SAME_VALUE_MAP: [&str; 2] = ["dependentSchemas", "dependencies"];
+
+/// Keywords whose subschema applies one level down.
+const DESCENDING_ONE: [&str; 7] = [
+    "additionalProperties",
+    "propertyNames",
+    "contains",
+    "additionalItems",
+    "unevaluatedItems",
+    "unevaluatedProperties",
+    "contentSchema",
+];
+const DESCENDING_MAP: [&str; 2] = ["properties", "patternProperties"];
+const DESCENDING_LIST: [&str; 1] = ["prefixItems"];
+
+/// Keywords that resolve references at validation time (refused).
+const DYNAMIC: [&str; 2] = ["$dynamicRef", "$recursiveRef"];
+
+/// One subschema and its edges, by node index.
+#[derive(Default)]
+struct Node {
+    /// Same-value edges, each listed as often as it applies.
+    same_value: Vec<usize>,
+    /// Edges one level down, each listed as often as it applies.
+    descending: Vec<usize>,
+}
+
+/// The schema's graph, built from its root.
+struct Graph<'a> {
+    root: &'a Value,
+    nodes: Vec<Node>,
+    index: HashMap<String, usize>,
+    /// Nodes whose edges are not listed yet: (index, pointer).
+    pending: Vec<(usize, String)>,
+}
+
+/// Checks `schema` (already bounded in size and nesting) and returns the
+/// most subschema evaluations one value can cost.
+pub(super) fn check(schema: &Value) -> Result<u64, SchemaError> {
+    let mut graph = Graph { root: schema, nodes: Vec::new(), index: HashMap::new(), pending: Vec::new() };
+    graph.node("")?;
+    while let Some((index, pointer)) = graph.pending.pop() {
+        graph.list_edges(index, &pointer)?;
+    }
+    let order = graph.same_value_order()?;
+    graph.evaluations(&order)
+}
+
+impl<'a> Graph<'a> {
+    /// The index of the subschema at `pointer`, made (and queued) on first sight.
+    fn node(&mut self, pointer: &str) -> Result<usize, SchemaError> {
+        if let Some(&index) = self.index.get(pointer) {
+            return Ok(index);
+        }
+        let value = self
+            .root
+            .pointer(pointer)
+            .ok_or_else(|| SchemaError::new(format!("$ref \"#{pointer}\" points nowhere in the schema")))?;
+        if !value.is_object() && !value.is_boolean() {
+            return Err(SchemaError::new(format!("\"#{pointer}\" is not a schema (an object or a boolean)")));
+        }
+        let index = self.nodes.len();
+        self.nodes.push(Node::default());
+        self.index.insert(pointer.to_string(), index);
+        self.pending.push((index, pointer.to_string()));
+        Ok(index)
+    }
+
+    /// Lists the edges of the subschema at `pointer`.
+    fn list_edges(&mut self, index: usize, pointer: &str) -> Result<(), SchemaError> {
+        let Some(Value::Object(fields)) = self.root.pointer(pointer) else { return Ok(()) };
+        let at = |keyword: &str| format!("{pointer}/{}", escape(keyword));
+        for keyword in DYNAMIC {
+            if fields.contains_key(keyword) {
+                return Err(SchemaError::new(format!(
+                    "{keyword} at \"#{pointer}\": dynamic references are not supported; use $ref to a JSON pointer"
+                )));
+            }
+        }
+        if !pointer.is_empty() && fields.contains_key("$id") {
+            return Err(SchemaError::new(format!(
+                "$id at \"#{pointer}\": only the root may set $id (a nested one changes what $ref means)"
+            )));
+        }
+        let mut same_value = Vec::new();
+        let mut descending = Vec::new();
+        if let Some(reference) = fields.get("$ref") {
+            let target = reference.as_str().and_then(local_pointer).ok_or_else(|| {
+                SchemaError::new(format!(
+                    "$ref {reference} at \"#{pointer}\": only references to a JSON pointer in the same \
+                         document (\"#/$defs/name\") are supported; nothing is fetched"
+                ))
+            })?;
+            same_value.push(self.node(&target)?);
+        }
+        for (keyword, child) in fields {
+            let keyword = keyword.as_str();
+            let here = at(keyword);
+            if SAME_VALUE_ONE.contains(&keyword) {
+                same_value.push(self.node(&here)?);
+            } else if DESCENDING_ONE.contains(&keyword) {
+                descending.push(self.node(&here)?);
+            } else if keyword == "items" {
+                match child {
+                    Value::Array(items) => {
+                        for i in 0..items.len() {
+                            descending.push(self.node(&format!("{here}/{i}"))?);
+                        }
+                    }
+                    _ => descending.push(self.node(&here)?),
+                }
+            } else if let (true, Value::Array(items)) =
+                (SAME_VALUE_LIST.contains(&keyword) || DESCENDING_LIST.contains(&keyword), child)
+            {
+                let edges = if DESCENDING_LIST.contains(&keyword) { &mut descending } else { &mut same_value };
+                for i in 0..items.len() {
+                    edges.push(self.node(&format!("{here}/{i}"))?);
+                }
+            } else if let (true, Value::Object(map)) =
+                (SAME_VALUE_MAP.contains(&keyword) || DESCENDING_MAP.contains(&keyword), child)
+            {
+                let descends = DESCENDING_MAP.contains(&keyword);
+                for (name, sub) in map {
+                    // draft-07 `dependencies` also takes lists of names.
+                    if !(sub.is_object() || sub.is_boolean()) {
+                        continue;
+                    }
+                    let node = self.node(&format!("{here}/{}", escape(name)))?;
+                    if descends { descending.push(node) } else { same_value.push(node) }
+                }
+            }
+        }
+        // The `unevaluated*` keywords evaluate the same-value applicators
+        // once more, for their annotations.
+        let again = fields.keys().filter(|k| k.starts_with("unevaluated")).count();
+        let base = same_value.clone();
+        for _ in 0..again {
+            same_value.extend_from_slice(&base);
+        }
+        self.nodes[index] = Node { same_value, descending };
+        Ok(())
+    }
+
+    /// The nodes in an order where every node comes before the nodes its
+    /// same-value edges reach; a cycle of such edges, or a chain longer
+    /// than [`MAX_IN_PLACE_CHAIN`], is refused.
+    fn same_value_order(&self) -> Result<Vec<usize>, SchemaError> {
+        #[derive(Clone, Copy, PartialEq)]
+        enum Mark {
+            New,
+            Open,
+            Done,
+        }
+        let mut mark = vec![Mark::New; self.nodes.len()];
+        // Longest same-value chain starting at each node (in edges).
+        let mut chain = vec![0usize; self.nodes.len()];
+        let mut post_order = Vec::with_capacity(self.nodes.len());
+        for start in 0..self.nodes.len() {
+            if mark[start] != Mark::New {
+                continue;
+            }
+            // Iterative depth-first search: (node, next edge to look at).
+            let mut stack = vec![(start, 0usize)];
+            mark[start] = Mark::Open;
+            while let Some(&mut (node, ref mut next)) = stack.last_mut() {
+                if let Some(&child) = self.nodes[node].same_value.get(*next) {
+                    *next += 1;
+                    match mark[child] {
+                        Mark::Open => {
+                            return Err(SchemaError::new(format!(
+                                "the schema loops through $ref or allOf/anyOf/oneOf/not/if at \"#{}\" without \
+                                 descending into the value",
+                                self.pointer_of(child)
+                            )));
+                        }
+                        Mark::New => {
+                            mark[child] = Mark::Open;
+                            stack.push((child, 0));
+                        }
+                        Mark::Done => {}
+                    }
+                    continue;
+                }
+                stack.pop();
+                mark[node] = Mark::Done;
+                chain[node] = self.nodes[node].same_value.iter().map(|&c| chain[c] + 1).max().unwrap_or(0);
+                if chain[node] > MAX_IN_PLACE_CHAIN {
+                    return Err(SchemaError::new(format!(
+                        "\"#{}\" applies {} subschemas in a row to one value ($ref and allOf/anyOf/oneOf/not/if); \
+                         at most {MAX_IN_PLACE_CHAIN}",
+                        self.pointer_of(node),
+                        chain[node]
+                    )));
+                }
+                post_order.push(node);
+            }
+        }
+        // Post-order puts children first: parents first is its reverse.
+        post_order.reverse();
+        Ok(post_order)
+    }
+
+    /// The most evaluations any one value can cost, level by level (see
+    /// the module docs); refused past [`MAX_EVALUATIONS_PER_VALUE`].
+    fn evaluations(&self, order: &[usize]) -> Result<u64, SchemaError> {
+        // Evaluations entering each node at this depth, by a descending
+        // edge (the root at depth 0).
+        let mut entering = vec![0u64; self.nodes.len()];
+        entering[0] = 1;
+        let mut most = 0u64;
+        for depth in 0..=MAX_VALUE_NESTING {
+            // Spread along same-value edges, parents first.
+            let mut reached = entering.clone();
+            for &node in order {
+                let count = reached[node];
+                if count == 0 {
+                    continue;
+                }
+                for &child in &self.nodes[node].same_value {
+                    reached[child] = reached[child].saturating_add(count);
+                }
+            }
+            let total = reached.iter().fold(0u64, |sum, &n| sum.saturating_add(n));
+            if total > MAX_EVALUATIONS_PER_VALUE {
+                return Err(SchemaError::new(format!(
+                    "a value {depth} levels down can cost {} subschema evaluations (every way the schema reaches \
+                     it counts); at most {MAX_EVALUATIONS_PER_VALUE}",
+                    if total == u64::MAX { "more than 2^64".to_string() } else { total.to_string() }
+                )));
+            }
+            most = most.max(total);
+            let mut next = vec![0u64; self.nodes.len()];
+            let mut any = false;
+            for (node, &count) in reached.iter().enumerate() {
+                if count == 0 {
+                    continue;
+                }
+                for &child in &self.nodes[node].descending {
+                    next[child] = next[child].saturating_add(count);
+                    any = true;
+                }
+            }
+            if !any {
+                break;
+            }
+            entering = next;
+        }
+        Ok(most)
+    }
+
+    fn pointer_of(&self, node: usize) -> &str {
+        self.index.iter().find(|(_, i)| **i == node).map_or("", |(p, _)| p.as_str())
+    }
+}
+
+/// The JSON pointer of a same-document `$ref` (`#` or `#/...`, with
+/// percent-escapes decoded); `None` for anything else.
+fn local_pointer(reference: &str) -> Option<String> {
+    let fragment = reference.strip_prefix('#')?;
+    if !(fragment.is_empty() || fragment.starts_with('/')) {
+        return None; // an anchor name
+    }
+    let bytes = fragment.as_bytes();
+    let mut decoded = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = fragment.get(i + 1..i + 3)?;
+            decoded.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            decoded.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(decoded).ok()
+}
+
+/// A key as one JSON pointer token.
+fn escape(key: &str) -> String {
+    key.replace('~', "~0").replace('/', "~1")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn evaluations_count_every_path_to_a_value() {
+        assert_eq!(check(&json!({"type": "integer"})).unwrap(), 1);
+        assert_eq!(check(&json!(true)).unwrap(), 1);
+        // Root plus two branches.
+        assert_eq!(check(&json!({"anyOf": [{"type": "integer"}, {"type": "string"}]})).unwrap(), 3);
+        // Items see the items schema and its $ref target.
+        let s = json!({"$defs": {"i": {"type": "integer"}}, "items": {"$ref": "#/$defs/i"}});
+        assert_eq!(check(&s).unwrap(), 2);
+        // Two descending edges to one place double the next level.
+        let s = json!({"properties": {"a": {"$ref": "#/$defs/x"}}, "additionalProperties": {"$ref": "#/$defs/x"},
+                       "$defs": {"x": {"allOf": [true, true]}}});
+        assert_eq!(check(&s).unwrap(), 2 * (1 + 1 + 2));
+    }
+
+    #[test]
+    fn references_resolve_escaped_pointers() {
+        assert_eq!(local_pointer("#/$defs/a%20b").as_deref(), Some("/$defs/a b"));
+        assert_eq!(local_pointer("#").as_deref(), Some(""));
+        assert_eq!(local_pointer("#anchor"), None);
+        assert_eq!(local_pointer("other.json#/a"), None);
+        let s = json!({"$defs": {"a/b": {"type": "string"}}, "$ref": "#/$defs/a~1b"});
+        assert_eq!(check(&s).unwrap(), 2);
+    }
+}
