@@ -14,18 +14,7 @@ use crate::common;
 
 use std::path::PathBuf;
 
-use common::skip;
-
-/// `$<variable>`, or `<name>` in execbox's cache dir (`$XDG_CACHE_HOME/execbox`
-/// or `~/.cache/execbox`), where the install scripts put it.
-fn installed(variable: &str, name: &str) -> PathBuf {
-    std::env::var_os(variable).map(PathBuf::from).unwrap_or_else(|| {
-        let cache = std::env::var_os("XDG_CACHE_HOME")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache"));
-        cache.join("execbox").join(name)
-    })
-}
+use common::skip::{self, installed};
 
 fn venv_python() -> PathBuf {
     installed("EXECBOX_MCP_VENV", "mcp-venv").join("bin/python")

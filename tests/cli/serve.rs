@@ -393,7 +393,7 @@ async fn http_sessions_are_isolated_per_connection_and_need_the_token() {
 }
 
 /// `execbox serve --http 127.0.0.1:0 args`, its bound port and its stderr banner read.
-fn http_server(args: &[&str]) -> (KillOnDrop, u16) {
+pub(crate) fn http_server(args: &[&str]) -> (KillOnDrop, u16) {
     use std::io::BufRead;
     let mut server = KillOnDrop(
         std::process::Command::new(env!("CARGO_BIN_EXE_execbox"))
@@ -549,7 +549,7 @@ async fn sigterm_lets_the_call_in_flight_answer_then_exits_cleanly() {
 }
 
 /// A server process that a failed assertion does not leave running.
-struct KillOnDrop(std::process::Child);
+pub(crate) struct KillOnDrop(std::process::Child);
 
 impl Drop for KillOnDrop {
     fn drop(&mut self) {

@@ -1,5 +1,5 @@
 //! Tests that need something the machine may lack (the interpreters, a
-//! container engine, the MCP Python SDK) skip without it, saying why, and
+//! container engine, the MCP clients) skip without it, saying why, and
 //! fail instead when the variable that requires it is set (as `.ci/run`
 //! sets them).
 
@@ -9,8 +9,21 @@ use std::fmt::Display;
 pub const INTERPRETERS: &str = "EXECBOX_REQUIRE_INTERPRETERS";
 /// Requires a container engine and execbox's images (`scripts/build-images.sh`).
 pub const CONTAINERS: &str = "EXECBOX_REQUIRE_CONTAINERS";
-/// Requires the MCP Python SDK and the reference upstream (`scripts/install-mcp-*.sh`).
+/// Requires the MCP Python SDK, the reference upstream and the MCP
+/// conformance suite (`scripts/install-mcp-*.sh`).
 pub const MCP_CLIENT: &str = "EXECBOX_REQUIRE_MCP_CLIENT";
+
+/// `$<variable>`, or `<name>` in execbox's cache dir (`$XDG_CACHE_HOME/execbox`
+/// or `~/.cache/execbox`), where the install scripts put it.
+pub fn installed(variable: &str, name: &str) -> std::path::PathBuf {
+    use std::path::PathBuf;
+    std::env::var_os(variable).map(PathBuf::from).unwrap_or_else(|| {
+        let cache = std::env::var_os("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache"));
+        cache.join("execbox").join(name)
+    })
+}
 
 /// Whether the test can go on: true when `ready` is `Ok`; otherwise false
 /// after saying why on stderr (the test returns: skipped), or a failure
