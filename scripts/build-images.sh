@@ -6,7 +6,8 @@
 # `docker import`. An image is rebuilt only when its recipe (package list +
 # this script) changed: the recipe hash is stored as a label.
 #
-#   localhost/execbox-python:3.11      python3 + dash + coreutils (Python, shell)
+#   localhost/execbox-python:3.11      python3 + bash + dash + coreutils (Python,
+#                                      shell: scripts run on bash; /bin/sh is dash)
 #   localhost/execbox-rust:bookworm    gcc + libc6-dev + dash + coreutils: links
 #                                      and runs Rust programs; rustc itself is
 #                                      bind-mounted read-only from the host.
@@ -185,7 +186,7 @@ PY
 }
 
 "$here/start-container-engine.sh"
-build_image localhost/execbox-python:3.11 python3 dash coreutils
+build_image localhost/execbox-python:3.11 python3 bash dash coreutils
 build_image localhost/execbox-rust:bookworm gcc libc6-dev zlib1g dash coreutils
 build_image localhost/execbox-python-data:3.11 --packages numpy,pandas,matplotlib,scipy \
-  python3 python3-numpy python3-pandas python3-matplotlib python3-scipy dash coreutils
+  python3 python3-numpy python3-pandas python3-matplotlib python3-scipy bash dash coreutils

@@ -16,7 +16,7 @@ pub enum Language {
     Python,
     /// Rust source.
     Rust,
-    /// POSIX shell script.
+    /// Shell script, run by bash in containers (POSIX sh scripts run as well).
     Shell,
     /// A WebAssembly module.
     Wasm,

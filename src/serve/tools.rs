@@ -126,7 +126,7 @@ pub enum LanguageArg {
     /// A script: `input` is bound; print JSON to give `output`.
     #[serde(alias = "py")]
     Python,
-    /// A POSIX shell script.
+    /// A bash script (POSIX sh scripts run as well).
     #[serde(alias = "sh")]
     Shell,
     /// Defines `fn run(input: Value) -> Value` (serde_json's `Value` is in scope).
@@ -166,7 +166,7 @@ pub struct RunCodeArgs {
     /// The code. JavaScript: a function body (`input` bound, `return` gives
     /// the output). Python: a script (`input` bound; print JSON for
     /// structured output; with a session, globals persist between calls).
-    /// Shell: a POSIX script. Rust: defines `fn run(input: Value) -> Value`.
+    /// Shell: a bash script. Rust: defines `fn run(input: Value) -> Value`.
     /// Wasm: a WAT module.
     pub code: String,
     /// A JSON value the code sees as `input`.

@@ -323,6 +323,27 @@ fn shell_scripts_run_with_args() {
     assert_eq!((r.outcome, r.exit_code, stdout(&r).as_str()), (Outcome::Failed, Some(3), "a-b\n"));
 }
 
+/// `bash` is bash: arrays, `[[ ]]`, process substitution and `$BASH_VERSION`
+/// work (dash, the images' /bin/sh, has none of them).
+#[test]
+fn shell_scripts_are_bash_scripts() {
+    let Some(c) = backend("bash") else { return };
+    let code = r#"a=(x y z); [[ ${#a[@]} -eq 3 ]] && echo "n=${#a[@]}"; while read l; do echo "got $l"; done < <(printf '1\n'); echo "${BASH_VERSION%%.*}""#;
+    let language = Language::from_id("bash").unwrap();
+    let r = run(&c, ExecRequest::source(language, code));
+    assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
+    assert_eq!(stdout(&r), "n=3\ngot 1\n5\n", "{r:?}");
+}
+
+/// A container session keeps its container across calls, and says so.
+#[test]
+fn container_sessions_declare_a_persistent_container() {
+    use execbox::{IsolationKind, SessionBackend};
+    let c = Container::default();
+    assert_eq!(c.capabilities().isolation, IsolationKind::ContainerEphemeral);
+    assert_eq!(c.session_capabilities().isolation, IsolationKind::ContainerPersistent);
+}
+
 #[test]
 fn network_is_unreachable() {
     let Some(c) = backend("network") else { return };
@@ -731,6 +752,38 @@ fn run(_input: Value) -> Value {
     assert_eq!(files, [("s.bin", b"a\0b".as_slice())]);
     drop(c);
     assert!(leftovers("rust-files").is_empty());
+}
+
+/// `output` is the returned value, whatever the program printed before it
+/// (which stays stdout), and a successful compile's warnings are kept as
+/// diagnostics, on a cache hit too.
+#[test]
+fn rust_output_is_the_returned_value_and_warnings_are_kept() {
+    let cache = tempfile::tempdir().unwrap();
+    let Some(c) = rust_backend("rust-print", cache.path()) else { return };
+    let code = "\
+use serde_json::{json, Value};
+
+fn run(input: Value) -> Value {
+    let unused = 1;
+    println!(\"working on {input}\");
+    print!(\"{{\\\"looks\\\": \\\"like json\\\"}}\");
+    json!({\"n\": input[\"n\"]})
+}
+";
+    for attempt in 0..2 {
+        let r = run(&c, rust(code).input(json!({"n": 7})));
+        assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
+        assert_eq!(r.output, Some(json!({"n": 7})), "attempt {attempt}: {r:?}");
+        assert_eq!(stdout(&r), "working on {\"n\":7}\n{\"looks\": \"like json\"}", "attempt {attempt}");
+        let warning = r.diagnostics.iter().find(|d| d.level == "warning").unwrap_or_else(|| panic!("{r:?}"));
+        assert!(warning.message.contains("unused"), "{warning:?}");
+        assert_eq!(warning.line, Some(4), "{warning:?}");
+    }
+    assert_eq!((c.rust_cache_stats().compiles, c.rust_cache_stats().hits), (1, 1));
+    // A program that exits without returning gives no value.
+    let r = run(&c, rust("fn run(_: Value) -> Value { println!(\"bye\"); std::process::exit(0) }\n"));
+    assert_eq!((r.outcome, r.output.clone(), stdout(&r).as_str()), (Outcome::Ok, None, "bye\n"), "{r:?}");
 }
 
 #[test]

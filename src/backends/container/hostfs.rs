@@ -133,6 +133,22 @@ pub(super) fn copy_regular(
     copied
 }
 
+/// Reads the regular file `name` of `dir`, at most `max` bytes: opened
+/// with `O_NOFOLLOW | O_NONBLOCK` and checked on the handle, as
+/// [`copy_regular`] does.
+pub(super) fn read_regular(dir: &Dir, name: &OsStr, max: u64) -> io::Result<Vec<u8>> {
+    let mut options = OpenOptions::new();
+    options.read(true).follow(FollowSymlinks::No).custom_flags(libc::O_NONBLOCK);
+    let file = dir.open_with(name, &options).map_err(|e| explain(e, name))?;
+    let meta = file.metadata()?;
+    if !meta.is_file() || meta.len() > max {
+        return Err(io::Error::other(format!("{} is not a regular file of at most {max} bytes", show(name))));
+    }
+    let mut bytes = Vec::new();
+    file.take(max).read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
 /// Removes the directory `path` and everything below it, however deep,
 /// without following a link, with a bounded stack and two directory handles
 /// open at a time.

@@ -281,7 +281,7 @@ impl SessionBackend for Container {
     }
 
     fn session_capabilities(&self) -> &BackendCapabilities {
-        self.runner.capabilities()
+        self.runner.session_capabilities()
     }
 
     fn session_packages(&self) -> Vec<String> {

@@ -52,6 +52,7 @@ pub(super) fn container_name(prefix: &str) -> String {
 pub(super) struct Runner {
     cfg: ContainerConfig,
     caps: BackendCapabilities,
+    session_caps: BackendCapabilities,
     reaper: Reaper,
     /// Last availability check: when, and its result.
     availability: Mutex<Option<(Instant, Result<(), Unavailable>)>>,
@@ -96,6 +97,10 @@ impl Runner {
         Self {
             warm: WarmPool::new(cfg.engine.clone(), cfg.warm_containers, cfg.warm_lifetime, launch),
             caps: capabilities(&cfg),
+            session_caps: BackendCapabilities {
+                isolation: crate::capabilities::IsolationKind::ContainerPersistent,
+                ..capabilities(&cfg)
+            },
             reaper: Reaper::new(cfg.engine.clone()),
             availability: Mutex::new(None),
             data_packages: Mutex::new(None),
@@ -109,9 +114,15 @@ impl Runner {
         &self.cfg
     }
 
-    /// The backend's capabilities (its sessions check against them too).
+    /// The one-shot runs' capabilities.
     pub fn capabilities(&self) -> &BackendCapabilities {
         &self.caps
+    }
+
+    /// Its sessions' capabilities: the one-shot runs', in a container that
+    /// persists across calls.
+    pub fn session_capabilities(&self) -> &BackendCapabilities {
+        &self.session_caps
     }
 
     /// Removes finished containers and staging directories off the request path.
@@ -230,7 +241,9 @@ impl Runner {
         let mut command: Vec<String> = match request.language {
             // Absolute: the request's environment may set its own PATH.
             Language::Python => vec!["/usr/bin/python3".into(), "-c".into(), bootstrap.into()],
-            Language::Shell => vec!["/bin/sh".into(), "-s".into(), "--".into()],
+            // Shell scripts are bash scripts (a POSIX script runs as well);
+            // execbox's images carry bash beside dash, their /bin/sh.
+            Language::Shell => vec!["/bin/bash".into(), "-s".into(), "--".into()],
             other => return Err(ExecError::internal(NAME, format!("no script command for {other}"))),
         };
         command.extend(request.args.iter().cloned());

@@ -177,7 +177,9 @@ fn main() {
         }
     };
     let output: serde_json::Value = run(input);
-    println!("{output}");
+    // On a line of its own, after whatever the program printed (the host
+    // takes this line out of stdout, and the newline before it).
+    print!("\n{output}\n");
 }
 "#;
 
@@ -286,15 +288,17 @@ pub(super) fn execute(runner: &Runner, pipeline: &Pipeline, mut call: Admitted) 
 
     let key = cache_key(&toolchain.fingerprint, &source);
     let cached = toolchain.binaries_dir.symlink_metadata(&key).is_ok_and(|meta| meta.is_file());
-    if cached {
+    let warnings = if cached {
         pipeline.hits.fetch_add(1, Ordering::Relaxed);
         touch(&toolchain.binaries_dir, &key);
+        cached_warnings(&toolchain.binaries_dir, &key)
     } else {
         pipeline.compiles.fetch_add(1, Ordering::Relaxed);
-        if let Some(failed) = compile(runner, &pipeline.cfg, &toolchain, &source, &key, &request, &deadline)? {
-            return Ok(failed);
+        match compile(runner, &pipeline.cfg, &toolchain, &source, &key, &request, &deadline)? {
+            Compiled::Program { warnings } => warnings,
+            Compiled::Failed(failed) => return Ok(*failed),
         }
-    }
+    };
 
     let staging = Staging::new(&request, input.as_deref())?;
     let limit = deadline.remaining().unwrap_or(Duration::MAX);
@@ -309,22 +313,64 @@ pub(super) fn execute(runner: &Runner, pipeline: &Pipeline, mut call: Admitted) 
     let end = runner.run_spec(&spec, input.unwrap_or_default(), Caps::of(&request), deadline);
     drop(socket);
     let mut result = runner.result(end, &deadline, staging)?;
-    // The harness prints `run`'s value and nothing else: a cut stdout is a
-    // cut value, never an `ok` run with no output.
+    result.diagnostics = warnings;
+    // The harness prints `run`'s value last: a cut stdout is a cut value,
+    // never an `ok` run with no output.
     if result.outcome == Outcome::Ok && result.stdout.truncated {
         let max = request.policy.max_stdout_bytes.unwrap_or(0);
         result.outcome = Outcome::Failed;
         result.output = None;
         result.output_truncated = true;
         result.message = Some(format!("the returned value is over the output cap of {max} bytes (max_stdout_bytes)"));
+    } else if result.outcome == Outcome::Ok {
+        result.output = take_returned_value(&mut result.stdout);
+    } else {
+        result.output = None;
     }
     Ok(result)
 }
 
+/// Takes the harness's line (the returned value, and the newline printed
+/// before it) out of `stdout`: what is left is what the program printed.
+/// `None` when the last line is not JSON (the program exited without
+/// returning, e.g. `std::process::exit`).
+fn take_returned_value(stdout: &mut crate::result::CapturedStream) -> Option<Value> {
+    let bytes = &stdout.bytes;
+    let body = bytes.strip_suffix(b"\n")?;
+    let start = body.iter().rposition(|&b| b == b'\n')?;
+    // serde_json stops at 128 levels of nesting: a hostile line cannot
+    // exhaust the stack here.
+    let value: Value = serde_json::from_slice(&body[start + 1..]).ok()?;
+    let kept = start; // the harness's own newline goes too
+    stdout.total_bytes = stdout.total_bytes.saturating_sub((bytes.len() - kept) as u64);
+    stdout.bytes.truncate(kept);
+    Some(value)
+}
+
+/// What a compile gave: a program in the cache (with the compiler's
+/// warnings), or the run's result when there is none.
+enum Compiled {
+    Program { warnings: Vec<Diagnostic> },
+    Failed(Box<ExecResult>),
+}
+
+/// Where a cached program's warnings are kept, beside the programs.
+const WARNINGS_DIR: &str = "warnings";
+
+/// The warnings the compile of the cached program `key` gave (none when
+/// they were not kept).
+fn cached_warnings(cache: &Dir, key: &str) -> Vec<Diagnostic> {
+    let Ok(dir) = hostfs::open_dir(cache, OsStr::new(WARNINGS_DIR)) else { return Vec::new() };
+    hostfs::read_regular(&dir, OsStr::new(key), 1 << 20)
+        .ok()
+        .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+        .unwrap_or_default()
+}
+
 /// Compiles `source` into the cache entry `key`, within what is left of the
-/// request's `deadline` (at most `compile_timeout`). `Ok(Some(result))` when
-/// the code did not compile (or the compiler hit a limit): that is the
-/// run's result.
+/// request's `deadline` (at most `compile_timeout`). [`Compiled::Failed`]
+/// when the code did not compile (or the compiler hit a limit): that is
+/// the run's result.
 fn compile(
     runner: &Runner,
     cfg: &RustConfig,
@@ -333,7 +379,7 @@ fn compile(
     key: &str,
     request: &ExecRequest,
     deadline: &Deadline,
-) -> Result<Option<ExecResult>, ExecError> {
+) -> Result<Compiled, ExecError> {
     let io = |e: std::io::Error| ExecError::internal(NAME, format!("cannot stage the compile: {e}"));
     let dir = crate::backends::owner::temp_dir("rustc").map_err(io)?;
     let handle = hostfs::open_ambient(dir.path()).map_err(io)?;
@@ -412,8 +458,8 @@ fn compile(
     outcome
 }
 
-/// The result of a compile that did not produce a program, or `None` once
-/// the program is in the cache.
+/// The result of a compile that did not produce a program, or the
+/// program's warnings once it is in the cache.
 #[allow(clippy::too_many_arguments)]
 fn compiled(
     runner: &Runner,
@@ -426,7 +472,7 @@ fn compiled(
     deadline: &Deadline,
     user_lines: u32,
     bound_by_request: bool,
-) -> Result<Option<ExecResult>, ExecError> {
+) -> Result<Compiled, ExecError> {
     let finished = match end {
         RunEnd::Finished(f) => f,
         RunEnd::SpawnFailed(reason) => return Err(runner.unavailable(reason)),
@@ -441,13 +487,17 @@ fn compiled(
         result.failure_kind = kind;
         result.diagnostics = diagnostics;
         result.usage.duration = deadline.elapsed();
-        Some(result)
+        Compiled::Failed(Box::new(result))
     };
     match finished.ended {
         process::Ended::Exited { exit_code: 0, .. } => {
-            store(target_dir, toolchain, key, cfg)
+            // Warnings about the harness (e.g. its prelude unused when the
+            // code imports `Value` itself) are not the caller's to fix.
+            let warnings: Vec<Diagnostic> =
+                diagnostics.into_iter().filter(|d| d.level == "warning" && d.line.is_some()).collect();
+            store(target_dir, toolchain, key, cfg, &warnings)
                 .map_err(|e| ExecError::internal(NAME, format!("cannot cache the compiled program: {e}")))?;
-            Ok(None)
+            Ok(Compiled::Program { warnings })
         }
         process::Ended::Exited { oom_killed: true, .. } => Ok(failed(
             Outcome::OutOfMemory,
@@ -529,9 +579,21 @@ fn cache_key(fingerprint: &str, source: &str) -> String {
 
 /// Copies the compiled program (read without following a link the
 /// compiler's container could have planted) into the cache entry `key`
-/// (a fresh file renamed into place), then trims the cache.
-fn store(target_dir: &Dir, toolchain: &Toolchain, key: &str, cfg: &RustConfig) -> std::io::Result<()> {
+/// (a fresh file renamed into place), keeps its compile's warnings beside
+/// it (a later hit reports them too), then trims the cache.
+fn store(
+    target_dir: &Dir,
+    toolchain: &Toolchain,
+    key: &str,
+    cfg: &RustConfig,
+    warnings: &[Diagnostic],
+) -> std::io::Result<()> {
     let cache = &toolchain.binaries_dir;
+    if !warnings.is_empty() {
+        let dir = hostfs::create_dirs(cache, Path::new(WARNINGS_DIR), Some(0o700))?;
+        let text = serde_json::to_vec(warnings).map_err(std::io::Error::other)?;
+        hostfs::replace(&dir, OsStr::new(key), &text)?;
+    }
     hostfs::copy_regular(target_dir, OsStr::new("program"), cache, OsStr::new(key), 0o755, cfg.max_binary_bytes)?;
     trim(cache, cfg.cached_binaries);
     Ok(())
@@ -557,8 +619,12 @@ fn trim(cache: &Dir, keep: usize) {
     }
     if programs.len() > keep {
         programs.sort();
+        let warnings = hostfs::open_dir(cache, OsStr::new(WARNINGS_DIR)).ok();
         for (_, name) in &programs[..programs.len() - keep] {
             drop(cache.remove_file(name));
+            if let Some(warnings) = &warnings {
+                drop(warnings.remove_file(name));
+            }
         }
     }
 }
@@ -588,5 +654,23 @@ mod tests {
         assert_eq!((diags[0].line, diags[0].column, diags[0].code.as_deref()), (Some(3), Some(5), Some("E0308")));
         assert_eq!(diags[1].line, None, "a harness line is not reported as the caller's");
         assert!(rendered.starts_with("error[E0308]"));
+    }
+
+    #[test]
+    fn the_returned_value_is_the_harness_line_and_the_rest_stays_stdout() {
+        let take = |printed: &str| {
+            let mut stdout = crate::result::CapturedStream {
+                bytes: printed.as_bytes().to_vec(),
+                total_bytes: printed.len() as u64,
+                truncated: false,
+            };
+            let value = take_returned_value(&mut stdout);
+            (value, String::from_utf8(stdout.bytes).unwrap(), stdout.total_bytes)
+        };
+        assert_eq!(take("\n[1,2]\n"), (Some(serde_json::json!([1, 2])), String::new(), 0));
+        assert_eq!(take("hello\n{\"a\":1}\n\n7\n"), (Some(serde_json::json!(7)), "hello\n{\"a\":1}\n".into(), 17));
+        assert_eq!(take("no newline\n\"s\"\n"), (Some(serde_json::json!("s")), "no newline".into(), 10));
+        assert_eq!(take("exited early\n").0, None, "a last line that is not JSON is no value");
+        assert_eq!(take("").0, None);
     }
 }

@@ -699,7 +699,7 @@ impl Session for ContainerSession {
     }
 
     fn capabilities(&self) -> &BackendCapabilities {
-        self.runner.capabilities()
+        self.runner.session_capabilities()
     }
 
     fn refusals(&self, request: &ExecRequest) -> Vec<Violation> {
