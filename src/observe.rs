@@ -73,3 +73,52 @@ pub(crate) fn refused(request: &ExecRequest, error: &ExecError, session: Option<
     );
     tracing::info!(target: "execbox", parent: &span, message = %error.describe(), "refused");
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+    use tracing::field::{Field, Visit};
+    use tracing::span::{Attributes, Id, Record};
+    use tracing::{Event, Metadata, Subscriber};
+
+    /// Keeps the fields of every new span, as `name=value` text.
+    #[derive(Clone, Default)]
+    struct Fields(Arc<Mutex<Vec<String>>>);
+
+    impl Visit for Fields {
+        fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+            self.0.lock().unwrap().push(format!("{}={value:?}", field.name()));
+        }
+        fn record_str(&mut self, field: &Field, value: &str) {
+            self.0.lock().unwrap().push(format!("{}={value}", field.name()));
+        }
+    }
+
+    impl Subscriber for Fields {
+        fn enabled(&self, _: &Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, span: &Attributes<'_>) -> Id {
+            span.record(&mut self.clone());
+            Id::from_u64(1)
+        }
+        fn record(&self, _: &Id, _: &Record<'_>) {}
+        fn record_follows_from(&self, _: &Id, _: &Id) {}
+        fn event(&self, _: &Event<'_>) {}
+        fn enter(&self, _: &Id) {}
+        fn exit(&self, _: &Id) {}
+    }
+
+    #[test]
+    fn a_runs_span_carries_its_invocation_id() {
+        let fields = Fields::default();
+        let request = ExecRequest::javascript("1").invocation_id("inv-42");
+        tracing::subscriber::with_default(fields.clone(), || {
+            let _span = run_span("boa-js", &request, None);
+        });
+        let seen = fields.0.lock().unwrap().clone();
+        assert!(seen.contains(&"invocation=inv-42".to_string()), "{seen:?}");
+        assert!(seen.contains(&"backend=boa-js".to_string()), "{seen:?}");
+    }
+}

@@ -7,6 +7,7 @@ use sha2::{Digest, Sha256};
 use super::executor::{CodeExecutor, InvocationContext};
 use super::extract::CodeBlockExtractor;
 use super::result::{CodeExecutionInput, ModelOutcome};
+use crate::file::ExecFile;
 
 /// Who a message is from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -107,6 +108,17 @@ pub enum StopReason {
     MaxTurns,
 }
 
+/// A file a block's run returned (a plot, a CSV), with where it came from.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LoopFile {
+    /// Model turn (0-based).
+    pub turn: usize,
+    /// Runnable block within the turn (0-based).
+    pub block: usize,
+    /// The file, its bytes included.
+    pub file: ExecFile,
+}
+
 /// The loop's record.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LoopReport {
@@ -116,15 +128,29 @@ pub struct LoopReport {
     pub trace: Vec<TraceStep>,
     /// Why it stopped.
     pub stop: StopReason,
+    /// Every file the runs returned, in order (the history names them; the
+    /// bytes are here).
+    pub output_files: Vec<LoopFile>,
+    /// The execution id the blocks ran under, if any (made up for a
+    /// stateful executor when none was given, and ended with the loop).
+    pub execution_id: Option<String>,
 }
 
 /// Drives a model and a [`CodeExecutor`] until the model stops writing code.
+///
+/// Every block runs through [`CodeExecutor::execute_code_bounded`]: the
+/// executor's own [`error_retry_attempts`](CodeExecutor::error_retry_attempts)
+/// and [`timeout`](CodeExecutor::timeout) hold, whoever implements it. A
+/// stateful executor runs every block of the loop under one execution id:
+/// the caller's ([`AgentLoop::execution_id`]), or one made up for the loop
+/// and ended with it.
 pub struct AgentLoop<'a, E: CodeExecutor + ?Sized> {
     executor: &'a E,
     extractor: CodeBlockExtractor,
     max_turns: usize,
     ctx: InvocationContext,
     execution_id: Option<String>,
+    input_files: Vec<ExecFile>,
 }
 
 impl<'a, E: CodeExecutor + ?Sized> AgentLoop<'a, E> {
@@ -136,6 +162,7 @@ impl<'a, E: CodeExecutor + ?Sized> AgentLoop<'a, E> {
             max_turns: 8,
             ctx: InvocationContext::default(),
             execution_id: None,
+            input_files: Vec::new(),
         }
     }
 
@@ -152,9 +179,22 @@ impl<'a, E: CodeExecutor + ?Sized> AgentLoop<'a, E> {
     }
 
     /// Runs every block under this execution id (state carries over with a
-    /// stateful executor).
+    /// stateful executor). Without one, a stateful executor's blocks get an
+    /// id made up for this loop.
     pub fn execution_id(mut self, id: impl Into<String>) -> Self {
         self.execution_id = Some(id.into());
+        self
+    }
+
+    /// The invocation the loop runs for: its id reaches every run's span.
+    pub fn invocation(mut self, ctx: InvocationContext) -> Self {
+        self.ctx = ctx;
+        self
+    }
+
+    /// Stages `files` for every block (a CSV the model is asked about).
+    pub fn input_files(mut self, files: Vec<ExecFile>) -> Self {
+        self.input_files = files;
         self
     }
 
@@ -169,24 +209,46 @@ impl<'a, E: CodeExecutor + ?Sized> AgentLoop<'a, E> {
     /// async closure, e.g. `async |history| client.complete(history).await`.
     pub async fn run_async(
         &self,
-        mut history: Vec<Message>,
+        history: Vec<Message>,
         mut model: impl AsyncFnMut(&[Message]) -> String,
     ) -> LoopReport {
-        let mut trace = Vec::new();
+        let made_up = self.execution_id.is_none() && self.executor.stateful();
+        let execution_id = match &self.execution_id {
+            Some(id) => Some(id.clone()),
+            None if made_up => Some(format!("loop-{}", crate::nonce::hex128())),
+            None => None,
+        };
+        let mut report = LoopReport {
+            history,
+            trace: Vec::new(),
+            stop: StopReason::MaxTurns,
+            output_files: Vec::new(),
+            execution_id,
+        };
+        report.stop = self.turns(&mut report, &mut model).await;
+        if made_up && let Some(id) = &report.execution_id {
+            self.executor.end_execution(id);
+        }
+        report
+    }
+
+    /// The turns of [`AgentLoop::run_async`], recorded in `report`.
+    async fn turns(&self, report: &mut LoopReport, model: &mut impl AsyncFnMut(&[Message]) -> String) -> StopReason {
         for turn in 0..self.max_turns {
-            let reply = model(&history).await;
+            let reply = model(&report.history).await;
             let extraction = self.extractor.extract(&reply);
-            history.push(Message { role: Role::Model, parts: model_parts(&reply, &extraction) });
+            report.history.push(Message { role: Role::Model, parts: model_parts(&reply, &extraction) });
             let blocks: Vec<_> = extraction.runnable().collect();
             if blocks.is_empty() {
-                return LoopReport { history, trace, stop: StopReason::NoCode };
+                return StopReason::NoCode;
             }
             let mut results = Vec::new();
             for (index, (block, language)) in blocks.into_iter().enumerate() {
                 let input = CodeExecutionInput {
                     code: block.code.clone(),
                     language: language.as_str().to_string(),
-                    execution_id: self.execution_id.clone(),
+                    execution_id: report.execution_id.clone(),
+                    input_files: self.input_files.clone(),
                     ..Default::default()
                 };
                 let mut step = TraceStep {
@@ -201,14 +263,17 @@ impl<'a, E: CodeExecutor + ?Sized> AgentLoop<'a, E> {
                     truncated: false,
                     error: None,
                 };
-                let part = match self.executor.execute_code(&self.ctx, input).await {
-                    Ok(result) => {
-                        step.backend = Some(result.backend.clone());
+                let part = match self.executor.execute_code_bounded(&self.ctx, input).await {
+                    Ok(mut result) => {
+                        step.backend = Some(result.backend.clone()).filter(|b| !b.is_empty());
                         step.outcome = result.outcome;
                         step.duration_ms = result.duration_ms;
                         step.output_bytes = result.stdout_total_bytes + result.stderr_total_bytes;
                         step.truncated = result.stdout_truncated || result.stderr_truncated;
-                        Part::CodeResult { outcome: result.outcome, output: result.model_text() }
+                        let part = Part::CodeResult { outcome: result.outcome, output: result.model_text() };
+                        let files = std::mem::take(&mut result.output_files);
+                        report.output_files.extend(files.into_iter().map(|file| LoopFile { turn, block: index, file }));
+                        part
                     }
                     Err(err) => {
                         step.error = Some(err.to_string());
@@ -218,12 +283,12 @@ impl<'a, E: CodeExecutor + ?Sized> AgentLoop<'a, E> {
                         }
                     }
                 };
-                trace.push(step);
+                report.trace.push(step);
                 results.push(part);
             }
-            history.push(Message { role: Role::Tool, parts: results });
+            report.history.push(Message { role: Role::Tool, parts: results });
         }
-        LoopReport { history, trace, stop: StopReason::MaxTurns }
+        StopReason::MaxTurns
     }
 }
 

@@ -17,7 +17,7 @@ mod result;
 mod tool;
 
 pub use crate::sessions::registry::{SessionConfig, Sessions};
-pub use driver::{AgentLoop, LoopReport, Message, Part, Role, StopReason, TraceStep};
+pub use driver::{AgentLoop, LoopFile, LoopReport, Message, Part, Role, StopReason, TraceStep};
 pub use executor::{BoxFuture, CodeExecutor, CodeExecutorError, ExecboxCodeExecutor, InvocationContext};
 pub use extract::{CodeBlock, CodeBlockExtractor, Delimiters, Extraction};
 pub use result::{CodeExecutionInput, CodeExecutionResult, ModelOutcome};

@@ -20,7 +20,7 @@ pub fn tool_schema() -> Value {
             JavaScript: a function body; `input` holds the JSON input and `return` gives the output. \
             Python: `input` holds the JSON input; print JSON to give structured output. \
             Rust: define `fn run(input: serde_json::Value) -> serde_json::Value`. \
-            Shell: a POSIX sh script. Returns stdout, stderr, exit_code, outcome and output.",
+            Shell: a bash script. Returns stdout, stderr, exit_code, outcome and output.",
         "parameters": {
             "type": "object",
             "properties": {

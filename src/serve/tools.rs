@@ -539,18 +539,10 @@ impl ServerHandler for ExecboxMcp {
             && let Some(run_code) = tools.iter_mut().find(|t| t.name == "run_code")
         {
             let specs: Vec<&crate::tools::ToolSpec> = granted.iter().map(|s| s.as_ref()).collect();
-            let declarations = crate::tools::catalog::typescript(&specs);
-            let catalog = if declarations.len() <= CATALOG_BYTES {
-                format!("```ts\n{declarations}```")
-            } else {
-                crate::tools::catalog::text(&specs, CATALOG_BYTES)
-            };
             let description = format!(
-                "{}\n\nCode Mode: the code may call these host tools (JavaScript: `await tools.ns.name({{...}})`; \
-                 Python: `import tools` then `tools.ns.name(**kwargs)`; a failure raises ToolError with .kind). \
-                 Calls per run, timeouts and sizes are limited (list_backends shows tool_limits); the result's \
-                 tool_calls ledger says what each call did.\n{catalog}",
-                run_code.description.as_deref().unwrap_or_default()
+                "{}\n\n{}\nlist_backends shows the tool_limits.",
+                run_code.description.as_deref().unwrap_or_default(),
+                crate::tools::catalog::code_mode_prompt(&specs, CATALOG_BYTES)
             );
             run_code.description = Some(description.into());
         }

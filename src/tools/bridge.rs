@@ -285,7 +285,18 @@ impl ToolBridge {
                     Err(_) => Err(ToolError::new(&spec.name, ToolErrorKind::Cancelled, "the call was cancelled")),
                 }
             };
-            let outcome = tokio::time::timeout(timeout, work).await;
+            let outcome = tokio::time::timeout(timeout, work).await.map(|answer| {
+                // A result that breaks the tool's own declared shape is its failure.
+                answer.and_then(|value| match &tool.schemas.output {
+                    Some(schema) => schema.validate(&value).map(|()| value).map_err(|mismatch| {
+                        ToolError::failed(
+                            &name,
+                            format!("the tool's result does not match its output_schema:\n{}", mismatch.describe()),
+                        )
+                    }),
+                    None => Ok(value),
+                })
+            });
             let (result, outcome, kind, bytes_out, truncated) = match outcome {
                 Ok(Ok(value)) => {
                     let (value, truncated) = cut_to_fit(value, max_result);
@@ -427,6 +438,16 @@ impl ToolBridge {
         let tool = self.registry.get(&call.name).ok_or_else(|| {
             refuse(ToolErrorKind::NotFound, "no such tool (tools.list() names the granted ones)".into())
         })?;
+        if let Some(schema) = &tool.schemas.input {
+            let empty = Value::Object(Default::default());
+            let args = if call.args.is_null() { &empty } else { &call.args };
+            if let Err(mismatch) = schema.validate(args) {
+                return Err(refuse(
+                    ToolErrorKind::InvalidArguments,
+                    format!("the arguments do not match the tool's input_schema:\n{}", mismatch.describe()),
+                ));
+            }
+        }
         Ok(tool.clone())
     }
 
@@ -550,6 +571,66 @@ mod tests {
 
     fn call(id: u64, name: &str, args: Value) -> ToolCall {
         ToolCall { id, name: name.into(), args }
+    }
+
+    /// Arguments are checked against the tool's input_schema before its
+    /// handler runs; a result against its output_schema after.
+    #[test]
+    fn arguments_and_results_are_held_to_the_tools_schemas() {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        let ran = Arc::new(AtomicU32::new(0));
+        let counted = ran.clone();
+        let input = json!({"type": "object", "properties": {"email": {"type": "string", "format": "email"},
+            "limit": {"type": "integer", "minimum": 1}}, "required": ["email"], "additionalProperties": false});
+        let registry = ToolRegistry::builder()
+            .tool(ToolSpec::new("crm.find").input_schema(input), move |args: Value| {
+                counted.fetch_add(1, Ordering::SeqCst);
+                async move { Ok(json!({"id": if args["email"] == "bad@x.org" { json!("seven") } else { json!(7) }})) }
+            })
+            .tool(
+                ToolSpec::new("crm.count").output_schema(json!({"type": "object", "required": ["id"],
+                    "properties": {"id": {"type": "integer"}}})),
+                |_: Value| async { Ok(json!({"id": "seven"})) },
+            )
+            .build()
+            .unwrap();
+        let b = ToolBridge::new(
+            registry,
+            vec!["crm.*".into()],
+            ToolLimits::default(),
+            Deadline::start(Some(Duration::from_secs(30))),
+        );
+        for (args, named) in [
+            (json!({}), "\"email\" is a required property"),
+            (json!({"email": "not an address"}), "/email"),
+            (json!({"email": "a@x.org", "limit": 0}), "/limit"),
+            (json!({"email": "a@x.org", "extra": 1}), "extra"),
+            (Value::Null, "\"email\" is a required property"),
+        ] {
+            let r = b.call_blocking(call(1, "crm.find", args.clone()));
+            let error = r.error.unwrap_or_else(|| panic!("{args} was let through"));
+            assert_eq!(error.kind, ToolErrorKind::InvalidArguments, "{args}");
+            assert!(error.message.contains(named), "{args}: {}", error.message);
+        }
+        assert_eq!(ran.load(Ordering::SeqCst), 0, "no handler ran for arguments that do not match");
+        assert!(b.call_blocking(call(2, "crm.find", json!({"email": "a@x.org", "limit": 3}))).ok);
+        let broken = b.call_blocking(call(3, "crm.count", json!({})));
+        let error = broken.error.expect("a result that breaks its schema fails");
+        assert_eq!(error.kind, ToolErrorKind::Failed);
+        assert!(error.message.contains("/id: \"seven\" is not of type \"integer\""), "{}", error.message);
+        let ledger = b.finish().0;
+        assert_eq!(ledger.len(), 7, "each call is in the ledger: {ledger:?}");
+    }
+
+    #[test]
+    fn a_schema_execbox_will_not_compile_is_a_registration_error() {
+        let err = ToolRegistry::builder()
+            .tool(ToolSpec::new("x.y").input_schema(json!({"$ref": "https://example.com/s.json"})), |_: Value| async {
+                Ok(Value::Null)
+            })
+            .build()
+            .unwrap_err();
+        assert!(err.to_string().contains("input_schema") && err.to_string().contains("same document"), "{err}");
     }
 
     #[test]

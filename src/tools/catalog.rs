@@ -106,6 +106,23 @@ pub fn text(specs: &[&ToolSpec], max_bytes: usize) -> String {
     out
 }
 
+/// What a model needs to call `specs` from its code: how (JavaScript,
+/// Python), what a failure looks like, and the catalog: TypeScript
+/// declarations when they fit in `max_bytes`, else the text list, else a
+/// note on discovering them from code. One text for every prompt execbox
+/// writes (the MCP `run_code` description, the agent layer's system
+/// instruction).
+pub fn code_mode_prompt(specs: &[&ToolSpec], max_bytes: usize) -> String {
+    let declarations = typescript(specs);
+    let catalog =
+        if declarations.len() <= max_bytes { format!("```ts\n{declarations}```") } else { text(specs, max_bytes) };
+    format!(
+        "Code Mode: the code may call these host tools (JavaScript: `await tools.ns.name({{...}})`; Python: \
+         `import tools` then `tools.ns.name(**kwargs)`; a failure raises ToolError with .kind). Calls per run, \
+         timeouts and sizes are limited; the result's tool_calls ledger says what each call did.\n{catalog}"
+    )
+}
+
 fn by_namespace<'a>(specs: &[&'a ToolSpec]) -> BTreeMap<&'a str, Vec<&'a ToolSpec>> {
     let mut map: BTreeMap<&str, Vec<&ToolSpec>> = BTreeMap::new();
     for spec in specs {

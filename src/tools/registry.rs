@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::error::ToolError;
+use crate::schema::JsonSchema;
 
 /// A boxed, sendable future (a tool call in flight).
 pub type ToolFuture = Pin<Box<dyn Future<Output = Result<Value, ToolError>> + Send + 'static>>;
@@ -166,6 +167,59 @@ pub struct Tool {
     /// What it is.
     pub spec: Arc<ToolSpec>,
     pub(crate) handler: Arc<dyn ToolHandler>,
+    /// The spec's schemas, compiled: a call's arguments are checked before
+    /// its handler runs, its result after.
+    pub(crate) schemas: Arc<ToolSchemas>,
+}
+
+/// A tool's schemas, compiled ([`JsonSchema`]); `None` where there is
+/// nothing to check.
+#[derive(Default)]
+pub(crate) struct ToolSchemas {
+    pub(crate) input: Option<JsonSchema>,
+    pub(crate) output: Option<JsonSchema>,
+}
+
+impl ToolSchemas {
+    /// Both schemas of `spec`, or which one execbox refuses and why.
+    fn of(spec: &ToolSpec) -> Result<Self, RegistryError> {
+        let bad = |which: &'static str| {
+            move |e: crate::schema::SchemaError| RegistryError::BadSchema {
+                name: spec.name.clone(),
+                which,
+                reason: e.reason,
+            }
+        };
+        Ok(Self {
+            input: Some(JsonSchema::new(spec.input_schema.clone()).map_err(bad("input_schema"))?),
+            output: spec.output_schema.clone().map(JsonSchema::new).transpose().map_err(bad("output_schema"))?,
+        })
+    }
+
+    /// Both schemas of a tool from elsewhere (an upstream MCP server): one
+    /// execbox refuses (over its bounds) is not checked here, with a
+    /// warning; its server checks its own arguments.
+    pub(crate) fn lenient(spec: &ToolSpec) -> Self {
+        let compile = |which: &str, schema: Value| match JsonSchema::new(schema) {
+            Ok(schema) => Some(schema),
+            Err(e) => {
+                tracing::warn!(tool = %spec.name, which, reason = %e, "a tool's schema is not checked by execbox");
+                None
+            }
+        };
+        Self {
+            input: compile("input_schema", spec.input_schema.clone()),
+            output: spec.output_schema.clone().and_then(|schema| compile("output_schema", schema)),
+        }
+    }
+}
+
+impl Tool {
+    /// A tool from elsewhere (see [`ToolSchemas::lenient`]).
+    pub(crate) fn lenient(spec: ToolSpec, handler: Arc<dyn ToolHandler>) -> Self {
+        let schemas = Arc::new(ToolSchemas::lenient(&spec));
+        Self { spec: Arc::new(spec), handler, schemas }
+    }
 }
 
 impl std::fmt::Debug for Tool {
@@ -235,6 +289,16 @@ pub enum RegistryError {
         /// The name.
         name: String,
     },
+    /// A schema that execbox will not compile (see [`crate::schema`]).
+    #[error("tool {name:?}: {which}: {reason}")]
+    BadSchema {
+        /// The tool's name.
+        name: String,
+        /// `input_schema` or `output_schema`.
+        which: &'static str,
+        /// Why.
+        reason: String,
+    },
 }
 
 /// The tools sandboxed code may call (when a policy grants them). Cheap to
@@ -261,6 +325,8 @@ impl std::fmt::Debug for ToolRegistry {
 pub struct ToolRegistryBuilder {
     tools: Vec<Tool>,
     approver: Option<Arc<dyn Approver>>,
+    /// The first schema refused, reported by [`ToolRegistryBuilder::build`].
+    refused: Option<RegistryError>,
 }
 
 impl ToolRegistryBuilder {
@@ -277,8 +343,21 @@ impl ToolRegistryBuilder {
     ///     .unwrap();
     /// assert_eq!(tools.names(), ["math.add"]);
     /// ```
+    ///
+    /// Its `input_schema` (and `output_schema`, if any) are compiled here:
+    /// each call's arguments are checked against it before `handler` runs
+    /// (`invalid_arguments`, naming each failing place), and its result
+    /// after (`failed`). A schema execbox will not compile (see
+    /// [`crate::schema`]) is an error at [`ToolRegistryBuilder::build`].
     pub fn tool(mut self, spec: ToolSpec, handler: impl ToolHandler) -> Self {
-        self.tools.push(Tool { spec: Arc::new(spec), handler: Arc::new(handler) });
+        let schemas = match ToolSchemas::of(&spec) {
+            Ok(schemas) => schemas,
+            Err(e) => {
+                self.refused.get_or_insert(e);
+                ToolSchemas::default()
+            }
+        };
+        self.tools.push(Tool { spec: Arc::new(spec), handler: Arc::new(handler), schemas: Arc::new(schemas) });
         self
     }
 
@@ -305,6 +384,9 @@ impl ToolRegistryBuilder {
 
     /// Checks every name and finishes the registry.
     pub fn build(self) -> Result<ToolRegistry, RegistryError> {
+        if let Some(refused) = self.refused {
+            return Err(refused);
+        }
         let mut tools = BTreeMap::new();
         for tool in self.tools {
             check_name(&tool.spec.name)?;

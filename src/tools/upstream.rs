@@ -310,7 +310,7 @@ async fn connect_one(
                 }
             }
         };
-        tools.push(Tool { spec: Arc::new(spec), handler: Arc::new(handler) });
+        tools.push(Tool::lenient(spec, Arc::new(handler)));
     }
     Ok((service, tools))
 }

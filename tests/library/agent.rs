@@ -39,7 +39,12 @@ struct Flaky {
     exit_code: i32,
     calls: Arc<AtomicU32>,
     caps: BackendCapabilities,
+    /// Where each run's invocation id goes, when a test looks.
+    seen: Option<Arc<Seen>>,
 }
+
+/// The invocation ids runs carried.
+struct Seen(parking_lot::Mutex<Vec<Option<String>>>);
 
 impl Flaky {
     fn new(failures: u32, error: fn() -> ExecError, exit_code: i32) -> (Self, Arc<AtomicU32>) {
@@ -67,7 +72,7 @@ impl Flaky {
                 allow_list: Enforcement::enforced("test"),
             },
         };
-        (Self { failures, error, exit_code, calls: calls.clone(), caps }, calls)
+        (Self { failures, error, exit_code, calls: calls.clone(), caps, seen: None }, calls)
     }
 }
 
@@ -78,7 +83,10 @@ impl Backend for Flaky {
     fn capabilities(&self) -> &BackendCapabilities {
         &self.caps
     }
-    fn execute(&self, _call: execbox::Admitted) -> Result<ExecResult, ExecError> {
+    fn execute(&self, call: execbox::Admitted) -> Result<ExecResult, ExecError> {
+        if let Some(seen) = &self.seen {
+            seen.0.lock().push(call.request().invocation_id.clone());
+        }
         let n = self.calls.fetch_add(1, Ordering::SeqCst);
         if n < self.failures {
             return Err((self.error)());
@@ -430,4 +438,208 @@ async fn dispatch_runs_in_a_session_by_id_and_checks_its_arguments() {
     let refused = call(json!({"language": "js", "code": "1", "packages": ["numpy"]})).await;
     assert_eq!(refused["error"]["kind"], "refused", "{refused}");
     assert_eq!(refused["error"]["violations"][0]["control"], "packages", "{refused}");
+}
+
+// ---- the loop's contract with any executor ------------------------------------------
+
+/// A hand-written executor: it fails its first `failures` calls with a
+/// retryable error, hangs when the code says `hang`, records what each call
+/// was given, and returns a file per call.
+struct Scripted {
+    failures: AtomicU32,
+    calls: parking_lot::Mutex<Vec<CodeExecutionInput>>,
+    retries: u32,
+    stateful: bool,
+    ended: parking_lot::Mutex<Vec<String>>,
+}
+
+impl Scripted {
+    fn new(failures: u32, retries: u32, stateful: bool) -> Self {
+        Self {
+            failures: AtomicU32::new(failures),
+            calls: parking_lot::Mutex::new(Vec::new()),
+            retries,
+            stateful,
+            ended: parking_lot::Mutex::new(Vec::new()),
+        }
+    }
+}
+
+impl CodeExecutor for Scripted {
+    fn execute_code<'a>(
+        &'a self,
+        _ctx: &'a InvocationContext,
+        input: CodeExecutionInput,
+    ) -> execbox::agent::BoxFuture<'a, Result<execbox::agent::CodeExecutionResult, CodeExecutorError>> {
+        Box::pin(async move {
+            self.calls.lock().push(input.clone());
+            if self.failures.load(Ordering::SeqCst) > 0 {
+                self.failures.fetch_sub(1, Ordering::SeqCst);
+                return Err(CodeExecutorError::Exec(unavailable()));
+            }
+            if input.code.contains("hang") {
+                std::future::pending::<()>().await;
+            }
+            let file = execbox::ExecFile::new("plot.png", vec![137u8, 80, 78, 71]);
+            Ok(execbox::agent::CodeExecutionResult {
+                stdout: "ran\n".into(),
+                outcome: Outcome::Ok,
+                backend: "scripted".into(),
+                output_files: vec![file],
+                ..Default::default()
+            })
+        })
+    }
+
+    fn stateful(&self) -> bool {
+        self.stateful
+    }
+
+    fn error_retry_attempts(&self) -> u32 {
+        self.retries
+    }
+
+    fn timeout(&self) -> Duration {
+        Duration::from_millis(200)
+    }
+
+    fn end_execution(&self, execution_id: &str) {
+        self.ended.lock().push(execution_id.to_string());
+    }
+}
+
+#[tokio::test]
+async fn the_loop_holds_any_executor_to_its_retries_and_timeout() {
+    // Three attempts allowed, two retryable failures: the block runs.
+    let executor = Scripted::new(2, 3, false);
+    let report = AgentLoop::new(&executor).max_turns(1).run(vec![], |_| "```python\nprint(1)\n```".into()).await;
+    assert_eq!(report.trace[0].outcome, Outcome::Ok, "{report:?}");
+    assert_eq!(executor.calls.lock().len(), 3);
+    // One attempt allowed: the first failure is the answer.
+    let executor = Scripted::new(2, 1, false);
+    let report = AgentLoop::new(&executor).max_turns(1).run(vec![], |_| "```python\nprint(1)\n```".into()).await;
+    assert_eq!((report.trace[0].outcome, executor.calls.lock().len()), (Outcome::Failed, 1));
+    assert!(report.trace[0].error.as_deref().unwrap().contains("spawn failed"), "{report:?}");
+    // An executor that never answers is stopped at its own timeout (plus the grace).
+    let executor = Scripted::new(0, 1, false);
+    let started = std::time::Instant::now();
+    let report = AgentLoop::new(&executor).max_turns(1).run(vec![], |_| "```python\nhang\n```".into()).await;
+    assert_eq!(report.trace[0].outcome, Outcome::DeadlineExceeded, "{report:?}");
+    assert!(started.elapsed() < Duration::from_secs(20), "it did not wait for ever");
+    let Part::CodeResult { output, .. } = &report.history.last().unwrap().parts[0] else { panic!() };
+    assert!(output.contains("did not answer within its timeout of 200 ms"), "{output}");
+}
+
+#[tokio::test]
+async fn the_loop_passes_input_files_and_keeps_output_files_and_a_stateful_id() {
+    let executor = Scripted::new(0, 1, true);
+    let csv = execbox::ExecFile::new("data.csv", "a,b\n1,2\n");
+    let mut turn = 0;
+    let model = |_: &[Message]| {
+        turn += 1;
+        if turn < 3 { "```python\nprint(1)\n```\n```python\nprint(2)\n```".to_string() } else { "done".to_string() }
+    };
+    let report = AgentLoop::new(&executor).input_files(vec![csv.clone()]).run(vec![], model).await;
+    let calls = executor.calls.lock().clone();
+    assert_eq!(calls.len(), 4);
+    assert!(calls.iter().all(|c| c.input_files == [csv.clone()]), "every block gets the files");
+    let id = report.execution_id.clone().expect("a stateful executor gets an id");
+    assert!(calls.iter().all(|c| c.execution_id.as_deref() == Some(id.as_str())), "one id for the whole loop");
+    assert_eq!(*executor.ended.lock(), [id], "the made-up id is ended with the loop");
+    let places: Vec<(usize, usize)> = report.output_files.iter().map(|f| (f.turn, f.block)).collect();
+    assert_eq!(places, [(0, 0), (0, 1), (1, 0), (1, 1)]);
+    assert_eq!(report.output_files[0].file.content, [137, 80, 78, 71], "the bytes are kept");
+    // A given id is the caller's: used, never ended by the loop.
+    let executor = Scripted::new(0, 1, true);
+    let report =
+        AgentLoop::new(&executor).execution_id("mine").max_turns(1).run(vec![], |_| "```py\n1\n```".into()).await;
+    assert_eq!(report.execution_id.as_deref(), Some("mine"));
+    assert!(executor.ended.lock().is_empty());
+    // A stateless executor gets none.
+    let executor = Scripted::new(0, 1, false);
+    let report = AgentLoop::new(&executor).max_turns(1).run(vec![], |_| "```py\n1\n```".into()).await;
+    assert_eq!((report.execution_id, executor.calls.lock()[0].execution_id.clone()), (None, None));
+}
+
+#[tokio::test]
+async fn a_stateful_loop_keeps_state_across_turns_and_closes_its_session() {
+    let executor = session_executor(SessionConfig::default());
+    let mut turn = 0;
+    let model = |history: &[Message]| {
+        turn += 1;
+        match turn {
+            1 => "```js\nvar total = 40\n```".to_string(),
+            2 => "```js\ntotal + 2\n```".to_string(),
+            _ => {
+                let Part::CodeResult { output, .. } = &history.last().unwrap().parts[0] else { panic!() };
+                assert!(output.contains("42"), "{output}");
+                "It is 42.".to_string()
+            }
+        }
+    };
+    let report = AgentLoop::new(&executor).run(vec![Message::user("add")], model).await;
+    assert_eq!(report.stop, StopReason::NoCode);
+    assert!(report.trace.iter().all(|s| s.outcome == Outcome::Ok), "{:?}", report.trace);
+    assert_eq!(executor.session_count(), 0, "the loop's session is closed when it ends");
+}
+
+/// `is_success` is never true for a known outcome other than ok, whatever
+/// the exit code (an output cut at its cap or one that does not match its
+/// schema keeps exit code 0).
+#[test]
+fn is_success_follows_the_outcome() {
+    let failed_with_zero =
+        execbox::agent::CodeExecutionResult { exit_code: Some(0), outcome: Outcome::Failed, ..Default::default() };
+    assert!(!failed_with_zero.is_success());
+    let ok = execbox::agent::CodeExecutionResult { exit_code: Some(0), outcome: Outcome::Ok, ..Default::default() };
+    assert!(ok.is_success());
+    let by_hand = execbox::agent::CodeExecutionResult { exit_code: Some(0), ..Default::default() };
+    assert!(by_hand.is_success(), "an unspecified outcome falls back to the exit code");
+    let mut run = ExecResult::new("x", RunOutcome::InvalidOutput);
+    run.exit_code = Some(0);
+    assert!(!execbox::agent::CodeExecutionResult::from(run).is_success());
+}
+
+/// The invocation id reaches every run the executor makes, and the output
+/// schema is checked for the agent layer too.
+#[tokio::test]
+async fn invocation_ids_reach_the_run_and_output_schemas_are_checked() {
+    let seen = Arc::new(Seen(parking_lot::Mutex::new(Vec::new())));
+    let (mut backend, _) = Flaky::new(0, unavailable, 0);
+    backend.seen = Some(seen.clone());
+    let executor = flaky_executor(backend);
+    let ctx = InvocationContext::new("inv-7");
+    executor.execute_code(&ctx, CodeExecutionInput::new("python", "x")).await.unwrap();
+    assert_eq!(*seen.0.lock(), [Some("inv-7".to_string())]);
+
+    let js = js_executor();
+    let schema = execbox::JsonSchema::new(json!({"type": "object", "required": ["answer"]})).unwrap();
+    let input = CodeExecutionInput { output_schema: Some(schema), ..CodeExecutionInput::new("js", "return {}") };
+    let r = js.execute_code(&InvocationContext::default(), input).await.unwrap();
+    assert_eq!(r.outcome, Outcome::Failed);
+    assert!(!r.is_success());
+    assert_eq!(r.output_errors.len(), 1, "{r:?}");
+    assert!(r.model_text().contains("\"answer\" is a required property"), "{}", r.model_text());
+}
+
+#[test]
+fn the_system_instruction_names_languages_limits_and_granted_tools() {
+    use execbox::tools::{ToolRegistry, ToolSpec};
+    let tools = ToolRegistry::builder()
+        .tool(ToolSpec::new("crm.lookup").description("Finds a customer by email."), |_args| async {
+            Ok(json!({"id": 1}))
+        })
+        .build()
+        .unwrap();
+    let executor = ExecboxCodeExecutor::new(Executor::builder().backend(BoaJs::default()).tools(tools).build())
+        .with_policy(SandboxPolicy::strict().tools(["crm.*"]))
+        .with_timeout(Duration::from_secs(3));
+    let text = executor.system_instruction();
+    assert!(text.contains("```javascript: a function body"), "{text}");
+    assert!(!text.contains("```python"), "only languages a backend runs: {text}");
+    assert!(text.contains("3000 ms") && text.contains("256 MiB") && text.contains("no network"), "{text}");
+    assert!(text.contains("Finds a customer by email.") && text.contains("lookup(args"), "{text}");
+    assert!(text.contains("At most 100 tool calls per run."), "{text}");
+    let plain = js_executor().system_instruction();
+    assert!(!plain.contains("Code Mode"), "no tools granted, none described: {plain}");
 }
