@@ -368,6 +368,12 @@ pub(super) fn files_from_listing(
     let mut skipped: Vec<String> = Vec::new();
     let mut stopped = false;
     let end = loop {
+        // A real walk stops at this many entries; a forged listing is held
+        // to it too.
+        if found.len() + skipped.len() >= MAX_OUTPUT_ENTRIES {
+            stopped = true;
+            break End::Whole;
+        }
         let line = match parser.line() {
             Ok(line) => line,
             Err(end) => break end,
@@ -495,14 +501,22 @@ fn read_batch<'a>(
 }
 
 /// A listed name as an output file's name: UTF-8, relative, plain
-/// components only.
+/// components only, no deeper than the walk goes ([`MAX_OUTPUT_DEPTH`]
+/// directories): a forged listing gets no more directories made on the
+/// host (by `--output-dir`, by a client saving the files) than a real one.
 fn checked_name(name: &[u8]) -> Result<String, &'static str> {
     let name = std::str::from_utf8(name).map_err(|_| "name is not UTF-8")?;
     let plain = !name.is_empty()
         && !name.contains('\0')
         && name.split('/').all(|part| !part.is_empty())
         && Path::new(name).components().all(|c| matches!(c, Component::Normal(_)));
-    if plain { Ok(name.to_string()) } else { Err("not a name under out/") }
+    if !plain {
+        return Err("not a name under out/");
+    }
+    if name.split('/').count() > MAX_OUTPUT_DEPTH + 1 {
+        return Err("nested deeper than 16");
+    }
+    Ok(name.to_string())
 }
 
 #[cfg(test)]
@@ -534,10 +548,14 @@ mod tests {
     #[test]
     fn forged_or_broken_listings_are_noted_and_never_escape_out() {
         let long_name = format!("F 1\n{}\n{}1\n\nxE\n", MAX_NAME_BYTES + 1, "a".repeat(MAX_NAME_BYTES + 1));
+        let deep = format!("{}f", "a/".repeat(MAX_OUTPUT_DEPTH + 1));
+        let deep_name = format!("F 1\n{}\n{deep}1\nxE\n", deep.len());
         for (raw, expect) in [
             (b"F 1\n9\n../passwd3\nabcE\n".as_slice(), "../passwd (not a name under out/)"),
             (b"F 1\n5\n/etc/3\nabcE\n".as_slice(), "/etc/ (not a name under out/)"),
             (b"F 1\n5\na/../3\nabcE\n".as_slice(), "not a name under out/"),
+            // Deeper than the walk goes: what a forged listing would have the host create.
+            (deep_name.as_bytes(), "nested deeper than 16"),
             (b"F 1\n4\na//b3\nabcE\n".as_slice(), "not a name under out/"),
             (b"F 1\n3\na\0b3\nabcE\n".as_slice(), "not a name under out/"),
             (b"F 1\n2\n\xff\xfe3\nabcE\n".as_slice(), "name is not UTF-8"),

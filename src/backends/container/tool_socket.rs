@@ -96,6 +96,12 @@ pub(super) struct ToolSocket {
 #[derive(Default)]
 struct Shared {
     state: Mutex<State>,
+    /// The id the next call goes to the bridge under. Each connection
+    /// numbers its own calls (the shell's `tool` command opens one per
+    /// call, each starting at 1), and the bridge tracks ids per run: every
+    /// call is handed over under an id of the socket's, and its answer goes
+    /// back under the connection's own.
+    next_id: AtomicU64,
 }
 
 #[derive(Default)]
@@ -277,6 +283,9 @@ struct Link {
     in_flight: AtomicU64,
     /// A call of this connection was answered (or dropped).
     freed: Notify,
+    /// The ids of this connection's calls in flight: one it reuses is
+    /// refused (`protocol`), as the bridge refuses within one run.
+    ids: Mutex<std::collections::HashSet<u64>>,
 }
 
 impl Link {
@@ -322,6 +331,7 @@ async fn connection(stream: tokio::net::UnixStream, shared: Arc<Shared>, _alive:
         overflow: Notify::new(),
         in_flight: AtomicU64::new(0),
         freed: Notify::new(),
+        ids: Mutex::new(Default::default()),
     });
     let read = async {
         let mut framer = Framer::default();
@@ -369,9 +379,30 @@ fn take(shared: &Arc<Shared>, link: &Arc<Link>, tx: &UnboundedSender<Vec<u8>>, f
         return queue(link, tx, ToolResult::error(id, over), 0);
     };
     let limit = unread_limit(bridge.as_deref());
+    // The connection's own id, and the socket's the bridge sees.
+    let (request, own) = match request {
+        Request::Call(mut call) => {
+            let own = call.id;
+            if !link.ids.lock().insert(own) {
+                let error = ToolError::new(
+                    &call.name,
+                    ToolErrorKind::Protocol,
+                    format!("call id {own} is already in flight on this connection"),
+                );
+                return queue(link, tx, ToolResult::error(own, error), limit);
+            }
+            call.id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+            (Request::Call(call), Some(own))
+        }
+        other => (other, None),
+    };
     let (shared, link, tx) = (shared.clone(), link.clone(), tx.clone());
     let in_flight = InFlight::new(&link);
-    request.dispatch(bridge.as_ref(), move |result| {
+    request.dispatch(bridge.as_ref(), move |mut result| {
+        if let Some(own) = own {
+            result.id = own;
+            link.ids.lock().remove(&own);
+        }
         drop(in_flight);
         if shared.is_current(generation) {
             queue(&link, &tx, result, limit);
@@ -474,6 +505,10 @@ mod tests {
             })
             .tool(ToolSpec::new("big.blob"), |_: Value| async { Ok(json!("x".repeat(200 << 10))) })
             .tool(ToolSpec::new("big.echo"), |args: Value| async move { Ok(args) })
+            .tool(ToolSpec::new("math.slow"), |args: Value| async move {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                Ok(args["n"].clone())
+            })
             .build()
             .unwrap();
         let deadline = Deadline::start(Some(Duration::from_secs(30)));
@@ -506,7 +541,7 @@ mod tests {
         stream.write_all(b"{\"tool_call\":{\"id\":1,\"name\":\"math.add\",\"args\":{\"a\":2,\"b\":3}}}\n").unwrap();
         assert_eq!(answer(&mut reader), json!({"id": 1, "ok": true, "value": 5}));
         stream.write_all(b"{\"tool_call\":{\"id\":2,\"name\":\"tools.list\"}}\nnot json\n").unwrap();
-        assert_eq!(answer(&mut reader)["value"], json!(["big.blob", "big.echo", "math.add"]));
+        assert_eq!(answer(&mut reader)["value"], json!(["big.blob", "big.echo", "math.add", "math.slow"]));
         assert_eq!(answer(&mut reader)["error"]["kind"], "protocol");
         // A frame over the limit is refused by its head.
         let huge = format!(
@@ -557,6 +592,32 @@ mod tests {
         let read = reader.get_mut().read_to_end(&mut sink);
         assert!(closed || read.is_ok(), "the connection ends");
         assert!(sink.len() < 64 << 20, "{} bytes of answers", sink.len());
+    }
+
+    /// Each connection numbers its own calls (the shell's `tool` command
+    /// opens one per call, each with id 1): calls of different connections
+    /// in flight at once never collide; a connection that reuses an id of
+    /// its own in flight is refused.
+    #[test]
+    fn connections_number_their_own_calls() {
+        let (socket, bridge) = socket_with(ToolLimits::default());
+        let mut links: Vec<_> = (0..4).map(|_| connect(&socket)).collect();
+        for (n, (stream, _)) in links.iter_mut().enumerate() {
+            let call = format!("{{\"tool_call\":{{\"id\":1,\"name\":\"math.slow\",\"args\":{{\"n\":{n}}}}}}}\n");
+            stream.write_all(call.as_bytes()).unwrap();
+        }
+        for (n, (_, reader)) in links.iter_mut().enumerate() {
+            assert_eq!(answer(reader), json!({"id": 1, "ok": true, "value": n}), "connection {n}");
+        }
+        let (stream, reader) = &mut links[0];
+        let slow = b"{\"tool_call\":{\"id\":5,\"name\":\"math.slow\",\"args\":{\"n\":5}}}\n";
+        stream.write_all(slow).unwrap();
+        stream.write_all(slow).unwrap();
+        let first = answer(reader);
+        assert_eq!((first["id"].clone(), first["error"]["kind"].clone()), (json!(5), json!("protocol")), "{first}");
+        assert_eq!(answer(reader), json!({"id": 5, "ok": true, "value": 5}));
+        // Five calls ran (the refused reuse is not one).
+        assert_eq!(bridge.finish().0.len(), 5);
     }
 
     #[test]
