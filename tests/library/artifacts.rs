@@ -211,6 +211,35 @@ fn js_reads_a_version_larger_than_one_tool_result_in_parts() {
     assert!(r.tool_calls.iter().all(|c| !c.truncated), "no answer needed the bridge's cut: {:?}", r.tool_calls);
 }
 
+/// B2 from code: saves the store's total refuses leave no directories
+/// behind (they used to leave one empty name directory each, which the
+/// quota does not count and `list` does not show).
+#[test]
+fn js_saves_the_total_refuses_leave_nothing_on_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = ArtifactStoreConfig::default().dir(dir.path()).max_total_bytes(3000);
+    let store = ArtifactStore::new(cfg).unwrap();
+    let exec = js_exec(&store);
+    let code = "let saved = 0, refused = 0;
+        for (let i = 0; i < 90; i++) {
+          try { await tools.artifacts.save({name: 'f' + i, content: 'x'.repeat(500)}); saved++; }
+          catch (e) { if (e.kind !== 'quota_exceeded') throw e; refused++; }
+        }
+        const listed = await tools.artifacts.list({limit: 1000});
+        return [saved, refused, listed.artifacts.length, listed.usage.files];";
+    let r = exec.execute_blocking(js(code, &["artifacts.*"], Some("key:full"))).unwrap();
+    let saved = ok(&r)[0].as_u64().unwrap();
+    assert_eq!(ok(&r), json!([saved, 90 - saved, saved, saved]));
+    assert!(saved > 0 && saved < 10, "{saved}");
+    let scopes: Vec<_> = std::fs::read_dir(dir.path().join("scopes")).unwrap().collect();
+    assert_eq!(scopes.len(), 1);
+    let names = std::fs::read_dir(scopes[0].as_ref().unwrap().path())
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().file_type().unwrap().is_dir())
+        .count();
+    assert_eq!(names as u64, saved, "a directory per saved name, none per refused one");
+}
+
 /// A policy whose stdout spills past 2000 bytes.
 fn spilling() -> SandboxPolicy {
     let mut policy = policy(&["artifacts.*"]);
