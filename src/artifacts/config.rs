@@ -41,7 +41,9 @@ pub struct ArtifactStoreConfig {
     pub max_file_bytes: u64,
     /// Most bytes all scopes together may take on disk. Counted by this
     /// store (and its clones): measured when it opens, then kept by its
-    /// saves and [`ArtifactStore::remove_scope`](crate::artifacts::ArtifactStore::remove_scope);
+    /// saves, [`ArtifactStore::remove_scope`](crate::artifacts::ArtifactStore::remove_scope)
+    /// and its sweep of abandoned scopes
+    /// ([`ArtifactStore::reclaim_abandoned_scopes`](crate::artifacts::ArtifactStore::reclaim_abandoned_scopes));
     /// what another process writes into the same directory is counted at
     /// the next open.
     ///

@@ -14,6 +14,12 @@
 //!   answer `unavailable` (a run alone has no later run to keep anything
 //!   for, and an implicit shared scope would let unrelated runs read each
 //!   other's files).
+//! - **Scopes a process owns** ([`ArtifactStore::own_scopes`]): scopes
+//!   meant to live no longer than the process that uses them (`execbox
+//!   serve`'s, one per MCP connection) carry an owner record, and a store
+//!   opened after that process is gone, however it ended, removes them
+//!   ([`ArtifactStore::reclaim_abandoned_scopes`]). Every other scope stays
+//!   until [`ArtifactStore::remove_scope`].
 //! - **Tools** ([`ArtifactStore::tools`]): ordinary registry tools in the
 //!   namespace `artifacts`, granted like any (`artifacts.*` or by name),
 //!   counted in the run's budgets and ledger, listed by `tools.list()` and
@@ -51,6 +57,7 @@
 pub(crate) mod config;
 pub(crate) mod error;
 mod names;
+mod owned;
 pub(crate) mod spill;
 pub(crate) mod store;
 mod tools;

@@ -7,7 +7,7 @@
 //!     → {name, version, size, sha256, created_unix_ms, media_type?, text}
 //! artifacts.load {name, version?, offset?, length?}
 //!     → {name, version, size, sha256, created_unix_ms, media_type?, text,
-//!        offset, length, content | content_base64}
+//!        offset, length, truncated, content | content_base64}
 //! artifacts.list {name?, after?, limit?}
 //!     → {artifacts: [{name, versions: [{version, size, sha256, created_unix_ms, media_type?, text}]}],
 //!        more, usage: {bytes, files}, quota: {max_scope_bytes, max_scope_files, max_file_bytes}}
@@ -15,8 +15,12 @@
 //!
 //! `load` gives text back as `content` when it was saved as text and the
 //! bytes asked for are valid UTF-8, else as `content_base64`; `offset` and
-//! `length` (bytes) read part of a version larger than a tool result may
-//! be (`tool_limits.max_result_bytes`).
+//! `length` (bytes) read part of a version. An answer is held to the run's
+//! `tool_limits.max_result_bytes` by `load` itself, not by the bridge's
+//! generic cut (which would shorten `content` and leave `length` saying
+//! otherwise): it carries fewer bytes, `length` says how many, and
+//! `truncated` is true, so `offset += length` until `offset == size` reads
+//! the whole version (text is cut between characters).
 //!
 //! Errors code can catch (`ToolError.kind`): `invalid_arguments` (a bad
 //! name, a bad range, unknown arguments), `not_found` (no such artifact or
@@ -30,6 +34,7 @@ use serde_json::{Value, json};
 use super::error::ArtifactError;
 use super::store::{Artifact, ArtifactStore};
 use crate::tools::error::{ToolError, ToolErrorKind};
+use crate::tools::frame::json_len;
 use crate::tools::registry::{ToolAnnotations, ToolContext, ToolFuture, ToolHandler, ToolRegistry, ToolSpec};
 
 /// The namespace of the artifact tools (grant them with `artifacts.*`).
@@ -65,7 +70,7 @@ impl ToolHandler for ArtifactTool {
     }
 
     fn call_in(&self, args: Value, context: &ToolContext) -> ToolFuture {
-        let (op, store) = (self.op, self.store.clone());
+        let (op, store, context) = (self.op, self.store.clone(), context.clone());
         let Some(scope) = context.scope.clone() else {
             return Box::pin(async move {
                 Err(ToolError::new(
@@ -77,7 +82,8 @@ impl ToolHandler for ArtifactTool {
         };
         Box::pin(async move {
             // File work blocks: off the tool runtime's async threads.
-            match tokio::task::spawn_blocking(move || run(op, &store, &scope, args)).await {
+            let max_result = context.max_result_bytes;
+            match tokio::task::spawn_blocking(move || run(op, &store, &scope, args, max_result)).await {
                 Ok(answer) => answer,
                 Err(e) => Err(ToolError::failed(op.name(), format!("the store's task failed: {e}"))),
             }
@@ -126,8 +132,9 @@ const LIST_DEFAULT: usize = 100;
 /// Most artifacts one `artifacts.list` answers with.
 const LIST_MAX: usize = 1000;
 
-/// Runs `op` with `args` in `scope` (on a blocking thread).
-fn run(op: Op, store: &ArtifactStore, scope: &str, args: Value) -> Result<Value, ToolError> {
+/// Runs `op` with `args` in `scope` (on a blocking thread); `max_result`
+/// is the largest answer the run takes.
+fn run(op: Op, store: &ArtifactStore, scope: &str, args: Value, max_result: Option<u64>) -> Result<Value, ToolError> {
     let tool = op.name();
     let store_error = |e: ArtifactError| e.to_tool_error(tool);
     let bad = |message: String| ToolError::new(tool, ToolErrorKind::InvalidArguments, message);
@@ -163,7 +170,11 @@ fn run(op: Op, store: &ArtifactStore, scope: &str, args: Value) -> Result<Value,
                 return Err(bad("versions start at 1".into()));
             }
             let artifact = store.load(scope, &a.name, a.version).map_err(store_error)?;
-            loaded(artifact, a.offset, a.length).map_err(bad)
+            match loaded(artifact, a.offset, a.length, max_result) {
+                Ok(value) => Ok(value),
+                Err(Unloadable::Range(message)) => Err(bad(message)),
+                Err(Unloadable::NoRoom(message)) => Err(ToolError::new(tool, ToolErrorKind::ResultTooLarge, message)),
+            }
         }
         Op::List => {
             let a: ListArgs = serde_json::from_value(args).map_err(|e| bad(e.to_string()))?;
@@ -196,26 +207,86 @@ fn run(op: Op, store: &ArtifactStore, scope: &str, args: Value) -> Result<Value,
     }
 }
 
+/// Why `load` cannot answer.
+enum Unloadable {
+    /// `offset` is past the end.
+    Range(String),
+    /// The run's largest answer cannot hold one byte (or character) of content.
+    NoRoom(String),
+}
+
 /// `load`'s answer: the version's description and the bytes from
-/// `offset` (default 0), at most `length` of them (default: to the end).
-fn loaded(artifact: Artifact, offset: Option<u64>, length: Option<u64>) -> Result<Value, String> {
+/// `offset` (default 0), at most `length` of them (default: to the end),
+/// and no more than fit an answer of `max_result` bytes of JSON: then
+/// `length` counts the bytes it carries and `truncated` is true.
+fn loaded(
+    artifact: Artifact,
+    offset: Option<u64>,
+    length: Option<u64>,
+    max_result: Option<u64>,
+) -> Result<Value, Unloadable> {
     let size = artifact.content.len() as u64;
     let offset = offset.unwrap_or(0);
     if offset > size {
-        return Err(format!("offset {offset} is past the end ({size} bytes)"));
+        return Err(Unloadable::Range(format!("offset {offset} is past the end ({size} bytes)")));
     }
-    let end = length.map_or(size, |n| offset.saturating_add(n).min(size));
-    let slice = &artifact.content[offset as usize..end as usize];
-    let text = artifact.version.text;
-    let mut value = serde_json::to_value(&artifact.version).unwrap_or_default();
-    value["name"] = json!(artifact.name);
-    value["offset"] = json!(offset);
-    value["length"] = json!(end - offset);
-    match std::str::from_utf8(slice) {
-        Ok(s) if text => value["content"] = json!(s),
-        _ => value["content_base64"] = json!(base64::engine::general_purpose::STANDARD.encode(slice)),
+    let asked_end = length.map_or(size, |n| offset.saturating_add(n).min(size));
+    let content = &artifact.content;
+    // Text stays text: a cut ends between characters (when the bytes asked for are text at all).
+    let asked = &content[offset as usize..asked_end as usize];
+    let text = std::str::from_utf8(asked).ok().filter(|_| artifact.version.text);
+    let cut = |end: u64| {
+        let mut at = (end - offset) as usize;
+        while text.is_some_and(|t| !t.is_char_boundary(at)) {
+            at -= 1;
+        }
+        offset + at as u64
+    };
+    let mut described = serde_json::to_value(&artifact.version).unwrap_or_default();
+    described["name"] = json!(artifact.name);
+    described["offset"] = json!(offset);
+    let answer = |end: u64| {
+        let slice = &content[offset as usize..end as usize];
+        let mut value = described.clone();
+        value["length"] = json!(end - offset);
+        value["truncated"] = json!(end < asked_end);
+        match text {
+            Some(t) => value["content"] = json!(&t[..slice.len()]),
+            None => value["content_base64"] = json!(base64::engine::general_purpose::STANDARD.encode(slice)),
+        }
+        value
+    };
+    let Some(max) = max_result else { return Ok(answer(asked_end)) };
+    let whole = answer(asked_end);
+    if json_len(&whole) <= max {
+        return Ok(whole);
     }
-    Ok(value)
+    // The most bytes that fit: the answer grows with its content, so a
+    // binary search (content never takes less than a byte of JSON per byte,
+    // so no more than `max` bytes can fit).
+    let (mut fits, mut over) = (0u64, (asked_end - offset).min(max.saturating_add(1)));
+    if json_len(&answer(offset)) > max {
+        return Err(Unloadable::NoRoom(format!(
+            "the answer's description alone is over the run's largest tool result ({max} bytes, \
+             tool_limits.max_result_bytes)"
+        )));
+    }
+    while over - fits > 1 {
+        let mid = fits + (over - fits) / 2;
+        if json_len(&answer(cut(offset + mid))) <= max {
+            fits = mid;
+        } else {
+            over = mid;
+        }
+    }
+    let end = cut(offset + fits);
+    if end == offset {
+        return Err(Unloadable::NoRoom(format!(
+            "the run's largest tool result ({max} bytes, tool_limits.max_result_bytes) has no room for content \
+             after the answer's description"
+        )));
+    }
+    Ok(answer(end))
 }
 
 impl ArtifactStore {
@@ -250,7 +321,9 @@ impl ArtifactStore {
             .description(
                 "Load an artifact of this run's scope: the latest version, or `version`. Text comes back as \
                  `content`, bytes as `content_base64`; `offset` and `length` (bytes) read part of a large one \
-                 (`size` is the whole). Fails with not_found when there is no such artifact or version.",
+                 (`size` is the whole). An answer too large for one tool result carries fewer bytes: `length` \
+                 says how many and `truncated` is true; read on from `offset + length`. Fails with not_found \
+                 when there is no such artifact or version.",
             )
             .input_schema(json!({
                 "type": "object",
@@ -350,5 +423,60 @@ mod tests {
         assert_eq!(next["usage"]["files"], 5);
         let err = call(&store, Some("s"), "artifacts.list", json!({"limit": 0})).unwrap_err();
         assert_eq!(err.kind, ToolErrorKind::InvalidArguments);
+    }
+
+    /// An answer held to the run's largest tool result carries fewer bytes
+    /// and says so; `offset += length` reads the whole version, text cut
+    /// only between characters, bytes too.
+    #[test]
+    fn a_load_too_large_for_one_result_says_how_much_it_carries() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = ArtifactStore::new(ArtifactStoreConfig::default().dir(dir.path())).unwrap();
+        let text: String = (0..400).map(|i| format!("\"é{i}\"\n")).collect();
+        store.save_text("s", "t", &text, None).unwrap();
+        let bytes: Vec<u8> = (0..3000u32).map(|i| (i * 7) as u8).collect();
+        store.save_bytes("s", "b", &bytes, None).unwrap();
+        let load = |name: &str, offset: u64, max: u64| {
+            let args = json!({"name": name, "offset": offset});
+            run(Op::Load, &store, "s", args, Some(max))
+        };
+        for max in [600u64, 1000, 4096] {
+            let (mut offset, mut text_read, mut bytes_read, mut parts) = (0u64, String::new(), Vec::new(), 0);
+            loop {
+                let part = load("t", offset, max).unwrap();
+                assert!(json_len(&part) <= max, "{max}: {}", json_len(&part));
+                let content = part["content"].as_str().unwrap();
+                assert_eq!(part["length"].as_u64().unwrap(), content.len() as u64);
+                text_read.push_str(content);
+                offset += part["length"].as_u64().unwrap();
+                parts += 1;
+                assert_eq!(part["truncated"], json!(offset < text.len() as u64), "{part}");
+                if part["truncated"] == json!(false) {
+                    break;
+                }
+            }
+            assert_eq!(text_read, text, "{max}");
+            assert!(parts > 1, "{max}: cut into parts");
+            offset = 0;
+            loop {
+                let part = load("b", offset, max).unwrap();
+                assert!(json_len(&part) <= max);
+                let chunk =
+                    base64::engine::general_purpose::STANDARD.decode(part["content_base64"].as_str().unwrap()).unwrap();
+                assert_eq!(part["length"].as_u64().unwrap(), chunk.len() as u64);
+                bytes_read.extend(chunk);
+                offset += part["length"].as_u64().unwrap();
+                if part["truncated"] == json!(false) {
+                    break;
+                }
+            }
+            assert_eq!(bytes_read, bytes, "{max}");
+        }
+        // Within the limit: the whole, not truncated; `length` asked for is kept.
+        let whole = run(Op::Load, &store, "s", json!({"name": "t", "length": 10}), Some(1 << 20)).unwrap();
+        assert_eq!((whole["length"].clone(), whole["truncated"].clone()), (json!(10), json!(false)));
+        // No room for a single character: an error, not an empty answer code would loop on.
+        let err = load("t", 0, 100).unwrap_err();
+        assert_eq!(err.kind, ToolErrorKind::ResultTooLarge, "{err}");
     }
 }

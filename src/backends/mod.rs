@@ -4,7 +4,7 @@
 
 #[cfg(any(feature = "wasm", feature = "container"))]
 mod conventions;
-#[cfg(any(feature = "wasm", feature = "container"))]
+#[cfg(any(feature = "wasm", feature = "container", feature = "artifacts"))]
 pub(crate) mod owner;
 
 #[cfg(feature = "js")]

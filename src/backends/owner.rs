@@ -5,8 +5,11 @@
 //! every container carries the label `execbox.owner=<owner>`, where `<owner>`
 //! is [`token`]: this process's pid and its start time (so a reused pid is
 //! not mistaken for its predecessor). [`sweep_stale_temp_dirs`] removes the
-//! directories of owners that are gone.
+//! directories of owners that are gone. The artifact store marks the
+//! scopes a process owns the same way (see `artifacts::store`), with
+//! [`namespace`] and [`host`] so that liveness is judged only where it can be.
 
+#[cfg(any(feature = "wasm", feature = "container"))]
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -20,23 +23,61 @@ pub(crate) fn token() -> &'static str {
 }
 
 /// Whether the process that `token` names still runs (false for tokens
-/// this module did not make).
+/// this module did not make, and for a zombie: killed, not yet reaped by
+/// its parent, it never runs again).
 pub(crate) fn is_alive(token: &str) -> bool {
     let Some((pid, start)) = token.split_once('.') else { return false };
     let (Ok(pid), Ok(start)) = (pid.parse::<u32>(), start.parse::<u64>()) else { return false };
-    start_time(pid).is_some_and(|now| now == start)
+    stat(pid).is_some_and(|(state, now)| now == start && !matches!(state, 'Z' | 'X'))
+}
+
+/// `<boot id>.<PID namespace inode>` of this process: an owner token can
+/// be judged alive or dead only by a process of the same namespace of the
+/// same boot (another PID namespace numbers its processes apart).
+#[cfg(any(feature = "container", feature = "artifacts"))]
+pub(crate) fn namespace() -> &'static str {
+    static NAMESPACE: OnceLock<String> = OnceLock::new();
+    NAMESPACE.get_or_init(|| {
+        let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+        let pidns = std::fs::read_link("/proc/self/ns/pid").map(|p| p.display().to_string()).unwrap_or_default();
+        let digits: String = pidns.chars().filter(char::is_ascii_digit).collect();
+        format!("{}.{digits}", boot.trim())
+    })
+}
+
+/// The boot id in a [`namespace`] (empty if it has none).
+#[cfg(feature = "artifacts")]
+pub(crate) fn boot_of(namespace: &str) -> &str {
+    namespace.rsplit_once('.').map_or("", |(boot, _)| boot)
+}
+
+/// This machine's host name (of this process's UTS namespace; empty if
+/// unknown): tells an earlier boot of this machine from another machine
+/// sharing a directory.
+#[cfg(feature = "artifacts")]
+pub(crate) fn host() -> &'static str {
+    static HOST: OnceLock<String> = OnceLock::new();
+    HOST.get_or_init(|| std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string())
 }
 
 /// Field 22 of `/proc/<pid>/stat`: when the process started.
 fn start_time(pid: u32) -> Option<u64> {
+    stat(pid).map(|(_, start)| start)
+}
+
+/// Fields 3 (its state: `Z` for a zombie) and 22 (when it started) of
+/// `/proc/<pid>/stat`.
+fn stat(pid: u32) -> Option<(char, u64)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name (field 2) may hold spaces and parentheses: skip past its last `)`.
-    let after_name = &stat[stat.rfind(')')? + 1..];
-    after_name.split_whitespace().nth(19)?.parse().ok()
+    let mut fields = stat[stat.rfind(')')? + 1..].split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    Some((state, fields.nth(18)?.parse().ok()?))
 }
 
 /// A new private directory `execbox-<what>-<owner>-<random>` in the system
 /// temp dir, removed when the handle drops.
+#[cfg(any(feature = "wasm", feature = "container"))]
 pub(crate) fn temp_dir(what: &str) -> std::io::Result<tempfile::TempDir> {
     sweep_stale_temp_dirs();
     tempfile::Builder::new().prefix(&format!("execbox-{what}-{}-", token())).tempdir()
@@ -47,6 +88,7 @@ pub(crate) fn temp_dir(what: &str) -> std::io::Result<tempfile::TempDir> {
 /// clean up). Off the request path: a dead host may have left a tree that
 /// takes long to remove (a program can nest 100,000 directories in its
 /// output directory).
+#[cfg(any(feature = "wasm", feature = "container"))]
 pub(crate) fn sweep_stale_temp_dirs() {
     static SWEPT: OnceLock<()> = OnceLock::new();
     SWEPT.get_or_init(|| {
@@ -59,6 +101,7 @@ pub(crate) fn sweep_stale_temp_dirs() {
 }
 
 /// The sweep of one directory (tests point it elsewhere).
+#[cfg(any(feature = "wasm", feature = "container"))]
 pub(crate) fn sweep_in(dir: &Path) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     for entry in entries.flatten() {
@@ -80,6 +123,7 @@ pub(crate) fn sweep_in(dir: &Path) {
 
 /// Removes a directory tree without recursing per level (a deep tree left by
 /// a program must not overflow this thread's stack).
+#[cfg(any(feature = "wasm", feature = "container"))]
 fn remove_tree(path: &Path) -> std::io::Result<()> {
     #[cfg(feature = "container")]
     {
@@ -94,6 +138,7 @@ fn remove_tree(path: &Path) -> std::io::Result<()> {
 }
 
 /// The owner token in `execbox-<what>-<pid>.<start>-<random>`.
+#[cfg(any(feature = "wasm", feature = "container"))]
 fn owner_of(name: &str) -> Option<&str> {
     let rest = name.strip_prefix("execbox-")?;
     let mut parts = rest.splitn(3, '-');
@@ -110,8 +155,24 @@ mod tests {
         assert!(is_alive(token()));
         assert!(!is_alive("999999999.1"));
         assert!(!is_alive("garbage"));
+        // A killed child is a zombie until it is reaped: dead all the same.
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let pid = child.id();
+        let child_token = format!("{pid}.{}", start_time(pid).unwrap());
+        assert!(is_alive(&child_token));
+        child.kill().unwrap();
+        // Nothing announces the zombie to a parent that does not reap: it is looked for.
+        let zombie = (0..2000).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            stat(pid).is_some_and(|(state, _)| state == 'Z')
+        });
+        assert!(zombie, "the killed child is a zombie");
+        assert!(!is_alive(&child_token));
+        child.wait().unwrap();
+        assert!(!is_alive(&child_token));
     }
 
+    #[cfg(any(feature = "wasm", feature = "container"))]
     #[test]
     fn sweep_removes_only_dirs_of_dead_owners() {
         let root = tempfile::tempdir().unwrap();

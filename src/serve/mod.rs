@@ -19,7 +19,9 @@
 //! - **Shutdown** (SIGTERM, SIGINT, stdin EOF on stdio): new calls are
 //!   refused, runs in flight finish or time out (the drain waits no longer
 //!   than the latest deadline in flight plus the kill grace), then sessions
-//!   are killed and containers and staging directories are removed.
+//!   are killed, containers and staging directories are removed, and so
+//!   are the connections' artifact scopes, before the process exits (a
+//!   server killed first leaves them to the next store's sweep).
 
 mod approval;
 mod config;

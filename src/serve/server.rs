@@ -19,6 +19,12 @@ use crate::executor::Executor;
 use crate::sessions::registry::Sessions;
 use crate::tools::ToolRegistry;
 
+/// How long the drain removes the artifact scopes left and waits for
+/// ended connections' cleanups: room for about 50,000 version files at
+/// the ~0.2 ms each measured for a sweep (docs/code-mode.md, "Artifacts");
+/// a larger store is finished by the next store's sweep.
+pub(crate) const CLEANUP_LIMIT: Duration = Duration::from_secs(10);
+
 /// The server's state: the matrix (prepared in the background), the gate
 /// and the session registry. Build once, then serve one or more transports.
 #[derive(Clone)]
@@ -45,6 +51,10 @@ impl Server {
                     .map_err(|e| ConfigError::invalid("ServeConfig::artifacts", e.to_string()))?;
                 builder = builder.artifacts(store.clone());
                 let prefix = format!("mcp:{}", crate::nonce::hex128());
+                // Scopes `<prefix>:<connection>…`: this process's, removed
+                // when their connection ends or at the drain, and by a later
+                // store if this process dies first.
+                store.own_scopes(format!("{prefix}:"));
                 (tools, Some(super::shared::ServeArtifacts { store, prefix }))
             }
             None => (tools, None),
@@ -61,6 +71,7 @@ impl Server {
             next_connection: AtomicU64::new(1),
             upstreams,
             _connections: connections,
+            cleanups: Default::default(),
             #[cfg(feature = "artifacts")]
             artifacts,
         };
@@ -194,7 +205,11 @@ impl Server {
     /// latest deadline in flight plus the kill grace), then kills every
     /// session (also one whose call is still running) and removes what the
     /// backends started outside this process (containers, staging
-    /// directories).
+    /// directories). Last, it removes the artifact scopes of every
+    /// connection (ended or still open) and waits for the cleanups of
+    /// connections that ended, within 10 s (`CLEANUP_LIMIT`): what is left
+    /// then is reclaimed by the next store opened on the directory, as
+    /// after a crash.
     pub async fn drain(&self) {
         let shared = &self.shared;
         shared.gate.close();
@@ -208,6 +223,21 @@ impl Server {
             exec.shutdown();
         })
         .await;
+        // File work: off the async threads, and bounded.
+        let this = shared.clone();
+        let cleaned = tokio::task::spawn_blocking(move || {
+            // Every connection's scopes, ended or not (runs are over): in
+            // turns with the removals of the cleanups running.
+            #[cfg(feature = "artifacts")]
+            if let Some(artifacts) = &this.artifacts {
+                artifacts.store.remove_owned_scopes(&format!("{}:", artifacts.prefix));
+            }
+            this.cleanups.wait(CLEANUP_LIMIT)
+        });
+        match tokio::time::timeout(CLEANUP_LIMIT, cleaned).await {
+            Ok(Ok(true)) => {}
+            _ => tracing::warn!("connections' cleanups still running at exit: a later store sweeps what they leave"),
+        }
     }
 }
 

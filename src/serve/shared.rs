@@ -1,7 +1,9 @@
 //! What the tools of every connection share: the matrix, the gate, the
 //! session registry, and the limits `list_backends` reports.
 
+use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
@@ -22,6 +24,8 @@ pub(crate) struct Shared {
     pub upstreams: Vec<UpstreamStatus>,
     /// Keeps the upstream connections open.
     pub _connections: Connections,
+    /// Ended connections' cleanups still running (the drain waits for them).
+    pub cleanups: Arc<Cleanups>,
     /// The artifact store, when the server keeps artifacts.
     #[cfg(feature = "artifacts")]
     pub artifacts: Option<ServeArtifacts>,
@@ -32,8 +36,61 @@ pub(crate) struct Shared {
 pub(crate) struct ServeArtifacts {
     pub store: crate::artifacts::store::ArtifactStore,
     /// `mcp:<random>`: this server process's scopes, apart from any other's
-    /// (connection numbers start again at 1 in every process).
+    /// (connection numbers start again at 1 in every process). The store
+    /// knows them as this process's own
+    /// ([`ArtifactStore::own_scopes`](crate::artifacts::ArtifactStore::own_scopes)),
+    /// so a later store reclaims what a killed server left.
     pub prefix: String,
+}
+
+/// Cleanups of ended connections (closing their sessions, removing their
+/// artifact scopes), each on a thread of its own because it blocks; the
+/// drain waits for them so that the process does not exit half-way through
+/// one.
+#[derive(Default)]
+pub(crate) struct Cleanups {
+    running: parking_lot::Mutex<usize>,
+    finished: parking_lot::Condvar,
+}
+
+impl Cleanups {
+    /// Runs `work` on a thread of its own, counted until it ends (or
+    /// panics). If no thread can start, it is logged and left to the drain
+    /// (which closes every session and removes every scope the server owns)
+    /// or, after a crash, to the next store's sweep.
+    pub fn spawn(self: &Arc<Self>, work: impl FnOnce() + Send + 'static) {
+        /// Uncounts its cleanup when dropped: at its end, or with the
+        /// closure of a thread that did not start.
+        struct Counted(Arc<Cleanups>);
+        impl Drop for Counted {
+            fn drop(&mut self) {
+                *self.0.running.lock() -= 1;
+                self.0.finished.notify_all();
+            }
+        }
+        *self.running.lock() += 1;
+        let counted = Counted(self.clone());
+        let started = std::thread::Builder::new().name("execbox-cleanup".into()).spawn(move || {
+            let _counted = counted;
+            work();
+        });
+        if let Err(e) = started {
+            tracing::warn!(error = %e, "cannot start an ended connection's cleanup");
+        }
+    }
+
+    /// Waits (blocking) until no cleanup runs, for at most `limit`; whether
+    /// none does.
+    pub fn wait(&self, limit: Duration) -> bool {
+        let until = Instant::now() + limit;
+        let mut running = self.running.lock();
+        while *running > 0 {
+            if self.finished.wait_until(&mut running, until).timed_out() {
+                return *running == 0;
+            }
+        }
+        true
+    }
 }
 
 /// What keeps the upstream connections open (dropped with the server).
@@ -116,6 +173,7 @@ mod tests {
             next_connection: AtomicU64::new(1),
             upstreams: Vec::new(),
             _connections: None,
+            cleanups: Default::default(),
             #[cfg(feature = "artifacts")]
             artifacts: None,
             cfg,

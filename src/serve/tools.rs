@@ -101,8 +101,10 @@ impl Drop for Connection {
         #[cfg(feature = "artifacts")]
         let artifacts =
             self.shared.artifacts.as_ref().map(|a| (a.store.clone(), std::mem::take(&mut *self.scopes.lock())));
-        // Closing ends worker processes or removes containers: off the async threads.
-        std::thread::spawn(move || {
+        // Closing ends worker processes or removes containers: off the
+        // async threads, on a thread the drain waits for (an exit must not
+        // cut a removal short: see `Server::drain`).
+        self.shared.cleanups.spawn(move || {
             sessions.close_where(|key| key.starts_with(&prefix));
             #[cfg(feature = "artifacts")]
             if let Some((store, scopes)) = artifacts {

@@ -145,7 +145,7 @@ impl ToolBridge {
     }
 
     /// [`ToolBridge::with_approver`], its handlers told `context` (the
-    /// run's scope) with every call.
+    /// run's scope) with every call, and the largest answer `limits` take.
     pub(crate) fn for_run(
         registry: ToolRegistry,
         grants: Vec<String>,
@@ -155,6 +155,7 @@ impl ToolBridge {
         context: ToolContext,
     ) -> Arc<Self> {
         let approver = approver.map(|a| a.0).or_else(|| registry.approver().cloned());
+        let context = ToolContext { max_result_bytes: Some(limits.max_result_bytes), ..context };
         Arc::new(Self { registry, approver, grants, limits, deadline, context, state: Mutex::new(State::default()) })
     }
 

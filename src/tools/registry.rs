@@ -51,12 +51,22 @@ pub struct ToolContext {
     /// # Default
     /// `None`.
     pub scope: Option<Arc<str>>,
+    /// The largest answer the run takes from one call, as JSON text (its
+    /// policy's [`ToolLimits::max_result_bytes`](crate::tools::ToolLimits::max_result_bytes)):
+    /// a larger one is cut to fit, keeping its shape, so its strings and
+    /// arrays lose their ends. A tool that can answer in parts fits its
+    /// answer itself and says so (`artifacts.load` returns fewer bytes and
+    /// `truncated: true`, and code reads on from where it stopped).
+    ///
+    /// # Default
+    /// `None` (no limit known); the tool bridge sets it for every call.
+    pub max_result_bytes: Option<u64>,
 }
 
 impl ToolContext {
     /// The context of a run whose scope is `scope`.
     pub fn with_scope(scope: impl Into<Arc<str>>) -> Self {
-        Self { scope: Some(scope.into()) }
+        Self { scope: Some(scope.into()), max_result_bytes: None }
     }
 
     /// The run's scope, if it has one.

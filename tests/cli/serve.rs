@@ -930,6 +930,201 @@ async fn artifacts_belong_to_their_connection() {
     assert_eq!(std::fs::read_dir(&scopes).unwrap().count(), 0, "the connection's artifacts are gone");
 }
 
+/// B1: a server's exit used to leave its connections' artifacts on disk
+/// (removed by a detached thread the exit did not wait for), and their
+/// random scope names meant no later process removed them, while they
+/// counted against the store's total quota for good. Now the drain removes
+/// them before the exit, and a store opened later reclaims what a killed
+/// server left (its owner record names a process that is gone).
+#[cfg(feature = "artifacts")]
+mod artifacts_end_with_the_server {
+    use super::*;
+
+    /// JavaScript that saves 100 artifacts of 100 bytes (a run's default
+    /// budget of tool calls) and returns how many it saved.
+    const SAVE_100: &str = "let n = 0;
+        for (let i = 0; i < 100; i++) { await tools.artifacts.save({name: 'f' + i, content: 'x'.repeat(100)}); n++; }
+        return n;";
+
+    /// The scope directories under the store `dir`.
+    fn scopes(dir: &std::path::Path) -> Vec<String> {
+        let entries = std::fs::read_dir(dir.join("scopes")).unwrap();
+        entries.map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect()
+    }
+
+    /// Regular files below the store `dir`'s scopes.
+    fn files(dir: &std::path::Path) -> usize {
+        let mut count = 0;
+        let mut todo = vec![dir.join("scopes")];
+        while let Some(at) = todo.pop() {
+            for entry in std::fs::read_dir(at).unwrap() {
+                let entry = entry.unwrap();
+                if entry.file_type().unwrap().is_dir() {
+                    todo.push(entry.path());
+                } else {
+                    count += 1;
+                }
+            }
+        }
+        count
+    }
+
+    /// A server started with `args` and a client on its pipes: closing the
+    /// client closes the server's stdin, and nothing else ends the server
+    /// (rmcp's child-process transport kills its child after 3 s), so its
+    /// exit and status are its own.
+    async fn connect_piped(args: &[&str]) -> (Client, tokio::process::Child) {
+        use std::process::Stdio;
+        let mut server = tokio::process::Command::new(env!("CARGO_BIN_EXE_execbox"))
+            .arg("serve")
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn execbox serve");
+        let pipes = (server.stdout.take().unwrap(), server.stdin.take().unwrap());
+        let client = Watcher::default().serve(pipes).await.expect("MCP handshake");
+        (client, server)
+    }
+
+    /// Three scopes of one connection, 100 versions each.
+    async fn save_300(client: &Client) {
+        for key in [None, Some("b"), Some("c")] {
+            let mut arguments = json!({"language": "js", "code": SAVE_100});
+            if let Some(key) = key {
+                arguments["artifact_key"] = json!(key);
+            }
+            let (r, _) = run(client, arguments).await;
+            assert_eq!(r["output"], 100, "{r}");
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn stdin_closing_removes_the_connections_artifacts_before_the_exit() {
+        let dir = tempfile::tempdir().unwrap();
+        let args = ["--artifacts", dir.path().to_str().unwrap(), "--allow-tool", "artifacts.*"];
+        let (client, mut server) = connect_piped(&args).await;
+        save_300(&client).await;
+        assert_eq!(scopes(dir.path()).len(), 3);
+        assert!(files(dir.path()) >= 300, "{}", files(dir.path()));
+        // The client goes: the server's stdin ends.
+        client.cancel().await.unwrap();
+        let status = tokio::time::timeout(Duration::from_secs(60), server.wait()).await.expect("an exit").unwrap();
+        assert!(status.success(), "{status}");
+        // Looked at once, at the exit: nothing is left for later.
+        assert_eq!(scopes(dir.path()), Vec::<String>::new(), "{} files left", files(dir.path()));
+    }
+
+    #[test]
+    fn sigterm_over_http_removes_every_connections_artifacts_before_the_exit() {
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let mut server = KillOnDrop(
+            std::process::Command::new(env!("CARGO_BIN_EXE_execbox"))
+                .args(["serve", "--http", &format!("127.0.0.1:{port}")])
+                .args(["--artifacts", dir.path().to_str().unwrap(), "--allow-tool", "artifacts.*"])
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap(),
+        );
+        let server = &mut server.0;
+        let mut banner = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(server.stderr.take().unwrap()), &mut banner).unwrap();
+        assert!(banner.contains("listening"), "{banner}");
+        let url = format!("http://127.0.0.1:{port}/mcp");
+        let post = |session: Option<&str>, body: Value| {
+            let mut cmd = std::process::Command::new("curl");
+            cmd.args(["-s", "-i", "-X", "POST", &url])
+                .args(["-H", "content-type: application/json", "-H", "accept: application/json, text/event-stream"])
+                .args(["-H", "mcp-protocol-version: 2025-06-18", "--data", &body.to_string()]);
+            if let Some(session) = session {
+                cmd.args(["-H", &format!("mcp-session-id: {session}")]);
+            }
+            String::from_utf8_lossy(&cmd.output().unwrap().stdout).into_owned()
+        };
+        let connect_http = || {
+            let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion":
+                "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}});
+            let head = post(None, init);
+            let session = head
+                .lines()
+                .find_map(|l| l.to_ascii_lowercase().strip_prefix("mcp-session-id: ").map(|s| s.trim().to_string()))
+                .unwrap_or_else(|| panic!("no session header: {head}"));
+            post(Some(&session), json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+            session
+        };
+        let save_100 = |session: &str, key: &str| {
+            let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "run_code",
+                "arguments": {"language": "js", "code": SAVE_100, "artifact_key": key}}});
+            let reply = post(Some(session), call);
+            let answer = reply
+                .lines()
+                .filter_map(|l| l.strip_prefix("data:"))
+                .filter_map(|data| serde_json::from_str::<Value>(data.trim()).ok())
+                .find(|v| v.get("result").is_some())
+                .unwrap_or_else(|| panic!("{reply}"));
+            assert_eq!(answer["result"]["structuredContent"]["output"], 100, "{answer}");
+        };
+        // Three connections, two scopes each; one connection ends before
+        // the signal (its cleanup runs), two are open at it.
+        let sessions: Vec<String> = (0..3).map(|_| connect_http()).collect();
+        for session in &sessions {
+            save_100(session, "a");
+            save_100(session, "b");
+        }
+        assert_eq!(scopes(dir.path()).len(), 6);
+        let delete = std::process::Command::new("curl")
+            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "DELETE", &url])
+            .args(["-H", &format!("mcp-session-id: {}", sessions[0]), "-H", "mcp-protocol-version: 2025-06-18"])
+            .output()
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&delete.stdout), "204");
+        send_signal(server.id(), "TERM");
+        let status = process::wait_child(server, Duration::from_secs(60)).expect("an exit within 60 s");
+        assert_eq!(status.code(), Some(0));
+        assert_eq!(scopes(dir.path()), Vec::<String>::new(), "{} files left", files(dir.path()));
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_fresh_server_reclaims_what_a_killed_one_left() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = dir.path().to_str().unwrap();
+        // A scope of `execbox run`'s (a key's: no process owns it) is never swept.
+        let cli = |code: &str| {
+            let out = std::process::Command::new(env!("CARGO_BIN_EXE_execbox"))
+                .args(["run", "--artifacts", store, "--artifact-key", "keep", "--allow-tool", "artifacts.*"])
+                .args(["--code", code, "--json"])
+                .output()
+                .unwrap();
+            serde_json::from_slice::<Value>(&out.stdout).unwrap_or_else(|_| panic!("{out:?}"))["output"].clone()
+        };
+        let kept = "return (await tools.artifacts.save({name: 'kept', content: 'mine'})).version";
+        tokio::task::block_in_place(|| assert_eq!(cli(kept), 1));
+        let args = ["--artifacts", store, "--allow-tool", "artifacts.*"];
+        let (client, mut killed) = connect_piped(&args).await;
+        save_300(&client).await;
+        // SIGKILL: no drain, no cleanup of any kind (and reaped: a zombie counts as gone too).
+        killed.kill().await.unwrap();
+        let _ = client.cancel().await;
+        assert_eq!(scopes(dir.path()).len(), 4, "the killed server's three scopes and the key's");
+        assert!(files(dir.path()) > 300);
+
+        // A fresh server's store sweeps when it opens, off the request path.
+        let (fresh, _) = connect(&args).await;
+        let swept = || std::future::ready(scopes(dir.path()).len() == 1);
+        assert!(wait_until_async(Duration::from_secs(30), swept).await, "{:?}", scopes(dir.path()));
+        let (r, _) = run(&fresh, json!({"language": "js", "code": SAVE_100})).await;
+        assert_eq!(r["output"], 100, "{r}");
+        fresh.cancel().await.unwrap();
+        let load = "return (await tools.artifacts.load({name: 'kept'})).content";
+        tokio::task::block_in_place(|| assert_eq!(cli(load), "mine"));
+    }
+}
+
 /// Whether `pid` catches SIGTERM (its handler is installed: `SigCgt`).
 fn catches_sigterm(pid: u32) -> bool {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();

@@ -175,6 +175,71 @@ fn session_cells_share_their_sessions_scope() {
     assert!(store.list("session:s2").unwrap().is_empty());
 }
 
+/// A version larger than one tool result (`tool_limits.max_result_bytes`)
+/// is read in parts: each answer says how many bytes it carries (`length`)
+/// and that it was cut (`truncated`), so `offset += length` reads it all.
+/// The answer used to be cut by the bridge's generic cut: `content` ended
+/// in "…" while `length` still said the whole size, and such a loop lost
+/// everything past the first part.
+#[test]
+fn js_reads_a_version_larger_than_one_tool_result_in_parts() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = ArtifactStore::new(ArtifactStoreConfig::default().dir(dir.path())).unwrap();
+    let exec = js_exec(&store);
+    // Quotes, newlines and a two-byte character: JSON takes more than a byte for some.
+    let text: String = (0..2000).map(|i| format!("{i}: \"é\"\n")).collect();
+    store.save_text("key:big", "big.txt", &text, None).unwrap();
+    let mut policy = policy(&["artifacts.*"]);
+    policy.tool_limits.max_result_bytes = 4096;
+    let code = "let offset = 0, size = -1, cut = 0;
+        const parts = [];
+        while (offset !== size) {
+          const part = await tools.artifacts.load({name: 'big.txt', offset});
+          parts.push(part.content);
+          offset += part.length;
+          size = part.size;
+          if (part.truncated) cut++;
+        }
+        return {text: parts.join(''), cut, size, offset, calls: parts.length};";
+    let r = exec.execute_blocking(ExecRequest::javascript(code).policy(policy).artifact_scope("key:big")).unwrap();
+    let out = ok(&r);
+    let read = out["text"].as_str().unwrap();
+    assert!(read == text, "the parts hold {} bytes, not the version's {} in order", read.len(), text.len());
+    assert_eq!((out["size"].as_u64(), out["offset"].as_u64()), (Some(text.len() as u64), Some(text.len() as u64)));
+    let calls = out["calls"].as_u64().unwrap();
+    assert!(calls > 5 && out["cut"].as_u64() == Some(calls - 1), "{calls} calls, {} cut", out["cut"]);
+    assert!(r.tool_calls.iter().all(|c| !c.truncated), "no answer needed the bridge's cut: {:?}", r.tool_calls);
+}
+
+/// B2 from code: saves the store's total refuses leave no directories
+/// behind (they used to leave one empty name directory each, which the
+/// quota does not count and `list` does not show).
+#[test]
+fn js_saves_the_total_refuses_leave_nothing_on_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = ArtifactStoreConfig::default().dir(dir.path()).max_total_bytes(3000);
+    let store = ArtifactStore::new(cfg).unwrap();
+    let exec = js_exec(&store);
+    let code = "let saved = 0, refused = 0;
+        for (let i = 0; i < 90; i++) {
+          try { await tools.artifacts.save({name: 'f' + i, content: 'x'.repeat(500)}); saved++; }
+          catch (e) { if (e.kind !== 'quota_exceeded') throw e; refused++; }
+        }
+        const listed = await tools.artifacts.list({limit: 1000});
+        return [saved, refused, listed.artifacts.length, listed.usage.files];";
+    let r = exec.execute_blocking(js(code, &["artifacts.*"], Some("key:full"))).unwrap();
+    let saved = ok(&r)[0].as_u64().unwrap();
+    assert_eq!(ok(&r), json!([saved, 90 - saved, saved, saved]));
+    assert!(saved > 0 && saved < 10, "{saved}");
+    let scopes: Vec<_> = std::fs::read_dir(dir.path().join("scopes")).unwrap().collect();
+    assert_eq!(scopes.len(), 1);
+    let names = std::fs::read_dir(scopes[0].as_ref().unwrap().path())
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().file_type().unwrap().is_dir())
+        .count();
+    assert_eq!(names as u64, saved, "a directory per saved name, none per refused one");
+}
+
 /// A policy whose stdout spills past 2000 bytes.
 fn spilling() -> SandboxPolicy {
     let mut policy = policy(&["artifacts.*"]);

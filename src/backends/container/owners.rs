@@ -29,7 +29,6 @@ use std::collections::HashSet;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::process::{ChildStdin, Stdio};
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use super::process;
@@ -52,13 +51,7 @@ const MAX_LISTING_BYTES: usize = 1 << 20;
 
 /// `<boot id>.<PID namespace inode>` of this process.
 pub(super) fn scope() -> &'static str {
-    static SCOPE: OnceLock<String> = OnceLock::new();
-    SCOPE.get_or_init(|| {
-        let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
-        let pidns = std::fs::read_link("/proc/self/ns/pid").map(|p| p.display().to_string()).unwrap_or_default();
-        let digits: String = pidns.chars().filter(char::is_ascii_digit).collect();
-        format!("{}.{digits}", boot.trim())
-    })
+    owner::namespace()
 }
 
 /// Once per process and engine, off the request path: starts the watcher
