@@ -189,8 +189,7 @@ fn js_reads_a_version_larger_than_one_tool_result_in_parts() {
     // Quotes, newlines and a two-byte character: JSON takes more than a byte for some.
     let text: String = (0..2000).map(|i| format!("{i}: \"é\"\n")).collect();
     store.save_text("key:big", "big.txt", &text, None).unwrap();
-    let mut policy = policy(&["artifacts.*"]);
-    policy.tool_limits.max_result_bytes = 4096;
+    let policy = policy(&["artifacts.*"]).tool_limits(execbox::tools::ToolLimits::default().max_result_bytes(4096));
     let code = "let offset = 0, size = -1, cut = 0;
         const parts = [];
         while (offset !== size) {
