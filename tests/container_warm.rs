@@ -197,6 +197,29 @@ fn a_pooled_container_killed_from_outside_is_replaced() {
     assert_nothing_left(label, Duration::from_secs(20), "left behind");
 }
 
+/// A ready container paused from outside (`docker pause`) is not handed
+/// to a run (it would time out without running): it does not answer the
+/// probe, is removed, and the run starts cold and ends `ok`.
+#[test]
+fn a_paused_pooled_container_is_not_handed_to_a_run() {
+    let label = "warm-paused";
+    let Some(c) = warm_backend(label, 1) else { return };
+    fill(&c, 1);
+    let paused = running(label);
+    assert_eq!(paused.len(), 1, "{paused:?}");
+    let out = Command::new("docker").arg("pause").args(&paused).output().expect("docker pause");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r = run(&c, python("print(6 * 7)").policy(SandboxPolicy::strict().timeout(Duration::from_secs(10))));
+    assert_eq!((r.outcome, r.stdout.text().trim()), (Outcome::Ok, "42"), "{r:?}");
+    assert!(
+        wait_until(Duration::from_secs(30), || !leftovers(label).contains(&paused[0])),
+        "the paused container was not removed: {:?}",
+        leftovers(label)
+    );
+    drop(c);
+    assert_nothing_left(label, Duration::from_secs(30), "left behind");
+}
+
 #[test]
 fn an_empty_pool_falls_back_to_a_cold_start() {
     let label = "warm-empty";

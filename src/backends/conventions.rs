@@ -314,16 +314,27 @@ pub(crate) const PYTHON_BOOTSTRAP: &str = python_stdin_main!();
 #[cfg(feature = "container")]
 pub(crate) const WARM_CONTAINER_READY: &[u8] = b"\0execbox:warm\n";
 
+/// The line the host writes to a warm container it is about to take, and
+/// the line its Python answers: a container that does not answer at once
+/// (paused, frozen, stuck) is not handed to a run (see `container/warm.rs`).
+#[cfg(feature = "container")]
+pub(crate) const WARM_CONTAINER_PROBE: &[u8] = b"?\n";
+/// See [`WARM_CONTAINER_PROBE`].
+#[cfg(feature = "container")]
+pub(crate) const WARM_CONTAINER_HERE: &[u8] = b"\0execbox:here\n";
+
 /// The first line of a warm container's bootstrap, put before
 /// [`PYTHON_BOOTSTRAP`]'s own first line (so a traceback names the same
 /// bootstrap lines as a cold run's): imports the packages `argv[1]` names
 /// (comma-separated, taken out of `sys.argv`; one that fails to import is
-/// left for the code to import, and fail, itself), then writes
-/// [`WARM_CONTAINER_READY`] to stdout.
+/// left for the code to import, and fail, itself), writes
+/// [`WARM_CONTAINER_READY`] to stdout, then waits for the host's
+/// [`WARM_CONTAINER_PROBE`] line and answers [`WARM_CONTAINER_HERE`]
+/// before it reads the code.
 #[cfg(feature = "container")]
 macro_rules! python_warm_head {
     () => {
-        r#"import sys;exec('def _execbox_warm(names, out=sys.stdout.buffer):\n import importlib\n for name in filter(None, names.split(",")):\n  try:\n   importlib.import_module(name)\n  except Exception:\n   pass\n out.write(b"\\0execbox:warm\\n")\n out.flush()');_execbox_warm(sys.argv.pop(1));del _execbox_warm;"#
+        r#"import sys;exec('def _execbox_warm(names, out=sys.stdout.buffer):\n import importlib\n for name in filter(None, names.split(",")):\n  try:\n   importlib.import_module(name)\n  except Exception:\n   pass\n out.write(b"\\0execbox:warm\\n")\n out.flush()\n sys.stdin.buffer.readline()\n out.write(b"\\0execbox:here\\n")\n out.flush()');_execbox_warm(sys.argv.pop(1));del _execbox_warm;"#
     };
 }
 

@@ -63,7 +63,7 @@ use super::process::{self, HOUSEKEEPING_TIMEOUT, Spawned};
 use super::staging::Staging;
 #[cfg(doc)]
 use crate::backends::conventions::PYTHON_WARM_CONTAINER_BOOTSTRAP;
-use crate::backends::conventions::WARM_CONTAINER_READY;
+use crate::backends::conventions::{WARM_CONTAINER_HERE, WARM_CONTAINER_PROBE, WARM_CONTAINER_READY};
 
 /// Most package sets with a pool of their own.
 pub(super) const MAX_KEYS: usize = 8;
@@ -76,6 +76,11 @@ pub(super) const START_TIMEOUT: Duration = Duration::from_secs(60);
 pub(super) const HEALTH_EVERY: Duration = Duration::from_secs(1);
 /// Longest pause after failed starts before the next try.
 pub(super) const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// Longest a ready container may take to answer the probe a run takes it
+/// with (an answer takes well under a millisecond): one that does not
+/// (paused with `docker pause`, frozen, stuck) is removed, and the run
+/// takes another or starts a cold one.
+pub(super) const PROBE_TIMEOUT: Duration = Duration::from_millis(250);
 
 /// What a warm container is started for: the runs it can serve.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -108,6 +113,23 @@ impl Warm {
     /// Still running: its CLI has not exited.
     fn alive(&self) -> bool {
         !self.spawned.exit.wait_exit(Some(Instant::now()))
+    }
+
+    /// Whether its Python answers the probe within [`PROBE_TIMEOUT`]: it
+    /// runs and reads its stdin, so the code the run writes next is read.
+    fn answers(&mut self) -> bool {
+        use std::io::Write as _;
+        let Some(stdin) = self.spawned.child.stdin.as_mut() else { return false };
+        if stdin.write_all(WARM_CONTAINER_PROBE).and_then(|()| stdin.flush()).is_err() {
+            return false;
+        }
+        match wait_line(&mut self.spawned, WARM_CONTAINER_HERE, Instant::now() + PROBE_TIMEOUT) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::debug!(container = %self.spec.name, error = %e, "a warm container did not answer: removed");
+                false
+            }
+        }
     }
 
     /// Stops its CLI and removes the container (a housekeeping wait, never
@@ -203,13 +225,27 @@ impl WarmPool {
         self.shared.size > 0
     }
 
-    /// A ready container for `key`, if one is waiting; the pool refills
-    /// after it (and starts a pool for a key it has not seen).
+    /// A ready container for `key`, if one is waiting and answers its
+    /// probe ([`Warm::answers`]: one that does not is removed); the pool
+    /// refills after it (and starts a pool for a key it has not seen).
     pub fn take(&self, key: &WarmKey) -> Option<Warm> {
         if !self.enabled() {
             return None;
         }
         self.ensure_thread();
+        loop {
+            let mut candidate = self.candidate(key)?;
+            // Off the pool's lock: a probe may wait its whole timeout.
+            if candidate.answers() {
+                return Some(candidate);
+            }
+            self.shared.state.lock().discard.push(candidate);
+            self.shared.wake.notify_all();
+        }
+    }
+
+    /// The next ready container for `key` that is alive and young enough.
+    fn candidate(&self, key: &WarmKey) -> Option<Warm> {
         let mut state = self.shared.state.lock();
         if state.shut_down {
             return None;
@@ -479,10 +515,16 @@ fn launch(shared: &Shared, key: &WarmKey) -> std::io::Result<Warm> {
 /// come before or after it), within `until`: `poll(2)` on the pipe, no
 /// sleeps.
 fn wait_ready(spawned: &mut Spawned, until: Instant) -> std::io::Result<()> {
+    wait_line(spawned, WARM_CONTAINER_READY, until)
+}
+
+/// Waits until `line` is all a warm container wrote to stdout since the
+/// last wait, until `until`; anything else, or its end, is an error.
+fn wait_line(spawned: &mut Spawned, line: &[u8], until: Instant) -> std::io::Result<()> {
     let broken = |what: String| std::io::Error::other(what);
     let stdout = spawned.child.stdout.as_mut().ok_or_else(|| broken("no stdout".into()))?;
-    let mut got = Vec::with_capacity(WARM_CONTAINER_READY.len());
-    while got.len() < WARM_CONTAINER_READY.len() {
+    let mut got = Vec::with_capacity(line.len());
+    while got.len() < line.len() {
         let left = until.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "not ready in time"));
@@ -503,7 +545,7 @@ fn wait_ready(spawned: &mut Spawned, until: Instant) -> std::io::Result<()> {
             continue;
         }
         let mut byte = [0u8; 32];
-        let want = WARM_CONTAINER_READY.len() - got.len();
+        let want = line.len() - got.len();
         match stdout.read(&mut byte[..want.min(32)]) {
             Ok(0) => {
                 // Its CLI is ending: once it is gone, stderr ends too.
@@ -518,8 +560,8 @@ fn wait_ready(spawned: &mut Spawned, until: Instant) -> std::io::Result<()> {
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
-        if !WARM_CONTAINER_READY.starts_with(&got) {
-            return Err(broken("wrote something else than its ready line".into()));
+        if !line.starts_with(&got) {
+            return Err(broken(format!("wrote something else than {:?}", String::from_utf8_lossy(line))));
         }
     }
     Ok(())
@@ -541,7 +583,7 @@ mod tests {
         let script = format!(
             "#!/bin/sh\n[ \"$1\" = run ] || {{ [ -e {hang} ] && exec sleep 1000; exit 0; }}\ncase \"$*\" in *image-bad*) echo \"fail $$\" >> {log}; exit 1 ;; esac\n\
              echo \"start $$ $(date +%s.%N)\" >> {log}\nsleep {delay}\necho \"ready $$ $(date +%s.%N)\" >> {log}\n\
-             printf '\\000execbox:warm\\n'\nexec sleep 1000\n",
+             printf '\\000execbox:warm\\n'\nread probe\nprintf '\\000execbox:here\\n'\nexec sleep 1000\n",
             log = log.display(),
             hang = dir.join("hang").display()
         );
