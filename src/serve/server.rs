@@ -25,6 +25,10 @@ use crate::tools::ToolRegistry;
 /// a larger store is finished by the next store's sweep.
 pub(crate) const CLEANUP_LIMIT: Duration = Duration::from_secs(10);
 
+/// How long the last answers of calls in flight get to reach their HTTP
+/// streams at shutdown, once the calls are over.
+const ANSWER_FLUSH: Duration = Duration::from_millis(100);
+
 /// The server's state: the matrix (prepared in the background), the gate
 /// and the session registry. Build once, then serve one or more transports.
 #[derive(Clone)]
@@ -155,13 +159,17 @@ impl Server {
         use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
         use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
         access.check(addr).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
+        // What ends the MCP sessions and their streams: `stop`, once the
+        // calls in flight have answered on them.
+        let transport = CancellationToken::new();
         let listener = tokio::net::TcpListener::bind(addr).await?;
         let local = listener.local_addr()?;
         let server = self.clone();
         // DNS-rebinding protection: rmcp checks `Host` and `Origin` before
         // it reads a request (403 otherwise).
         let mut config = StreamableHttpServerConfig::default()
-            .with_cancellation_token(stop.child_token())
+            // Cancelled only once the calls in flight have answered (below).
+            .with_cancellation_token(transport.clone())
             .with_allowed_hosts(access.hosts_for(local));
         config = match access.origins() {
             Some(origins) => config.with_allowed_origins(origins).enforce_origin_validation(),
@@ -195,8 +203,24 @@ impl Server {
                 tracing::debug!("cannot set TCP_NODELAY on a connection: {e}");
             }
         });
-        let shutdown = stop.clone();
-        axum::serve(listener, router).with_graceful_shutdown(async move { shutdown.cancelled().await }).await?;
+        let shared = self.shared.clone();
+        let shutdown = async move {
+            stop.cancelled().await;
+            // New calls get `busy`; those in flight run to their end (within
+            // their deadlines) and answer on their streams before the
+            // sessions end: a client whose call was running gets its result,
+            // not an ended stream.
+            shared.gate.close();
+            if !shared.gate.drained().await {
+                tracing::warn!(running = shared.gate.active(), "runs still in flight at shutdown");
+            }
+            // A deliberate delay, not synchronisation: the last answers
+            // cross from the handler to their streams (in-process, well
+            // under a millisecond) before the streams end.
+            tokio::time::sleep(ANSWER_FLUSH).await;
+            transport.cancel();
+        };
+        axum::serve(listener, router).with_graceful_shutdown(shutdown).await?;
         self.drain().await;
         Ok(())
     }

@@ -548,6 +548,50 @@ async fn sigterm_lets_the_call_in_flight_answer_then_exits_cleanly() {
     let _ = client.cancel().await;
 }
 
+/// The same over streamable HTTP: the call's stream carries its result
+/// before the server ends the MCP sessions (it used to end them at once,
+/// and the client read "SSE stream ended" while the call finished on the
+/// server).
+#[test]
+fn sigterm_over_http_lets_the_call_in_flight_answer_on_its_stream() {
+    use std::io::BufRead;
+    let (mut server, port) = http_server(&[]);
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}});
+    let (_, answer) = post_with(port, &[], &init);
+    let session = answer
+        .lines()
+        .find_map(|l| l.to_ascii_lowercase().strip_prefix("mcp-session-id: ").map(|s| s.trim().to_string()))
+        .unwrap_or_else(|| panic!("no session header: {answer}"));
+    let sid = format!("mcp-session-id: {session}");
+    post_with(port, std::slice::from_ref(&sid), &json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    // Still running a second in, at its first progress notification.
+    let code = "let t = Date.now(); while (Date.now() - t < 2500) {} return 'finished'";
+    let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "run_code",
+        "arguments": {"language": "js", "code": code}, "_meta": {"progressToken": 1}}});
+    let mut curl = std::process::Command::new("curl")
+        .args(["-s", "-N", "-X", "POST", &format!("http://127.0.0.1:{port}/mcp")])
+        .args(["-H", "content-type: application/json", "-H", "accept: application/json, text/event-stream"])
+        .args(["-H", "mcp-protocol-version: 2025-06-18", "-H", &sid, "--data", &call.to_string()])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(curl.stdout.take().unwrap()).lines();
+    let progressed = lines.by_ref().map_while(Result::ok).any(|line| line.contains("notifications/progress"));
+    assert!(progressed, "the call's stream ended before its first progress notification");
+    send_signal(server.0.id(), "TERM");
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    let result = rest
+        .iter()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .filter_map(|data| serde_json::from_str::<Value>(data.trim()).ok())
+        .find(|v| v.get("result").is_some())
+        .unwrap_or_else(|| panic!("no result on the call's stream after SIGTERM: {rest:?}"));
+    assert_eq!(result["result"]["structuredContent"]["output"], "finished", "{result}");
+    let _ = curl.wait();
+    assert_eq!(server.0.wait().unwrap().code(), Some(0));
+}
+
 /// A server process that a failed assertion does not leave running.
 pub(crate) struct KillOnDrop(std::process::Child);
 
