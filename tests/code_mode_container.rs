@@ -473,6 +473,15 @@ printf '{"sum": %s, "names": %s, "piped": %s, "failed": %s, "error": %s, "denied
             ("slow.sleep".into(), ToolCallOutcome::Refused, Some(ToolErrorKind::NotGranted)),
         ]
     );
+    // Calls from parallel `tool` commands (each a connection numbering its
+    // calls from 1) are all answered: none collides with another's id.
+    let script = "for n in 1 2 3 4; do tool pace.add \"{\\\"a\\\": $n, \\\"b\\\": 10}\" > /tmp/r$n & done; wait; cat /tmp/r1 /tmp/r2 /tmp/r3 /tmp/r4";
+    let r = run(&exec, request(Language::Shell, script, &["pace.*"]));
+    assert_eq!(
+        (r.outcome, r.stdout.text().split_whitespace().collect::<Vec<_>>()),
+        (Outcome::Ok, vec!["11", "12", "13", "14"]),
+        "{r:?}"
+    );
     // Without a grant there is no command and no socket.
     let script = "command -v tool || echo none; ls /run/execbox 2>/dev/null || echo nothing";
     let r = run(&exec, request(Language::Shell, script, &[]));

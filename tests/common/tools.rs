@@ -54,12 +54,17 @@ impl Probe {
     }
 }
 
-/// `math.add`, `echo.args`, `fail.always`, `bad.panic` (panics),
-/// `big.blob` (100 MiB) and `slow.sleep` (an hour, seen by `probe`).
+/// `math.add`, `pace.add` (`math.add` after 300 ms: calls overlap),
+/// `echo.args`, `fail.always`, `bad.panic` (panics), `big.blob` (100 MiB)
+/// and `slow.sleep` (an hour, seen by `probe`).
 pub fn registry(probe: &Arc<Probe>) -> ToolRegistry {
     let probe = probe.clone();
     ToolRegistry::builder()
         .tool(ToolSpec::new("math.add").description("a + b".to_string()), |args: Value| async move {
+            Ok(json!(args["a"].as_i64().unwrap_or(0) + args["b"].as_i64().unwrap_or(0)))
+        })
+        .tool(ToolSpec::new("pace.add"), |args: Value| async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
             Ok(json!(args["a"].as_i64().unwrap_or(0) + args["b"].as_i64().unwrap_or(0)))
         })
         .tool(ToolSpec::new("echo.args"), |args: Value| async move { Ok(args) })
