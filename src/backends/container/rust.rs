@@ -31,6 +31,7 @@ use super::config::RustConfig;
 use super::hostfs;
 use super::process::{self, KILL_GRACE};
 use super::runner::{Caps, NAME, RunEnd, Runner, container_name};
+use super::seccomp;
 use super::staging::{Staging, WORKDIR};
 use crate::admission::Admitted;
 use crate::error::ExecError;
@@ -387,6 +388,7 @@ fn compile(
         pids: 256,
         tmp_bytes: 512 << 20,
         user: runner.config().user.clone(),
+        seccomp_profile: seccomp::profile_path().map_err(|e| runner.unavailable(e.to_string()))?,
         max_file_bytes: Some(cfg.max_binary_bytes),
         env_file: None,
         env: Vec::new(),
