@@ -227,8 +227,8 @@ impl Backend for Container {
     }
 
     /// Whether the engine answers, has the Python and Rust images, and
-    /// applies execbox's seccomp profile: a probe container (~0.5 s, once
-    /// per process and engine while the engine does not fail) must see its
+    /// applies execbox's seccomp profile: a probe container (once per
+    /// process and engine while the engine does not fail) must see its
     /// calls denied, else the backend is unavailable with what the probe
     /// saw. Cached: a positive answer for
     /// [`availability_ttl`](ContainerConfig::availability_ttl), a negative

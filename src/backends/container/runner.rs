@@ -40,7 +40,7 @@ pub(super) const NAME: &str = "container";
 /// How long a negative availability check (or a missing package label) is trusted.
 const NEGATIVE_TTL: Duration = Duration::from_secs(2);
 
-/// Deadline of the seccomp probe's container (it takes ~0.5 s here): as
+/// Deadline of the seccomp probe's container (one container start): as
 /// long as any other engine command of the availability check.
 const PROBE_TIMEOUT: Duration = process::HOUSEKEEPING_TIMEOUT;
 

@@ -58,9 +58,9 @@
 //! backend reports itself unavailable, with the reason, unless every call
 //! was denied. A positive verdict is kept for the process's life per
 //! engine, probe image and extra `run` arguments (see [`ProbeKey`]),
-//! until an engine failure forgets it: one container start (0.2–0.5 s
-//! measured here, against 12–14 ms for the rest of the check) once per
-//! process, never on a run that finds it kept.
+//! until an engine failure forgets it: one container start once per
+//! process (measured in docs/backends.md), never on a run that finds it
+//! kept.
 
 use parking_lot::Mutex;
 use std::collections::HashSet;
