@@ -22,7 +22,7 @@
 //! cap, for every backend alike), caps the fields that are not streams,
 //! and checks the output against the request's output schema
 //! ([`ExecRequest::output_schema`]: a run that ends `ok` with an output
-//! that does not match ends [`Outcome::InvalidOutput`](crate::result::Outcome::InvalidOutput)).
+//! that does not match ends [`Outcome::InvalidOutput`]).
 
 use crate::capabilities::BackendCapabilities;
 use crate::error::{ExecError, InvalidRequest};

@@ -126,26 +126,7 @@ fn without_cut_char(bytes: &[u8]) -> &[u8] {
     bytes
 }
 
-/// One place where a run's output does not match its output schema.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct OutputError {
-    /// Where in the output: a JSON pointer (`/items/3/id`; empty for the
-    /// whole value).
-    pub path: String,
-    /// Where in the schema: the keyword that failed, as a JSON pointer
-    /// (`/items/properties/id/type`).
-    pub schema_path: String,
-    /// What is wrong, in words (`"x" is not of type "integer"`).
-    pub message: String,
-}
-
-impl OutputError {
-    /// `path: message`, with `/` for the whole value.
-    pub fn line(&self) -> String {
-        let path = if self.path.is_empty() { "/" } else { self.path.as_str() };
-        format!("{path}: {}", self.message)
-    }
-}
+pub use crate::schema::OutputError;
 
 /// Resources a run used, where the backend can tell.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

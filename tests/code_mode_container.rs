@@ -109,6 +109,10 @@ fn normalized(argv: Vec<String>) -> Vec<String> {
             if arg.starts_with("--label=execbox.scope=") {
                 return "--label=execbox.scope=<scope>".into();
             }
+            if let Some(path) = arg.strip_prefix("--security-opt=seccomp=") {
+                assert!(path.contains(&format!("/execbox-seccomp-{owner}-")), "not this process's profile: {arg}");
+                return "--security-opt=seccomp=<seccomp-profile>".into();
+            }
             let arg = arg.replace(&format!("execbox.owner={owner}"), "execbox.owner=<owner>");
             match arg.find("/execbox-run-") {
                 Some(at) => {
@@ -126,7 +130,8 @@ fn normalized(argv: Vec<String>) -> Vec<String> {
 /// execbox built before it carried the bridge (recorded from that build;
 /// the run that collects output files re-recorded when `/work/out` became a
 /// tmpfs listed inside the container, issue 17; the `execbox.role=run`
-/// label added when warm and session containers got their own roles).
+/// label added when warm and session containers got their own roles; the
+/// `--security-opt=seccomp=` of execbox's own profile added, issue 28).
 #[test]
 fn runs_without_tools_get_exactly_the_argv_they_had_before() {
     let _serial = serial();

@@ -559,3 +559,29 @@ fn a_warm_container_has_the_flags_its_cold_run_would_have() {
     drop(c);
     assert_nothing_left(label, Duration::from_secs(20), "left behind");
 }
+
+/// A warm container is started under exactly execbox's seccomp profile
+/// (the engine's record of it, read while it waits), and the run that takes
+/// it meets it: `io_uring_setup` is `EPERM` (docker 20.10's default profile
+/// let it reach the kernel).
+#[test]
+fn a_warm_container_runs_under_execbox_seccomp_profile() {
+    use common::programs::{IO_URING_SETUP_ERRNO, SECCOMP_PROFILE};
+    let label = "warm-seccomp";
+    let Some(c) = warm_backend(label, 1) else { return };
+    fill(&c, 1);
+    let waiting = ps(&["--filter", &test_label(label), "--filter", "label=execbox.role=warm"]);
+    assert_eq!(waiting.len(), 1, "{waiting:?}");
+    let expected: serde_json::Value = serde_json::from_str(SECCOMP_PROFILE).unwrap();
+    assert_eq!(common::docker::seccomp_profile_of(&waiting[0]), Some(expected));
+    // Not synchronisation: the container must be visibly older than a run.
+    std::thread::sleep(Duration::from_millis(800));
+    let r = run(&c, python(&format!("{IO_URING_SETUP_ERRNO}{CONTAINER_AGE}")));
+    assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
+    let text = r.stdout.text();
+    let (errno, age) = text.trim().split_once('\n').unwrap_or_else(|| panic!("{r:?}"));
+    assert_eq!(errno, "1", "{r:?}");
+    assert!(age.parse::<f64>().unwrap() >= 0.5, "the run did not take the warm container: {r:?}");
+    drop(c);
+    assert_nothing_left(label, Duration::from_secs(20), "left behind");
+}

@@ -217,4 +217,30 @@ mod containers {
         assert!(r.model_text().contains("totals.png"), "the model is told a file came back: {}", r.model_text());
         assert!(agent.close_session("analysis"));
     }
+
+    /// A session's container runs under exactly execbox's seccomp profile
+    /// (the engine's record of it), and a cell meets it: `io_uring_setup`
+    /// is `EPERM` (docker 20.10's default profile let it reach the kernel).
+    #[test]
+    fn a_session_container_runs_under_execbox_seccomp_profile() {
+        use common::programs::{IO_URING_SETUP_ERRNO, SECCOMP_PROFILE};
+        let Some(c) = container() else { return };
+        let sessions = Sessions::builder().config(SessionConfig::default()).backend(c).build();
+        sessions.open("seccomp", SessionSpec::new(Language::Python).packages(["numpy".to_string()])).unwrap();
+        let owner = common::docker::owned_by(Container::owner_token());
+        let ids = common::docker::ps(&["--filter", &owner, "--filter", "label=execbox.role=session"]);
+        assert!(!ids.is_empty(), "the session's container runs");
+        let expected: serde_json::Value = serde_json::from_str(SECCOMP_PROFILE).unwrap();
+        for id in &ids {
+            assert_eq!(common::docker::seccomp_profile_of(id).as_ref(), Some(&expected), "{id}");
+        }
+        let slow = SandboxPolicy::strict().timeout(Duration::from_secs(60));
+        let r = sessions.execute("seccomp", cell(IO_URING_SETUP_ERRNO).policy(slow)).unwrap();
+        assert_eq!(
+            (r.outcome, r.backend.as_str(), r.stdout.text().trim()),
+            (Outcome::Ok, "container-session", "1"),
+            "{r:?}"
+        );
+        sessions.close("seccomp");
+    }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use super::result::{CodeExecutionInput, CodeExecutionResult};
+use super::result::{CodeExecutionInput, CodeExecutionResult, ModelOutcome};
 use crate::error::ExecError;
 use crate::executor::Executor;
 use crate::language::Language;
@@ -169,7 +169,7 @@ async fn bounded<E: CodeExecutor + ?Sized>(
                     "execbox: the executor did not answer within its timeout of {} ms\n",
                     executor.timeout().as_millis()
                 ),
-                outcome: super::ModelOutcome::DeadlineExceeded,
+                outcome: ModelOutcome::DeadlineExceeded,
                 duration_ms: limit.as_secs_f64() * 1e3,
                 ..Default::default()
             }),

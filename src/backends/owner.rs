@@ -75,12 +75,26 @@ fn stat(pid: u32) -> Option<(char, u64)> {
     Some((state, fields.nth(18)?.parse().ok()?))
 }
 
-/// A new private directory `execbox-<what>-<owner>-<random>` in the system
-/// temp dir, removed when the handle drops.
+/// A new directory `execbox-<what>-<owner>-<random>` in the system temp
+/// dir, removed when the handle drops. Its mode is the default (`0o777` less
+/// the umask): a container's unprivileged user reaches what is staged
+/// below a run's.
 #[cfg(any(feature = "wasm", feature = "container"))]
 pub(crate) fn temp_dir(what: &str) -> std::io::Result<tempfile::TempDir> {
     sweep_stale_temp_dirs();
     tempfile::Builder::new().prefix(&format!("execbox-{what}-{}-", token())).tempdir()
+}
+
+/// [`temp_dir`], but `0o700`: for what only this user's processes (the
+/// engine CLI) read.
+#[cfg(feature = "container")]
+pub(crate) fn private_temp_dir(what: &str) -> std::io::Result<tempfile::TempDir> {
+    use std::os::unix::fs::PermissionsExt;
+    sweep_stale_temp_dirs();
+    tempfile::Builder::new()
+        .prefix(&format!("execbox-{what}-{}-", token()))
+        .permissions(std::fs::Permissions::from_mode(0o700))
+        .tempdir()
 }
 
 /// Removes, once per process and in the background, the temporary

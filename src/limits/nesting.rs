@@ -54,6 +54,28 @@ pub fn json_depth_exceeds(value: &Value, max: usize) -> Option<usize> {
     None
 }
 
+/// Whether `value` serializes to at most `max` bytes of JSON; stops
+/// serializing as soon as it is over.
+pub fn json_fits(value: &serde_json::Value, max: u64) -> bool {
+    struct Counter {
+        written: u64,
+        max: u64,
+    }
+    impl std::io::Write for Counter {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.written = self.written.saturating_add(buf.len() as u64);
+            if self.written > self.max {
+                return Err(std::io::Error::other("over the cap"));
+            }
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    serde_json::to_writer(Counter { written: 0, max }, value).is_ok()
+}
+
 /// Drops a `Value` of any depth without recursion (serde_json's own `Drop`
 /// recurses, so dropping a hostile 100,000-deep input could overflow a stack).
 pub fn drop_deep(value: Value) {

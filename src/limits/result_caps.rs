@@ -17,27 +17,7 @@ pub const MAX_DIAGNOSTICS: usize = 64;
 use crate::policy::SandboxPolicy;
 use crate::result::{ExecResult, Outcome};
 
-/// Whether `value` serializes to at most `max` bytes of JSON; stops
-/// serializing as soon as it is over.
-pub fn json_fits(value: &serde_json::Value, max: u64) -> bool {
-    struct Counter {
-        written: u64,
-        max: u64,
-    }
-    impl std::io::Write for Counter {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.written = self.written.saturating_add(buf.len() as u64);
-            if self.written > self.max {
-                return Err(std::io::Error::other("over the cap"));
-            }
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    serde_json::to_writer(Counter { written: 0, max }, value).is_ok()
-}
+pub use super::nesting::json_fits;
 
 /// Applies the bounds of the module docs to `result` under `policy`.
 pub fn cap_result(result: &mut ExecResult, policy: &SandboxPolicy) {

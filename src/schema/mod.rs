@@ -9,7 +9,7 @@
 //! a chain of 100,000 `$ref`s or a schema nested 100,000 deep overflows the
 //! stack at compile time and aborts the process, and 30 nested `anyOf`s of
 //! two `$ref`s to the same definition took 12.5 s to reject one value. So
-//! every schema passes static bounds before it is compiled ([`cost`]):
+//! every schema passes static bounds before it is compiled (`bounds.rs`):
 //!
 //! - at most [`MAX_SCHEMA_BYTES`] of JSON text, nesting at most
 //!   [`MAX_SCHEMA_NESTING`] levels;
@@ -31,39 +31,44 @@
 //! value's nodes; [`JsonSchema::validate`] counts the nodes first (no
 //! recursion) and refuses a value past [`MAX_VALIDATION_WORK`].
 
-mod cost;
+mod bounds;
+
+pub use bounds::{
+    MAX_EVALUATIONS_PER_VALUE, MAX_IN_PLACE_CHAIN, MAX_REPORTED_ERRORS, MAX_SCHEMA_BYTES, MAX_SCHEMA_NESTING,
+    MAX_VALIDATION_WORK, MAX_VALUE_NESTING, SchemaError,
+};
 
 use std::sync::Arc;
 
 use serde_json::Value;
 
-use crate::limits::nesting::json_depth_exceeds;
-use crate::result::OutputError;
+use serde::{Deserialize, Serialize};
 
-/// Largest schema, as JSON text.
-pub const MAX_SCHEMA_BYTES: usize = 64 << 10;
-
-/// Deepest schema nesting (objects and arrays, one level each).
-pub const MAX_SCHEMA_NESTING: usize = 64;
-
-/// Most `$ref`s and in-place applicators in a row on one value.
-pub const MAX_IN_PLACE_CHAIN: usize = 32;
-
-/// Most subschema evaluations of any one value.
-pub const MAX_EVALUATIONS_PER_VALUE: u64 = 4096;
-
-/// Most subschema evaluations of one validation (evaluations per value
-/// times the value's nodes): about a second of a release build.
-pub const MAX_VALIDATION_WORK: u64 = 30_000_000;
-
-/// Deepest value validated (the nesting serde_json parses outputs to).
-pub const MAX_VALUE_NESTING: usize = 128;
-
-/// Most errors one validation reports.
-pub const MAX_REPORTED_ERRORS: usize = 16;
+use crate::limits::nesting::{json_depth_exceeds, json_fits};
 
 /// Largest regular expression program a `pattern` may compile to.
 const REGEX_SIZE_LIMIT: usize = 1 << 20;
+
+/// One place where a run's output does not match its output schema.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutputError {
+    /// Where in the output: a JSON pointer (`/items/3/id`; empty for the
+    /// whole value).
+    pub path: String,
+    /// Where in the schema: the keyword that failed, as a JSON pointer
+    /// (`/items/properties/id/type`).
+    pub schema_path: String,
+    /// What is wrong, in words (`"x" is not of type "integer"`).
+    pub message: String,
+}
+
+impl OutputError {
+    /// `path: message`, with `/` for the whole value.
+    pub fn line(&self) -> String {
+        let path = if self.path.is_empty() { "/" } else { self.path.as_str() };
+        format!("{path}: {}", self.message)
+    }
+}
 
 /// A JSON Schema (2020-12 unless its `$schema` says otherwise) that passed
 /// the bounds of the module docs and compiled. Cheap to clone; serializes
@@ -74,20 +79,6 @@ pub struct JsonSchema {
     validator: Arc<jsonschema::Validator>,
     /// Most subschema evaluations of any one value.
     evaluations_per_value: u64,
-}
-
-/// Why a schema was refused, in words for whoever wrote it.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{reason}")]
-pub struct SchemaError {
-    /// What is wrong, naming the place in the schema where there is one.
-    pub reason: String,
-}
-
-impl SchemaError {
-    fn new(reason: impl Into<String>) -> Self {
-        Self { reason: crate::limits::text::cap_message(reason.into()) }
-    }
 }
 
 /// Why a value does not match: every failing place, at most
@@ -124,7 +115,7 @@ impl JsonSchema {
     /// it; formats (`date`, `email`, `uri`, ...) are asserted, not only
     /// annotated.
     pub fn new(schema: Value) -> Result<Self, SchemaError> {
-        let size = crate::limits::result_caps::json_fits(&schema, MAX_SCHEMA_BYTES as u64);
+        let size = json_fits(&schema, MAX_SCHEMA_BYTES as u64);
         if !size {
             return Err(SchemaError::new(format!("the schema is over {MAX_SCHEMA_BYTES} bytes of JSON")));
         }
@@ -133,7 +124,7 @@ impl JsonSchema {
                 "the schema nests {depth} levels deep, over the limit of {MAX_SCHEMA_NESTING}"
             )));
         }
-        let evaluations_per_value = cost::check(&schema)?;
+        let evaluations_per_value = bounds::check(&schema)?;
         let validator = jsonschema::options()
             .should_validate_formats(true)
             .should_ignore_unknown_formats(true)

@@ -209,6 +209,7 @@ impl ToolSchemas {
     /// Both schemas of a tool from elsewhere (an upstream MCP server): one
     /// execbox refuses (over its bounds) is not checked here, with a
     /// warning; its server checks its own arguments.
+    #[cfg(feature = "upstream")]
     pub(crate) fn lenient(spec: &ToolSpec) -> Self {
         let compile = |which: &str, schema: Value| match JsonSchema::new(schema) {
             Ok(schema) => Some(schema),
@@ -224,6 +225,7 @@ impl ToolSchemas {
     }
 }
 
+#[cfg(feature = "upstream")]
 impl Tool {
     /// A tool from elsewhere (see [`ToolSchemas::lenient`]).
     pub(crate) fn lenient(spec: ToolSpec, handler: Arc<dyn ToolHandler>) -> Self {

@@ -115,3 +115,16 @@ fn wait_for_each(filters: &[&str], limit: Duration, event: &str, which: &[&str])
     }
     listing(&[]).is_empty()
 }
+
+/// The seccomp profile the engine recorded for the container `id` (the
+/// `seccomp=` entry of its `HostConfig.SecurityOpt`, whose text the docker
+/// CLI sends), parsed; `None` for the engine's default or a container gone.
+pub fn seccomp_profile_of(id: &str) -> Option<serde_json::Value> {
+    let out = Command::new("docker")
+        .args(["inspect", "--type=container", "--format={{json .HostConfig.SecurityOpt}}", id])
+        .output()
+        .expect("docker inspect");
+    let options: Vec<String> = serde_json::from_slice(&out.stdout).ok()?;
+    let text = options.iter().find_map(|o| o.strip_prefix("seccomp="))?;
+    serde_json::from_str(text).ok()
+}

@@ -13,7 +13,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::programs::FLOOD_WORK_OUT;
+use common::programs::{DENIED_SYSCALLS, FLOOD_WORK_OUT, SECCOMP_PROFILE};
 use common::{docker, process};
 use execbox::backends::container::{ContainerConfig, KILL_GRACE, RustConfig};
 use execbox::backends::{Container, WasmGuest};
@@ -42,6 +42,11 @@ fn leftovers(label: &str) -> Vec<String> {
 fn running(label: &str) -> Vec<String> {
     docker::ps(&["--filter", &docker::test_label(label)])
 }
+
+/// What a fake engine's `run` prints for the availability check's seccomp
+/// probe: the verdict of an engine that applies execbox's profile.
+const SECCOMP_PROBE_PASSES: &str = "execbox-seccomp-probe: mode=2 io_uring_setup=EPERM io_uring_enter=EPERM \
+                                    io_uring_register=EPERM ptrace=EPERM socket=EPERM";
 
 /// What `execute` may take past the deadline and its grace: spawning, joining
 /// the stream readers, assembling the result (the bound under test is the
@@ -198,10 +203,13 @@ fn every_container_carries_its_owner_and_its_own_timer() {
 
 /// A fake engine CLI: `run` and the commands in `hang` never answer (and
 /// ignore SIGTERM); `run` exits with `run_exit` otherwise; everything else
-/// succeeds at once.
+/// succeeds at once. The availability check's seccomp probe (a `run` of the
+/// role `probe`) gets the verdict of an engine that applies the profile.
 fn fake_engine(dir: &Path, hang: &[&str], run_exit: Option<i32>) -> std::path::PathBuf {
     let path = dir.join("engine");
-    let mut script = String::from("#!/bin/sh\ntrap '' TERM INT\ncase \"$1\" in\n");
+    let mut script = String::from("#!/bin/sh\ntrap '' TERM INT\n");
+    script.push_str(&format!("case \"$*\" in *execbox.role=probe*) echo '{SECCOMP_PROBE_PASSES}'; exit 0 ;; esac\n"));
+    script.push_str("case \"$1\" in\n");
     for command in hang {
         script.push_str(&format!("  {command}) sleep 1000 ;;\n"));
     }
@@ -919,4 +927,238 @@ fn the_callers_path_cannot_break_the_in_container_timer_and_loader_variables_are
     assert_eq!((r.outcome, stdout(&r).trim()), (Outcome::Ok, "/nope"), "{r:?}");
     let err = Executor::run_on(&c, env("LD_PRELOAD", "/tmp/x.so")).unwrap_err();
     assert!(matches!(err, ExecError::InvalidRequest(InvalidRequest::BadEnv { .. })), "{err}");
+}
+
+// ---- seccomp: execbox's own profile on every container ------------------------
+
+/// Every call execbox's profile denies fails inside a real container, run
+/// through the API, with `EPERM` (`clone3`: `ENOSYS`, so that libc falls
+/// back to `clone`), in the plain and in the data image. Under docker
+/// 20.10's default profile the io_uring calls, `ptrace`, `modify_ldt`,
+/// `personality` and the socket families reach the kernel instead.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn every_call_the_profile_denies_fails_inside_the_container() {
+    let Some(c) = backend("seccomp-denied") else { return };
+    for packages in [&[][..], &["numpy"][..]] {
+        let r = run(&c, python(DENIED_SYSCALLS).packages(packages.iter().copied()));
+        assert_eq!(r.outcome, Outcome::Ok, "{packages:?}: {r:?}");
+        let seen = r.output.clone().unwrap_or_else(|| panic!("no JSON from {r:?}"));
+        let seen = seen.as_object().unwrap();
+        assert_eq!(seen.len(), 27, "{seen:?}");
+        for (call, errno) in seen {
+            let expected = if call == "clone3" { "ENOSYS" } else { "EPERM" };
+            assert_eq!(errno, expected, "{packages:?}: {call} in {seen:?}");
+        }
+    }
+    drop(c);
+    assert!(leftovers("seccomp-denied").is_empty());
+}
+
+/// 32-bit system calls (`int 0x80` from a 64-bit process) are not in the
+/// profile's architectures: the process is killed with SIGSYS at the first
+/// one (the engine's default profile lets it through: it printed its pid).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn a_32_bit_system_call_kills_the_process() {
+    let Some(c) = backend("seccomp-int80") else { return };
+    let code = r#"
+import subprocess, sys
+child = """
+import ctypes, mmap
+code = bytes([0xb8, 20, 0, 0, 0, 0xcd, 0x80, 0xc3])  # mov eax, 20 (getpid on i386); int 0x80; ret
+page = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+page.write(code)
+getpid = ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(page)))
+print(getpid())
+"""
+done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True)
+print(done.returncode, repr(done.stdout))
+"#;
+    let r = run(&c, python(code));
+    assert_eq!((r.outcome, stdout(&r).trim()), (Outcome::Ok, "-31 ''"), "SIGSYS, nothing printed: {r:?}");
+    drop(c);
+    assert!(leftovers("seccomp-int80").is_empty());
+}
+
+/// What the profile filters by argument (`clone`'s flags, socket families,
+/// `personality`) still lets ordinary programs through: threads, fork,
+/// subprocesses, loopback TCP and UDP, IPv6 sockets, Unix socket pairs,
+/// interface names (netlink), asyncio, and a shell script's pipes,
+/// subshells and background jobs.
+#[test]
+fn threads_processes_and_loopback_sockets_still_work() {
+    let Some(c) = backend("seccomp-normal") else { return };
+    let code = "\
+import asyncio, concurrent.futures, os, socket, subprocess, threading
+out = []
+t = threading.Thread(target=out.append, args=('thread',)); t.start(); t.join()
+with concurrent.futures.ThreadPoolExecutor(4) as pool:
+    out.append(sum(pool.map(abs, [-1, -2, -3])))
+pid = os.fork()
+if pid == 0:
+    os._exit(7)
+out.append(os.waitpid(pid, 0)[1] >> 8)
+out.append(subprocess.run(['/bin/sh', '-c', 'echo sub'], capture_output=True, text=True).stdout.strip())
+server = socket.create_server(('127.0.0.1', 0))
+client = socket.create_connection(server.getsockname())
+conn, _ = server.accept(); client.sendall(b'tcp'); out.append(conn.recv(3).decode())
+udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); udp.bind(('127.0.0.1', 0))
+udp.sendto(b'udp', udp.getsockname()); out.append(udp.recv(3).decode())
+socket.socket(socket.AF_INET6).close(); out.append('inet6')  # the family (lo has no ::1 here)
+a, b = socket.socketpair(); a.sendall(b'unix'); out.append(b.recv(4).decode())
+out.append(socket.if_nameindex()[0][1])
+out.append(asyncio.run(asyncio.sleep(0, 'async')))
+print(' '.join(map(str, out)))
+";
+    let r = run(&c, python(code));
+    assert_eq!((r.outcome, stdout(&r).trim()), (Outcome::Ok, "thread 6 7 sub tcp udp inet6 unix lo async"), "{r:?}");
+    let script = "a=$(echo one | tr a-z A-Z); (echo sub) & wait; echo \"$a\" $(seq 3 | sort -r | head -1) $((6*7))";
+    let r = run(&c, ExecRequest::source(Language::Shell, script));
+    assert_eq!((r.outcome, stdout(&r).as_str()), (Outcome::Ok, "sub\nONE 3 42\n"), "{r:?}");
+    drop(c);
+    assert!(leftovers("seccomp-normal").is_empty());
+}
+
+/// The Rust pipeline's compile container gets exactly execbox's profile
+/// (read back from the engine's record while an endless compile runs), and
+/// the compiled program meets it: `io_uring_setup` is `EPERM`.
+#[test]
+fn rust_compiles_and_runs_under_the_profile() {
+    let cache = tempfile::tempdir().unwrap();
+    let label = "seccomp-rust";
+    let Some(c) = rust_backend(label, cache.path()) else { return };
+    let code = "\
+use serde_json::{json, Value};
+unsafe extern \"C\" {
+    fn syscall(number: std::ffi::c_long, ...) -> std::ffi::c_long;
+}
+fn run(_: Value) -> Value {
+    // SAFETY: io_uring_setup(1, NULL) writes nothing: the filter (or the kernel) refuses it.
+    let r = unsafe { syscall(425, 1 as std::ffi::c_long, 0 as std::ffi::c_long) };
+    json!([r, std::io::Error::last_os_error().raw_os_error()])
+}
+";
+    let r = run(&c, rust(code));
+    assert_eq!((r.outcome, r.output.clone()), (Outcome::Ok, Some(json!([-1, 1]))), "{r:?}");
+
+    let test_filter = docker::test_label(label);
+    let events = docker::Events::new(&[&test_filter, "label=execbox.role=compile", "event=start"]);
+    let endless = "\
+#![allow(long_running_const_eval)]
+const N: u64 = { let mut i = 0u64; loop { i = i.wrapping_add(1); if i == 0 { break i; } } };
+fn run(_: Value) -> Value { Value::from(N) }
+";
+    let compiling = {
+        let c = c.clone();
+        let request = ExecRequest::source(Language::Rust, endless)
+            .policy(SandboxPolicy::strict().timeout(Duration::from_secs(20)));
+        std::thread::spawn(move || Executor::run_on(&c, request).unwrap())
+    };
+    // The first compile's start is a second old at most: skip it if the stream still has it.
+    let profile = loop {
+        let started = events.next_before(Instant::now() + Duration::from_secs(30)).expect("a compile container starts");
+        let (_, id) = started.split_once(' ').unwrap();
+        if let Some(profile) = docker::seccomp_profile_of(id) {
+            break profile;
+        }
+    };
+    assert_eq!(profile, serde_json::from_str::<serde_json::Value>(SECCOMP_PROFILE).unwrap());
+    assert_eq!(compiling.join().unwrap().outcome, Outcome::TimedOut);
+    drop(c);
+    assert!(leftovers(label).is_empty());
+}
+
+/// A stand-in for an engine that ignores seccomp profiles (a runtime
+/// without seccomp): docker itself, with execbox's `--security-opt=seccomp=`
+/// dropped from every `run`; each `run`'s role goes to `<dir>/roles`.
+fn engine_ignoring_the_profile(dir: &Path) -> std::path::PathBuf {
+    let path = dir.join("engine");
+    let script = format!(
+        "#!/bin/sh\n\
+         for arg; do\n  shift\n  case \"$arg\" in\n    --security-opt=seccomp=*) ;;\n    \
+         --label=execbox.role=*) echo \"${{arg#--label=execbox.role=}}\" >> {roles}; set -- \"$@\" \"$arg\" ;;\n    \
+         *) set -- \"$@\" \"$arg\" ;;\n  esac\ndone\nexec docker \"$@\"\n",
+        roles = dir.join("roles").display()
+    );
+    std::fs::write(&path, script).unwrap();
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    path
+}
+
+/// An engine that runs containers without execbox's profile is caught by
+/// the availability check (its probe saw the calls reach the kernel): the
+/// backend is unavailable, says why, and no request's container starts.
+#[test]
+fn an_engine_that_ignores_the_profile_is_unavailable_and_runs_nothing() {
+    if !common::skip::engine_answers(Path::new("docker")) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine_ignoring_the_profile(dir.path());
+    let label = "seccomp-ignored";
+    let cfg = ContainerConfig::default().engine(&engine).extra_run_args(vec![format!("--label=execbox.test={label}")]);
+    let c = Container::new(cfg).unwrap();
+    let why = c.availability().unwrap_err();
+    assert!(why.reason.contains("does not apply execbox's seccomp profile"), "{why}");
+    for call in ["io_uring_setup", "io_uring_enter", "io_uring_register", "ptrace", "socket"] {
+        assert!(why.reason.contains(&format!("{call} reached the kernel")), "{call}: {why}");
+    }
+    assert!(why.fix.as_deref().unwrap_or("").contains("runtime that applies OCI seccomp profiles"), "{why}");
+    let exec = Executor::builder().backend(c.clone()).build();
+    assert_eq!(exec.status()[0].unavailable.as_ref(), Some(&why), "execbox backends shows the same reason");
+    // Not synchronisation: past the 2 s a negative answer is kept, so the run probes again.
+    std::thread::sleep(Duration::from_millis(2100));
+    match exec.execute_blocking(python("print(1)")) {
+        Err(ExecError::BackendUnavailable { backend, reason }) => {
+            assert_eq!(backend, "container");
+            assert!(reason.contains("io_uring_setup reached the kernel"), "{reason}");
+        }
+        other => panic!("expected BackendUnavailable, got {other:?}"),
+    }
+    drop(exec);
+    drop(c);
+    let roles = std::fs::read_to_string(dir.path().join("roles")).unwrap();
+    assert!(roles.lines().all(|role| role == "probe") && roles.lines().count() >= 2, "{roles}");
+    assert!(leftovers(label).is_empty());
+}
+
+/// An engine that cannot apply a custom profile and says so (docker on a
+/// kernel without seccomp) makes the backend unavailable with its words.
+#[test]
+fn an_engine_that_refuses_the_profile_is_unavailable() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = dir.path().join("engine");
+    let script = "#!/bin/sh\ncase \"$1\" in\n  run) echo 'docker: Error response from daemon: seccomp is not enabled in \
+                  your kernel, cannot run a custom seccomp profile.' >&2; exit 125 ;;\n  inspect) [ \"$2\" = image ] || \
+                  exit 1 ;;\nesac\nexit 0\n";
+    std::fs::write(&engine, script).unwrap();
+    std::fs::set_permissions(&engine, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let c = Container::new(ContainerConfig::default().engine(&engine)).unwrap();
+    let why = c.availability().unwrap_err();
+    assert!(why.reason.contains("cannot start a container under execbox's seccomp profile"), "{why}");
+    assert!(why.reason.contains("seccomp is not enabled in your kernel"), "{why}");
+}
+
+/// The profile's file is this process's, private, and named on every run.
+#[test]
+fn every_run_names_this_processs_private_copy_of_the_profile() {
+    use std::os::unix::fs::PermissionsExt;
+    let container = Container::default();
+    let argv = container.plan(&python("print(1)")).unwrap().argv();
+    let flags: Vec<&String> = argv.iter().filter(|a| a.starts_with("--security-opt=seccomp=")).collect();
+    assert_eq!(flags.len(), 1, "{argv:?}");
+    let path = Path::new(flags[0].strip_prefix("--security-opt=seccomp=").unwrap());
+    assert_eq!(std::fs::read_to_string(path).unwrap(), SECCOMP_PROFILE);
+    assert_eq!(std::fs::metadata(path).unwrap().permissions().mode() & 0o777, 0o600);
+    assert_eq!(std::fs::metadata(path.parent().unwrap()).unwrap().permissions().mode() & 0o777, 0o700);
+    let dir = path.parent().unwrap().file_name().unwrap().to_string_lossy().into_owned();
+    assert!(dir.starts_with(&format!("execbox-seccomp-{}-", Container::owner_token())), "{dir}");
+    // Beside the locked flag it joins, before the image.
+    let at = argv.iter().position(|a| a == flags[0]).unwrap();
+    assert_eq!(argv[at - 1], "--security-opt=no-new-privileges");
+    assert!(at < argv.iter().position(|a| a == "localhost/execbox-python:3.11").unwrap());
+    // An allow-listed extra argument cannot add another profile.
+    let refused = ContainerConfig::default().extra_run_args(vec!["--security-opt=seccomp=unconfined".into()]);
+    assert!(Container::new(refused).is_err());
 }

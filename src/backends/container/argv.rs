@@ -15,6 +15,10 @@
 //! The same first process sets the file-size limit (`ulimit -f`, soft and
 //! hard: the program cannot raise it) after making the copy, which a small
 //! limit would otherwise cut, and drops the `PWD` its shell exported.
+//!
+//! Every container runs under execbox's own seccomp profile
+//! (`--security-opt=seccomp=<file>`, see `seccomp.rs`), never the engine's
+//! default: this is the one place that flag is added.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -39,7 +43,8 @@ const ALLOWED_EXTRA_FLAGS: &[(&str, bool)] = &[
 
 /// Checks extra `run` arguments against the allow-list. Anything that could
 /// loosen a locked flag (`--network`, `--privileged`, `-v`, `--cap-add`,
-/// `--security-opt`, `--user`, `--env`, ...) is refused, not reordered: a
+/// `--security-opt`, so neither another seccomp profile nor `unconfined`,
+/// `--user`, `--env`, ...) is refused, not reordered: a
 /// [`ConfigError`] naming `ContainerConfig::extra_run_args`, the argument
 /// and why.
 pub(super) fn check_extra_args(args: &[String]) -> Result<(), ConfigError> {
@@ -117,6 +122,9 @@ pub struct RunSpec {
     pub tmp_bytes: u64,
     /// `uid:gid` the code runs as.
     pub user: String,
+    /// This process's copy of execbox's seccomp profile
+    /// (`--security-opt=seccomp=`; see `seccomp.rs`).
+    pub seccomp_profile: PathBuf,
     /// Largest file the code may write (`RLIMIT_FSIZE`, soft and hard, set
     /// by the container's first process in 512-byte blocks, rounded down),
     /// if limited.
@@ -151,9 +159,9 @@ pub struct RunSpec {
     /// the result without waiting for the engine to stop the container.
     pub end_nonce: Option<String>,
     /// What the container is for, as its `execbox.role` label: `run` (one
-    /// run), `warm` (a pre-started one waiting for its run), `session` or
-    /// `compile` (a Rust build), so an operator's `docker ps --filter`
-    /// can tell them apart.
+    /// run), `warm` (a pre-started one waiting for its run), `session`,
+    /// `compile` (a Rust build) or `probe` (the availability check's seccomp
+    /// probe), so an operator's `docker ps --filter` can tell them apart.
     pub role: &'static str,
 }
 
@@ -216,6 +224,7 @@ fn run_argv(spec: &RunSpec) -> Vec<String> {
         format!("--user={}", spec.user),
         "--cap-drop=ALL".into(),
         "--security-opt=no-new-privileges".into(),
+        format!("--security-opt=seccomp={}", spec.seccomp_profile.display()),
         "--ipc=none".into(),
         "--log-driver=none".into(),
         // The timer's copy: executable, tiny, nothing else lives there.
@@ -265,7 +274,10 @@ mod tests {
         for bad in ["--network=host", "--privileged", "-v=/:/host", "--cap-add=SYS_ADMIN", "--runtime", "--init"] {
             assert!(ok(&[bad]).is_err(), "{bad} must be refused");
         }
-        assert!(ok(&["--security-opt=seccomp=unconfined"]).is_err());
+        // No other seccomp profile, and no way to turn execbox's off.
+        for bad in ["--security-opt=seccomp=unconfined", "--security-opt=seccomp=/tmp/mine.json", "--security-opt"] {
+            assert!(ok(&[bad]).is_err(), "{bad} must be refused");
+        }
     }
 
     #[test]

@@ -97,7 +97,11 @@ pub struct ContainerConfig {
     /// 32 MiB.
     pub max_output_total_bytes: u64,
     /// How long a positive availability check is trusted (a negative one:
-    /// 2 s).
+    /// 2 s). A recheck asks the engine for the images again; the seccomp
+    /// probe's positive verdict (one container start) is kept for the
+    /// process's life until the engine fails (see
+    /// [`Backend::availability`](crate::backend::Backend::availability) on
+    /// [`Container`](super::Container)).
     ///
     /// # Default
     /// 30 s.

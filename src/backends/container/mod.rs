@@ -8,8 +8,10 @@
 //! no network, read-only root filesystem with a size-capped `/tmp` tmpfs,
 //! `--memory` = `--memory-swap`,
 //! `--cpus`, `--pids-limit`, an unprivileged user, no capabilities,
-//! `no-new-privileges`, no IPC namespace sharing, no log driver, and an
-//! explicit name so a timeout kills the container on the daemon side.
+//! `no-new-privileges`, execbox's own seccomp profile (not the engine's
+//! default, which differs between engine versions: see `seccomp.rs`), no
+//! IPC namespace sharing, no log driver, and an explicit name so a timeout
+//! kills the container on the daemon side.
 //!
 //! What the code sees:
 //! - `/work` (read-only, the working directory): `input.json` holding the
@@ -79,6 +81,7 @@ mod process;
 mod reaper;
 mod runner;
 mod rust;
+mod seccomp;
 mod session;
 mod staging;
 mod tool_socket;
@@ -223,8 +226,11 @@ impl Backend for Container {
         self.runner.capabilities()
     }
 
-    /// Whether the engine answers and has the Python and Rust images.
-    /// Cached: a positive answer for
+    /// Whether the engine answers, has the Python and Rust images, and
+    /// applies execbox's seccomp profile: a probe container (once per
+    /// process and engine while the engine does not fail) must see its
+    /// calls denied, else the backend is unavailable with what the probe
+    /// saw. Cached: a positive answer for
     /// [`availability_ttl`](ContainerConfig::availability_ttl), a negative
     /// one for 2 s. The first check in a process also starts the cleanup of
     /// dead owners' containers (see the module docs), off the request path.

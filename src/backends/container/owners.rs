@@ -198,12 +198,14 @@ pub(super) fn remove_own(engine: &Path, limit: Duration) {
 }
 
 /// Removes this process's staging directories (`execbox-run-<owner>-*`,
-/// `execbox-rustc-<owner>-*`) and tool sockets (`execbox-tools-<owner>-*`),
-/// for a host about to exit on a signal: its `TempDir` handles will never
-/// be dropped.
+/// `execbox-rustc-<owner>-*`), tool sockets (`execbox-tools-<owner>-*`) and
+/// its copy of the seccomp profile (`execbox-seccomp-<owner>-*`), for a host
+/// about to exit on a signal: its `TempDir` handles will never be dropped.
+/// (Another backend of this process that runs after this writes a new copy
+/// of the profile.)
 pub(super) fn remove_own_temp_dirs() {
     let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else { return };
-    let prefixes = ["run", "rustc", "tools"].map(|what| format!("execbox-{what}-{}-", owner::token()));
+    let prefixes = ["run", "rustc", "tools", "seccomp"].map(|what| format!("execbox-{what}-{}-", owner::token()));
     for entry in entries.flatten() {
         let name = entry.file_name();
         let ours = name.to_str().is_some_and(|n| prefixes.iter().any(|p| n.starts_with(p.as_str())));

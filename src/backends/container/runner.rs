@@ -14,6 +14,7 @@ use super::outputs::{self, OUTPUT_INODES, OutputLimits};
 use super::owners;
 use super::process::{self, KILL_GRACE};
 use super::reaper::Reaper;
+use super::seccomp::{self, ProbeKey};
 use super::staging::{self, Staging, WORKDIR};
 use super::tool_socket::ToolSocket;
 use super::warm::{Warm, WarmKey, WarmPool};
@@ -39,6 +40,10 @@ pub(super) const NAME: &str = "container";
 /// How long a negative availability check (or a missing package label) is trusted.
 const NEGATIVE_TTL: Duration = Duration::from_secs(2);
 
+/// Deadline of the seccomp probe's container (one container start): as
+/// long as any other engine command of the availability check.
+const PROBE_TIMEOUT: Duration = process::HOUSEKEEPING_TIMEOUT;
+
 static RUN_COUNTER: AtomicU64 = AtomicU64::new(0);
 
 /// A fresh container name `<prefix><pid>-<counter>-<nonce>`: unique even
@@ -62,6 +67,9 @@ pub(super) struct Runner {
     shut_down: AtomicBool,
     /// Warm one-shot containers (`warm.rs`; it removes its own).
     warm: WarmPool,
+    /// This backend's hold on the process's copy of the seccomp profile.
+    /// Last: dropped after the warm pool, whose starts may still read it.
+    _profile: seccomp::Hold,
 }
 
 /// How a [`Runner::run_spec`] ended.
@@ -105,6 +113,7 @@ impl Runner {
             availability: Mutex::new(None),
             data_packages: Mutex::new(None),
             shut_down: AtomicBool::new(false),
+            _profile: seccomp::Hold::new(),
             cfg,
         }
     }
@@ -139,8 +148,9 @@ impl Runner {
     }
 
     /// Cached: a positive answer for `availability_ttl`, a negative one for
-    /// 2 s. The first check in a process also starts the cleanup of dead
-    /// owners' containers (see `owners.rs`), off the request path.
+    /// 2 s (the seccomp probe's positive verdict for the process's life, see
+    /// `seccomp.rs`). The first check in a process also starts the cleanup
+    /// of dead owners' containers (see `owners.rs`), off the request path.
     pub fn availability(&self) -> Result<(), Unavailable> {
         owners::start(&self.cfg.engine);
         let mut cached = self.availability.lock();
@@ -161,13 +171,95 @@ impl Runner {
         self.availability().map_err(|why| why.into_error(backend))
     }
 
+    /// Forgets the cached answer and the seccomp verdict: the engine failed,
+    /// and may come back as another engine.
     fn forget_availability(&self) {
         *self.availability.lock() = None;
+        seccomp::forget(&self.probe_key());
+    }
+
+    /// Asks the engine whether the images exist (which also proves the
+    /// daemon answers), then whether it applies execbox's seccomp profile
+    /// (see `seccomp.rs`: kept once verified).
+    fn check_availability(&self) -> Result<(), Unavailable> {
+        let images = self.check_images();
+        if images.is_err() {
+            seccomp::forget(&self.probe_key());
+        }
+        images?;
+        seccomp::verified(&self.probe_key(), || self.probe_seccomp())
+    }
+
+    /// What this backend's seccomp verdict depends on.
+    fn probe_key(&self) -> ProbeKey {
+        ProbeKey::new(&self.cfg.engine, &self.cfg.python_image, &self.cfg.extra_run_args)
+    }
+
+    /// Starts one container exactly as a run's (the locked flags, the
+    /// configured extra arguments, the Python image) whose program is
+    /// [`seccomp::PROBE`], and judges what it saw: unavailable unless the
+    /// engine applied execbox's profile.
+    fn probe_seccomp(&self) -> Result<(), Unavailable> {
+        let engine = self.cfg.engine.display();
+        let fix = "use docker or podman with a runtime that applies OCI seccomp profiles (runc, crun; \
+                   gVisor's runsc only with --oci-seccomp)";
+        let staging = Staging::empty(false)
+            .map_err(|e| Unavailable::because(format!("cannot stage the seccomp probe's container: {e}")))?;
+        let command = vec!["/usr/bin/python3".into(), "-I".into(), "-c".into(), seccomp::PROBE.into()];
+        let limits = Limits {
+            memory_bytes: SandboxPolicy::STRICT_MEMORY_BYTES,
+            pids: self.cfg.default_pids,
+            stop_after: PROBE_TIMEOUT.saturating_add(KILL_GRACE),
+        };
+        // On an error the staging, dropped, removes itself.
+        let mut spec =
+            locked_spec(&self.cfg, &staging, staging.mounts(), self.cfg.python_image.clone(), command, limits)
+                .map_err(|e| Unavailable::because(e.to_string()))?;
+        spec.role = "probe";
+        let caps = Caps { stdout: Some(4 << 10), stderr: Some(4 << 10), tap: None };
+        let end = self.run_spec(&spec, Vec::new(), caps, Deadline::start(Some(PROBE_TIMEOUT)));
+        self.reaper.discard(staging.into_dir());
+        let finished = match end {
+            RunEnd::Finished(finished) => finished,
+            RunEnd::SpawnFailed(reason) => return Err(Unavailable::because(reason)),
+        };
+        let stdout = finished.stdout.text();
+        let exit = match finished.ended {
+            process::Ended::EngineError(text) => {
+                let text = crate::limits::text::cap_message(text);
+                return Err(Unavailable::new(
+                    format!("{engine} cannot start a container under execbox's seccomp profile ({text})"),
+                    fix,
+                ));
+            }
+            process::Ended::TimedOut => {
+                return Err(Unavailable::because(format!(
+                    "the seccomp probe's container did not finish within {} s on {engine}",
+                    PROBE_TIMEOUT.as_secs()
+                )));
+            }
+            process::Ended::Exited { exit_code, .. } => exit_code,
+        };
+        seccomp::judge(&stdout).map_err(|seen| {
+            let stderr = finished.stderr.text();
+            let detail = match (exit, stderr.trim()) {
+                (0, _) | (_, "") => seen,
+                (code, stderr) => {
+                    format!("{seen}; exit code {code}: {}", crate::limits::text::cap_message(stderr.to_string()))
+                }
+            };
+            Unavailable::new(
+                format!(
+                    "{engine} does not apply execbox's seccomp profile to its containers (the probe saw: {detail})"
+                ),
+                fix,
+            )
+        })
     }
 
     /// Asks the engine whether the images exist (which also proves the
     /// daemon answers).
-    fn check_availability(&self) -> Result<(), Unavailable> {
+    fn check_images(&self) -> Result<(), Unavailable> {
         let engine = self.cfg.engine.display();
         let images = [&self.cfg.python_image, &self.cfg.rust_image];
         let output = process::bounded_output(
@@ -288,7 +380,7 @@ impl Runner {
             }
         }
         let limits = Limits { memory_bytes, pids, stop_after: limit.saturating_add(KILL_GRACE) };
-        Ok(locked_spec(&self.cfg, staging, mounts, image, command, limits))
+        locked_spec(&self.cfg, staging, mounts, image, command, limits).map_err(|e| self.unavailable(e.to_string()))
     }
 
     /// Runs one container for `spec`, capturing at most `caps` (stdout,
@@ -541,9 +633,11 @@ struct Limits {
     stop_after: Duration,
 }
 
-/// The one place a run's spec is made, cold or warm: every locked setting
-/// from `cfg`, the staging's env file, `mounts`, and `/work/out` when the
-/// staging collects outputs.
+/// The one place a run's spec is made, cold or warm (and the seccomp
+/// probe's): every locked setting from `cfg`, execbox's seccomp profile
+/// (written now if this process has no copy: the only error), the
+/// staging's env file, `mounts`, and `/work/out` when the staging collects
+/// outputs.
 fn locked_spec(
     cfg: &ContainerConfig,
     staging: &Staging,
@@ -551,8 +645,8 @@ fn locked_spec(
     image: String,
     command: Vec<String>,
     limits: Limits,
-) -> RunSpec {
-    RunSpec {
+) -> std::io::Result<RunSpec> {
+    Ok(RunSpec {
         name: container_name("execbox-"),
         image,
         memory_bytes: limits.memory_bytes,
@@ -560,6 +654,7 @@ fn locked_spec(
         pids: limits.pids,
         tmp_bytes: cfg.tmp_bytes,
         user: cfg.user.clone(),
+        seccomp_profile: seccomp::profile_path()?,
         max_file_bytes: Some(cfg.max_output_file_bytes),
         env_file: staging.env_file(),
         env: Vec::new(),
@@ -575,7 +670,7 @@ fn locked_spec(
         stop_after: limits.stop_after,
         end_nonce: None,
         role: "run",
-    }
+    })
 }
 
 /// A warm container's spec and staging for `key` (see `warm.rs`): a cold
@@ -600,7 +695,7 @@ pub(super) fn warm_spec(cfg: &ContainerConfig, key: &WarmKey) -> std::io::Result
     // it, so that the program may start exactly as many as in a cold run.
     let pids = if key.outputs { key.pids } else { key.pids.saturating_add(1) };
     let limits = Limits { memory_bytes: key.memory_bytes, pids, stop_after };
-    let mut spec = locked_spec(cfg, &staging, staging.mounts(), key.image.clone(), command, limits);
+    let mut spec = locked_spec(cfg, &staging, staging.mounts(), key.image.clone(), command, limits)?;
     let nonce = match spec.output_dir.as_ref().and_then(|out| out.listing_nonce.clone()) {
         Some(nonce) => nonce,
         None => crate::nonce::hex128(),

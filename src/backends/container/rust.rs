@@ -31,6 +31,7 @@ use super::config::RustConfig;
 use super::hostfs;
 use super::process::{self, KILL_GRACE};
 use super::runner::{Caps, NAME, RunEnd, Runner, container_name};
+use super::seccomp;
 use super::staging::{Staging, WORKDIR};
 use crate::admission::Admitted;
 use crate::error::ExecError;
@@ -433,6 +434,7 @@ fn compile(
         pids: 256,
         tmp_bytes: 512 << 20,
         user: runner.config().user.clone(),
+        seccomp_profile: seccomp::profile_path().map_err(|e| runner.unavailable(e.to_string()))?,
         max_file_bytes: Some(cfg.max_binary_bytes),
         env_file: None,
         env: Vec::new(),
@@ -668,7 +670,7 @@ mod tests {
             (value, String::from_utf8(stdout.bytes).unwrap(), stdout.total_bytes)
         };
         assert_eq!(take("\n[1,2]\n"), (Some(serde_json::json!([1, 2])), String::new(), 0));
-        assert_eq!(take("hello\n{\"a\":1}\n\n7\n"), (Some(serde_json::json!(7)), "hello\n{\"a\":1}\n".into(), 17));
+        assert_eq!(take("hello\n{\"a\":1}\n\n7\n"), (Some(serde_json::json!(7)), "hello\n{\"a\":1}\n".into(), 14));
         assert_eq!(take("no newline\n\"s\"\n"), (Some(serde_json::json!("s")), "no newline".into(), 10));
         assert_eq!(take("exited early\n").0, None, "a last line that is not JSON is no value");
         assert_eq!(take("").0, None);

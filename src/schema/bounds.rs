@@ -1,5 +1,5 @@
 //! The static bounds a schema passes before it is compiled (see the module
-//! docs of [`super`]).
+//! docs of `schema`), and their numbers.
 //!
 //! A schema is a graph: its subschemas are the nodes (each named by its
 //! JSON pointer), and each applicator keyword is an edge. An edge either
@@ -26,7 +26,41 @@ use std::collections::HashMap;
 
 use serde_json::Value;
 
-use super::{MAX_EVALUATIONS_PER_VALUE, MAX_IN_PLACE_CHAIN, MAX_VALUE_NESTING, SchemaError};
+/// Largest schema, as JSON text.
+pub const MAX_SCHEMA_BYTES: usize = 64 << 10;
+
+/// Deepest schema nesting (objects and arrays, one level each).
+pub const MAX_SCHEMA_NESTING: usize = 64;
+
+/// Most `$ref`s and in-place applicators in a row on one value.
+pub const MAX_IN_PLACE_CHAIN: usize = 32;
+
+/// Most subschema evaluations of any one value.
+pub const MAX_EVALUATIONS_PER_VALUE: u64 = 4096;
+
+/// Most subschema evaluations of one validation (evaluations per value
+/// times the value's nodes): about a second of a release build.
+pub const MAX_VALIDATION_WORK: u64 = 30_000_000;
+
+/// Deepest value validated (the nesting serde_json parses outputs to).
+pub const MAX_VALUE_NESTING: usize = 128;
+
+/// Most errors one validation reports.
+pub const MAX_REPORTED_ERRORS: usize = 16;
+
+/// Why a schema was refused, in words for whoever wrote it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}")]
+pub struct SchemaError {
+    /// What is wrong, naming the place in the schema where there is one.
+    pub reason: String,
+}
+
+impl SchemaError {
+    pub(super) fn new(reason: impl Into<String>) -> Self {
+        Self { reason: crate::limits::text::cap_message(reason.into()) }
+    }
+}
 
 /// Keywords whose subschema applies to the same value.
 const SAME_VALUE_ONE: [&str; 4] = ["not", "if", "then", "else"];
