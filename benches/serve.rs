@@ -6,6 +6,9 @@
 //! JS `return 2`. The server's share is `mcp_stdio_paced` minus
 //! `library_async_paced`.
 //!
+//! Beside them, `serve_http`: an MCP `ping` over streamable HTTP with the
+//! DNS-rebinding check (`Host`, `Origin`) and without it.
+//!
 //! `cargo bench --bench serve` (it builds the `execbox` binary it talks to).
 
 use std::hint::black_box;
@@ -128,5 +131,120 @@ fn bench(c: &mut Criterion) {
     drop(runtime.block_on(client.cancel()));
 }
 
-criterion_group!(benches, bench);
+/// A keep-alive HTTP/1.1 client of one MCP session, just enough for the
+/// benches: a POST, then its response read whole (chunked or not).
+struct Http {
+    stream: std::io::BufReader<std::net::TcpStream>,
+    port: u16,
+    session: Option<String>,
+}
+
+impl Http {
+    fn connect(port: u16) -> Self {
+        let stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        stream.set_nodelay(true).unwrap();
+        Self { stream: std::io::BufReader::new(stream), port, session: None }
+    }
+
+    /// POSTs `body` to /mcp and returns the response's body.
+    fn post(&mut self, body: &Value) -> String {
+        use std::io::{BufRead, Read, Write};
+        let body = body.to_string();
+        let session = self.session.as_ref().map(|s| format!("mcp-session-id: {s}\r\n")).unwrap_or_default();
+        let request = format!(
+            "POST /mcp HTTP/1.1\r\nhost: 127.0.0.1:{}\r\nauthorization: Bearer bench-token-0123456789\r\n\
+             content-type: application/json\r\naccept: application/json, text/event-stream\r\n\
+             mcp-protocol-version: 2025-06-18\r\n{session}content-length: {}\r\n\r\n{body}",
+            self.port,
+            body.len()
+        );
+        self.stream.get_mut().write_all(request.as_bytes()).unwrap();
+        let (mut chunked, mut length) = (false, 0usize);
+        loop {
+            let mut line = String::new();
+            self.stream.read_line(&mut line).unwrap();
+            let lower = line.to_ascii_lowercase();
+            if line == "\r\n" {
+                break;
+            } else if lower.starts_with("transfer-encoding: chunked") {
+                chunked = true;
+            } else if let Some(n) = lower.strip_prefix("content-length: ") {
+                length = n.trim().parse().unwrap();
+            } else if let Some(id) = lower.strip_prefix("mcp-session-id: ") {
+                self.session = Some(line[line.len() - id.len()..].trim().to_string());
+            }
+        }
+        let mut out = Vec::new();
+        if chunked {
+            loop {
+                let mut size = String::new();
+                self.stream.read_line(&mut size).unwrap();
+                let n = usize::from_str_radix(size.trim(), 16).unwrap();
+                let mut chunk = vec![0u8; n + 2];
+                self.stream.read_exact(&mut chunk).unwrap();
+                if n == 0 {
+                    break;
+                }
+                out.extend_from_slice(&chunk[..n]);
+            }
+        } else {
+            out.resize(length, 0);
+            self.stream.read_exact(&mut out).unwrap();
+        }
+        String::from_utf8_lossy(&out).into_owned()
+    }
+}
+
+/// `execbox serve --http` with a token and `extra` flags: the server and its port.
+fn http_server(binary: &std::path::Path, token: &std::path::Path, extra: &[&str]) -> (std::process::Child, u16) {
+    use std::io::BufRead;
+    let mut server = std::process::Command::new(binary)
+        .args(["serve", "--http", "127.0.0.1:0", "--token-file", token.to_str().unwrap()])
+        .args(extra)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn execbox serve --http");
+    let mut stderr = std::io::BufReader::new(server.stderr.take().unwrap());
+    let mut banner = String::new();
+    stderr.read_line(&mut banner).unwrap();
+    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+    let port = banner.trim().trim_end_matches("/mcp").rsplit(':').next().unwrap().parse().unwrap();
+    (server, port)
+}
+
+/// The DNS-rebinding check's cost per HTTP request: an MCP `ping` over
+/// streamable HTTP to a server that checks `Host` and `Origin` (the
+/// default) and to one that checks neither (`--allowed-host '*'
+/// --allowed-origin '*'`, which needs a token: both get one).
+fn http(c: &mut Criterion) {
+    let binary = execbox_binary();
+    if !binary.exists() {
+        eprintln!("skipping: {} is missing (cargo build --release)", binary.display());
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "bench-token-0123456789").unwrap();
+    let mut g = c.benchmark_group("serve_http");
+    g.sample_size(40).measurement_time(Duration::from_secs(4)).warm_up_time(Duration::from_secs(1));
+    for (name, extra) in [
+        ("ping/host_and_origin_checked", &[][..]),
+        ("ping/unchecked", &["--allowed-host", "*", "--allowed-origin", "*"][..]),
+    ] {
+        let (mut server, port) = http_server(&binary, &token, extra);
+        let mut client = Http::connect(port);
+        let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18",
+            "capabilities": {}, "clientInfo": {"name": "bench", "version": "0"}}});
+        assert!(client.post(&init).contains("\"result\""));
+        client.post(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+        let ping = json!({"jsonrpc": "2.0", "id": 2, "method": "ping"});
+        assert!(client.post(&ping).contains("\"result\""));
+        g.bench_function(name, |b| b.iter(|| black_box(client.post(&ping))));
+        drop(server.kill());
+        drop(server.wait());
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench, http);
 criterion_main!(benches);
