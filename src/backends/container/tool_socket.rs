@@ -283,9 +283,11 @@ struct Link {
     in_flight: AtomicU64,
     /// A call of this connection was answered (or dropped).
     freed: Notify,
-    /// The ids of this connection's calls in flight: one it reuses is
-    /// refused (`protocol`), as the bridge refuses within one run.
-    ids: Mutex<std::collections::HashSet<u64>>,
+    /// The ids of this connection's calls in flight, with the run (or
+    /// cell) they belong to: one it reuses within that run is refused
+    /// (`protocol`), as the bridge refuses within one run; a later run may
+    /// use it again, whether or not the ended run's call has let go yet.
+    ids: Mutex<std::collections::HashSet<(u64, u64)>>,
 }
 
 impl Link {
@@ -383,7 +385,7 @@ fn take(shared: &Arc<Shared>, link: &Arc<Link>, tx: &UnboundedSender<Vec<u8>>, f
     let (request, own) = match request {
         Request::Call(mut call) => {
             let own = call.id;
-            if !link.ids.lock().insert(own) {
+            if !link.ids.lock().insert((generation, own)) {
                 let error = ToolError::new(
                     &call.name,
                     ToolErrorKind::Protocol,
@@ -392,22 +394,37 @@ fn take(shared: &Arc<Shared>, link: &Arc<Link>, tx: &UnboundedSender<Vec<u8>>, f
                 return queue(link, tx, ToolResult::error(own, error), limit);
             }
             call.id = shared.next_id.fetch_add(1, Ordering::Relaxed);
-            (Request::Call(call), Some(own))
+            (Request::Call(call), Some(OwnId { link: link.clone(), generation, id: own }))
         }
         other => (other, None),
     };
     let (shared, link, tx) = (shared.clone(), link.clone(), tx.clone());
     let in_flight = InFlight::new(&link);
     request.dispatch(bridge.as_ref(), move |mut result| {
-        if let Some(own) = own {
-            result.id = own;
-            link.ids.lock().remove(&own);
+        if let Some(own) = &own {
+            result.id = own.id;
         }
+        drop(own);
         drop(in_flight);
         if shared.is_current(generation) {
             queue(&link, &tx, result, limit);
         }
     });
+}
+
+/// A call's id on its connection, in flight until this drops: when its
+/// answer is queued, or when it is dropped unanswered (its run ended), so
+/// the connection may use the id again.
+struct OwnId {
+    link: Arc<Link>,
+    generation: u64,
+    id: u64,
+}
+
+impl Drop for OwnId {
+    fn drop(&mut self) {
+        self.link.ids.lock().remove(&(self.generation, self.id));
+    }
 }
 
 /// Queues `result` as one line, or closes the connection when it would
@@ -618,6 +635,25 @@ mod tests {
         assert_eq!(answer(reader), json!({"id": 5, "ok": true, "value": 5}));
         // Five calls ran (the refused reuse is not one).
         assert_eq!(bridge.finish().0.len(), 5);
+    }
+
+    /// A call the run ended before it answered does not hold its id: the
+    /// connection (a session's lives across cells) may use it in the next.
+    #[test]
+    fn an_id_the_run_ended_is_free_again() {
+        let (socket, _) = socket_with(ToolLimits::default());
+        let (mut stream, mut reader) = connect(&socket);
+        stream.write_all(b"{\"tool_call\":{\"id\":9,\"name\":\"math.slow\",\"args\":{\"n\":1}}}\n").unwrap();
+        // In flight: its id is taken on this connection.
+        stream.write_all(b"{\"tool_call\":{\"id\":9,\"name\":\"math.add\",\"args\":{}}}\n").unwrap();
+        assert_eq!(answer(&mut reader)["error"]["kind"], "protocol");
+        socket.end();
+        let registry =
+            ToolRegistry::builder().tool(ToolSpec::new("math.add"), |_: Value| async { Ok(json!(3)) }).build().unwrap();
+        let deadline = Deadline::start(Some(Duration::from_secs(30)));
+        socket.begin(Some(ToolBridge::new(registry, vec!["math.*".into()], ToolLimits::default(), deadline)));
+        stream.write_all(b"{\"tool_call\":{\"id\":9,\"name\":\"math.add\",\"args\":{}}}\n").unwrap();
+        assert_eq!(answer(&mut reader), json!({"id": 9, "ok": true, "value": 3}));
     }
 
     #[test]
