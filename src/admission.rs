@@ -82,6 +82,7 @@ pub(crate) struct Finisher {
     tools: Option<Arc<ToolBridge>>,
     spill: Option<SpillPlan>,
     schema: Option<JsonSchema>,
+    deadline: Deadline,
 }
 
 impl Finisher {
@@ -95,6 +96,18 @@ impl Finisher {
             if let Some(ledger) = ledger {
                 r.tool_calls = ledger;
             }
+            // A run that failed on a tool call its deadline cut off (the
+            // code saw `cancelled` and did not catch it) ended because of
+            // its deadline: it timed out, whatever the code made of it.
+            let cut_off = r.tool_calls.iter().any(|c| c.error == Some(crate::tools::ToolErrorKind::Cancelled));
+            if r.outcome == Outcome::Failed && cut_off && self.deadline_passed() {
+                r.outcome = Outcome::TimedOut;
+                let why = "the run's deadline passed during a tool call";
+                r.message = Some(match r.message.take() {
+                    Some(m) => format!("{why} ({m})"),
+                    None => why.to_string(),
+                });
+            }
             #[cfg(feature = "artifacts")]
             if let Some(spill) = &self.spill {
                 spill.finish(&mut r);
@@ -105,6 +118,10 @@ impl Finisher {
             }
             r
         })
+    }
+
+    fn deadline_passed(&self) -> bool {
+        self.deadline.expired()
     }
 
     /// True when [`Finisher::finish`] may write a file (the run spills its
@@ -267,6 +284,7 @@ impl Admitted {
             tools: self.tools.clone(),
             spill: self.spill.clone(),
             schema: self.request.output_schema.clone(),
+            deadline: self.deadline,
         }
     }
 

@@ -125,7 +125,8 @@ fn a_thousand_mixed_runs_at_64_concurrent_leave_nothing_behind() {
     // are removed (which nothing announces: both are looked at).
     let pools_full = || exec.backends().all(|b| b.readiness().is_none_or(|r| r.ready >= r.target));
     let settled = || pools_full() && (!containers || docker::owned(Container::owner_token(), true).is_empty());
-    wait_until(Duration::from_secs(60), settled);
+    // An unsettled matrix would make a leak's baseline: it must settle.
+    assert!(wait_until(Duration::from_secs(60), settled), "the matrix did not settle before the soak");
     let threads_before = procfs::count_entries("/proc/self/task");
     let fds_before = procfs::count_entries("/proc/self/fd");
     let rss_before = procfs::own_rss_bytes();

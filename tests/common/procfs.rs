@@ -39,6 +39,19 @@ pub fn own_token() -> String {
 }
 
 /// Entries of `dir` (0 when it cannot be read).
+/// What each of this process's descriptors refers to (`pipe:[123]`,
+/// `socket:[456]`, `anon_inode:[timerfd]`, a path), by number.
+pub fn own_fd_targets() -> std::collections::BTreeMap<u32, String> {
+    let mut targets = std::collections::BTreeMap::new();
+    for entry in std::fs::read_dir("/proc/self/fd").into_iter().flatten().flatten() {
+        let Some(fd) = entry.file_name().to_str().and_then(|n| n.parse().ok()) else { continue };
+        if let Ok(target) = std::fs::read_link(entry.path()) {
+            targets.insert(fd, target.display().to_string());
+        }
+    }
+    targets
+}
+
 pub fn count_entries(dir: &str) -> usize {
     std::fs::read_dir(dir).map(|d| d.count()).unwrap_or(0)
 }

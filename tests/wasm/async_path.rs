@@ -309,7 +309,7 @@ fn a_hanging_tool_call_ends_at_the_runs_deadline() {
     let r = rt.block_on(exec.execute(request)).unwrap();
     assert_eq!(r.outcome, Outcome::TimedOut, "{r:?}");
     assert!(r.usage.duration < Duration::from_millis(3_500), "{r:?}");
-    wait_until(|| hangs.1.load(Ordering::SeqCst) == hangs.0.load(Ordering::SeqCst));
+    settled(|| hangs.1.load(Ordering::SeqCst) == hangs.0.load(Ordering::SeqCst));
     assert_eq!(hangs.0.load(Ordering::SeqCst), 1);
 }
 
@@ -334,7 +334,7 @@ fn dropping_the_future_ends_the_run_and_gives_its_slot_back() {
         assert_eq!(guest.engine().slots_in_use(), 0, "a guest {what} kept its slot");
     }
     // The tool call of the dropped run ended with it.
-    wait_until(|| hangs.1.load(Ordering::SeqCst) == hangs.0.load(Ordering::SeqCst));
+    settled(|| hangs.1.load(Ordering::SeqCst) == hangs.0.load(Ordering::SeqCst));
     assert_eq!(hangs.0.load(Ordering::SeqCst), 1);
     // And the engine runs on: both slots are free.
     let r = rt.block_on(exec.execute(ExecRequest::wasm(guest!(wat "hello")).policy(strict(5_000)))).unwrap();
@@ -515,12 +515,9 @@ fn runs_with_files_or_without_async_runs_take_the_blocking_pool() {
     assert_eq!(rt.block_on(exec.execute(hello())).unwrap().outcome, Outcome::Ok);
 }
 
-fn wait_until(done: impl Fn() -> bool) {
-    let until = Instant::now() + Duration::from_secs(10);
-    while !done() && Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    assert!(done(), "not within 10 s");
+/// Waits at most 10 s for `done`, and fails the test if it never is.
+fn settled(done: impl FnMut() -> bool) {
+    assert!(crate::common::wait::wait_until(Duration::from_secs(10), done), "not within 10 s");
 }
 
 // ---- what a hostile guest or caller tries next -------------------------------
@@ -817,14 +814,14 @@ fn shutting_down_the_runtime_mid_runs_gives_every_slot_back() {
             let exec = exec.clone();
             rt.spawn(async move { exec.execute(request).await });
         }
-        wait_until(|| guest.engine().slots_in_use() == 32 && hangs.0.load(Ordering::SeqCst) == 8);
+        settled(|| guest.engine().slots_in_use() == 32 && hangs.0.load(Ordering::SeqCst) == 8);
         if background {
             rt.shutdown_background();
         } else {
             drop(rt);
         }
-        wait_until(|| guest.engine().slots_in_use() == 0);
-        wait_until(|| hangs.1.load(Ordering::SeqCst) == 8);
+        settled(|| guest.engine().slots_in_use() == 0);
+        settled(|| hangs.1.load(Ordering::SeqCst) == 8);
     }
 }
 
@@ -846,13 +843,13 @@ fn aborting_spawned_runs_gives_their_slots_back() {
         };
         let exec2 = exec.clone();
         let task = rt.spawn(async move { exec2.execute(request).await });
-        wait_until(|| guest.engine().slots_in_use() == 1);
+        settled(|| guest.engine().slots_in_use() == 1);
         task.abort();
         let joined = rt.block_on(task);
         assert!(joined.unwrap_err().is_cancelled());
         assert_eq!(guest.engine().slots_in_use(), 0, "round {round}");
     }
-    wait_until(|| hangs.1.load(Ordering::SeqCst) == hangs.0.load(Ordering::SeqCst));
+    settled(|| hangs.1.load(Ordering::SeqCst) == hangs.0.load(Ordering::SeqCst));
 }
 
 /// 300 runs at once (spinners, sleepers, quick ones) on 2 worker threads.
@@ -970,7 +967,7 @@ fn a_run_started_on_one_runtime_ends_off_it() {
     assert_eq!((r.outcome, r.stdout.text().as_ref()), (Outcome::Ok, "awake\n"), "{r:?}");
     std::thread::spawn(move || drop(futures)).join().unwrap();
     assert_eq!(guest.engine().slots_in_use(), 0);
-    wait_until(|| hangs.1.load(Ordering::SeqCst) == 1);
+    settled(|| hangs.1.load(Ordering::SeqCst) == 1);
     assert_eq!(hangs.0.load(Ordering::SeqCst), 1);
 }
 
@@ -1018,7 +1015,7 @@ fn dropping_a_pooled_python_run_ends_it_at_once() {
     assert!(gave_up.is_err(), "a 30 s loop ended within 300 ms");
     // Its instance stops at the next epoch tick and gives its slot back;
     // the replacement (listed by the refill thread) keeps one.
-    wait_until(|| py.warm_idle() == 1 && py.engine().slots_in_use() == 1);
+    settled(|| py.warm_idle() == 1 && py.engine().slots_in_use() == 1);
     let r = held.block_on(exec.execute(python("print(1)", 30_000))).unwrap();
     assert_eq!(r.output, Some(json!(1)), "{r:?}");
 }
