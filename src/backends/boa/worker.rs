@@ -2,7 +2,8 @@
 //! context, stream `console` output and the result back as frames, build the
 //! next context while idle.
 //!
-//! The host's side is `contained.rs`; the frames are defined here. The
+//! The host's side is `contained.rs` (its pool) and `conversation.rs` (one
+//! run's exchange of frames); the frames are defined here. The
 //! worker trusts nothing it does after user code runs: the host caps every
 //! frame, re-applies every limit and kills the process at the deadline.
 //!
