@@ -11,7 +11,6 @@ use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::Instant;
 
-use rustix::event::{PollFd, PollFlags, Timespec, poll};
 use rustix::process::{Pid, PidfdFlags, Signal};
 
 /// A handle on one child process; clones name the same process.
@@ -43,24 +42,7 @@ impl ChildHandle {
     /// Waits until the process has exited (true), or `until` passes (false).
     /// Does not reap it: its parent's `wait` still collects the status.
     pub fn wait_exit(&self, until: Option<Instant>) -> bool {
-        loop {
-            let timeout = match until {
-                None => None,
-                Some(at) => {
-                    let left = at.saturating_duration_since(Instant::now());
-                    Some(Timespec::try_from(left).unwrap_or(Timespec { tv_sec: i64::MAX, tv_nsec: 0 }))
-                }
-            };
-            let mut fds = [PollFd::new(&*self.0, PollFlags::IN)];
-            match poll(&mut fds, timeout.as_ref()) {
-                Ok(0) => return false,
-                Ok(_) => return true,
-                Err(rustix::io::Errno::INTR) => {}
-                // A pidfd that cannot be polled (no such support): say
-                // "exited" and let the caller's try_wait tell.
-                Err(_) => return true,
-            }
-        }
+        super::poll::ready(&*self.0, rustix::event::PollFlags::IN, until)
     }
 }
 

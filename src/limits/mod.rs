@@ -7,6 +7,8 @@ pub(crate) mod child;
 pub mod deadline;
 pub(crate) mod nesting;
 pub mod output;
+#[cfg(any(feature = "js", feature = "wasm", feature = "container"))]
+pub(crate) mod poll;
 #[cfg(any(feature = "wasm", feature = "container"))]
 pub(crate) mod records;
 pub(crate) mod result_caps;

@@ -12,8 +12,6 @@ use std::io;
 use std::os::fd::AsFd;
 use std::time::Instant;
 
-use rustix::event::{PollFd, PollFlags, Timespec, poll};
-
 /// Why a write did not complete.
 #[derive(Debug)]
 pub(crate) enum WriteError {
@@ -81,26 +79,7 @@ pub(crate) fn write_all_until(
 /// Waits until `fd` has room (or an error to report); false if `until`
 /// passed first.
 fn wait_writable(fd: std::os::fd::BorrowedFd<'_>, until: Option<Instant>) -> bool {
-    loop {
-        let timeout = match until {
-            None => None,
-            Some(at) => {
-                let left = at.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    return false;
-                }
-                Some(Timespec::try_from(left).unwrap_or(Timespec { tv_sec: i64::MAX, tv_nsec: 0 }))
-            }
-        };
-        let mut fds = [PollFd::new(&fd, PollFlags::OUT)];
-        match poll(&mut fds, timeout.as_ref()) {
-            Ok(0) => {}
-            Ok(_) => return true,
-            Err(rustix::io::Errno::INTR) => {}
-            // A poll that fails cannot wait: let the write report the error.
-            Err(_) => return true,
-        }
-    }
+    super::poll::ready(fd, rustix::event::PollFlags::OUT, until)
 }
 
 #[cfg(test)]

@@ -199,15 +199,12 @@ pub(super) async fn bearer(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
     match given {
-        Some(given) if same(given.as_bytes(), token.as_bytes()) => next.run(request).await,
+        Some(given) if bool::from(subtle::ConstantTimeEq::ct_eq(given.as_bytes(), token.as_bytes())) => {
+            next.run(request).await
+        }
         _ => (axum::http::StatusCode::UNAUTHORIZED, [(axum::http::header::WWW_AUTHENTICATE, "Bearer")], "unauthorized")
             .into_response(),
     }
-}
-
-/// Compares in time independent of where the bytes differ.
-fn same(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 #[cfg(test)]

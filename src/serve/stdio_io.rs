@@ -42,6 +42,7 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use rustix::fs::OFlags;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::UnixStream;
 use tokio::net::unix::pipe;
@@ -73,7 +74,7 @@ enum Out {
 }
 
 /// Which way a descriptor is used.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Direction {
     Read,
     Write,
@@ -187,19 +188,17 @@ impl Kind {
 }
 
 /// The flags of the open file `fd` names (`F_GETFL`).
-fn file_flags(fd: BorrowedFd<'_>) -> Option<libc::c_int> {
-    // SAFETY: F_GETFL reads the flags of a descriptor this borrow keeps open.
-    let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
-    (flags >= 0).then_some(flags)
+fn file_flags(fd: BorrowedFd<'_>) -> Option<OFlags> {
+    rustix::fs::fcntl_getfl(fd).ok()
 }
 
 /// Whether an open file with `flags` was opened for `direction` (reading,
 /// or writing).
-fn opened_for(flags: libc::c_int, direction: Direction) -> bool {
-    matches!(
-        (direction, flags & libc::O_ACCMODE),
-        (_, libc::O_RDWR) | (Direction::Read, libc::O_RDONLY) | (Direction::Write, libc::O_WRONLY)
-    )
+fn opened_for(flags: OFlags, direction: Direction) -> bool {
+    let mode = flags & OFlags::RWMODE;
+    mode == OFlags::RDWR
+        || (direction == Direction::Read && mode == OFlags::RDONLY)
+        || (direction == Direction::Write && mode == OFlags::WRONLY)
 }
 
 /// Whether `fd` is a pipe made by `pipe(2)` (`pipe:[inode]`), not a named
@@ -232,8 +231,8 @@ struct Blocking(Option<OwnedFd>);
 
 impl Blocking {
     /// For `fd`, whose open file's flags are `flags` now.
-    fn of(fd: BorrowedFd<'_>, flags: libc::c_int) -> Option<Blocking> {
-        let was_blocking = flags & libc::O_NONBLOCK == 0;
+    fn of(fd: BorrowedFd<'_>, flags: OFlags) -> Option<Blocking> {
+        let was_blocking = !flags.contains(OFlags::NONBLOCK);
         Some(Blocking(if was_blocking { Some(fd.try_clone_to_owned().ok()?) } else { None }))
     }
 }
@@ -243,21 +242,14 @@ impl Drop for Blocking {
         if let Some(fd) = &self.0
             && let Some(flags) = file_flags(fd.as_fd())
         {
-            // SAFETY: F_SETFL on a descriptor this value owns.
-            unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags & !libc::O_NONBLOCK) };
+            let _ = rustix::fs::fcntl_setfl(fd, flags - OFlags::NONBLOCK);
         }
     }
 }
 
 /// Whether a socket is a stream socket (`SO_TYPE`).
 fn is_stream(fd: BorrowedFd<'_>) -> bool {
-    let mut kind: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: getsockopt writes at most `len` bytes into `kind`, which lives
-    // for the call; the borrow keeps the descriptor open.
-    let got =
-        unsafe { libc::getsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_TYPE, (&raw mut kind).cast(), &mut len) };
-    got == 0 && kind == libc::SOCK_STREAM
+    rustix::net::sockopt::socket_type(fd).is_ok_and(|kind| kind == rustix::net::SocketType::STREAM)
 }
 
 /// Whether two descriptors name the same file.
@@ -312,7 +304,7 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     fn nonblocking(fd: BorrowedFd<'_>) -> bool {
-        file_flags(fd).expect("F_GETFL") & libc::O_NONBLOCK != 0
+        file_flags(fd).expect("F_GETFL").contains(OFlags::NONBLOCK)
     }
 
     fn pipe() -> (std::io::PipeReader, std::io::PipeWriter) {

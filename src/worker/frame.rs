@@ -9,7 +9,6 @@ use std::io::{self, Read};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::time::Instant;
 
-use rustix::event::{PollFd, PollFlags, Timespec, poll};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -175,26 +174,7 @@ pub(crate) enum Waited {
 
 /// Waits until `fd` is readable (or hung up); false if `until` passed first.
 fn wait_readable(fd: &impl AsFd, until: Option<Instant>) -> bool {
-    loop {
-        let timeout = match until {
-            None => None,
-            Some(at) => {
-                let left = at.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    return false;
-                }
-                Some(Timespec::try_from(left).unwrap_or(Timespec { tv_sec: i64::MAX, tv_nsec: 0 }))
-            }
-        };
-        let mut fds = [PollFd::new(fd, PollFlags::IN)];
-        match poll(&mut fds, timeout.as_ref()) {
-            Ok(0) => {}
-            Ok(_) => return true,
-            Err(rustix::io::Errno::INTR) => {}
-            // A poll that fails cannot wait: let the read report the error.
-            Err(_) => return true,
-        }
-    }
+    crate::limits::poll::ready(fd, rustix::event::PollFlags::IN, until)
 }
 
 #[cfg(test)]

@@ -455,11 +455,16 @@ pub(super) fn classify(
 /// [`engine_command`]): anything still holding its pipes would keep the
 /// stream readers waiting.
 pub(super) fn kill_group(child: &mut Child) {
-    if let Ok(pgid) = i32::try_from(child.id()) {
-        // SAFETY: kill(2) on a process group this process created; no memory is involved.
-        unsafe { libc::kill(-pgid, libc::SIGKILL) };
-    }
+    kill_process_group(child.id());
     drop(child.kill());
+}
+
+/// `SIGKILL` to the process group `pgid` (a CLI this process spawned in a
+/// group of its own, not yet reaped); a group already gone is no error.
+pub(super) fn kill_process_group(pgid: u32) {
+    if let Some(pgid) = i32::try_from(pgid).ok().and_then(rustix::process::Pid::from_raw) {
+        let _ = rustix::process::kill_process_group(pgid, rustix::process::Signal::KILL);
+    }
 }
 
 pub(super) fn kill_container(engine: &Path, name: &str, limit: Duration) {

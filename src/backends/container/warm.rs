@@ -50,7 +50,6 @@
 use parking_lot::{Condvar, Mutex};
 use std::collections::VecDeque;
 use std::io::Read;
-use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -352,14 +351,11 @@ fn add_pool(state: &mut State, key: WarmKey, now: Instant) {
     });
 }
 
+/// Kills the process groups of CLIs this process spawned in groups of their
+/// own and has not yet reaped (a starter removes its pid before it waits).
 fn kill_starting(pids: &[u32]) {
     for pid in pids {
-        if let Ok(pgid) = i32::try_from(*pid) {
-            // SAFETY: kill(2) on the process group of a CLI this process
-            // spawned in a group of its own and has not yet reaped (its
-            // starter removes the pid before it waits); no memory is involved.
-            unsafe { libc::kill(-pgid, libc::SIGKILL) };
-        }
+        process::kill_process_group(*pid);
     }
 }
 
@@ -525,24 +521,8 @@ fn wait_line(spawned: &mut Spawned, line: &[u8], until: Instant) -> std::io::Res
     let stdout = spawned.child.stdout.as_mut().ok_or_else(|| broken("no stdout".into()))?;
     let mut got = Vec::with_capacity(line.len());
     while got.len() < line.len() {
-        let left = until.saturating_duration_since(Instant::now());
-        if left.is_zero() {
+        if !crate::limits::poll::ready(&*stdout, rustix::event::PollFlags::IN, Some(until)) {
             return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "not ready in time"));
-        }
-        let mut fd = libc::pollfd { fd: stdout.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-        let ms = i32::try_from(left.as_millis()).unwrap_or(i32::MAX).max(1);
-        // SAFETY: one valid pollfd on a pipe this struct owns, for the
-        // duration of the call.
-        let n = unsafe { libc::poll(&mut fd, 1, ms) };
-        if n < 0 {
-            let err = std::io::Error::last_os_error();
-            if err.kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(err);
-        }
-        if n == 0 {
-            continue;
         }
         let mut byte = [0u8; 32];
         let want = line.len() - got.len();

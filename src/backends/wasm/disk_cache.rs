@@ -125,8 +125,7 @@ fn read_private_file(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
 #[cfg(unix)]
 fn owned_privately(meta: &std::fs::Metadata) -> Result<(), String> {
     use std::os::unix::fs::MetadataExt;
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let me = unsafe { libc::geteuid() };
+    let me = rustix::process::geteuid().as_raw();
     if meta.uid() != me {
         return Err(format!("owned by uid {}, not by this process's uid {me}", meta.uid()));
     }
