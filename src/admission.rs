@@ -13,9 +13,14 @@
 //!    default; the clock starts here, so waiting for a worker, a slot or a
 //!    session's turn counts against it.
 //!
-//! Only this module makes an [`Admitted`], so a backend that takes one
-//! cannot be reached around the policy. Results leave through
-//! one finisher, which ends the run's tool calls into its ledger, spills
+//! One `Door` does all four, for the [`Executor`](crate::executor::Executor)
+//! and the session registry alike (a registry built for an executor shares
+//! its door: the same ceiling, tools and artifact store), against a
+//! `Target`: a backend or a live session, named with its capabilities,
+//! the packages it provides and its own refusals. Only this module makes an
+//! [`Admitted`], so a backend that takes one cannot be reached around the
+//! policy. Each admitted run carries its tracing span. Results leave through
+//! one finisher, which records how the run ended on that span, which ends the run's tool calls into its ledger, spills
 //! stdout past its cap into the artifact store when the policy asks it
 //! ([`SandboxPolicy::spill_output`]: the run then captures stdout up to
 //! the store's largest file, and the finisher cuts the result back to the
@@ -25,7 +30,7 @@
 //! that does not match ends [`Outcome::InvalidOutput`]).
 
 use crate::capabilities::BackendCapabilities;
-use crate::error::{ExecError, InvalidRequest};
+use crate::error::{BackendRejection, ExecError, InvalidRequest};
 use crate::limits::deadline::Deadline;
 use crate::limits::{nesting, result_caps};
 use crate::policy::{Access, SandboxPolicy};
@@ -33,7 +38,92 @@ use crate::request::{ExecRequest, Payload};
 use crate::result::{ExecResult, Outcome};
 use crate::schema::JsonSchema;
 use crate::tools::{ToolBridge, ToolContext, ToolRegistry};
+use crate::violation::Violation;
 use std::sync::Arc;
+use tracing::Span;
+
+/// What every run admitted through one door shares: the ceiling it is held
+/// to, the tools its policy may grant, and the store its stdout may spill
+/// to. Cheap to clone.
+#[derive(Clone, Default)]
+pub(crate) struct Door {
+    ceiling: Option<Arc<SandboxPolicy>>,
+    tools: Option<ToolRegistry>,
+    artifacts: Option<SpillStore>,
+}
+
+/// What a request is admitted to: a backend, or a live session.
+pub(crate) struct Target<'a> {
+    /// Its name, in refusals and in the run's span.
+    pub name: &'a str,
+    /// What it enforces.
+    pub capabilities: &'a BackendCapabilities,
+    /// The third-party packages it provides for the request's language.
+    pub packages: Vec<String>,
+    /// What it refuses beyond its capabilities (a session: what it fixed
+    /// when it opened).
+    pub refusals: Vec<Violation>,
+    /// The session the run is a call of, if any (for its span).
+    pub session: Option<&'a str>,
+}
+
+impl Door {
+    /// A door holding runs to `ceiling`, with `tools` and `artifacts`.
+    pub(crate) fn new(
+        ceiling: Option<SandboxPolicy>,
+        tools: Option<ToolRegistry>,
+        artifacts: Option<SpillStore>,
+    ) -> Self {
+        Self { ceiling: ceiling.map(Arc::new), tools, artifacts }
+    }
+
+    /// The ceiling every request is held to, if any.
+    pub(crate) fn ceiling(&self) -> Option<&SandboxPolicy> {
+        self.ceiling.as_deref()
+    }
+
+    /// The tools a request's policy may grant, if any.
+    pub(crate) fn tools(&self) -> Option<&ToolRegistry> {
+        self.tools.as_ref()
+    }
+
+    /// The store spilled output goes to, if any.
+    pub(crate) fn artifacts(&self) -> Option<&SpillStore> {
+        self.artifacts.as_ref()
+    }
+
+    /// Steps 1 and 2: holds `request` to the ceiling in place, then
+    /// validates it (under the held policy). A caller that picks a target
+    /// by the held request (the executor's selection) holds it first.
+    pub(crate) fn hold(&self, request: &mut ExecRequest) -> Result<(), ExecError> {
+        hold(request, self.ceiling())
+    }
+
+    /// Step 3, without admitting: every control of `request` that `target`
+    /// leaves unmet (its capabilities, its packages, its own refusals).
+    pub(crate) fn refusals(request: &ExecRequest, target: &Target<'_>) -> Vec<Violation> {
+        let mut violations = crate::matching::check(target.capabilities, request).err().unwrap_or_default();
+        violations.extend(crate::matching::check_packages(target.name, &target.packages, request));
+        violations.extend(target.refusals.iter().cloned());
+        violations
+    }
+
+    /// Steps 3 and 4 for a held request: matched against `target` (a
+    /// refusal names every unmet control, and is observed), its deadline
+    /// started, its tools and its spill planned, its span opened.
+    pub(crate) fn admit(&self, request: ExecRequest, target: &Target<'_>) -> Result<Admitted, ExecError> {
+        let violations = Self::refusals(&request, target);
+        if !violations.is_empty() {
+            let refused = ExecError::Refused {
+                rejections: vec![BackendRejection { backend: target.name.to_string(), violations }],
+            };
+            crate::observe::refused(&request, &refused, target.session);
+            return Err(refused);
+        }
+        let span = crate::observe::run_span(target.name, &request, target.session);
+        Admitted::new(request, target.capabilities, span).with_tools(self.tools())?.with_spill(self.artifacts())
+    }
+}
 
 /// Where an executor or a session registry keeps spilled output: an
 /// artifact store (nothing without the `artifacts` feature).
@@ -59,6 +149,8 @@ type SpillPlan = std::convert::Infallible;
 pub struct Admitted {
     request: ExecRequest,
     deadline: Deadline,
+    /// The run's span (`execbox::run` or `execbox::session_call`).
+    span: Span,
     /// The run's tool dispatcher, when its policy grants tools.
     tools: Option<Arc<ToolBridge>>,
     /// Where its stdout spills, when its policy asks it.
@@ -78,6 +170,7 @@ impl std::fmt::Debug for Admitted {
 /// What turns a backend's result into the run's: the result caps of its
 /// policy, and the ledger of its tool calls (see [`Admitted::finisher`]).
 pub(crate) struct Finisher {
+    span: Span,
     policy: SandboxPolicy,
     tools: Option<Arc<ToolBridge>>,
     spill: Option<SpillPlan>,
@@ -86,11 +179,23 @@ pub(crate) struct Finisher {
 }
 
 impl Finisher {
+    /// The run's span: what it runs in.
+    pub(crate) fn span(&self) -> &Span {
+        &self.span
+    }
+
     /// Ends the run's tool calls (those in flight are cancelled and left
     /// `unknown` in the ledger), puts the ledger in the result, spills
-    /// stdout when the policy asks it (file work: see [`Finisher::spills`])
-    /// and caps the result's fields that are not streams.
+    /// stdout when the policy asks it (file work: see [`Finisher::spills`]),
+    /// caps the result's fields that are not streams, checks the output
+    /// against its schema, and records how the run ended on its span.
     pub(crate) fn finish(mut self, result: Result<ExecResult, ExecError>) -> Result<ExecResult, ExecError> {
+        let result = self.finished(result);
+        crate::observe::finished(&self.span, &result);
+        result
+    }
+
+    fn finished(&mut self, result: Result<ExecResult, ExecError>) -> Result<ExecResult, ExecError> {
         let ledger = self.tools.take().map(|bridge| bridge.finish().0);
         result.map(|mut r| {
             if let Some(ledger) = ledger {
@@ -180,24 +285,24 @@ impl Drop for Finisher {
 }
 
 impl Admitted {
-    /// Admits `request` to a backend with `caps` (steps 3 and 4 above; the
-    /// caller has validated and held it): its timeout defaults to the
+    /// Admits `request` to a backend with `caps` (step 4: the [`Door`] has
+    /// validated, held and matched it): its timeout defaults to the
     /// backend's, and its deadline starts now.
-    pub(crate) fn new(mut request: ExecRequest, caps: &BackendCapabilities) -> Self {
+    fn new(mut request: ExecRequest, caps: &BackendCapabilities, span: Span) -> Self {
         let timeout = *request.policy.timeout_ms.get_or_insert(caps.default_timeout_ms);
         let limit = Some(std::time::Duration::from_millis(timeout));
         let deadline = match request.deadline_from {
             Some(start) => Deadline::started_at(start, limit),
             None => Deadline::start(limit),
         };
-        Self { request, deadline, tools: None, spill: None }
+        Self { request, deadline, span, tools: None, spill: None }
     }
 
     /// Gives the run its tool bridge when its policy grants tools: the
     /// granted tools of `registry`, within the policy's tool limits, until
     /// the run's deadline. A grant that names a tool `registry` lacks (not a
     /// `namespace.*` pattern: a name) is an invalid request.
-    pub(crate) fn with_tools(mut self, registry: Option<&ToolRegistry>) -> Result<Self, ExecError> {
+    fn with_tools(mut self, registry: Option<&ToolRegistry>) -> Result<Self, ExecError> {
         let Some(grants) = self.request.policy.tool_grants() else { return Ok(self) };
         let registry = registry.cloned().unwrap_or_default();
         let unknown: Vec<String> = grants
@@ -232,7 +337,7 @@ impl Admitted {
     /// a store or a scope, the request is refused
     /// ([`InvalidRequest::CannotSpill`]): the caller asked that nothing of
     /// stdout be lost.
-    pub(crate) fn with_spill(self, store: Option<&SpillStore>) -> Result<Self, ExecError> {
+    fn with_spill(self, store: Option<&SpillStore>) -> Result<Self, ExecError> {
         if self.request.policy.spill_output != Some(true) {
             return Ok(self);
         }
@@ -280,6 +385,7 @@ impl Admitted {
             policy.max_stdout_bytes = Some(spill.cap());
         }
         Finisher {
+            span: self.span.clone(),
             policy,
             tools: self.tools.clone(),
             spill: self.spill.clone(),
@@ -339,7 +445,7 @@ impl Admitted {
 
 /// Steps 1 and 2: holds `request` to `ceiling` in place, then validates
 /// it (under the held policy: its code size and environment allow-list).
-pub(crate) fn hold(request: &mut ExecRequest, ceiling: Option<&SandboxPolicy>) -> Result<(), ExecError> {
+fn hold(request: &mut ExecRequest, ceiling: Option<&SandboxPolicy>) -> Result<(), ExecError> {
     if let Some(ceiling) = ceiling {
         request.policy = request.policy.within(ceiling)?;
     }

@@ -6,20 +6,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tracing::{Instrument, Span};
+use tracing::Instrument;
 
-use crate::admission::{self, Admitted, SpillStore};
+use crate::admission::{Admitted, Door, Finisher, SpillStore, Target};
 use crate::backend::{Backend, Readiness, Unavailable};
 use crate::capabilities::BackendCapabilities;
 use crate::error::{BackendRejection, ExecError};
-use crate::limits::{nesting, text};
-use crate::matching;
-use crate::observe;
+use crate::limits::nesting;
 use crate::policy::SandboxPolicy;
 use crate::request::ExecRequest;
 use crate::result::ExecResult;
 use crate::tools::ToolRegistry;
-use crate::violation::{Control, Violation};
 
 /// Registers backends for an [`Executor`].
 #[derive(Default)]
@@ -85,12 +82,7 @@ impl ExecutorBuilder {
         let mut backends = self.backends;
         // Stable: registration order breaks ties within a cost class.
         backends.sort_by_key(|b| b.capabilities().cost);
-        Executor {
-            backends: backends.into(),
-            ceiling: self.ceiling.map(Arc::new),
-            tools: self.tools,
-            artifacts: self.artifacts,
-        }
+        Executor { backends: backends.into(), door: Door::new(self.ceiling, self.tools, self.artifacts) }
     }
 }
 
@@ -98,9 +90,8 @@ impl ExecutorBuilder {
 #[derive(Clone)]
 pub struct Executor {
     backends: Arc<[Arc<dyn Backend>]>,
-    ceiling: Option<Arc<SandboxPolicy>>,
-    tools: Option<ToolRegistry>,
-    artifacts: Option<SpillStore>,
+    /// The one door: ceiling, tools, artifact store.
+    door: Door,
 }
 
 impl std::fmt::Debug for Executor {
@@ -124,24 +115,25 @@ impl Executor {
 
     /// The tools code may call, if any were registered.
     pub fn tools(&self) -> Option<&ToolRegistry> {
-        self.tools.as_ref()
+        self.door.tools()
     }
 
     /// The ceiling every request is held to, if one was set.
     pub fn ceiling(&self) -> Option<&SandboxPolicy> {
-        self.ceiling.as_deref()
+        self.door.ceiling()
     }
 
     /// The store spilled output goes to, if one was set
     /// ([`ExecutorBuilder::artifacts`]).
     #[cfg(feature = "artifacts")]
     pub fn artifacts(&self) -> Option<&crate::artifacts::store::ArtifactStore> {
-        self.artifacts.as_ref()
+        self.door.artifacts()
     }
 
-    /// The store spilled output goes to, whatever the features.
-    pub(crate) fn spill_store(&self) -> Option<&SpillStore> {
-        self.artifacts.as_ref()
+    /// The door its runs pass: a session registry built for this executor
+    /// shares it.
+    pub(crate) fn door(&self) -> &Door {
+        &self.door
     }
 
     /// Prepares every backend ([`Backend::prepare`]) on threads of their
@@ -193,12 +185,7 @@ impl Executor {
     /// A handle that does not keep the backends alive (e.g. for a signal
     /// handler that must not delay their cleanup when the executor drops).
     pub fn downgrade(&self) -> WeakExecutor {
-        WeakExecutor {
-            backends: Arc::downgrade(&self.backends),
-            ceiling: self.ceiling.clone(),
-            tools: self.tools.clone(),
-            artifacts: self.artifacts.clone(),
-        }
+        WeakExecutor { backends: Arc::downgrade(&self.backends), door: self.door.clone() }
     }
 
     /// Stops what the backends started outside this process (containers,
@@ -218,33 +205,17 @@ impl Executor {
     /// (validated and held to the ceiling, as a run would be).
     pub fn select(&self, request: &ExecRequest) -> Result<&Arc<dyn Backend>, ExecError> {
         let mut held = request.clone();
-        admission::hold(&mut held, self.ceiling.as_deref())?;
+        self.door.hold(&mut held)?;
         self.select_held(&held)
     }
 
     /// Runs `request` on `backend` alone, admitted exactly as a matrix of
     /// that one backend would admit it (validation, matching, availability,
     /// the deadline, the result caps): for callers that hold one backend.
-    pub fn run_on(backend: &dyn Backend, mut request: ExecRequest) -> Result<ExecResult, ExecError> {
-        let fits = admission::hold(&mut request, None).and_then(|()| {
-            matching::check(backend.capabilities(), &request)
-                .and_then(|()| missing_packages(backend, &request))
-                .map_err(|violations| ExecError::Refused {
-                    rejections: vec![BackendRejection { backend: backend.name().to_string(), violations }],
-                })?;
-            backend.availability().map_err(|why| why.into_error(backend.name()))
-        });
-        if let Err(err) = fits {
-            observe::refused(&request, &err, None);
-            discard(request);
-            return Err(err);
-        }
-        let span = observe::run_span(backend.name(), &request, None);
-        let call = Admitted::new(request, backend.capabilities()).with_tools(None)?.with_spill(None)?;
-        let finisher = call.finisher();
-        let result = finisher.finish(span.in_scope(|| backend.execute(call)));
-        observe::finished(&span, &result);
-        result
+    pub fn run_on(backend: &dyn Backend, request: ExecRequest) -> Result<ExecResult, ExecError> {
+        let (call, finisher) = Self::admit_to(&Door::default(), backend, request)?;
+        let span = finisher.span().clone();
+        finisher.finish(span.in_scope(|| backend.execute(call)))
     }
 
     /// [`Executor::select`] for a request already held to the ceiling: the
@@ -268,16 +239,15 @@ impl Executor {
         let mut rejections = Vec::new();
         let mut unavailable = None;
         for backend in pinned.into_iter().chain(self.backends.iter().filter(|_| pinned.is_none())) {
-            match matching::check(backend.capabilities(), request).and_then(|()| missing_packages(&**backend, request))
-            {
-                Ok(()) => match backend.availability() {
-                    Ok(()) => return Ok(backend),
-                    Err(why) => {
-                        unavailable.get_or_insert(why.into_error(backend.name()));
-                    }
-                },
-                Err(violations) => {
-                    rejections.push(BackendRejection { backend: backend.name().to_string(), violations })
+            let violations = Door::refusals(request, &target_of(&**backend, request));
+            if !violations.is_empty() {
+                rejections.push(BackendRejection { backend: backend.name().to_string(), violations });
+                continue;
+            }
+            match backend.availability() {
+                Ok(()) => return Ok(backend),
+                Err(why) => {
+                    unavailable.get_or_insert(why.into_error(backend.name()));
                 }
             }
         }
@@ -285,33 +255,55 @@ impl Executor {
     }
 
     /// Admission (see [`crate::admission`]): validates and holds `request`,
-    /// picks its backend and admits it there, its deadline started.
-    fn admit(&self, mut request: ExecRequest) -> Result<(Arc<dyn Backend>, Admitted, Span), ExecError> {
-        let selected = admission::hold(&mut request, self.ceiling.as_deref()).and_then(|()| self.select_held(&request));
-        match selected {
-            Ok(backend) => {
-                let span = observe::run_span(backend.name(), &request, None);
-                let call = Admitted::new(request, backend.capabilities())
-                    .with_tools(self.tools.as_ref())?
-                    .with_spill(self.artifacts.as_ref())?;
-                Ok((Arc::clone(backend), call, span))
-            }
+    /// picks its backend and admits it there through the door.
+    fn admit(&self, mut request: ExecRequest) -> Result<(Arc<dyn Backend>, Admitted, Finisher), ExecError> {
+        let selected = self.door.hold(&mut request).and_then(|()| self.select_held(&request).cloned());
+        let backend = match selected {
+            Ok(backend) => backend,
             Err(err) => {
-                observe::refused(&request, &err, None);
+                crate::observe::refused(&request, &err, None);
                 discard(request);
-                Err(err)
+                return Err(err);
             }
+        };
+        let target = target_of(&*backend, &request);
+        let call = self.door.admit(request, &target)?;
+        let finisher = call.finisher();
+        Ok((backend, call, finisher))
+    }
+
+    /// [`Executor::admit`] to one backend, for [`Executor::run_on`]: its
+    /// matching and availability, as a matrix of it alone.
+    fn admit_to(
+        door: &Door,
+        backend: &dyn Backend,
+        mut request: ExecRequest,
+    ) -> Result<(Admitted, Finisher), ExecError> {
+        let fits = door.hold(&mut request).and_then(|()| {
+            let violations = Door::refusals(&request, &target_of(backend, &request));
+            if !violations.is_empty() {
+                let rejections = vec![BackendRejection { backend: backend.name().to_string(), violations }];
+                return Err(ExecError::Refused { rejections });
+            }
+            backend.availability().map_err(|why| why.into_error(backend.name()))
+        });
+        if let Err(err) = fits {
+            crate::observe::refused(&request, &err, None);
+            discard(request);
+            return Err(err);
         }
+        let target = target_of(backend, &request);
+        let call = door.admit(request, &target)?;
+        let finisher = call.finisher();
+        Ok((call, finisher))
     }
 
     /// Runs `request` on the calling thread (blocks until the result, at
     /// most about 2 s past the deadline). Refusals return before any code runs.
     pub fn execute_blocking(&self, request: ExecRequest) -> Result<ExecResult, ExecError> {
-        let (backend, call, span) = self.admit(request)?;
-        let finisher = call.finisher();
-        let result = finisher.finish(span.in_scope(|| backend.execute(call)));
-        observe::finished(&span, &result);
-        result
+        let (backend, call, finisher) = self.admit(request)?;
+        let span = finisher.span().clone();
+        finisher.finish(span.in_scope(|| backend.execute(call)))
     }
 
     /// Runs `request` without blocking the async caller: inside a tokio
@@ -322,13 +314,13 @@ impl Executor {
     /// result: a run on the task ends at once, one on the blocking pool by
     /// its deadline.
     pub async fn execute(&self, request: ExecRequest) -> Result<ExecResult, ExecError> {
-        let (backend, call, span) = self.admit(request)?;
-        let finisher = call.finisher();
+        let (backend, call, finisher) = self.admit(request)?;
+        let span = finisher.span().clone();
         let result = match tokio::runtime::Handle::try_current() {
             Ok(_) => backend.execute_async(call).instrument(span.clone()).await,
             Err(_) => span.in_scope(|| backend.execute(call)),
         };
-        let result = match tokio::runtime::Handle::try_current() {
+        match tokio::runtime::Handle::try_current() {
             // Spilling writes a file: not on the caller's async thread.
             Ok(handle) if finisher.spills() => {
                 handle.spawn_blocking(move || finisher.finish(result)).await.unwrap_or_else(|join_err| {
@@ -336,9 +328,7 @@ impl Executor {
                 })
             }
             _ => finisher.finish(result),
-        };
-        observe::finished(&span, &result);
-        result
+        }
     }
 }
 
@@ -346,20 +336,13 @@ impl Executor {
 #[derive(Clone)]
 pub struct WeakExecutor {
     backends: std::sync::Weak<[Arc<dyn Backend>]>,
-    ceiling: Option<Arc<SandboxPolicy>>,
-    tools: Option<ToolRegistry>,
-    artifacts: Option<SpillStore>,
+    door: Door,
 }
 
 impl WeakExecutor {
     /// The executor, if it is still alive.
     pub fn upgrade(&self) -> Option<Executor> {
-        Some(Executor {
-            backends: self.backends.upgrade()?,
-            ceiling: self.ceiling.clone(),
-            tools: self.tools.clone(),
-            artifacts: self.artifacts.clone(),
-        })
+        Some(Executor { backends: self.backends.upgrade()?, door: self.door.clone() })
     }
 }
 
@@ -380,28 +363,11 @@ pub struct BackendStatus {
     pub capabilities: BackendCapabilities,
 }
 
-/// The packages `request` declares that `backend` does not provide, as a
-/// violation (a backend for another language is already refused by matching).
-fn missing_packages(backend: &dyn Backend, request: &ExecRequest) -> Result<(), Vec<Violation>> {
-    if request.packages.is_empty() {
-        return Ok(());
-    }
-    let provided = backend.packages(request.language);
-    let missing: Vec<&str> = request
-        .packages
-        .iter()
-        .filter(|p| !provided.iter().any(|have| have.eq_ignore_ascii_case(p)))
-        .map(String::as_str)
-        .collect();
-    if missing.is_empty() {
-        return Ok(());
-    }
-    let reason = if provided.is_empty() {
-        format!("{} provides no third-party packages for {}", backend.name(), request.language)
-    } else {
-        format!("{} provides {} for {}", backend.name(), provided.join(", "), request.language)
-    };
-    Err(vec![Violation { control: Control::Packages, requested: text::list_names(&missing), reason }])
+/// `backend` as a request's target, with the packages it provides for the
+/// request's language (asked only when the request declares some).
+fn target_of<'a>(backend: &'a dyn Backend, request: &ExecRequest) -> Target<'a> {
+    let packages = if request.packages.is_empty() { Vec::new() } else { backend.packages(request.language) };
+    Target { name: backend.name(), capabilities: backend.capabilities(), packages, refusals: Vec::new(), session: None }
 }
 
 /// Drops a refused request without letting a hostile, deeply nested input

@@ -9,6 +9,29 @@ use crate::policy::Access;
 use crate::request::ExecRequest;
 use crate::violation::{Control, Violation};
 
+/// The packages `request` declares that `backend`, which provides
+/// `provided` (import names, compared without case), does not: one
+/// violation naming them, or `None` when it has every one. The other half
+/// of matching: capabilities are static, the packages a backend provides
+/// are found at run time (a container image's label).
+pub fn check_packages(backend: &str, provided: &[String], request: &ExecRequest) -> Option<Violation> {
+    let missing: Vec<&str> = request
+        .packages
+        .iter()
+        .filter(|p| !provided.iter().any(|have| have.eq_ignore_ascii_case(p)))
+        .map(String::as_str)
+        .collect();
+    if missing.is_empty() {
+        return None;
+    }
+    let reason = if provided.is_empty() {
+        format!("{backend} provides no third-party packages for {}", request.language)
+    } else {
+        format!("{backend} provides {} for {}", provided.join(", "), request.language)
+    };
+    Some(Violation { control: Control::Packages, requested: crate::limits::text::list_names(&missing), reason })
+}
+
 /// Checks every control of `request` against `caps`; returns all violations.
 pub fn check(caps: &BackendCapabilities, request: &ExecRequest) -> Result<(), Vec<Violation>> {
     let mut r = Report(Vec::new());

@@ -373,7 +373,7 @@ impl ExecboxCodeExecutor {
         if let (Some(id), Some(sessions)) = (session_id, &self.sessions) {
             // The registry holds calls to its own ceiling; a registry built
             // without the executor's is held to the executor's here too.
-            crate::admission::hold(&mut request, self.executor.ceiling())?;
+            self.executor.door().hold(&mut request)?;
             let sessions = sessions.clone();
             let run = move || sessions.execute_or_open(&id, request);
             let result = match tokio::runtime::Handle::try_current() {

@@ -10,15 +10,13 @@ use super::error::SessionError;
 use super::session::{CALL_OVERRUN_LIMIT, Session, SessionBackend};
 use super::spec::{SessionSpec, fixed_at_open};
 use super::turns::Turns;
-use crate::admission::{self, Admitted, SpillStore};
+use crate::admission::{Admitted, Door, SpillStore, Target};
 use crate::error::{BackendRejection, ExecError};
 use crate::language::Language;
-use crate::matching;
 use crate::policy::SandboxPolicy;
 use crate::request::ExecRequest;
 use crate::result::ExecResult;
 use crate::tools::ToolRegistry;
-use crate::violation::{Control, Violation};
 
 /// Bounds on sessions.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -67,6 +65,8 @@ pub struct SessionsBuilder {
     ceiling: Option<SandboxPolicy>,
     tools: Option<ToolRegistry>,
     artifacts: Option<SpillStore>,
+    /// An executor's door, shared as it is (`Sessions::for_executor`).
+    door: Option<Door>,
 }
 
 impl SessionsBuilder {
@@ -117,9 +117,7 @@ impl SessionsBuilder {
             inner: Arc::new(Inner {
                 cfg: self.cfg,
                 backends: self.backends,
-                ceiling: self.ceiling,
-                tools: self.tools,
-                artifacts: self.artifacts,
+                door: self.door.unwrap_or_else(|| Door::new(self.ceiling, self.tools, self.artifacts)),
                 state: Mutex::new(State::default()),
             }),
         }
@@ -129,9 +127,8 @@ impl SessionsBuilder {
 struct Inner {
     cfg: SessionConfig,
     backends: Vec<Arc<dyn SessionBackend>>,
-    ceiling: Option<SandboxPolicy>,
-    tools: Option<ToolRegistry>,
-    artifacts: Option<SpillStore>,
+    /// The one door every call passes (an executor's, when built for one).
+    door: Door,
     state: Mutex<State>,
 }
 
@@ -182,13 +179,7 @@ impl Sessions {
             .backends()
             .filter_map(|b| b.session_backend())
             .fold(Self::builder().config(cfg), SessionsBuilder::shared_backend);
-        if let Some(ceiling) = executor.ceiling() {
-            builder = builder.ceiling(ceiling.clone());
-        }
-        if let Some(tools) = executor.tools() {
-            builder = builder.tools(tools.clone());
-        }
-        builder.artifacts = executor.spill_store().cloned();
+        builder.door = Some(executor.door().clone());
         builder.build()
     }
 
@@ -206,7 +197,7 @@ impl Sessions {
 
     /// The ceiling sessions and calls are held to, if any.
     pub fn ceiling(&self) -> Option<&SandboxPolicy> {
-        self.inner.ceiling.as_ref()
+        self.inner.door.ceiling()
     }
 
     /// Languages that have sessions here.
@@ -325,7 +316,7 @@ impl Sessions {
     /// Validates the spec and holds its policy to the ceiling.
     fn hold_spec(&self, mut spec: SessionSpec) -> Result<SessionSpec, SessionError> {
         let mut template = spec.template();
-        admission::hold(&mut template, self.inner.ceiling.as_ref())?;
+        self.inner.door.hold(&mut template)?;
         spec.policy = template.policy;
         Ok(spec)
     }
@@ -343,20 +334,15 @@ impl Sessions {
         let mut rejections = Vec::new();
         let mut unprovided = spec.packages.clone();
         for backend in of_language {
-            let provided = backend.session_packages();
-            let lacks: Vec<String> =
-                spec.packages.iter().filter(|p| !provided.iter().any(|h| h.eq_ignore_ascii_case(p))).cloned().collect();
-            unprovided.retain(|p| lacks.contains(p));
-            let mut violations = Vec::new();
-            if !lacks.is_empty() {
-                violations.push(Violation {
-                    control: Control::Packages,
-                    requested: lacks.join(", "),
-                    reason: format!("{} sessions provide {}", backend.session_name(), list_or_none(&provided)),
-                });
-            }
-            violations.extend(matching::check(backend.session_capabilities(), &template).err().unwrap_or_default());
-            violations.extend(backend.open_refusals(spec));
+            let target = Target {
+                name: backend.session_name(),
+                capabilities: backend.session_capabilities(),
+                packages: backend.session_packages(),
+                refusals: backend.open_refusals(spec),
+                session: None,
+            };
+            unprovided.retain(|p| !target.packages.iter().any(|have| have.eq_ignore_ascii_case(p)));
+            let violations = Door::refusals(&template, &target);
             if violations.is_empty() {
                 return Ok(backend.clone());
             }
@@ -369,7 +355,7 @@ impl Sessions {
     }
 
     fn run(&self, id: &str, mut request: ExecRequest, open_if_unknown: bool) -> Result<ExecResult, SessionError> {
-        admission::hold(&mut request, self.inner.ceiling.as_ref())?;
+        self.inner.door.hold(&mut request)?;
         // A session's cells share its artifacts, unless their caller named a scope.
         request.artifact_scope.get_or_insert_with(|| Self::artifact_scope(id));
         let (session, turns, call, in_flight) = loop {
@@ -381,8 +367,7 @@ impl Sessions {
                 }
                 let next_call = state.next_call;
                 if let Some(entry) = state.live.get_mut(id) {
-                    let call =
-                        admit_call(id, entry, request, self.inner.tools.as_ref(), self.inner.artifacts.as_ref())?;
+                    let call = admit_call(id, entry, request, &self.inner.door)?;
                     let overdue =
                         call.deadline().remaining().map_or(Instant::now() + Duration::from_secs(86_400), |left| {
                             Instant::now() + left + CALL_OVERRUN_LIMIT
@@ -405,15 +390,15 @@ impl Sessions {
         };
         // Waiting for earlier calls counts against this call's deadline.
         let finisher = call.finisher();
-        let span = crate::observe::run_span(session.backend(), call.request(), Some(id));
+        let span = finisher.span().clone();
         let result = match turns.take(call.deadline().remaining()) {
-            Some(_turn) => finisher.finish(span.in_scope(|| session.execute(call))),
+            Some(_turn) => span.in_scope(|| session.execute(call)),
             None => Err(ExecError::Busy {
                 backend: session.backend().to_string(),
                 reason: "earlier calls of this session still ran when this call's deadline passed".into(),
             }),
         };
-        crate::observe::finished(&span, &result);
+        let result = finisher.finish(result);
         let call_number = in_flight.call;
         drop(in_flight);
         let overran = self.inner.lock().overran.remove(&call_number);
@@ -467,13 +452,7 @@ impl Sessions {
 /// Admits one call to `entry`'s session: the session's language, packages
 /// and backend, then matching against its capabilities, what it fixed when
 /// it opened, and its own refusals, every unmet control named.
-fn admit_call(
-    id: &str,
-    entry: &Entry,
-    request: ExecRequest,
-    tools: Option<&ToolRegistry>,
-    artifacts: Option<&SpillStore>,
-) -> Result<Admitted, SessionError> {
+fn admit_call(id: &str, entry: &Entry, request: ExecRequest, door: &Door) -> Result<Admitted, SessionError> {
     let session = &entry.session;
     if entry.spec.language != request.language {
         return Err(SessionError::WrongLanguage {
@@ -500,19 +479,16 @@ fn admit_call(
             requested: pin.to_string(),
         });
     }
-    let mut violations = matching::check(session.capabilities(), &request).err().unwrap_or_default();
-    violations.extend(fixed_at_open(&entry.spec, &request));
-    violations.extend(session.refusals(&request));
-    if !violations.is_empty() {
-        let rejections = vec![BackendRejection { backend: session.backend().to_string(), violations }];
-        let refused = ExecError::Refused { rejections };
-        crate::observe::refused(&request, &refused, Some(id));
-        return Err(SessionError::Exec(refused));
-    }
-    Admitted::new(request, session.capabilities())
-        .with_tools(tools)
-        .and_then(|call| call.with_spill(artifacts))
-        .map_err(SessionError::Exec)
+    let mut refusals = fixed_at_open(&entry.spec, &request);
+    refusals.extend(session.refusals(&request));
+    let target = Target {
+        name: session.backend(),
+        capabilities: session.capabilities(),
+        packages: entry.packages.clone(),
+        refusals,
+        session: Some(id),
+    };
+    door.admit(request, &target).map_err(SessionError::Exec)
 }
 
 /// The result of a call whose session the backstop killed for running
@@ -594,10 +570,6 @@ fn end_all(removed: &[Entry]) {
     for entry in removed {
         entry.session.kill();
     }
-}
-
-fn list_or_none(names: &[String]) -> String {
-    if names.is_empty() { "no third-party packages".into() } else { names.join(", ") }
 }
 
 /// The expiry thread: closes idle sessions and kills those whose call

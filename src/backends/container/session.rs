@@ -48,7 +48,7 @@ use super::process;
 use super::runner::{self, Runner};
 use super::staging::Staging;
 use super::tool_socket::ToolSocket;
-use crate::admission::Admitted;
+use crate::admission::{Admitted, Door, Target};
 use crate::backends::conventions;
 use crate::capabilities::BackendCapabilities;
 use crate::error::ExecError;
@@ -240,7 +240,14 @@ impl ContainerSession {
         // against the caller's first deadline.
         let probe = ExecRequest::source(Language::Python, "pass")
             .policy(SandboxPolicy::strict().timeout(OPEN_LIMIT).max_output_bytes(64 << 10));
-        let result = session.run_cell(Admitted::new(probe, session.runner.capabilities()))?;
+        let target = Target {
+            name: Self::NAME,
+            capabilities: session.runner.session_capabilities(),
+            packages: Vec::new(),
+            refusals: Vec::new(),
+            session: None,
+        };
+        let result = session.run_cell(Door::default().admit(probe, &target)?)?;
         if result.outcome != Outcome::Ok {
             let why = format!("{} {}", result.message.unwrap_or_default(), result.stderr.text());
             return Err(unavailable(text::cap_message(format!("the session did not start: {why}"))));
