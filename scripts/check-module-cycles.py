@@ -10,7 +10,13 @@ counts as depending on the module that re-exports it: import from the
 module that defines the item. Comments, strings and `#[cfg(test)] mod
 tests` blocks are ignored; the binary (src/bin) is a separate crate.
 
-Usage: scripts/check-module-cycles.py [--graph]   (exit 1 on a cycle)
+The same check runs again at the folder level: each module counts as the
+top-level module it sits under (`tools::bridge` as `tools`, `backends::boa::
+contained` as `backends`), so the crate's layers (the contract at the
+bottom, mechanisms, the door, engines and tools, then serve, agent and the
+CLI) cannot point at each other in a circle either. `--files-only` skips it.
+
+Usage: scripts/check-module-cycles.py [--graph] [--files-only]   (exit 1 on a cycle)
 """
 import os
 import re
@@ -145,21 +151,8 @@ def resolve(path, here, mods):
     return target if target != here else None
 
 
-def main():
-    mods = module_files()
-    graph = {m: set() for m in mods}
-    for mod, path in mods.items():
-        with open(path, encoding="utf-8") as f:
-            code = strip(f.read())
-        children = [m[-1] for m in mods if len(m) == len(mod) + 1 and m[: len(mod)] == mod]
-        for p in paths_in(code, children):
-            target = resolve(p, mod, mods)
-            if target is not None and target in mods:
-                graph[mod].add(target)
-    if "--graph" in sys.argv:
-        for m in sorted(graph):
-            print("::".join(m) or "crate", "->", ", ".join(sorted("::".join(t) or "crate" for t in graph[m])))
-    # Tarjan's strongly connected components.
+def cycles(graph):
+    """Strongly connected components of `graph` with more than one node."""
     index, low, on, stack, out, counter = {}, {}, set(), [], [], [0]
     sys.setrecursionlimit(10000)
 
@@ -188,16 +181,57 @@ def main():
     for v in graph:
         if v not in index:
             strong(v)
+    return out
+
+
+def report(graph, found, name):
+    for comp in found:
+        members = sorted(comp)
+        print("cycle among:", ", ".join(name(m) for m in members))
+        for m in members:
+            inside = sorted(t for t in graph[m] if t in comp)
+            print("   ", name(m), "->", ", ".join(name(t) for t in inside))
+
+
+def main():
+    mods = module_files()
+    graph = {m: set() for m in mods}
+    for mod, path in mods.items():
+        with open(path, encoding="utf-8") as f:
+            code = strip(f.read())
+        children = [m[-1] for m in mods if len(m) == len(mod) + 1 and m[: len(mod)] == mod]
+        for p in paths_in(code, children):
+            target = resolve(p, mod, mods)
+            if target is not None and target in mods:
+                graph[mod].add(target)
+    if "--graph" in sys.argv:
+        for m in sorted(graph):
+            print("::".join(m) or "crate", "->", ", ".join(sorted("::".join(t) or "crate" for t in graph[m])))
     name = lambda m: "::".join(m) or "crate (lib.rs)"
-    if out:
-        for comp in out:
-            members = sorted(comp)
-            print("cycle among:", ", ".join(name(m) for m in members))
-            for m in members:
-                inside = sorted(t for t in graph[m] if t in comp)
-                print("   ", name(m), "->", ", ".join(name(t) for t in inside))
+    failed = False
+    found = cycles(graph)
+    if found:
+        report(graph, found, name)
+        failed = True
+    else:
+        print(f"no import cycles among {len(mods)} modules")
+    if "--files-only" not in sys.argv:
+        # The folder level: each module as the top-level module it sits under.
+        top = lambda m: m[:1]
+        folders = {top(m): set() for m in mods if m}
+        for m, targets in graph.items():
+            if not m:
+                continue
+            folders[top(m)].update(top(t) for t in targets if t and top(t) != top(m))
+        found = cycles(folders)
+        if found:
+            print("folder-level cycles (each module counted as its top-level module):")
+            report(folders, found, name)
+            failed = True
+        else:
+            print(f"no import cycles among {len(folders)} top-level modules")
+    if failed:
         sys.exit(1)
-    print(f"no import cycles among {len(mods)} modules")
 
 
 main()
