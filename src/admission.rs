@@ -269,7 +269,7 @@ fn check_output(result: &mut ExecResult, schema: &JsonSchema) {
     };
     result.outcome = Outcome::InvalidOutput;
     result.message =
-        Some(crate::limits::text::cap_message(format!("the output does not match the output schema: {first}{more}")));
+        Some(crate::text::cap_message(format!("the output does not match the output schema: {first}{more}")));
     result.output_errors = mismatch.errors;
 }
 
@@ -496,7 +496,7 @@ pub(crate) fn validate_packages(packages: &[String]) -> Result<(), InvalidReques
         if !ok {
             return Err(bad(format!(
                 "{:?} is not a package name ([A-Za-z0-9_.-], at most 100 bytes)",
-                crate::limits::text::cap_text(name.clone(), 100)
+                crate::text::cap_text(name.clone(), 100)
             )));
         }
     }

@@ -97,7 +97,7 @@ impl ExecutorBuilder {
         // What killed execbox processes left in the temp dir goes now, in
         // the background, not on the first run that stages files.
         #[cfg(any(feature = "wasm", feature = "container"))]
-        crate::backends::owner::sweep_stale_temp_dirs();
+        crate::owner::sweep_stale_temp_dirs();
         #[cfg(feature = "js")]
         {
             use crate::backends::boa::{BoaJs, BoaJsConfig};

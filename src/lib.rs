@@ -36,11 +36,14 @@ pub mod defaults;
 pub mod error;
 pub mod executor;
 mod file;
+pub(crate) mod json;
 mod language;
 pub mod limits;
 pub mod matching;
 mod nonce;
 mod observe;
+#[cfg(any(feature = "wasm", feature = "container", feature = "artifacts"))]
+mod owner;
 pub mod policy;
 mod reactor;
 pub mod request;
@@ -48,11 +51,16 @@ pub mod result;
 pub mod schema;
 #[cfg(feature = "serve")]
 pub mod serve;
+mod session_spec;
 pub mod sessions;
+pub(crate) mod text;
 pub mod tools;
 pub mod violation;
+
+/// execbox's own worker processes (contained JavaScript, wasm compiles): see
+/// [`backends::worker`].
 #[cfg(any(feature = "js", feature = "wasm"))]
-pub mod worker;
+pub use backends::worker;
 
 pub use admission::Admitted;
 pub use backend::{Backend, Readiness, RunFuture, Unavailable};

@@ -29,7 +29,7 @@ pub fn check_packages(backend: &str, provided: &[String], request: &ExecRequest)
     } else {
         format!("{backend} provides {} for {}", provided.join(", "), request.language)
     };
-    Some(Violation { control: Control::Packages, requested: crate::limits::text::list_names(&missing), reason })
+    Some(Violation { control: Control::Packages, requested: crate::text::list_names(&missing), reason })
 }
 
 /// Checks every control of `request` against `caps`; returns all violations.

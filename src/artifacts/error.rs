@@ -1,6 +1,6 @@
 //! [`ArtifactError`]: why the artifact store did not do what it was asked.
 
-use crate::tools::error::{ToolError, ToolErrorKind};
+use crate::error::tool::{ToolError, ToolErrorKind};
 
 /// Why a store operation failed. Messages never name the data directory
 /// (code reads them).

@@ -19,7 +19,7 @@ pub(crate) const MAX_MEDIA_TYPE_BYTES: usize = 127;
 
 /// Checks that `name` can name an artifact (see the module docs).
 pub fn check_name(name: &str) -> Result<(), ArtifactError> {
-    let bad = |reason| ArtifactError::BadName { name: crate::limits::text::cap_text(name.to_string(), 64), reason };
+    let bad = |reason| ArtifactError::BadName { name: crate::text::cap_text(name.to_string(), 64), reason };
     if name.is_empty() {
         return Err(bad("empty"));
     }

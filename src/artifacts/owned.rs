@@ -7,7 +7,7 @@
 //! prefix no later process can use again. The save that creates an owned
 //! scope's directory writes `.owner` in it before any version: this
 //! process's owner token (pid and start time, see
-//! [`owner::token`](crate::backends::owner::token)), the boot and PID
+//! [`owner::token`](crate::owner::token)), the boot and PID
 //! namespace it lives in, and the host name. A store opening the directory
 //! later removes the scopes whose owner is gone
 //! ([`ArtifactStore::reclaim_abandoned_scopes`](super::ArtifactStore::reclaim_abandoned_scopes)).
@@ -34,7 +34,7 @@ use cap_std::fs::{Dir, OpenOptions, OpenOptionsExt};
 use serde::{Deserialize, Serialize};
 
 use super::error::ArtifactError;
-use crate::backends::owner;
+use crate::owner;
 
 /// The owner record of an owned scope, in its directory.
 pub(super) const OWNER_FILE: &str = ".owner";

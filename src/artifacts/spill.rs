@@ -72,7 +72,7 @@ impl Spill {
             ),
             Err(e) => {
                 tracing::warn!(error = %e, "spilled stdout not kept");
-                let reason = crate::limits::text::cap_text(e.to_string(), MAX_REASON_BYTES);
+                let reason = crate::text::cap_text(e.to_string(), MAX_REASON_BYTES);
                 format!("stdout was {total} bytes and could not be kept: {reason}")
             }
         };

@@ -1191,7 +1191,7 @@ mod tests {
     #[test]
     fn owned_scopes_are_reclaimed_once_their_owner_is_gone() {
         use crate::artifacts::owned::tests::record;
-        use crate::backends::owner;
+        use crate::owner;
         let dir = tempfile::tempdir().unwrap();
         let store = open(dir.path(), |c| c);
         store.own_scopes("mine:");
@@ -1245,7 +1245,7 @@ mod tests {
     #[ignore = "a measurement, not a check"]
     fn sweep_takes() {
         use crate::artifacts::owned::tests::record;
-        use crate::backends::owner;
+        use crate::owner;
         let dir = tempfile::tempdir().unwrap();
         let store = open(dir.path(), |c| c.max_total_bytes(1 << 40));
         for i in 0..1000 {

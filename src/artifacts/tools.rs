@@ -33,7 +33,7 @@ use serde_json::{Value, json};
 
 use super::error::ArtifactError;
 use super::store::{Artifact, ArtifactStore};
-use crate::tools::error::{ToolError, ToolErrorKind};
+use crate::error::tool::{ToolError, ToolErrorKind};
 use crate::tools::frame::json_len;
 use crate::tools::registry::{ToolAnnotations, ToolContext, ToolFuture, ToolHandler, ToolRegistry, ToolSpec};
 

@@ -4,8 +4,8 @@
 
 #[cfg(any(feature = "wasm", feature = "container"))]
 mod conventions;
-#[cfg(any(feature = "wasm", feature = "container", feature = "artifacts"))]
-pub(crate) mod owner;
+#[cfg(any(feature = "js", feature = "wasm"))]
+pub mod worker;
 
 #[cfg(feature = "js")]
 pub mod boa;

@@ -12,7 +12,6 @@ pub(crate) mod poll;
 #[cfg(any(feature = "wasm", feature = "container"))]
 pub(crate) mod records;
 pub(crate) mod result_caps;
-pub(crate) mod text;
 #[cfg(any(feature = "js", feature = "wasm", feature = "container"))]
 pub(crate) mod write;
 

@@ -7,10 +7,10 @@
 //! | field | bound |
 //! |---|---|
 //! | `output` | its JSON text at most the policy's `max_stdout_bytes`; a larger value is dropped, `output_truncated` is set and the run is `failed` |
-//! | `message` | [`MAX_MESSAGE_BYTES`](super::text::MAX_MESSAGE_BYTES), cut at a character boundary with a note saying how long it was |
-//! | `diagnostics` | [`MAX_DIAGNOSTICS`] entries, each message at most [`MAX_MESSAGE_BYTES`](super::text::MAX_MESSAGE_BYTES) |
+//! | `message` | [`MAX_MESSAGE_BYTES`](crate::text::MAX_MESSAGE_BYTES), cut at a character boundary with a note saying how long it was |
+//! | `diagnostics` | [`MAX_DIAGNOSTICS`] entries, each message at most [`MAX_MESSAGE_BYTES`](crate::text::MAX_MESSAGE_BYTES) |
 
-use super::text::cap_message;
+use crate::text::cap_message;
 
 /// Most diagnostics kept.
 pub const MAX_DIAGNOSTICS: usize = 64;

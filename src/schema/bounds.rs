@@ -58,7 +58,7 @@ pub struct SchemaError {
 
 impl SchemaError {
     pub(super) fn new(reason: impl Into<String>) -> Self {
-        Self { reason: crate::limits::text::cap_message(reason.into()) }
+        Self { reason: crate::text::cap_message(reason.into()) }
     }
 }
 

@@ -44,7 +44,7 @@ use serde_json::Value;
 
 use serde::{Deserialize, Serialize};
 
-use crate::limits::nesting::{json_depth_exceeds, json_fits};
+use crate::json::{json_depth_exceeds, json_fits};
 
 /// Largest regular expression program a `pattern` may compile to.
 const REGEX_SIZE_LIMIT: usize = 1 << 20;
@@ -180,7 +180,7 @@ impl JsonSchema {
             errors.push(OutputError {
                 path: error.instance_path().to_string(),
                 schema_path: error.schema_path().to_string(),
-                message: crate::limits::text::cap_message(error.to_string()),
+                message: crate::text::cap_message(error.to_string()),
             });
         }
         Err(Mismatch { errors, more })

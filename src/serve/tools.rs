@@ -39,8 +39,8 @@ use crate::language::Language;
 use crate::policy::SandboxPolicy;
 use crate::request::{ExecRequest, Payload};
 use crate::result::{ExecResult, Outcome};
+use crate::session_spec::SessionSpec;
 use crate::sessions::error::SessionError;
-use crate::sessions::spec::SessionSpec;
 
 /// How long `list_backends`, `create_session` and `close_session` wait for a
 /// turn: they use the blocking pool too, so they pass the same gate as runs.
@@ -476,7 +476,7 @@ impl ExecboxMcp {
             SessionSpec::new(language).packages(packages.unwrap_or_default()).policy(self.shared.cfg.policy.clone());
         spec.env = self.shared.cfg.env.clone();
         let opened = tokio::task::spawn_blocking(move || {
-            let id = crate::sessions::session::new_id();
+            let id = crate::nonce::hex128();
             match sessions.open(&connection.key(&id), spec) {
                 Ok(()) => Ok(id),
                 Err(e) => Err(e.with_id(&id)),
@@ -622,7 +622,7 @@ fn rendered(result: ExecResult, failures_as_errors: bool) -> CallToolResult {
 /// Arguments a tool cannot use: `{"error": {"kind": "invalid_arguments",
 /// "message", "violations": []}}`, `isError`.
 fn invalid_arguments(tool: &str, reason: &str) -> CallToolResult {
-    let message = crate::limits::text::cap_message(format!("invalid arguments for {tool}: {reason}"));
+    let message = crate::text::cap_message(format!("invalid arguments for {tool}: {reason}"));
     let body = json!({"error": {"kind": "invalid_arguments", "message": message, "violations": []}});
     structured(body, format!("invalid_arguments: {message}"), true)
 }

@@ -33,10 +33,10 @@
 pub(crate) mod error;
 pub(crate) mod registry;
 pub(crate) mod session;
-pub(crate) mod spec;
+
 mod turns;
 
+pub use crate::session_spec::SessionSpec;
 pub use error::SessionError;
 pub use registry::{SessionConfig, Sessions, SessionsBuilder};
 pub use session::{CALL_OVERRUN_LIMIT, Session, SessionBackend, new_id};
-pub use spec::SessionSpec;

@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 
 use super::error::SessionError;
 use super::session::{CALL_OVERRUN_LIMIT, Session, SessionBackend};
-use super::spec::{SessionSpec, fixed_at_open};
 use super::turns::Turns;
 use crate::admission::{Admitted, Door, SpillStore, Target};
 use crate::error::{BackendRejection, ExecError};
@@ -16,6 +15,7 @@ use crate::language::Language;
 use crate::policy::SandboxPolicy;
 use crate::request::ExecRequest;
 use crate::result::ExecResult;
+use crate::session_spec::{SessionSpec, fixed_at_open};
 use crate::tools::ToolRegistry;
 
 /// Bounds on sessions.

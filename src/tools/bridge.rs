@@ -22,62 +22,20 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use super::error::{ToolError, ToolErrorKind};
 use super::frame::{ToolCall, ToolResult, cut_to_fit, json_len};
-use super::limits::{ToolLimits, granted};
 use super::registry::{Approver, Tool, ToolApprover, ToolContext, ToolRegistry, ToolSpec};
+use crate::error::tool::{ToolError, ToolErrorKind};
 use crate::limits::deadline::Deadline;
-
-/// How a call in the ledger ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ToolCallOutcome {
-    /// It returned a value.
-    Ok,
-    /// It ran (or may have run) and failed; see `error`.
-    Error,
-    /// It was refused before it ran (not granted, over budget, malformed):
-    /// it certainly did nothing.
-    Refused,
-    /// The run ended (or the call timed out) while it was in flight: what
-    /// it did is unknown; a write may or may not have happened.
-    Unknown,
-}
-
-/// One call in a result's ledger ([`ExecResult::tool_calls`](crate::result::ExecResult::tool_calls)).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct ToolCallRecord {
-    /// The tool as the code named it.
-    pub tool: String,
-    /// sha256 of the arguments' JSON text as the code sent it (hex).
-    pub args_sha256: String,
-    /// How it ended.
-    pub outcome: ToolCallOutcome,
-    /// The error's kind, unless `ok`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<ToolErrorKind>,
-    /// How long it took, in ms.
-    pub duration_ms: f64,
-    /// Bytes of arguments (JSON).
-    pub bytes_in: u64,
-    /// Bytes of result (JSON) the code got.
-    pub bytes_out: u64,
-    /// The result was cut to the cap.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub truncated: bool,
-}
+use crate::policy::tools::{ToolLimits, granted};
+use crate::result::ledger::{MAX_LEDGER, ToolCallOutcome, ToolCallRecord};
 
 /// How long past the run's deadline a call clamped to it may wait: the
 /// run's carrier ends the run at its deadline (and the call with it) well
 /// before.
 const RUN_END_GRACE: Duration = Duration::from_secs(2);
-
-/// Most ledger entries a result keeps (later calls are counted only).
-pub const MAX_LEDGER: usize = 1024;
 
 /// How long past a call's timeout a blocking caller waits for its answer
 /// (the tool runtime answers at the timeout; this is a backstop).
@@ -500,7 +458,7 @@ impl ToolBridge {
         truncated: bool,
     ) {
         let record = ToolCallRecord {
-            tool: crate::limits::text::cap_text(tool.to_string(), 256),
+            tool: crate::text::cap_text(tool.to_string(), 256),
             args_sha256: format!("{:x}", Sha256::digest(args)),
             outcome,
             error,

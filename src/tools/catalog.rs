@@ -133,7 +133,7 @@ fn by_namespace<'a>(specs: &[&'a ToolSpec]) -> BTreeMap<&'a str, Vec<&'a ToolSpe
 
 fn short(text: &str) -> String {
     let line = text.split_whitespace().collect::<Vec<_>>().join(" ");
-    crate::limits::text::cap_text(line, MAX_DESCRIPTION)
+    crate::text::cap_text(line, MAX_DESCRIPTION)
 }
 
 fn is_identifier(name: &str) -> bool {

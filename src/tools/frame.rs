@@ -16,7 +16,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::error::ToolError;
+use crate::error::tool::ToolError;
 
 /// A call from code.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -14,19 +14,17 @@
 
 pub(crate) mod bridge;
 pub mod catalog;
-pub(crate) mod error;
 pub mod frame;
-mod limits;
 pub(crate) mod registry;
 #[cfg(feature = "upstream")]
 mod upstream;
 #[cfg(any(feature = "wasm", feature = "container"))]
 pub(crate) mod wire;
 
-pub use bridge::{MAX_LEDGER, ToolBridge, ToolCallOutcome, ToolCallRecord};
-pub use error::{ToolError, ToolErrorKind};
-pub(crate) use limits::grants_outside;
-pub use limits::{ToolLimits, granted};
+pub use crate::error::tool::{ToolError, ToolErrorKind};
+pub use crate::policy::tools::{ToolLimits, granted};
+pub use crate::result::ledger::{MAX_LEDGER, ToolCallOutcome, ToolCallRecord};
+pub use bridge::ToolBridge;
 pub use registry::{
     Approver, RegistryError, Tool, ToolAnnotations, ToolApprover, ToolContext, ToolFuture, ToolHandler, ToolRegistry,
     ToolRegistryBuilder, ToolSpec,

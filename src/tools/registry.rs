@@ -11,7 +11,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::error::ToolError;
+use crate::error::tool::ToolError;
 use crate::schema::JsonSchema;
 
 /// A boxed, sendable future (a tool call in flight).

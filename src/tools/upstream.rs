@@ -42,8 +42,8 @@ use rmcp::service::{RoleClient, RunningService};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::error::{ToolError, ToolErrorKind};
 use super::registry::{Tool, ToolAnnotations, ToolRegistry, ToolSpec};
+use crate::error::tool::{ToolError, ToolErrorKind};
 
 /// The `mcpServers` document.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

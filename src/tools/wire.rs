@@ -11,8 +11,8 @@ use std::sync::Arc;
 use serde::Deserialize;
 
 use super::bridge::ToolBridge;
-use super::error::{ToolError, ToolErrorKind};
 use super::frame::{ToCodeHost, ToolCall, ToolResult};
+use crate::error::tool::{ToolError, ToolErrorKind};
 use crate::limits::records::CallFrame;
 
 /// Bytes a call frame may have beyond its arguments (the id, the name, the

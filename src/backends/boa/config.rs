@@ -77,7 +77,7 @@ pub struct BoaJsConfig {
     /// 16.
     pub max_workers: usize,
     /// `boa-js`: the program that serves as a worker (see
-    /// [`crate::worker`]); `None` finds one (`EXECBOX_WORKER`, this program
+    /// [`crate::backends::worker`]); `None` finds one (`EXECBOX_WORKER`, this program
     /// if it called `execbox::worker::serve_if_worker()`, or an `execbox`
     /// binary next to it). With none, the backend is unavailable and says
     /// how to fix it.

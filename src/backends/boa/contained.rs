@@ -1,5 +1,5 @@
 //! The contained `boa-js` backend, host side: a pool of worker processes
-//! (see [`crate::worker`]), each waiting with a fresh context, and the one
+//! (see [`crate::backends::worker`]), each waiting with a fresh context, and the one
 //! conversation every run (and every session call) has with its worker.
 //!
 //! The pool keeps [`BoaJsConfig::idle_workers`] workers ready and starts
@@ -27,14 +27,14 @@ use crate::backends::boa::engine::{Job, Mode};
 use crate::backends::boa::gauge::{LiveCount, WorkerGauge};
 use crate::backends::boa::job::job;
 use crate::backends::boa::worker::{FromWorker, Init};
+use crate::backends::worker::frame::RecvError;
+use crate::backends::worker::process::{Death, SpawnSpec, WorkerProcess};
+use crate::backends::worker::role::{EXIT_PROTOCOL_MISMATCH, PROGRAM_ENV, Role};
 use crate::capabilities::BackendCapabilities;
 use crate::error::{ConfigError, ExecError};
 use crate::limits::deadline::Deadline;
 use crate::result::ExecResult;
 use crate::tools::ToolBridge;
-use crate::worker::frame::RecvError;
-use crate::worker::process::{Death, SpawnSpec, WorkerProcess};
-use crate::worker::role::{EXIT_PROTOCOL_MISMATCH, PROGRAM_ENV, Role};
 
 /// JavaScript on boa in contained worker processes (`boa-js`, see
 /// [`crate::backends::boa`] for what a run means and what is enforced).
@@ -42,7 +42,7 @@ use crate::worker::role::{EXIT_PROTOCOL_MISMATCH, PROGRAM_ENV, Role};
 /// when the last clone drops.
 ///
 /// Its workers run a program that serves as an execbox worker (see
-/// [`crate::worker`]): a program using the library calls
+/// [`crate::backends::worker`]): a program using the library calls
 /// `execbox::worker::serve_if_worker()` first thing in `main`, or points
 /// `EXECBOX_WORKER` (or [`BoaJsConfig::worker_program`]) at an `execbox`
 /// binary. Without one the backend is unavailable (saying so, with the fix)
@@ -241,7 +241,7 @@ impl BoaJs {
 /// process when no worker program is found.
 fn spawn_spec(cfg: &BoaJsConfig) -> Result<SpawnSpec, Unavailable> {
     static WARNED: Once = Once::new();
-    let program = crate::worker::process::find_program(cfg.worker_program.as_deref()).map_err(|reason| {
+    let program = crate::backends::worker::process::find_program(cfg.worker_program.as_deref()).map_err(|reason| {
         let unavailable = if cfg.worker_program.is_some() {
             Unavailable::new(reason, "set BoaJsConfig::worker_program to an execbox binary of this build")
         } else if std::env::var_os(PROGRAM_ENV).is_some() {
@@ -254,7 +254,7 @@ fn spawn_spec(cfg: &BoaJsConfig) -> Result<SpawnSpec, Unavailable> {
         warn_no_worker(&WARNED, &unavailable);
         unavailable
     })?;
-    if !crate::worker::lockdown::supported() {
+    if !crate::backends::worker::lockdown::supported() {
         return Err(Unavailable::new(
             format!("no seccomp filter for {}: workers cannot be locked down here", std::env::consts::ARCH),
             "run on x86_64 or aarch64 Linux (or, for trusted code only, register BoaJsInThread)",
@@ -780,7 +780,7 @@ impl Backend for BoaJs {
     }
 
     /// Sessions in worker processes of their own ([`JsSession`](crate::backends::JsSession)).
-    fn session_backend(&self) -> Option<Arc<dyn crate::sessions::session::SessionBackend>> {
+    fn session_backend(&self) -> Option<Arc<dyn crate::backend::SessionBackend>> {
         Some(Arc::new(self.clone()))
     }
 }

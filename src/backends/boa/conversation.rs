@@ -20,14 +20,14 @@ use crate::backends::boa::capabilities::CONTAINED_NAME;
 use crate::backends::boa::engine::Job;
 use crate::backends::boa::port::fit_result;
 use crate::backends::boa::worker::{FromWorker, ToWorkerRef};
+use crate::backends::worker::frame::{MAX_FRAME_BYTES, RecvError};
+use crate::backends::worker::process::{Death, NoReactor, Outbox, Registered, SendError, WorkerProcess};
 use crate::limits::deadline::Deadline;
 use crate::limits::output::BoundedBuffer;
-use crate::limits::text::cap_message;
 use crate::result::{ExecResult, Outcome};
+use crate::text::cap_message;
 use crate::tools::frame::{ToCode, ToCodeHost, ToolCall, ToolResult};
 use crate::tools::{ToolBridge, ToolError, ToolErrorKind};
-use crate::worker::frame::{MAX_FRAME_BYTES, RecvError};
-use crate::worker::process::{Death, NoReactor, Outbox, Registered, SendError, WorkerProcess};
 
 /// How a conversation with a worker ended.
 pub(crate) enum Conversation {

@@ -31,8 +31,8 @@ use crate::backends::boa::realm::guards;
 use crate::backends::boa::realm::snapshot::{OutputJson, output_json};
 use crate::backends::boa::realm::tools;
 use crate::limits::deadline::Deadline;
-use crate::limits::text::cap_message;
 use crate::result::Outcome;
+use crate::text::cap_message;
 
 /// How the source is evaluated.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -2,7 +2,7 @@
 //!
 //! | | [`BoaJs`] (`boa-js`, the default) | [`BoaJsInThread`] (`boa-js-inthread`, opt-in) |
 //! |---|---|---|
-//! | where | a worker process of execbox's own ([`crate::worker`]) | a thread of the host process |
+//! | where | a worker process of execbox's own ([`crate::backends::worker`]) | a thread of the host process |
 //! | isolation | [`IsolationKind::WorkerProcess`](crate::capabilities::IsolationKind::WorkerProcess): a crash, an abort or a runaway allocation ends the worker | [`IsolationKind::InProcess`](crate::capabilities::IsolationKind::InProcess): boa's faults are the host's |
 //! | deadline | cooperative stop at the deadline, then `SIGKILL` | cooperative stop; code inside a native callback is abandoned and stopped by the instruction budget |
 //! | memory cap | **enforced**: `RLIMIT_AS` of the worker = its size + the cap | **not enforced** (refused if asked) |

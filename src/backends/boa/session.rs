@@ -7,6 +7,7 @@ use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::admission::Admitted;
+use crate::backend::{Session, SessionBackend};
 use crate::backends::boa::contained::{BoaJs, Worker};
 use crate::backends::boa::conversation::{Conversation, Limits, converse};
 use crate::backends::boa::engine::Mode;
@@ -17,8 +18,7 @@ use crate::language::Language;
 use crate::limits::child::ChildHandle;
 use crate::request::ExecRequest;
 use crate::result::{ExecResult, Outcome};
-use crate::sessions::session::{Session, SessionBackend};
-use crate::sessions::spec::SessionSpec;
+use crate::session_spec::SessionSpec;
 use crate::violation::{Control, Violation};
 
 /// A JavaScript realm kept alive across calls, in a worker process of its
@@ -128,7 +128,7 @@ impl Session for JsSession {
         let mut slot = self.worker.lock();
         if self.killed.load(Ordering::SeqCst) {
             self.end(&mut slot);
-            return Ok(crate::sessions::session::killed_result(Self::NAME, &deadline));
+            return Ok(crate::backend::killed_result(Self::NAME, &deadline));
         }
         let Some(worker) = slot.as_mut() else { return Err(ended()) };
         let size = worker.process.vm_bytes().unwrap_or(u64::MAX);
@@ -138,7 +138,7 @@ impl Session for JsSession {
         worker.process.unpin();
         if self.killed.load(Ordering::SeqCst) {
             self.end(&mut slot);
-            return Ok(crate::sessions::session::killed_result(Self::NAME, &deadline));
+            return Ok(crate::backend::killed_result(Self::NAME, &deadline));
         }
         match conversation {
             Conversation::NotStarted => {

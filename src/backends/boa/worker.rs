@@ -26,9 +26,9 @@ use crate::backends::boa::config::EngineSettings;
 use crate::backends::boa::engine::{Job, Mode, Prepared, RunReport};
 use crate::backends::boa::port::{Gone, ToolPort};
 use crate::backends::boa::realm::console::Console;
+use crate::backends::worker::{frame, lockdown};
 use crate::limits::deadline::Deadline;
 use crate::tools::frame::{ToCode, ToCodeHost, ToolCall, ToolResult};
-use crate::worker::{frame, lockdown};
 
 /// The first frame a worker receives.
 #[derive(Debug, Serialize, Deserialize)]
@@ -225,7 +225,7 @@ fn panicked(panic: &Box<dyn std::any::Any + Send>) -> RunReport {
         outcome: crate::result::Outcome::Failed,
         output: None,
         output_truncated: false,
-        message: Some(crate::limits::text::cap_message(format!("the JS engine panicked: {text}"))),
+        message: Some(crate::text::cap_message(format!("the JS engine panicked: {text}"))),
         instructions: 0,
     }
 }

@@ -184,7 +184,7 @@ fn locked_labels(role: &str) -> [String; 4] {
     [
         "--label=execbox=1".into(),
         format!("--label={}={role}", super::owners::ROLE_LABEL),
-        format!("--label={}={}", super::owners::OWNER_LABEL, crate::backends::owner::token()),
+        format!("--label={}={}", super::owners::OWNER_LABEL, crate::owner::token()),
         format!("--label={}={}", super::owners::SCOPE_LABEL, super::owners::scope()),
     ]
 }

@@ -149,72 +149,6 @@ pub(super) fn read_regular(dir: &Dir, name: &OsStr, max: u64) -> io::Result<Vec<
     Ok(bytes)
 }
 
-/// Removes the directory `path` and everything below it, however deep,
-/// without following a link, with a bounded stack and two directory handles
-/// open at a time.
-///
-/// Why not `std::fs::remove_dir_all`: it recurses once per level, and a
-/// program can nest directories in `/work/out` far deeper than any thread's
-/// stack (measured: 100,000 levels in ~8 s overflowed the reaper's stack and
-/// aborted the host). Here each pass over `path` removes what is not a
-/// directory, lifts the directories inside each subdirectory up to `path`
-/// (a rename: one level, no recursion), then removes the emptied
-/// subdirectory; a chain of depth d takes d cheap passes.
-pub(crate) fn remove_tree(path: &Path) -> io::Result<()> {
-    empty_tree(path)?;
-    std::fs::remove_dir(path)
-}
-
-/// Removes everything inside `path`, keeping `path` itself; as
-/// [`remove_tree`], without recursion and without following links.
-fn empty_tree(path: &Path) -> io::Result<()> {
-    let root = open_ambient(path)?;
-    let lifted = format!(".execbox-lifted-{:016x}-", crate::nonce::random_u64());
-    let mut count = 0u64;
-    loop {
-        let mut emptied = true;
-        for entry in root.entries()? {
-            emptied = false;
-            let name = entry?.file_name();
-            let Some(meta) = gone_is_none(root.symlink_metadata(&name))? else { continue };
-            if !meta.is_dir() {
-                gone_is_none(root.remove_file(&name))?;
-                continue;
-            }
-            let Some(dir) = gone_is_none(open_dir(&root, &name))? else { continue };
-            for sub in dir.entries()? {
-                let sub = sub?.file_name();
-                match gone_is_none(dir.symlink_metadata(&sub))? {
-                    Some(meta) if meta.is_dir() => {
-                        count += 1;
-                        gone_is_none(dir.rename(&sub, &root, format!("{lifted}{count}")))?;
-                    }
-                    Some(_) => drop(gone_is_none(dir.remove_file(&sub))?),
-                    None => {}
-                }
-            }
-            // Not empty only if something is still writing: the next pass retries.
-            match root.remove_dir(&name) {
-                Err(e) if e.raw_os_error() == Some(libc::ENOTEMPTY) => {}
-                other => drop(gone_is_none(other)?),
-            }
-        }
-        if emptied {
-            break;
-        }
-    }
-    Ok(())
-}
-
-/// `Ok(None)` for an entry that vanished meanwhile.
-fn gone_is_none<T>(result: io::Result<T>) -> io::Result<Option<T>> {
-    match result {
-        Ok(value) => Ok(Some(value)),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e),
-    }
-}
-
 /// Sets the exact mode of `name` in `dir` (the umask may have narrowed it);
 /// refuses a symlink.
 pub(super) fn set_mode(dir: &Dir, name: &OsStr, mode: u32) -> io::Result<()> {
@@ -362,7 +296,7 @@ mod tests {
         drop((level, dir));
         let removed = std::thread::Builder::new()
             .stack_size(128 << 10)
-            .spawn(move || remove_tree(&tree).map(|()| tree.exists()))
+            .spawn(move || crate::owner::remove_tree(&tree).map(|()| tree.exists()))
             .unwrap()
             .join()
             .unwrap();

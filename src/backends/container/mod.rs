@@ -99,13 +99,13 @@ pub use session::ContainerSession;
 
 use crate::admission::Admitted;
 use crate::backend::{Backend, Readiness, Unavailable};
+use crate::backend::{Session, SessionBackend};
 use crate::capabilities::BackendCapabilities;
 use crate::error::{ConfigError, ExecError};
 use crate::language::Language;
 use crate::request::ExecRequest;
 use crate::result::ExecResult;
-use crate::sessions::session::{Session, SessionBackend};
-use crate::sessions::spec::SessionSpec;
+use crate::session_spec::SessionSpec;
 use runner::Runner;
 use staging::Staging;
 use tool_socket::ToolSocket;
@@ -148,7 +148,7 @@ impl Container {
     /// process starts (its pid and start time): `docker ps --filter
     /// label=execbox.owner=<token>` lists them.
     pub fn owner_token() -> &'static str {
-        crate::backends::owner::token()
+        crate::owner::token()
     }
 
     /// For a host about to exit (a SIGTERM/SIGINT handler's thread): kills

@@ -51,7 +51,7 @@ use std::path::{Component, Path};
 use crate::file::ExecFile;
 use crate::limits::output::BoundedBuffer;
 use crate::limits::records::marker;
-use crate::limits::text;
+use crate::text;
 
 /// Where the code writes files to return (when the request collects them).
 pub(super) const OUTPUT_DIR: &str = "/work/out";

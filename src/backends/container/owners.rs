@@ -19,7 +19,7 @@
 //! from any other `SIGKILL`.
 //!
 //! Every container carries [`OWNER_LABEL`] (the host's
-//! [`owner::token`](crate::backends::owner::token): pid and start time) and
+//! [`owner::token`](crate::owner::token): pid and start time) and
 //! [`SCOPE_LABEL`] (boot id and PID namespace): liveness can only be judged
 //! for owners in the same PID namespace of the same boot, so the sweep never
 //! touches another namespace's running containers (a shared daemon socket).
@@ -32,7 +32,7 @@ use std::process::{ChildStdin, Stdio};
 use std::time::Duration;
 
 use super::process;
-use crate::backends::owner;
+use crate::owner;
 
 /// Label naming the process that started a container.
 pub(super) const OWNER_LABEL: &str = "execbox.owner";
@@ -211,7 +211,7 @@ pub(super) fn remove_own_temp_dirs() {
         let ours = name.to_str().is_some_and(|n| prefixes.iter().any(|p| n.starts_with(p.as_str())));
         // Never follow a link planted under an execbox-like name.
         if ours && entry.file_type().is_ok_and(|t| t.is_dir()) {
-            drop(super::hostfs::remove_tree(&entry.path()));
+            drop(crate::owner::remove_tree(&entry.path()));
         }
     }
 }

@@ -21,8 +21,8 @@ use super::outputs::{Listing, ListingTap};
 use crate::limits::child::ChildHandle;
 use crate::limits::deadline::Deadline;
 use crate::limits::output::{BoundedBuffer, OutputTap, StreamKind};
-use crate::limits::text;
 use crate::result::CapturedStream;
+use crate::text;
 
 /// Environment the engine CLI itself needs; nothing else is inherited.
 const CLI_ENV: &[&str] = &[

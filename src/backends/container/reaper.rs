@@ -99,7 +99,7 @@ fn run(engine: &Path, jobs: Vec<Job>) {
         // Not TempDir's own removal: it recurses per level (see `remove_tree`).
         // Already gone is done: a host exiting on a signal sweeps its own
         // staging directories while removals may still be queued here.
-        match super::hostfs::remove_tree(dir.path()) {
+        match crate::owner::remove_tree(dir.path()) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => {

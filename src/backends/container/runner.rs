@@ -226,7 +226,7 @@ impl Runner {
         let stdout = finished.stdout.text();
         let exit = match finished.ended {
             process::Ended::EngineError(text) => {
-                let text = crate::limits::text::cap_message(text);
+                let text = crate::text::cap_message(text);
                 return Err(Unavailable::new(
                     format!("{engine} cannot start a container under execbox's seccomp profile ({text})"),
                     fix,
@@ -245,7 +245,7 @@ impl Runner {
             let detail = match (exit, stderr.trim()) {
                 (0, _) | (_, "") => seen,
                 (code, stderr) => {
-                    format!("{seen}; exit code {code}: {}", crate::limits::text::cap_message(stderr.to_string()))
+                    format!("{seen}; exit code {code}: {}", crate::text::cap_message(stderr.to_string()))
                 }
             };
             Unavailable::new(
@@ -276,7 +276,7 @@ impl Runner {
         if output.status.success() {
             return Ok(());
         }
-        let text = crate::limits::text::cap_message(String::from_utf8_lossy(&output.stderr).trim().to_string());
+        let text = crate::text::cap_message(String::from_utf8_lossy(&output.stderr).trim().to_string());
         if text.to_ascii_lowercase().contains("no such image") {
             Err(Unavailable::new(
                 format!("execbox's images are missing from {engine} ({text})"),
@@ -499,7 +499,7 @@ impl Runner {
     /// (with the fix), internal otherwise.
     pub fn engine_error(&self, text: String) -> ExecError {
         self.forget_availability();
-        let text = crate::limits::text::cap_message(text);
+        let text = crate::text::cap_message(text);
         let lower = text.to_ascii_lowercase();
         if lower.contains("no such image") || lower.contains("unable to find image") {
             Unavailable::new(text, "build the images with scripts/build-images.sh").into_error(NAME)

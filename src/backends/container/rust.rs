@@ -382,7 +382,7 @@ fn compile(
     deadline: &Deadline,
 ) -> Result<Compiled, ExecError> {
     let io = |e: std::io::Error| ExecError::internal(NAME, format!("cannot stage the compile: {e}"));
-    let dir = crate::backends::owner::temp_dir("rustc").map_err(io)?;
+    let dir = crate::owner::temp_dir("rustc").map_err(io)?;
     let handle = hostfs::open_ambient(dir.path()).map_err(io)?;
     let src_dir = hostfs::create_dirs(&handle, Path::new("src"), Some(0o755)).map_err(io)?;
     hostfs::create_dirs(&src_dir, Path::new("target"), Some(0o755)).map_err(io)?;

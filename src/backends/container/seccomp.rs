@@ -130,7 +130,7 @@ pub(super) fn profile_path() -> io::Result<PathBuf> {
         return Ok(current.path.clone());
     }
     let context = |e: io::Error| io::Error::new(e.kind(), format!("cannot write execbox's seccomp profile: {e}"));
-    let dir = crate::backends::owner::private_temp_dir("seccomp").map_err(context)?;
+    let dir = crate::owner::private_temp_dir("seccomp").map_err(context)?;
     let handle = hostfs::open_ambient(dir.path()).map_err(context)?;
     hostfs::write_new(&handle, OsStr::new(FILE_NAME), PROFILE.as_bytes(), 0o600).map_err(context)?;
     let path = dir.path().join(FILE_NAME);
@@ -448,7 +448,7 @@ mod tests {
         assert_eq!(mode(&path), 0o600);
         assert_eq!(mode(path.parent().unwrap()), 0o700);
         let dir_name = path.parent().unwrap().file_name().unwrap().to_string_lossy().into_owned();
-        assert!(dir_name.starts_with(&format!("execbox-seccomp-{}-", crate::backends::owner::token())), "{dir_name}");
+        assert!(dir_name.starts_with(&format!("execbox-seccomp-{}-", crate::owner::token())), "{dir_name}");
         assert_eq!(profile_path().unwrap(), path, "one copy per process");
         std::fs::remove_file(&path).unwrap();
         let again = profile_path().unwrap();

@@ -49,6 +49,7 @@ use super::runner::{self, Runner};
 use super::staging::Staging;
 use super::tool_socket::ToolSocket;
 use crate::admission::{Admitted, Door, Target};
+use crate::backend::Session;
 use crate::backends::conventions;
 use crate::capabilities::BackendCapabilities;
 use crate::error::ExecError;
@@ -58,13 +59,12 @@ use crate::limits::child::ChildHandle;
 use crate::limits::deadline::Deadline;
 use crate::limits::output::{BoundedBuffer, OutputTap, StreamKind};
 use crate::limits::records::{ResultTap, marker};
-use crate::limits::text;
 use crate::limits::write::{Endpoint, WriteError, set_nonblocking, write_all_until};
 use crate::policy::SandboxPolicy;
 use crate::request::ExecRequest;
 use crate::result::{CapturedStream, ExecResult, Outcome, Usage};
-use crate::sessions::session::Session;
-use crate::sessions::spec::SessionSpec;
+use crate::session_spec::SessionSpec;
+use crate::text;
 use crate::tools::wire::python_header;
 use crate::violation::{Control, Violation};
 
@@ -167,7 +167,7 @@ impl ContainerSession {
         let unavailable = |reason: String| ExecError::BackendUnavailable { backend: Self::NAME.into(), reason };
         runner.check_available(runner::NAME)?;
         let cfg = runner.config();
-        let nonce = crate::sessions::session::new_id();
+        let nonce = crate::nonce::hex128();
         let program = conventions::PYTHON_SESSION_PROGRAM.replace("NONCE", &nonce);
         let mut template = spec.template().collect_output_files();
         let memory_bytes = *template.policy.memory_bytes.get_or_insert(cfg.session_memory_bytes);
@@ -405,14 +405,14 @@ impl ContainerSession {
             }
             CellEnd::Killed => {
                 self.alive.store(false, Ordering::SeqCst);
-                let mut killed = crate::sessions::session::killed_result(Self::NAME, &deadline);
+                let mut killed = crate::backend::killed_result(Self::NAME, &deadline);
                 killed.stdout = stdout.0;
                 killed.stderr = stderr.0;
                 return Ok(killed);
             }
             CellEnd::Ended if self.killed.load(Ordering::SeqCst) => {
                 self.alive.store(false, Ordering::SeqCst);
-                return Ok(crate::sessions::session::killed_result(Self::NAME, &deadline));
+                return Ok(crate::backend::killed_result(Self::NAME, &deadline));
             }
             CellEnd::Ended => {
                 self.alive.store(false, Ordering::SeqCst);

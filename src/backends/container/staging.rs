@@ -42,7 +42,7 @@ impl Staging {
     /// environment, and an output directory if the request collects one.
     pub fn new(request: &ExecRequest, input: Option<&[u8]>) -> Result<Self, ExecError> {
         let io = |what: &str, e: std::io::Error| InvalidRequest::BadPath { path: what.into(), reason: e.to_string() };
-        let root = crate::backends::owner::temp_dir("run").map_err(|e| io("<staging dir>", e))?;
+        let root = crate::owner::temp_dir("run").map_err(|e| io("<staging dir>", e))?;
         let dir = hostfs::open_ambient(root.path()).map_err(|e| io("<staging dir>", e))?;
         let work = hostfs::create_dirs(&dir, Path::new("work"), Some(0o755)).map_err(|e| io("<staging dir>", e))?;
         stage_run_files(&work, request, input)?;
@@ -64,7 +64,7 @@ impl Staging {
     /// staged with [`Staging::stage_cell`] when a run takes it), with the
     /// mount point of `/work/out` when it collects outputs.
     pub fn empty(collect_outputs: bool) -> std::io::Result<Self> {
-        let root = crate::backends::owner::temp_dir("run")?;
+        let root = crate::owner::temp_dir("run")?;
         let dir = hostfs::open_ambient(root.path())?;
         let work = hostfs::create_dirs(&dir, Path::new("work"), Some(0o755))?;
         if collect_outputs {

@@ -153,7 +153,7 @@ impl ToolSocket {
     /// [`ToolSocket::begin`].
     pub fn start() -> io::Result<Self> {
         let runtime = tool_runtime().ok_or_else(|| io::Error::other("execbox's tool runtime could not start"))?;
-        let dir = crate::backends::owner::temp_dir("tools")?;
+        let dir = crate::owner::temp_dir("tools")?;
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700))?;
         let socket = dir.path().join("tools.sock");
         let listener = std::os::unix::net::UnixListener::bind(&socket)?;
@@ -627,9 +627,9 @@ mod tests {
             assert_eq!(answer(reader), json!({"id": 1, "ok": true, "value": n}), "connection {n}");
         }
         let (stream, reader) = &mut links[0];
+        // One write: both are read while the first (300 ms) is in flight.
         let slow = b"{\"tool_call\":{\"id\":5,\"name\":\"math.slow\",\"args\":{\"n\":5}}}\n";
-        stream.write_all(slow).unwrap();
-        stream.write_all(slow).unwrap();
+        stream.write_all(&[&slow[..], &slow[..]].concat()).unwrap();
         let first = answer(reader);
         assert_eq!((first["id"].clone(), first["error"]["kind"].clone()), (json!(5), json!("protocol")), "{first}");
         assert_eq!(answer(reader), json!({"id": 5, "ok": true, "value": 5}));

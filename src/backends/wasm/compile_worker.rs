@@ -1,4 +1,4 @@
-//! Untrusted modules are compiled in a worker process (see [`crate::worker`]).
+//! Untrusted modules are compiled in a worker process (see [`crate::backends::worker`]).
 //!
 //! Cranelift cannot be interrupted and its memory cannot be capped inside
 //! the host: a module built to be expensive (thousands of blocks in one
@@ -31,11 +31,11 @@ use base64::engine::general_purpose::STANDARD;
 use serde::{Deserialize, Serialize};
 use wasmtime::{Config, Engine};
 
+use crate::backends::worker::frame::{self, RecvError};
+use crate::backends::worker::lockdown;
+use crate::backends::worker::process::{Death, SendError, SpawnSpec, WorkerProcess};
+use crate::backends::worker::role::{EXIT_PROTOCOL_MISMATCH, Role};
 use crate::limits::deadline::Deadline;
-use crate::worker::frame::{self, RecvError};
-use crate::worker::lockdown;
-use crate::worker::process::{Death, SendError, SpawnSpec, WorkerProcess};
-use crate::worker::role::{EXIT_PROTOCOL_MISMATCH, Role};
 
 /// Most compile workers alive at once (concurrent compiles of different
 /// modules); more wait within their deadline.
@@ -141,7 +141,7 @@ struct State {
 
 impl CompileWorkers {
     pub fn new(engine: &Engine, settings: CompileSettings, program: Option<PathBuf>, max_memory: u64) -> Self {
-        let program = crate::worker::process::find_program(program.as_deref()).and_then(|p| {
+        let program = crate::backends::worker::process::find_program(program.as_deref()).and_then(|p| {
             if lockdown::supported() { Ok(p) } else { Err("no seccomp filter for this architecture".into()) }
         });
         Self {

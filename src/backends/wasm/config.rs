@@ -107,7 +107,7 @@ pub struct WasmGuestConfig {
     pub module_limits: ModuleLimits,
     /// Compile untrusted modules in a worker process, killed at the run's
     /// deadline with its memory capped (see `compile_worker.rs`). Without a
-    /// worker program (see [`crate::worker`]), or with `false`, they compile
+    /// worker program (see [`crate::backends::worker`]), or with `false`, they compile
     /// in this process, bounded by [`WasmGuestConfig::module_limits`] only.
     /// Whether a worker is used shows in [`WasmEngine::compiles_contained`](super::engine::WasmEngine::compiles_contained).
     ///
@@ -115,7 +115,7 @@ pub struct WasmGuestConfig {
     /// `true`.
     pub compile_in_worker: bool,
     /// The program serving as compile worker; `None` finds one (see
-    /// [`crate::worker`]). A program that cannot serve is not an error: the
+    /// [`crate::backends::worker`]). A program that cannot serve is not an error: the
     /// compile runs in this process (see `compile_in_worker`).
     ///
     /// # Default

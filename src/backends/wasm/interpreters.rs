@@ -70,6 +70,7 @@ use super::tool_channel::{ToolChannel, Watchdog, cut_off_at_deadline};
 use super::warm::{SessionSetup, WarmPool};
 use crate::admission::Admitted;
 use crate::backend::{Backend, Readiness, RunFuture, Unavailable, blocking, on_blocking_pool};
+use crate::backend::{Session, SessionBackend};
 use crate::backends::conventions;
 use crate::capabilities::{
     BackendCapabilities, CostClass, Enforcement, PayloadKind, RequestFeatures, SurfaceCapability,
@@ -81,8 +82,7 @@ use crate::limits::output::StreamKind;
 use crate::limits::records::{Records, ResultTap, marker};
 use crate::request::ExecRequest;
 use crate::result::{ExecResult, Outcome};
-use crate::sessions::session::{Session, SessionBackend};
-use crate::sessions::spec::SessionSpec;
+use crate::session_spec::SessionSpec;
 use crate::tools::ToolBridge;
 use crate::tools::wire::{frame_limit, granted_names, python_header};
 use crate::violation::Violation;

@@ -51,6 +51,7 @@ use super::stdio::MessageSender;
 use super::tool_channel::ToolChannel;
 use super::warm::Warm;
 use crate::admission::Admitted;
+use crate::backend::{Session, killed_result};
 use crate::backends::conventions;
 use crate::capabilities::BackendCapabilities;
 use crate::error::ExecError;
@@ -58,10 +59,9 @@ use crate::limits::deadline::Deadline;
 use crate::limits::deadline::REPORT_GRACE;
 use crate::limits::output::StreamKind;
 use crate::limits::records::{ResultTap, marker};
-use crate::limits::text;
 use crate::request::ExecRequest;
 use crate::result::{ExecResult, Outcome};
-use crate::sessions::session::{Session, killed_result};
+use crate::text;
 use crate::tools::wire::{frame_limit, python_header};
 use crate::violation::{Control, Violation};
 
@@ -72,7 +72,7 @@ const OPEN_LIMIT: Duration = Duration::from_secs(30);
 /// A Python session on CPython-in-wasm (`python-wasm-session`): one live
 /// instance whose globals persist across calls, opened through the
 /// `python-wasm` backend's
-/// [`SessionBackend`](crate::sessions::session::SessionBackend) (e.g. by
+/// [`SessionBackend`](crate::backend::SessionBackend) (e.g. by
 /// [`Sessions`](crate::sessions::Sessions)). See the module docs for what
 /// a call keeps and what ends the session.
 pub struct PythonSession {

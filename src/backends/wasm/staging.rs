@@ -43,7 +43,7 @@ pub(crate) fn stage_input_files(
     if request.input_files.is_empty() && extra.is_none() {
         return Ok(None);
     }
-    let dir = crate::backends::owner::temp_dir("input")
+    let dir = crate::owner::temp_dir("input")
         .map_err(|e| InvalidRequest::BadPath { path: "<tempdir>".into(), reason: e.to_string() })?;
     write_staged(dir.path(), request, extra)?;
     Ok(Some(dir))

@@ -651,8 +651,8 @@ impl Pool {
         // Never waits, and (for the pool) leaves as many slots free as the
         // pool holds: with slots scarce, requests need them more.
         let slot = self.engine.try_acquire_slot(keep_free).ok_or(StartError::NoSlot)?;
-        let work = crate::backends::owner::temp_dir("warm")
-            .map_err(|e| StartError::Failed(format!("no temporary directory: {e}")))?;
+        let work =
+            crate::owner::temp_dir("warm").map_err(|e| StartError::Failed(format!("no temporary directory: {e}")))?;
         let work_path = work.path().to_path_buf();
         let (stdin, code) = MessageStdin::new(Some(self.started.clone()));
         let code = Arc::new(code);

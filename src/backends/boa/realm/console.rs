@@ -106,7 +106,7 @@ fn format_value(value: &JsValue, ctx: &mut Context) -> String {
         Err(e) => {
             let text = e.to_string();
             let first = text.lines().next().unwrap_or_default();
-            format!("[unprintable: {}]", crate::limits::text::cap_message(first.to_string()))
+            format!("[unprintable: {}]", crate::text::cap_message(first.to_string()))
         }
     }
 }

@@ -72,7 +72,7 @@ pub(crate) fn plain_property(object: &JsObject, key: &str) -> Option<String> {
         };
         if let Some(value) = found {
             return match value.as_string() {
-                Some(s) => Some(crate::limits::text::cap_message(s.to_std_string_escaped())),
+                Some(s) => Some(crate::text::cap_message(s.to_std_string_escaped())),
                 None if value.is_object() => None,
                 None => Some(value.display().to_string()),
             };

@@ -313,7 +313,7 @@ fn cut(name: &str) -> &str {
 
 fn first_line(err: &JsError) -> String {
     let text = err.to_string();
-    crate::limits::text::cap_message(text.lines().next().unwrap_or_default().to_string())
+    crate::text::cap_message(text.lines().next().unwrap_or_default().to_string())
 }
 
 /// A `ToolError` instance: an `Error` (message, stack) whose prototype is

@@ -12,6 +12,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::InvalidRequest;
 
+pub mod tools;
+
+use tools::ToolLimits;
+
 /// One access control: not asked, denied, or allowed for an explicit list.
 ///
 /// `Allow` grants exactly the listed items (hosts, paths, variable names) and
@@ -231,10 +235,10 @@ pub struct SandboxPolicy {
     pub tools: Access<Vec<String>>,
     /// How much a run may use its tools (calls, timeouts, sizes). `None`:
     /// not asked; held to a ceiling, the ceiling's limits; run without one,
-    /// [`ToolLimits::default`](crate::tools::ToolLimits::default) (see
+    /// [`ToolLimits::default`](ToolLimits::default) (see
     /// [`SandboxPolicy::effective_tool_limits`]). Absent from JSON when `None`.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub tool_limits: Option<crate::tools::ToolLimits>,
+    pub tool_limits: Option<ToolLimits>,
     /// Spilled output: when the run's stdout passes `max_stdout_bytes`, keep
     /// the whole stream (up to the artifact store's largest file,
     /// `ArtifactStoreConfig::max_file_bytes`, feature `artifacts`)
@@ -386,14 +390,14 @@ impl SandboxPolicy {
     }
 
     /// Sets the tool budgets.
-    pub fn tool_limits(mut self, limits: crate::tools::ToolLimits) -> Self {
+    pub fn tool_limits(mut self, limits: ToolLimits) -> Self {
         self.tool_limits = Some(limits);
         self
     }
 
     /// The tool budgets a run under this policy gets: the stated ones, or
-    /// [`ToolLimits::default`](crate::tools::ToolLimits::default).
-    pub fn effective_tool_limits(&self) -> crate::tools::ToolLimits {
+    /// [`ToolLimits::default`](ToolLimits::default).
+    pub fn effective_tool_limits(&self) -> ToolLimits {
         self.tool_limits.clone().unwrap_or_default()
     }
 
@@ -453,7 +457,7 @@ impl SandboxPolicy {
             max_code_bytes: min(self.max_code_bytes, ceiling.max_code_bytes),
             max_processes: min(self.max_processes, ceiling.max_processes),
             tools: access_within(&self.tools, &ceiling.tools, "tools", |asked, allowed| {
-                crate::tools::grants_outside(asked, allowed)
+                tools::grants_outside(asked, allowed)
             })?,
             // Not asked: the ceiling's. A ceiling that states none holds a
             // request to the defaults, as a run without a ceiling gets them.
@@ -585,7 +589,7 @@ mod tests {
 
     #[test]
     fn unstated_tool_limits_take_the_ceilings_even_above_the_defaults() {
-        use crate::tools::ToolLimits;
+        use ToolLimits;
         let ceiling = SandboxPolicy::strict().tool_limits(ToolLimits::default().max_calls(500));
         let held = SandboxPolicy::unstated().within(&ceiling).unwrap();
         assert_eq!(held.effective_tool_limits().max_calls, 500);

@@ -12,6 +12,10 @@ use serde_json::Value;
 
 use crate::file::ExecFile;
 
+pub(crate) mod ledger;
+
+use ledger::ToolCallRecord;
+
 /// How a run ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -175,8 +179,8 @@ pub struct ExecResult {
     /// The run's tool calls (Code Mode), in the order they were made: what
     /// each did, so an agent can reconcile after a failure (a call the run
     /// ended in the middle of says `unknown`). At most
-    /// [`MAX_LEDGER`](crate::tools::MAX_LEDGER) entries.
-    pub tool_calls: Vec<crate::tools::ToolCallRecord>,
+    /// [`MAX_LEDGER`](ledger::MAX_LEDGER) entries.
+    pub tool_calls: Vec<ToolCallRecord>,
     /// The artifact that holds the run's whole stdout, when its policy
     /// spills output ([`SandboxPolicy::spill_output`](crate::policy::SandboxPolicy::spill_output))
     /// and stdout passed its cap: `stdout` is then the stream's head and
@@ -250,7 +254,7 @@ struct ResultJsonRef<'a> {
     failure_kind: Option<FailureKind>,
     diagnostics: &'a [Diagnostic],
     output_files: &'a [ExecFile],
-    tool_calls: &'a [crate::tools::ToolCallRecord],
+    tool_calls: &'a [ToolCallRecord],
     #[serde(skip_serializing_if = "Option::is_none")]
     spilled: &'a Option<String>,
     #[serde(skip_serializing_if = "<[OutputError]>::is_empty")]
@@ -298,7 +302,7 @@ struct ResultJson {
     #[serde(default)]
     output_files: Vec<ExecFile>,
     #[serde(default)]
-    tool_calls: Vec<crate::tools::ToolCallRecord>,
+    tool_calls: Vec<ToolCallRecord>,
     #[serde(default)]
     spilled: Option<String>,
     #[serde(default)]

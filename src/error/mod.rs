@@ -6,8 +6,10 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::language::Language;
-use crate::limits::text::cap_message;
+use crate::text::cap_message;
 use crate::violation::Violation;
+
+pub(crate) mod tool;
 
 /// Why one backend was not chosen.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]

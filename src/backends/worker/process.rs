@@ -562,8 +562,8 @@ mod on_reactor {
     use tokio::io::Interest;
     use tokio::io::unix::AsyncFd;
 
-    use crate::worker::frame::{RecvError, Waited};
-    use crate::worker::process::{DEATH_WAIT, Death, Outbox, SendError, WorkerProcess};
+    use crate::backends::worker::frame::{RecvError, Waited};
+    use crate::backends::worker::process::{DEATH_WAIT, Death, Outbox, SendError, WorkerProcess};
 
     /// A descriptor registered with the current runtime's reactor. It owns a
     /// duplicate of the descriptor it watches: dropping it deregisters and

@@ -136,7 +136,7 @@ fn describe<T: std::fmt::Debug>(access: &Access<T>) -> String {
         Access::Deny => "deny".to_string(),
         Access::Allow(list) => format!("allow {list:?}"),
     };
-    crate::limits::text::cap_message(text)
+    crate::text::cap_message(text)
 }
 
 #[cfg(test)]

@@ -79,7 +79,7 @@ pub struct ToolError {
 impl ToolError {
     /// A `kind` error of `tool`.
     pub fn new(tool: impl Into<String>, kind: ToolErrorKind, message: impl Into<String>) -> Self {
-        let message = crate::limits::text::cap_message(message.into());
+        let message = crate::text::cap_message(message.into());
         Self { tool: tool.into(), kind, message }
     }
 
