@@ -198,7 +198,7 @@ pub(crate) fn may_block_here() -> bool {
 pub const CALL_OVERRUN_LIMIT: Duration = Duration::from_secs(3);
 
 /// One live interpreter that keeps state across calls.
-pub trait Session: Send + Sync {
+pub trait Session: Send + Sync + 'static {
     /// The name results and refusals carry (e.g. `boa-js-session`).
     fn backend(&self) -> &str;
 
@@ -216,6 +216,19 @@ pub trait Session: Send + Sync {
     /// Runs one admitted call. Blocks until the call ends, at most about
     /// 2 s past its deadline. Calls never overlap (the registry sees to it).
     fn execute(&self, call: Admitted) -> Result<ExecResult, ExecError>;
+
+    /// Runs one admitted call without blocking the async caller (what
+    /// [`Sessions::execute_async`](crate::sessions::Sessions::execute_async)
+    /// calls). By default on tokio's blocking pool; a session whose
+    /// interpreter can be awaited overrides it (a JavaScript session on an
+    /// execbox runtime talks to its worker on the caller's task). Inside a
+    /// tokio runtime only.
+    fn execute_async(self: Arc<Self>, call: Admitted) -> RunFuture {
+        Box::pin(async move {
+            let name = self.backend().to_string();
+            blocking(&name, move || self.execute(call)).await
+        })
+    }
 
     /// False once the session ended (a call ended it, or it was killed):
     /// its state is gone.

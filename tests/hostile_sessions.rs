@@ -262,6 +262,60 @@ fn random_interleavings_on_js_sessions_leave_nothing_behind() {
     assert_eq!(gauge.live(), 0, "session workers outlived their sessions");
 }
 
+/// The async door (`Sessions::execute_async`), both ways it runs a
+/// JavaScript cell: on a task of an execbox runtime the cell talks to its
+/// worker on the caller's task; from `block_on`'s thread it takes the
+/// blocking pool. Either way state carries across async and blocking calls,
+/// a cell that times out ends its session, and a call dropped mid-cell (its
+/// future abandoned) ends the session at once and leaves no worker, no busy
+/// session and no call in flight.
+#[test]
+fn async_js_session_calls_keep_state_and_dropped_calls_leave_nothing_behind() {
+    let backend = js();
+    let gauge = backend.worker_gauge();
+    let sessions = std::sync::Arc::new(registry(backend));
+    let runtime = execbox::runtime_builder().worker_threads(2).build().unwrap();
+    runtime.block_on(async_session_calls(sessions.clone(), "pool"));
+    runtime.block_on(async { tokio::spawn(async_session_calls(sessions.clone(), "task")).await.unwrap() });
+    wait_until(Duration::from_secs(10), || gauge.live() == 0);
+    assert_eq!(gauge.live(), 0, "a session worker outlived its abandoned call");
+    assert_eq!(sessions.calls_in_flight(), 0);
+}
+
+async fn async_session_calls(sessions: std::sync::Arc<Sessions>, way: &str) {
+    let cell = |code: &str, ms: u64| ExecRequest::source(Language::JavaScript, code).policy(timed(ms));
+    let (a, b) = (format!("{way}-a"), format!("{way}-b"));
+    sessions.open(&a, SessionSpec::new(Language::JavaScript)).unwrap();
+    let first = sessions.execute_async(&a, cell("let n = 41; n", 20_000)).await.unwrap();
+    assert_eq!((first.outcome, first.output), (Outcome::Ok, Some(serde_json::json!(41))), "{way}");
+    // A blocking call in between sees (and changes) the same realm.
+    let blocking = {
+        let (sessions, a) = (sessions.clone(), a.clone());
+        tokio::task::spawn_blocking(move || sessions.execute(&a, cell("n += 1; n", 20_000))).await.unwrap()
+    };
+    assert_eq!(blocking.unwrap().output, Some(serde_json::json!(42)), "{way}");
+    let after = sessions.execute_async(&a, cell("n + 1", 20_000)).await.unwrap();
+    assert_eq!(after.output, Some(serde_json::json!(43)), "{way}");
+
+    let timed_out = sessions.execute_async(&a, cell("while (true) {}", 300)).await.unwrap();
+    assert_eq!(timed_out.outcome, Outcome::TimedOut, "{way}");
+    let gone = sessions.execute_async(&a, cell("n", 20_000)).await.unwrap_err();
+    assert_eq!(gone.kind(), "session_lost", "{way}: {gone}");
+
+    // Abandoned mid-cell: the future is dropped while the worker spins.
+    let opened = sessions.execute_or_open_async(&b, cell("var kept = 1; kept", 20_000)).await.unwrap();
+    assert_eq!(opened.outcome, Outcome::Ok, "{way}");
+    let spin = sessions.execute_async(&b, cell("while (true) {}", 60_000));
+    let abandoned = tokio::time::timeout(Duration::from_millis(300), spin).await;
+    assert!(abandoned.is_err(), "{way}: the spinning cell returned: {abandoned:?}");
+    assert_eq!(sessions.calls_in_flight(), 0, "{way}: an abandoned call is still counted in flight");
+    let started = std::time::Instant::now();
+    let lost = sessions.execute_async(&b, cell("kept", 20_000)).await.unwrap_err();
+    assert_eq!(lost.kind(), "session_lost", "{way}: {lost}");
+    assert!(lost.to_string().contains("stopped waiting"), "{way}: {lost}");
+    assert!(started.elapsed() < Duration::from_secs(1), "{way}: {:?}", started.elapsed());
+}
+
 #[test]
 fn random_interleavings_on_python_wasm_sessions_leave_nothing_behind() {
     let Some(py) = python() else { return };

@@ -374,13 +374,9 @@ impl ExecboxCodeExecutor {
             // The registry holds calls to its own ceiling; a registry built
             // without the executor's is held to the executor's here too.
             self.executor.door().hold(&mut request)?;
-            let sessions = sessions.clone();
-            let run = move || sessions.execute_or_open(&id, request);
             let result = match tokio::runtime::Handle::try_current() {
-                Ok(handle) => handle.spawn_blocking(run).await.unwrap_or_else(|e| {
-                    Err(ExecError::internal("sessions", format!("session task failed: {e}")).into())
-                }),
-                Err(_) => run(),
+                Ok(_) => sessions.execute_or_open_async(&id, request).await,
+                Err(_) => sessions.execute_or_open(&id, request),
             };
             return Ok(CodeExecutionResult::from(result?));
         }

@@ -30,7 +30,6 @@ use rmcp::{ErrorData as McpError, ServerHandler, schemars, tool, tool_handler, t
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::gate::SERVER;
 use super::shared::{Limits, Shared};
 use super::stream;
 use crate::error::ExecError;
@@ -380,11 +379,11 @@ impl ExecboxMcp {
 
         let outcome = match session_id {
             Some(id) => {
-                let sessions = self.shared.sessions.clone();
                 let key = self.connection.key(&id);
-                tokio::task::spawn_blocking(move || sessions.execute(&key, request))
+                self.shared
+                    .sessions
+                    .execute_async(&key, request)
                     .await
-                    .unwrap_or_else(|e| Err(ExecError::internal(SERVER, format!("session task: {e}")).into()))
                     // Ids are per connection: name the caller's id, never the key.
                     .map_err(|e| Refusal::Session(e.with_id(&id)))
             }

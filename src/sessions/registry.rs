@@ -6,6 +6,8 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
+use tracing::Instrument;
+
 use super::error::SessionError;
 use super::session::{CALL_OVERRUN_LIMIT, Session, SessionBackend};
 use super::turns::Turns;
@@ -355,55 +357,158 @@ impl Sessions {
     }
 
     fn run(&self, id: &str, mut request: ExecRequest, open_if_unknown: bool) -> Result<ExecResult, SessionError> {
-        self.inner.door.hold(&mut request)?;
-        // A session's cells share its artifacts, unless their caller named a scope.
-        request.artifact_scope.get_or_insert_with(|| Self::artifact_scope(id));
-        let (session, turns, call, in_flight) = loop {
-            {
-                let mut state = self.inner.lock();
-                if let Some(at) = state.lost.iter().position(|(lost, _)| lost == id) {
-                    let (id, reason) = state.lost.remove(at).unwrap_or_default();
-                    return Err(SessionError::Lost { id, reason });
+        self.prepare(id, &mut request)?;
+        let call = loop {
+            match self.admit(id, request, open_if_unknown)? {
+                Admission::Ready(call) => break call,
+                Admission::Open(unopened) => {
+                    match self.open(id, SessionSpec::of_request(&unopened)) {
+                        Ok(()) | Err(SessionError::Exists { .. }) => {}
+                        Err(e) => return Err(e),
+                    }
+                    request = unopened;
                 }
-                let next_call = state.next_call;
-                if let Some(entry) = state.live.get_mut(id) {
-                    let call = admit_call(id, entry, request, &self.inner.door)?;
-                    let overdue =
-                        call.deadline().remaining().map_or(Instant::now() + Duration::from_secs(86_400), |left| {
-                            Instant::now() + left + CALL_OVERRUN_LIMIT
-                        });
-                    entry.calls.insert(next_call, overdue);
-                    entry.last_used = Instant::now();
-                    let found = (entry.session.clone(), entry.turns.clone());
-                    state.next_call += 1;
-                    let in_flight = InFlight { inner: &self.inner, id, session: found.0.clone(), call: next_call };
-                    break (found.0, found.1, call, in_flight);
-                }
-                if !open_if_unknown {
-                    return Err(SessionError::Unknown { id: id.into() });
-                }
-            }
-            match self.open(id, SessionSpec::of_request(&request)) {
-                Ok(()) | Err(SessionError::Exists { .. }) => continue,
-                Err(e) => return Err(e),
             }
         };
         // Waiting for earlier calls counts against this call's deadline.
-        let finisher = call.finisher();
+        let turn = call.turns.take(call.admitted.deadline().remaining());
+        let finisher = call.admitted.finisher();
         let span = finisher.span().clone();
-        let result = match turns.take(call.deadline().remaining()) {
-            Some(_turn) => span.in_scope(|| session.execute(call)),
-            None => Err(ExecError::Busy {
-                backend: session.backend().to_string(),
-                reason: "earlier calls of this session still ran when this call's deadline passed".into(),
-            }),
+        let result = match turn {
+            Some(_turn) => span.in_scope(|| call.session.execute(call.admitted)),
+            None => Err(busy(call.session.backend())),
         };
         let result = finisher.finish(result);
+        self.conclude(id, &call.session, call.in_flight, result)
+    }
+
+    /// [`Sessions::execute`] without blocking the async caller: the
+    /// registry's own waits (a session being opened, earlier calls of the
+    /// same session) go to tokio's blocking pool only when there is
+    /// something to wait for, and the call itself runs as its session
+    /// awaits it ([`Session::execute_async`]: a JavaScript session on an
+    /// execbox runtime talks to its worker on the caller's task; others run
+    /// on the blocking pool). Inside a tokio runtime only. Dropping the
+    /// future gives up the result; the call ends by its deadline (a
+    /// JavaScript call awaited on the task ends at once, its session with
+    /// it).
+    pub async fn execute_async(&self, id: &str, request: ExecRequest) -> Result<ExecResult, SessionError> {
+        self.run_async(id, request, false).await
+    }
+
+    /// [`Sessions::execute_or_open`] without blocking the async caller (see
+    /// [`Sessions::execute_async`]).
+    pub async fn execute_or_open_async(&self, id: &str, request: ExecRequest) -> Result<ExecResult, SessionError> {
+        self.run_async(id, request, true).await
+    }
+
+    async fn run_async(
+        &self,
+        id: &str,
+        mut request: ExecRequest,
+        open_if_unknown: bool,
+    ) -> Result<ExecResult, SessionError> {
+        self.prepare(id, &mut request)?;
+        let call = loop {
+            match self.admit(id, request, open_if_unknown)? {
+                Admission::Ready(call) => break call,
+                Admission::Open(unopened) => {
+                    // Starting an interpreter blocks (a worker, a container).
+                    let (this, key, spec) = (self.clone(), id.to_string(), SessionSpec::of_request(&unopened));
+                    match crate::backend::blocking(NAME, move || Ok(this.open(&key, spec))).await? {
+                        Ok(()) | Err(SessionError::Exists { .. }) => {}
+                        Err(e) => return Err(e),
+                    }
+                    request = unopened;
+                }
+            }
+        };
+        let turn = match call.turns.try_take() {
+            Some(turn) => Some(turn),
+            None => {
+                let (turns, limit) = (call.turns.clone(), call.admitted.deadline().remaining());
+                crate::backend::blocking(NAME, move || Ok(turns.take(limit))).await?
+            }
+        };
+        let finisher = call.admitted.finisher();
+        let span = finisher.span().clone();
+        let result = match turn {
+            Some(_turn) => {
+                let abandoned = Abandoned { inner: self.inner.clone(), id, session: Some(call.session.clone()) };
+                let result = call.session.clone().execute_async(call.admitted).instrument(span).await;
+                abandoned.disarm();
+                result
+            }
+            None => Err(busy(call.session.backend())),
+        };
+        // Spilling writes a file, and a session that died is killed (a
+        // container's through its engine): off the async thread.
+        let dead = !call.session.is_alive();
+        if finisher.spills() || dead {
+            let (this, key, session, in_flight) = (self.clone(), id.to_string(), call.session, call.in_flight);
+            return crate::backend::blocking(NAME, move || {
+                let result = finisher.finish(result);
+                Ok(this.conclude(&key, &session, in_flight, result))
+            })
+            .await?;
+        }
+        let result = finisher.finish(result);
+        self.conclude(id, &call.session, call.in_flight, result)
+    }
+
+    /// Holds a call's request to the ceiling; its cells share the
+    /// session's artifacts unless their caller named a scope.
+    fn prepare(&self, id: &str, request: &mut ExecRequest) -> Result<(), SessionError> {
+        self.inner.door.hold(request)?;
+        request.artifact_scope.get_or_insert_with(|| Self::artifact_scope(id));
+        Ok(())
+    }
+
+    /// Admits a call of session `id` through the door, counted in flight;
+    /// [`Admission::Open`] when no session has the id and the caller may
+    /// open one.
+    fn admit(&self, id: &str, request: ExecRequest, open_if_unknown: bool) -> Result<Admission, SessionError> {
+        let mut state = self.inner.lock();
+        if let Some(at) = state.lost.iter().position(|(lost, _)| lost == id) {
+            let (id, reason) = state.lost.remove(at).unwrap_or_default();
+            return Err(SessionError::Lost { id, reason });
+        }
+        let next_call = state.next_call;
+        let Some(entry) = state.live.get_mut(id) else {
+            return if open_if_unknown {
+                Ok(Admission::Open(request))
+            } else {
+                Err(SessionError::Unknown { id: id.into() })
+            };
+        };
+        let admitted = admit_call(id, entry, request, &self.inner.door)?;
+        let overdue = admitted
+            .deadline()
+            .remaining()
+            .map_or(Instant::now() + Duration::from_secs(86_400), |left| Instant::now() + left + CALL_OVERRUN_LIMIT);
+        entry.calls.insert(next_call, overdue);
+        entry.last_used = Instant::now();
+        let (session, turns) = (entry.session.clone(), entry.turns.clone());
+        state.next_call += 1;
+        let in_flight =
+            InFlight { inner: self.inner.clone(), id: id.to_string(), session: session.clone(), call: next_call };
+        Ok(Admission::Ready(Call { session, turns, admitted, in_flight }))
+    }
+
+    /// After a call: `timed_out` if the backstop killed its session, and
+    /// the session recorded as lost if the call ended it.
+    fn conclude(
+        &self,
+        id: &str,
+        session: &Arc<dyn Session>,
+        in_flight: InFlight,
+        result: Result<ExecResult, ExecError>,
+    ) -> Result<ExecResult, SessionError> {
         let call_number = in_flight.call;
         drop(in_flight);
         let overran = self.inner.lock().overran.remove(&call_number);
         let result = if overran { result.map(overran_result) } else { result };
-        let ended = self.end_if_dead(id, &session, &result);
+        let ended = self.end_if_dead(id, session, &result);
         let mut result = result?;
         if ended {
             let note = "the session ended with this call: its state is gone";
@@ -491,6 +596,34 @@ fn admit_call(id: &str, entry: &Entry, request: ExecRequest, door: &Door) -> Res
     door.admit(request, &target).map_err(SessionError::Exec)
 }
 
+/// Where a call stands after [`Sessions::admit`].
+enum Admission {
+    /// Admitted to a live session: it waits for its turn next.
+    Ready(Call),
+    /// No session has the id, and the caller may open one: the request back.
+    Open(ExecRequest),
+}
+
+/// A call admitted to a live session.
+struct Call {
+    session: Arc<dyn Session>,
+    turns: Arc<Turns>,
+    admitted: Admitted,
+    in_flight: InFlight,
+}
+
+/// The `busy` error of a call whose deadline passed while earlier calls of
+/// its session still ran.
+fn busy(backend: &str) -> ExecError {
+    ExecError::Busy {
+        backend: backend.to_string(),
+        reason: "earlier calls of this session still ran when this call's deadline passed".into(),
+    }
+}
+
+/// The name the registry's own waits carry in errors.
+const NAME: &str = "sessions";
+
 /// The result of a call whose session the backstop killed for running
 /// [`CALL_OVERRUN_LIMIT`] past its deadline: `timed_out`, saying so.
 fn overran_result(mut result: ExecResult) -> ExecResult {
@@ -502,21 +635,58 @@ fn overran_result(mut result: ExecResult) -> ExecResult {
 
 /// A call in flight: counted on its session's entry until it drops,
 /// whichever way the call returns.
-struct InFlight<'a> {
-    inner: &'a Inner,
-    id: &'a str,
+struct InFlight {
+    inner: Arc<Inner>,
+    id: String,
     session: Arc<dyn Session>,
     call: u64,
 }
 
-impl Drop for InFlight<'_> {
+impl Drop for InFlight {
     fn drop(&mut self) {
         let mut state = self.inner.lock();
-        if let Some(entry) = state.live.get_mut(self.id)
+        if let Some(entry) = state.live.get_mut(&self.id)
             && Arc::ptr_eq(&entry.session, &self.session)
         {
             entry.calls.remove(&self.call);
             entry.last_used = Instant::now();
+        }
+    }
+}
+
+/// A running async call whose caller may stop waiting (drop its future, as
+/// an MCP client's cancellation does): dropped before [`Abandoned::disarm`],
+/// the cell was cut off somewhere in its middle, so its session is recorded
+/// lost and killed. Otherwise an abandoned call on the blocking pool would
+/// run on to its deadline, holding the session while its turn passed on.
+struct Abandoned<'a> {
+    inner: Arc<Inner>,
+    id: &'a str,
+    /// `None` once disarmed.
+    session: Option<Arc<dyn Session>>,
+}
+
+impl Abandoned<'_> {
+    fn disarm(mut self) {
+        self.session = None;
+    }
+}
+
+impl Drop for Abandoned<'_> {
+    fn drop(&mut self) {
+        let Some(session) = self.session.take() else { return };
+        {
+            let mut state = self.inner.lock();
+            if state.live.get(self.id).is_some_and(|e| Arc::ptr_eq(&e.session, &session)) {
+                let reason = "its caller stopped waiting for a call mid-cell, so the session was killed".to_string();
+                state.remember_lost(self.id.to_string(), reason);
+                state.live.remove(self.id);
+            }
+        }
+        // Killing a container asks its engine: not on an async thread.
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn_blocking(move || session.kill())),
+            Err(_) => session.kill(),
         }
     }
 }

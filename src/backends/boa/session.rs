@@ -4,21 +4,24 @@
 //! engine (`Mode::Script`).
 
 use parking_lot::Mutex;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::admission::Admitted;
-use crate::backend::{Session, SessionBackend};
+use crate::backend::{RunFuture, Session, SessionBackend, blocking};
 use crate::backends::boa::contained::{BoaJs, Worker};
-use crate::backends::boa::conversation::{Conversation, Limits, converse};
-use crate::backends::boa::engine::Mode;
+use crate::backends::boa::conversation::{Conversation, Limits, converse, converse_async};
+use crate::backends::boa::engine::{Job, Mode};
 use crate::backends::boa::job::job;
 use crate::capabilities::BackendCapabilities;
 use crate::error::ExecError;
 use crate::language::Language;
 use crate::limits::child::ChildHandle;
+use crate::limits::deadline::Deadline;
 use crate::request::ExecRequest;
 use crate::result::{ExecResult, Outcome};
 use crate::session_spec::SessionSpec;
+use crate::tools::ToolBridge;
 use crate::violation::{Control, Violation};
 
 /// A JavaScript realm kept alive across calls, in a worker process of its
@@ -101,6 +104,136 @@ impl JsSession {
         *slot = None;
         self.alive.store(false, Ordering::SeqCst);
     }
+
+    /// A call on the caller's task: the worker leaves its slot for the
+    /// conversation (calls never overlap, so no other call waits for it) and
+    /// comes back after it. Dropped mid-conversation, the call ends the
+    /// session: the worker may be anywhere in the cell.
+    async fn execute_on_task(self: Arc<Self>, call: Admitted) -> Result<ExecResult, ExecError> {
+        let mut call = Call::new(&self, call)?;
+        let taken = {
+            let mut slot = self.worker.lock();
+            if self.killed.load(Ordering::SeqCst) {
+                self.end(&mut slot);
+                return Ok(crate::backend::killed_result(Self::NAME, &call.deadline));
+            }
+            slot.take()
+        };
+        let Some(mut worker) = taken else { return Err(ended()) };
+        if worker.process.on_reactor().is_err() {
+            // Its sockets cannot be waited on here: the call takes the
+            // blocking pool with the worker as it was.
+            *self.worker.lock() = Some(worker);
+            let session = self.clone();
+            return blocking(Self::NAME, move || session.run_taken(call)).await;
+        }
+        let limits = call.limits(&self, &mut worker);
+        let mut out = Out { session: &self, worker: Some(worker) };
+        let conversation = match out.worker.as_mut() {
+            Some(worker) => {
+                converse_async(&mut worker.process, &mut call.job, &call.deadline, limits, call.tools.as_ref()).await
+            }
+            None => Conversation::NotStarted,
+        };
+        let mut worker = out.worker.take();
+        if let Some(worker) = worker.as_mut() {
+            // An idle worker's alarm would wake the reactor for nothing.
+            let _ = worker.process.set_alarm(None);
+        }
+        let mut slot = self.worker.lock();
+        *slot = worker;
+        self.conclude(&mut slot, conversation, &call.deadline)
+    }
+
+    /// The blocking half of [`JsSession::execute_on_task`]'s fallback: the
+    /// synchronous conversation for a call already taken apart.
+    fn run_taken(&self, mut call: Call) -> Result<ExecResult, ExecError> {
+        let mut slot = self.worker.lock();
+        let Some(worker) = slot.as_mut() else { return Err(ended()) };
+        let limits = call.limits(self, worker);
+        let conversation = converse(&mut worker.process, &mut call.job, &call.deadline, limits, call.tools.as_ref());
+        worker.process.unpin();
+        self.conclude(&mut slot, conversation, &call.deadline)
+    }
+
+    /// What a conversation means for the session, sync or async: a killed
+    /// session, a worker that never took the job, or a cell that ended the
+    /// session, all end it.
+    fn conclude(
+        &self,
+        slot: &mut Option<Worker>,
+        conversation: Conversation,
+        deadline: &Deadline,
+    ) -> Result<ExecResult, ExecError> {
+        if self.killed.load(Ordering::SeqCst) {
+            self.end(slot);
+            return Ok(crate::backend::killed_result(Self::NAME, deadline));
+        }
+        match conversation {
+            Conversation::NotStarted => {
+                self.end(slot);
+                Err(ended())
+            }
+            Conversation::Finished { mut result, reusable } => {
+                // A timed-out or out-of-memory call ends the session, as on
+                // every backend (the realm may be half-way through anything).
+                let ends = matches!(result.outcome, Outcome::TimedOut | Outcome::OutOfMemory | Outcome::OutOfFuel);
+                if !reusable || ends {
+                    self.end(slot);
+                }
+                result.backend = Self::NAME.into();
+                Ok(*result)
+            }
+        }
+    }
+}
+
+/// One call taken apart: its job for the worker and what its conversation
+/// keeps.
+struct Call {
+    job: Job,
+    deadline: Deadline,
+    tools: Option<Arc<ToolBridge>>,
+    /// The call's memory cap.
+    cap: u64,
+}
+
+impl Call {
+    fn new(session: &JsSession, call: Admitted) -> Result<Self, ExecError> {
+        let core = session.backend.core();
+        let deadline = call.deadline();
+        let cap = call.policy().memory_bytes.unwrap_or(core.cfg.defaults.memory_bytes);
+        let tools = call.tools().cloned();
+        let job = job(&core.cfg, call, Mode::Script, false)?;
+        Ok(Self { job, deadline, tools, cap })
+    }
+
+    /// The call's limits: the worker may grow to its size when the session
+    /// opened plus the call's cap.
+    fn limits(&self, session: &JsSession, worker: &mut Worker) -> Limits {
+        let size = worker.process.vm_bytes().unwrap_or(u64::MAX);
+        Limits {
+            memory: session.baseline.saturating_add(self.cap).saturating_sub(size),
+            grace: session.backend.core().cfg.deadline_grace,
+        }
+    }
+}
+
+/// The worker of a call on the caller's task while it is out of its slot.
+/// Dropped still holding it, the call was dropped mid-conversation: the
+/// worker is killed (reaped at once: a killed worker exits within
+/// milliseconds) and the session ends.
+struct Out<'a> {
+    session: &'a JsSession,
+    worker: Option<Worker>,
+}
+
+impl Drop for Out<'_> {
+    fn drop(&mut self) {
+        if self.worker.take().is_some() {
+            self.session.alive.store(false, Ordering::SeqCst);
+        }
+    }
 }
 
 impl Session for JsSession {
@@ -119,43 +252,27 @@ impl Session for JsSession {
     }
 
     fn execute(&self, call: Admitted) -> Result<ExecResult, ExecError> {
-        let core = self.backend.core();
-        let deadline = call.deadline();
-        let cap = call.policy().memory_bytes.unwrap_or(core.cfg.defaults.memory_bytes);
-        let tools = call.tools().cloned();
-        let mut job = job(&core.cfg, call, Mode::Script, false)?;
-
+        let mut call = Call::new(self, call)?;
         let mut slot = self.worker.lock();
         if self.killed.load(Ordering::SeqCst) {
             self.end(&mut slot);
-            return Ok(crate::backend::killed_result(Self::NAME, &deadline));
+            return Ok(crate::backend::killed_result(Self::NAME, &call.deadline));
         }
         let Some(worker) = slot.as_mut() else { return Err(ended()) };
-        let size = worker.process.vm_bytes().unwrap_or(u64::MAX);
-        let limits =
-            Limits { memory: self.baseline.saturating_add(cap).saturating_sub(size), grace: core.cfg.deadline_grace };
-        let conversation = converse(&mut worker.process, &mut job, &deadline, limits, tools.as_ref());
+        let limits = call.limits(self, worker);
+        let conversation = converse(&mut worker.process, &mut call.job, &call.deadline, limits, call.tools.as_ref());
         worker.process.unpin();
-        if self.killed.load(Ordering::SeqCst) {
-            self.end(&mut slot);
-            return Ok(crate::backend::killed_result(Self::NAME, &deadline));
+        self.conclude(&mut slot, conversation, &call.deadline)
+    }
+
+    /// On a runtime with a reactor ([`crate::reactor::here`]) the call talks
+    /// to the worker on the caller's task, as a one-shot `boa-js` run does;
+    /// elsewhere it takes tokio's blocking pool.
+    fn execute_async(self: Arc<Self>, call: Admitted) -> RunFuture {
+        if !crate::reactor::here() {
+            return Box::pin(async move { blocking(Self::NAME, move || self.execute(call)).await });
         }
-        match conversation {
-            Conversation::NotStarted => {
-                self.end(&mut slot);
-                Err(ended())
-            }
-            Conversation::Finished { mut result, reusable } => {
-                // A timed-out or out-of-memory call ends the session, as on
-                // every backend (the realm may be half-way through anything).
-                let ends = matches!(result.outcome, Outcome::TimedOut | Outcome::OutOfMemory | Outcome::OutOfFuel);
-                if !reusable || ends {
-                    self.end(&mut slot);
-                }
-                result.backend = Self::NAME.into();
-                Ok(*result)
-            }
-        }
+        Box::pin(self.execute_on_task(call))
     }
 
     fn is_alive(&self) -> bool {
