@@ -1,4 +1,4 @@
-//! JS latency: raw boa, the contained `boa-js` (worker processes), the
+//! JS latency: raw boa, the contained `boa-js` (worker processes), a session cell (blocking and async), the
 //! in-thread `boa-js-inthread`, and policy matching.
 //!
 //! `cargo bench --bench js`. The transform is filter/map/reduce over 100
@@ -15,7 +15,7 @@ use boa_engine::{Context, JsValue, Source, context::ContextBuilder, js_string, p
 use criterion::{Criterion, criterion_group, criterion_main};
 use execbox::backends::{BoaJs, BoaJsConfig, BoaJsInThread};
 use execbox::tools::{ToolLimits, ToolRegistry, ToolSpec};
-use execbox::{Backend, ExecRequest, Executor, Language, SandboxPolicy, SessionBackend, SessionSpec, check};
+use execbox::{Backend, ExecRequest, Executor, Language, SandboxPolicy, SessionBackend, SessionSpec, Sessions, check};
 use serde_json::{Value, json};
 
 const TRANSFORM: &str = "return input.items.filter(x => x % 3 !== 0).map(x => x * 2).reduce((a, b) => a + b, 0);";
@@ -147,6 +147,35 @@ fn bench(c: &mut Criterion) {
         let spec = SessionSpec::new(Language::JavaScript);
         b.iter(|| black_box(SessionBackend::open_session(&contained, &spec).unwrap()));
     });
+
+    // A session cell (the same code, as a function body in the session's
+    // realm): blocking, and through the async door from a task of a plain
+    // tokio runtime (the blocking pool) and of an execbox runtime (the
+    // worker's socket awaited on the caller's task).
+    let sessions = Sessions::builder().backend(contained.clone()).build();
+    sessions.open("bench", SessionSpec::new(Language::JavaScript)).unwrap();
+    let cell = request;
+    assert_eq!(sessions.execute("bench", cell()).unwrap().output, Some(json!(6534)));
+    g.bench_function("session_cell_blocking", |b| b.iter(|| black_box(sessions.execute("bench", cell()).unwrap())));
+    let plain = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let marked = execbox::runtime_builder().worker_threads(2).build().unwrap();
+    for (name, runtime) in [("session_cell_async_blocking_pool", &plain), ("session_cell_async_on_task", &marked)] {
+        g.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                let sessions = sessions.clone();
+                let on_task = async move {
+                    let started = Instant::now();
+                    for _ in 0..iters {
+                        let r = sessions.execute_async("bench", cell()).await.unwrap();
+                        assert_eq!(r.output, Some(json!(6534)));
+                    }
+                    started.elapsed()
+                };
+                runtime.block_on(async { tokio::spawn(on_task).await.unwrap() })
+            })
+        });
+    }
+    sessions.close_all();
 
     let caps = contained.capabilities().clone();
     let req = request();
