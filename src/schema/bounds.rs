@@ -126,11 +126,46 @@ impl<'a> Graph<'a> {
         if !value.is_object() && !value.is_boolean() {
             return Err(SchemaError::new(format!("\"#{pointer}\" is not a schema (an object or a boolean)")));
         }
+        self.within_the_root_resource(pointer)?;
         let index = self.nodes.len();
         self.nodes.push(Node::default());
         self.index.insert(pointer.to_string(), index);
         self.pending.push((index, pointer.to_string()));
         Ok(index)
+    }
+
+    /// Refuses a subschema that is, or lies inside, a resource of its own:
+    /// an object on the way to it from the root (the subschema included)
+    /// that sets `$id`, `$schema` or, under draft 4, `id`. Inside one, a
+    /// `$ref` resolves against that resource, not the root, so this graph
+    /// would not be the validator's (a `$defs` entry with an `$id`, never a
+    /// node itself, let refs below it reach a doubling chain the graph saw
+    /// as empty schemas).
+    fn within_the_root_resource(&self, pointer: &str) -> Result<(), SchemaError> {
+        let draft4 = self.root.get("$schema").and_then(Value::as_str).is_some_and(|s| s.contains("draft-04"));
+        let mut end = 0;
+        while end < pointer.len() {
+            end = pointer[end + 1..].find('/').map_or(pointer.len(), |i| end + 1 + i);
+            let at = &pointer[..end];
+            let Some(Value::Object(fields)) = self.root.pointer(at) else { continue };
+            // As keywords they are strings; a property named so (a key of
+            // `properties`) maps to a schema.
+            let sets = |keyword: &str| fields.get(keyword).is_some_and(Value::is_string);
+            let keyword = if sets("$id") {
+                "$id"
+            } else if sets("$schema") {
+                "$schema"
+            } else if draft4 && sets("id") {
+                "id"
+            } else {
+                continue;
+            };
+            return Err(SchemaError::new(format!(
+                "{keyword} at \"#{at}\": only the root may set $id or $schema (a nested one changes what $ref \
+                 means below it)"
+            )));
+        }
+        Ok(())
     }
 
     /// Lists the edges of the subschema at `pointer`.
@@ -143,11 +178,6 @@ impl<'a> Graph<'a> {
                     "{keyword} at \"#{pointer}\": dynamic references are not supported; use $ref to a JSON pointer"
                 )));
             }
-        }
-        if !pointer.is_empty() && fields.contains_key("$id") {
-            return Err(SchemaError::new(format!(
-                "$id at \"#{pointer}\": only the root may set $id (a nested one changes what $ref means)"
-            )));
         }
         let mut same_value = Vec::new();
         let mut descending = Vec::new();
@@ -366,6 +396,44 @@ mod tests {
         let s = json!({"properties": {"a": {"$ref": "#/$defs/x"}}, "additionalProperties": {"$ref": "#/$defs/x"},
                        "$defs": {"x": {"allOf": [true, true]}}});
         assert_eq!(check(&s).unwrap(), 2 * (1 + 1 + 2));
+    }
+
+    /// A `$ref` below a nested `$id` (or a draft-4 `id`, or a nested
+    /// `$schema` that makes one count) resolves against that resource: the
+    /// graph would be another schema than the validator's. Here the `$defs`
+    /// entry holding the `$id` is never a node itself, and the refs below it
+    /// name `#/$defs/aN`, empty schemas at the root, while the validator
+    /// follows a chain that doubles at every link (2^40 evaluations of `1`;
+    /// 18 links took 3.6 s of a debug build, each link doubles it).
+    #[test]
+    fn references_inside_a_nested_resource_are_refused() {
+        let chain = |links: usize, id: &str, defs: &str| {
+            let mut inner = serde_json::Map::new();
+            for i in 0..links {
+                let next = format!("#/{defs}/a{}", i + 1);
+                inner.insert(format!("a{i}"), json!({"anyOf": [{"$ref": next}, {"$ref": next}]}));
+            }
+            inner.insert(format!("a{links}"), json!({"type": "string"}));
+            let mut outer: serde_json::Map<String, Value> = (0..=links).map(|i| (format!("a{i}"), json!({}))).collect();
+            outer.insert("x".into(), json!({id: "https://e.example/x", defs: inner}));
+            json!({defs: outer, "$ref": format!("#/{defs}/x/{defs}/a0")})
+        };
+        let refused = |schema: Value, why: &str| {
+            let reason = check(&schema).map(|n| format!("accepted at {n} evaluations")).unwrap_or_else(|e| e.reason);
+            assert!(reason.contains(why), "expected {why:?}: {reason}");
+        };
+        refused(chain(40, "$id", "$defs"), "$id at \"#/$defs/x\"");
+        // Draft 4 names it `id`; a nested `$schema` can make a subschema draft 4.
+        let mut draft4 = chain(40, "id", "definitions");
+        draft4["$schema"] = json!("http://json-schema.org/draft-04/schema#");
+        refused(draft4, "id at \"#/definitions/x\"");
+        let mut nested = chain(40, "id", "definitions");
+        nested["definitions"]["x"]["$schema"] = json!("http://json-schema.org/draft-04/schema#");
+        refused(nested, "$schema at \"#/definitions/x\"");
+        // Words that are only property names, and `id` outside draft 4, are fine.
+        let names = json!({"properties": {"$id": {"type": "string"}, "$schema": {}, "id": {"properties": {"id": {}}}}});
+        assert_eq!(check(&names).unwrap(), 3);
+        assert!(check(&json!({"properties": {"a": {"id": "x", "type": "string"}}})).is_ok());
     }
 
     #[test]

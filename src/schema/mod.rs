@@ -14,7 +14,8 @@
 //! - at most [`MAX_SCHEMA_BYTES`] of JSON text, nesting at most
 //!   [`MAX_SCHEMA_NESTING`] levels;
 //! - `$ref` only to a JSON pointer in the same document (`#/$defs/x`);
-//!   no `$dynamicRef`, `$recursiveRef`, anchors or nested `$id`, and
+//!   no `$dynamicRef`, `$recursiveRef`, anchors, nor a nested `$id`,
+//!   `$schema` or draft-4 `id` on or above a reached subschema, and
 //!   nothing is ever fetched (the crate's HTTP and file resolvers are not
 //!   compiled in);
 //! - no loop through `$ref` or the in-place applicators (`allOf`, `anyOf`,
