@@ -58,6 +58,10 @@ const REGEX_SIZE_LIMIT: usize = 1 << 20;
 /// where checking a valid value as deep fits.
 const INLINE_DEPTH: usize = 32;
 
+/// Most work [`JsonSchema::is_quick`] calls quick (about 2 ms of a debug
+/// build).
+const QUICK_WORK: u64 = 100_000;
+
 /// The stack of the thread that checks a value deeper than [`INLINE_DEPTH`].
 const VALIDATION_STACK: usize = 64 << 20;
 
@@ -216,6 +220,17 @@ impl JsonSchema {
                 Err(e) => Err(Mismatch::single("", format!("no thread to check a value this deep: {e}"))),
             }
         })
+    }
+
+    /// Whether checking `value` is quick (well under a millisecond or so
+    /// of a release build: a small value, not deep): a caller on an async
+    /// runtime checks a value that is not on a thread where blocking is
+    /// fine.
+    pub fn is_quick(&self, value: &Value) -> bool {
+        let size = Size::of(value, QUICK_WORK);
+        let work =
+            size.parts.saturating_mul(self.costs.work).saturating_add(size.text.saturating_mul(self.costs.byte_work));
+        !size.cut && work <= QUICK_WORK && depth_within(value, INLINE_DEPTH).is_some()
     }
 
     /// Every failing place, at most [`MAX_REPORTED_ERRORS`] of them.
