@@ -564,6 +564,19 @@ mod tests {
         assert!(check(&json!({"properties": {"a": {"id": "x", "type": "string"}}})).is_ok());
     }
 
+    /// Known over-refusal, not fixed: the count sums every subschema a
+    /// level reaches, though a value under `properties` is reached by its
+    /// own name only, so 65 properties of 65 properties each (39 KB, every
+    /// value one evaluation) are refused as "4225 evaluations" of one value.
+    #[test]
+    #[ignore = "known limit: properties of different names are counted as if one value met them all"]
+    fn distinct_property_names_reach_distinct_values() {
+        let inner: serde_json::Map<String, Value> = (0..65).map(|j| (format!("b{j}"), json!({}))).collect();
+        let outer: serde_json::Map<String, Value> =
+            (0..65).map(|i| (format!("a{i}"), json!({"properties": inner.clone()}))).collect();
+        assert!(check(&json!({"properties": outer})).is_ok());
+    }
+
     #[test]
     fn references_resolve_escaped_pointers() {
         assert_eq!(local_pointer("#/$defs/a%20b").as_deref(), Some("/$defs/a b"));
