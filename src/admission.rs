@@ -234,6 +234,18 @@ impl Finisher {
     pub(crate) fn spills(&self) -> bool {
         self.spill.is_some()
     }
+
+    /// True when [`Finisher::finish`] may block for a while: it spills, or
+    /// checks an output too large or deep to check at once (up to about a
+    /// second: see [`JsonSchema::is_quick`]). An async caller finishes it
+    /// where blocking is fine.
+    pub(crate) fn blocks(&self, result: &Result<ExecResult, ExecError>) -> bool {
+        let checks_slowly = |r: &ExecResult| {
+            r.outcome == Outcome::Ok
+                && matches!((&self.schema, &r.output), (Some(schema), Some(output)) if !schema.is_quick(output))
+        };
+        self.spills() || result.as_ref().is_ok_and(checks_slowly)
+    }
 }
 
 /// Holds an `ok` run's output to `schema`: no output, or one that does not

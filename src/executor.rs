@@ -321,8 +321,10 @@ impl Executor {
             Err(_) => span.in_scope(|| backend.execute(call)),
         };
         match tokio::runtime::Handle::try_current() {
-            // Spilling writes a file: not on the caller's async thread.
-            Ok(handle) if finisher.spills() => {
+            // Spilling writes a file, and checking a large output against
+            // its schema can take a second: not on the caller's async
+            // thread (two such checks stalled a 2-core server's runtime).
+            Ok(handle) if finisher.blocks(&result) => {
                 handle.spawn_blocking(move || finisher.finish(result)).await.unwrap_or_else(|join_err| {
                     Err(ExecError::internal("executor", format!("finishing failed: {join_err}")))
                 })

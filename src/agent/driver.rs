@@ -218,6 +218,10 @@ impl<'a, E: CodeExecutor + ?Sized> AgentLoop<'a, E> {
             None if made_up => Some(format!("loop-{}", crate::nonce::hex128())),
             None => None,
         };
+        // The made-up id ends with the loop, also when the caller drops
+        // this future mid-run (a timeout around the agent's turn): nobody
+        // else knows the id, so its session would hold a slot until idle.
+        let _ends = EndsExecution { executor: self.executor, id: execution_id.clone().filter(|_| made_up) };
         let mut report = LoopReport {
             history,
             trace: Vec::new(),
@@ -226,9 +230,6 @@ impl<'a, E: CodeExecutor + ?Sized> AgentLoop<'a, E> {
             execution_id,
         };
         report.stop = self.turns(&mut report, &mut model).await;
-        if made_up && let Some(id) = &report.execution_id {
-            self.executor.end_execution(id);
-        }
         report
     }
 
@@ -289,6 +290,21 @@ impl<'a, E: CodeExecutor + ?Sized> AgentLoop<'a, E> {
             report.history.push(Message { role: Role::Tool, parts: results });
         }
         StopReason::MaxTurns
+    }
+}
+
+/// Ends a loop's made-up execution id when dropped: at the loop's end, or
+/// when its future is dropped.
+struct EndsExecution<'a, E: CodeExecutor + ?Sized> {
+    executor: &'a E,
+    id: Option<String>,
+}
+
+impl<E: CodeExecutor + ?Sized> Drop for EndsExecution<'_, E> {
+    fn drop(&mut self) {
+        if let Some(id) = self.id.take() {
+            self.executor.end_execution(&id);
+        }
     }
 }
 

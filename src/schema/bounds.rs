@@ -42,6 +42,20 @@ pub const MAX_EVALUATIONS_PER_VALUE: u64 = 4096;
 /// times the value's nodes): about a second of a release build.
 pub const MAX_VALIDATION_WORK: u64 = 30_000_000;
 
+/// Most validation work the errors of one mismatch may be listed for
+/// (the value's weight times the errors one part of it can give): the
+/// validator builds every error before the first can be read (about 450
+/// bytes each), so a 96 KB output that failed 60 checks per number made
+/// 2.9 million of them (1.07 GB). Past it, only the first failing place is
+/// named.
+pub const MAX_LISTED_ERROR_WORK: u64 = 100_000;
+
+/// What one check of `multipleOf` with a fraction can cost, in
+/// evaluations: exact fractions of numbers far outside `i128`'s decimal
+/// range (`1e300` against `0.7`: 45 µs each in a debug build, where an
+/// evaluation is about 21 ns).
+const FRACTION_MULTIPLE_COST: u64 = 1024;
+
 /// Deepest value validated (the nesting serde_json parses outputs to).
 pub const MAX_VALUE_NESTING: usize = 128;
 
@@ -90,6 +104,34 @@ struct Node {
     same_value: Vec<usize>,
     /// Edges one level down, each listed as often as it applies.
     descending: Vec<usize>,
+    /// What one evaluation of it costs, in evaluations: 1, plus what its
+    /// assertions do per check whatever the value (compare with each
+    /// `enum` entry, look up each `required` or `dependentRequired` name).
+    cost: u64,
+    /// Most errors one evaluation of it can give: one per keyword, one per
+    /// name a `required` or `dependentRequired` list may find missing.
+    errors: u64,
+    /// What one evaluation costs per byte of text it reads (a string, or
+    /// an object's keys), in evaluations: a `format` or pattern reads it
+    /// all (email: ~130 ns a byte in a debug build), a length or an equality
+    /// check counts or compares it.
+    byte_cost: u64,
+}
+
+/// What a schema costs per part of a value, found by [`check`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct Costs {
+    /// Most subschema evaluations of one part.
+    pub(super) evaluations: u64,
+    /// Most work of one part: its evaluations, each weighed by its cost.
+    pub(super) work: u64,
+    /// Most errors one part can give.
+    pub(super) errors: u64,
+    /// Most work of one byte of text.
+    pub(super) byte_work: u64,
+    /// Whether an `anyOf` or `oneOf` is reached: its error holds every
+    /// branch's errors, so even the first error is not bounded by one.
+    pub(super) branches: bool,
 }
 
 /// The schema's graph, built from its root.
@@ -99,18 +141,83 @@ struct Graph<'a> {
     index: HashMap<String, usize>,
     /// Nodes whose edges are not listed yet: (index, pointer).
     pending: Vec<(usize, String)>,
+    /// An `anyOf` or `oneOf` is reached.
+    branches: bool,
 }
 
 /// Checks `schema` (already bounded in size and nesting) and returns the
 /// most subschema evaluations one value can cost.
+#[cfg(test)]
 pub(super) fn check(schema: &Value) -> Result<u64, SchemaError> {
-    let mut graph = Graph { root: schema, nodes: Vec::new(), index: HashMap::new(), pending: Vec::new() };
+    costs(schema).map(|costs| costs.evaluations)
+}
+
+/// Checks `schema` (already bounded in size and nesting) and returns what
+/// it costs per part of a value.
+pub(super) fn costs(schema: &Value) -> Result<Costs, SchemaError> {
+    let mut graph =
+        Graph { root: schema, nodes: Vec::new(), index: HashMap::new(), pending: Vec::new(), branches: false };
     graph.node("")?;
     while let Some((index, pointer)) = graph.pending.pop() {
         graph.list_edges(index, &pointer)?;
     }
     let order = graph.same_value_order()?;
     graph.evaluations(&order)
+}
+
+/// What one evaluation of the subschema `fields` costs beyond the walk
+/// (see [`Node::cost`]), and the most errors it can give ([`Node::errors`]).
+fn cost_and_errors(fields: &serde_json::Map<String, Value>) -> (u64, u64) {
+    let names = |value: &Value| value.as_array().map_or(0, |names| names.len() as u64);
+    // Lists of names per key (`dependentRequired`, draft 7's `dependencies`).
+    let dependent = |value: Option<&Value>| {
+        value.and_then(Value::as_object).map_or(0, |map| map.values().map(|v| 1 + names(v)).sum::<u64>())
+    };
+    let mut cost = 1u64;
+    let mut errors = fields.len().max(1) as u64;
+    if let Some(Value::Array(options)) = fields.get("enum") {
+        // The validator hashes an enum of strings (over 10) or of
+        // integers; it compares with every entry otherwise.
+        let strings = options.len() > 10 && options.iter().all(|v| v.is_string() || v.is_null());
+        let integers = options.iter().all(|v| v.is_i64() || v.is_null());
+        if !(strings || integers) {
+            cost = cost.saturating_add(options.iter().map(parts).sum::<u64>());
+        }
+    }
+    if let Some(value) = fields.get("const") {
+        cost = cost.saturating_add(parts(value));
+    }
+    let required = fields.get("required").map_or(0, names);
+    let depending = dependent(fields.get("dependentRequired")).saturating_add(dependent(fields.get("dependencies")));
+    cost = cost.saturating_add(required).saturating_add(depending);
+    errors = errors.saturating_add(required).saturating_add(depending);
+    if fields.get("multipleOf").and_then(Value::as_f64).is_some_and(|m| m.fract() != 0.0) {
+        cost = cost.saturating_add(FRACTION_MULTIPLE_COST);
+    }
+    (cost, errors)
+}
+
+/// What one evaluation of `fields` costs per byte of text it reads (see
+/// [`Node::byte_cost`]).
+fn byte_cost(fields: &serde_json::Map<String, Value>) -> u64 {
+    let has = |keywords: &[&str]| keywords.iter().any(|k| fields.contains_key(*k));
+    let mut cost = 0;
+    if has(&["format", "pattern", "patternProperties", "contentEncoding", "contentMediaType"]) {
+        cost += 8;
+    }
+    if has(&["minLength", "maxLength", "enum", "const", "uniqueItems"]) {
+        cost += 1;
+    }
+    cost
+}
+
+/// The values in `value`, itself included.
+fn parts(value: &Value) -> u64 {
+    match value {
+        Value::Array(items) => 1 + items.iter().map(parts).sum::<u64>(),
+        Value::Object(fields) => 1 + fields.values().map(parts).sum::<u64>(),
+        _ => 1,
+    }
 }
 
 impl<'a> Graph<'a> {
@@ -126,11 +233,46 @@ impl<'a> Graph<'a> {
         if !value.is_object() && !value.is_boolean() {
             return Err(SchemaError::new(format!("\"#{pointer}\" is not a schema (an object or a boolean)")));
         }
+        self.within_the_root_resource(pointer)?;
         let index = self.nodes.len();
         self.nodes.push(Node::default());
         self.index.insert(pointer.to_string(), index);
         self.pending.push((index, pointer.to_string()));
         Ok(index)
+    }
+
+    /// Refuses a subschema that is, or lies inside, a resource of its own:
+    /// an object on the way to it from the root (the subschema included)
+    /// that sets `$id`, `$schema` or, under draft 4, `id`. Inside one, a
+    /// `$ref` resolves against that resource, not the root, so this graph
+    /// would not be the validator's (a `$defs` entry with an `$id`, never a
+    /// node itself, let refs below it reach a doubling chain the graph saw
+    /// as empty schemas).
+    fn within_the_root_resource(&self, pointer: &str) -> Result<(), SchemaError> {
+        let draft4 = self.root.get("$schema").and_then(Value::as_str).is_some_and(|s| s.contains("draft-04"));
+        let mut end = 0;
+        while end < pointer.len() {
+            end = pointer[end + 1..].find('/').map_or(pointer.len(), |i| end + 1 + i);
+            let at = &pointer[..end];
+            let Some(Value::Object(fields)) = self.root.pointer(at) else { continue };
+            // As keywords they are strings; a property named so (a key of
+            // `properties`) maps to a schema.
+            let sets = |keyword: &str| fields.get(keyword).is_some_and(Value::is_string);
+            let keyword = if sets("$id") {
+                "$id"
+            } else if sets("$schema") {
+                "$schema"
+            } else if draft4 && sets("id") {
+                "id"
+            } else {
+                continue;
+            };
+            return Err(SchemaError::new(format!(
+                "{keyword} at \"#{at}\": only the root may set $id or $schema (a nested one changes what $ref \
+                 means below it)"
+            )));
+        }
+        Ok(())
     }
 
     /// Lists the edges of the subschema at `pointer`.
@@ -143,11 +285,6 @@ impl<'a> Graph<'a> {
                     "{keyword} at \"#{pointer}\": dynamic references are not supported; use $ref to a JSON pointer"
                 )));
             }
-        }
-        if !pointer.is_empty() && fields.contains_key("$id") {
-            return Err(SchemaError::new(format!(
-                "$id at \"#{pointer}\": only the root may set $id (a nested one changes what $ref means)"
-            )));
         }
         let mut same_value = Vec::new();
         let mut descending = Vec::new();
@@ -204,7 +341,9 @@ impl<'a> Graph<'a> {
         for _ in 0..again {
             same_value.extend_from_slice(&base);
         }
-        self.nodes[index] = Node { same_value, descending };
+        self.branches |= fields.contains_key("anyOf") || fields.contains_key("oneOf");
+        let (cost, errors) = cost_and_errors(fields);
+        self.nodes[index] = Node { same_value, descending, cost, errors, byte_cost: byte_cost(fields) };
         Ok(())
     }
 
@@ -268,13 +407,14 @@ impl<'a> Graph<'a> {
     }
 
     /// The most evaluations any one value can cost, level by level (see
-    /// the module docs); refused past [`MAX_EVALUATIONS_PER_VALUE`].
-    fn evaluations(&self, order: &[usize]) -> Result<u64, SchemaError> {
+    /// the module docs; refused past [`MAX_EVALUATIONS_PER_VALUE`]), and
+    /// with them its work and errors.
+    fn evaluations(&self, order: &[usize]) -> Result<Costs, SchemaError> {
         // Evaluations entering each node at this depth, by a descending
         // edge (the root at depth 0).
         let mut entering = vec![0u64; self.nodes.len()];
         entering[0] = 1;
-        let mut most = 0u64;
+        let mut most = Costs { branches: self.branches, ..Costs::default() };
         for depth in 0..=MAX_VALUE_NESTING {
             // Spread along same-value edges, parents first.
             let mut reached = entering.clone();
@@ -295,7 +435,17 @@ impl<'a> Graph<'a> {
                     if total == u64::MAX { "more than 2^64".to_string() } else { total.to_string() }
                 )));
             }
-            most = most.max(total);
+            most.evaluations = most.evaluations.max(total);
+            let weighed = |per: fn(&Node) -> u64| {
+                reached
+                    .iter()
+                    .zip(&self.nodes)
+                    .fold(0u64, |sum, (&n, node)| sum.saturating_add(n.saturating_mul(per(node))))
+            };
+            // A boolean schema's node has no keywords: it costs one.
+            most.work = most.work.max(weighed(|node| node.cost.max(1)));
+            most.errors = most.errors.max(weighed(|node| node.errors.max(1)));
+            most.byte_work = most.byte_work.max(weighed(|node| node.byte_cost));
             let mut next = vec![0u64; self.nodes.len()];
             let mut any = false;
             for (node, &count) in reached.iter().enumerate() {
@@ -311,6 +461,14 @@ impl<'a> Graph<'a> {
                 break;
             }
             entering = next;
+        }
+        if most.work > MAX_VALIDATION_WORK {
+            return Err(SchemaError::new(format!(
+                "checking one value against this schema can cost {} evaluations (long enum, const, required or \
+                 dependentRequired lists, fractional multipleOf, each counted every way the schema reaches them); \
+                 at most {MAX_VALIDATION_WORK}",
+                most.work
+            )));
         }
         Ok(most)
     }
@@ -366,6 +524,57 @@ mod tests {
         let s = json!({"properties": {"a": {"$ref": "#/$defs/x"}}, "additionalProperties": {"$ref": "#/$defs/x"},
                        "$defs": {"x": {"allOf": [true, true]}}});
         assert_eq!(check(&s).unwrap(), 2 * (1 + 1 + 2));
+    }
+
+    /// A `$ref` below a nested `$id` (or a draft-4 `id`, or a nested
+    /// `$schema` that makes one count) resolves against that resource: the
+    /// graph would be another schema than the validator's. Here the `$defs`
+    /// entry holding the `$id` is never a node itself, and the refs below it
+    /// name `#/$defs/aN`, empty schemas at the root, while the validator
+    /// follows a chain that doubles at every link (2^40 evaluations of `1`;
+    /// 18 links took 3.6 s of a debug build, each link doubles it).
+    #[test]
+    fn references_inside_a_nested_resource_are_refused() {
+        let chain = |links: usize, id: &str, defs: &str| {
+            let mut inner = serde_json::Map::new();
+            for i in 0..links {
+                let next = format!("#/{defs}/a{}", i + 1);
+                inner.insert(format!("a{i}"), json!({"anyOf": [{"$ref": next}, {"$ref": next}]}));
+            }
+            inner.insert(format!("a{links}"), json!({"type": "string"}));
+            let mut outer: serde_json::Map<String, Value> = (0..=links).map(|i| (format!("a{i}"), json!({}))).collect();
+            outer.insert("x".into(), json!({id: "https://e.example/x", defs: inner}));
+            json!({defs: outer, "$ref": format!("#/{defs}/x/{defs}/a0")})
+        };
+        let refused = |schema: Value, why: &str| {
+            let reason = check(&schema).map(|n| format!("accepted at {n} evaluations")).unwrap_or_else(|e| e.reason);
+            assert!(reason.contains(why), "expected {why:?}: {reason}");
+        };
+        refused(chain(40, "$id", "$defs"), "$id at \"#/$defs/x\"");
+        // Draft 4 names it `id`; a nested `$schema` can make a subschema draft 4.
+        let mut draft4 = chain(40, "id", "definitions");
+        draft4["$schema"] = json!("http://json-schema.org/draft-04/schema#");
+        refused(draft4, "id at \"#/definitions/x\"");
+        let mut nested = chain(40, "id", "definitions");
+        nested["definitions"]["x"]["$schema"] = json!("http://json-schema.org/draft-04/schema#");
+        refused(nested, "$schema at \"#/definitions/x\"");
+        // Words that are only property names, and `id` outside draft 4, are fine.
+        let names = json!({"properties": {"$id": {"type": "string"}, "$schema": {}, "id": {"properties": {"id": {}}}}});
+        assert_eq!(check(&names).unwrap(), 3);
+        assert!(check(&json!({"properties": {"a": {"id": "x", "type": "string"}}})).is_ok());
+    }
+
+    /// Known over-refusal, not fixed: the count sums every subschema a
+    /// level reaches, though a value under `properties` is reached by its
+    /// own name only, so 65 properties of 65 properties each (39 KB, every
+    /// value one evaluation) are refused as "4225 evaluations" of one value.
+    #[test]
+    #[ignore = "known limit: properties of different names are counted as if one value met them all"]
+    fn distinct_property_names_reach_distinct_values() {
+        let inner: serde_json::Map<String, Value> = (0..65).map(|j| (format!("b{j}"), json!({}))).collect();
+        let outer: serde_json::Map<String, Value> =
+            (0..65).map(|i| (format!("a{i}"), json!({"properties": inner.clone()}))).collect();
+        assert!(check(&json!({"properties": outer})).is_ok());
     }
 
     #[test]

@@ -441,10 +441,11 @@ impl Sessions {
             }
             None => Err(busy(call.session.backend())),
         };
-        // Spilling writes a file, and a session that died is killed (a
+        // Spilling writes a file, checking a large output can take a
+        // second, and a session that died is killed (a
         // container's through its engine): off the async thread.
         let dead = !call.session.is_alive();
-        if finisher.spills() || dead {
+        if finisher.blocks(&result) || dead {
             let (this, key, session, in_flight) = (self.clone(), id.to_string(), call.session, call.in_flight);
             return crate::backend::blocking(NAME, move || {
                 let result = finisher.finish(result);

@@ -238,24 +238,34 @@ impl ToolBridge {
                 // a dropped JoinHandle alone would leave it running.
                 let handler = tool.handler.clone();
                 let mut task = AbortOnDrop(tokio::spawn(async move { handler.call_in(call.args, &context).await }));
-                match (&mut task.0).await {
+                let value = match (&mut task.0).await {
                     Ok(outcome) => outcome,
                     Err(e) if e.is_panic() => Err(ToolError::failed(&spec.name, "the tool panicked")),
                     Err(_) => Err(ToolError::new(&spec.name, ToolErrorKind::Cancelled, "the call was cancelled")),
-                }
-            };
-            let outcome = tokio::time::timeout(timeout, work).await.map(|answer| {
-                // A result that breaks the tool's own declared shape is its failure.
-                answer.and_then(|value| match &tool.schemas.output {
-                    Some(schema) => schema.validate(&value).map(|()| value).map_err(|mismatch| {
-                        ToolError::failed(
-                            &name,
-                            format!("the tool's result does not match its output_schema:\n{}", mismatch.describe()),
-                        )
-                    }),
-                    None => Ok(value),
+                }?;
+                // A result that breaks the tool's own declared shape is its
+                // failure. Checked within the call's timeout, and a large
+                // result off this runtime: an upstream's result checked
+                // against its own hostile output_schema held both of its
+                // threads, and every run's tool calls timed out.
+                let Some(schema) = tool.schemas.output.clone() else { return Ok(value) };
+                let checked = if schema.is_quick(&value) {
+                    schema.validate(&value).map(|()| value)
+                } else {
+                    let check = tokio::task::spawn_blocking(move || schema.validate(&value).map(|()| value));
+                    match check.await {
+                        Ok(checked) => checked,
+                        Err(_) => return Err(ToolError::failed(&spec.name, "checking the tool's result failed")),
+                    }
+                };
+                checked.map_err(|mismatch| {
+                    ToolError::failed(
+                        &spec.name,
+                        format!("the tool's result does not match its output_schema:\n{}", mismatch.describe()),
+                    )
                 })
-            });
+            };
+            let outcome = tokio::time::timeout(timeout, work).await;
             let (result, outcome, kind, bytes_out, truncated) = match outcome {
                 Ok(Ok(value)) => {
                     let (value, truncated) = cut_to_fit(value, max_result);
@@ -579,6 +589,52 @@ mod tests {
         assert!(error.message.contains("/id: \"seven\" is not of type \"integer\""), "{}", error.message);
         let ledger = b.finish().0;
         assert_eq!(ledger.len(), 7, "each call is in the ledger: {ledger:?}");
+    }
+
+    /// A tool's result is checked within the call's timeout, and a large
+    /// one off the tool runtime: an upstream that declares a hostile
+    /// pattern in its output_schema and answers a long string held both of
+    /// the runtime's threads with two calls (the regex crate's PikeVM: ~0.3
+    /// ms a byte of a debug build), and every other call of every run
+    /// waited, its own timeout unable to fire.
+    #[test]
+    fn a_slow_result_check_holds_neither_the_tool_runtime_nor_its_call() {
+        let pattern = "(?:a[ab]{400}c|b[ab]{400}d|[ab]{1,500}[^x]{1,500}\u{e9})";
+        let mut seed = 1u32;
+        let text: String = (0..15_000)
+            .map(|_| {
+                seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+                if seed >> 16 & 1 == 0 { 'a' } else { 'b' }
+            })
+            .collect();
+        let schema = json!({"type": "object", "properties": {"s": {"pattern": pattern}}});
+        let registry = ToolRegistry::builder()
+            .tool(ToolSpec::new("up.slow").output_schema(schema), move |_: Value| {
+                let text = text.clone();
+                async move { Ok(json!({"s": text})) }
+            })
+            .tool(ToolSpec::new("up.fast"), |_: Value| async { Ok(json!(1)) })
+            .build()
+            .unwrap();
+        let limits = ToolLimits::default().call_timeout_ms(1_500);
+        let b = ToolBridge::new(registry, vec!["up.*".into()], limits, Deadline::start(Some(Duration::from_secs(60))));
+        let started = Instant::now();
+        let (tx, rx) = std::sync::mpsc::channel();
+        for id in [1, 2] {
+            let tx = tx.clone();
+            b.call(call(id, "up.slow", json!({})), move |r| {
+                let _ = tx.send(r);
+            });
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        let fast = Instant::now();
+        assert!(b.call_blocking(call(3, "up.fast", json!({}))).ok);
+        assert!(fast.elapsed() < Duration::from_secs(1), "another call waited {:?}", fast.elapsed());
+        for _ in 0..2 {
+            let slow = rx.recv_timeout(Duration::from_secs(10)).expect("an answer");
+            assert_eq!(slow.error.map(|e| e.kind), Some(ToolErrorKind::TimedOut));
+        }
+        assert!(started.elapsed() < Duration::from_secs(4), "the slow calls took {:?}", started.elapsed());
     }
 
     #[test]

@@ -164,7 +164,17 @@ fn ts_type(schema: &Value, depth: usize) -> String {
     match schema.get("type") {
         Some(Value::String(t)) => ts_named(t, schema, depth),
         Some(Value::Array(types)) => {
-            types.iter().filter_map(Value::as_str).map(|t| ts_named(t, schema, depth)).collect::<Vec<_>>().join(" | ")
+            // Each name once: every one renders this same schema again, so
+            // repeats (`["object", "object", ...]`) at every level multiplied
+            // the text by their count per level (100 of them 8 levels deep
+            // never finished, in memory).
+            let mut names: Vec<&str> = Vec::new();
+            for name in types.iter().filter_map(Value::as_str) {
+                if !names.contains(&name) && names.len() < 8 {
+                    names.push(name);
+                }
+            }
+            names.iter().map(|t| ts_named(t, schema, depth)).collect::<Vec<_>>().join(" | ")
         }
         _ if schema.get("properties").is_some() => ts_named("object", schema, depth),
         _ => "unknown".into(),
@@ -273,6 +283,24 @@ mod tests {
                 "type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}, "required": ["a", "b"]
             })),
         ]
+    }
+
+    /// An upstream server's schema is hostile: a `type` list that names
+    /// `object` again and again, at every level, rendered each level that
+    /// many times over (8 levels of 100 names: `tools/list` of `execbox
+    /// serve --upstreams` never answered, its memory growing).
+    #[test]
+    fn repeated_type_names_are_rendered_once() {
+        let mut schema = json!({"type": "string"});
+        for _ in 0..8 {
+            schema = json!({"type": vec!["object"; 6], "properties": {"a": schema}});
+        }
+        let spec = ToolSpec::new("up.t").input_schema(schema);
+        let started = std::time::Instant::now();
+        let ts = typescript(&[&spec]);
+        assert!(ts.len() < 4096, "{} bytes of declarations", ts.len());
+        assert!(text(&[&spec], 12 << 10).len() < 4096);
+        assert!(started.elapsed() < std::time::Duration::from_secs(5), "{:?}", started.elapsed());
     }
 
     #[test]

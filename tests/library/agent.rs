@@ -561,6 +561,20 @@ async fn the_loop_passes_input_files_and_keeps_output_files_and_a_stateful_id() 
     assert_eq!((report.execution_id, executor.calls.lock()[0].execution_id.clone()), (None, None));
 }
 
+/// A caller that gives up on a loop (a timeout around an agent's turn)
+/// drops its future mid-run: the id the loop made up is ended all the same
+/// (nobody else knows it; its session would hold one of the registry's
+/// slots until it idled out, and 16 such loops refused every new session).
+#[tokio::test]
+async fn a_dropped_loop_ends_the_id_it_made_up() {
+    let executor = Scripted::new(0, 1, true);
+    let agent = AgentLoop::new(&executor).max_turns(1);
+    let run = agent.run(vec![], |_| "```py\nhang\n```".into());
+    assert!(tokio::time::timeout(Duration::from_millis(50), run).await.is_err(), "the block hangs");
+    let made_up = executor.calls.lock()[0].execution_id.clone().expect("a stateful executor gets an id");
+    assert_eq!(*executor.ended.lock(), [made_up], "ended when the loop was dropped");
+}
+
 #[tokio::test]
 async fn a_stateful_loop_keeps_state_across_turns_and_closes_its_session() {
     let executor = session_executor(SessionConfig::default());

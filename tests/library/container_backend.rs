@@ -343,6 +343,20 @@ fn shell_scripts_are_bash_scripts() {
     assert_eq!(stdout(&r), "n=3\ngot 1\n5\n", "{r:?}");
 }
 
+/// A command that reads its standard input (`read`, `wc`, `cat`, `jq .`)
+/// gets nothing and the script runs on: `bash -s` read the script from
+/// stdin a line at a time, so such a command took the rest of the script
+/// as its input and the script ended there (dash read 8 KiB at once, so a
+/// short script ran whole before the switch to bash).
+#[test]
+fn a_command_reading_stdin_does_not_take_the_rest_of_the_script() {
+    let Some(c) = backend("shell") else { return };
+    let code = "read x; echo \"got:$x\"\nwc -l\necho \"after $1\"\n";
+    let r = run(&c, ExecRequest::source(Language::Shell, code).arg("a"));
+    assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
+    assert_eq!(stdout(&r), "got:\n0\nafter a\n", "{r:?}");
+}
+
 /// A container session keeps its container across calls, and says so.
 #[test]
 fn container_sessions_declare_a_persistent_container() {

@@ -356,6 +356,33 @@ async fn async_execute_on_a_current_thread_runtime() {
     assert_eq!(r.output, Some(json!("x")));
 }
 
+/// Checking a large output against its schema can take a second (the
+/// work bound's own worst case): an async caller's runtime keeps running
+/// meanwhile (it checked on the caller's task; on a 2-core `execbox serve`
+/// two such runs held every runtime thread).
+#[tokio::test(flavor = "current_thread")]
+async fn a_large_output_is_checked_off_the_callers_runtime() {
+    let schema = execbox::JsonSchema::new(json!({"items": {"allOf": vec![json!({"type": "integer"}); 140]}})).unwrap();
+    let request = ExecRequest::javascript("return Array(200000).fill(0)").output_schema(schema);
+    let beats = std::sync::Arc::new(parking_lot::Mutex::new(Vec::<Instant>::new()));
+    let ticking = beats.clone();
+    let ticker = tokio::spawn(async move {
+        loop {
+            ticking.lock().push(Instant::now());
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    });
+    let checked = Instant::now();
+    let r = exec().execute(request).await.unwrap();
+    let took = checked.elapsed();
+    tokio::time::sleep(Duration::from_millis(30)).await; // the ticker beats once more
+    ticker.abort();
+    assert_eq!(r.outcome, Outcome::Ok, "{:?}", r.message);
+    let beats = beats.lock();
+    let longest = beats.windows(2).map(|w| w[1] - w[0]).max().unwrap_or_default();
+    assert!(longest < Duration::from_millis(400), "the runtime stood still {longest:?} of the run's {took:?}");
+}
+
 /// Issue 18 item 8: a session cell may `return` like a one-shot run; cells
 /// without a top-level `return` run as scripts, as before.
 #[test]

@@ -96,6 +96,10 @@ impl Caps {
     }
 }
 
+/// The in-container command of a shell run (its arguments follow): the
+/// script on stdin becomes bash's script file, and stdin `/dev/null`.
+const SHELL_FROM_STDIN: &str = "exec 3<&0 0</dev/null; exec /bin/bash /dev/fd/3 \"$@\"";
+
 impl Runner {
     /// A runner with `cfg` (already checked). Nothing is spawned until the
     /// first run or availability check.
@@ -334,8 +338,12 @@ impl Runner {
             // Absolute: the request's environment may set its own PATH.
             Language::Python => vec!["/usr/bin/python3".into(), "-c".into(), bootstrap.into()],
             // Shell scripts are bash scripts (a POSIX script runs as well);
-            // execbox's images carry bash beside dash, their /bin/sh.
-            Language::Shell => vec!["/bin/bash".into(), "-s".into(), "--".into()],
+            // execbox's images carry bash beside dash, their /bin/sh. The
+            // script comes on stdin; bash reads it from there as a file
+            // (fd 3), and its commands get /dev/null (`bash -s` read its
+            // script from their stdin a line at a time, so `read` or `wc`
+            // took the rest of the script as their input).
+            Language::Shell => vec!["/bin/bash".into(), "-c".into(), SHELL_FROM_STDIN.into(), "bash".into()],
             other => return Err(ExecError::internal(NAME, format!("no script command for {other}"))),
         };
         command.extend(request.args.iter().cloned());
