@@ -202,8 +202,18 @@ fn cost_and_errors(fields: &serde_json::Map<String, Value>) -> (u64, u64) {
 fn byte_cost(fields: &serde_json::Map<String, Value>) -> u64 {
     let has = |keywords: &[&str]| keywords.iter().any(|k| fields.contains_key(*k));
     let mut cost = 0;
-    if has(&["format", "pattern", "patternProperties", "contentEncoding", "contentMediaType"]) {
+    if has(&["format", "contentEncoding", "contentMediaType"]) {
         cost += 8;
+    }
+    // A pattern's automaton may cost per byte up to its NFA's size (see
+    // `pattern.rs`); `patternProperties` is the validator's own matcher,
+    // whose fallback visits every NFA state per byte of a key.
+    if let Some(Value::String(pattern)) = fields.get("pattern") {
+        cost += super::pattern::byte_cost(pattern).unwrap_or(8);
+    }
+    if let Some(Value::Object(patterns)) = fields.get("patternProperties") {
+        let states = patterns.keys().map(|p| super::pattern::nfa_states(p).unwrap_or(0)).sum::<u64>();
+        cost += states.max(8);
     }
     if has(&["minLength", "maxLength", "enum", "const", "uniqueItems"]) {
         cost += 1;
