@@ -44,7 +44,8 @@ pub struct HttpAccess {
     /// None.
     pub allowed_hosts: Vec<String>,
     /// More origins a browser's `Origin` header may carry:
-    /// `scheme://host:port`, `scheme://host:*` (any port) or `null`. `*`
+    /// `scheme://host:port`, `scheme://host:*` (any port) or `null` (only
+    /// with a token: any page can send it from a sandboxed frame). `*`
     /// turns the `Origin` check off (only with a token).
     ///
     /// # Default
@@ -82,6 +83,12 @@ impl HttpAccess {
             return Err(ConfigError::invalid(
                 "HttpAccess::allowed_origins",
                 "`*` needs a token: it lets any web page in",
+            ));
+        } else if self.allowed_origins.iter().any(|o| o == "null") {
+            // Any page can send `Origin: null` from a sandboxed frame.
+            return Err(ConfigError::invalid(
+                "HttpAccess::allowed_origins",
+                "`null` needs a token: any web page can send it from a sandboxed frame",
             ));
         }
         for host in self.allowed_hosts.iter().filter(|h| *h != ANY) {
@@ -265,9 +272,12 @@ mod tests {
             let access = HttpAccess::default().allowed_origins(vec![bad.into()]);
             assert!(access.check(loopback).is_err(), "origin {bad:?}");
         }
-        for good in ["http://app.example:3000", "https://app.example", "http://app.example:*", "null"] {
+        for good in ["http://app.example:3000", "https://app.example", "http://app.example:*"] {
             let access = HttpAccess::default().allowed_origins(vec![good.into()]);
             assert!(access.check(loopback).is_ok(), "origin {good:?}");
         }
+        let null = HttpAccess::default().allowed_origins(vec!["null".into()]);
+        assert!(null.check(loopback).is_err(), "`null` without a token: a sandboxed frame sends it");
+        assert!(null.token("t").check(loopback).is_ok());
     }
 }

@@ -631,7 +631,9 @@ fn refusal(error: &impl serde::Serialize) -> CallToolResult {
     let body = json!({"error": error});
     let kind = body["error"]["kind"].as_str().unwrap_or("error").to_string();
     let message = body["error"]["message"].as_str().unwrap_or_default().to_string();
-    structured(body, format!("{kind}: {message}"), true)
+    // A refusal's message already starts "refused: ".
+    let text = if message.starts_with(&format!("{kind}:")) { message } else { format!("{kind}: {message}") };
+    structured(body, text, true)
 }
 
 fn structured(body: Value, text: String, is_error: bool) -> CallToolResult {

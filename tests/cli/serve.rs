@@ -126,10 +126,13 @@ async fn results_are_the_cli_json_programs_that_ran_are_answers_and_refusals_are
     assert!(is_error && r["error"]["kind"] == "invalid_arguments", "{r}");
     assert!(r["error"]["message"].as_str().unwrap().contains("output_schema"), "{r}");
 
-    let (refused, is_error) = run(&client, json!({"language": "shell", "code": "echo", "backend": "boa-js"})).await;
+    let request = json!({"language": "shell", "code": "echo", "backend": "boa-js"});
+    let (refused, is_error) = run(&client, request.clone()).await;
     assert!(is_error);
     assert_eq!(refused["error"]["kind"], "refused", "{refused}");
     assert_eq!(refused["error"]["violations"][0]["control"], "language");
+    let said = text(&call(&client, "run_code", request).await.unwrap());
+    assert!(said.starts_with("refused: ") && !said.contains("refused: refused"), "{said}");
 
     // Malformed arguments are tool errors a model can read (SEP-1303), naming what is wrong.
     for (bad, named) in [

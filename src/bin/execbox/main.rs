@@ -60,9 +60,9 @@ pub(crate) struct ServeArgs {
     /// (only with --token-file). Other Hosts get 403: DNS-rebinding protection.
     #[arg(long = "allowed-host", value_name = "NAME", requires = "http")]
     pub(crate) allowed_hosts: Vec<String>,
-    /// Also accept browser requests from this Origin (scheme://host:port, scheme://host:* or null;
-    /// repeatable). Loopback origins are always accepted, requests without an Origin too; `*` accepts
-    /// any (only with --token-file). Other Origins get 403.
+    /// Also accept browser requests from this Origin (scheme://host:port, scheme://host:*, or null with
+    /// --token-file; repeatable). Loopback origins are always accepted, requests without an Origin too;
+    /// `*` accepts any (only with --token-file). Other Origins get 403.
     #[arg(long = "allowed-origin", value_name = "ORIGIN", requires = "http")]
     pub(crate) allowed_origins: Vec<String>,
     /// The policy ceiling, a SandboxPolicy in JSON (missing fields take strict's values; default: strict).
