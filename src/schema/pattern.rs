@@ -80,13 +80,12 @@ fn translated(pattern: &str) -> Option<Vec<String>> {
     jsonschema_regex::to_rust_regex(pattern).ok().map(|p| vec![p.into_owned()])
 }
 
-/// The NFA both matchers run, size-limited as the validator's own; the
-/// error as text.
-fn nfa(translated: &str) -> Result<NFA, String> {
-    NFA::compiler()
-        .configure(NFA::config().nfa_size_limit(Some(REGEX_SIZE_LIMIT)))
-        .build(translated)
-        .map_err(|e| e.to_string())
+/// Why a pattern does not compile (the engine's own error, boxed: it is large).
+type BuildError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The NFA both matchers run, size-limited as the validator's own.
+fn nfa(translated: &str) -> Result<NFA, BuildError> {
+    Ok(NFA::compiler().configure(NFA::config().nfa_size_limit(Some(REGEX_SIZE_LIMIT))).build(translated)?)
 }
 
 struct Pattern {
@@ -110,7 +109,7 @@ enum Matched {
 }
 
 impl Part {
-    fn new(translated: &str) -> Result<Self, String> {
+    fn new(translated: &str) -> Result<Self, BuildError> {
         let nfa = nfa(translated)?;
         let dfa = DFA::builder()
             .configure(
@@ -120,12 +119,10 @@ impl Part {
                     .minimum_bytes_per_state(Some(BYTES_PER_STATE))
                     .unicode_word_boundary(true),
             )
-            .build_from_nfa(nfa.clone())
-            .map_err(|e| e.to_string())?;
+            .build_from_nfa(nfa.clone())?;
         let backtracker = BoundedBacktracker::builder()
             .configure(backtrack::Config::new().visited_capacity(BACKTRACK_BITS / 8))
-            .build_from_nfa(nfa)
-            .map_err(|e| e.to_string())?;
+            .build_from_nfa(nfa)?;
         Ok(Self { dfa, caches: Mutex::new(Vec::new()), backtracker })
     }
 
