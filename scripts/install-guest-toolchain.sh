@@ -15,8 +15,4 @@ if [ ${#need[@]} -eq 0 ]; then
   exit 0
 fi
 echo "guest toolchain: installing ${need[*]}"
-SUDO=""
-[ "$(id -u)" -eq 0 ] || SUDO="sudo"
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+"$(dirname "$0")/apt-install.sh" "${need[@]}"

@@ -18,11 +18,7 @@ case "$(uname -s)-$(uname -m)" in
 esac
 if ! command -v npm >/dev/null; then
   echo "mcp conformance: installing nodejs and npm (Debian)"
-  SUDO=""
-  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  export DEBIAN_FRONTEND=noninteractive
-  $SUDO apt-get update -qq
-  $SUDO apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
+  "$(dirname "$0")/apt-install.sh" nodejs npm
 fi
 installed() {
   [ -x "$node" ] && [ -f "$suite" ] && [ "$("$node" --version 2>/dev/null)" = "v$node_version" ] \

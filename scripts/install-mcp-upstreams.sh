@@ -12,11 +12,7 @@ dir="${EXECBOX_MCP_UPSTREAMS:-${XDG_CACHE_HOME:-$HOME/.cache}/execbox/mcp-upstre
 entry="$dir/node_modules/@modelcontextprotocol/server-everything/dist/index.js"
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
   echo "mcp upstreams: installing nodejs and npm (Debian)"
-  SUDO=""
-  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  export DEBIAN_FRONTEND=noninteractive
-  $SUDO apt-get update -qq
-  $SUDO apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
+  "$(dirname "$0")/apt-install.sh" nodejs npm
 fi
 installed() {
   [ -f "$entry" ] && node -e "

@@ -25,9 +25,7 @@ SUDO=""
 
 if ! command -v dockerd >/dev/null; then
   echo "container engine: installing docker.io from Debian"
-  export DEBIAN_FRONTEND=noninteractive
-  $SUDO apt-get update -qq
-  $SUDO apt-get install -y -qq --no-install-recommends docker.io >/dev/null
+  "$(dirname "$0")/apt-install.sh" docker.io
 fi
 
 if ! pgrep -x dockerd >/dev/null; then

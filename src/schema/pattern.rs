@@ -190,6 +190,22 @@ fn quoted_start(text: &str) -> String {
     }
 }
 
+/// A pattern whose lazy DFA thrashes on text of `a`s and `b`s.
+#[cfg(test)]
+pub(super) const COSTLY: &str = "(?:a[ab]{400}c|b[ab]{400}d|[ab]{1,500}[^x]{1,500}\u{e9})";
+
+/// `len` pseudo-random `a`s and `b`s, the same every time.
+#[cfg(test)]
+pub(super) fn coin_flips(len: usize) -> String {
+    let mut seed = 1u32;
+    (0..len)
+        .map(|_| {
+            seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+            if seed >> 16 & 1 == 0 { 'a' } else { 'b' }
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -229,14 +245,8 @@ mod tests {
     /// backtracker, and the string is not accepted, at once.
     #[test]
     fn a_pattern_whose_dfa_gives_up_over_a_long_string_is_untold_at_once() {
-        let costly = pattern("(?:a[ab]{400}c|b[ab]{400}d|[ab]{1,500}[^x]{1,500}\u{e9})");
-        let mut seed = 1u32;
-        let text: String = (0..100_000)
-            .map(|_| {
-                seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12_345);
-                if seed >> 16 & 1 == 0 { 'a' } else { 'b' }
-            })
-            .collect();
+        let costly = pattern(COSTLY);
+        let text = coin_flips(100_000);
         let started = std::time::Instant::now();
         let why = costly.mismatch(&json!(text)).expect("not accepted unchecked");
         assert!(why.contains("too costly"), "{why}");

@@ -301,23 +301,10 @@ async fn sessions_are_bounded_and_belong_to_their_connection() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn http_sessions_are_isolated_per_connection_and_need_the_token() {
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
     let token = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(token.path(), "a-long-enough-test-token\n").unwrap();
-    let mut server = KillOnDrop(
-        std::process::Command::new(env!("CARGO_BIN_EXE_execbox"))
-            .args(["serve", "--http", &format!("127.0.0.1:{port}"), "--token-file", token.path().to_str().unwrap()])
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
+    let (mut server, port) = http_server(&["--token-file", token.path().to_str().unwrap()]);
     let server = &mut server.0;
-    let mut banner = String::new();
-    std::io::BufRead::read_line(&mut std::io::BufReader::new(server.stderr.take().unwrap()), &mut banner).unwrap();
-    assert!(banner.contains("listening"), "{banner}");
     // Raw JSON-RPC over HTTP (the Python SDK test covers a full client).
     let post = |auth: Option<&str>, session: Option<&str>, body: Value| {
         let mut cmd = std::process::Command::new("curl");
@@ -1065,23 +1052,10 @@ mod artifacts_end_with_the_server {
 
     #[test]
     fn sigterm_over_http_removes_every_connections_artifacts_before_the_exit() {
-        let port = {
-            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            l.local_addr().unwrap().port()
-        };
         let dir = tempfile::tempdir().unwrap();
-        let mut server = KillOnDrop(
-            std::process::Command::new(env!("CARGO_BIN_EXE_execbox"))
-                .args(["serve", "--http", &format!("127.0.0.1:{port}")])
-                .args(["--artifacts", dir.path().to_str().unwrap(), "--allow-tool", "artifacts.*"])
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .unwrap(),
-        );
+        let (mut server, port) =
+            http_server(&["--artifacts", dir.path().to_str().unwrap(), "--allow-tool", "artifacts.*"]);
         let server = &mut server.0;
-        let mut banner = String::new();
-        std::io::BufRead::read_line(&mut std::io::BufReader::new(server.stderr.take().unwrap()), &mut banner).unwrap();
-        assert!(banner.contains("listening"), "{banner}");
         let url = format!("http://127.0.0.1:{port}/mcp");
         let post = |session: Option<&str>, body: Value| {
             let mut cmd = std::process::Command::new("curl");
