@@ -265,7 +265,7 @@ impl Session for JsSession {
         self.conclude(&mut slot, conversation, &call.deadline)
     }
 
-    /// On a runtime with a reactor ([`crate::reactor::here`]) the call talks
+    /// On a runtime with a reactor (tokio with I/O enabled) the call talks
     /// to the worker on the caller's task, as a one-shot `boa-js` run does;
     /// elsewhere it takes tokio's blocking pool.
     fn execute_async(self: Arc<Self>, call: Admitted) -> RunFuture {
