@@ -123,7 +123,7 @@ pub(crate) async fn blocking<R: Send + 'static>(
     };
     tokio::task::spawn_blocking(run)
         .await
-        .unwrap_or_else(|join_err| Err(ExecError::internal(backend, format!("worker task failed: {join_err}"))))
+        .unwrap_or_else(|join_err| Err(ExecError::internal_caused(backend, "worker task failed", join_err)))
 }
 
 /// Why a backend cannot run anything now, and how to fix it.

@@ -324,11 +324,10 @@ impl Executor {
             // Spilling writes a file, and checking a large output against
             // its schema can take a second: not on the caller's async
             // thread (two such checks stalled a 2-core server's runtime).
-            Ok(handle) if finisher.blocks(&result) => {
-                handle.spawn_blocking(move || finisher.finish(result)).await.unwrap_or_else(|join_err| {
-                    Err(ExecError::internal("executor", format!("finishing failed: {join_err}")))
-                })
-            }
+            Ok(handle) if finisher.blocks(&result) => handle
+                .spawn_blocking(move || finisher.finish(result))
+                .await
+                .unwrap_or_else(|join_err| Err(ExecError::internal_caused("executor", "finishing failed", join_err))),
             _ => finisher.finish(result),
         }
     }

@@ -69,7 +69,7 @@ pub use capabilities::{
 };
 pub use config::RunDefaults;
 pub use defaults::BackendsConfig;
-pub use error::{BackendRejection, ConfigError, ExecError, InvalidRequest};
+pub use error::{BackendRejection, Cause, ConfigError, ExecError, InvalidRequest, with_causes};
 pub use executor::{BackendStatus, Executor, ExecutorBuilder, WeakExecutor};
 pub use file::ExecFile;
 pub use language::Language;

@@ -1,6 +1,7 @@
 //! [`ExecError`]: refusals and executor faults (never a program's own failure).
 
 use std::fmt;
+use std::sync::Arc;
 
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -224,7 +225,60 @@ pub enum ExecError {
         backend: String,
         /// What went wrong.
         message: String,
+        /// The error underneath, when there is one (its own causes follow
+        /// it through [`std::error::Error::source`]).
+        #[source]
+        cause: Option<Cause>,
     },
+}
+
+/// The error under an [`ExecError::Internal`], shared so that the error stays
+/// `Clone`. Two causes are equal when they read the same.
+#[derive(Clone, Debug)]
+pub struct Cause(Arc<dyn std::error::Error + Send + Sync + 'static>);
+
+impl Cause {
+    /// Wraps `error` (an `std` error, an `anyhow`/`wasmtime` error, or text).
+    pub fn new(error: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>) -> Self {
+        Cause(Arc::from(error.into()))
+    }
+}
+
+impl fmt::Display for Cause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for Cause {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
+
+impl PartialEq for Cause {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || self.0.to_string() == other.0.to_string()
+    }
+}
+
+impl Eq for Cause {}
+
+/// `error` and each of its causes, joined by `: `, for people and for JSON
+/// `message`s (an error's own `Display` leaves its causes out). A cause whose
+/// text already ends the line (an error that prints its source) is not repeated.
+pub fn with_causes(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut next = error.source();
+    while let Some(cause) = next {
+        let said = cause.to_string();
+        if !text.ends_with(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
+        next = cause.source();
+    }
+    text
 }
 
 struct RejectionList<'a>(&'a [BackendRejection]);
@@ -253,7 +307,16 @@ impl fmt::Display for RejectionList<'_> {
 impl ExecError {
     /// An [`ExecError::Internal`] of `backend`.
     pub fn internal(backend: &str, message: impl Into<String>) -> Self {
-        ExecError::Internal { backend: backend.to_string(), message: message.into() }
+        ExecError::Internal { backend: backend.to_string(), message: message.into(), cause: None }
+    }
+
+    /// An [`ExecError::Internal`] of `backend`: `doing` failed because of `cause`.
+    pub fn internal_caused(
+        backend: &str,
+        doing: impl Into<String>,
+        cause: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
+    ) -> Self {
+        ExecError::Internal { backend: backend.to_string(), message: doing.into(), cause: Some(Cause::new(cause)) }
     }
 
     /// Stable snake_case kind used in JSON (`refused`, `invalid_request`, ...).
@@ -292,7 +355,7 @@ impl ExecError {
                 }
                 text
             }
-            other => cap_message(other.to_string()),
+            other => cap_message(with_causes(other)),
         }
     }
 
@@ -333,7 +396,7 @@ impl Serialize for ExecError {
                 .collect(),
             _ => Vec::new(),
         };
-        serialize_error(serializer, self.kind(), self.to_string(), &violations)
+        serialize_error(serializer, self.kind(), with_causes(self), &violations)
     }
 }
 
@@ -351,4 +414,45 @@ pub(crate) fn serialize_error<S: serde::Serializer, V: Serialize>(
     s.serialize_field("message", &cap_message(message))?;
     s.serialize_field("violations", violations)?;
     s.end()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_internal_error_keeps_its_cause_and_says_it_once() {
+        let io = std::io::Error::new(std::io::ErrorKind::PermissionDenied, "the kernel said no");
+        let error = ExecError::internal_caused("wasm", "cannot spawn the guest thread", io);
+        assert_eq!(error.to_string(), "internal error in backend wasm: cannot spawn the guest thread");
+        let cause = std::error::Error::source(&error).expect("the cause is kept");
+        assert_eq!(cause.to_string(), "the kernel said no");
+        let io = cause.downcast_ref::<Cause>().expect("a Cause");
+        assert_eq!(io.to_string(), "the kernel said no");
+        let said = "internal error in backend wasm: cannot spawn the guest thread: the kernel said no";
+        assert_eq!(error.describe(), said);
+        assert_eq!(error.to_json()["error"]["message"], said);
+        // Clones share the cause and stay equal.
+        assert_eq!(error.clone(), error);
+    }
+
+    #[test]
+    fn a_cause_that_its_error_already_prints_is_not_repeated() {
+        let error = ExecError::from(InvalidRequest::Conflict("stdin and input both given"));
+        assert!(std::error::Error::source(&error).is_some());
+        assert_eq!(error.describe(), "invalid request: stdin and input both given");
+        assert_eq!(with_causes(&error), "invalid request: stdin and input both given");
+    }
+
+    #[test]
+    fn causes_chain_through_every_level() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("reading the manifest")]
+        struct Outer(#[source] std::io::Error);
+        let error = ExecError::internal_caused("container", "cannot stage", Outer(std::io::Error::other("disk full")));
+        assert_eq!(
+            with_causes(&error),
+            "internal error in backend container: cannot stage: reading the manifest: disk full"
+        );
+    }
 }

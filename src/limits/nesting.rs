@@ -34,7 +34,7 @@ pub fn take_input_json(
     take_bounded_input(slot, max)?
         .map(|value| serde_json::to_vec(&value))
         .transpose()
-        .map_err(|e| crate::error::ExecError::internal(backend, format!("cannot serialize input: {e}")))
+        .map_err(|e| crate::error::ExecError::internal_caused(backend, "cannot serialize input", e))
 }
 
 #[cfg(test)]

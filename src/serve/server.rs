@@ -277,8 +277,8 @@ fn connect_tools(cfg: &ServeConfig) -> Result<(ToolRegistry, Vec<UpstreamStatus>
             .map(|name| UpstreamStatus { name: name.to_string(), connected: true, reason: None })
             .collect();
         for error in errors {
-            tracing::warn!(upstream = %error.server, reason = %error.reason, "upstream MCP server left out");
-            status.push(UpstreamStatus { name: error.server, connected: false, reason: Some(error.reason) });
+            tracing::warn!(upstream = %error.server, reason = %error.explain(), "upstream MCP server left out");
+            status.push(UpstreamStatus { reason: Some(error.explain()), name: error.server, connected: false });
         }
         let theirs = upstreams.registry().map_err(|e| ConfigError::invalid("ServeConfig::upstreams", e.to_string()))?;
         let tools =

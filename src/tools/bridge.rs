@@ -632,7 +632,14 @@ mod tests {
         assert!(fast.elapsed() < Duration::from_secs(1), "another call waited {:?}", fast.elapsed());
         for _ in 0..2 {
             let slow = rx.recv_timeout(Duration::from_secs(10)).expect("an answer");
-            assert_eq!(slow.error.map(|e| e.kind), Some(ToolErrorKind::TimedOut));
+            // Timed out while checking, or refused by the bounded matcher
+            // (src/schema/pattern.rs) as too costly: never accepted unchecked.
+            let error = slow.error.expect("the slow result is not accepted");
+            match error.kind {
+                ToolErrorKind::TimedOut => {}
+                ToolErrorKind::Failed => assert!(error.message.contains("too costly"), "{}", error.message),
+                other => panic!("{other:?}: {}", error.message),
+            }
         }
         assert!(started.elapsed() < Duration::from_secs(4), "the slow calls took {:?}", started.elapsed());
     }

@@ -30,4 +30,4 @@ pub use registry::{
     ToolRegistryBuilder, ToolSpec,
 };
 #[cfg(feature = "upstream")]
-pub use upstream::{RequireApproval, UpstreamConfig, UpstreamError, Upstreams, UpstreamsConfig};
+pub use upstream::{RequireApproval, UpstreamConfig, UpstreamError, Upstreams, UpstreamsConfig, UpstreamsConfigError};

@@ -44,6 +44,7 @@ use serde_json::Value;
 
 use super::registry::{Tool, ToolAnnotations, ToolRegistry, ToolSpec};
 use crate::error::tool::{ToolError, ToolErrorKind};
+use crate::error::{Cause, with_causes};
 
 /// The `mcpServers` document.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -134,6 +135,46 @@ pub struct UpstreamError {
     pub server: String,
     /// What failed.
     pub reason: String,
+    /// The error underneath (a spawn, the handshake, a header), if any.
+    #[source]
+    pub cause: Option<Cause>,
+}
+
+impl UpstreamError {
+    /// What failed and every cause under it, in one line (no server name).
+    pub fn explain(&self) -> String {
+        match &self.cause {
+            Some(cause) => format!("{}: {}", self.reason, with_causes(cause)),
+            None => self.reason.clone(),
+        }
+    }
+}
+
+/// Why an `mcpServers` document cannot be used.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum UpstreamsConfigError {
+    /// It is not JSON of the expected shape.
+    #[error("not an mcpServers document")]
+    NotMcpServers(#[source] serde_json::Error),
+    /// A server's name cannot be a tools' namespace.
+    #[error("server name {0:?}: it becomes the tools' namespace, so it must be an identifier ([A-Za-z_][A-Za-z0-9_]*)")]
+    BadServerName(String),
+}
+
+/// One server's failure to connect: what failed, and the error underneath.
+struct Failed {
+    reason: String,
+    cause: Option<Cause>,
+}
+
+impl Failed {
+    fn because(
+        reason: impl Into<String>,
+        cause: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
+    ) -> Self {
+        Failed { reason: reason.into(), cause: Some(Cause::new(cause)) }
+    }
 }
 
 /// How long connecting to one server and listing its tools may take.
@@ -158,19 +199,15 @@ impl std::fmt::Debug for Upstreams {
 
 impl UpstreamsConfig {
     /// Reads an `mcpServers` document.
-    pub fn from_json(text: &str) -> Result<Self, String> {
-        let config: UpstreamsConfig =
-            serde_json::from_str(text).map_err(|e| format!("not an mcpServers document: {e}"))?;
+    pub fn from_json(text: &str) -> Result<Self, UpstreamsConfigError> {
+        let config: UpstreamsConfig = serde_json::from_str(text).map_err(UpstreamsConfigError::NotMcpServers)?;
         for name in config.servers.keys() {
             let mut chars = name.bytes();
             let identifier = chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == b'_')
                 && chars.all(|c| c.is_ascii_alphanumeric() || c == b'_')
                 && name.len() <= 64;
             if !identifier {
-                return Err(format!(
-                    "server name {name:?}: it becomes the tools' namespace, so it must be an identifier \
-                     ([A-Za-z_][A-Za-z0-9_]*)"
-                ));
+                return Err(UpstreamsConfigError::BadServerName(name.clone()));
             }
         }
         Ok(config)
@@ -187,7 +224,7 @@ impl Upstreams {
             let errors = config
                 .servers
                 .keys()
-                .map(|server| UpstreamError { server: server.clone(), reason: "no tool runtime".into() })
+                .map(|server| UpstreamError { server: server.clone(), reason: "no tool runtime".into(), cause: None })
                 .collect();
             return (Upstreams::default(), errors);
         };
@@ -204,10 +241,11 @@ impl Upstreams {
                         tools.extend(listed);
                         services.push((name, service));
                     }
-                    Ok(Err(reason)) => errors.push(UpstreamError { server: name, reason }),
+                    Ok(Err(Failed { reason, cause })) => errors.push(UpstreamError { server: name, reason, cause }),
                     Err(_) => errors.push(UpstreamError {
                         server: name,
                         reason: format!("did not connect and list its tools within {} s", CONNECT_LIMIT.as_secs()),
+                        cause: None,
                     }),
                 }
             }
@@ -231,7 +269,7 @@ impl Upstreams {
 async fn connect_one(
     name: &str,
     server: &UpstreamConfig,
-) -> Result<(RunningService<RoleClient, ()>, Vec<Tool>), String> {
+) -> Result<(RunningService<RoleClient, ()>, Vec<Tool>), Failed> {
     let service = match server {
         UpstreamConfig::Stdio { command, args, env, .. } => {
             let mut cmd = tokio::process::Command::new(command);
@@ -245,32 +283,33 @@ async fn connect_one(
             let (transport, stderr) = rmcp::transport::TokioChildProcess::builder(cmd)
                 .stderr(std::process::Stdio::piped())
                 .spawn()
-                .map_err(|e| format!("cannot start {command}: {e}"))?;
+                .map_err(|e| Failed::because(format!("cannot start {command}"), e))?;
             if let Some(stderr) = stderr {
                 tokio::spawn(log_stderr(name.to_string(), stderr));
             }
-            ().serve(transport).await.map_err(|e| format!("MCP handshake failed: {e}"))?
+            ().serve(transport).await.map_err(|e| Failed::because("MCP handshake failed", e))?
         }
         UpstreamConfig::Http { url, headers, bearer_token_file, .. } => {
             use rmcp::transport::StreamableHttpClientTransport;
             use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
             let mut config = StreamableHttpClientTransportConfig::with_uri(url.as_str());
             if let Some(path) = bearer_token_file {
-                let token =
-                    std::fs::read_to_string(path).map_err(|e| format!("bearerTokenFile {}: {e}", path.display()))?;
+                let token = std::fs::read_to_string(path)
+                    .map_err(|e| Failed::because(format!("bearerTokenFile {}", path.display()), e))?;
                 config.auth_header = Some(token.trim().to_string());
             }
             for (header, value) in headers {
-                let header =
-                    http::HeaderName::try_from(header.as_str()).map_err(|e| format!("header {header}: {e}"))?;
-                let value = http::HeaderValue::try_from(value.as_str()).map_err(|e| format!("header value: {e}"))?;
+                let header = http::HeaderName::try_from(header.as_str())
+                    .map_err(|e| Failed::because(format!("header {header}"), e))?;
+                let value =
+                    http::HeaderValue::try_from(value.as_str()).map_err(|e| Failed::because("header value", e))?;
                 config.custom_headers.insert(header, value);
             }
             let transport = StreamableHttpClientTransport::from_config(config);
-            ().serve(transport).await.map_err(|e| format!("MCP handshake failed: {e}"))?
+            ().serve(transport).await.map_err(|e| Failed::because("MCP handshake failed", e))?
         }
     };
-    let listed = service.peer().list_all_tools().await.map_err(|e| format!("cannot list its tools: {e}"))?;
+    let listed = service.peer().list_all_tools().await.map_err(|e| Failed::because("cannot list its tools", e))?;
     let mut tools = Vec::new();
     for tool in listed {
         let full = format!("{name}.{}", tool.name);

@@ -454,27 +454,20 @@ fn with_total(buffer: BoundedBuffer, total: u64) -> crate::result::CapturedStrea
 
 /// The outcome and message of a worker that died during a run.
 fn crash_outcome(death: &Death, memory: u64) -> (Outcome, String) {
-    let stderr = death.stderr();
-    if stderr.contains("memory allocation of") {
+    if death.ran_out_of_memory() {
         return (
             Outcome::OutOfMemory,
             format!("memory limit of {memory} bytes reached: the JS engine could not allocate and was stopped"),
         );
     }
-    if stderr.contains("has overflowed its stack") {
+    if death.overflowed_stack() {
         return (Outcome::Failed, "the JS engine crashed: stack overflow (native recursion)".into());
     }
     (Outcome::Failed, describe_death(death))
 }
 
 pub(crate) fn describe_death(death: &Death) -> String {
-    let detail = |stderr: &str| {
-        stderr
-            .lines()
-            .find(|l| !l.trim().is_empty())
-            .map(|l| format!(": {}", cap_message(l.to_string())))
-            .unwrap_or_default()
-    };
+    let detail = || death.first_stderr_line().map(|l| format!(": {}", cap_message(l.to_string()))).unwrap_or_default();
     match death {
         Death::KilledByHost => "the JS engine was stopped".into(),
         Death::Signal { signal, .. } if *signal == libc::SIGSYS => {
@@ -483,10 +476,8 @@ pub(crate) fn describe_death(death: &Death) -> String {
         Death::Signal { signal, .. } if *signal == libc::SIGKILL => {
             "the JS engine was killed (SIGKILL from outside execbox, e.g. the kernel's OOM killer)".into()
         }
-        Death::Signal { signal, stderr } => {
-            format!("the JS engine crashed ({}){}", signal_name(*signal), detail(stderr))
-        }
-        Death::Exited { code, stderr } => format!("the JS engine exited with code {code}{}", detail(stderr)),
+        Death::Signal { signal, .. } => format!("the JS engine crashed ({}){}", signal_name(*signal), detail()),
+        Death::Exited { code, .. } => format!("the JS engine exited with code {code}{}", detail()),
     }
 }
 

@@ -83,7 +83,10 @@ impl BoaJs {
     pub(crate) fn open_session(&self) -> Result<JsSession, ExecError> {
         let core = self.core();
         let mut worker = core.start_worker(true).map_err(|why| why.into_error(JsSession::NAME))?;
-        let baseline = worker.process.vm_bytes().map_err(|e| ExecError::internal(JsSession::NAME, e.to_string()))?;
+        let baseline = worker
+            .process
+            .vm_bytes()
+            .map_err(|e| ExecError::internal_caused(JsSession::NAME, "cannot read the worker's size", e))?;
         let handle = worker.process.handle();
         Ok(JsSession {
             backend: self.clone(),

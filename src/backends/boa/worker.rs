@@ -96,7 +96,7 @@ pub(crate) fn serve() -> i32 {
     // happens once here, before the filter forbids what it would need.
     warm_up(&settings);
     if let Err(e) = lockdown::apply() {
-        eprintln!("execbox worker: {e}");
+        eprintln!("execbox worker: {}", crate::error::with_causes(&e));
         return 2;
     }
     let mut prepared = match Prepared::new(NO_BUDGET, &settings) {

@@ -381,7 +381,7 @@ fn compile(
     request: &ExecRequest,
     deadline: &Deadline,
 ) -> Result<Compiled, ExecError> {
-    let io = |e: std::io::Error| ExecError::internal(NAME, format!("cannot stage the compile: {e}"));
+    let io = |e: std::io::Error| ExecError::internal_caused(NAME, "cannot stage the compile", e);
     let dir = crate::owner::temp_dir("rustc").map_err(io)?;
     let handle = hostfs::open_ambient(dir.path()).map_err(io)?;
     let src_dir = hostfs::create_dirs(&handle, Path::new("src"), Some(0o755)).map_err(io)?;
@@ -498,7 +498,7 @@ fn compiled(
             let warnings: Vec<Diagnostic> =
                 diagnostics.into_iter().filter(|d| d.level == "warning" && d.line.is_some()).collect();
             store(target_dir, toolchain, key, cfg, &warnings)
-                .map_err(|e| ExecError::internal(NAME, format!("cannot cache the compiled program: {e}")))?;
+                .map_err(|e| ExecError::internal_caused(NAME, "cannot cache the compiled program", e))?;
             Ok(Compiled::Program { warnings })
         }
         process::Ended::Exited { oom_killed: true, .. } => Ok(failed(

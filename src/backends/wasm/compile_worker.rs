@@ -141,9 +141,11 @@ struct State {
 
 impl CompileWorkers {
     pub fn new(engine: &Engine, settings: CompileSettings, program: Option<PathBuf>, max_memory: u64) -> Self {
-        let program = crate::backends::worker::process::find_program(program.as_deref()).and_then(|p| {
-            if lockdown::supported() { Ok(p) } else { Err("no seccomp filter for this architecture".into()) }
-        });
+        let program = match crate::backends::worker::process::find_program(program.as_deref()) {
+            Ok(_) if !lockdown::supported() => Err("no seccomp filter for this architecture".to_string()),
+            Ok(program) => Ok(program),
+            Err(error) => Err(crate::error::with_causes(&error)),
+        };
         Self {
             settings,
             compatibility: compatibility(engine),
@@ -289,13 +291,13 @@ impl CompileWorkers {
             }
             Err(RecvError::Closed) => {
                 let death = worker.death();
-                if death.stderr().contains("memory allocation of") {
+                if death.ran_out_of_memory() {
                     Compiled::OutOfMemory(format!(
                         "compiling the module needed more than {} bytes (the compile memory cap)",
                         self.max_memory
                     ))
                 } else {
-                    let detail = death.stderr().lines().next().unwrap_or("").to_string();
+                    let detail = death.first_stderr_line().unwrap_or("no message");
                     Compiled::Invalid(format!("the compiler crashed on this module: {detail}"))
                 }
             }
@@ -336,7 +338,7 @@ pub(crate) fn serve() -> i32 {
     // Lazy initializations (ISA detection, tables) happen before the lockdown.
     let _ = engine.precompile_module(b"(module (func (export \"f\") (result i32) i32.const 1))");
     if let Err(e) = lockdown::apply() {
-        eprintln!("execbox compile worker: {e}");
+        eprintln!("execbox compile worker: {}", crate::error::with_causes(&e));
         return 2;
     }
     if send(&FromCompiler::Ready { compatibility: compatibility(&engine) }).is_err() {

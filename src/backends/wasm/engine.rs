@@ -233,7 +233,7 @@ impl WasmEngine {
                 .name("execbox-wasm".into())
                 .stack_size(self.cfg.max_wasm_stack.saturating_add(HOST_STACK))
                 .spawn_scoped(scope, f)
-                .map_err(|e| ExecError::internal(backend, format!("cannot spawn: {e}")))?
+                .map_err(|e| ExecError::internal_caused(backend, "cannot spawn the guest thread", e))?
                 .join()
                 .unwrap_or_else(|_| Err(ExecError::internal(backend, "guest thread panicked")))
         })

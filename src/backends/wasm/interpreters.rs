@@ -101,13 +101,15 @@ fn pinned_sha256(kind: Interpreter) -> Result<Key, ExecError> {
         Interpreter::Python => PYTHON_SHA256,
         Interpreter::QuickJs => QUICKJS_SHA256,
     };
-    decode_pin(pin).map_err(|why| ExecError::internal(kind.backend_name(), why))
+    decode_pin(pin).map_err(|e| {
+        ExecError::internal_caused(kind.backend_name(), format!("the pinned sha256 {pin:?} is not 64 hex digits"), e)
+    })
 }
 
 /// A pinned sha256 from its 64 hex digits; anything else is an error, never
 /// a key of zero bytes.
-fn decode_pin(pin: &str) -> Result<Key, String> {
-    Key::from_hex(pin).map_err(|e| format!("the pinned sha256 {pin:?} is not 64 hex digits: {e}"))
+fn decode_pin(pin: &str) -> Result<Key, hex::FromHexError> {
+    Key::from_hex(pin)
 }
 
 /// An interpreter compiled to WebAssembly, as a backend of its own
@@ -315,9 +317,7 @@ impl WasmInterpreter {
             })
             .map_err(|e| match e {
                 InvalidRequest::BadPath { .. } => self.unavailable(),
-                other => {
-                    ExecError::internal(self.kind().backend_name(), format!("cannot load the interpreter: {other}"))
-                }
+                other => ExecError::internal_caused(self.kind().backend_name(), "cannot load the interpreter", other),
             })?;
         *slot = Some(compiled.clone());
         Ok(compiled)
@@ -546,7 +546,7 @@ impl CallingTools<'_> {
         let stdout = stdio.stdout.clone();
         send(&sender);
         let watchdog = Watchdog::start(deadline, sender.clone())
-            .map_err(|e| ExecError::internal(backend, format!("cannot start a thread to watch the deadline: {e}")))?;
+            .map_err(|e| ExecError::internal_caused(backend, "cannot start a thread to watch the deadline", e))?;
         let result = run::run_with(engine, backend, compiled, job, stdin, stdio, deadline);
         channel.end();
         let cut_off = watchdog.stop();
@@ -668,7 +668,10 @@ mod tests {
         let typo = PYTHON_SHA256.replacen('e', "g", 1);
         for bad in [typo.as_str(), &PYTHON_SHA256[..62], &format!("{PYTHON_SHA256}00"), ""] {
             let err = decode_pin(bad).expect_err(bad);
-            assert!(err.contains("not 64 hex digits"), "{err}");
+            assert!(
+                matches!(err, hex::FromHexError::InvalidHexCharacter { .. } | hex::FromHexError::InvalidStringLength),
+                "{err}"
+            );
         }
     }
 }

@@ -282,7 +282,9 @@ fn new_store_with(
     let mut store = Store::new(engine.engine(), state);
     store.limiter(|s| &mut s.limits);
     if cfg.consume_fuel {
-        store.set_fuel(setup.fuel.unwrap_or(u64::MAX)).map_err(|e| ExecError::internal("wasm", format!("{e:#}")))?;
+        store
+            .set_fuel(setup.fuel.unwrap_or(u64::MAX))
+            .map_err(|e| ExecError::internal_caused("wasm", "cannot set the fuel", e))?;
     }
     Ok(store)
 }

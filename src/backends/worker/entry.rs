@@ -45,7 +45,7 @@ pub fn serve_if_worker() {
 /// Locks down, then opens a file: the seccomp filter must kill us first.
 fn seccomp_probe() -> i32 {
     if let Err(e) = lockdown::apply() {
-        eprintln!("execbox worker: {e}");
+        eprintln!("execbox worker: {}", crate::error::with_causes(&e));
         return 2;
     }
     // Forbidden: must never return.
@@ -64,16 +64,17 @@ pub fn lockdown_supported() -> bool {
 /// forbidden system call, and returns how it ended (a test of the filter:
 /// it must be killed by `SIGSYS`). `program` as in the module docs.
 #[doc(hidden)]
-pub fn probe_seccomp(program: Option<&std::path::Path>) -> Result<std::process::ExitStatus, String> {
-    let program = process::find_program(program)?;
+pub fn probe_seccomp(program: Option<&std::path::Path>) -> std::io::Result<std::process::ExitStatus> {
+    use std::io::Error;
+    let program = process::find_program(program).map_err(Error::other)?;
     let spec = process::SpawnSpec { program, role: Role::SeccompProbe, stack_bytes: 8 << 20 };
-    let mut worker = process::WorkerProcess::spawn(&spec).map_err(|e| e.to_string())?;
+    let mut worker = process::WorkerProcess::spawn(&spec)?;
     let _ = worker.recv::<()>(Some(std::time::Instant::now() + std::time::Duration::from_secs(10)), 64);
     let death = worker.death();
     use std::os::unix::process::ExitStatusExt;
     match death {
         process::Death::Signal { signal, .. } => Ok(std::process::ExitStatus::from_raw(signal)),
-        process::Death::Exited { code, stderr } => Err(format!("exited with {code}: {stderr}")),
-        process::Death::KilledByHost => Err("did not end in time".into()),
+        process::Death::Exited { code, stderr } => Err(Error::other(format!("exited with {code}: {stderr}"))),
+        process::Death::KilledByHost => Err(Error::other("did not end in time")),
     }
 }

@@ -25,20 +25,35 @@ fn target_arch() -> Option<TargetArch> {
     }
 }
 
+/// Why a worker could not lock itself down (it then exits before any request).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum LockdownError {
+    #[error("no seccomp filter for {}", std::env::consts::ARCH)]
+    NoFilter,
+    #[error("cannot build the seccomp filter")]
+    Build(#[source] seccompiler::BackendError),
+    #[error("cannot compile the seccomp filter")]
+    Compile(#[source] seccompiler::BackendError),
+    #[error("cannot set no_new_privs")]
+    NoNewPrivs(#[source] std::io::Error),
+    #[error("cannot install the seccomp filter")]
+    Install(#[source] seccompiler::Error),
+}
+
 /// Installs the filter on this (single-threaded) process. Irreversible.
-pub(crate) fn apply() -> Result<(), String> {
+pub(crate) fn apply() -> Result<(), LockdownError> {
     let program = engine_filter()?;
-    rustix::thread::set_no_new_privs(true).map_err(|e| format!("cannot set no_new_privs: {e}"))?;
-    seccompiler::apply_filter(&program).map_err(|e| format!("cannot install the seccomp filter: {e}"))
+    rustix::thread::set_no_new_privs(true).map_err(|e| LockdownError::NoNewPrivs(e.into()))?;
+    seccompiler::apply_filter(&program).map_err(LockdownError::Install)
 }
 
 /// The filter of an engine worker (see the module docs).
-fn engine_filter() -> Result<BpfProgram, String> {
-    let arch = target_arch().ok_or_else(|| format!("no seccomp filter for {}", std::env::consts::ARCH))?;
+fn engine_filter() -> Result<BpfProgram, LockdownError> {
+    let arch = target_arch().ok_or(LockdownError::NoFilter)?;
     let cond = |arg: u8, op: SeccompCmpOp, value: u64| {
-        SeccompCondition::new(arg, SeccompCmpArgLen::Qword, op, value).map_err(|e| e.to_string())
+        SeccompCondition::new(arg, SeccompCmpArgLen::Qword, op, value).map_err(LockdownError::Build)
     };
-    let rule = |conditions: Vec<SeccompCondition>| SeccompRule::new(conditions).map_err(|e| e.to_string());
+    let rule = |conditions: Vec<SeccompCondition>| SeccompRule::new(conditions).map_err(LockdownError::Build);
     let prot_exec = libc::PROT_EXEC as u64;
     let no_exec = || rule(vec![cond(2, SeccompCmpOp::MaskedEq(prot_exec), 0)?]);
     let me = u64::from(std::process::id());
@@ -82,8 +97,8 @@ fn engine_filter() -> Result<BpfProgram, String> {
     allow(libc::SYS_tgkill, vec![rule(vec![cond(0, SeccompCmpOp::Eq, me)?])?]);
 
     let filter = SeccompFilter::new(rules, SeccompAction::KillProcess, SeccompAction::Allow, arch)
-        .map_err(|e| format!("cannot build the seccomp filter: {e}"))?;
-    BpfProgram::try_from(filter).map_err(|e| format!("cannot compile the seccomp filter: {e}"))
+        .map_err(LockdownError::Build)?;
+    BpfProgram::try_from(filter).map_err(LockdownError::Compile)
 }
 
 /// Whether this machine can build the filter (for capability declarations).

@@ -49,4 +49,5 @@ pub(crate) mod process;
 pub(crate) mod role;
 
 pub use entry::{lockdown_supported, probe_seccomp, serve_if_worker};
+pub use process::WorkerProgramError;
 pub use role::PROGRAM_ENV;

@@ -107,6 +107,23 @@ impl Death {
             Death::Signal { stderr, .. } | Death::Exited { stderr, .. } => stderr,
         }
     }
+
+    /// Whether Rust's allocator aborted the worker: it hit its memory cap
+    /// (`memory allocation of N bytes failed`).
+    pub fn ran_out_of_memory(&self) -> bool {
+        self.stderr().contains("memory allocation of")
+    }
+
+    /// Whether Rust's guard page stopped native recursion in the worker.
+    #[cfg_attr(not(feature = "js"), allow(dead_code))]
+    pub fn overflowed_stack(&self) -> bool {
+        self.stderr().contains("has overflowed its stack")
+    }
+
+    /// The first non-blank line of stderr: a panic's or abort's message.
+    pub fn first_stderr_line(&self) -> Option<&str> {
+        self.stderr().lines().find(|line| !line.trim().is_empty())
+    }
 }
 
 impl WorkerProcess {
@@ -514,14 +531,47 @@ fn lock_in_child(host: u32, stack_bytes: u64) -> io::Result<()> {
     Ok(())
 }
 
+/// Why no program can serve as a worker (see the module docs for where one
+/// is looked for).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WorkerProgramError {
+    /// The configured program, or `$EXECBOX_WORKER`'s, is not a file.
+    #[error("the worker program {} ({from}) does not exist", path.display())]
+    Missing {
+        /// The path as given.
+        path: PathBuf,
+        /// Where it was given: `configured` or the environment variable.
+        from: &'static str,
+    },
+    /// The program's path cannot be made absolute.
+    #[error("the worker program {} cannot be resolved", path.display())]
+    Unresolvable {
+        /// The path as given.
+        path: PathBuf,
+        /// Why not.
+        #[source]
+        source: io::Error,
+    },
+    /// This process cannot name its own executable.
+    #[error("cannot find this executable")]
+    NoCurrentExe(#[source] io::Error),
+    /// Nothing was configured and no `execbox` binary lies where cargo puts one.
+    #[error(
+        "no worker program: call execbox::worker::serve_if_worker() at the top of main, set EXECBOX_WORKER \
+         to an execbox binary, or set the backend's worker_program"
+    )]
+    NotFound,
+}
+
 /// Finds the program that serves as a worker.
-pub(crate) fn find_program(explicit: Option<&Path>) -> Result<PathBuf, String> {
+pub(crate) fn find_program(explicit: Option<&Path>) -> Result<PathBuf, WorkerProgramError> {
     // Absolute: the worker starts in `/`, where a relative path means something else.
-    let existing = |path: PathBuf, from: &str| {
+    let existing = |path: PathBuf, from: &'static str| {
         if path.is_file() {
-            std::path::absolute(&path).map_err(|e| format!("the worker program {}: {e}", path.display()))
+            std::path::absolute(&path).map_err(|source| WorkerProgramError::Unresolvable { path, source })
         } else {
-            Err(format!("the worker program {} ({from}) does not exist", path.display()))
+            Err(WorkerProgramError::Missing { path, from })
         }
     };
     if let Some(path) = explicit {
@@ -530,17 +580,13 @@ pub(crate) fn find_program(explicit: Option<&Path>) -> Result<PathBuf, String> {
     if let Some(path) = std::env::var_os(PROGRAM_ENV) {
         return existing(path.into(), PROGRAM_ENV);
     }
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find this executable: {e}"))?;
+    let exe = std::env::current_exe().map_err(WorkerProgramError::NoCurrentExe)?;
     if HOOKED.get().is_some() {
         return Ok(exe);
     }
     let candidates =
         [exe.parent().map(|d| d.join("execbox")), exe.parent().and_then(Path::parent).map(|d| d.join("execbox"))];
-    candidates.into_iter().flatten().find(|p| p.is_file() && *p != exe).ok_or_else(|| {
-        "no worker program: call execbox::worker::serve_if_worker() at the top of main, set EXECBOX_WORKER \
-         to an execbox binary, or set the backend's worker_program"
-            .to_string()
-    })
+    candidates.into_iter().flatten().find(|p| p.is_file() && *p != exe).ok_or(WorkerProgramError::NotFound)
 }
 
 // A worker's conversation for an async caller: the same frames as

@@ -176,7 +176,7 @@ impl ToolFlags {
         let text = String::from_utf8(bytes).map_err(|_| format!("--upstreams {}: not UTF-8", path.display()))?;
         execbox::tools::UpstreamsConfig::from_json(&text)
             .map(Some)
-            .map_err(|e| format!("--upstreams {}: {e}", path.display()))
+            .map_err(|e| format!("--upstreams {}: {}", path.display(), execbox::with_causes(&e)))
     }
 }
 

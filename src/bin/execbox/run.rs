@@ -148,7 +148,7 @@ fn connect_upstreams(
     let Some(config) = flags.upstreams()? else { return Ok((Default::default(), None)) };
     let (upstreams, errors) = execbox::tools::Upstreams::connect(&config);
     if let Some(error) = errors.first() {
-        return Err(error.to_string());
+        return Err(execbox::with_causes(error));
     }
     let tools = upstreams.registry().map_err(|e| e.to_string())?;
     Ok((tools, Some(upstreams)))
