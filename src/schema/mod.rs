@@ -50,9 +50,6 @@ use crate::json::{json_depth_exceeds, json_fits};
 mod pattern;
 mod unique;
 
-/// Largest regular expression program a `pattern` may compile to.
-const REGEX_SIZE_LIMIT: usize = 1 << 20;
-
 /// Values nested deeper than this are checked on a thread of their own
 /// with [`VALIDATION_STACK`]: reporting a mismatch 100 levels down took
 /// more than 2 MiB of a debug build's stack (tokio's workers have 2 MiB),
@@ -149,7 +146,9 @@ impl JsonSchema {
             // pattern on a backtracking engine: an annotation only.
             .with_format("regex", |_: &str| true)
             .with_pattern_options(
-                jsonschema::PatternOptions::regex().size_limit(REGEX_SIZE_LIMIT).dfa_size_limit(REGEX_SIZE_LIMIT),
+                jsonschema::PatternOptions::regex()
+                    .size_limit(pattern::REGEX_SIZE_LIMIT)
+                    .dfa_size_limit(pattern::REGEX_SIZE_LIMIT),
             )
             // Exact: the validator's own hashes numbers as f64, so 2,048
             // different large integers share one, and a 1 MiB array of

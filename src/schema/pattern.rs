@@ -22,7 +22,9 @@ use regex_automata::nfa::thompson::backtrack::{self, BoundedBacktracker};
 use regex_automata::{Input, MatchError};
 use serde_json::{Map, Value};
 
-use super::REGEX_SIZE_LIMIT;
+/// Largest regular expression program a `pattern` may compile to (here and
+/// in the validator's own `pattern` options).
+pub(super) const REGEX_SIZE_LIMIT: usize = 1 << 20;
 
 /// The lazy DFA gives up once it cleared its cache this often while
 /// building a state for fewer than [`BYTES_PER_STATE`] bytes of text (the

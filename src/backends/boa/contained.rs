@@ -28,7 +28,8 @@ use crate::backends::boa::gauge::{LiveCount, WorkerGauge};
 use crate::backends::boa::job::job;
 use crate::backends::boa::worker::{FromWorker, Init};
 use crate::backends::worker::frame::RecvError;
-use crate::backends::worker::process::{Death, SpawnSpec, WorkerProcess, WorkerProgramError};
+use crate::backends::worker::process::{Death, SpawnSpec, WorkerProcess};
+use crate::backends::worker::program::WorkerProgramError;
 use crate::backends::worker::role::{EXIT_PROTOCOL_MISMATCH, PROGRAM_ENV, Role};
 use crate::capabilities::BackendCapabilities;
 use crate::error::{ConfigError, ExecError};
@@ -241,7 +242,7 @@ impl BoaJs {
 /// process when no worker program is found.
 fn spawn_spec(cfg: &BoaJsConfig) -> Result<SpawnSpec, Unavailable> {
     static WARNED: Once = Once::new();
-    let program = crate::backends::worker::process::find_program(cfg.worker_program.as_deref()).map_err(|error| {
+    let program = crate::backends::worker::program::find_program(cfg.worker_program.as_deref()).map_err(|error| {
         let reason = crate::error::with_causes(&error);
         let unavailable = if cfg.worker_program.is_some() {
             Unavailable::new(reason, "set BoaJsConfig::worker_program to an execbox binary of this build")

@@ -141,7 +141,7 @@ struct State {
 
 impl CompileWorkers {
     pub fn new(engine: &Engine, settings: CompileSettings, program: Option<PathBuf>, max_memory: u64) -> Self {
-        let program = match crate::backends::worker::process::find_program(program.as_deref()) {
+        let program = match crate::backends::worker::program::find_program(program.as_deref()) {
             Ok(_) if !lockdown::supported() => Err("no seccomp filter for this architecture".to_string()),
             Ok(program) => Ok(program),
             Err(error) => Err(crate::error::with_causes(&error)),

@@ -66,7 +66,7 @@ pub fn lockdown_supported() -> bool {
 #[doc(hidden)]
 pub fn probe_seccomp(program: Option<&std::path::Path>) -> std::io::Result<std::process::ExitStatus> {
     use std::io::Error;
-    let program = process::find_program(program).map_err(Error::other)?;
+    let program = super::program::find_program(program).map_err(Error::other)?;
     let spec = process::SpawnSpec { program, role: Role::SeccompProbe, stack_bytes: 8 << 20 };
     let mut worker = process::WorkerProcess::spawn(&spec)?;
     let _ = worker.recv::<()>(Some(std::time::Instant::now() + std::time::Duration::from_secs(10)), 64);

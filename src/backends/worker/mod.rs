@@ -46,8 +46,9 @@ mod entry;
 pub(crate) mod frame;
 pub(crate) mod lockdown;
 pub(crate) mod process;
+pub(crate) mod program;
 pub(crate) mod role;
 
 pub use entry::{lockdown_supported, probe_seccomp, serve_if_worker};
-pub use process::WorkerProgramError;
+pub use program::WorkerProgramError;
 pub use role::PROGRAM_ENV;

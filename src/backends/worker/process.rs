@@ -9,7 +9,7 @@ use std::io::{self, Read};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, ChildStderr, Command, ExitStatus, Stdio};
 use std::sync::OnceLock;
 use std::sync::mpsc;
@@ -21,7 +21,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::frame::{self, FrameReader, RecvError, Waited};
-use super::role::{HOOKED, PROGRAM_ENV, PROTOCOL, PROTOCOL_ENV, ROLE_ENV, Role};
+use super::role::{PROTOCOL, PROTOCOL_ENV, ROLE_ENV, Role};
 use crate::limits::child::ChildHandle;
 use crate::limits::write::{Endpoint, WriteError, set_nonblocking, write_all_until};
 
@@ -529,64 +529,6 @@ fn lock_in_child(host: u32, stack_bytes: u64) -> io::Result<()> {
         libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, CLOSE_RANGE_CLOEXEC);
     }
     Ok(())
-}
-
-/// Why no program can serve as a worker (see the module docs for where one
-/// is looked for).
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum WorkerProgramError {
-    /// The configured program, or `$EXECBOX_WORKER`'s, is not a file.
-    #[error("the worker program {} ({from}) does not exist", path.display())]
-    Missing {
-        /// The path as given.
-        path: PathBuf,
-        /// Where it was given: `configured` or the environment variable.
-        from: &'static str,
-    },
-    /// The program's path cannot be made absolute.
-    #[error("the worker program {} cannot be resolved", path.display())]
-    Unresolvable {
-        /// The path as given.
-        path: PathBuf,
-        /// Why not.
-        #[source]
-        source: io::Error,
-    },
-    /// This process cannot name its own executable.
-    #[error("cannot find this executable")]
-    NoCurrentExe(#[source] io::Error),
-    /// Nothing was configured and no `execbox` binary lies where cargo puts one.
-    #[error(
-        "no worker program: call execbox::worker::serve_if_worker() at the top of main, set EXECBOX_WORKER \
-         to an execbox binary, or set the backend's worker_program"
-    )]
-    NotFound,
-}
-
-/// Finds the program that serves as a worker.
-pub(crate) fn find_program(explicit: Option<&Path>) -> Result<PathBuf, WorkerProgramError> {
-    // Absolute: the worker starts in `/`, where a relative path means something else.
-    let existing = |path: PathBuf, from: &'static str| {
-        if path.is_file() {
-            std::path::absolute(&path).map_err(|source| WorkerProgramError::Unresolvable { path, source })
-        } else {
-            Err(WorkerProgramError::Missing { path, from })
-        }
-    };
-    if let Some(path) = explicit {
-        return existing(path.to_path_buf(), "configured");
-    }
-    if let Some(path) = std::env::var_os(PROGRAM_ENV) {
-        return existing(path.into(), PROGRAM_ENV);
-    }
-    let exe = std::env::current_exe().map_err(WorkerProgramError::NoCurrentExe)?;
-    if HOOKED.get().is_some() {
-        return Ok(exe);
-    }
-    let candidates =
-        [exe.parent().map(|d| d.join("execbox")), exe.parent().and_then(Path::parent).map(|d| d.join("execbox"))];
-    candidates.into_iter().flatten().find(|p| p.is_file() && *p != exe).ok_or(WorkerProgramError::NotFound)
 }
 
 // A worker's conversation for an async caller: the same frames as
