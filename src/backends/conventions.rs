@@ -23,25 +23,7 @@ pub(crate) fn cache_dir(env_var: &str, name: &str) -> Option<PathBuf> {
 /// exit would report it.
 macro_rules! python_helpers {
     () => {
-        "\
-import sys
-def load_input():
-    try:
-        f = open('/work/input.json', encoding='utf-8')
-    except FileNotFoundError:
-        return None
-    # Imported only when there is input: importing json costs CPython-in-wasm ~100 ms.
-    import json
-    with f:
-        return json.load(f)
-def exit_status(e):
-    if e.code is None:
-        return 0
-    if isinstance(e.code, int):
-        return e.code
-    print(e.code, file=sys.stderr)
-    return 1
-"
+        include_str!("conventions/helpers.py")
     };
 }
 
@@ -72,28 +54,7 @@ sys.argv = ['<code>'] + sys.argv[1:]
 /// cell is what holds).
 macro_rules! python_read_message {
     () => {
-        "\
-SESSION = object()
-def read_message(_read=__import__('os').read):
-    header = b''
-    while not header.endswith(b'\\n'):
-        if len(header) > 20:
-            return None
-        chunk = _read(0, 1)
-        if not chunk:
-            return None
-        header += chunk
-    if header == b'S\\n':
-        return SESSION
-    size = int(header)
-    data = bytearray()
-    while len(data) < size:
-        chunk = _read(0, size - len(data))
-        if not chunk:
-            return None
-        data += chunk
-    return data.decode('utf-8')
-"
+        include_str!("conventions/read_message.py")
     };
 }
 
@@ -117,81 +78,7 @@ def read_message(_read=__import__('os').read):
 #[cfg(any(feature = "wasm", feature = "container"))]
 macro_rules! python_tools_def {
     () => {
-        "\
-def _execbox_tools(names, exchange, _kept={}):
-    import itertools, json, sys
-    dumps, module = json.dumps, type(sys)
-    if not _kept:
-        class ToolError(Exception):
-            '''A tool call that produced no value: .tool, .kind ('not_granted', 'failed', 'timed_out', ...), .message.'''
-            def __init__(self, tool, kind, message):
-                Exception.__init__(self, '%s: %s (%s)' % (tool, kind, message))
-                self.tool, self.kind, self.message = tool, kind, message
-        ToolError.__module__ = 'tools'
-        tools = module('tools', 'The host tools this run may call: tools.<namespace>.<tool>(**args), '
-                       'tools.call(name, args), tools.list(), tools.describe(name); failures raise tools.ToolError.')
-        tools.__path__ = []
-        _kept.update(ToolError=ToolError, tools=tools, ids=itertools.count(1))
-    ToolError, tools, ids = _kept['ToolError'], _kept['tools'], _kept['ids']
-    def call(name, args=None):
-        '''Calls the tool `name` ('namespace.tool') with `args` (a dict); returns its value or raises tools.ToolError.'''
-        if not isinstance(name, str):
-            raise ToolError(repr(name), 'not_found', 'a tool name is a string')
-        if args is None:
-            args = {}
-        id = next(ids)
-        try:
-            frame = dumps({'tool_call': {'id': id, 'name': name, 'args': args}}, ensure_ascii=False,
-                          allow_nan=False, separators=(',', ':')).encode()
-        except (TypeError, ValueError) as e:
-            raise ToolError(name, 'invalid_arguments', 'the arguments are not JSON: %s' % e) from None
-        result = exchange(id, frame)
-        if result is None:
-            raise ToolError(name, 'cancelled', 'no answer: the run is over')
-        if result.get('ok'):
-            return result.get('value')
-        error = result.get('error') or {}
-        raise ToolError(error.get('tool', name), error.get('kind', 'protocol'), error.get('message', ''))
-    def list_tools():
-        '''The names of the tools this run may call.'''
-        return call('tools.list', {})
-    def describe(name):
-        '''The spec of the tool `name`: description, input_schema, ...'''
-        return call('tools.describe', {'name': name})
-    def bind(full):
-        def tool(args=None, /, **kwargs):
-            return call(full, kwargs if args is None else dict(args, **kwargs))
-        tool.__name__ = tool.__qualname__ = full.partition('.')[2]
-        tool.__doc__ = 'Calls the tool %r: returns its value or raises tools.ToolError.' % full
-        return tool
-    for key, value in list(vars(tools).items()):
-        if isinstance(value, module) and value.__name__ == 'tools.' + key:
-            delattr(tools, key)
-    tools.ToolError, tools.call, tools.list, tools.describe = ToolError, call, list_tools, describe
-    for full in names:
-        ns, _, short = full.partition('.')
-        space = sys.modules.get('tools.' + ns)
-        if space is None:
-            space = sys.modules['tools.' + ns] = module('tools.' + ns)
-            space.__package__ = 'tools'
-            if not hasattr(tools, ns):
-                setattr(tools, ns, space)
-        setattr(space, short, bind(full))
-    sys.modules['tools'] = tools
-def _execbox_take_tools(source, connect):
-    import sys
-    if 'tools' in sys.modules:
-        for name in [n for n in sys.modules if n == 'tools' or n.startswith('tools.')]:
-            del sys.modules[name]
-    if not source.startswith('\\0tools:'):
-        return source
-    import io, json
-    header, _, source = source.partition('\\n')
-    spec = json.loads(header[7:])
-    _execbox_tools(spec['names'], connect(spec))
-    sys.stdin = io.StringIO('')
-    return source
-"
+        include_str!("conventions/tools.py")
     };
 }
 
@@ -206,25 +93,7 @@ def _execbox_take_tools(source, connect):
 #[cfg(feature = "wasm")]
 macro_rules! python_stdio_def {
     () => {
-        "\
-def _execbox_stdio(read_message, _write=__import__('os').write):
-    def connect(spec):
-        from json import loads
-        marker = ('\\0execbox:' + spec['nonce'] + ':').encode()
-        def exchange(id, frame):
-            record = memoryview(marker + b'T%d:' % len(frame) + frame + b'\\n')
-            while record:
-                record = record[_write(1, record):]
-            while True:
-                answer = read_message()
-                if not isinstance(answer, str) or not answer.startswith('\\0'):
-                    return None
-                result = loads(answer[1:]).get('tool_result') or {}
-                if result.get('id') == id:
-                    return result
-        return exchange
-    return connect
-"
+        include_str!("conventions/stdio_carrier.py")
     };
 }
 
@@ -252,47 +121,7 @@ pub(crate) const TOOLS_SOCKET: &str = tools_socket!();
 #[cfg(feature = "container")]
 macro_rules! python_socket_def {
     () => {
-        "\
-def _execbox_socket(path, _state=[], _lock=__import__('_thread').allocate_lock()):
-    def connect(spec):
-        import os, socket
-        from json import loads
-        open_socket, unix, getpid = socket.socket, socket.AF_UNIX, os.getpid
-        def exchange(id, frame):
-            with _lock:
-                try:
-                    if _state and _state[2] != getpid():
-                        del _state[:]
-                    if not _state:
-                        conn = open_socket(unix)
-                        conn.connect(path)
-                        _state[:] = [conn, bytearray(), getpid()]
-                    conn, buffer = _state[0], _state[1]
-                    conn.sendall(frame + b'\\n')
-                    seen = 0
-                    while True:
-                        end = buffer.find(b'\\n', seen)
-                        if end < 0:
-                            seen = len(buffer)
-                            chunk = conn.recv(1 << 16)
-                            if not chunk:
-                                raise OSError('the host closed the connection')
-                            buffer += chunk
-                            continue
-                        line = bytes(buffer[:end])
-                        del buffer[:end + 1]
-                        seen = 0
-                        result = loads(line).get('tool_result') or {}
-                        if result.get('id') == id:
-                            return result
-                except (OSError, ValueError):
-                    if _state:
-                        _state[0].close()
-                        del _state[:]
-                    return None
-        return exchange
-    return connect
-"
+        include_str!("conventions/socket_carrier.py")
     };
 }
 
@@ -524,31 +353,7 @@ def _execbox_session(nonce, read_message):
 #[cfg(feature = "container")]
 macro_rules! python_empty_def {
     () => {
-        "\
-def _execbox_empty(top, _os=__import__('os')):
-    dirs, stack = [], [top]
-    while stack:
-        d = stack.pop()
-        try:
-            entries = list(_os.scandir(d))
-        except OSError:
-            continue
-        for e in entries:
-            try:
-                if e.is_dir(follow_symlinks=False):
-                    _os.chmod(e.path, 0o700)
-                    stack.append(e.path)
-                    dirs.append(e.path)
-                else:
-                    _os.unlink(e.path)
-            except OSError:
-                pass
-    for d in reversed(dirs):
-        try:
-            _os.rmdir(d)
-        except OSError:
-            pass
-"
+        include_str!("conventions/empty_dir.py")
     };
 }
 
@@ -616,4 +421,37 @@ pub(crate) fn json_stdout(stdout: &CapturedStream) -> Option<serde_json::Value> 
     // serde_json stops at 128 levels of nesting: a hostile stdout cannot
     // exhaust the stack here.
     serde_json::from_str(text).ok()
+}
+
+#[cfg(all(test, feature = "wasm", feature = "container"))]
+mod tests {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+
+    /// Every program execbox assembles from the `conventions/*.py` files
+    /// parses as Python (the host's `python3`, which CI's scripts need too).
+    #[test]
+    fn every_assembled_python_program_parses() {
+        let programs = [
+            ("PYTHON_BOOTSTRAP", super::PYTHON_BOOTSTRAP),
+            ("PYTHON_WARM_CONTAINER_BOOTSTRAP", super::PYTHON_WARM_CONTAINER_BOOTSTRAP),
+            ("PYTHON_WARM_CONTAINER_FAST_EXIT_BOOTSTRAP", super::PYTHON_WARM_CONTAINER_FAST_EXIT_BOOTSTRAP),
+            ("PYTHON_SOCKET_TOOLS_BOOTSTRAP", super::PYTHON_SOCKET_TOOLS_BOOTSTRAP),
+            ("TOOL_COMMAND", super::TOOL_COMMAND),
+            ("PYTHON_TOOLS_BOOTSTRAP", super::PYTHON_TOOLS_BOOTSTRAP),
+            ("PYTHON_SESSION_PROGRAM", super::PYTHON_SESSION_PROGRAM),
+            ("PYTHON_WARM_BOOTSTRAP", super::PYTHON_WARM_BOOTSTRAP),
+        ];
+        for (name, text) in programs {
+            let mut python = Command::new("python3")
+                .args(["-I", "-c", "import ast, sys; ast.parse(sys.stdin.read())"])
+                .stdin(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("python3 on the host");
+            python.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+            let out = python.wait_with_output().unwrap();
+            assert!(out.status.success(), "{name} is not Python: {}", String::from_utf8_lossy(&out.stderr));
+        }
+    }
 }
