@@ -99,13 +99,7 @@ pub(crate) fn serve() -> i32 {
         eprintln!("execbox worker: {}", crate::error::with_causes(&e));
         return 2;
     }
-    let mut prepared = match Prepared::new(NO_BUDGET, &settings) {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!("execbox worker: cannot build a context: {e}");
-            return 2;
-        }
-    };
+    let Some(mut prepared) = fresh_context(NO_BUDGET, &settings) else { return 2 };
     if out.send(&FromWorker::Ready).is_err() {
         return 0;
     }
@@ -121,13 +115,8 @@ pub(crate) fn serve() -> i32 {
             }
         };
         if !init.session && job.budget != prepared.budget {
-            prepared = match Prepared::new(job.budget, &settings) {
-                Ok(p) => p,
-                Err(e) => {
-                    eprintln!("execbox worker: cannot build a context: {e}");
-                    return 2;
-                }
-            };
+            let Some(fresh) = fresh_context(job.budget, &settings) else { return 2 };
+            prepared = fresh;
         }
         let deadline = Deadline::start(job.timeout);
         let console = Rc::new(StreamingConsole::new(job.max_stdout, job.max_stderr));
@@ -175,13 +164,8 @@ pub(crate) fn serve() -> i32 {
             // The dirty context goes now, while the host has its answer.
             drop(prepared);
             boa_gc::force_collect();
-            prepared = match Prepared::new(NO_BUDGET, &settings) {
-                Ok(p) => p,
-                Err(e) => {
-                    eprintln!("execbox worker: cannot build a context: {e}");
-                    return 2;
-                }
-            };
+            let Some(fresh) = fresh_context(NO_BUDGET, &settings) else { return 2 };
+            prepared = fresh;
         }
         // Ready again: the host prefers workers that say so.
         if out.send(&FromWorker::Ready).is_err() {
@@ -191,6 +175,12 @@ pub(crate) fn serve() -> i32 {
 }
 
 /// Runs a script that touches what boa initializes lazily, on a throwaway context.
+/// A fresh context with `budget`, or `None` (said on stderr) when none can
+/// be built: then the worker exits with 2.
+fn fresh_context(budget: u64, settings: &EngineSettings) -> Option<Prepared> {
+    Prepared::new(budget, settings).map_err(|e| eprintln!("execbox worker: cannot build a context: {e}")).ok()
+}
+
 fn warm_up(settings: &EngineSettings) {
     let Ok(mut prepared) = Prepared::new(NO_BUDGET, settings) else { return };
     let job = Job {
