@@ -149,7 +149,7 @@ impl Unavailable {
 
     /// The [`ExecError`] of a request this backend could not run.
     pub fn into_error(self, backend: &str) -> ExecError {
-        ExecError::BackendUnavailable { backend: backend.to_string(), reason: self.to_string() }
+        ExecError::BackendUnavailable { backend: backend.to_string(), reason: self.reason, fix: self.fix }
     }
 }
 

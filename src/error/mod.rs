@@ -202,12 +202,14 @@ pub enum ExecError {
     #[error("invalid request: {0}")]
     InvalidRequest(#[from] InvalidRequest),
     /// The backend exists but cannot run now (engine missing, image missing...).
-    #[error("backend {backend} is unavailable: {reason}")]
+    #[error("backend {backend} is unavailable: {reason}{}", fix.as_ref().map(|fix| format!(" — {fix}")).unwrap_or_default())]
     BackendUnavailable {
         /// Backend name.
         backend: String,
-        /// What is missing and how to fix it.
+        /// What is missing or broken.
         reason: String,
+        /// What to do about it, if execbox knows (see [`crate::Unavailable`]).
+        fix: Option<String>,
     },
     /// The backend had no free capacity (pool slot, worker) before the
     /// request's deadline passed; no code ran. Retrying later may succeed.
@@ -305,6 +307,11 @@ impl fmt::Display for RejectionList<'_> {
 }
 
 impl ExecError {
+    /// An [`ExecError::BackendUnavailable`] of `backend` with no known fix.
+    pub fn unavailable(backend: &str, reason: impl Into<String>) -> Self {
+        ExecError::BackendUnavailable { backend: backend.to_string(), reason: reason.into(), fix: None }
+    }
+
     /// An [`ExecError::Internal`] of `backend`.
     pub fn internal(backend: &str, message: impl Into<String>) -> Self {
         ExecError::Internal { backend: backend.to_string(), message: message.into(), cause: None }

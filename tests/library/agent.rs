@@ -100,7 +100,7 @@ impl Backend for Flaky {
 }
 
 fn unavailable() -> ExecError {
-    ExecError::BackendUnavailable { backend: "flaky".into(), reason: "spawn failed".into() }
+    ExecError::unavailable("flaky", "spawn failed")
 }
 
 fn internal() -> ExecError {

@@ -152,9 +152,13 @@ fn missing_engine_is_unavailable_with_the_fix() {
     assert!(reason.fix.as_deref().unwrap_or("").contains("scripts/start-container-engine.sh"), "{reason}");
     let exec = Executor::builder().backend(container).build();
     match exec.execute_blocking(python("print(1)")) {
-        Err(ExecError::BackendUnavailable { backend, reason }) => {
+        Err(ExecError::BackendUnavailable { backend, reason, fix }) => {
             assert_eq!(backend, "container");
-            assert!(reason.contains("start-container-engine"), "{reason}");
+            // The fix stays a field of its own, and the message says it.
+            let fix = fix.expect("a fix");
+            assert!(fix.contains("start-container-engine"), "{reason} / {fix}");
+            let error = ExecError::BackendUnavailable { backend, reason, fix: Some(fix) };
+            assert!(error.to_string().contains("start-container-engine"), "{error}");
         }
         other => panic!("expected BackendUnavailable, got {other:?}"),
     }
@@ -1124,7 +1128,7 @@ fn an_engine_that_ignores_the_profile_is_unavailable_and_runs_nothing() {
     // Not synchronisation: past the 2 s a negative answer is kept, so the run probes again.
     std::thread::sleep(Duration::from_millis(2100));
     match exec.execute_blocking(python("print(1)")) {
-        Err(ExecError::BackendUnavailable { backend, reason }) => {
+        Err(ExecError::BackendUnavailable { backend, reason, .. }) => {
             assert_eq!(backend, "container");
             assert!(reason.contains("io_uring_setup reached the kernel"), "{reason}");
         }

@@ -328,5 +328,6 @@ fn ended() -> ExecError {
         backend: JsSession::NAME.into(),
         reason: "this session ended (a call timed out, ran out of memory or crashed the engine); its state is gone"
             .into(),
+        fix: None,
     }
 }

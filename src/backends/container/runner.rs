@@ -500,7 +500,7 @@ impl Runner {
 
     /// This backend is unavailable because of `reason`.
     pub fn unavailable(&self, reason: String) -> ExecError {
-        ExecError::BackendUnavailable { backend: NAME.into(), reason }
+        ExecError::unavailable(NAME, reason)
     }
 
     /// An engine failure: unavailable if it names a missing daemon or image

@@ -164,7 +164,7 @@ impl ContainerSession {
     /// granted directories and environment) and checks its loop with an
     /// empty cell.
     pub(super) fn open(runner: Arc<Runner>, spec: &SessionSpec) -> Result<Self, ExecError> {
-        let unavailable = |reason: String| ExecError::BackendUnavailable { backend: Self::NAME.into(), reason };
+        let unavailable = |reason: String| ExecError::unavailable(Self::NAME, reason);
         runner.check_available(runner::NAME)?;
         let cfg = runner.config();
         let nonce = crate::nonce::hex128();
@@ -305,6 +305,7 @@ impl ContainerSession {
             reason:
                 "this session ended (a call timed out, ran out of memory or ended its container); its state is gone"
                     .into(),
+            fix: None,
         }
     }
 

@@ -130,7 +130,7 @@ impl PythonSession {
         };
         let engine = session.engine.clone();
         let ticking = engine.ticker().run_guard();
-        let unavailable = |reason: String| ExecError::BackendUnavailable { backend: Self::NAME.into(), reason };
+        let unavailable = |reason: String| ExecError::unavailable(Self::NAME, reason);
         // The loop is defined in the warm bootstrap: `S` starts it with the nonce.
         let seen = session.stdin.send_raw(b"S\n".to_vec()).ok_or_else(|| unavailable("the instance ended".into()))?;
         session.stdin.send(nonce.as_bytes()).ok_or_else(|| unavailable("the instance ended".into()))?;
@@ -174,6 +174,7 @@ impl PythonSession {
             reason:
                 "this session ended (a call timed out, ran out of memory or ended the interpreter); its state is gone"
                     .into(),
+            fix: None,
         }
     }
 
