@@ -84,6 +84,7 @@ pub(crate) mod guest_backend;
 pub(crate) mod interpreters;
 mod linker;
 mod module_limits;
+mod priority;
 mod quickjs;
 mod run;
 pub(crate) mod session;
