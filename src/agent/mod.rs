@@ -16,7 +16,8 @@ mod extract;
 mod result;
 mod tool;
 
-pub use crate::sessions::registry::{SessionConfig, Sessions};
+pub use crate::sessions::config::SessionConfig;
+pub use crate::sessions::registry::Sessions;
 pub use driver::{AgentLoop, LoopFile, LoopReport, Message, Part, Role, StopReason, TraceStep};
 pub use executor::{BoxFuture, CodeExecutor, CodeExecutorError, ExecboxCodeExecutor, InvocationContext};
 pub use extract::{CodeBlock, CodeBlockExtractor, Delimiters, Extraction};

@@ -423,14 +423,17 @@ pub(crate) fn json_stdout(stdout: &CapturedStream) -> Option<serde_json::Value> 
     serde_json::from_str(text).ok()
 }
 
-#[cfg(all(test, feature = "wasm", feature = "container"))]
+#[cfg(test)]
 mod tests {
+    #[cfg(all(feature = "wasm", feature = "container"))]
     use std::io::Write;
+    #[cfg(all(feature = "wasm", feature = "container"))]
     use std::process::{Command, Stdio};
 
     /// Every program execbox assembles from the `conventions/*.py` files
     /// parses as Python (the host's `python3`, which CI's scripts need too).
     #[test]
+    #[cfg(all(feature = "wasm", feature = "container"))]
     fn every_assembled_python_program_parses() {
         let programs = [
             ("PYTHON_BOOTSTRAP", super::PYTHON_BOOTSTRAP),

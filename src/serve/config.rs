@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use crate::config::setters;
 use crate::defaults::BackendsConfig;
 use crate::policy::SandboxPolicy;
-use crate::sessions::registry::SessionConfig;
+use crate::sessions::config::SessionConfig;
 use crate::tools::ToolRegistry;
 
 /// How `execbox serve` runs. `Default`: the strict policy as the ceiling,

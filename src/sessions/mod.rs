@@ -30,13 +30,16 @@
 //!   gets [`SessionError::Lost`] once, with the reason, and only a call after
 //!   that may open a fresh one.
 
+pub(crate) mod config;
 pub(crate) mod error;
 pub(crate) mod registry;
 pub(crate) mod session;
 
+mod table;
 mod turns;
 
 pub use crate::session_spec::SessionSpec;
+pub use config::SessionConfig;
 pub use error::SessionError;
-pub use registry::{SessionConfig, Sessions, SessionsBuilder};
+pub use registry::{Sessions, SessionsBuilder};
 pub use session::{CALL_OVERRUN_LIMIT, Session, SessionBackend, new_id};

@@ -1,15 +1,17 @@
 //! The registry of live sessions: opening, admission of calls, expiry and
 //! the overrun backstop, closing. See the module docs of [`crate::sessions`].
 
-use parking_lot::{Mutex, MutexGuard};
-use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Weak};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tracing::Instrument;
 
+use super::config::SessionConfig;
 use super::error::SessionError;
 use super::session::{CALL_OVERRUN_LIMIT, Session, SessionBackend};
+use super::table::{Entry, Inner, State, end_all, expire};
 use super::turns::Turns;
 use crate::admission::{Admitted, Door, SpillStore, Target};
 use crate::error::{BackendRejection, ExecError};
@@ -19,30 +21,6 @@ use crate::request::ExecRequest;
 use crate::result::ExecResult;
 use crate::session_spec::{SessionSpec, fixed_at_open};
 use crate::tools::ToolRegistry;
-
-/// Bounds on sessions.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct SessionConfig {
-    /// Most sessions live (or opening) at once.
-    ///
-    /// # Default
-    /// 16.
-    pub max_sessions: usize,
-    /// A session unused this long is closed (and reported lost once).
-    ///
-    /// # Default
-    /// 5 minutes.
-    pub idle_timeout: Duration,
-}
-
-crate::config::setters!(SessionConfig { max_sessions: usize, idle_timeout: Duration });
-
-impl Default for SessionConfig {
-    fn default() -> Self {
-        Self { max_sessions: 16, idle_timeout: Duration::from_secs(300) }
-    }
-}
 
 /// The registry of live sessions. Cheap to clone (shared). Build with
 /// [`Sessions::builder`] or [`Sessions::for_executor`].
@@ -125,46 +103,6 @@ impl SessionsBuilder {
         }
     }
 }
-
-struct Inner {
-    cfg: SessionConfig,
-    backends: Vec<Arc<dyn SessionBackend>>,
-    /// The one door every call passes (an executor's, when built for one).
-    door: Door,
-    state: Mutex<State>,
-}
-
-#[derive(Default)]
-struct State {
-    live: HashMap<String, Entry>,
-    /// Sessions being opened: they count against the bound.
-    opening: usize,
-    /// Ids of sessions that ended without a close, with why; each is
-    /// reported once. Bounded: the oldest are forgotten.
-    lost: VecDeque<(String, String)>,
-    expiry_running: bool,
-    /// Numbers calls in flight.
-    next_call: u64,
-    /// Calls whose session the backstop killed because they overran their
-    /// deadline: they end as `timed_out`, not as closed.
-    overran: std::collections::HashSet<u64>,
-}
-
-struct Entry {
-    session: Arc<dyn Session>,
-    spec: Arc<SessionSpec>,
-    /// What its backend provides: later calls may declare these.
-    packages: Vec<String>,
-    /// Calls run one at a time, in arrival order.
-    turns: Arc<Turns>,
-    last_used: Instant,
-    /// Calls in flight (waiting for their turn or running), each with the
-    /// moment past which it overran its deadline (see [`CALL_OVERRUN_LIMIT`]).
-    calls: HashMap<u64, Instant>,
-}
-
-/// Lost ids remembered at most.
-const MAX_LOST: usize = 1024;
 
 impl Sessions {
     /// A registry to configure; see [`SessionsBuilder`].
@@ -717,91 +655,6 @@ impl Drop for Opening<'_> {
         if self.counted {
             self.inner.lock().opening -= 1;
         }
-    }
-}
-
-impl State {
-    fn remember_lost(&mut self, id: String, reason: String) {
-        self.lost.push_back((id, reason));
-        while self.lost.len() > MAX_LOST {
-            self.lost.pop_front();
-        }
-    }
-}
-
-impl Inner {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock()
-    }
-}
-
-/// Kills the sessions of removed entries (outside the registry's lock),
-/// then drops them.
-fn end_all(removed: &[Entry]) {
-    for entry in removed {
-        entry.session.kill();
-    }
-}
-
-/// The expiry thread: closes idle sessions and kills those whose call
-/// overran its deadline, until none is live or the registry is gone.
-fn expire(weak: Weak<Inner>) {
-    loop {
-        let Some(inner) = weak.upgrade() else { return };
-        let idle = inner.cfg.idle_timeout;
-        let tick = (idle / 4).clamp(Duration::from_millis(20), Duration::from_millis(500));
-        let ended: Vec<Entry> = {
-            let mut state = inner.lock();
-            let now = Instant::now();
-            let mut ended = Vec::new();
-            let overdue: Vec<u64> = state
-                .live
-                .values()
-                .flat_map(|e| e.calls.iter().filter(|(_, at)| now >= **at).map(|(call, _)| *call))
-                .collect();
-            state.overran.extend(overdue);
-            let ids: Vec<(String, &'static str)> = state
-                .live
-                .iter()
-                .filter_map(|(id, e)| {
-                    if e.calls.values().any(|overdue| now >= *overdue) {
-                        Some((id.clone(), "overran"))
-                    } else if e.calls.is_empty() && e.last_used.elapsed() >= idle {
-                        Some((id.clone(), "idle"))
-                    } else {
-                        None
-                    }
-                })
-                .collect();
-            for (id, why) in ids {
-                if let Some(entry) = state.live.remove(&id) {
-                    let reason = match why {
-                        "overran" => format!(
-                            "a call still ran {} s past its deadline, so the session was killed",
-                            CALL_OVERRUN_LIMIT.as_secs()
-                        ),
-                        _ => format!("idle for longer than {} ms", idle.as_millis()),
-                    };
-                    if why == "overran" {
-                        tracing::error!(session = %id, "a session call overran its deadline: killed by the registry");
-                    }
-                    state.remember_lost(id, reason);
-                    ended.push(entry);
-                }
-            }
-            if state.live.is_empty() && state.opening == 0 {
-                state.expiry_running = false;
-                drop(state);
-                end_all(&ended);
-                return;
-            }
-            ended
-        };
-        end_all(&ended);
-        drop(ended);
-        // Sleep without keeping the registry alive past its owners.
-        drop(inner);
-        std::thread::sleep(tick);
     }
 }
 
