@@ -81,6 +81,7 @@ mod gauge;
 mod inthread;
 mod job;
 mod lexer;
+mod pool;
 mod port;
 mod realm;
 mod session;

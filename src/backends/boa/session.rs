@@ -9,10 +9,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::admission::Admitted;
 use crate::backend::{RunFuture, Session, SessionBackend, blocking};
-use crate::backends::boa::contained::{BoaJs, Worker};
+use crate::backends::boa::contained::BoaJs;
 use crate::backends::boa::conversation::{Conversation, Limits, converse, converse_async};
 use crate::backends::boa::engine::{Job, Mode};
 use crate::backends::boa::job::job;
+use crate::backends::boa::pool::Worker;
 use crate::capabilities::BackendCapabilities;
 use crate::error::ExecError;
 use crate::language::Language;
