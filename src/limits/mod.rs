@@ -3,6 +3,8 @@
 //! and the caps on a result's other fields.
 
 #[cfg(any(feature = "js", feature = "wasm", feature = "container"))]
+pub(crate) mod backoff;
+#[cfg(any(feature = "js", feature = "wasm", feature = "container"))]
 pub(crate) mod child;
 pub mod deadline;
 pub(crate) mod nesting;

@@ -475,8 +475,12 @@ pub(super) fn refill(core: &Core) {
             continue;
         }
         if state.failures_in_a_row > 0 {
-            // Back off after failures: 50 ms, 100 ms, ... up to 5 s.
-            let pause = Duration::from_millis(50u64 << state.failures_in_a_row.min(7)).min(Duration::from_secs(5));
+            // Back off after failures: 100 ms, 200 ms, ... up to 5 s.
+            let pause = crate::limits::backoff::after_failures(
+                state.failures_in_a_row,
+                Duration::from_millis(100),
+                Duration::from_secs(5),
+            );
             core.changed.wait_for(&mut state, pause);
             if state.shutdown {
                 continue;

@@ -75,6 +75,8 @@ pub(super) const START_TIMEOUT: Duration = Duration::from_secs(60);
 pub(super) const HEALTH_EVERY: Duration = Duration::from_secs(1);
 /// Longest pause after failed starts before the next try.
 pub(super) const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// The pause after a package set's first failed start (doubled per failure after it).
+const FIRST_BACKOFF: Duration = Duration::from_millis(500);
 /// Longest a ready container may take to answer the probe a run takes it
 /// with (an answer takes well under a millisecond): one that does not
 /// (paused with `docker pause`, frozen, stuck) is removed, and the run
@@ -469,7 +471,7 @@ fn start(shared: &Arc<Shared>, id: u64, key: WarmKey) {
         (Err(e), Some(pool)) => {
             pool.starting -= 1;
             pool.failures = pool.failures.saturating_add(1);
-            let backoff = Duration::from_millis(250).saturating_mul(1 << pool.failures.min(7)).min(MAX_BACKOFF);
+            let backoff = crate::limits::backoff::after_failures(pool.failures, FIRST_BACKOFF, MAX_BACKOFF);
             pool.retry_at = Some(Instant::now() + backoff);
             if !shut_down {
                 tracing::warn!(error = %e, image = %key.image, packages = ?key.packages, "a warm container did not start; retrying in {backoff:?}");

@@ -635,7 +635,7 @@ impl Pool {
     fn note_failure(&self, why: &str) {
         let mut backoff = lock(&self.backoff);
         backoff.failures = backoff.failures.saturating_add(1);
-        let delay = BACKOFF_START.saturating_mul(1 << backoff.failures.min(16).saturating_sub(1)).min(BACKOFF_MAX);
+        let delay = crate::limits::backoff::after_failures(backoff.failures, BACKOFF_START, BACKOFF_MAX);
         backoff.retry_at = Some(Instant::now() + delay);
         tracing::warn!(
             backend = self.backend,
