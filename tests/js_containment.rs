@@ -145,11 +145,6 @@ fn every_hostile_class_ends_typed_and_the_host_serves_on() {
                 .into(),
             &[Outcome::OutOfMemory, Outcome::Failed],
         ),
-        (
-            "console.log of a 128 MiB typed array",
-            "console.log(new Uint8Array(128 * 2 ** 20)); return 1".into(),
-            &[Outcome::Ok],
-        ),
         // Native loops that ignore the budget.
         ("a loop in a native callback", "[1].map(() => { while (true) {} })".into(), &[Outcome::TimedOut]),
     ];
@@ -167,6 +162,15 @@ fn every_hostile_class_ends_typed_and_the_host_serves_on() {
             Err(e) => assert!(matches!(e, ExecError::InvalidRequest(_)), "{name}: {e}"),
         }
     }
+    // A 128 MiB typed array logged ends ok with a short line that says it
+    // is too large to print (the snapshot's element bound). Making it
+    // takes ~1.3 s of a debug build on an idle machine (over 3 s on a loaded
+    // 2-core one), so it has the ordinary deadline: what this checks is the
+    // log, not the engine's speed.
+    let logged = run(&backend, "console.log(new Uint8Array(128 * 2 ** 20)); return 1", policy()).unwrap();
+    assert_eq!(logged.outcome, Outcome::Ok, "{logged:?}");
+    let line = String::from_utf8_lossy(&logged.stdout.bytes);
+    assert!(line.starts_with("[unprintable: RangeError") && line.len() < 200, "{line}");
     still_serves(&backend);
 }
 
