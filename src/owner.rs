@@ -82,6 +82,10 @@ fn stat(pid: u32) -> Option<(char, u64)> {
 #[cfg(any(feature = "wasm", feature = "container"))]
 pub(crate) fn temp_dir(what: &str) -> std::io::Result<tempfile::TempDir> {
     sweep_stale_temp_dirs();
+    let open = TEMP_DIRS_CLOSED.read();
+    if open.contains(&what) {
+        return Err(std::io::Error::other("the host is shutting down"));
+    }
     tempfile::Builder::new().prefix(&format!("execbox-{what}-{}-", token())).tempdir()
 }
 
@@ -91,10 +95,29 @@ pub(crate) fn temp_dir(what: &str) -> std::io::Result<tempfile::TempDir> {
 pub(crate) fn private_temp_dir(what: &str) -> std::io::Result<tempfile::TempDir> {
     use std::os::unix::fs::PermissionsExt;
     sweep_stale_temp_dirs();
+    let open = TEMP_DIRS_CLOSED.read();
+    if open.contains(&what) {
+        return Err(std::io::Error::other("the host is shutting down"));
+    }
     tempfile::Builder::new()
         .prefix(&format!("execbox-{what}-{}-", token()))
         .permissions(std::fs::Permissions::from_mode(0o700))
         .tempdir()
+}
+
+/// The kinds of temporary directory this process makes no more (see
+/// [`close_temp_dirs`]). A maker holds the read lock while it checks and
+/// creates, so a directory is either made before a close or not at all.
+#[cfg(any(feature = "wasm", feature = "container"))]
+static TEMP_DIRS_CLOSED: parking_lot::RwLock<Vec<&'static str>> = parking_lot::RwLock::new(Vec::new());
+
+/// For a host about to exit on a signal: no directory of the kinds `whats`
+/// is made from now on (a maker gets an error), so a sweep of them that
+/// follows removes every one this process made, even while a run on
+/// another thread is still starting.
+#[cfg(feature = "container")]
+pub(crate) fn close_temp_dirs(whats: &[&'static str]) {
+    TEMP_DIRS_CLOSED.write().extend_from_slice(whats);
 }
 
 /// Removes, once per process and in the background, the temporary

@@ -873,7 +873,14 @@ mod on_task {
 
     /// A worker program that takes its job and then sends console frames
     /// without end: what a worker taken over by the code it runs could do.
+    /// Written once per process: rewriting it while an earlier test's
+    /// worker still runs it fails with ETXTBSY.
     fn flooding_worker() -> std::path::PathBuf {
+        static WRITTEN: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+        WRITTEN.get_or_init(write_flooding_worker).clone()
+    }
+
+    fn write_flooding_worker() -> std::path::PathBuf {
         let dir = std::env::temp_dir().join(format!("execbox-flood-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("flood.py");

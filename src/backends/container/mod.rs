@@ -154,7 +154,8 @@ impl Container {
     /// For a host about to exit (a SIGTERM/SIGINT handler's thread): kills
     /// and removes every container this process started on this engine,
     /// removes this process's staging directories, and refuses every later
-    /// run. Each engine command is bounded (5 s); runs in flight end with an
+    /// run (of every container backend of this process: none makes a staging
+    /// directory again). Each engine command is bounded (5 s); runs in flight end with an
     /// error. What a run was starting at that very moment is left to its
     /// in-container timer and to the watcher (see the module docs).
     pub fn shutdown(&self) {

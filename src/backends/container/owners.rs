@@ -201,11 +201,15 @@ pub(super) fn remove_own(engine: &Path, limit: Duration) {
 /// `execbox-rustc-<owner>-*`), tool sockets (`execbox-tools-<owner>-*`) and
 /// its copy of the seccomp profile (`execbox-seccomp-<owner>-*`), for a host
 /// about to exit on a signal: its `TempDir` handles will never be dropped.
-/// (Another backend of this process that runs after this writes a new copy
-/// of the profile.)
+/// From then on no container backend of this process makes such a
+/// directory, so none is left behind by a run that was still starting.
 pub(super) fn remove_own_temp_dirs() {
+    const KINDS: [&str; 4] = ["run", "rustc", "tools", "seccomp"];
+    // None is made after this: a run starting on another thread cannot
+    // leave one behind the sweep.
+    owner::close_temp_dirs(&KINDS);
     let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else { return };
-    let prefixes = ["run", "rustc", "tools", "seccomp"].map(|what| format!("execbox-{what}-{}-", owner::token()));
+    let prefixes = KINDS.map(|what| format!("execbox-{what}-{}-", owner::token()));
     for entry in entries.flatten() {
         let name = entry.file_name();
         let ours = name.to_str().is_some_and(|n| prefixes.iter().any(|p| n.starts_with(p.as_str())));
