@@ -128,7 +128,7 @@ pub(crate) async fn blocking<R: Send + 'static>(
 
 /// Why a backend cannot run anything now, and how to fix it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
-#[error("{reason}{}", fix.as_ref().map(|fix| format!(" — {fix}")).unwrap_or_default())]
+#[error("{reason}{}", crate::error::fix_suffix(fix))]
 pub struct Unavailable {
     /// What is missing or broken.
     pub reason: String,

@@ -81,28 +81,33 @@ fn stat(pid: u32) -> Option<(char, u64)> {
 /// below a run's.
 #[cfg(any(feature = "wasm", feature = "container"))]
 pub(crate) fn temp_dir(what: &str) -> std::io::Result<tempfile::TempDir> {
-    sweep_stale_temp_dirs();
-    let open = TEMP_DIRS_CLOSED.read();
-    if open.contains(&what) {
-        return Err(std::io::Error::other("the host is shutting down"));
-    }
-    tempfile::Builder::new().prefix(&format!("execbox-{what}-{}-", token())).tempdir()
+    make_temp_dir(what, None)
 }
 
 /// [`temp_dir`], but `0o700`: for what only this user's processes (the
 /// engine CLI) read.
 #[cfg(feature = "container")]
 pub(crate) fn private_temp_dir(what: &str) -> std::io::Result<tempfile::TempDir> {
+    make_temp_dir(what, Some(0o700))
+}
+
+/// `execbox-<what>-<owner>-<random>`, with `mode` if given, unless `what`
+/// is closed (see [`close_temp_dirs`]).
+#[cfg(any(feature = "wasm", feature = "container"))]
+fn make_temp_dir(what: &str, mode: Option<u32>) -> std::io::Result<tempfile::TempDir> {
     use std::os::unix::fs::PermissionsExt;
     sweep_stale_temp_dirs();
-    let open = TEMP_DIRS_CLOSED.read();
-    if open.contains(&what) {
+    let closed = TEMP_DIRS_CLOSED.read();
+    if closed.contains(&what) {
         return Err(std::io::Error::other("the host is shutting down"));
     }
-    tempfile::Builder::new()
-        .prefix(&format!("execbox-{what}-{}-", token()))
-        .permissions(std::fs::Permissions::from_mode(0o700))
-        .tempdir()
+    let prefix = format!("execbox-{what}-{}-", token());
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(&prefix);
+    if let Some(mode) = mode {
+        builder.permissions(std::fs::Permissions::from_mode(mode));
+    }
+    builder.tempdir()
 }
 
 /// The kinds of temporary directory this process makes no more (see

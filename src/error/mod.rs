@@ -202,7 +202,7 @@ pub enum ExecError {
     #[error("invalid request: {0}")]
     InvalidRequest(#[from] InvalidRequest),
     /// The backend exists but cannot run now (engine missing, image missing...).
-    #[error("backend {backend} is unavailable: {reason}{}", fix.as_ref().map(|fix| format!(" — {fix}")).unwrap_or_default())]
+    #[error("backend {backend} is unavailable: {reason}{}", fix_suffix(fix))]
     BackendUnavailable {
         /// Backend name.
         backend: String,
@@ -281,6 +281,12 @@ pub fn with_causes(error: &(dyn std::error::Error + 'static)) -> String {
         next = cause.source();
     }
     text
+}
+
+/// ` — <fix>` after a reason, or nothing: how an unavailable backend's fix
+/// reads wherever its reason is printed.
+pub(crate) fn fix_suffix(fix: &Option<String>) -> String {
+    fix.as_ref().map(|fix| format!(" — {fix}")).unwrap_or_default()
 }
 
 struct RejectionList<'a>(&'a [BackendRejection]);
