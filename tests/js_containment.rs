@@ -20,7 +20,7 @@ use execbox::{
 use serde_json::json;
 
 fn backend() -> BoaJs {
-    BoaJs::new(BoaJsConfig::default().worker_program(env!("CARGO_BIN_EXE_execbox"))).unwrap()
+    BoaJs::new(BoaJsConfig::default().worker_program(env!("CARGO_BIN_EXE_execbox-worker"))).unwrap()
 }
 
 fn policy() -> SandboxPolicy {
@@ -211,7 +211,8 @@ fn the_caps_hold_for_the_returned_value_and_the_message() {
 #[test]
 fn a_timed_out_worker_is_killed_and_uses_no_cpu() {
     let backend =
-        BoaJs::new(BoaJsConfig::default().idle_workers(1).worker_program(env!("CARGO_BIN_EXE_execbox"))).unwrap();
+        BoaJs::new(BoaJsConfig::default().idle_workers(1).worker_program(env!("CARGO_BIN_EXE_execbox-worker")))
+            .unwrap();
     backend.prepare(Duration::from_secs(20));
     assert_eq!(ready(&backend), 1);
     let pid = backend.idle_worker_pids()[0];
@@ -231,7 +232,7 @@ fn a_timed_out_worker_is_killed_and_uses_no_cpu() {
 #[test]
 fn a_forbidden_system_call_kills_the_worker() {
     use std::os::unix::process::ExitStatusExt;
-    let status = execbox::worker::probe_seccomp(Some(env!("CARGO_BIN_EXE_execbox").as_ref())).unwrap();
+    let status = execbox::worker::probe_seccomp(Some(env!("CARGO_BIN_EXE_execbox-worker").as_ref())).unwrap();
     assert_eq!(status.signal(), Some(libc_sigsys()), "{status:?}");
 }
 
@@ -268,9 +269,10 @@ fn workers_run_in_their_own_session_and_die_with_their_host() {
 /// answer, and afterwards the pool is back to its idle size with no zombies.
 #[test]
 fn mixed_runs_leave_no_workers_or_zombies_behind() {
-    let backend =
-        BoaJs::new(BoaJsConfig::default().idle_workers(2).max_workers(8).worker_program(env!("CARGO_BIN_EXE_execbox")))
-            .unwrap();
+    let backend = BoaJs::new(
+        BoaJsConfig::default().idle_workers(2).max_workers(8).worker_program(env!("CARGO_BIN_EXE_execbox-worker")),
+    )
+    .unwrap();
     let gauge = backend.worker_gauge();
     let hostile = [
         "[1].map(() => { while (true) {} })",
@@ -323,7 +325,8 @@ fn mixed_runs_leave_no_workers_or_zombies_behind() {
 fn sessions_are_contained_and_validated() {
     // No pooled workers: every live worker is a session's.
     let backend =
-        BoaJs::new(BoaJsConfig::default().worker_program(env!("CARGO_BIN_EXE_execbox")).idle_workers(0)).unwrap();
+        BoaJs::new(BoaJsConfig::default().worker_program(env!("CARGO_BIN_EXE_execbox-worker")).idle_workers(0))
+            .unwrap();
     let gauge = backend.worker_gauge();
     let sessions = Sessions::builder().backend(backend.clone()).build();
     sessions.open("s", SessionSpec::new(Language::JavaScript)).unwrap();
@@ -438,7 +441,8 @@ fn review_findings_stay_fixed() {
 #[test]
 fn a_cold_pool_reports_starting_workers_not_busy_ones() {
     let backend =
-        BoaJs::new(BoaJsConfig::default().idle_workers(1).worker_program(env!("CARGO_BIN_EXE_execbox"))).unwrap();
+        BoaJs::new(BoaJsConfig::default().idle_workers(1).worker_program(env!("CARGO_BIN_EXE_execbox-worker")))
+            .unwrap();
     match run(&backend, "return 1", policy().timeout(Duration::from_millis(1))) {
         Err(ExecError::Busy { reason, .. }) => assert!(reason.contains("still starting"), "{reason}"),
         Ok(r) => assert_eq!(r.outcome, Outcome::TimedOut), // the worker won the race
@@ -517,7 +521,8 @@ fn a_worker_killed_mid_call_ends_the_run_and_leaves_the_call_unknown() {
         .build()
         .unwrap();
     let backend =
-        BoaJs::new(BoaJsConfig::default().idle_workers(1).worker_program(env!("CARGO_BIN_EXE_execbox"))).unwrap();
+        BoaJs::new(BoaJsConfig::default().idle_workers(1).worker_program(env!("CARGO_BIN_EXE_execbox-worker")))
+            .unwrap();
     let gauge = backend.worker_gauge();
     backend.prepare(Duration::from_secs(20));
     assert_eq!(ready(&backend), 1);
@@ -555,9 +560,10 @@ fn a_worker_killed_mid_call_ends_the_run_and_leaves_the_call_unknown() {
 /// 2 workers ever live; after the burst the pool is back to its idle size.
 #[test]
 fn many_waiters_for_few_workers_are_all_served_in_turn() {
-    let backend =
-        BoaJs::new(BoaJsConfig::default().idle_workers(1).max_workers(2).worker_program(env!("CARGO_BIN_EXE_execbox")))
-            .unwrap();
+    let backend = BoaJs::new(
+        BoaJsConfig::default().idle_workers(1).max_workers(2).worker_program(env!("CARGO_BIN_EXE_execbox-worker")),
+    )
+    .unwrap();
     let gauge = backend.worker_gauge();
     let busy = "const t = Date.now(); while (Date.now() - t < 30) {} return input";
     let most = std::sync::atomic::AtomicUsize::new(0);
@@ -615,7 +621,8 @@ fn alive_idle(backend: &BoaJs) -> usize {
 /// A pool of `idle` workers, once all of them are ready, and its gauge.
 fn filled_pool(idle: usize) -> (BoaJs, WorkerGauge) {
     let backend =
-        BoaJs::new(BoaJsConfig::default().idle_workers(idle).worker_program(env!("CARGO_BIN_EXE_execbox"))).unwrap();
+        BoaJs::new(BoaJsConfig::default().idle_workers(idle).worker_program(env!("CARGO_BIN_EXE_execbox-worker")))
+            .unwrap();
     let gauge = backend.worker_gauge();
     assert!(wait_until(Duration::from_secs(30), || alive_idle(&backend) == idle), "the pool never filled");
     (backend, gauge)

@@ -15,7 +15,7 @@ use serde_json::json;
 
 #[test]
 fn memory_bombs_and_huge_values_leave_the_host_flat() {
-    let backend = BoaJs::new(BoaJsConfig::default().worker_program(env!("CARGO_BIN_EXE_execbox"))).unwrap();
+    let backend = BoaJs::new(BoaJsConfig::default().worker_program(env!("CARGO_BIN_EXE_execbox-worker"))).unwrap();
     let policy = SandboxPolicy::strict().timeout(Duration::from_secs(10));
     let warm = Executor::run_on(&backend, ExecRequest::javascript("return 1").policy(policy.clone())).unwrap();
     assert_eq!(warm.outcome, Outcome::Ok);

@@ -416,7 +416,7 @@ mod tests {
         // Opened (as a shell's `< fifo` is) while the writer was there; the
         // writer is gone before the server looks at its stdin. Reopened
         // non-blocking now, the FIFO would never report its end to the
-        // reactor (tests/cli/serve.rs has the server that never exited).
+        // reactor (cli/tests/cli/serve.rs has the server that never exited).
         let read = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(&path).unwrap();
         let mut write = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
         write.write_all(b"{\"jsonrpc\":\"2.0\"}\n").unwrap();

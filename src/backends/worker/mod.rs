@@ -8,7 +8,7 @@
 //! sessions) and wasm compile workers (every untrusted module is compiled in
 //! one). A worker is this crate's code running in another process: any
 //! binary that calls [`serve_if_worker`] first thing in `main` (the `execbox`
-//! CLI does).
+//! command and this crate's own `execbox-worker` binary do).
 //! Spawned as a worker, that call serves requests on stdin/stdout and exits;
 //! in any other process it returns at once. The program is found in this
 //! order (the first that applies wins):
@@ -17,8 +17,9 @@
 //! 2. `$EXECBOX_WORKER`: a path to a binary that calls [`serve_if_worker`]
 //!    (an installed `execbox` CLI works);
 //! 3. this process's own executable, if it called [`serve_if_worker`];
-//! 4. an `execbox` binary beside this executable or one directory up (where
-//!    cargo puts it for a crate's tests and benches).
+//! 4. an `execbox-worker` or `execbox` binary beside this executable or one
+//!    directory up (where cargo puts them for a crate's tests, examples and
+//!    benches).
 //!
 //! If none applies, backends that need workers report themselves
 //! unavailable with this list as the fix; nothing falls back silently to
@@ -45,8 +46,12 @@
 mod entry;
 pub(crate) mod frame;
 pub(crate) mod lockdown;
+#[cfg(feature = "js")]
+pub(crate) mod on_reactor;
 pub(crate) mod process;
 pub(crate) mod program;
+#[cfg(feature = "js")]
+pub(crate) mod registered;
 pub(crate) mod role;
 
 pub use entry::{lockdown_supported, probe_seccomp, serve_if_worker};

@@ -37,21 +37,21 @@ pub(crate) struct SpawnSpec {
 
 /// One live worker process.
 pub(crate) struct WorkerProcess {
-    child: Child,
+    pub(super) child: Child,
     pid: Pid,
     /// Frames to the worker (its stdin). A socket, not a pipe: written with
     /// `MSG_NOSIGNAL`, a dead worker is an `EPIPE` error, never a `SIGPIPE`
     /// that would kill a host which does not ignore it.
-    to_worker: UnixStream,
+    pub(super) to_worker: UnixStream,
     /// Names the process for kills from other threads (see [`ChildHandle`]).
-    handle: ChildHandle,
+    pub(super) handle: ChildHandle,
     /// Frames from the worker (its stdout), non-blocking.
-    frames: FrameReader<UnixStream>,
+    pub(super) frames: FrameReader<UnixStream>,
     stderr: ChildStderr,
     /// `/proc/<pid>/statm`, opened at spawn: its size is read before every run.
     statm: Option<File>,
     /// Set once the process is known dead (and reaped).
-    status: Option<ExitStatus>,
+    pub(super) status: Option<ExitStatus>,
     /// The host's own `RLIMIT_AS` hard limit, and its CPUs, when it started
     /// the worker.
     hard_as: Option<u64>,
@@ -59,15 +59,15 @@ pub(crate) struct WorkerProcess {
     host_cpus: Option<rustix::thread::CpuSet>,
     /// Sent SIGKILL by [`WorkerProcess::stop`], not yet reaped.
     #[cfg_attr(not(feature = "js"), allow(dead_code))]
-    stopped: bool,
+    pub(super) stopped: bool,
     /// Its sockets on a runtime's reactor, once an async caller talked to it.
     #[cfg(feature = "js")]
-    reactor: Option<Sockets>,
+    pub(super) reactor: Option<super::registered::Sockets>,
 }
 
 /// How long a worker that closed its end may take to exit before it is
 /// killed ([`WorkerProcess::death`]).
-const DEATH_WAIT: Duration = Duration::from_millis(500);
+pub(super) const DEATH_WAIT: Duration = Duration::from_millis(500);
 
 /// Why a frame did not reach a worker.
 #[derive(Debug)]
@@ -310,7 +310,7 @@ impl WorkerProcess {
 
     /// [`WorkerProcess::death`] once the wait for its exit is over
     /// (`exited`: the exit was seen).
-    fn death_after(&mut self, exited: bool) -> Death {
+    pub(super) fn death_after(&mut self, exited: bool) -> Death {
         if self.status.is_none() {
             if exited {
                 self.status = self.child.try_wait().ok().flatten();
@@ -354,9 +354,9 @@ impl WorkerProcess {
 pub(crate) struct Outbox {
     frames: VecDeque<Vec<u8>>,
     /// Bytes of the first frame already written.
-    written: usize,
+    pub(super) written: usize,
     /// A write failed: the worker is gone (its read side says how).
-    closed: bool,
+    pub(super) closed: bool,
 }
 
 #[cfg_attr(not(feature = "js"), allow(dead_code))]
@@ -378,12 +378,12 @@ impl Outbox {
         self.written == 0 && !self.closed
     }
 
-    fn wants_room(&self) -> bool {
+    pub(super) fn wants_room(&self) -> bool {
         !self.frames.is_empty() && !self.closed
     }
 
     /// Writes what the socket takes now, without waiting.
-    fn write_some(&mut self, to: &UnixStream) {
+    pub(super) fn write_some(&mut self, to: &UnixStream) {
         while let Some(front) = self.frames.front() {
             let flags = rustix::net::SendFlags::NOSIGNAL | rustix::net::SendFlags::DONTWAIT;
             match rustix::net::send(to, &front[self.written..], flags) {
@@ -529,283 +529,4 @@ fn lock_in_child(host: u32, stack_bytes: u64) -> io::Result<()> {
         libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, CLOSE_RANGE_CLOEXEC);
     }
     Ok(())
-}
-
-// A worker's conversation for an async caller: the same frames as
-// `WorkerProcess::send` and `WorkerProcess::exchange`, waited for on the
-// runtime's reactor rather than on a thread. Only where
-// `crate::reactor::here`: tokio panics registering a descriptor with a
-// runtime that has no I/O driver.
-#[cfg(feature = "js")]
-pub(crate) use on_reactor::{NoReactor, Registered, Sockets};
-
-#[cfg(feature = "js")]
-mod on_reactor {
-    use std::io;
-    use std::os::fd::{AsFd, OwnedFd};
-    use std::time::{Duration, Instant};
-
-    use serde::Serialize;
-    use serde::de::DeserializeOwned;
-    use tokio::io::Interest;
-    use tokio::io::unix::AsyncFd;
-
-    use crate::backends::worker::frame::{RecvError, Waited};
-    use crate::backends::worker::process::{DEATH_WAIT, Death, Outbox, SendError, WorkerProcess};
-
-    /// A descriptor registered with the current runtime's reactor. It owns a
-    /// duplicate of the descriptor it watches: dropping it deregisters and
-    /// closes the duplicate only, and never touches a descriptor number that
-    /// its owner may have closed and the process reused meanwhile.
-    pub(crate) struct Registered(AsyncFd<OwnedFd>);
-
-    /// The runtime's reactor cannot be waited on: it shut down (the runtime
-    /// is shutting down while a caller still polls, e.g. `Handle::block_on`
-    /// on a thread of its blocking pool), or a descriptor could not be
-    /// registered with it. Waiting on it again would return at once: a
-    /// conversation that kept trying would spin until its worker answers,
-    /// and forever for a worker that does not.
-    #[derive(Debug)]
-    pub(crate) struct NoReactor;
-
-    impl Registered {
-        /// Registers a duplicate of `fd` for `interest`.
-        pub fn new(fd: impl AsFd, interest: Interest) -> io::Result<Self> {
-            debug_assert!(crate::reactor::here(), "registered outside a runtime marked as having a reactor");
-            let duplicate = fd.as_fd().try_clone_to_owned()?;
-            Self::owning(duplicate, interest)
-        }
-
-        /// Registers `fd` itself, which it then owns.
-        fn owning(fd: OwnedFd, interest: Interest) -> io::Result<Self> {
-            // SAFETY: the `AsyncFd` owns `fd`, an open descriptor that stays
-            // open, and names the same file description, until the `AsyncFd`
-            // drops; `OwnedFd::as_raw_fd` always returns it.
-            let registered = unsafe { AsyncFd::register_with_interest(fd, interest) };
-            Ok(Self(registered?))
-        }
-
-        /// Waits until the descriptor may be ready for `interest`, then clears
-        /// that readiness: the caller's next attempt tells, and a descriptor
-        /// that turns out not ready is waited for again rather than spun on.
-        /// An error means the reactor is gone (the runtime is shutting down).
-        pub async fn wait(&self, interest: Interest) -> Result<(), NoReactor> {
-            let mut guard = self.0.ready(interest).await.map_err(|_| NoReactor)?;
-            guard.clear_ready();
-            Ok(())
-        }
-    }
-
-    /// A deadline on the reactor: a timerfd, kept with the worker. No wait of
-    /// an async conversation uses tokio's timer: polling one after its
-    /// runtime's time driver shut down panics, which a caller that polls
-    /// through `Handle::block_on` while the runtime is dropped would hit.
-    struct Alarm(Registered);
-
-    impl Alarm {
-        fn new() -> io::Result<Self> {
-            use rustix::time::{TimerfdClockId, TimerfdFlags, timerfd_create};
-            let fd = timerfd_create(TimerfdClockId::Monotonic, TimerfdFlags::NONBLOCK | TimerfdFlags::CLOEXEC)?;
-            Registered::owning(fd, Interest::READABLE).map(Self)
-        }
-
-        /// Rings at `until`, or never (`None`), replacing any earlier setting.
-        fn set(&self, until: Option<Instant>) -> Result<(), NoReactor> {
-            use rustix::time::{Itimerspec, TimerfdTimerFlags, Timespec, timerfd_settime};
-            let never = Timespec { tv_sec: 0, tv_nsec: 0 };
-            let value = match until {
-                // A zero value disarms: a deadline already past rings in 1 ns.
-                Some(at) => {
-                    Timespec::try_from(at.saturating_duration_since(Instant::now()).max(Duration::from_nanos(1)))
-                        .unwrap_or(Timespec { tv_sec: i64::MAX, tv_nsec: 0 })
-                }
-                None => never,
-            };
-            let spec = Itimerspec { it_interval: never, it_value: value };
-            timerfd_settime(self.0.0.get_ref(), TimerfdTimerFlags::empty(), &spec).map_err(|_| NoReactor)?;
-            Ok(())
-        }
-
-        /// Waits until it rang. Reads the expiry, so a readiness left from an
-        /// earlier setting is waited past.
-        async fn rung(&self) -> Result<(), NoReactor> {
-            loop {
-                let mut expiries = [0u8; 8];
-                match rustix::io::read(self.0.0.get_ref(), &mut expiries) {
-                    Ok(_) => return Ok(()),
-                    Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => {}
-                    Err(_) => return Err(NoReactor),
-                }
-                self.0.wait(Interest::READABLE).await?;
-            }
-        }
-    }
-
-    /// A worker's sockets on a runtime's reactor, kept with the worker
-    /// across runs (registering costs a `dup` and an `epoll_ctl` each way).
-    pub(crate) struct Sockets {
-        /// The runtime whose reactor they are registered with.
-        runtime: tokio::runtime::Id,
-        from_worker: Registered,
-        /// Registered only once a write found no room: a registration for
-        /// writability wakes the reactor at every change of room, which on a
-        /// small machine took CPU from the worker it waits for.
-        to_worker: Option<Registered>,
-        /// The deadline of its conversation (or of its reaping).
-        alarm: Alarm,
-    }
-
-    impl WorkerProcess {
-        /// Registers the worker's frames with the current runtime's reactor,
-        /// unless they are already. Only where [`crate::reactor::here`].
-        pub fn on_reactor(&mut self) -> io::Result<()> {
-            let runtime = tokio::runtime::Handle::try_current().map_err(io::Error::other)?.id();
-            if self.reactor.as_ref().is_none_or(|sockets| sockets.runtime != runtime) {
-                self.reactor = None;
-                let from_worker = Registered::new(&self.frames, Interest::READABLE)?;
-                self.reactor = Some(Sockets { runtime, from_worker, to_worker: None, alarm: Alarm::new()? });
-            }
-            Ok(())
-        }
-
-        /// Sets the deadline that [`WorkerProcess::send_async`],
-        /// [`WorkerProcess::exchange_async`] and the waits for an exit keep:
-        /// `None` for none (an idle worker's alarm is off: it would wake the
-        /// reactor for nothing).
-        pub fn set_alarm(&mut self, until: Option<Instant>) -> Result<(), NoReactor> {
-            self.reactor.as_ref().ok_or(NoReactor)?.alarm.set(until)
-        }
-
-        /// Registers the write side with the reactor, unless it is already
-        /// (see [`Sockets::to_worker`]).
-        fn watch_room(&mut self) -> Result<&Sockets, NoReactor> {
-            let sockets = self.reactor.as_mut().ok_or(NoReactor)?;
-            if sockets.to_worker.is_none() {
-                sockets.to_worker = Some(Registered::new(&self.to_worker, Interest::WRITABLE).map_err(|_| NoReactor)?);
-            }
-            Ok(sockets)
-        }
-
-        /// Waits on the reactor for room to write to the worker: false if the
-        /// alarm rang first.
-        async fn room(&mut self) -> Result<bool, NoReactor> {
-            let sockets = self.watch_room()?;
-            let to_worker = sockets.to_worker.as_ref().ok_or(NoReactor)?;
-            tokio::select! {
-                biased;
-                room = to_worker.wait(Interest::WRITABLE) => room.map(|()| true),
-                rung = sockets.alarm.rung() => rung.map(|()| false),
-            }
-        }
-
-        /// [`WorkerProcess::send`] for an async caller, after
-        /// [`WorkerProcess::on_reactor`]: the frame goes out as the worker
-        /// makes room, until the alarm ([`WorkerProcess::set_alarm`]) rings. A
-        /// frame cut short makes the worker unusable, as
-        /// [`SendError::TimedOut`] says; so does one cut short by
-        /// [`NoReactor`].
-        pub async fn send_async(&mut self, message: &impl Serialize) -> Result<Result<(), SendError>, NoReactor> {
-            let mut outbox = Outbox::default();
-            if outbox.push(message).is_err() {
-                return Ok(Err(SendError::Closed { written: 0 }));
-            }
-            loop {
-                outbox.write_some(&self.to_worker);
-                if outbox.closed {
-                    return Ok(Err(SendError::Closed { written: outbox.written }));
-                }
-                if outbox.len() == 0 {
-                    return Ok(Ok(()));
-                }
-                if !self.room().await? {
-                    return Ok(Err(SendError::TimedOut));
-                }
-            }
-        }
-
-        /// [`WorkerProcess::exchange`] for an async caller: the next frame,
-        /// meanwhile writing `outbox` as the worker makes room, or `Ok(None)`
-        /// as soon as `wake` is ready (the caller has frames to add and clears
-        /// `wake`), or [`RecvError::TimedOut`] once the alarm
-        /// ([`WorkerProcess::set_alarm`]) rings. Cancel-safe: a
-        /// partial frame read so far is kept for the next call, and the outbox
-        /// knows what it wrote.
-        pub async fn exchange_async<T: DeserializeOwned>(
-            &mut self,
-            outbox: &mut Outbox,
-            wake: Option<&Registered>,
-            max: usize,
-        ) -> Result<Result<Option<T>, RecvError>, NoReactor> {
-            loop {
-                outbox.write_some(&self.to_worker);
-                // Reads what is there, without waiting.
-                match self.frames.recv_or(None, max, |_, _| Waited::Interrupted) {
-                    Ok(None) => {}
-                    heard => return Ok(heard),
-                }
-                let wants_room = outbox.wants_room();
-                if wants_room {
-                    self.watch_room()?;
-                }
-                let sockets = self.reactor.as_ref().ok_or(NoReactor)?;
-                let woken = async {
-                    match wake {
-                        Some(wake) => wake.wait(Interest::READABLE).await,
-                        None => std::future::pending().await,
-                    }
-                };
-                let room = async {
-                    match &sockets.to_worker {
-                        Some(to_worker) if wants_room => to_worker.wait(Interest::WRITABLE).await,
-                        _ => std::future::pending().await,
-                    }
-                };
-                tokio::select! {
-                    biased;
-                    woken = woken => return woken.map(|()| Ok(None)),
-                    readable = sockets.from_worker.wait(Interest::READABLE) => readable?,
-                    room = room => room?,
-                    rung = sockets.alarm.rung() => return rung.map(|()| Err(RecvError::TimedOut)),
-                }
-            }
-        }
-
-        /// Reaps a worker that [`WorkerProcess::stop`] signalled, once it has
-        /// exited, waiting for that on the reactor (a worker not stopped is
-        /// left alone). If it has not exited within [`REAP_WAIT`] (stuck in the
-        /// kernel), reaping is left to its drop.
-        pub async fn reap_async(&mut self) {
-            if self.stopped && self.status.is_none() && self.exit_async(REAP_WAIT).await {
-                self.status = self.child.try_wait().ok().flatten();
-            }
-        }
-
-        /// [`WorkerProcess::death`] for an async caller: its wait for the exit
-        /// is on the reactor.
-        pub async fn death_async(&mut self) -> Death {
-            let exited = self.status.is_some() || self.exit_async(DEATH_WAIT).await;
-            self.death_after(exited)
-        }
-
-        /// Waits on the reactor, at most `limit`, until the worker has exited
-        /// (true). Does not reap it. Without a reactor to wait on, waits on
-        /// this thread (a stopped worker exits at once).
-        async fn exit_async(&mut self, limit: Duration) -> bool {
-            let until = Instant::now() + limit;
-            let exit = Registered::new(&self.handle, Interest::READABLE);
-            let waited = match (exit, self.set_alarm(Some(until)), self.reactor.as_ref()) {
-                (Ok(exit), Ok(()), Some(sockets)) => tokio::select! {
-                    biased;
-                    exited = exit.wait(Interest::READABLE) => exited.map(|()| true),
-                    rung = sockets.alarm.rung() => rung.map(|()| false),
-                },
-                _ => Err(NoReactor),
-            };
-            waited.unwrap_or_else(|NoReactor| self.handle.wait_exit(Some(until)))
-        }
-    }
-
-    /// How long a stopped worker may take to exit before its reaping is left to
-    /// its drop ([`WorkerProcess::reap_async`]).
-    const REAP_WAIT: Duration = Duration::from_secs(1);
 }

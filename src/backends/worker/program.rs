@@ -31,13 +31,17 @@ pub enum WorkerProgramError {
     /// This process cannot name its own executable.
     #[error("cannot find this executable")]
     NoCurrentExe(#[source] io::Error),
-    /// Nothing was configured and no `execbox` binary lies where cargo puts one.
+    /// Nothing was configured and no `execbox-worker` or `execbox` binary lies
+    /// where cargo puts one.
     #[error(
         "no worker program: call execbox::worker::serve_if_worker() at the top of main, set EXECBOX_WORKER \
          to an execbox binary, or set the backend's worker_program"
     )]
     NotFound,
 }
+
+/// The binaries built to serve as a worker: this crate's own, then the CLI.
+const WORKER_NAMES: [&str; 2] = ["execbox-worker", "execbox"];
 
 /// Finds the program that serves as a worker.
 pub(crate) fn find_program(explicit: Option<&Path>) -> Result<PathBuf, WorkerProgramError> {
@@ -59,7 +63,8 @@ pub(crate) fn find_program(explicit: Option<&Path>) -> Result<PathBuf, WorkerPro
     if HOOKED.get().is_some() {
         return Ok(exe);
     }
-    let candidates =
-        [exe.parent().map(|d| d.join("execbox")), exe.parent().and_then(Path::parent).map(|d| d.join("execbox"))];
-    candidates.into_iter().flatten().find(|p| p.is_file() && *p != exe).ok_or(WorkerProgramError::NotFound)
+    // Beside this executable, then one directory up (cargo's `deps/` and `examples/`).
+    let directories = [exe.parent(), exe.parent().and_then(Path::parent)];
+    let candidates = directories.into_iter().flatten().flat_map(|dir| WORKER_NAMES.map(|name| dir.join(name)));
+    candidates.into_iter().find(|p| p.is_file() && *p != exe).ok_or(WorkerProgramError::NotFound)
 }

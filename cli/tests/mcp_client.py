@@ -1,6 +1,6 @@
 """`execbox serve` through the official MCP Python SDK, as an agent would use it.
 
-Run by tests/cli/mcp_sdks.rs:  python mcp_client.py EXECBOX_BINARY
+Run by cli/tests/cli/mcp_sdks.rs:  python mcp_client.py EXECBOX_BINARY
 Checks stdio and streamable HTTP (with a bearer token): tools, a JS and a
 Python run, structuredContent, two failing programs in a row as normal
 results (their outcome first) and a refusal as an isError result, an

@@ -3,7 +3,7 @@
 // for its stdin and stdout, not pipes, so this drives the server's
 // socket-on-the-reactor path (src/serve/stdio_io.rs).
 //
-// node tests/mcp_ts_client.mjs <execbox binary> <@modelcontextprotocol/sdk dir>
+// node cli/tests/mcp_ts_client.mjs <execbox binary> <@modelcontextprotocol/sdk dir>
 // Prints "ok" last when every check held.
 
 import { pathToFileURL } from "node:url";

@@ -175,7 +175,7 @@ fn a_killed_cli_takes_its_js_worker_with_it() {
 mod wasm {
     use super::*;
 
-    const GUESTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/guests");
+    const GUESTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../guests");
 
     #[test]
     fn json_abi_guest_from_a_file() {
@@ -534,7 +534,7 @@ fn files_the_cli_reads_are_regular_and_bounded() {
             "--lang",
             "wasm",
             "--file",
-            "guests/prebuilt/wasi_tool.wasm",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/../guests/prebuilt/wasi_tool.wasm"),
             "--stdin-file",
             "/dev/zero",
             "--json",
@@ -672,4 +672,28 @@ fn artifacts_persist_across_runs_of_one_key() {
     let out = execbox(&["run", "--artifacts", store, "--code", "return 1", "--json"]);
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stdout).contains("--artifact-key"), "{out:?}");
+}
+
+#[test]
+#[cfg(feature = "wasm")]
+fn under_an_address_space_limit_the_wasm_engine_falls_back_and_still_runs() {
+    // What refuses the pool's reservation (`ulimit -v`) would refuse the
+    // 4 GiB each on-demand memory reserves by default too.
+    let cli = env!("CARGO_BIN_EXE_execbox");
+    let tool = concat!(env!("CARGO_MANIFEST_DIR"), "/../guests/prebuilt/wasi_tool.wasm");
+    let limited = |args: &str| {
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!("ulimit -v 8000000 && exec {cli} {args}"))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let backends: serde_json::Value = serde_json::from_str(&limited("backends --json")).unwrap();
+    let wasm = backends.as_array().unwrap().iter().find(|b| b["name"] == "wasm").unwrap();
+    let memory = wasm["capabilities"]["memory"]["how"].as_str().unwrap();
+    assert!(memory.contains("allocated on demand: the pooling allocator's reservation was refused"), "{memory}");
+    let run: serde_json::Value =
+        serde_json::from_str(&limited(&format!("run --lang wasm --file {tool} --arg args --arg hi --json"))).unwrap();
+    assert_eq!((run["outcome"].as_str(), run["stdout"].as_str()), (Some("ok"), Some("hi\n")), "{run}");
 }

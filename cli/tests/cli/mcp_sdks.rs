@@ -1,9 +1,9 @@
 //! `execbox serve` through the official MCP SDKs. Python (`mcp` on PyPI), as
 //! agents in Python use it: stdio and streamable HTTP with a bearer token,
-//! streamed output, progress, sessions (tests/mcp_client.py); and Code
-//! Mode against a real upstream server (tests/mcp_code_mode.py).
+//! streamed output, progress, sessions (cli/tests/mcp_client.py); and Code
+//! Mode against a real upstream server (cli/tests/mcp_code_mode.py).
 //! TypeScript (`@modelcontextprotocol/sdk` on npm), as Node hosts start a
-//! server: over a socket pair, not pipes (tests/mcp_ts_client.mjs).
+//! server: over a socket pair, not pipes (cli/tests/mcp_ts_client.mjs).
 //!
 //! Needs `scripts/install-mcp-client.sh` (and
 //! `scripts/install-mcp-upstreams.sh`); skips without them unless

@@ -9,6 +9,10 @@
 //! Modules by job: `run` (a one-shot run and its request), `serve` (the MCP
 //! server's start and stop), `render` (what is printed).
 
+// The flags' doc comments are their `--help` text, where `[:NAME]` is
+// literal, not a link.
+#![allow(rustdoc::broken_intra_doc_links)]
+
 mod render;
 mod run;
 #[cfg(feature = "serve")]

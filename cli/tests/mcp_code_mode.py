@@ -1,7 +1,7 @@
 """Code Mode through `execbox serve`, with the official MCP Python SDK as the
 client and the MCP project's "everything" server as a real upstream.
 
-Run by tests/cli/mcp_sdks.rs:  python mcp_code_mode.py EXECBOX_BINARY EVERYTHING_ENTRY_JS
+Run by cli/tests/cli/mcp_sdks.rs:  python mcp_code_mode.py EXECBOX_BINARY EVERYTHING_ENTRY_JS
 Checks: the catalog in run_code's description; JS and Python code calling
 upstream tools; the ledger in the result; approval by elicitation (accept,
 decline); the upstream's environment is its own (not the server's); a run
