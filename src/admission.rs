@@ -176,6 +176,7 @@ pub(crate) struct Finisher {
     spill: Option<SpillPlan>,
     schema: Option<JsonSchema>,
     deadline: Deadline,
+    workspace: Option<crate::workspace::Workspace>,
 }
 
 impl Finisher {
@@ -216,6 +217,9 @@ impl Finisher {
             #[cfg(feature = "artifacts")]
             if let Some(spill) = &self.spill {
                 spill.finish(&mut r);
+            }
+            if let Some(workspace) = &self.workspace {
+                r.workspace = workspace.usage().ok();
             }
             result_caps::cap_result(&mut r, &self.policy);
             if let Some(schema) = &self.schema {
@@ -403,6 +407,7 @@ impl Admitted {
             spill: self.spill.clone(),
             schema: self.request.output_schema.clone(),
             deadline: self.deadline,
+            workspace: self.request.workspace.clone(),
         }
     }
 

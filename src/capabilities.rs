@@ -176,6 +176,9 @@ pub struct BackendCapabilities {
     /// tool bridge (the code reaches exactly the granted tools, within the
     /// policy's tool limits).
     pub tools: SurfaceCapability,
+    /// A workspace ([`crate::workspace`]) seen read-write at `/work`,
+    /// within its quota. Not enforced by a backend that carries no files.
+    pub workspace: Enforcement,
     /// The deadline a run gets when its policy states none, in milliseconds:
     /// no backend runs without a limit. The executor writes it into the
     /// request's policy before the run.
@@ -212,6 +215,7 @@ impl BackendCapabilities {
             stderr_cap: yes(),
             processes: yes(),
             tools: SurfaceCapability { deny: yes(), allow_list: yes() },
+            workspace: yes(),
             default_timeout_ms: 1000,
         }
     }

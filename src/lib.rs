@@ -36,13 +36,13 @@ pub mod defaults;
 pub mod error;
 pub mod executor;
 mod file;
+mod hostfs;
 pub(crate) mod json;
 mod language;
 pub mod limits;
 pub mod matching;
 mod nonce;
 mod observe;
-#[cfg(any(feature = "wasm", feature = "container", feature = "artifacts"))]
 mod owner;
 pub mod policy;
 mod reactor;
@@ -56,6 +56,7 @@ pub mod sessions;
 pub(crate) mod text;
 pub mod tools;
 pub mod violation;
+pub mod workspace;
 
 /// execbox's own worker processes (contained JavaScript, wasm compiles): see
 /// [`backends::worker`].
@@ -81,6 +82,9 @@ pub use result::{CapturedStream, Diagnostic, ExecResult, FailureKind, Outcome, O
 pub use schema::{JsonSchema, SchemaError};
 pub use sessions::{Session, SessionBackend, SessionConfig, SessionError, SessionSpec, Sessions, SessionsBuilder};
 pub use violation::{Control, Violation};
+pub use workspace::{
+    CollectLimits, Collected, CollectedFile, Workspace, WorkspaceConfig, WorkspaceError, WorkspaceUsage,
+};
 
 // The README and every page of docs/ compiled as doctests: each Rust block
 // in them must build (and run, unless marked `no_run`) with `cargo test --doc`.
@@ -108,6 +112,9 @@ struct McpDoctests;
 #[cfg(doctest)]
 #[doc = include_str!("../docs/performance.md")]
 struct PerformanceDoctests;
+#[cfg(doctest)]
+#[doc = include_str!("../docs/workspaces.md")]
+struct WorkspacesDoctests;
 #[cfg(doctest)]
 #[doc = include_str!("../docs/sessions.md")]
 struct SessionsDoctests;

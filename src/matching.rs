@@ -83,6 +83,14 @@ pub fn check(caps: &BackendCapabilities, request: &ExecRequest) -> Result<(), Ve
     r.limit(Control::StderrCap, p.max_stderr_bytes, "bytes", &caps.stderr_cap);
     r.limit(Control::Processes, p.max_processes, "processes", &caps.processes);
     r.surface(Control::Tools, p.tools.is_asked(), p.tool_grants().is_none(), &caps.tools);
+    if let Some(workspace) = &request.workspace {
+        r.require(
+            caps.workspace.holds(),
+            Control::Workspace,
+            || workspace.id().into(),
+            || caps.workspace.detail().into(),
+        );
+    }
 
     if r.0.is_empty() { Ok(()) } else { Err(r.0) }
 }

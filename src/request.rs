@@ -123,6 +123,11 @@ pub struct ExecRequest {
     /// Who asked (an agent framework's invocation id): carried into the
     /// run's tracing span as `invocation`, never interpreted.
     pub invocation_id: Option<String>,
+    /// The workspace the run sees read-write at `/work` (never in JSON):
+    /// its files outlive the run, its quota holds the run's writes. Only
+    /// backends that enforce [`BackendCapabilities::workspace`](crate::capabilities::BackendCapabilities::workspace)
+    /// run it. See [`ExecRequest::workspace`].
+    pub workspace: Option<crate::workspace::Workspace>,
 }
 
 impl ExecRequest {
@@ -146,6 +151,7 @@ impl ExecRequest {
             artifact_scope: None,
             output_schema: None,
             invocation_id: None,
+            workspace: None,
         }
     }
 
@@ -256,6 +262,15 @@ impl ExecRequest {
         self.invocation_id = Some(id.into());
         self
     }
+
+    /// Runs in `workspace`: seen read-write at `/work`, where the request's
+    /// input files (and `input.json`, if it has an input) are written before
+    /// the run; what the code leaves there stays for the next run, on any
+    /// backend that carries files.
+    pub fn workspace(mut self, workspace: &crate::workspace::Workspace) -> Self {
+        self.workspace = Some(workspace.clone());
+        self
+    }
 }
 
 /// [`ExecRequest`]'s JSON shape.
@@ -344,6 +359,7 @@ impl TryFrom<RequestJson> for ExecRequest {
             artifact_scope: None,
             output_schema: j.output_schema,
             invocation_id: j.invocation_id,
+            workspace: None,
         })
     }
 }

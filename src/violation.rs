@@ -47,6 +47,8 @@ pub enum Control {
     Packages,
     /// Host tools the code may call.
     Tools,
+    /// A workspace seen read-write at `/work`, within its quota.
+    Workspace,
 }
 
 impl Control {
@@ -71,6 +73,7 @@ impl Control {
             Control::Processes => "processes",
             Control::Packages => "packages",
             Control::Tools => "tools",
+            Control::Workspace => "workspace",
         }
     }
 }

@@ -414,18 +414,27 @@ fn a_warm_run_may_start_as_many_processes_as_a_cold_one() {
         let cold = run(&c, request.clone());
         assert_eq!(cold.outcome, Outcome::Ok, "{cold:?}");
         assert_eq!(cold.stdout.text().lines().nth(1), Some(expect), "cold, --pids-limit={pids}: {cold:?}");
-        assert!(
-            wait_until(Duration::from_secs(60), || c.readiness().is_some_and(|r| r.ready >= 1)),
-            "no warm container starts under --pids-limit={pids}: {:?}",
-            c.readiness()
-        );
-        // Not synchronisation: the container must be visibly older than a run.
-        std::thread::sleep(Duration::from_millis(800));
-        let warm = run(&c, request);
-        assert_eq!(warm.outcome, Outcome::Ok, "{warm:?}");
-        let warm_age: f64 = warm.stdout.text().lines().next().and_then(|l| l.parse().ok()).unwrap_or(0.0);
-        assert!(warm_age >= 0.5, "not warm: {warm:?}");
-        assert_eq!(warm.stdout.text().lines().nth(1), Some(expect), "warm, --pids-limit={pids}: {warm:?}");
+        // A warm container that fails its health probe (a loaded machine:
+        // 250 ms) is replaced and the run goes cold; a later one is warm.
+        let mut warm_runs = Vec::new();
+        for _ in 0..3 {
+            assert!(
+                wait_until(Duration::from_secs(60), || c.readiness().is_some_and(|r| r.ready >= 1)),
+                "no warm container starts under --pids-limit={pids}: {:?}",
+                c.readiness()
+            );
+            // Not synchronisation: the container must be visibly older than a run.
+            std::thread::sleep(Duration::from_millis(800));
+            let warm = run(&c, request.clone());
+            assert_eq!(warm.outcome, Outcome::Ok, "{warm:?}");
+            assert_eq!(warm.stdout.text().lines().nth(1), Some(expect), "--pids-limit={pids}: {warm:?}");
+            let age: f64 = warm.stdout.text().lines().next().and_then(|l| l.parse().ok()).unwrap_or(0.0);
+            if age >= 0.5 {
+                break;
+            }
+            warm_runs.push(warm);
+        }
+        assert!(warm_runs.len() < 3, "no run was warm: {warm_runs:?}");
     }
     drop(c);
     assert_nothing_left(label, Duration::from_secs(20), "left behind");

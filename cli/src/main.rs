@@ -104,6 +104,15 @@ pub(crate) struct ServeArgs {
     /// frameworks spend their tool-retry budget on failed calls.
     #[arg(long)]
     pub(crate) failures_as_errors: bool,
+    /// Where `create_workspace` mounts workspaces (a tmpfs each; needs root).
+    #[arg(long, value_name = "DIR", default_value = execbox::workspace::DEFAULT_ROOT)]
+    pub(crate) workspace_root: std::path::PathBuf,
+    /// The largest quota a workspace may have, and its default, in MiB.
+    #[arg(long, value_name = "MIB", default_value_t = 64)]
+    pub(crate) workspace_quota_mb: u64,
+    /// Workspaces live at once across all connections (each may hold its quota in memory).
+    #[arg(long, value_name = "N", default_value_t = 16)]
+    pub(crate) max_workspaces: usize,
     /// How the log on stderr is written (`EXECBOX_LOG` sets the level, e.g. `info` for one span per run; default warn).
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub(crate) log_format: LogFormat,

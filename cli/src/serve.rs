@@ -75,6 +75,12 @@ pub(crate) fn serve(args: ServeArgs) -> ExitCode {
         .max_queued(args.max_queued)
         .sessions(sessions)
         .failures_as_errors(args.failures_as_errors)
+        .workspaces(
+            execbox::WorkspaceConfig::default()
+                .root(args.workspace_root)
+                .quota_bytes(args.workspace_quota_mb.saturating_mul(1 << 20)),
+        )
+        .max_workspaces(args.max_workspaces)
         .backends(
             args.backends.config(args.js_idle_workers, args.python_warm_pool).warm_containers(args.warm_containers),
         );

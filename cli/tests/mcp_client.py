@@ -6,10 +6,11 @@ Python run, structuredContent, two failing programs in a row as normal
 results (their outcome first) and a refusal as an isError result, an
 output schema,
 streamed stdout lines (logging), progress notifications, sessions, the
-token check. Prints "ok" at the end; any failed check raises.
+token check, workspaces (as root). Prints "ok" at the end; any failed check raises.
 """
 
 import asyncio
+import base64
 import os
 import socket
 import subprocess
@@ -32,7 +33,9 @@ def check(condition, what):
 
 async def exercise(session: ClientSession, logs: list, transport: str):
     tools = {t.name for t in (await session.list_tools()).tools}
-    check(tools == {"run_code", "list_backends", "create_session", "close_session"}, f"{transport}: tools {tools}")
+    expected = {"run_code", "list_backends", "create_session", "close_session",
+                "create_workspace", "close_workspace", "write_files", "read_files"}
+    check(tools == expected, f"{transport}: tools {tools}")
 
     r = await session.call_tool("run_code", {"language": "javascript", "code": "return input.map(x => x * 2)", "input": [1, 2, 3]})
     check(not r.is_error and r.structured_content["output"] == [2, 4, 6], f"{transport}: js {r}")
@@ -98,6 +101,25 @@ async def exercise(session: ClientSession, logs: list, transport: str):
     names = [b["name"] for b in r.structured_content["backends"]]
     check("boa-js" in names and "python-wasm" in names, f"{transport}: backends {names}")
     check("javascript" in r.structured_content["sessions"]["languages"], f"{transport}: session languages")
+
+    # Workspaces (mounting one needs root): a file written, used by a run, read back.
+    if os.geteuid() == 0:
+        r = await session.call_tool("create_workspace", {"quota_mb": 8})
+        check(not r.is_error and r.structured_content["quota_bytes"] == 8 << 20, f"{transport}: create_workspace {r}")
+        ws = r.structured_content["workspace_id"]
+        data = base64.b64encode(b"21").decode()
+        r = await session.call_tool("write_files", {"workspace_id": ws, "files": [{"path": "in.txt", "content_base64": data}]})
+        check(not r.is_error and r.structured_content["written"] == 1, f"{transport}: write_files {r}")
+        code = "n = int(open('/work/in.txt').read())\nopen('/work/out.txt', 'w').write(str(n * 2))"
+        r = await session.call_tool("run_code", {"language": "python", "code": code, "workspace_id": ws})
+        check(not r.is_error and r.structured_content["outcome"] == "ok", f"{transport}: run in a workspace {r}")
+        r = await session.call_tool("read_files", {"workspace_id": ws, "globs": ["*.txt"]})
+        files = {f["path"]: base64.b64decode(f["content_base64"]) for f in r.structured_content["files"]}
+        check(files == {"in.txt": b"21", "out.txt": b"42"}, f"{transport}: read_files {r}")
+        r = await session.call_tool("close_workspace", {"workspace_id": ws})
+        check(r.structured_content["closed"] is True, f"{transport}: close_workspace {r}")
+        r = await session.call_tool("read_files", {"workspace_id": ws, "globs": ["*"]})
+        check(r.is_error, f"{transport}: a closed workspace {r}")
 
     # Malformed arguments are a tool result the model can read (SEP-1303), not a JSON-RPC error.
     r = await session.call_tool("run_code", {"language": "javascript", "code": "1", "policy": {}})

@@ -52,6 +52,24 @@ check(!r.isError && r.structuredContent.outcome === "timed_out", "an endless loo
 r = await run({ language: "javascript", code: "return 1" });
 check(!r.isError && r.structuredContent.output === 1, "a call after the endless loop", r);
 
+// A workspace (mounting one needs root): a file from one run read by the next, in another language's backend.
+if (process.getuid() === 0) {
+  const call = (name, args) => client.callTool({ name, arguments: args });
+  r = await call("create_workspace", {});
+  check(!r.isError && typeof r.structuredContent.workspace_id === "string", "create_workspace", r);
+  const workspace_id = r.structuredContent.workspace_id;
+  r = await run({ language: "python", code: "open('/work/note.txt', 'w').write('from python')", workspace_id });
+  check(!r.isError && r.structuredContent.outcome === "ok", "a Python run writes into the workspace", r);
+  r = await run({ language: "shell", code: "cat /work/note.txt", workspace_id });
+  // Shell needs a container engine: without one (and not required) it is refused.
+  const noEngine = r.isError && r.structuredContent.error?.kind === "refused" && !process.env.EXECBOX_REQUIRE_CONTAINERS;
+  check(noEngine || (!r.isError && r.structuredContent.stdout === "from python"), "a shell run reads it", r.structuredContent);
+  r = await call("read_files", { workspace_id, globs: ["*.txt"] });
+  check(!r.isError && r.structuredContent.files.length === 1, "read_files", r.structuredContent);
+  r = await call("close_workspace", { workspace_id });
+  check(r.structuredContent.closed === true, "close_workspace", r);
+}
+
 await client.close();
 let alive = true;
 try {

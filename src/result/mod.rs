@@ -193,6 +193,9 @@ pub struct ExecResult {
     /// [`MAX_REPORTED_ERRORS`](crate::schema::MAX_REPORTED_ERRORS). In JSON
     /// only when not empty.
     pub output_errors: Vec<OutputError>,
+    /// How full the run's workspace was when the run ended (`full`: a write
+    /// past its quota failed), for a run in one. In JSON only when set.
+    pub workspace: Option<crate::workspace::WorkspaceUsage>,
 }
 
 impl ExecResult {
@@ -215,6 +218,7 @@ impl ExecResult {
             tool_calls: Vec::new(),
             spilled: None,
             output_errors: Vec::new(),
+            workspace: None,
         }
     }
 
@@ -259,6 +263,8 @@ struct ResultJsonRef<'a> {
     spilled: &'a Option<String>,
     #[serde(skip_serializing_if = "<[OutputError]>::is_empty")]
     output_errors: &'a [OutputError],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    workspace: &'a Option<crate::workspace::WorkspaceUsage>,
 }
 
 /// The owned side of [`ResultJsonRef`], for clients reading results back.
@@ -307,6 +313,8 @@ struct ResultJson {
     spilled: Option<String>,
     #[serde(default)]
     output_errors: Vec<OutputError>,
+    #[serde(default)]
+    workspace: Option<crate::workspace::WorkspaceUsage>,
 }
 
 impl Serialize for ExecResult {
@@ -334,6 +342,7 @@ impl Serialize for ExecResult {
             tool_calls: &self.tool_calls,
             spilled: &self.spilled,
             output_errors: &self.output_errors,
+            workspace: &self.workspace,
         }
         .serialize(serializer)
     }
@@ -372,6 +381,7 @@ impl<'de> Deserialize<'de> for ExecResult {
             tool_calls: j.tool_calls,
             spilled: j.spilled,
             output_errors: j.output_errors,
+            workspace: j.workspace,
         })
     }
 }

@@ -61,6 +61,20 @@ pub struct ServeConfig {
     /// None.
     #[cfg(feature = "artifacts")]
     pub artifacts: Option<crate::artifacts::ArtifactStoreConfig>,
+    /// Workspaces (`create_workspace`): where they are mounted, and the
+    /// largest quota a call may ask for (its default). A connection holds
+    /// at most 4; they are unmounted when it ends. Mounting needs root.
+    ///
+    /// # Default
+    /// [`WorkspaceConfig::default`](crate::workspace::WorkspaceConfig).
+    pub workspaces: crate::workspace::WorkspaceConfig,
+    /// Workspaces live at once across all connections: each may hold up
+    /// to its quota in memory (a tmpfs), so this bounds what clients can
+    /// make the host keep (16 × 64 MiB = 1 GiB with the defaults).
+    ///
+    /// # Default
+    /// 16.
+    pub max_workspaces: usize,
 }
 
 impl Default for ServeConfig {
@@ -79,6 +93,8 @@ impl Default for ServeConfig {
             upstreams: crate::tools::UpstreamsConfig::default(),
             #[cfg(feature = "artifacts")]
             artifacts: None,
+            workspaces: crate::workspace::WorkspaceConfig::default(),
+            max_workspaces: 16,
         }
     }
 }
@@ -92,6 +108,8 @@ setters!(ServeConfig {
     backends: BackendsConfig,
     failures_as_errors: bool,
     tools: ToolRegistry,
+    workspaces: crate::workspace::WorkspaceConfig,
+    max_workspaces: usize,
 });
 
 #[cfg(feature = "upstream")]

@@ -3,7 +3,8 @@
 //! sessions of one long-lived process.
 //!
 //! - **Tools**: `run_code`, `list_backends`, `create_session`,
-//!   `close_session` (see [`ExecboxMcp`]).
+//!   `close_session`, and the workspaces' `create_workspace`,
+//!   `close_workspace`, `write_files`, `read_files` (see [`ExecboxMcp`]).
 //! - **The configured policy is a ceiling** ([`ServeConfig::policy`]): a
 //!   call may shorten the deadline or lower the memory cap, nothing else.
 //!   Grants (directories, environment values, the container engine) come
@@ -37,9 +38,11 @@ mod stdio_io;
 mod stream;
 #[allow(deprecated)]
 mod tools;
+mod workspaces;
 
 pub use config::ServeConfig;
 pub use gate::SERVER;
 pub use http::HttpAccess;
 pub use server::Server;
 pub use tools::{CloseSessionArgs, CreateSessionArgs, ExecboxMcp, FileArg, LanguageArg, NoArgs, RunCodeArgs};
+pub use workspaces::{CreateWorkspaceArgs, ReadFilesArgs, WorkspaceFileArg, WorkspaceIdArgs, WriteFilesArgs};

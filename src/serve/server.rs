@@ -78,6 +78,7 @@ impl Server {
             cleanups: Default::default(),
             #[cfg(feature = "artifacts")]
             artifacts,
+            workspaces_live: Default::default(),
         };
         Ok(Self { shared: Arc::new(shared) })
     }

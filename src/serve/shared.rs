@@ -29,6 +29,19 @@ pub(crate) struct Shared {
     /// The artifact store, when the server keeps artifacts.
     #[cfg(feature = "artifacts")]
     pub artifacts: Option<ServeArtifacts>,
+    /// Workspaces live across all connections (at most
+    /// [`ServeConfig::max_workspaces`]: each may hold its quota in memory).
+    pub workspaces_live: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// One of the server's workspace slots, given back when dropped (with the
+/// workspace it was taken for: closed, or its connection ended).
+pub(crate) struct WorkspaceSlot(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for WorkspaceSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 /// The server's artifact store and the prefix of its scopes.
@@ -106,6 +119,14 @@ pub(crate) struct UpstreamStatus {
 }
 
 impl Shared {
+    /// A workspace slot, if fewer than the configured most are live.
+    pub fn take_workspace_slot(&self) -> Option<WorkspaceSlot> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let most = self.cfg.max_workspaces;
+        let taken = self.workspaces_live.fetch_update(SeqCst, SeqCst, |n| (n < most).then_some(n + 1));
+        taken.ok().map(|_| WorkspaceSlot(self.workspaces_live.clone()))
+    }
+
     /// The specs of the tools the server's policy grants, sorted by name.
     pub fn granted_tools(&self) -> Vec<std::sync::Arc<crate::tools::ToolSpec>> {
         let (Some(registry), Some(grants)) = (self.exec.tools(), self.cfg.policy.tool_grants()) else {
@@ -176,6 +197,7 @@ mod tests {
             cleanups: Default::default(),
             #[cfg(feature = "artifacts")]
             artifacts: None,
+            workspaces_live: Default::default(),
             cfg,
         };
         assert_eq!(shared.run_timeout_ms(None), 300_000, "the container-like default, not 30 s");

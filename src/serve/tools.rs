@@ -1,5 +1,5 @@
 //! The MCP tools: `run_code`, `list_backends`, `create_session`,
-//! `close_session`.
+//! `close_session` (the workspaces' tools are in `workspaces.rs`).
 //!
 //! A program that ran is the tool's answer, whatever its outcome (`ok`,
 //! `failed`, `timed_out`, `invalid_output`, ...): an ordinary result, its
@@ -69,14 +69,14 @@ const MAX_ARTIFACT_KEY_BYTES: usize = 128;
 /// looked up under this connection only, and close when it goes.
 #[derive(Clone)]
 pub struct ExecboxMcp {
-    shared: Arc<Shared>,
-    connection: Arc<Connection>,
+    pub(super) shared: Arc<Shared>,
+    pub(super) connection: Arc<Connection>,
     tool_router: ToolRouter<Self>,
 }
 
 /// Per-connection state; dropping the last handler clone closes the
 /// connection's sessions.
-struct Connection {
+pub(super) struct Connection {
     id: u64,
     shared: Arc<Shared>,
     /// The level the client asked for with `logging/setLevel`, if any.
@@ -84,6 +84,10 @@ struct Connection {
     /// The artifact scopes its runs used (removed when it ends).
     #[cfg(feature = "artifacts")]
     scopes: Mutex<std::collections::BTreeSet<String>>,
+    /// Its workspaces by the ids it was given, each with its server-wide
+    /// slot (unmounted and given back when it ends).
+    pub(super) workspaces:
+        Mutex<std::collections::HashMap<String, (crate::workspace::Workspace, super::shared::WorkspaceSlot)>>,
 }
 
 impl Connection {
@@ -184,6 +188,9 @@ pub struct RunCodeArgs {
     /// Run in this session (from `create_session`): state persists between calls.
     #[serde(default)]
     pub session_id: Option<String>,
+    /// Run in this workspace (from `create_workspace`): it is /work, read-write, and its files stay.
+    #[serde(default)]
+    pub workspace_id: Option<String>,
     /// Files staged for the code.
     #[serde(default)]
     pub files: Option<Vec<FileArg>>,
@@ -243,8 +250,9 @@ impl ExecboxMcp {
             log_level: Mutex::new(None),
             #[cfg(feature = "artifacts")]
             scopes: Mutex::new(Default::default()),
+            workspaces: Mutex::new(Default::default()),
         });
-        Self { shared, connection, tool_router: Self::tool_router() }
+        Self { shared, connection, tool_router: Self::tool_router() + Self::workspace_router() }
     }
 
     /// The request a call becomes: it asks only for the call's deadline and
@@ -272,6 +280,15 @@ impl ExecboxMcp {
             policy.memory_bytes = Some(mb.saturating_mul(1 << 20));
         }
         let mut request = ExecRequest::new(language, payload).policy(policy);
+        if let Some(id) = &args.workspace_id {
+            if args.session_id.is_some() {
+                return Err(
+                    "give session_id or workspace_id, not both: a session's cells do not run in a workspace".into()
+                );
+            }
+            let workspace = self.connection.workspaces.lock().get(id).map(|(workspace, _)| workspace.clone());
+            request.workspace = Some(workspace.ok_or_else(|| format!("no workspace {id} is open"))?);
+        }
         request.input = args.input;
         if args.session_id.is_none() {
             // A session's environment is the server's too, fixed when it opened.
@@ -566,7 +583,8 @@ impl ServerHandler for ExecboxMcp {
             "create_session" => serde_json::from_value::<CreateSessionArgs>(arguments).map(drop),
             "close_session" => serde_json::from_value::<CloseSessionArgs>(arguments).map(drop),
             "list_backends" => serde_json::from_value::<NoArgs>(arguments).map(drop),
-            _ => Ok(()), // the router answers unknown tools
+            // The workspaces' tools, or unknown ones (the router answers those).
+            other => Self::check_workspace_arguments(other, arguments),
         };
         if let Err(e) = checked {
             return Ok(invalid_arguments(&request.name, &e.to_string()).into());
@@ -620,7 +638,7 @@ fn rendered(result: ExecResult, failures_as_errors: bool) -> CallToolResult {
 
 /// Arguments a tool cannot use: `{"error": {"kind": "invalid_arguments",
 /// "message", "violations": []}}`, `isError`.
-fn invalid_arguments(tool: &str, reason: &str) -> CallToolResult {
+pub(super) fn invalid_arguments(tool: &str, reason: &str) -> CallToolResult {
     let message = crate::text::cap_message(format!("invalid arguments for {tool}: {reason}"));
     let body = json!({"error": {"kind": "invalid_arguments", "message": message, "violations": []}});
     structured(body, format!("invalid_arguments: {message}"), true)
@@ -636,7 +654,7 @@ fn refusal(error: &impl serde::Serialize) -> CallToolResult {
     structured(body, text, true)
 }
 
-fn structured(body: Value, text: String, is_error: bool) -> CallToolResult {
+pub(super) fn structured(body: Value, text: String, is_error: bool) -> CallToolResult {
     let mut result = CallToolResult::success(vec![ContentBlock::text(text)]);
     result.structured_content = Some(body);
     result.is_error = Some(is_error);

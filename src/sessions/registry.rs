@@ -398,6 +398,17 @@ impl Sessions {
     /// Holds a call's request to the ceiling; its cells share the
     /// session's artifacts unless their caller named a scope.
     fn prepare(&self, id: &str, request: &mut ExecRequest) -> Result<(), SessionError> {
+        if let Some(workspace) = &request.workspace {
+            // Whatever its backend: a session's instance was started
+            // without the workspace, so it cannot see one.
+            let violation = crate::violation::Violation {
+                control: crate::violation::Control::Workspace,
+                requested: workspace.id().into(),
+                reason: "a session's cells do not run in a workspace".into(),
+            };
+            let rejections = vec![BackendRejection { backend: format!("session {id}"), violations: vec![violation] }];
+            return Err(SessionError::Exec(ExecError::Refused { rejections }));
+        }
         self.inner.door.hold(request)?;
         request.artifact_scope.get_or_insert_with(|| Self::artifact_scope(id));
         Ok(())

@@ -71,6 +71,7 @@ impl Flaky {
                 deny: Enforcement::enforced("test"),
                 allow_list: Enforcement::enforced("test"),
             },
+            workspace: Enforcement::not_enforced("test"),
         };
         (Self { failures, error, exit_code, calls: calls.clone(), caps, seen: None }, calls)
     }

@@ -18,3 +18,4 @@ mod artifacts;
 mod container_backend;
 mod js_backend;
 mod policy_matrix;
+mod workspace;

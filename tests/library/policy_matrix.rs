@@ -50,6 +50,7 @@ fn caps(level: Level) -> BackendCapabilities {
         stderr_cap: e(),
         processes: e(),
         tools: surface(),
+        workspace: e(),
     }
 }
 

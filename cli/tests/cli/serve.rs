@@ -303,7 +303,13 @@ async fn sessions_are_bounded_and_belong_to_their_connection() {
 async fn http_sessions_are_isolated_per_connection_and_need_the_token() {
     let token = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(token.path(), "a-long-enough-test-token\n").unwrap();
-    let (mut server, port) = http_server(&["--token-file", token.path().to_str().unwrap()]);
+    let workspaces = tempfile::tempdir().unwrap();
+    let (mut server, port) = http_server(&[
+        "--token-file",
+        token.path().to_str().unwrap(),
+        "--workspace-root",
+        workspaces.path().to_str().unwrap(),
+    ]);
     let server = &mut server.0;
     // Raw JSON-RPC over HTTP (the Python SDK test covers a full client).
     let post = |auth: Option<&str>, session: Option<&str>, body: Value| {
@@ -360,6 +366,24 @@ async fn http_sessions_are_isolated_per_connection_and_need_the_token() {
     let stolen = tool(&two, "run_code", json!({"language": "js", "code": "s", "session_id": sid}));
     assert_eq!(stolen["error"]["kind"], "unknown_session", "{stolen}");
     assert_eq!(tool(&one, "run_code", json!({"language": "js", "code": "s", "session_id": sid}))["output"], "mine");
+    // So are workspaces (mounting one needs root): another connection of the
+    // same server cannot reach one by its id.
+    if rustix::process::geteuid().is_root() {
+        let ws = tool(&one, "create_workspace", json!({}))["workspace_id"].as_str().unwrap().to_string();
+        let files = json!([{"path": "mine.txt", "content_base64": "bWluZQ=="}]);
+        assert_eq!(tool(&one, "write_files", json!({"workspace_id": ws, "files": files}))["written"], 1);
+        for (name, arguments) in [
+            ("read_files", json!({"workspace_id": ws, "globs": ["**"]})),
+            ("write_files", json!({"workspace_id": ws, "files": []})),
+            ("run_code", json!({"language": "python", "code": "print(1)", "workspace_id": ws})),
+            ("close_workspace", json!({"workspace_id": ws})),
+        ] {
+            let theirs = tool(&two, name, arguments);
+            assert!(theirs.to_string().contains("no workspace") || theirs["closed"] == false, "{name}: {theirs}");
+        }
+        let mine = tool(&one, "read_files", json!({"workspace_id": ws, "globs": ["*.txt"]}));
+        assert_eq!(mine["files"][0]["content_base64"], "bWluZQ==", "{mine}");
+    }
     // Closing an MCP session: 204 (clients expect 200 or 204; rmcp says 202),
     // and the session is gone.
     let delete = std::process::Command::new("curl")
@@ -1256,4 +1280,75 @@ fn a_named_fifo_whose_writer_is_gone_is_read_to_its_end() {
     assert_eq!(status.unwrap().code(), Some(0));
     let answers = reader.join().unwrap();
     assert_eq!(answers.lines().count(), 2, "{answers}");
+}
+
+/// Workspaces over MCP: files written, used by a run, read back by globs;
+/// ids per connection; closed by `close_workspace` and by the connection's
+/// end. Skipped where this process cannot mount (not root) unless
+/// `EXECBOX_REQUIRE_WORKSPACES` is set.
+#[tokio::test(flavor = "multi_thread")]
+async fn workspaces_keep_files_across_runs_and_belong_to_their_connection() {
+    use base64::Engine as _;
+    let root = tempfile::tempdir().unwrap();
+    let ready = if rustix::process::geteuid().is_root() { Ok(()) } else { Err("workspaces need root") };
+    if !common::skip::available("EXECBOX_REQUIRE_WORKSPACES", ready) {
+        return;
+    }
+    let args =
+        ["--workspace-root", root.path().to_str().unwrap(), "--workspace-quota-mb", "4", "--max-workspaces", "2"];
+    let (client, _) = connect(&args).await;
+    let created = call(&client, "create_workspace", json!({})).await.unwrap();
+    let body = created.structured_content.unwrap();
+    assert_eq!(created.is_error, Some(false), "{body}");
+    let id = body["workspace_id"].as_str().unwrap().to_string();
+    assert_eq!(body["quota_bytes"], 4 << 20, "{body}");
+
+    let data = base64::engine::general_purpose::STANDARD.encode(br#"{"n": 41}"#);
+    let files = json!([{"path": "in/data.json", "content_base64": data}]);
+    let written = call(&client, "write_files", json!({"workspace_id": id, "files": files})).await.unwrap();
+    assert_eq!(written.structured_content.unwrap()["written"], 1);
+    let code =
+        "import json\nn = json.load(open('/work/in/data.json'))['n']\nopen('/work/out.txt', 'w').write(str(n + 1))";
+    let (result, is_error) = run(&client, json!({"language": "python", "code": code, "workspace_id": id})).await;
+    assert!(!is_error && result["outcome"] == "ok", "{result}");
+    assert_eq!(result["workspace"]["full"], false, "{result}");
+
+    let read = call(&client, "read_files", json!({"workspace_id": id, "globs": ["*.txt", "in/**"]})).await.unwrap();
+    let read = read.structured_content.unwrap();
+    let paths: Vec<&str> = read["files"].as_array().unwrap().iter().map(|f| f["path"].as_str().unwrap()).collect();
+    assert_eq!(paths, ["in/data.json", "out.txt"], "{read}");
+    assert_eq!(read["files"][1]["content_base64"], base64::engine::general_purpose::STANDARD.encode("42"));
+
+    let too_big = call(&client, "create_workspace", json!({"quota_mb": 5})).await.unwrap();
+    assert_eq!(too_big.is_error, Some(true));
+
+    // Another server's connection cannot reach it by its id (connections of
+    // one server: `http_sessions_are_isolated_per_connection_and_need_the_token`).
+    let (other, _) = connect(&args).await;
+    let (refused, is_error) = run(&other, json!({"language": "python", "code": "print(1)", "workspace_id": id})).await;
+    assert!(is_error && refused.to_string().contains("no workspace"), "{refused}");
+    let theirs = call(&other, "read_files", json!({"workspace_id": id, "globs": ["**"]})).await.unwrap();
+    assert_eq!(theirs.is_error, Some(true));
+    let mounts_under_root = || {
+        let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+        let root = root.path().to_str().unwrap().to_string();
+        mounts.lines().filter(|l| l.split(' ').nth(1).is_some_and(|m| m.starts_with(&root))).count()
+    };
+    assert_eq!(mounts_under_root(), 1);
+    // Each server counts its own (one server per stdio connection here).
+    call(&other, "create_workspace", json!({})).await.unwrap();
+    call(&client, "create_workspace", json!({})).await.unwrap();
+    assert_eq!(mounts_under_root(), 3);
+    let over = call(&client, "create_workspace", json!({})).await.unwrap();
+    assert_eq!(over.is_error, Some(true), "the server's third workspace");
+    assert!(over.structured_content.unwrap().to_string().contains("already holds 2 workspaces"));
+
+    let closed = call(&client, "close_workspace", json!({"workspace_id": id})).await.unwrap();
+    assert_eq!(closed.structured_content.unwrap()["closed"], true);
+    assert_eq!(mounts_under_root(), 2);
+    // A connection's end unmounts its workspaces.
+    other.cancel().await.unwrap();
+    assert!(wait_until_async(Duration::from_secs(10), || async { mounts_under_root() == 1 }).await);
+    client.cancel().await.unwrap();
+    assert!(wait_until_async(Duration::from_secs(10), || async { mounts_under_root() == 0 }).await);
 }

@@ -48,6 +48,7 @@ fn common(cfg: &BoaJsConfig, isolation: IsolationKind) -> BackendCapabilities {
             deny: none("without a grant the realm has no `tools` object and no channel to the host's tools"),
             allow_list: Enforcement::not_enforced("set per backend"),
         },
+        workspace: Enforcement::not_enforced("the realm has no filesystem API to see a workspace with"),
         default_timeout_ms: cfg.default_timeout_ms(),
     }
 }

@@ -74,7 +74,6 @@
 
 mod argv;
 mod config;
-pub(crate) mod hostfs;
 mod outputs;
 mod owners;
 mod process;
@@ -90,9 +89,9 @@ mod warm;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use crate::hostfs::{OutputDir, SaveError};
 pub use argv::{Mount, OutputTmpfs, RunSpec};
 pub use config::{ContainerConfig, RustConfig};
-pub use hostfs::{OutputDir, SaveError};
 pub use process::KILL_GRACE;
 pub use rust::RustCacheStats;
 pub use session::ContainerSession;

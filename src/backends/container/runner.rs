@@ -111,6 +111,7 @@ impl Runner {
             caps: capabilities(&cfg),
             session_caps: BackendCapabilities {
                 isolation: crate::capabilities::IsolationKind::ContainerPersistent,
+                workspace: Enforcement::not_enforced("a session's cells do not run in a workspace"),
                 ..capabilities(&cfg)
             },
             reaper: Reaper::new(cfg.engine.clone()),
@@ -567,6 +568,7 @@ impl Runner {
             && request.args.is_empty()
             && request.env.is_empty()
             && !grants
+            && request.workspace.is_none()
             && deadline.remaining().is_some_and(|left| left <= self.cfg.defaults.timeout);
         fits.then(|| {
             let mut packages = request.packages.clone();
@@ -797,6 +799,12 @@ fn capabilities(cfg: &ContainerConfig) -> BackendCapabilities {
                  for past the run's deadline and the socket closes when the run ends",
             ),
         },
+        workspace: E::enforced(
+            "bind-mounted read-write at /work (the input files and input.json written into it first; \
+             /work/out, when collected, stays the run's own tmpfs); the quota is the workspace's own tmpfs \
+             size and inode cap, enforced by the kernel on the container's writes (ENOSPC), and a hard link \
+             to a file outside it fails (EXDEV)",
+        ),
         default_timeout_ms: u64::try_from(cfg.defaults.timeout.as_millis()).unwrap_or(u64::MAX),
     }
 }

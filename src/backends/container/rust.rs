@@ -28,13 +28,13 @@ use sha2::{Digest, Sha256};
 
 use super::argv::{Mount, RunSpec};
 use super::config::RustConfig;
-use super::hostfs;
 use super::process::{self, KILL_GRACE};
 use super::runner::{Caps, NAME, RunEnd, Runner, container_name};
 use super::seccomp;
 use super::staging::{Staging, WORKDIR};
 use crate::admission::Admitted;
 use crate::error::ExecError;
+use crate::hostfs;
 use crate::limits::deadline::Deadline;
 use crate::limits::output::BoundedBuffer;
 use crate::request::ExecRequest;

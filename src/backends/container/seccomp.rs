@@ -68,8 +68,8 @@ use std::ffi::OsStr;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use super::hostfs;
 use crate::backend::Unavailable;
+use crate::hostfs;
 
 /// The profile's text, in docker's format (see the module docs).
 pub(super) const PROFILE: &str = include_str!("seccomp.json");

@@ -6,6 +6,10 @@
 //!   the container when the request collects output files, see `outputs.rs`);
 //! - `env`: the `--env-file` with exactly the request's variables.
 //!
+//! A run in a workspace gets the workspace at `/work` instead, read-write,
+//! its files written into it first (see `stage_workspace`); `/work/out`,
+//! when collected, is still the run's own tmpfs.
+//!
 //! Every file operation goes through a cap-std handle on that directory,
 //! never through a link (see `hostfs.rs`). The directory is handed to the
 //! reaper after the run ([`Staging::into_dir`]), whatever the outcome; a
@@ -17,10 +21,11 @@ use std::path::{Component, Path, PathBuf};
 use cap_std::fs::Dir;
 
 use super::argv::Mount;
-use super::hostfs;
 use crate::error::{ExecError, InvalidRequest};
 use crate::file::ExecFile;
+use crate::hostfs;
 use crate::request::ExecRequest;
+use crate::workspace::Workspace;
 
 /// The code's working directory (`input.json`, the request's JSON `input`,
 /// is staged there when it has one).
@@ -35,6 +40,8 @@ pub(super) struct Staging {
     dir: Dir,
     collect_outputs: bool,
     has_env: bool,
+    /// The run's workspace, bound read-write at `/work` in place of `work/`.
+    workspace: Option<Workspace>,
 }
 
 impl Staging {
@@ -45,7 +52,11 @@ impl Staging {
         let root = crate::owner::temp_dir("run").map_err(|e| io("<staging dir>", e))?;
         let dir = hostfs::open_ambient(root.path()).map_err(|e| io("<staging dir>", e))?;
         let work = hostfs::create_dirs(&dir, Path::new("work"), Some(0o755)).map_err(|e| io("<staging dir>", e))?;
-        stage_run_files(&work, request, input)?;
+        if let Some(workspace) = &request.workspace {
+            stage_workspace(workspace, request, input)?;
+        } else {
+            stage_run_files(&work, request, input)?;
+        }
         if request.collect_output_files {
             // The mount point of the /work/out tmpfs, never written into:
             // docker (20.10) gives the tmpfs this directory's mode over its
@@ -57,7 +68,8 @@ impl Staging {
         if has_env {
             hostfs::write_new(&dir, OsStr::new("env"), &env_file(request)?, 0o600).map_err(|e| io("<env file>", e))?;
         }
-        Ok(Self { root, dir, collect_outputs: request.collect_output_files, has_env })
+        let workspace = request.workspace.clone();
+        Ok(Self { root, dir, collect_outputs: request.collect_output_files, has_env, workspace })
     }
 
     /// An empty staging directory (a warm container's: its run's files are
@@ -71,7 +83,7 @@ impl Staging {
             // As in `new`: the tmpfs takes this directory's mode.
             hostfs::create_dirs(&work, Path::new("out"), Some(0o1777))?;
         }
-        Ok(Self { root, dir, collect_outputs, has_env: false })
+        Ok(Self { root, dir, collect_outputs, has_env: false, workspace: None })
     }
 
     /// Stages a one-shot run's files into an [`Staging::empty`] directory (a
@@ -117,7 +129,12 @@ impl Staging {
     /// `/work` read-only (`/work/out`, when collecting outputs, is a tmpfs:
     /// see [`RunSpec::output_dir`](super::argv::RunSpec::output_dir)).
     pub fn mounts(&self) -> Vec<Mount> {
-        vec![Mount { host: self.work(), guest: WORKDIR.into(), writable: false }]
+        match &self.workspace {
+            Some(workspace) => {
+                vec![Mount { host: workspace.host_path().into(), guest: WORKDIR.into(), writable: true }]
+            }
+            None => vec![Mount { host: self.work(), guest: WORKDIR.into(), writable: false }],
+        }
     }
 
     /// Whether the request collects output files (then `/work/out` exists).
@@ -131,6 +148,22 @@ impl Staging {
     pub fn into_dir(self) -> tempfile::TempDir {
         self.root
     }
+}
+
+/// A one-shot run's `input.json` and input files written into its
+/// workspace, and, when it collects output files, the mount point of its
+/// `/work/out` tmpfs there (mode 1777, which the tmpfs takes: code may have
+/// made `out` itself, with another mode).
+fn stage_workspace(workspace: &Workspace, request: &ExecRequest, input: Option<&[u8]>) -> Result<(), ExecError> {
+    let bad = |reason: String| InvalidRequest::BadPath { path: "<workspace>".into(), reason };
+    workspace.stage(&request.input_files, input).map_err(|e| bad(crate::error::with_causes(&e)))?;
+    if request.collect_output_files {
+        let out = OsStr::new("out");
+        hostfs::create_dirs(workspace.dir(), Path::new(out), Some(0o1777))
+            .and_then(|_| hostfs::set_mode(workspace.dir(), out, 0o1777))
+            .map_err(|e| bad(format!("/work/out: {e}")))?;
+    }
+    Ok(())
 }
 
 /// A one-shot run's `input.json` and input files, as fresh files in `work`.

@@ -78,6 +78,11 @@ pub(crate) fn capabilities(engine: &WasmEngine) -> BackendCapabilities {
                  host call at most the call's timeout, never past the run's deadline",
             ),
         },
+        workspace: E::enforced(
+            "preopened read-write at /work (cap-std: `..` and symlinks cannot leave it, FIFOs and devices are \
+             refused at open); the quota is the workspace's own tmpfs size and inode cap, so a write past it \
+             fails with ENOSPC; a run in a workspace starts a fresh instance",
+        ),
         default_timeout_ms: u64::try_from(cfg.defaults.timeout.as_millis()).unwrap_or(u64::MAX),
     }
 }

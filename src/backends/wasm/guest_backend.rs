@@ -11,7 +11,7 @@ use super::engine::{SlotPermit, WasmEngine};
 use super::guest::{Compiled, GuestAbi, Preopen};
 use super::module_limits::Ceilings;
 use super::run::{self, early_result};
-use super::staging::{INPUT_DIR, policy_preopens, stage_input_files};
+use super::staging::{INPUT_DIR, policy_preopens, stage_input_files, workspace_mount};
 use crate::admission::Admitted;
 use crate::backend::{Backend, RunFuture, on_blocking_pool};
 use crate::capabilities::BackendCapabilities;
@@ -139,6 +139,8 @@ impl WasmGuest {
         let policy = &request.policy;
         // No grants: no file work (the mount check reads nothing).
         let mut preopens = policy_preopens(policy)?;
+        // A guest's input files stay in `/input`; a workspace is `/work`.
+        preopens.extend(workspace_mount(&request));
         let staged = stage_input_files(&request, None)?;
         if let Some(dir) = &staged {
             preopens.push(Preopen {

@@ -64,7 +64,7 @@ use super::guest::{Compiled, Preopen};
 use super::quickjs;
 use super::run::{self, Stdio, early_result};
 use super::session::{PythonSession, fuel_refusal};
-use super::staging::{policy_preopens, stage_input_files};
+use super::staging::{policy_preopens, stage_input_files, workspace_preopen};
 use super::stdio::{CappedPipe, MessageSender, MessageStdin};
 use super::tool_channel::{ToolChannel, Watchdog, cut_off_at_deadline};
 use super::warm::{SessionSetup, WarmPool};
@@ -413,9 +413,17 @@ impl WasmInterpreter {
     ) -> Result<ExecResult, ExecError> {
         let name = self.kind().backend_name();
         let mut preopens = policy_preopens(&request.policy)?;
-        let staged = stage_input_files(&request, input.as_deref().map(|json| ("input.json", json)))?;
-        if let Some(dir) = &staged {
-            preopens.push(Preopen { host: dir.path().to_path_buf(), guest: WORKDIR.into(), perms: FsPerms::ReadOnly });
+        // In a workspace, `/work` is the workspace (its files written in);
+        // otherwise a staging directory of its own, read-only.
+        let mut staged = None;
+        if let Some(workspace) = workspace_preopen(&request, input.as_deref())? {
+            preopens.push(workspace);
+        } else {
+            staged = stage_input_files(&request, input.as_deref().map(|json| ("input.json", json)))?;
+            if let Some(dir) = &staged {
+                let host = dir.path().to_path_buf();
+                preopens.push(Preopen { host, guest: WORKDIR.into(), perms: FsPerms::ReadOnly });
+            }
         }
         let policy = &request.policy;
         let mut job = run::Job {

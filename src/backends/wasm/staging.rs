@@ -34,6 +34,26 @@ pub(crate) fn policy_preopens(policy: &SandboxPolicy) -> Result<Vec<Preopen>, In
     Ok(preopens)
 }
 
+/// The run's workspace as a read-write preopen at `/work`, once the
+/// request's input files and `input_json` (as `input.json`) are written
+/// into it; `None` for a run without one.
+pub(crate) fn workspace_preopen(
+    request: &ExecRequest,
+    input_json: Option<&[u8]>,
+) -> Result<Option<Preopen>, ExecError> {
+    let Some(workspace) = &request.workspace else { return Ok(None) };
+    workspace
+        .stage(&request.input_files, input_json)
+        .map_err(|e| InvalidRequest::BadPath { path: "<workspace>".into(), reason: crate::error::with_causes(&e) })?;
+    Ok(workspace_mount(request))
+}
+
+/// The run's workspace as a read-write preopen at `/work`, as it is.
+pub(crate) fn workspace_mount(request: &ExecRequest) -> Option<Preopen> {
+    let host = request.workspace.as_ref()?.host_path().to_path_buf();
+    Some(Preopen { host, guest: crate::workspace::GUEST_PATH.into(), perms: FsPerms::ReadWrite })
+}
+
 /// Writes the request's input files (and `extra`, a named file of execbox's
 /// own such as `input.json`) into a fresh temporary directory.
 pub(crate) fn stage_input_files(

@@ -215,6 +215,7 @@ impl WarmPool {
             && request.env.is_empty()
             && !matches!(request.policy.filesystem, Access::Allow(_))
             && request.policy.fuel.is_none()
+            && request.workspace.is_none()
     }
 
     /// Runs `code` on a warm instance, with `request`'s limits and files,

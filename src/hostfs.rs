@@ -10,9 +10,15 @@
 //! it is opened relative to that handle with `O_NOFOLLOW` on every
 //! component: a symlink anywhere below is refused, whatever it points to.
 //!
+//! Used by workspaces and the container backend (staging, the Rust binary
+//! cache, saved outputs).
+//!
 //! What this cannot cover: bind-mount sources are paths the engine resolves
 //! itself (following links), so a grant inside another read-write grant is
 //! the caller's risk.
+
+// Without the container backend, workspaces use part of it.
+#![cfg_attr(not(feature = "container"), allow(dead_code))]
 
 use std::ffi::OsStr;
 use std::io::{self, Read, Write};
@@ -23,16 +29,19 @@ use cap_std::fs::{Dir, DirBuilder, DirBuilderExt, OpenOptions, OpenOptionsExt, P
 
 use crate::file::ExecFile;
 
+/// `O_NONBLOCK`: opening a FIFO never waits for a writer.
+const NONBLOCK: i32 = rustix::fs::OFlags::NONBLOCK.bits() as i32;
+
 /// Opens a directory by its host path: the one ambient step. The path is the
 /// caller's (a temp dir execbox made, the configured cache, `--output-dir`),
 /// so links in it are the caller's choice.
-pub(super) fn open_ambient(path: &Path) -> io::Result<Dir> {
+pub(crate) fn open_ambient(path: &Path) -> io::Result<Dir> {
     Dir::open_ambient_dir(path, cap_std::ambient_authority())
 }
 
 /// Opens the subdirectory `name` (one component) of `dir`; a symlink is
 /// refused, with an error that says so.
-pub(super) fn open_dir(dir: &Dir, name: &OsStr) -> io::Result<Dir> {
+pub(crate) fn open_dir(dir: &Dir, name: &OsStr) -> io::Result<Dir> {
     dir.open_dir_nofollow(name).map_err(|e| {
         // The kernel says ELOOP or ENOTDIR for a link: name it plainly.
         match dir.symlink_metadata(name) {
@@ -46,7 +55,7 @@ pub(super) fn open_dir(dir: &Dir, name: &OsStr) -> io::Result<Dir> {
 /// `root`. New directories get exactly `exact_mode` if given (staging: the
 /// container's user must read them whatever the umask), else `0o777` less
 /// the umask. A component that exists as a symlink is refused.
-pub(super) fn create_dirs(root: &Dir, relative: &Path, exact_mode: Option<u32>) -> io::Result<Dir> {
+pub(crate) fn create_dirs(root: &Dir, relative: &Path, exact_mode: Option<u32>) -> io::Result<Dir> {
     let mut dir = root.try_clone()?;
     for name in components(relative)? {
         match dir.create_dir_with(name, DirBuilder::new().mode(exact_mode.unwrap_or(0o777))) {
@@ -65,7 +74,7 @@ pub(super) fn create_dirs(root: &Dir, relative: &Path, exact_mode: Option<u32>) 
 
 /// Creates the file `name` in `dir` with `bytes`, exactly `mode` (whatever
 /// the umask). `name` must not exist: `O_EXCL` never follows a link.
-pub(super) fn write_new(dir: &Dir, name: &OsStr, bytes: &[u8], mode: u32) -> io::Result<()> {
+pub(crate) fn write_new(dir: &Dir, name: &OsStr, bytes: &[u8], mode: u32) -> io::Result<()> {
     let mut file = dir.open_with(name, OpenOptions::new().write(true).create_new(true).mode(mode))?;
     file.write_all(bytes)?;
     file.set_permissions(Permissions::from_mode(mode))
@@ -75,7 +84,7 @@ pub(super) fn write_new(dir: &Dir, name: &OsStr, bytes: &[u8], mode: u32) -> io:
 /// beside it, then renamed over it, so an existing inode (perhaps a hard
 /// link) is never written into. An existing symlink or directory at `name`
 /// is refused. New files get `0o666` less the umask, as any CLI's would.
-pub(super) fn replace(dir: &Dir, name: &OsStr, bytes: &[u8]) -> io::Result<()> {
+pub(crate) fn replace(dir: &Dir, name: &OsStr, bytes: &[u8]) -> io::Result<()> {
     match dir.symlink_metadata(name) {
         Ok(meta) if meta.file_type().is_symlink() => return Err(symlink_refused(name)),
         Ok(meta) if meta.is_dir() => {
@@ -102,7 +111,7 @@ pub(super) fn replace(dir: &Dir, name: &OsStr, bytes: &[u8]) -> io::Result<()> {
 /// is written into. The source is opened with `O_NOFOLLOW | O_NONBLOCK`,
 /// then checked on the open handle: a symlink is refused, and a FIFO cannot
 /// block the host.
-pub(super) fn copy_regular(
+pub(crate) fn copy_regular(
     from: &Dir,
     from_name: &OsStr,
     to: &Dir,
@@ -111,7 +120,7 @@ pub(super) fn copy_regular(
     max: u64,
 ) -> io::Result<()> {
     let mut options = OpenOptions::new();
-    options.read(true).follow(FollowSymlinks::No).custom_flags(libc::O_NONBLOCK);
+    options.read(true).follow(FollowSymlinks::No).custom_flags(NONBLOCK);
     let source = from.open_with(from_name, &options).map_err(|e| explain(e, from_name))?;
     let meta = source.metadata()?;
     if !meta.is_file() || meta.len() > max {
@@ -136,9 +145,9 @@ pub(super) fn copy_regular(
 /// Reads the regular file `name` of `dir`, at most `max` bytes: opened
 /// with `O_NOFOLLOW | O_NONBLOCK` and checked on the handle, as
 /// [`copy_regular`] does.
-pub(super) fn read_regular(dir: &Dir, name: &OsStr, max: u64) -> io::Result<Vec<u8>> {
+pub(crate) fn read_regular(dir: &Dir, name: &OsStr, max: u64) -> io::Result<Vec<u8>> {
     let mut options = OpenOptions::new();
-    options.read(true).follow(FollowSymlinks::No).custom_flags(libc::O_NONBLOCK);
+    options.read(true).follow(FollowSymlinks::No).custom_flags(NONBLOCK);
     let file = dir.open_with(name, &options).map_err(|e| explain(e, name))?;
     let meta = file.metadata()?;
     if !meta.is_file() || meta.len() > max {
@@ -151,7 +160,7 @@ pub(super) fn read_regular(dir: &Dir, name: &OsStr, max: u64) -> io::Result<Vec<
 
 /// Sets the exact mode of `name` in `dir` (the umask may have narrowed it);
 /// refuses a symlink.
-pub(super) fn set_mode(dir: &Dir, name: &OsStr, mode: u32) -> io::Result<()> {
+pub(crate) fn set_mode(dir: &Dir, name: &OsStr, mode: u32) -> io::Result<()> {
     dir.set_permissions(name, Permissions::from_mode(mode))
 }
 
@@ -223,7 +232,7 @@ fn components(relative: &Path) -> io::Result<Vec<&OsStr>> {
 /// from `open_dir_nofollow`).
 fn explain(e: io::Error, name: &OsStr) -> io::Error {
     match e.raw_os_error() {
-        Some(libc::ELOOP) => symlink_refused(name),
+        Some(code) if code == rustix::io::Errno::LOOP.raw_os_error() => symlink_refused(name),
         _ => e,
     }
 }

@@ -1,0 +1,239 @@
+//! The MCP tools of workspaces: `create_workspace`, `close_workspace`,
+//! `write_files`, `read_files` (and `run_code`'s `workspace_id`, in
+//! `tools.rs`). A connection's workspaces are its own: ids are looked up
+//! under it only, and its workspaces are unmounted when it ends.
+
+use base64::Engine as _;
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::CallToolResult;
+use rmcp::{ErrorData as McpError, schemars, tool, tool_router};
+use serde::Deserialize;
+use serde_json::json;
+
+use super::tools::{ExecboxMcp, invalid_arguments, structured};
+use crate::workspace::{CollectLimits, Workspace, WorkspaceConfig};
+
+/// Workspaces one connection may hold at once.
+pub(super) const MAX_WORKSPACES_PER_CONNECTION: usize = 4;
+
+/// `create_workspace`'s arguments.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateWorkspaceArgs {
+    /// Its quota in MiB (at most the server's; default the server's).
+    #[serde(default)]
+    #[schemars(range(min = 1))]
+    pub quota_mb: Option<u64>,
+}
+
+/// Names one workspace of this connection.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WorkspaceIdArgs {
+    /// The id `create_workspace` returned.
+    pub workspace_id: String,
+}
+
+/// One file to write.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WorkspaceFileArg {
+    /// Its path in the workspace (relative; directories are made).
+    pub path: String,
+    /// Its bytes, base64.
+    pub content_base64: String,
+}
+
+/// `write_files`'s arguments.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WriteFilesArgs {
+    /// The id `create_workspace` returned.
+    pub workspace_id: String,
+    /// The files, each replacing any file at its path.
+    pub files: Vec<WorkspaceFileArg>,
+}
+
+/// `read_files`'s arguments.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReadFilesArgs {
+    /// The id `create_workspace` returned.
+    pub workspace_id: String,
+    /// Paths or globs relative to the workspace (`*.csv`, `out/**/*.png`).
+    pub globs: Vec<String>,
+    /// Files at the most (default 100, at most 1000).
+    #[serde(default)]
+    pub max_files: Option<usize>,
+    /// Bytes of one file at the most (default 1 MiB, at most 8 MiB).
+    #[serde(default)]
+    pub max_file_bytes: Option<u64>,
+    /// Bytes of all files at the most (default and at most 8 MiB).
+    #[serde(default)]
+    pub max_total_bytes: Option<u64>,
+}
+
+#[tool_router(router = workspace_router, vis = "pub(super)")]
+impl ExecboxMcp {
+    /// Mounts a workspace for this connection.
+    #[tool(description = "Create a workspace: a directory that every run_code with its workspace_id sees \
+            read-write at /work, on any backend that carries files (Python in wasm or a container, shell, \
+            Rust, wasm), so files outlive a run and pass between languages. Its quota holds every write (past \
+            it a write fails with ENOSPC). It is removed by close_workspace or when this connection ends.")]
+    async fn create_workspace(
+        &self,
+        Parameters(CreateWorkspaceArgs { quota_mb }): Parameters<CreateWorkspaceArgs>,
+    ) -> Result<CallToolResult, McpError> {
+        let base = self.shared.cfg.workspaces.clone();
+        let quota = match quota_mb {
+            Some(0) => return Ok(invalid_arguments("create_workspace", "quota_mb must be at least 1")),
+            Some(mb) if mb.saturating_mul(1 << 20) > base.quota_bytes => {
+                let most = base.quota_bytes >> 20;
+                return Ok(invalid_arguments("create_workspace", &format!("quota_mb is at most {most} here")));
+            }
+            Some(mb) => mb << 20,
+            None => base.quota_bytes,
+        };
+        if self.connection.workspaces.lock().len() >= MAX_WORKSPACES_PER_CONNECTION {
+            let why = format!("this connection already holds {MAX_WORKSPACES_PER_CONNECTION} workspaces");
+            return Ok(invalid_arguments("create_workspace", &why));
+        }
+        let Some(slot) = self.shared.take_workspace_slot() else {
+            let most = self.shared.cfg.max_workspaces;
+            return Ok(invalid_arguments("create_workspace", &format!("this server already holds {most} workspaces")));
+        };
+        let cfg = WorkspaceConfig { quota_bytes: quota, ..base };
+        let created = tokio::task::spawn_blocking(move || Workspace::create(cfg))
+            .await
+            .map_err(|e| McpError::internal_error(format!("workspace task: {e}"), None))?;
+        let workspace = match created {
+            Ok(workspace) => workspace,
+            Err(e) => return Ok(failed(&e)),
+        };
+        let id = crate::nonce::hex128();
+        let mut held = self.connection.workspaces.lock();
+        if held.len() >= MAX_WORKSPACES_PER_CONNECTION {
+            let why = format!("this connection already holds {MAX_WORKSPACES_PER_CONNECTION} workspaces");
+            return Ok(invalid_arguments("create_workspace", &why));
+        }
+        let usage = workspace.usage().ok();
+        held.insert(id.clone(), (workspace, slot));
+        let body = json!({
+            "workspace_id": id,
+            "quota_bytes": usage.map_or(quota, |u| u.quota_bytes),
+            "max_files": usage.map(|u| u.max_files),
+        });
+        Ok(structured(body, format!("workspace {id} is ready at /work"), false))
+    }
+
+    /// Unmounts a workspace of this connection.
+    #[tool(description = "Close a workspace: its files are removed.")]
+    async fn close_workspace(
+        &self,
+        Parameters(WorkspaceIdArgs { workspace_id }): Parameters<WorkspaceIdArgs>,
+    ) -> Result<CallToolResult, McpError> {
+        let closed = self.connection.workspaces.lock().remove(&workspace_id);
+        let text = match closed {
+            Some(_) => format!("workspace {workspace_id} closed"),
+            None => format!("no workspace {workspace_id} is open"),
+        };
+        // Dropped here: unmounted (lazily, if a run still uses it).
+        Ok(structured(json!({"closed": closed.is_some()}), text, false))
+    }
+
+    /// Writes files into a workspace.
+    #[tool(description = "Write files into a workspace (each replaces any file at its path; directories are \
+            made). Paths are relative to /work.")]
+    async fn write_files(
+        &self,
+        Parameters(WriteFilesArgs { workspace_id, files }): Parameters<WriteFilesArgs>,
+    ) -> Result<CallToolResult, McpError> {
+        let Some(workspace) = self.workspace(&workspace_id) else {
+            return Ok(invalid_arguments("write_files", &format!("no workspace {workspace_id} is open")));
+        };
+        let mut decoded = Vec::with_capacity(files.len());
+        for file in files {
+            match base64::engine::general_purpose::STANDARD.decode(file.content_base64.as_bytes()) {
+                Ok(bytes) => decoded.push((file.path, bytes)),
+                Err(e) => {
+                    let why = format!("file {:?}: content_base64: {e}", file.path);
+                    return Ok(invalid_arguments("write_files", &why));
+                }
+            }
+        }
+        let written = tokio::task::spawn_blocking(move || {
+            for (path, bytes) in &decoded {
+                workspace.write(path, bytes)?;
+            }
+            Ok::<_, crate::workspace::WorkspaceError>(decoded.len())
+        })
+        .await
+        .map_err(|e| McpError::internal_error(format!("workspace task: {e}"), None))?;
+        Ok(match written {
+            Ok(n) => structured(json!({"written": n}), format!("{n} files written"), false),
+            Err(e) => failed(&e),
+        })
+    }
+
+    /// Reads files back from a workspace.
+    #[tool(description = "Read files of a workspace by paths or globs (`*.csv`, `**/*.png`), within limits: \
+            files (path, size, content_base64), limits_hit and left_out (what matched but was not read, and \
+            why: a limit, or not a regular file; symlinks are never followed).")]
+    async fn read_files(&self, Parameters(args): Parameters<ReadFilesArgs>) -> Result<CallToolResult, McpError> {
+        let Some(workspace) = self.workspace(&args.workspace_id) else {
+            let why = format!("no workspace {} is open", args.workspace_id);
+            return Ok(invalid_arguments("read_files", &why));
+        };
+        let defaults = CollectLimits::default();
+        let limits = CollectLimits::new(
+            args.max_files.unwrap_or(defaults.max_files).min(1000),
+            args.max_file_bytes.unwrap_or(defaults.max_file_bytes).min(defaults.max_total_bytes),
+            args.max_total_bytes.unwrap_or(defaults.max_total_bytes).min(defaults.max_total_bytes),
+        );
+        let globs = args.globs;
+        let collected = tokio::task::spawn_blocking(move || workspace.collect(&globs, &limits))
+            .await
+            .map_err(|e| McpError::internal_error(format!("workspace task: {e}"), None))?;
+        let collected = match collected {
+            Ok(collected) => collected,
+            Err(e) => return Ok(invalid_arguments("read_files", &e.to_string())),
+        };
+        let files: Vec<_> = collected
+            .files
+            .iter()
+            .map(|f| {
+                let content = base64::engine::general_purpose::STANDARD.encode(&f.content);
+                json!({"path": f.path, "size": f.content.len(), "content_base64": content})
+            })
+            .collect();
+        let text = format!("{} files read; limits hit: {:?}", files.len(), collected.limits_hit);
+        let body = json!({"files": files, "limits_hit": collected.limits_hit, "left_out": collected.left_out});
+        Ok(structured(body, text, false))
+    }
+}
+
+/// A workspace that could not be made or written: `isError`, in the shape
+/// of every other error (`{"error": {"kind", "message"}}`).
+fn failed(error: &crate::workspace::WorkspaceError) -> CallToolResult {
+    let message = crate::error::with_causes(error);
+    structured(json!({"error": {"kind": "workspace", "message": message}}), format!("workspace: {message}"), true)
+}
+
+impl ExecboxMcp {
+    /// Checks the arguments of a workspace tool against its type (see
+    /// `call_tool`); any other tool's pass.
+    pub(super) fn check_workspace_arguments(tool: &str, arguments: serde_json::Value) -> Result<(), serde_json::Error> {
+        match tool {
+            "create_workspace" => serde_json::from_value::<CreateWorkspaceArgs>(arguments).map(drop),
+            "close_workspace" => serde_json::from_value::<WorkspaceIdArgs>(arguments).map(drop),
+            "write_files" => serde_json::from_value::<WriteFilesArgs>(arguments).map(drop),
+            "read_files" => serde_json::from_value::<ReadFilesArgs>(arguments).map(drop),
+            _ => Ok(()),
+        }
+    }
+
+    /// This connection's workspace `id`.
+    pub(super) fn workspace(&self, id: &str) -> Option<Workspace> {
+        self.connection.workspaces.lock().get(id).map(|(workspace, _)| workspace.clone())
+    }
+}

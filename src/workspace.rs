@@ -1,0 +1,518 @@
+//! Workspaces: a file tree that outlives runs, seen read-write at `/work` by
+//! every backend that carries files (`container`, `wasm`, `python-wasm`,
+//! `quickjs-wasm`), under one quota.
+//!
+//! A workspace is a tmpfs that execbox mounts with a size and an inode cap
+//! (`size=`, `nr_inodes=`), so the kernel holds the quota against every
+//! writer at once: code in a container writing straight into its bind
+//! mount, a wasm guest writing through the host. A write past it fails with
+//! `ENOSPC` inside the code. Being a filesystem of its own, it also refuses
+//! hard links to any file outside it (`EXDEV`).
+//!
+//! Mounting needs `CAP_SYS_ADMIN` (root, as a server in a VM or a pod
+//! usually runs). Without it [`Workspace::create`] fails with
+//! [`WorkspaceError::CannotMount`]: nothing falls back to a directory with
+//! no quota.
+//!
+//! The host reaches the files only through a cap-std handle on the mount
+//! (see `hostfs`): no symlink, FIFO or device planted by code leads it
+//! outside the workspace.
+//!
+//! Dropping the last handle unmounts the workspace (lazily: a run still
+//! using it keeps it until it ends) and removes its directory. A process
+//! killed with workspaces mounted leaves them behind; the next
+//! [`Workspace::create`] under the same root unmounts and removes those
+//! whose owner process is gone.
+
+use std::ffi::{CString, OsStr};
+use std::fmt;
+use std::io;
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+
+use cap_std::fs::Dir;
+use rustix::fs::{AtFlags, Gid, Uid, chownat};
+use rustix::mount::{MountFlags, UnmountFlags, mount, unmount};
+use serde::{Deserialize, Serialize};
+
+use crate::file::ExecFile;
+use crate::hostfs;
+
+/// Where a run's JSON input is written, in every backend's `/work`.
+#[cfg_attr(not(any(feature = "wasm", feature = "container")), allow(dead_code))]
+const INPUT_JSON: &str = "input.json";
+
+/// The user (and group) code runs as in a container: what execbox writes
+/// into a workspace is handed to it, so a container run can replace it.
+const CODE_USER: u32 = 65534;
+
+/// Where every backend that carries files sees a workspace.
+pub const GUEST_PATH: &str = "/work";
+
+/// Where workspaces are mounted unless configured.
+pub const DEFAULT_ROOT: &str = "/run/execbox/workspaces";
+
+/// What a workspace may hold, and where it is mounted.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct WorkspaceConfig {
+    /// Bytes the files may take (the tmpfs's `size=`).
+    ///
+    /// # Default
+    /// 64 MiB.
+    pub quota_bytes: u64,
+    /// Files and directories it may hold (the tmpfs's `nr_inodes=`, less
+    /// its root).
+    ///
+    /// # Default
+    /// 10,000.
+    pub max_files: u64,
+    /// The directory workspaces are mounted under; stale ones found there
+    /// (of processes that are gone) are removed when one is created.
+    ///
+    /// # Default
+    /// [`DEFAULT_ROOT`].
+    pub root: PathBuf,
+}
+
+impl Default for WorkspaceConfig {
+    fn default() -> Self {
+        Self { quota_bytes: 64 << 20, max_files: 10_000, root: PathBuf::from(DEFAULT_ROOT) }
+    }
+}
+
+impl WorkspaceConfig {
+    /// Sets [`WorkspaceConfig::quota_bytes`].
+    pub fn quota_bytes(mut self, bytes: u64) -> Self {
+        self.quota_bytes = bytes;
+        self
+    }
+
+    /// Sets [`WorkspaceConfig::max_files`].
+    pub fn max_files(mut self, files: u64) -> Self {
+        self.max_files = files;
+        self
+    }
+
+    /// Sets [`WorkspaceConfig::root`].
+    pub fn root(mut self, root: impl Into<PathBuf>) -> Self {
+        self.root = root.into();
+        self
+    }
+}
+
+/// Why a workspace could not be made, or a file in it not be reached.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WorkspaceError {
+    /// This process cannot mount the workspace's tmpfs.
+    #[error("cannot mount a workspace at {}: {source} (workspaces need CAP_SYS_ADMIN: run as root)", path.display())]
+    CannotMount {
+        /// The mount point.
+        path: PathBuf,
+        /// The kernel's answer.
+        #[source]
+        source: io::Error,
+    },
+    /// A quota of zero bytes or files.
+    #[error("a workspace needs a quota of at least one byte and one file")]
+    NoQuota,
+    /// The path is not a relative path inside the workspace.
+    #[error("{path:?} is not a path inside the workspace: {reason}")]
+    BadPath {
+        /// The path as given.
+        path: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A file operation failed (a symlink on the way, not a regular file,
+    /// over the size asked for, the quota).
+    #[error("{path}: {source}")]
+    Io {
+        /// The path, or what was being done.
+        path: String,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// How full a workspace is, as its filesystem counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkspaceUsage {
+    /// Bytes its files take.
+    pub bytes_used: u64,
+    /// [`WorkspaceConfig::quota_bytes`], rounded to whole pages.
+    pub quota_bytes: u64,
+    /// Files and directories in it.
+    pub files_used: u64,
+    /// [`WorkspaceConfig::max_files`].
+    pub max_files: u64,
+    /// No byte or no file is left: the next write fails with `ENOSPC`.
+    pub full: bool,
+}
+
+/// What [`Workspace::collect`] gives back, and how much.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct CollectLimits {
+    /// Files at the most.
+    ///
+    /// # Default
+    /// 100.
+    pub max_files: usize,
+    /// Bytes of one file at the most (a larger file is left out, named).
+    ///
+    /// # Default
+    /// 1 MiB.
+    pub max_file_bytes: u64,
+    /// Bytes of all files together at the most.
+    ///
+    /// # Default
+    /// 8 MiB.
+    pub max_total_bytes: u64,
+}
+
+impl CollectLimits {
+    /// Limits of `max_files` files, `max_file_bytes` each and
+    /// `max_total_bytes` together.
+    pub fn new(max_files: usize, max_file_bytes: u64, max_total_bytes: u64) -> Self {
+        Self { max_files, max_file_bytes, max_total_bytes }
+    }
+}
+
+impl Default for CollectLimits {
+    fn default() -> Self {
+        Self { max_files: 100, max_file_bytes: 1 << 20, max_total_bytes: 8 << 20 }
+    }
+}
+
+/// Entries a collect walks at the most, and how deep: a tree planted by
+/// code is walked within bounds, whatever it holds.
+const WALK_ENTRIES: usize = 100_000;
+const WALK_DEPTH: usize = 64;
+
+/// One file [`Workspace::collect`] read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CollectedFile {
+    /// Its path relative to the workspace.
+    pub path: String,
+    /// Its bytes.
+    pub content: Vec<u8>,
+}
+
+/// What [`Workspace::collect`] found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Collected {
+    /// The files read, in path order.
+    pub files: Vec<CollectedFile>,
+    /// Each limit that left something out: `max_files`, `max_file_bytes`,
+    /// `max_total_bytes`, `walk` (the bounded walk stopped).
+    pub limits_hit: Vec<String>,
+    /// Matching paths not read, each with why (a limit, or not a regular
+    /// file: symlinks, FIFOs, devices are never followed or opened).
+    pub left_out: Vec<String>,
+}
+
+/// A workspace: a handle that can be cloned and given to requests
+/// ([`ExecRequest::workspace`](crate::request::ExecRequest::workspace));
+/// the workspace goes when the last handle does. Two handles are equal
+/// when they name the same workspace.
+#[derive(Clone)]
+pub struct Workspace(Arc<Mounted>);
+
+struct Mounted {
+    id: String,
+    path: PathBuf,
+    max_files: u64,
+    /// The mount's root: every file operation of the host is relative to it.
+    dir: Dir,
+}
+
+impl Workspace {
+    /// Mounts a new, empty workspace under `cfg.root`, first removing the
+    /// workspaces there of processes that are gone.
+    pub fn create(cfg: WorkspaceConfig) -> Result<Self, WorkspaceError> {
+        if cfg.quota_bytes == 0 || cfg.max_files == 0 {
+            return Err(WorkspaceError::NoQuota);
+        }
+        fn io_at(path: &Path) -> impl FnOnce(io::Error) -> WorkspaceError + '_ {
+            move |source| WorkspaceError::Io { path: path.display().to_string(), source }
+        }
+        std::fs::create_dir_all(&cfg.root).map_err(io_at(&cfg.root))?;
+        sweep_stale(&cfg.root);
+        let id = format!("{}-{:016x}", crate::owner::token(), crate::nonce::random_u64());
+        let path = cfg.root.join(&id);
+        std::fs::create_dir(&path).map_err(io_at(&path))?;
+        // The root inode counts against `nr_inodes` too.
+        let options = format!(
+            "size={},nr_inodes={},mode=0755,uid={CODE_USER},gid={CODE_USER}",
+            cfg.quota_bytes,
+            cfg.max_files.saturating_add(1)
+        );
+        let options = CString::new(options).expect("no NUL in numbers");
+        if let Err(e) = mount("tmpfs", &path, "tmpfs", MountFlags::NOSUID | MountFlags::NODEV, options.as_c_str()) {
+            let _ = std::fs::remove_dir(&path);
+            return Err(WorkspaceError::CannotMount { path, source: e.into() });
+        }
+        match hostfs::open_ambient(&path) {
+            Ok(dir) => Ok(Self(Arc::new(Mounted { id, path, max_files: cfg.max_files, dir }))),
+            Err(source) => {
+                let _ = unmount(&path, UnmountFlags::DETACH);
+                let _ = std::fs::remove_dir(&path);
+                Err(WorkspaceError::Io { path: path.display().to_string(), source })
+            }
+        }
+    }
+
+    /// Its id: unique on this host, never reused.
+    pub fn id(&self) -> &str {
+        &self.0.id
+    }
+
+    /// The host directory it is mounted on (what backends bind or preopen
+    /// at `/work`).
+    pub fn host_path(&self) -> &Path {
+        &self.0.path
+    }
+
+    /// A handle on its root, for host-side file work relative to it.
+    #[cfg_attr(not(feature = "container"), allow(dead_code))]
+    pub(crate) fn dir(&self) -> &Dir {
+        &self.0.dir
+    }
+
+    /// Writes `bytes` to `path` (relative; its directories made as needed),
+    /// replacing a file there: written beside it and renamed over it, so no
+    /// reader sees half a file and a hard link is never written through. A
+    /// symlink anywhere on the path is refused.
+    pub fn write(&self, path: &str, bytes: &[u8]) -> Result<(), WorkspaceError> {
+        let (parents, leaf) = split(path)?;
+        let io = |source| WorkspaceError::Io { path: path.to_string(), source };
+        let dir = self.make_dirs(&parents).map_err(io)?;
+        hostfs::replace(&dir, leaf, bytes).map_err(io)?;
+        give_to_code(&dir, leaf).map_err(io)
+    }
+
+    /// Puts a run's files in before it starts: each of `files`, and
+    /// `input.json` (the run's JSON input) or, for a run without one, no
+    /// `input.json` (so an earlier run's is never taken for this one's).
+    #[cfg_attr(not(any(feature = "wasm", feature = "container")), allow(dead_code))]
+    pub(crate) fn stage(&self, files: &[ExecFile], input_json: Option<&[u8]>) -> Result<(), WorkspaceError> {
+        for file in files {
+            self.write(&file.name, &file.content)?;
+        }
+        match input_json {
+            Some(json) => self.write(INPUT_JSON, json),
+            None => match self.0.dir.remove_file(INPUT_JSON) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                    Err(WorkspaceError::Io { path: INPUT_JSON.into(), source: e })
+                }
+                _ => Ok(()),
+            },
+        }
+    }
+
+    /// Reads the regular file at `path`, if it holds at most `max_bytes`:
+    /// a symlink on the path, a FIFO, a device or a directory is refused.
+    pub fn read(&self, path: &str, max_bytes: u64) -> Result<Vec<u8>, WorkspaceError> {
+        let (parents, leaf) = split(path)?;
+        let io = |source| WorkspaceError::Io { path: path.to_string(), source };
+        let mut dir = self.0.dir.try_clone().map_err(io)?;
+        for name in &parents {
+            dir = hostfs::open_dir(&dir, name).map_err(io)?;
+        }
+        hostfs::read_regular(&dir, leaf, max_bytes).map_err(io)
+    }
+
+    /// Reads back the files whose paths (relative, `/`-separated) match
+    /// any of `globs` (`*` and `?` within a name, `**` across directories),
+    /// within `limits`. The walk never follows a symlink and opens only
+    /// regular files; it stops after a bounded number of entries.
+    pub fn collect(&self, globs: &[String], limits: &CollectLimits) -> Result<Collected, WorkspaceError> {
+        let patterns = globs
+            .iter()
+            .map(|g| glob::Pattern::new(g.trim_start_matches("./")))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| WorkspaceError::BadPath { path: e.to_string(), reason: "not a glob pattern" })?;
+        let options = glob::MatchOptions { require_literal_separator: true, ..Default::default() };
+        let matches = |path: &str| patterns.iter().any(|p| p.matches_with(path, options));
+        let io = |source| WorkspaceError::Io { path: "<workspace walk>".into(), source };
+        let mut found = Vec::new();
+        let mut walked = 0;
+        let mut limits_hit = std::collections::BTreeSet::new();
+        let mut left_out = Vec::new();
+        let mut stack = vec![(String::new(), self.0.dir.try_clone().map_err(io)?, 0usize)];
+        while let Some((prefix, dir, depth)) = stack.pop() {
+            for entry in dir.entries().map_err(io)? {
+                let entry = entry.map_err(io)?;
+                walked += 1;
+                if walked > WALK_ENTRIES {
+                    limits_hit.insert("walk".to_string());
+                    stack.clear();
+                    break;
+                }
+                let Some(name) = entry.file_name().to_str().map(str::to_owned) else { continue };
+                let path = if prefix.is_empty() { name.clone() } else { format!("{prefix}/{name}") };
+                let kind = entry.file_type().map_err(io)?;
+                if kind.is_dir() {
+                    if depth + 1 < WALK_DEPTH {
+                        let sub = hostfs::open_dir(&dir, OsStr::new(&name)).map_err(io)?;
+                        stack.push((path, sub, depth + 1));
+                    } else {
+                        limits_hit.insert("walk".to_string());
+                    }
+                } else if matches(&path) {
+                    if kind.is_file() {
+                        found.push((path, entry.metadata().map_err(io)?.len()));
+                    } else {
+                        left_out.push(format!("{path}: not a regular file"));
+                    }
+                }
+            }
+        }
+        found.sort();
+        let mut files = Vec::new();
+        let mut total = 0u64;
+        for (path, size) in found {
+            if size > limits.max_file_bytes {
+                limits_hit.insert("max_file_bytes".to_string());
+                left_out.push(format!("{path}: over max_file_bytes"));
+                continue;
+            }
+            if files.len() >= limits.max_files {
+                limits_hit.insert("max_files".to_string());
+                left_out.push(format!("{path}: over max_files"));
+                continue;
+            }
+            // Changed since the walk (code may still run in it): said, not read.
+            let bytes = match self.read(&path, limits.max_file_bytes) {
+                Ok(bytes) => bytes,
+                Err(e) => {
+                    left_out.push(format!("{path}: {e}"));
+                    continue;
+                }
+            };
+            if total.saturating_add(bytes.len() as u64) > limits.max_total_bytes {
+                limits_hit.insert("max_total_bytes".to_string());
+                left_out.push(format!("{path}: over max_total_bytes"));
+                continue;
+            }
+            total += bytes.len() as u64;
+            files.push(CollectedFile { path, content: bytes });
+        }
+        Ok(Collected { files, limits_hit: limits_hit.into_iter().collect(), left_out })
+    }
+
+    /// How full it is now.
+    pub fn usage(&self) -> Result<WorkspaceUsage, WorkspaceError> {
+        let stat = rustix::fs::fstatvfs(&self.0.dir)
+            .map_err(|e| WorkspaceError::Io { path: "<workspace usage>".into(), source: e.into() })?;
+        let block = stat.f_frsize.max(1);
+        Ok(WorkspaceUsage {
+            bytes_used: stat.f_blocks.saturating_sub(stat.f_bfree).saturating_mul(block),
+            quota_bytes: stat.f_blocks.saturating_mul(block),
+            // Less the root.
+            files_used: stat.f_files.saturating_sub(stat.f_ffree).saturating_sub(1),
+            max_files: self.0.max_files,
+            full: stat.f_bavail == 0 || stat.f_favail == 0,
+        })
+    }
+
+    /// Opens (making where missing) each directory of `parents`, handed to
+    /// the code's user so that a container run can write into them.
+    fn make_dirs(&self, parents: &[&OsStr]) -> io::Result<Dir> {
+        let mut dir = self.0.dir.try_clone()?;
+        for name in parents {
+            let next = hostfs::create_dirs(&dir, Path::new(name), Some(0o755))?;
+            give_to_code(&dir, name)?;
+            dir = next;
+        }
+        Ok(dir)
+    }
+}
+
+impl PartialEq for Workspace {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.id == other.0.id
+    }
+}
+
+impl fmt::Debug for Workspace {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Workspace").field("id", &self.0.id).field("path", &self.0.path).finish()
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        remove(&self.path);
+    }
+}
+
+/// Unmounts the workspace at `path` (lazily: descriptors still open on it,
+/// e.g. a run's, keep it until they close) and removes its directory.
+fn remove(path: &Path) {
+    if let Err(e) = unmount(path, UnmountFlags::DETACH)
+        && e != rustix::io::Errno::INVAL
+    {
+        tracing::warn!(path = %path.display(), error = %e, "a workspace could not be unmounted");
+    }
+    if let Err(e) = std::fs::remove_dir(path) {
+        tracing::warn!(path = %path.display(), error = %e, "a workspace's directory could not be removed");
+    }
+}
+
+/// Removes the workspaces under `root` whose owner process is gone.
+fn sweep_stale(root: &Path) {
+    let Ok(entries) = std::fs::read_dir(root) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(owner) = name.to_str().and_then(|n| n.rsplit_once('-')).map(|(owner, _)| owner) else { continue };
+        if !crate::owner::is_alive(owner) {
+            remove(&entry.path());
+        }
+    }
+}
+
+/// Hands `name` in `dir` to the code's user (when this process may: as
+/// root), without following a symlink.
+fn give_to_code(dir: &Dir, name: &OsStr) -> io::Result<()> {
+    if !rustix::process::geteuid().is_root() {
+        return Ok(());
+    }
+    let (uid, gid) = (Some(Uid::from_raw(CODE_USER)), Some(Gid::from_raw(CODE_USER)));
+    chownat(dir, name, uid, gid, AtFlags::SYMLINK_NOFOLLOW).map_err(io::Error::from)
+}
+
+/// A relative path's directories and its last component: no `..`, no root,
+/// no empty name.
+fn split(path: &str) -> Result<(Vec<&OsStr>, &OsStr), WorkspaceError> {
+    let bad = |reason| WorkspaceError::BadPath { path: path.to_string(), reason };
+    let mut names = Vec::new();
+    for component in Path::new(path).components() {
+        match component {
+            Component::Normal(name) => names.push(name),
+            Component::CurDir => {}
+            Component::ParentDir => return Err(bad("`..` is not allowed")),
+            Component::RootDir | Component::Prefix(_) => return Err(bad("it must be relative")),
+        }
+    }
+    let leaf = names.pop().ok_or_else(|| bad("it names no file"))?;
+    Ok((names, leaf))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_stay_inside() {
+        assert!(split("a/b/c.txt").is_ok());
+        assert_eq!(split("./a").unwrap().1, OsStr::new("a"));
+        for bad in ["../x", "a/../../x", "/etc/passwd", "", "."] {
+            assert!(matches!(split(bad), Err(WorkspaceError::BadPath { .. })), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,271 @@
+//! Workspaces: one file tree across runs and backends, a quota the kernel
+//! holds on every writer, and host-side file work that hostile files cannot
+//! lead outside it.
+
+use std::path::Path;
+use std::time::Duration;
+
+use crate::common;
+
+use execbox::backends::container::ContainerConfig;
+use execbox::backends::{BoaJsInThread, InterpreterConfig, WasmGuest, WasmGuestConfig, WasmInterpreter};
+use execbox::{
+    Control, ExecError, ExecFile, ExecRequest, ExecResult, Executor, Language, Outcome, SandboxPolicy, Workspace,
+    WorkspaceConfig, WorkspaceError,
+};
+use serde_json::json;
+
+/// Requires workspaces (root, to mount their tmpfs): `.ci/run` sets it.
+const REQUIRE: &str = "EXECBOX_REQUIRE_WORKSPACES";
+
+/// A workspace under a private root, or `None` (skipped) where this
+/// process cannot mount one.
+fn workspace(quota_bytes: u64, max_files: u64) -> Option<(Workspace, tempfile::TempDir)> {
+    let root = tempfile::tempdir().unwrap();
+    let cfg = WorkspaceConfig::default().quota_bytes(quota_bytes).max_files(max_files).root(root.path());
+    match Workspace::create(cfg) {
+        Ok(ws) => Some((ws, root)),
+        Err(e @ WorkspaceError::CannotMount { .. }) => {
+            common::skip::available(REQUIRE, Err(e));
+            None
+        }
+        Err(e) => panic!("{e}"),
+    }
+}
+
+fn mounted(path: &Path) -> bool {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+    mounts.lines().any(|line| line.split(' ').nth(1) == Some(path.to_str().unwrap()))
+}
+
+fn policy() -> SandboxPolicy {
+    SandboxPolicy::strict().timeout(Duration::from_secs(60))
+}
+
+fn ok(result: ExecResult) -> ExecResult {
+    assert_eq!(result.outcome, Outcome::Ok, "{result:?}");
+    result
+}
+
+#[test]
+fn a_workspace_is_a_capped_mount_that_goes_with_its_last_handle() {
+    let Some((ws, _root)) = workspace(1 << 20, 50) else { return };
+    let path = ws.host_path().to_path_buf();
+    assert!(mounted(&path), "{path:?} is not a mount");
+    ws.write("a/b/c.txt", b"hello").unwrap();
+    assert_eq!(ws.read("a/b/c.txt", 100).unwrap(), b"hello");
+    assert_eq!(ws.read("./a/b/c.txt", 100).unwrap(), b"hello");
+    let usage = ws.usage().unwrap();
+    assert_eq!(usage.files_used, 3, "{usage:?}"); // a, a/b, a/b/c.txt
+    assert_eq!((usage.quota_bytes, usage.max_files, usage.full), (1 << 20, 50, false), "{usage:?}");
+
+    let other = ws.clone();
+    drop(ws);
+    assert!(mounted(&path), "a handle still holds it");
+    drop(other);
+    assert!(!mounted(&path), "{path:?} is still mounted");
+    assert!(!path.exists(), "{path:?} is still there");
+}
+
+#[test]
+fn the_quota_holds_bytes_and_files_against_the_host_too() {
+    let Some((ws, _root)) = workspace(64 << 10, 3) else { return };
+    let err = ws.write("big", &vec![7u8; 100 << 10]).unwrap_err();
+    assert!(err.to_string().contains("No space left"), "{err}");
+    assert!(ws.read("big", 1 << 20).is_err(), "a refused write leaves no file");
+    for name in ["1", "2", "3"] {
+        ws.write(name, b"x").unwrap();
+    }
+    let err = ws.write("4", b"x").unwrap_err();
+    assert!(err.to_string().contains("No space left"), "{err}");
+    assert!(ws.usage().unwrap().full);
+}
+
+#[test]
+fn hostile_files_never_lead_the_host_outside() {
+    use std::os::unix::fs::symlink;
+    let Some((ws, _root)) = workspace(1 << 20, 100) else { return };
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("secret"), b"host secret").unwrap();
+    let root = ws.host_path();
+    symlink(outside.path().join("secret"), root.join("link")).unwrap();
+    symlink(outside.path(), root.join("dir")).unwrap();
+    let fifo = std::ffi::CString::new(root.join("fifo").to_str().unwrap()).unwrap();
+    rustix::fs::mkfifoat(rustix::fs::CWD, fifo.as_c_str(), rustix::fs::Mode::from_raw_mode(0o644)).unwrap();
+
+    for path in ["link", "dir/secret", "fifo"] {
+        assert!(ws.read(path, 1 << 20).is_err(), "{path} was read");
+    }
+    for path in ["link", "dir/new", "dir/secret"] {
+        assert!(ws.write(path, b"overwritten").is_err(), "{path} was written");
+    }
+    assert_eq!(std::fs::read(outside.path().join("secret")).unwrap(), b"host secret");
+    assert!(!outside.path().join("new").exists());
+    for bad in ["../x", "/etc/passwd", ""] {
+        assert!(matches!(ws.write(bad, b"x"), Err(WorkspaceError::BadPath { .. })), "{bad}");
+    }
+}
+
+#[test]
+fn a_backend_without_files_refuses_a_workspace_and_names_it() {
+    let Some((ws, _root)) = workspace(1 << 20, 10) else { return };
+    let js = Executor::with_backend(BoaJsInThread::default());
+    let request = ExecRequest::javascript("return 1").policy(SandboxPolicy::host_local()).workspace(&ws);
+    match js.execute_blocking(request) {
+        Err(ExecError::Refused { rejections }) => {
+            let controls: Vec<Control> =
+                rejections.iter().flat_map(|r| r.violations.iter().map(|v| v.control)).collect();
+            assert_eq!(controls, [Control::Workspace], "{rejections:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_wasm_guest_reads_and_writes_the_workspace_at_work() {
+    let Some((ws, _root)) = workspace(1 << 20, 100) else { return };
+    let guest = WasmGuest::new(WasmGuestConfig::default()).unwrap();
+    let tool = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/guests/prebuilt/wasi_tool.wasm")).unwrap();
+    ws.write("from_host.txt", b"host wrote this").unwrap();
+    let run = |args: &[&str]| {
+        let mut request = ExecRequest::wasm(tool.clone()).policy(policy()).workspace(&ws);
+        for arg in args {
+            request = request.arg(*arg);
+        }
+        Executor::run_on(&guest, request).unwrap()
+    };
+    let read = ok(run(&["read", "/work/from_host.txt"]));
+    assert_eq!(read.stdout.text(), "host wrote this", "{read:?}");
+    ok(run(&["write", "/work/from_guest.txt", "guest wrote this"]));
+    assert_eq!(ws.read("from_guest.txt", 100).unwrap(), b"guest wrote this");
+    // The guest's symlinks are refused, in a workspace as anywhere.
+    assert_ne!(run(&["symlink", "/etc/passwd", "/work/link"]).outcome, Outcome::Ok);
+}
+
+/// The one workspace across python-wasm and a container, both ways, and
+/// its quota inside each.
+#[test]
+fn python_in_wasm_and_in_a_container_share_one_workspace_under_one_quota() {
+    let Some((ws, _root)) = workspace(2 << 20, 1000) else { return };
+    let Some(wasm) = common::skip::interpreter(WasmInterpreter::new(InterpreterConfig::default()).unwrap()) else {
+        return;
+    };
+    let Some(container) = common::skip::labelled_container("workspace", ContainerConfig::default()) else { return };
+    let python = |code: &str| ExecRequest::source(Language::Python, code).policy(policy()).workspace(&ws);
+
+    ok(Executor::run_on(&wasm, python("open('/work/data.csv', 'w').write('a,b\\n1,2\\n')")).unwrap());
+    let read = ok(Executor::run_on(&container, python("print(open('/work/data.csv').read().split()[1])")).unwrap());
+    assert_eq!(read.stdout.text().trim(), "1,2", "{read:?}");
+    let usage = read.workspace.expect("a run in a workspace reports its usage");
+    assert!(!usage.full && usage.files_used >= 1 && usage.bytes_used > 0, "{usage:?}");
+    ok(Executor::run_on(&container, python("open('/work/from_container.txt', 'w').write('container')")).unwrap());
+    let back = ok(Executor::run_on(&wasm, python("print(open('/work/from_container.txt').read())")).unwrap());
+    assert_eq!(back.stdout.text().trim(), "container", "{back:?}");
+
+    // Input and input files land in the workspace; a run without input
+    // sees no earlier run's input.json.
+    let staged = python("import json; print(json.load(open('/work/input.json'))['n'], open('/work/in/f.txt').read())")
+        .input(json!({"n": 7}))
+        .input_file(ExecFile::new("in/f.txt", b"file".to_vec()));
+    assert_eq!(ok(Executor::run_on(&container, staged).unwrap()).stdout.text().trim(), "7 file");
+    let stale = python("import os; print(os.path.exists('/work/input.json'))");
+    assert_eq!(ok(Executor::run_on(&wasm, stale).unwrap()).stdout.text().trim(), "False");
+
+    // `/work/out` is still the run's own tmpfs: collected, not kept.
+    let out = python("open('/work/out/r.txt', 'w').write('result')").collect_output_files();
+    let collected = ok(Executor::run_on(&container, out).unwrap());
+    assert_eq!(collected.output_files.iter().map(|f| f.name.as_str()).collect::<Vec<_>>(), ["r.txt"], "{collected:?}");
+    assert!(ws.read("out/r.txt", 100).is_err(), "an output file stayed in the workspace");
+
+    // Past the quota a write fails with ENOSPC inside the code, on both.
+    let flood = "import errno\ntry:\n    open('/work/flood', 'wb').write(b'x' * (4 << 20))\n    print('fit')\n\
+                 except OSError as e:\n    print(errno.errorcode[e.errno])";
+    for (name, result) in [
+        ("container", Executor::run_on(&container, python(flood))),
+        ("python-wasm", Executor::run_on(&wasm, python(flood))),
+    ] {
+        let result = ok(result.unwrap());
+        assert_eq!(result.stdout.text().trim(), "ENOSPC", "{name}: {result:?}");
+        assert!(
+            result.workspace.is_some_and(|usage| usage.full),
+            "{name}: the result says the quota was hit: {result:?}"
+        );
+        let _ = std::fs::remove_file(ws.host_path().join("flood"));
+    }
+    // A container cannot hard-link a file from outside into it.
+    let link = "import os, errno\ntry:\n    os.link('/etc/passwd', '/work/passwd')\n    print('linked')\n\
+                except OSError as e:\n    print(errno.errorcode[e.errno])";
+    assert_eq!(ok(Executor::run_on(&container, python(link)).unwrap()).stdout.text().trim(), "EXDEV");
+}
+
+/// Run by [`a_killed_owner_s_workspace_is_removed_by_the_next_one`] in a
+/// child process: mounts a workspace under `$EXECBOX_TEST_WORKSPACE_ROOT`,
+/// says where, and waits to be killed.
+#[test]
+#[ignore = "a helper: run by another test in a child process"]
+fn helper_mounts_a_workspace_and_waits() {
+    let Some(root) = std::env::var_os("EXECBOX_TEST_WORKSPACE_ROOT") else { return };
+    let ws = Workspace::create(WorkspaceConfig::default().root(root)).unwrap();
+    println!("mounted {}", ws.host_path().display());
+    std::thread::sleep(Duration::from_secs(120));
+}
+
+#[test]
+fn a_killed_owner_s_workspace_is_removed_by_the_next_one() {
+    use std::io::{BufRead, BufReader};
+    let Some((_probe, root)) = workspace(1 << 20, 10) else { return };
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "workspace::helper_mounts_a_workspace_and_waits", "--ignored", "--nocapture"])
+        .env("EXECBOX_TEST_WORKSPACE_ROOT", root.path())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let path = loop {
+        let line = lines.next().expect("the helper says where it mounted").unwrap();
+        if let Some(path) = line.strip_prefix("mounted ") {
+            break std::path::PathBuf::from(path);
+        }
+    };
+    assert!(mounted(&path));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(mounted(&path), "nothing unmounts a SIGKILLed owner's workspace by itself");
+
+    let next = Workspace::create(WorkspaceConfig::default().root(root.path())).unwrap();
+    assert!(!mounted(&path), "{path:?} is still mounted");
+    assert!(!path.exists(), "{path:?} is still there");
+    assert!(mounted(next.host_path()));
+}
+
+#[test]
+fn collect_reads_back_by_globs_within_limits_and_never_through_links() {
+    use execbox::CollectLimits;
+    let Some((ws, _root)) = workspace(4 << 20, 1000) else { return };
+    ws.write("top.txt", b"top").unwrap();
+    ws.write("a/x.txt", b"x").unwrap();
+    ws.write("a/b/y.txt", b"yy").unwrap();
+    ws.write("a/b/z.csv", b"z").unwrap();
+    ws.write("big.bin", &vec![0u8; 2000]).unwrap();
+    std::os::unix::fs::symlink("/etc/hostname", ws.host_path().join("a/link.txt")).unwrap();
+    let globs = |g: &[&str]| g.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let limits = CollectLimits::new(10, 1000, 1 << 20);
+
+    let got = ws.collect(&globs(&["**/*.txt", "big.bin"]), &limits).unwrap();
+    let paths: Vec<&str> = got.files.iter().map(|f| f.path.as_str()).collect();
+    assert_eq!(paths, ["a/b/y.txt", "a/x.txt", "top.txt"], "{got:?}");
+    assert_eq!(got.files[0].content, b"yy");
+    assert_eq!(got.limits_hit, ["max_file_bytes"], "{got:?}");
+    assert!(got.left_out.iter().any(|l| l.starts_with("big.bin: over max_file_bytes")), "{got:?}");
+    assert!(got.left_out.iter().any(|l| l.starts_with("a/link.txt: not a regular file")), "{got:?}");
+
+    let few = CollectLimits::new(1, 1000, 1 << 20);
+    let got = ws.collect(&globs(&["*.txt", "a/*.txt"]), &few).unwrap();
+    assert_eq!(got.files.len(), 1, "{got:?}");
+    assert_eq!(got.limits_hit, ["max_files"], "{got:?}");
+    let small = CollectLimits::new(10, 1000, 3);
+    let got = ws.collect(&globs(&["**/*.txt"]), &small).unwrap();
+    assert_eq!(got.files.iter().map(|f| f.content.len()).sum::<usize>(), 3, "{got:?}");
+    assert_eq!(got.limits_hit, ["max_total_bytes"], "{got:?}");
+    assert!(ws.collect(&globs(&["[unclosed"]), &limits).is_err());
+}
