@@ -120,8 +120,19 @@ impl Door {
             crate::observe::refused(&request, &refused, target.session);
             return Err(refused);
         }
+        // Runs in one workspace take turns (see `RunTurn`): a second one is
+        // busy at once, never queued behind a run that may last minutes.
+        let turn = match &request.workspace {
+            Some(workspace) => Some(Arc::new(workspace.try_turn().ok_or_else(|| ExecError::Busy {
+                backend: target.name.to_string(),
+                reason: format!("workspace {} is running another run; retry when it ends", workspace.id()),
+            })?)),
+            None => None,
+        };
         let span = crate::observe::run_span(target.name, &request, target.session);
-        Admitted::new(request, target.capabilities, span).with_tools(self.tools())?.with_spill(self.artifacts())
+        let mut admitted = Admitted::new(request, target.capabilities, span);
+        admitted.workspace_turn = turn;
+        admitted.with_tools(self.tools())?.with_spill(self.artifacts())
     }
 }
 
@@ -155,6 +166,9 @@ pub struct Admitted {
     tools: Option<Arc<ToolBridge>>,
     /// Where its stdout spills, when its policy asks it.
     spill: Option<SpillPlan>,
+    /// Its turn in its workspace, held until the run and its result are
+    /// done (shared with its finisher).
+    workspace_turn: Option<Arc<crate::workspace::RunTurn>>,
 }
 
 impl std::fmt::Debug for Admitted {
@@ -177,6 +191,8 @@ pub(crate) struct Finisher {
     schema: Option<JsonSchema>,
     deadline: Deadline,
     workspace: Option<crate::workspace::Workspace>,
+    /// Keeps the run's turn in its workspace until its result is made.
+    _workspace_turn: Option<Arc<crate::workspace::RunTurn>>,
 }
 
 impl Finisher {
@@ -311,7 +327,7 @@ impl Admitted {
             Some(start) => Deadline::started_at(start, limit),
             None => Deadline::start(limit),
         };
-        Self { request, deadline, span, tools: None, spill: None }
+        Self { request, deadline, span, tools: None, spill: None, workspace_turn: None }
     }
 
     /// Gives the run its tool bridge when its policy grants tools: the
@@ -408,6 +424,7 @@ impl Admitted {
             schema: self.request.output_schema.clone(),
             deadline: self.deadline,
             workspace: self.request.workspace.clone(),
+            _workspace_turn: self.workspace_turn.clone(),
         }
     }
 

@@ -149,7 +149,9 @@ pub struct WorkspaceUsage {
     pub files_used: u64,
     /// [`WorkspaceConfig::max_files`].
     pub max_files: u64,
-    /// No byte or no file is left: the next write fails with `ENOSPC`.
+    /// No byte or no file was left when it was measured (for a run: when
+    /// the run ended), so the next write fails with `ENOSPC`. A run that
+    /// hit the quota and then freed space reads `false`.
     pub full: bool,
 }
 
@@ -192,6 +194,13 @@ impl Default for CollectLimits {
 /// code is walked within bounds, whatever it holds.
 const WALK_ENTRIES: usize = 100_000;
 const WALK_DEPTH: usize = 64;
+/// How long a collect may walk and match: globs are matched by
+/// backtracking, so their cost is bounded by time as well as by size.
+const WALK_TIME: std::time::Duration = std::time::Duration::from_secs(2);
+/// Globs per collect, bytes per glob, and `*` per glob, at the most.
+const MAX_GLOBS: usize = 32;
+const MAX_GLOB_BYTES: usize = 256;
+const MAX_GLOB_STARS: usize = 8;
 
 /// One file [`Workspace::collect`] read.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -208,7 +217,8 @@ pub struct Collected {
     /// The files read, in path order.
     pub files: Vec<CollectedFile>,
     /// Each limit that left something out: `max_files`, `max_file_bytes`,
-    /// `max_total_bytes`, `walk` (the bounded walk stopped).
+    /// `max_total_bytes`, `walk` (100,000 entries or 64 levels), `time`
+    /// (2 s of walking and matching).
     pub limits_hit: Vec<String>,
     /// Matching paths not read, each with why (a limit, or not a regular
     /// file: symlinks, FIFOs, devices are never followed or opened).
@@ -226,6 +236,8 @@ struct Mounted {
     id: String,
     path: PathBuf,
     max_files: u64,
+    /// A run holds its turn (see [`RunTurn`]).
+    running: std::sync::atomic::AtomicBool,
     /// The mount's root: every file operation of the host is relative to it.
     dir: Dir,
 }
@@ -257,7 +269,10 @@ impl Workspace {
             return Err(WorkspaceError::CannotMount { path, source: e.into() });
         }
         match hostfs::open_ambient(&path) {
-            Ok(dir) => Ok(Self(Arc::new(Mounted { id, path, max_files: cfg.max_files, dir }))),
+            Ok(dir) => {
+                let running = Default::default();
+                Ok(Self(Arc::new(Mounted { id, path, max_files: cfg.max_files, running, dir })))
+            }
             Err(source) => {
                 let _ = unmount(&path, UnmountFlags::DETACH);
                 let _ = std::fs::remove_dir(&path);
@@ -327,10 +342,23 @@ impl Workspace {
     }
 
     /// Reads back the files whose paths (relative, `/`-separated) match
-    /// any of `globs` (`*` and `?` within a name, `**` across directories),
-    /// within `limits`. The walk never follows a symlink and opens only
-    /// regular files; it stops after a bounded number of entries.
+    /// any of `globs` (`*` and `?` within a name, `**` across directories;
+    /// at most 32 globs of 256 bytes and 8 `*` each), within `limits`. The
+    /// walk never follows a symlink and opens only regular files; it stops
+    /// after 100,000 entries, 64 levels or 2 s.
     pub fn collect(&self, globs: &[String], limits: &CollectLimits) -> Result<Collected, WorkspaceError> {
+        if globs.len() > MAX_GLOBS {
+            return Err(WorkspaceError::BadPath { path: format!("{} globs", globs.len()), reason: "at most 32 globs" });
+        }
+        for g in globs {
+            if g.len() > MAX_GLOB_BYTES || g.matches('*').count() > MAX_GLOB_STARS {
+                return Err(WorkspaceError::BadPath {
+                    path: g.clone(),
+                    reason: "a glob has at most 256 bytes and 8 `*`",
+                });
+            }
+        }
+        let started = std::time::Instant::now();
         let patterns = globs
             .iter()
             .map(|g| glob::Pattern::new(g.trim_start_matches("./")))
@@ -343,31 +371,49 @@ impl Workspace {
         let mut walked = 0;
         let mut limits_hit = std::collections::BTreeSet::new();
         let mut left_out = Vec::new();
-        let mut stack = vec![(String::new(), self.0.dir.try_clone().map_err(io)?, 0usize)];
-        while let Some((prefix, dir, depth)) = stack.pop() {
+        // Directories still to walk, by path: each is opened when its turn
+        // comes, so a wide tree never holds more than a path's descriptors.
+        let mut stack = vec![(String::new(), 0usize)];
+        while let Some((prefix, depth)) = stack.pop() {
+            // Swapped for a symlink, or gone, since it was listed (code may
+            // still run in the workspace): said, not walked.
+            let dir = match self.open_path(&prefix) {
+                Ok(dir) => dir,
+                Err(e) => {
+                    left_out.push(format!("{prefix}/: {e}"));
+                    continue;
+                }
+            };
             for entry in dir.entries().map_err(io)? {
-                let entry = entry.map_err(io)?;
+                let Ok(entry) = entry else { continue };
                 walked += 1;
                 if walked > WALK_ENTRIES {
                     limits_hit.insert("walk".to_string());
                     stack.clear();
                     break;
                 }
-                let Some(name) = entry.file_name().to_str().map(str::to_owned) else { continue };
+                if started.elapsed() > WALK_TIME {
+                    limits_hit.insert("time".to_string());
+                    stack.clear();
+                    break;
+                }
+                let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
+                    let shown = entry.file_name().to_string_lossy().into_owned();
+                    left_out.push(format!("{prefix}/{shown}: a name that is not UTF-8 (not walked or read)"));
+                    continue;
+                };
                 let path = if prefix.is_empty() { name.clone() } else { format!("{prefix}/{name}") };
-                let kind = entry.file_type().map_err(io)?;
+                let Ok(kind) = entry.file_type() else { continue };
                 if kind.is_dir() {
                     if depth + 1 < WALK_DEPTH {
-                        let sub = hostfs::open_dir(&dir, OsStr::new(&name)).map_err(io)?;
-                        stack.push((path, sub, depth + 1));
+                        stack.push((path, depth + 1));
                     } else {
                         limits_hit.insert("walk".to_string());
                     }
                 } else if matches(&path) {
-                    if kind.is_file() {
-                        found.push((path, entry.metadata().map_err(io)?.len()));
-                    } else {
-                        left_out.push(format!("{path}: not a regular file"));
+                    match entry.metadata() {
+                        Ok(meta) if kind.is_file() => found.push((path, meta.len())),
+                        _ => left_out.push(format!("{path}: not a regular file")),
                     }
                 }
             }
@@ -405,6 +451,16 @@ impl Workspace {
         Ok(Collected { files, limits_hit: limits_hit.into_iter().collect(), left_out })
     }
 
+    /// Opens the directory at `path` (`/`-separated, `""` for the root), one
+    /// component at a time, refusing a symlink anywhere.
+    fn open_path(&self, path: &str) -> io::Result<Dir> {
+        let mut dir = self.0.dir.try_clone()?;
+        for name in path.split('/').filter(|n| !n.is_empty()) {
+            dir = hostfs::open_dir(&dir, OsStr::new(name))?;
+        }
+        Ok(dir)
+    }
+
     /// How full it is now.
     pub fn usage(&self) -> Result<WorkspaceUsage, WorkspaceError> {
         let stat = rustix::fs::fstatvfs(&self.0.dir)
@@ -430,6 +486,27 @@ impl Workspace {
             dir = next;
         }
         Ok(dir)
+    }
+}
+
+/// A run's turn in its workspace. Runs in one workspace take turns, so no
+/// code can swap a file under a running wasm guest between the host's check
+/// of what a path is and its open (a FIFO there would block the host thread
+/// past any deadline: see `fs_guard`'s known window). It holds the
+/// workspace mounted until the run is done.
+pub(crate) struct RunTurn(Arc<Mounted>);
+
+impl Drop for RunTurn {
+    fn drop(&mut self) {
+        self.0.running.store(false, std::sync::atomic::Ordering::Release);
+    }
+}
+
+impl Workspace {
+    /// The workspace's turn for one run, unless another run has it.
+    pub(crate) fn try_turn(&self) -> Option<RunTurn> {
+        use std::sync::atomic::Ordering::{Acquire, Relaxed};
+        self.0.running.compare_exchange(false, true, Acquire, Relaxed).ok().map(|_| RunTurn(self.0.clone()))
     }
 }
 
@@ -464,16 +541,30 @@ fn remove(path: &Path) {
     }
 }
 
-/// Removes the workspaces under `root` whose owner process is gone.
+/// Removes the workspaces under `root` whose owner process is gone: only
+/// directories named as execbox names workspaces (anything else there is
+/// left alone). Owners are judged in this process's PID namespace, so a
+/// root must not be shared by processes of different PID namespaces.
 fn sweep_stale(root: &Path) {
     let Ok(entries) = std::fs::read_dir(root) else { return };
     for entry in entries.flatten() {
         let name = entry.file_name();
-        let Some(owner) = name.to_str().and_then(|n| n.rsplit_once('-')).map(|(owner, _)| owner) else { continue };
-        if !crate::owner::is_alive(owner) {
+        let Some(owner) = name.to_str().and_then(workspace_owner) else { continue };
+        if entry.file_type().is_ok_and(|t| t.is_dir()) && !crate::owner::is_alive(owner) {
             remove(&entry.path());
         }
     }
+}
+
+/// The owner token in a workspace directory's name (`<pid>.<start>-<16
+/// hex digits>`, as [`Workspace::create`] names them); `None` for any other
+/// name, which the sweep never touches.
+fn workspace_owner(name: &str) -> Option<&str> {
+    let (owner, random) = name.rsplit_once('-')?;
+    let (pid, start) = owner.split_once('.')?;
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let hex = random.len() == 16 && random.bytes().all(|b| b.is_ascii_hexdigit());
+    (digits(pid) && digits(start) && hex).then_some(owner)
 }
 
 /// Hands `name` in `dir` to the code's user (when this process may: as
@@ -490,6 +581,9 @@ fn give_to_code(dir: &Dir, name: &OsStr) -> io::Result<()> {
 /// no empty name.
 fn split(path: &str) -> Result<(Vec<&OsStr>, &OsStr), WorkspaceError> {
     let bad = |reason| WorkspaceError::BadPath { path: path.to_string(), reason };
+    if path.ends_with('/') {
+        return Err(bad("it names a directory"));
+    }
     let mut names = Vec::new();
     for component in Path::new(path).components() {
         match component {
@@ -511,8 +605,23 @@ mod tests {
     fn paths_stay_inside() {
         assert!(split("a/b/c.txt").is_ok());
         assert_eq!(split("./a").unwrap().1, OsStr::new("a"));
-        for bad in ["../x", "a/../../x", "/etc/passwd", "", "."] {
+        for bad in ["../x", "a/../../x", "/etc/passwd", "", ".", "a/"] {
             assert!(matches!(split(bad), Err(WorkspaceError::BadPath { .. })), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_sweep_knows_only_names_it_made() {
+        assert_eq!(workspace_owner("123.456-0123456789abcdef"), Some("123.456"));
+        for foreign in [
+            "usb-disk",
+            "1-2",
+            "123.456-xyz",
+            "123.456-0123456789abcdeg",
+            ".456-0123456789abcdef",
+            "a.1-0123456789abcdef",
+        ] {
+            assert_eq!(workspace_owner(foreign), None, "{foreign}");
         }
     }
 }

@@ -196,7 +196,10 @@ impl ExecboxMcp {
             .map_err(|e| McpError::internal_error(format!("workspace task: {e}"), None))?;
         let collected = match collected {
             Ok(collected) => collected,
-            Err(e) => return Ok(invalid_arguments("read_files", &e.to_string())),
+            Err(e @ crate::workspace::WorkspaceError::BadPath { .. }) => {
+                return Ok(invalid_arguments("read_files", &e.to_string()));
+            }
+            Err(e) => return Ok(failed(&e)),
         };
         let files: Vec<_> = collected
             .files

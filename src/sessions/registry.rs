@@ -547,6 +547,9 @@ fn admit_call(id: &str, entry: &Entry, request: ExecRequest, door: &Door) -> Res
 }
 
 /// Where a call stands after [`Sessions::admit`].
+// Made and matched once per call, never stored: boxing either side would
+// only add an allocation.
+#[allow(clippy::large_enum_variant)]
 enum Admission {
     /// Admitted to a live session: it waits for its turn next.
     Ready(Call),

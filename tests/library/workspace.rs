@@ -232,7 +232,11 @@ fn a_killed_owner_s_workspace_is_removed_by_the_next_one() {
     child.wait().unwrap();
     assert!(mounted(&path), "nothing unmounts a SIGKILLed owner's workspace by itself");
 
+    // What execbox did not make is never touched.
+    std::fs::create_dir(root.path().join("usb-disk")).unwrap();
+    std::fs::write(root.path().join("usb-disk").join("keep"), b"data").unwrap();
     let next = Workspace::create(WorkspaceConfig::default().root(root.path())).unwrap();
+    assert_eq!(std::fs::read(root.path().join("usb-disk").join("keep")).unwrap(), b"data");
     assert!(!mounted(&path), "{path:?} is still mounted");
     assert!(!path.exists(), "{path:?} is still there");
     assert!(mounted(next.host_path()));
@@ -268,4 +272,53 @@ fn collect_reads_back_by_globs_within_limits_and_never_through_links() {
     assert_eq!(got.files.iter().map(|f| f.content.len()).sum::<usize>(), 3, "{got:?}");
     assert_eq!(got.limits_hit, ["max_total_bytes"], "{got:?}");
     assert!(ws.collect(&globs(&["[unclosed"]), &limits).is_err());
+}
+
+/// A wide tree (more directories than a process's usual descriptor limit)
+/// is walked one open directory at a time.
+#[test]
+fn collect_walks_a_wide_tree_without_holding_its_directories_open() {
+    // More directories than this process may hold descriptors.
+    let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile).current.unwrap_or(u64::MAX);
+    if limit > 60_000 {
+        eprintln!("skipping: a descriptor limit of {limit} is too large to exceed here");
+        return;
+    }
+    let wide = limit + 100;
+    let Some((ws, _root)) = workspace(64 << 20, wide + 10) else { return };
+    for i in 0..wide {
+        std::fs::create_dir(ws.host_path().join(format!("d{i}"))).unwrap();
+    }
+    let last = format!("d{}/found.txt", wide - 1);
+    ws.write(&last, b"deep").unwrap();
+    let got = ws.collect(&["**/*.txt".to_string()], &execbox::CollectLimits::default()).unwrap();
+    assert_eq!(got.files.iter().map(|f| f.path.as_str()).collect::<Vec<_>>(), [last.as_str()], "{got:?}");
+    assert!(got.limits_hit.is_empty() && got.left_out.is_empty(), "{got:?}");
+}
+
+/// Runs in one workspace take turns: a second one while the first runs is
+/// `busy` at once (a run in the same tree could otherwise swap a file for
+/// a FIFO under a wasm guest's open and hold its host thread).
+#[test]
+fn runs_in_one_workspace_take_turns() {
+    let Some((ws, _root)) = workspace(1 << 20, 100) else { return };
+    let Some(wasm) = common::skip::interpreter(WasmInterpreter::new(InterpreterConfig::default()).unwrap()) else {
+        return;
+    };
+    let python = |code: &str| ExecRequest::source(Language::Python, code).policy(policy()).workspace(&ws);
+    std::thread::scope(|scope| {
+        let first = scope.spawn(|| {
+            Executor::run_on(&wasm, python("import time\nopen('/work/started', 'w')\ntime.sleep(3)")).unwrap()
+        });
+        assert!(
+            common::wait::wait_until(Duration::from_secs(60), || ws.read("started", 10).is_ok()),
+            "the first run never started"
+        );
+        match Executor::run_on(&wasm, python("print(1)")) {
+            Err(ExecError::Busy { reason, .. }) => assert!(reason.contains("running another run"), "{reason}"),
+            other => panic!("{other:?}"),
+        }
+        ok(first.join().unwrap());
+    });
+    ok(Executor::run_on(&wasm, python("print(2)")).unwrap());
 }

@@ -33,7 +33,9 @@
 //! cannot race them (WASI p1 guests are single-threaded and a host call runs
 //! to completion), but another process — or another run sharing the same
 //! read-write grant — could swap a regular file for a FIFO in between. Only
-//! grant directories where no such process works are covered fully.
+//! grant directories where no such process works are covered fully. A
+//! workspace closes it for runs: runs in one workspace take turns (see
+//! `workspace::RunTurn`), so no other code runs in it meanwhile.
 
 use std::future::Future;
 
