@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use execbox::backends::{Container, InterpreterConfig, WasmInterpreter};
-use execbox::{Backend, ExecRequest, Executor, Language, Outcome, SandboxPolicy, Workspace, WorkspaceConfig};
+use execbox::{Access, Backend, ExecRequest, Executor, Language, Outcome, SandboxPolicy, Workspace, WorkspaceConfig};
 
 fn python(code: &str) -> ExecRequest {
     ExecRequest::source(Language::Python, code).policy(SandboxPolicy::strict())
@@ -53,9 +53,12 @@ fn bench(c: &mut Criterion) {
     };
     if let Some(wasm) = &wasm {
         let code = "print(1 + 1)";
-        g.bench_function("python_wasm_warm", |b| b.iter(|| ok(wasm, python(code))));
-        // An environment value is fixed at an instance's start: a fresh one.
-        g.bench_function("python_wasm_fresh", |b| b.iter(|| ok(wasm, python(code).env("X", "1"))));
+        // What a run gets without a workspace (the warm pool when it has an
+        // instance ready; back to back it often has not).
+        g.bench_function("python_wasm_default", |b| b.iter(|| ok(wasm, python(code))));
+        // An environment value is fixed at an instance's start: always fresh.
+        let env = SandboxPolicy::strict().environment(Access::Allow(vec!["X".into()]));
+        g.bench_function("python_wasm_fresh", |b| b.iter(|| ok(wasm, python(code).policy(env.clone()).env("X", "1"))));
         g.bench_function("python_wasm_in_workspace", |b| b.iter(|| ok(wasm, python(code).workspace(&ws))));
     }
 
