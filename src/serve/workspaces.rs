@@ -94,9 +94,14 @@ impl ExecboxMcp {
             Some(mb) => mb << 20,
             None => base.quota_bytes,
         };
-        if self.connection.workspaces.lock().len() >= MAX_WORKSPACES_PER_CONNECTION {
+        // Checked before the mount (the common case) and again when the
+        // workspace is put in (another call of the connection may have won).
+        let connection_full = || {
             let why = format!("this connection already holds {MAX_WORKSPACES_PER_CONNECTION} workspaces");
-            return Ok(invalid_arguments("create_workspace", &why));
+            invalid_arguments("create_workspace", &why)
+        };
+        if self.connection.workspaces.lock().len() >= MAX_WORKSPACES_PER_CONNECTION {
+            return Ok(connection_full());
         }
         let Some(slot) = self.shared.take_workspace_slot() else {
             let most = self.shared.cfg.max_workspaces;
@@ -111,12 +116,12 @@ impl ExecboxMcp {
             Err(e) => return Ok(failed(&e)),
         };
         let id = crate::nonce::hex128();
+        // A system call: made before the connection's lock is taken.
+        let usage = workspace.usage().ok();
         let mut held = self.connection.workspaces.lock();
         if held.len() >= MAX_WORKSPACES_PER_CONNECTION {
-            let why = format!("this connection already holds {MAX_WORKSPACES_PER_CONNECTION} workspaces");
-            return Ok(invalid_arguments("create_workspace", &why));
+            return Ok(connection_full());
         }
-        let usage = workspace.usage().ok();
         held.insert(id.clone(), (workspace, slot));
         let body = json!({
             "workspace_id": id,
