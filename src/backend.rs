@@ -92,6 +92,12 @@ pub trait Backend: Send + Sync + 'static {
     fn session_backend(&self) -> Option<Arc<dyn SessionBackend>> {
         None
     }
+
+    /// Starts programs that keep running in a workspace, if it can (see
+    /// [`Executor::start_program`](crate::Executor::start_program)).
+    fn program_backend(&self) -> Option<Arc<dyn crate::program::ProgramBackend>> {
+        None
+    }
 }
 
 /// A run in progress for an async caller ([`Backend::execute_async`]): it

@@ -12,11 +12,15 @@ use crate::admission::{Admitted, Door, Finisher, SpillStore, Target};
 use crate::backend::{Backend, Readiness, Unavailable};
 use crate::capabilities::BackendCapabilities;
 use crate::error::{BackendRejection, ExecError};
+use crate::language::Language;
 use crate::limits::nesting;
 use crate::policy::SandboxPolicy;
+use crate::program::{Program, ProgramCommand, ProgramSpec};
 use crate::request::ExecRequest;
 use crate::result::ExecResult;
 use crate::tools::ToolRegistry;
+use crate::violation::{Control, Violation};
+use crate::workspace::Workspace;
 
 /// Registers backends for an [`Executor`].
 #[derive(Default)]
@@ -296,6 +300,66 @@ impl Executor {
         let call = door.admit(request, &target)?;
         let finisher = call.finisher();
         Ok((call, finisher))
+    }
+
+    /// Starts a program that keeps running in `workspace` (see
+    /// [`crate::program`]): held to the ceiling and validated like a run,
+    /// then matched against every backend that can carry programs, the
+    /// cheapest first; refused before anything starts, every unmet control
+    /// named, when none can. The first program of a workspace starts the
+    /// container its programs share (~0.3 s); later ones start in a few
+    /// milliseconds.
+    pub async fn start_program(&self, workspace: &Workspace, spec: ProgramSpec) -> Result<Program, ExecError> {
+        let executor = self.clone();
+        let workspace = workspace.clone();
+        let start = move || executor.start_program_blocking(&workspace, &spec);
+        match tokio::runtime::Handle::try_current() {
+            Ok(_) => crate::backend::blocking("programs", start).await,
+            Err(_) => start(),
+        }
+    }
+
+    /// [`Executor::start_program`] on the calling thread.
+    pub fn start_program_blocking(&self, workspace: &Workspace, spec: &ProgramSpec) -> Result<Program, ExecError> {
+        let text = match &spec.command {
+            ProgramCommand::Shell(line) => line.clone(),
+            ProgramCommand::Argv(argv) => argv.join(" "),
+        };
+        let mut request = ExecRequest::source(Language::Shell, text).policy(spec.policy.clone()).workspace(workspace);
+        request.env = spec.env.clone();
+        self.door.hold(&mut request)?;
+        let mut rejections = Vec::new();
+        let mut unavailable = None;
+        for backend in self.backends.iter() {
+            let Some(carrier) = backend.program_backend() else {
+                let violation = Violation {
+                    control: Control::Programs,
+                    requested: "a program".into(),
+                    reason: "this backend runs code to its end; it cannot keep a program running".into(),
+                };
+                rejections.push(BackendRejection { backend: backend.name().to_string(), violations: vec![violation] });
+                continue;
+            };
+            let mut violations = Door::refusals(&request, &target_of(&**backend, &request));
+            if request.policy.tool_grants().is_some() {
+                violations.push(Violation {
+                    control: Control::Tools,
+                    requested: "tools".into(),
+                    reason: "programs cannot call tools (Code Mode runs are one-shot)".into(),
+                });
+            }
+            if !violations.is_empty() {
+                rejections.push(BackendRejection { backend: backend.name().to_string(), violations });
+                continue;
+            }
+            match backend.availability() {
+                Ok(()) => return carrier.start_program(&request, spec),
+                Err(why) => {
+                    unavailable.get_or_insert(why.into_error(backend.name()));
+                }
+            }
+        }
+        Err(unavailable.unwrap_or(ExecError::Refused { rejections }))
     }
 
     /// Runs `request` on the calling thread (blocks until the result, at

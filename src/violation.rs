@@ -49,6 +49,8 @@ pub enum Control {
     Tools,
     /// A workspace seen read-write at `/work`, within its quota.
     Workspace,
+    /// A program that keeps running after the call that started it.
+    Programs,
 }
 
 impl Control {
@@ -74,6 +76,7 @@ impl Control {
             Control::Packages => "packages",
             Control::Tools => "tools",
             Control::Workspace => "workspace",
+            Control::Programs => "programs",
         }
     }
 }

@@ -42,10 +42,6 @@ use crate::hostfs;
 #[cfg_attr(not(any(feature = "wasm", feature = "container")), allow(dead_code))]
 const INPUT_JSON: &str = "input.json";
 
-/// The user (and group) code runs as in a container: what execbox writes
-/// into a workspace is handed to it, so a container run can replace it.
-const CODE_USER: u32 = 65534;
-
 /// Where every backend that carries files sees a workspace.
 pub const GUEST_PATH: &str = "/work";
 
@@ -73,11 +69,20 @@ pub struct WorkspaceConfig {
     /// # Default
     /// [`DEFAULT_ROOT`].
     pub root: PathBuf,
+    /// The user and group (`uid`, `gid`) code runs as in a container: the
+    /// workspace's root and every file execbox writes into it are theirs,
+    /// so a container run can write and replace them. A container backend
+    /// whose [`ContainerConfig::user`](crate::backends::container::ContainerConfig::user)
+    /// is another refuses to run in the workspace.
+    ///
+    /// # Default
+    /// `(65534, 65534)` (nobody, the container backend's default user).
+    pub code_user: (u32, u32),
 }
 
 impl Default for WorkspaceConfig {
     fn default() -> Self {
-        Self { quota_bytes: 64 << 20, max_files: 10_000, root: PathBuf::from(DEFAULT_ROOT) }
+        Self { quota_bytes: 64 << 20, max_files: 10_000, root: PathBuf::from(DEFAULT_ROOT), code_user: (65534, 65534) }
     }
 }
 
@@ -91,6 +96,12 @@ impl WorkspaceConfig {
     /// Sets [`WorkspaceConfig::max_files`].
     pub fn max_files(mut self, files: u64) -> Self {
         self.max_files = files;
+        self
+    }
+
+    /// Sets [`WorkspaceConfig::code_user`].
+    pub fn code_user(mut self, uid: u32, gid: u32) -> Self {
+        self.code_user = (uid, gid);
         self
     }
 
@@ -236,10 +247,14 @@ struct Mounted {
     id: String,
     path: PathBuf,
     max_files: u64,
+    code_user: (u32, u32),
     /// A run holds its turn (see [`RunTurn`]).
     running: std::sync::atomic::AtomicBool,
     /// The mount's root: every file operation of the host is relative to it.
     dir: Dir,
+    /// What carries its programs (a backend's, e.g. a container), dropped
+    /// (and so ended) before the workspace is unmounted.
+    carrier: parking_lot::Mutex<Option<Arc<dyn std::any::Any + Send + Sync>>>,
 }
 
 impl Workspace {
@@ -258,8 +273,9 @@ impl Workspace {
         let path = cfg.root.join(&id);
         std::fs::create_dir(&path).map_err(io_at(&path))?;
         // The root inode counts against `nr_inodes` too.
+        let (uid, gid) = cfg.code_user;
         let options = format!(
-            "size={},nr_inodes={},mode=0755,uid={CODE_USER},gid={CODE_USER}",
+            "size={},nr_inodes={},mode=0755,uid={uid},gid={gid}",
             cfg.quota_bytes,
             cfg.max_files.saturating_add(1)
         );
@@ -271,7 +287,9 @@ impl Workspace {
         match hostfs::open_ambient(&path) {
             Ok(dir) => {
                 let running = Default::default();
-                Ok(Self(Arc::new(Mounted { id, path, max_files: cfg.max_files, running, dir })))
+                let carrier = Default::default();
+                let (max_files, code_user) = (cfg.max_files, cfg.code_user);
+                Ok(Self(Arc::new(Mounted { id, path, max_files, code_user, running, dir, carrier })))
             }
             Err(source) => {
                 let _ = unmount(&path, UnmountFlags::DETACH);
@@ -286,10 +304,22 @@ impl Workspace {
         &self.0.id
     }
 
+    /// The user and group its files belong to (see [`WorkspaceConfig::code_user`]).
+    pub fn code_user(&self) -> (u32, u32) {
+        self.0.code_user
+    }
+
     /// The host directory it is mounted on (what backends bind or preopen
     /// at `/work`).
     pub fn host_path(&self) -> &Path {
         &self.0.path
+    }
+
+    /// The slot of what carries its programs (see `program`): a backend
+    /// keeps its carrier there, so that it ends with the workspace.
+    #[cfg_attr(not(feature = "container"), allow(dead_code))]
+    pub(crate) fn carrier(&self) -> parking_lot::MutexGuard<'_, Option<Arc<dyn std::any::Any + Send + Sync>>> {
+        self.0.carrier.lock()
     }
 
     /// A handle on its root, for host-side file work relative to it.
@@ -307,7 +337,7 @@ impl Workspace {
         let io = |source| WorkspaceError::Io { path: path.to_string(), source };
         let dir = self.make_dirs(&parents).map_err(io)?;
         hostfs::replace(&dir, leaf, bytes).map_err(io)?;
-        give_to_code(&dir, leaf).map_err(io)
+        give_to_code(&dir, leaf, self.0.code_user).map_err(io)
     }
 
     /// Puts a run's files in before it starts: each of `files`, and
@@ -482,7 +512,7 @@ impl Workspace {
         let mut dir = self.0.dir.try_clone()?;
         for name in parents {
             let next = hostfs::create_dirs(&dir, Path::new(name), Some(0o755))?;
-            give_to_code(&dir, name)?;
+            give_to_code(&dir, name, self.0.code_user)?;
             dir = next;
         }
         Ok(dir)
@@ -524,6 +554,7 @@ impl fmt::Debug for Workspace {
 
 impl Drop for Mounted {
     fn drop(&mut self) {
+        drop(self.carrier.get_mut().take());
         remove(&self.path);
     }
 }
@@ -569,11 +600,11 @@ fn workspace_owner(name: &str) -> Option<&str> {
 
 /// Hands `name` in `dir` to the code's user (when this process may: as
 /// root), without following a symlink.
-fn give_to_code(dir: &Dir, name: &OsStr) -> io::Result<()> {
+fn give_to_code(dir: &Dir, name: &OsStr, (uid, gid): (u32, u32)) -> io::Result<()> {
     if !rustix::process::geteuid().is_root() {
         return Ok(());
     }
-    let (uid, gid) = (Some(Uid::from_raw(CODE_USER)), Some(Gid::from_raw(CODE_USER)));
+    let (uid, gid) = (Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid)));
     chownat(dir, name, uid, gid, AtFlags::SYMLINK_NOFOLLOW).map_err(io::Error::from)
 }
 

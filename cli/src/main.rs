@@ -113,6 +113,9 @@ pub(crate) struct ServeArgs {
     /// Workspaces live at once across all connections (each may hold its quota in memory).
     #[arg(long, value_name = "N", default_value_t = 16)]
     pub(crate) max_workspaces: usize,
+    /// The longest a program (`start_program`) may run, and the lifetime of one that states none.
+    #[arg(long, value_name = "SECS", default_value_t = 600)]
+    pub(crate) program_lifetime_secs: u64,
     /// How the log on stderr is written (`EXECBOX_LOG` sets the level, e.g. `info` for one span per run; default warn).
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub(crate) log_format: LogFormat,

@@ -81,6 +81,7 @@ pub(crate) fn serve(args: ServeArgs) -> ExitCode {
                 .quota_bytes(args.workspace_quota_mb.saturating_mul(1 << 20)),
         )
         .max_workspaces(args.max_workspaces)
+        .program_lifetime(std::time::Duration::from_secs(args.program_lifetime_secs))
         .backends(
             args.backends.config(args.js_idle_workers, args.python_warm_pool).warm_containers(args.warm_containers),
         );

@@ -75,6 +75,16 @@ pub struct ServeConfig {
     /// # Default
     /// 16.
     pub max_workspaces: usize,
+    /// The longest a program (`start_program`) may run, and the lifetime of
+    /// one that states none: then it is killed. A program's lifetime is not
+    /// a run's deadline, so the policy's timeout does not bound it; its
+    /// workspace's container lives at most
+    /// [`ContainerConfig::session_lifetime`](crate::backends::container::ContainerConfig::session_lifetime)
+    /// (an hour) in any case.
+    ///
+    /// # Default
+    /// 10 minutes.
+    pub program_lifetime: std::time::Duration,
 }
 
 impl Default for ServeConfig {
@@ -95,6 +105,7 @@ impl Default for ServeConfig {
             artifacts: None,
             workspaces: crate::workspace::WorkspaceConfig::default(),
             max_workspaces: 16,
+            program_lifetime: std::time::Duration::from_secs(600),
         }
     }
 }
@@ -110,6 +121,7 @@ setters!(ServeConfig {
     tools: ToolRegistry,
     workspaces: crate::workspace::WorkspaceConfig,
     max_workspaces: usize,
+    program_lifetime: std::time::Duration,
 });
 
 #[cfg(feature = "upstream")]

@@ -34,6 +34,7 @@ mod stdio;
 mod stdio_io;
 // MCP logging notifications are what clients use for output today; rmcp
 // marks them deprecated for a later protocol revision (SEP-2577).
+mod programs;
 #[allow(deprecated)]
 mod stream;
 #[allow(deprecated)]

@@ -88,6 +88,8 @@ pub(super) struct Connection {
     /// slot (unmounted and given back when it ends).
     pub(super) workspaces:
         Mutex<std::collections::HashMap<String, (crate::workspace::Workspace, super::shared::WorkspaceSlot)>>,
+    /// Its programs by the ids it was given, each with its workspace's id.
+    pub(super) programs: Mutex<std::collections::HashMap<String, (crate::program::Program, String)>>,
 }
 
 impl Connection {
@@ -251,8 +253,10 @@ impl ExecboxMcp {
             #[cfg(feature = "artifacts")]
             scopes: Mutex::new(Default::default()),
             workspaces: Mutex::new(Default::default()),
+            programs: Mutex::new(Default::default()),
         });
-        Self { shared, connection, tool_router: Self::tool_router() + Self::workspace_router() }
+        let tool_router = Self::tool_router() + Self::workspace_router() + Self::program_router();
+        Self { shared, connection, tool_router }
     }
 
     /// The request a call becomes: it asks only for the call's deadline and
@@ -583,8 +587,10 @@ impl ServerHandler for ExecboxMcp {
             "create_session" => serde_json::from_value::<CreateSessionArgs>(arguments).map(drop),
             "close_session" => serde_json::from_value::<CloseSessionArgs>(arguments).map(drop),
             "list_backends" => serde_json::from_value::<NoArgs>(arguments).map(drop),
-            // The workspaces' tools, or unknown ones (the router answers those).
-            other => Self::check_workspace_arguments(other, arguments),
+            // The workspaces' and programs' tools, or unknown ones (the
+            // router answers those).
+            other => Self::check_workspace_arguments(other, arguments.clone())
+                .and_then(|()| Self::check_program_arguments(other, arguments)),
         };
         if let Err(e) = checked {
             return Ok(invalid_arguments(&request.name, &e.to_string()).into());
@@ -645,7 +651,7 @@ pub(super) fn invalid_arguments(tool: &str, reason: &str) -> CallToolResult {
 }
 
 /// A refusal or an error before any result: `{"error": {...}}`, `isError`.
-fn refusal(error: &impl serde::Serialize) -> CallToolResult {
+pub(super) fn refusal(error: &impl serde::Serialize) -> CallToolResult {
     let body = json!({"error": error});
     let kind = body["error"]["kind"].as_str().unwrap_or("error").to_string();
     let message = body["error"]["message"].as_str().unwrap_or_default().to_string();

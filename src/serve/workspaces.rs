@@ -138,11 +138,13 @@ impl ExecboxMcp {
         Parameters(WorkspaceIdArgs { workspace_id }): Parameters<WorkspaceIdArgs>,
     ) -> Result<CallToolResult, McpError> {
         let closed = self.connection.workspaces.lock().remove(&workspace_id);
+        self.forget_programs_of(&workspace_id);
         let text = match closed {
             Some(_) => format!("workspace {workspace_id} closed"),
             None => format!("no workspace {workspace_id} is open"),
         };
-        // Dropped here: unmounted (lazily, if a run still uses it).
+        // Dropped here: its programs killed, its container removed, and
+        // unmounted (lazily, if a run still uses it).
         Ok(structured(json!({"closed": closed.is_some()}), text, false))
     }
 

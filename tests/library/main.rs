@@ -18,4 +18,5 @@ mod artifacts;
 mod container_backend;
 mod js_backend;
 mod policy_matrix;
+mod programs;
 mod workspace;

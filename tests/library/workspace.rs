@@ -322,3 +322,32 @@ fn runs_in_one_workspace_take_turns() {
     });
     ok(Executor::run_on(&wasm, python("print(2)")).unwrap());
 }
+
+#[test]
+fn a_workspace_belongs_to_the_user_code_runs_as_and_a_container_of_another_user_refuses_it() {
+    let root = tempfile::tempdir().unwrap();
+    let cfg = WorkspaceConfig::default().root(root.path()).code_user(1000, 1000);
+    let ws = match Workspace::create(cfg) {
+        Ok(ws) => ws,
+        Err(e @ WorkspaceError::CannotMount { .. }) => {
+            common::skip::available(REQUIRE, Err(e));
+            return;
+        }
+        Err(e) => panic!("{e}"),
+    };
+    ws.write("given.txt", b"host").unwrap();
+    let Some(theirs) = common::skip::labelled_container("workspace-user", ContainerConfig::default().user("1000:1000"))
+    else {
+        return;
+    };
+    let replace = "open('/work/given.txt', 'w').write('code'); print(open('/work/given.txt').read())";
+    let python = || ExecRequest::source(Language::Python, replace).policy(policy()).workspace(&ws);
+    assert_eq!(ok(Executor::run_on(&theirs, python()).unwrap()).stdout.text().trim(), "code");
+    let Some(nobody) = common::skip::labelled_container("workspace-user", ContainerConfig::default()) else { return };
+    match Executor::run_on(&nobody, python()) {
+        Err(e @ ExecError::BackendUnavailable { .. }) => {
+            assert!(e.to_string().contains("1000:1000"), "{e}");
+        }
+        other => panic!("a workspace of another user: {other:?}"),
+    }
+}

@@ -1352,3 +1352,97 @@ async fn workspaces_keep_files_across_runs_and_belong_to_their_connection() {
     client.cancel().await.unwrap();
     assert!(wait_until_async(Duration::from_secs(10), || async { mounts_under_root() == 0 }).await);
 }
+
+/// Programs over MCP: a REPL driven by write_program and poll_program, a
+/// program polled to its exit code, kill_program with a grace, ids per
+/// connection, and every program gone with its workspace. Needs root and
+/// containers (skipped otherwise unless required).
+#[tokio::test(flavor = "multi_thread")]
+async fn programs_run_between_calls_and_end_with_their_workspace() {
+    let root = tempfile::tempdir().unwrap();
+    let ready = if rustix::process::geteuid().is_root() { Ok(()) } else { Err("workspaces need root") };
+    if !common::skip::available("EXECBOX_REQUIRE_WORKSPACES", ready) {
+        return;
+    }
+    let engine = std::process::Command::new("docker").arg("version").output().is_ok_and(|o| o.status.success());
+    if !common::skip::available(common::skip::CONTAINERS, if engine { Ok(()) } else { Err("no container engine") }) {
+        return;
+    }
+    let (client, _) = connect(&["--workspace-root", root.path().to_str().unwrap()]).await;
+    let body = |result: CallToolResult| {
+        assert_eq!(result.is_error, Some(false), "{result:?}");
+        result.structured_content.unwrap()
+    };
+    let ws =
+        body(call(&client, "create_workspace", json!({})).await.unwrap())["workspace_id"].as_str().unwrap().to_string();
+
+    // A REPL with a terminal: its prompt, then an answer to a written line.
+    let started = call(
+        &client,
+        "start_program",
+        json!({"workspace_id": ws, "command": ["python3", "-i", "-q"], "tty": true, "yield_ms": 5000}),
+    )
+    .await
+    .unwrap();
+    let started = body(started);
+    assert_eq!(started["status"], "running", "{started}");
+    assert!(started["output"].as_str().unwrap().contains(">>> "), "{started}");
+    let repl = started["program_id"].as_str().unwrap().to_string();
+    let answer = call(
+        &client,
+        "write_program",
+        json!({"program_id": repl, "data": "print(6 * 7)", "newline": true, "yield_ms": 5000}),
+    )
+    .await
+    .unwrap();
+    let answer = body(answer);
+    assert!(answer["output"].as_str().unwrap().contains("42"), "{answer}");
+    assert_eq!(answer["offset"], started["next_offset"], "{answer}");
+
+    // A program polled to its exit code, its output in order.
+    let line = "echo one; sleep 0.5; echo two > /work/two.txt; exit 3";
+    let first = body(call(&client, "start_program", json!({"workspace_id": ws, "command": line})).await.unwrap());
+    let id = first["program_id"].as_str().unwrap().to_string();
+    let mut output = first["output"].as_str().unwrap().to_string();
+    let mut last = first;
+    while last["status"] == "running" {
+        last = body(call(&client, "poll_program", json!({"program_id": id, "yield_ms": 5000})).await.unwrap());
+        output.push_str(last["output"].as_str().unwrap());
+    }
+    assert_eq!((output.as_str(), &last["status"], &last["exit_code"]), ("one\n", &json!("exited"), &json!(3)));
+    let read = body(call(&client, "read_files", json!({"workspace_id": ws, "globs": ["two.txt"]})).await.unwrap());
+    assert_eq!(read["files"][0]["size"], 4, "{read}");
+    // Its end was read: it is forgotten.
+    let gone = call(&client, "poll_program", json!({"program_id": id})).await.unwrap();
+    assert_eq!(gone.is_error, Some(true));
+
+    // Another connection cannot reach the REPL by its id.
+    let (other, _) = connect(&["--workspace-root", root.path().to_str().unwrap()]).await;
+    for tool in ["poll_program", "write_program", "kill_program"] {
+        let theirs = call(&other, tool, json!({"program_id": repl})).await.unwrap();
+        assert_eq!(theirs.is_error, Some(true), "{tool}");
+    }
+    other.cancel().await.unwrap();
+
+    // Kill with a grace: a program that ignores SIGTERM is killed at its end.
+    let stubborn = "trap '' TERM; echo ready; sleep 1000";
+    let started = body(
+        call(&client, "start_program", json!({"workspace_id": ws, "command": stubborn, "yield_ms": 5000}))
+            .await
+            .unwrap(),
+    );
+    let killed = body(
+        call(&client, "kill_program", json!({"program_id": started["program_id"], "grace_ms": 200})).await.unwrap(),
+    );
+    assert_eq!((&killed["status"], &killed["exit_code"]), (&json!("killed"), &json!(137)), "{killed}");
+
+    // Closing the workspace ends the REPL and removes its container.
+    let mount = std::fs::read_dir(root.path()).unwrap().next().unwrap().unwrap().path();
+    let filter = format!("volume={}", mount.display());
+    assert_eq!(common::docker::ps(&["--filter", &filter]).len(), 1, "the workspace's program container");
+    body(call(&client, "close_workspace", json!({"workspace_id": ws})).await.unwrap());
+    let after = call(&client, "poll_program", json!({"program_id": repl})).await.unwrap();
+    assert_eq!(after.is_error, Some(true), "the workspace's programs are forgotten with it");
+    assert!(common::docker::wait_gone(&[&filter], Duration::from_secs(20)), "its container outlived it");
+    client.cancel().await.unwrap();
+}

@@ -77,6 +77,7 @@ mod config;
 mod outputs;
 mod owners;
 mod process;
+mod programs;
 mod reaper;
 mod runner;
 mod rust;
@@ -100,8 +101,9 @@ use crate::admission::Admitted;
 use crate::backend::{Backend, Readiness, Unavailable};
 use crate::backend::{Session, SessionBackend};
 use crate::capabilities::BackendCapabilities;
-use crate::error::{ConfigError, ExecError};
+use crate::error::{BackendRejection, ConfigError, ExecError};
 use crate::language::Language;
+use crate::program::{Program, ProgramBackend, ProgramSpec};
 use crate::request::ExecRequest;
 use crate::result::ExecResult;
 use crate::session_spec::SessionSpec;
@@ -271,9 +273,45 @@ impl Backend for Container {
         if language == Language::Python { self.runner.data_image_packages() } else { Vec::new() }
     }
 
+    /// Programs in a workspace's container (see `programs.rs`).
+    fn program_backend(&self) -> Option<Arc<dyn ProgramBackend>> {
+        Some(Arc::new(self.clone()))
+    }
+
     /// Python sessions in containers ([`ContainerSession`]).
     fn session_backend(&self) -> Option<Arc<dyn SessionBackend>> {
         Some(Arc::new(self.clone()))
+    }
+}
+
+impl ProgramBackend for Container {
+    /// Starts `spec` in the workspace's container, starting that container
+    /// (the workspace's machine) with its first program, under that
+    /// program's caps; a later program that asks for lower caps or another
+    /// network is refused.
+    fn start_program(&self, request: &ExecRequest, spec: &ProgramSpec) -> Result<Program, ExecError> {
+        self.runner.check_available(Self::NAME)?;
+        let Some(workspace) = &request.workspace else {
+            return Err(ExecError::internal(programs::NAME, "a program without a workspace"));
+        };
+        let machine = {
+            let mut slot = workspace.carrier();
+            let running = slot.clone().and_then(|c| c.downcast::<programs::Machine>().ok()).filter(|m| m.is_alive());
+            match running {
+                Some(machine) => machine,
+                None => {
+                    let machine = programs::Machine::open(self.runner.clone(), workspace, &request.policy)?;
+                    *slot = Some(machine.clone());
+                    machine
+                }
+            }
+        };
+        let violations = machine.refusals(request);
+        if !violations.is_empty() {
+            let rejections = vec![BackendRejection { backend: programs::NAME.into(), violations }];
+            return Err(ExecError::Refused { rejections });
+        }
+        machine.start(request, spec)
     }
 }
 

@@ -380,6 +380,9 @@ impl Runner {
             }
             .into());
         }
+        if let Some(workspace) = &request.workspace {
+            self.check_workspace_user(workspace)?;
+        }
         let mut mounts = staging.mounts();
         if let Access::Allow(grants) = &policy.filesystem {
             for (list, writable) in [(&grants.read_only, false), (&grants.read_write, true)] {
@@ -390,6 +393,25 @@ impl Runner {
         }
         let limits = Limits { memory_bytes, pids, stop_after: limit.saturating_add(KILL_GRACE) };
         locked_spec(&self.cfg, staging, mounts, image, command, limits).map_err(|e| self.unavailable(e.to_string()))
+    }
+
+    /// Refuses a workspace whose files belong to another user than the one
+    /// code runs as here: the code could not write them.
+    fn check_workspace_user(&self, workspace: &crate::workspace::Workspace) -> Result<(), ExecError> {
+        let (uid, gid) = workspace.code_user();
+        let user = self.cfg.user.as_str();
+        let matches = match user.split_once(':') {
+            Some((u, g)) => u == uid.to_string() && g == gid.to_string(),
+            None => user == uid.to_string(),
+        };
+        if matches {
+            return Ok(());
+        }
+        Err(ExecError::BackendUnavailable {
+            backend: NAME.into(),
+            reason: format!("the workspace's files belong to {uid}:{gid}, but code runs as {user:?} here"),
+            fix: Some("set WorkspaceConfig::code_user to the container backend's user (ContainerConfig::user)".into()),
+        })
     }
 
     /// Runs one container for `spec`, capturing at most `caps` (stdout,

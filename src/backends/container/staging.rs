@@ -40,8 +40,10 @@ pub(super) struct Staging {
     dir: Dir,
     collect_outputs: bool,
     has_env: bool,
-    /// The run's workspace, bound read-write at `/work` in place of `work/`.
-    workspace: Option<Workspace>,
+    /// The host path of the run's workspace, bound read-write at `/work` in
+    /// place of `work/` (a path, not a handle: the run's request holds the
+    /// workspace, and a workspace's program container must not).
+    workspace: Option<PathBuf>,
 }
 
 impl Staging {
@@ -68,7 +70,7 @@ impl Staging {
         if has_env {
             hostfs::write_new(&dir, OsStr::new("env"), &env_file(request)?, 0o600).map_err(|e| io("<env file>", e))?;
         }
-        let workspace = request.workspace.clone();
+        let workspace = request.workspace.as_ref().map(|w| w.host_path().to_path_buf());
         Ok(Self { root, dir, collect_outputs: request.collect_output_files, has_env, workspace })
     }
 
@@ -84,6 +86,15 @@ impl Staging {
             hostfs::create_dirs(&work, Path::new("out"), Some(0o1777))?;
         }
         Ok(Self { root, dir, collect_outputs, has_env: false, workspace: None })
+    }
+
+    /// The staging of a workspace's program container: nothing staged, the
+    /// workspace bound at `/work`.
+    pub fn for_workspace(workspace: &Workspace) -> Result<Self, ExecError> {
+        let io = |e: std::io::Error| InvalidRequest::BadPath { path: "<staging dir>".into(), reason: e.to_string() };
+        let mut staging = Self::empty(false).map_err(io)?;
+        staging.workspace = Some(workspace.host_path().to_path_buf());
+        Ok(staging)
     }
 
     /// Stages a one-shot run's files into an [`Staging::empty`] directory (a
@@ -131,7 +142,7 @@ impl Staging {
     pub fn mounts(&self) -> Vec<Mount> {
         match &self.workspace {
             Some(workspace) => {
-                vec![Mount { host: workspace.host_path().into(), guest: WORKDIR.into(), writable: true }]
+                vec![Mount { host: workspace.clone(), guest: WORKDIR.into(), writable: true }]
             }
             None => vec![Mount { host: self.work(), guest: WORKDIR.into(), writable: false }],
         }

@@ -1,0 +1,558 @@
+//! Programs: processes that keep running in a workspace after the call that
+//! started them (a REPL, a server, a build), which the caller polls, writes
+//! to and kills.
+//!
+//! A [`Program`] is a handle on one: its output is kept in a ring of
+//! [`ProgramSpec::max_output_bytes`] (older bytes are dropped, and counted)
+//! and read from a cursor ([`Program::poll`]) or from any offset
+//! ([`Program::log`]). Its input, signals and kill go to the backend that
+//! carries it (see [`Executor::start_program`](crate::Executor::start_program)),
+//! through its backend.
+//!
+//! Its life is capped by [`ProgramSpec::lifetime`]: at its end it is killed
+//! (`SIGTERM`, then `SIGKILL` after [`KILL_GRACE`]). Closing its workspace
+//! kills it too. A program's processes end with its first process: what it
+//! left running (a double-forked daemon included) is killed when it exits.
+
+// Only the container backend carries programs so far.
+#![cfg_attr(not(feature = "container"), allow(dead_code))]
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+use serde::{Deserialize, Serialize};
+
+use crate::error::ExecError;
+use crate::policy::SandboxPolicy;
+use crate::request::ExecRequest;
+
+/// How long a program gets between `SIGTERM` and `SIGKILL` when its
+/// lifetime ends.
+pub const KILL_GRACE: Duration = Duration::from_secs(2);
+
+/// How long a killed program's carrier gets to report it gone before the
+/// handle stops waiting and calls it killed.
+const KILL_CONFIRM: Duration = Duration::from_secs(5);
+
+/// After output arrives, how long a poll waits for more before answering:
+/// a REPL's echo and its answer come together.
+const SETTLE: Duration = Duration::from_millis(2);
+
+/// Output kept per program unless the spec says otherwise.
+pub const DEFAULT_OUTPUT_BYTES: usize = 1 << 20;
+
+/// What to run: a line for `bash -c`, or an argv.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ProgramCommand {
+    /// Run by `bash -c`.
+    Shell(String),
+    /// Run as given (the first item looked up in `PATH`).
+    Argv(Vec<String>),
+}
+
+impl ProgramCommand {
+    /// The argv the carrier executes.
+    pub fn argv(&self) -> Vec<String> {
+        match self {
+            Self::Shell(line) => vec!["/bin/bash".into(), "-c".into(), line.clone()],
+            Self::Argv(argv) => argv.clone(),
+        }
+    }
+}
+
+/// A program to start in a workspace.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct ProgramSpec {
+    /// What to run.
+    pub command: ProgramCommand,
+    /// Give it a terminal (a pty, 80x24): its stdout and stderr are the
+    /// terminal, Ctrl-C and EOF are keys. Without one, stdout and stderr
+    /// share one pipe.
+    pub tty: bool,
+    /// Environment values; names must be in the policy's allow-list.
+    pub env: BTreeMap<String, String>,
+    /// Its directory, relative to `/work` (default: `/work`).
+    pub cwd: Option<String>,
+    /// Its limits, held to the executor's ceiling like a run's: memory and
+    /// processes are the caps of the container its workspace's programs
+    /// share (fixed by the first). Its timeout is not used: a program's
+    /// life is [`ProgramSpec::lifetime`].
+    pub policy: SandboxPolicy,
+    /// How long it may run: then it is killed (`SIGTERM`, then `SIGKILL`
+    /// after [`KILL_GRACE`]).
+    pub lifetime: Duration,
+    /// Output kept for [`Program::poll`] and [`Program::log`]; older bytes
+    /// are dropped and counted.
+    pub max_output_bytes: usize,
+}
+
+impl ProgramSpec {
+    /// A program that runs `command`, under the strict policy, for ten
+    /// minutes at the most.
+    pub fn new(command: ProgramCommand) -> Self {
+        Self {
+            command,
+            tty: false,
+            env: BTreeMap::new(),
+            cwd: None,
+            policy: SandboxPolicy::strict(),
+            lifetime: Duration::from_secs(600),
+            max_output_bytes: DEFAULT_OUTPUT_BYTES,
+        }
+    }
+
+    /// [`ProgramSpec::new`] for a line run by `bash -c`.
+    pub fn shell(line: impl Into<String>) -> Self {
+        Self::new(ProgramCommand::Shell(line.into()))
+    }
+
+    /// [`ProgramSpec::new`] for an argv.
+    pub fn argv<S: Into<String>>(argv: impl IntoIterator<Item = S>) -> Self {
+        Self::new(ProgramCommand::Argv(argv.into_iter().map(Into::into).collect()))
+    }
+
+    /// Sets [`ProgramSpec::tty`].
+    pub fn tty(mut self, tty: bool) -> Self {
+        self.tty = tty;
+        self
+    }
+
+    /// Sets one environment value.
+    pub fn env(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.env.insert(name.into(), value.into());
+        self
+    }
+
+    /// Sets [`ProgramSpec::cwd`].
+    pub fn cwd(mut self, cwd: impl Into<String>) -> Self {
+        self.cwd = Some(cwd.into());
+        self
+    }
+
+    /// Sets [`ProgramSpec::policy`].
+    pub fn policy(mut self, policy: SandboxPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Sets [`ProgramSpec::lifetime`].
+    pub fn lifetime(mut self, lifetime: Duration) -> Self {
+        self.lifetime = lifetime;
+        self
+    }
+
+    /// Sets [`ProgramSpec::max_output_bytes`].
+    pub fn max_output_bytes(mut self, bytes: usize) -> Self {
+        self.max_output_bytes = bytes;
+        self
+    }
+}
+
+/// Where a program is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProgramStatus {
+    /// Still running.
+    Running,
+    /// Its first process exited by itself.
+    Exited,
+    /// It was killed: by [`Program::kill`], at its lifetime's end, or with
+    /// its workspace.
+    Killed,
+}
+
+/// What a poll or a log read returns.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ProgramOutput {
+    /// Where the program is.
+    pub status: ProgramStatus,
+    /// Its output from `offset` to `next_offset`.
+    pub output: Vec<u8>,
+    /// Where `output` starts in the program's whole output.
+    pub offset: u64,
+    /// Where the next read starts.
+    pub next_offset: u64,
+    /// Its exit status once it ended (`128 + n` when signal `n` ended it);
+    /// `None` while it runs, or when its carrier was lost.
+    pub exit_code: Option<i32>,
+    /// Bytes between the offset asked for and `offset` that were dropped
+    /// from the ring before they were read.
+    pub dropped_bytes: u64,
+}
+
+/// Why a program could not take input.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProgramError {
+    /// It has ended (or its input was closed).
+    #[error("the program has ended")]
+    Ended,
+    /// Its carrier is gone (its container ended).
+    #[error("the program's container is gone: {0}")]
+    Lost(String),
+}
+
+/// What a backend is asked to do to a running program.
+#[derive(Clone, Debug)]
+pub(crate) enum ProgramOp {
+    /// Bytes for its stdin (or terminal).
+    Write(Vec<u8>),
+    /// End of input: its stdin closed, or EOF (Ctrl-D) on a terminal.
+    Eof,
+    /// A signal to its process group.
+    Signal(i32),
+    /// `SIGKILL` to every process it started.
+    Kill,
+}
+
+/// The backend's side of a program: where its ops go.
+pub(crate) trait ProgramControl: Send + Sync {
+    /// Sends `op` to program `id`.
+    fn send(&self, id: u64, op: ProgramOp) -> Result<(), ProgramError>;
+    /// The carrier does not answer: end it (and every program in it).
+    fn abandon(&self);
+}
+
+/// What starts programs for a backend ([`Backend::program_backend`](crate::Backend::program_backend)).
+/// Only execbox's own backends can carry programs: a [`Program`] is made
+/// inside the crate.
+pub trait ProgramBackend: Send + Sync {
+    /// Starts `spec` in `request`'s workspace. `request` is the program as a
+    /// run: held to the executor's ceiling, validated, and matched against
+    /// this backend's capabilities already.
+    fn start_program(&self, request: &ExecRequest, spec: &ProgramSpec) -> Result<Program, ExecError>;
+}
+
+/// A running (or ended) program. Cloning gives another handle on the same
+/// program (one cursor for all); every method may be called from several
+/// tasks at once.
+#[derive(Clone)]
+pub struct Program {
+    id: u64,
+    state: Arc<ProgramState>,
+    control: Arc<dyn ProgramControl>,
+}
+
+impl std::fmt::Debug for Program {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Program").field("id", &self.id).field("status", &self.status()).finish()
+    }
+}
+
+impl Program {
+    /// A handle on program `id` of `control`, whose output and exit come
+    /// into `state`; its lifetime ends at `deadline`.
+    pub(crate) fn start(
+        id: u64,
+        state: Arc<ProgramState>,
+        control: Arc<dyn ProgramControl>,
+        lifetime: Duration,
+    ) -> Self {
+        let program = Self { id, state, control };
+        let watcher = program.clone();
+        let spawned =
+            std::thread::Builder::new().name("execbox-program-life".into()).stack_size(64 << 10).spawn(move || {
+                let deadline = Instant::now() + lifetime;
+                if !watcher.state.wait_for_blocking(deadline, |log| log.status != ProgramStatus::Running) {
+                    watcher.kill_blocking(KILL_GRACE);
+                }
+            });
+        if spawned.is_err() {
+            // No watcher, no lifetime: it does not run at all.
+            program.kill_blocking(Duration::ZERO);
+        }
+        program
+    }
+
+    /// Where it is now.
+    pub fn status(&self) -> ProgramStatus {
+        self.state.log.lock().status
+    }
+
+    /// Its output since the cursor (at most `limit` bytes), moving the
+    /// cursor past it. While it runs and nothing is new, waits up to
+    /// `yield_for` for output or its end; once output comes, answers when
+    /// none more comes for a moment (a REPL's echo and its answer come
+    /// together).
+    pub async fn poll(&self, yield_for: Duration, limit: usize) -> ProgramOutput {
+        let until = Instant::now() + yield_for;
+        let limit = limit.max(1);
+        let mut seen = 0;
+        loop {
+            let waited = if seen == 0 { until } else { (Instant::now() + SETTLE).min(until) };
+            let grew =
+                self.state.wait_for(waited, |log| log.fresh() > seen || log.status != ProgramStatus::Running).await;
+            let (fresh, ended) = {
+                let log = self.state.log.lock();
+                (log.fresh(), log.status != ProgramStatus::Running)
+            };
+            if !grew || ended || fresh >= limit || Instant::now() >= until {
+                break;
+            }
+            seen = fresh;
+        }
+        self.state.take(limit)
+    }
+
+    /// Its output from `offset` (at most `limit` bytes), without moving the
+    /// cursor.
+    pub fn log(&self, offset: u64, limit: usize) -> ProgramOutput {
+        self.state.log.lock().read(offset, limit)
+    }
+
+    /// Writes `data` to its input.
+    pub fn write(&self, data: &[u8]) -> Result<(), ProgramError> {
+        self.check_running()?;
+        self.control.send(self.id, ProgramOp::Write(data.to_vec()))
+    }
+
+    /// Ends its input (closes its stdin; Ctrl-D on a terminal).
+    pub fn close_input(&self) -> Result<(), ProgramError> {
+        self.check_running()?;
+        self.control.send(self.id, ProgramOp::Eof)
+    }
+
+    /// Interrupts it (`SIGINT` to its process group: Ctrl-C).
+    pub fn interrupt(&self) -> Result<(), ProgramError> {
+        self.check_running()?;
+        self.control.send(self.id, ProgramOp::Signal(libc_sigint()))
+    }
+
+    /// Kills it: `SIGTERM` to its process group, then, if it still runs
+    /// after `grace`, `SIGKILL` to every process it started. Returns its
+    /// output since the cursor, and its end.
+    pub async fn kill(&self, grace: Duration) -> ProgramOutput {
+        match tokio::runtime::Handle::try_current() {
+            Ok(_) => {
+                let program = self.clone();
+                if tokio::task::spawn_blocking(move || program.kill_blocking(grace)).await.is_err() {
+                    self.kill_blocking(Duration::ZERO);
+                }
+            }
+            Err(_) => self.kill_blocking(grace),
+        }
+        self.state.take(usize::MAX)
+    }
+
+    /// Waits until it ends; its status then.
+    pub async fn wait(&self) -> ProgramStatus {
+        let forever = Instant::now() + Duration::from_secs(86_400 * 365);
+        while !self.state.wait_for(forever, |log| log.status != ProgramStatus::Running).await {}
+        self.status()
+    }
+
+    fn check_running(&self) -> Result<(), ProgramError> {
+        if self.status() == ProgramStatus::Running { Ok(()) } else { Err(ProgramError::Ended) }
+    }
+
+    /// [`Program::kill`] on this thread.
+    fn kill_blocking(&self, grace: Duration) {
+        if !self.state.ask_kill() {
+            return;
+        }
+        let ended = |log: &Log| log.status != ProgramStatus::Running;
+        if !grace.is_zero()
+            && self.control.send(self.id, ProgramOp::Signal(libc_sigterm())).is_ok()
+            && self.state.wait_for_blocking(Instant::now() + grace, ended)
+        {
+            return;
+        }
+        if self.control.send(self.id, ProgramOp::Kill).is_ok()
+            && self.state.wait_for_blocking(Instant::now() + KILL_CONFIRM, ended)
+        {
+            return;
+        }
+        // The carrier does not answer: it goes, and this program with it.
+        self.control.abandon();
+        self.state.ended(None);
+    }
+}
+
+fn libc_sigterm() -> i32 {
+    rustix::process::Signal::TERM.as_raw()
+}
+
+fn libc_sigint() -> i32 {
+    rustix::process::Signal::INT.as_raw()
+}
+
+/// A program's output and end, fed by its carrier.
+pub(crate) struct ProgramState {
+    log: Mutex<Log>,
+    /// Signalled at every change (output, end), for blocking waiters;
+    /// `notify` is the same for async ones.
+    changed: Condvar,
+    notify: tokio::sync::watch::Sender<()>,
+}
+
+struct Log {
+    ring: VecDeque<u8>,
+    capacity: usize,
+    /// The offset of `ring[0]` in the whole output.
+    first: u64,
+    cursor: u64,
+    status: ProgramStatus,
+    exit_code: Option<i32>,
+    kill_asked: bool,
+}
+
+impl Log {
+    /// Bytes past the cursor.
+    fn fresh(&self) -> usize {
+        self.end().saturating_sub(self.cursor) as usize
+    }
+
+    fn end(&self) -> u64 {
+        self.first + self.ring.len() as u64
+    }
+
+    fn read(&self, offset: u64, limit: usize) -> ProgramOutput {
+        let start = offset.clamp(self.first, self.end());
+        let dropped_bytes = self.first.saturating_sub(offset);
+        let skip = (start - self.first) as usize;
+        let take = limit.min(self.ring.len() - skip);
+        let output: Vec<u8> = self.ring.range(skip..skip + take).copied().collect();
+        ProgramOutput {
+            status: self.status,
+            next_offset: start + take as u64,
+            output,
+            offset: start,
+            exit_code: self.exit_code,
+            dropped_bytes,
+        }
+    }
+}
+
+impl ProgramState {
+    pub(crate) fn new(capacity: usize) -> Arc<Self> {
+        Arc::new(Self {
+            log: Mutex::new(Log {
+                ring: VecDeque::new(),
+                capacity: capacity.max(1),
+                first: 0,
+                cursor: 0,
+                status: ProgramStatus::Running,
+                exit_code: None,
+                kill_asked: false,
+            }),
+            changed: Condvar::new(),
+            notify: tokio::sync::watch::Sender::new(()),
+        })
+    }
+
+    /// Appends output, dropping the oldest bytes past the ring's capacity.
+    pub(crate) fn output(&self, bytes: &[u8]) {
+        {
+            let mut log = self.log.lock();
+            let kept = &bytes[bytes.len().saturating_sub(log.capacity)..];
+            log.first += (bytes.len() - kept.len()) as u64;
+            let overflow = (log.ring.len() + kept.len()).saturating_sub(log.capacity);
+            log.ring.drain(..overflow);
+            log.first += overflow as u64;
+            log.ring.extend(kept);
+        }
+        self.changed.notify_all();
+        self.notify.send_replace(());
+    }
+
+    /// The program ended with `code` (`None`: its carrier was lost).
+    pub(crate) fn ended(&self, code: Option<i32>) {
+        {
+            let mut log = self.log.lock();
+            if log.status != ProgramStatus::Running {
+                return;
+            }
+            log.status = if log.kill_asked || code.is_none() { ProgramStatus::Killed } else { ProgramStatus::Exited };
+            log.exit_code = code;
+        }
+        self.changed.notify_all();
+        self.notify.send_replace(());
+    }
+
+    /// Marks a kill asked for; `false` if it has ended already.
+    fn ask_kill(&self) -> bool {
+        let mut log = self.log.lock();
+        log.kill_asked = true;
+        log.status == ProgramStatus::Running
+    }
+
+    /// Waits until `done` holds or `until`; whether it holds. On the task
+    /// inside a tokio runtime, else on this thread.
+    async fn wait_for(&self, until: Instant, done: impl Fn(&Log) -> bool) -> bool {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return self.wait_for_blocking(until, done);
+        }
+        let mut changes = self.notify.subscribe();
+        loop {
+            if done(&self.log.lock()) {
+                return true;
+            }
+            if tokio::time::timeout_at(until.into(), changes.changed()).await.is_err() {
+                return done(&self.log.lock());
+            }
+        }
+    }
+
+    /// [`ProgramState::wait_for`] on this thread.
+    fn wait_for_blocking(&self, until: Instant, done: impl Fn(&Log) -> bool) -> bool {
+        let mut log = self.log.lock();
+        while !done(&log) {
+            if self.changed.wait_until(&mut log, until).timed_out() {
+                return done(&log);
+            }
+        }
+        true
+    }
+
+    /// Reads from the cursor and moves it.
+    fn take(&self, limit: usize) -> ProgramOutput {
+        let mut log = self.log.lock();
+        let read = log.read(log.cursor, limit);
+        log.cursor = read.next_offset;
+        read
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ring_keeps_the_newest_bytes_and_counts_what_it_dropped() {
+        let state = ProgramState::new(8);
+        state.output(b"0123");
+        assert_eq!(state.take(2).output, b"01");
+        state.output(b"456789ab");
+        let read = state.take(100);
+        assert_eq!((read.output.as_slice(), read.offset, read.dropped_bytes), (&b"456789ab"[..], 4, 2));
+        assert_eq!(read.next_offset, 12);
+        state.output(b"0123456789abcdefXYZ");
+        let read = state.log.lock().read(0, 100);
+        assert_eq!((read.output.as_slice(), read.offset, read.dropped_bytes), (&b"bcdefXYZ"[..], 23, 23));
+    }
+
+    #[test]
+    fn a_log_read_past_the_end_is_empty_and_does_not_move_the_cursor() {
+        let state = ProgramState::new(16);
+        state.output(b"hello");
+        let read = state.log.lock().read(99, 10);
+        assert_eq!((read.output.len(), read.offset, read.next_offset), (0, 5, 5));
+        assert_eq!(state.take(10).output, b"hello");
+    }
+
+    #[test]
+    fn an_end_after_a_kill_reads_killed_and_a_second_end_changes_nothing() {
+        let state = ProgramState::new(16);
+        assert!(state.ask_kill());
+        state.ended(Some(143));
+        state.ended(Some(0));
+        let read = state.take(1);
+        assert_eq!((read.status, read.exit_code), (ProgramStatus::Killed, Some(143)));
+        assert!(!state.ask_kill());
+    }
+}

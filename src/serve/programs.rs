@@ -1,0 +1,270 @@
+//! The MCP tools of programs: `start_program`, `poll_program`,
+//! `write_program`, `kill_program`. A program runs in one of the
+//! connection's workspaces and keeps running between calls; its id is the
+//! connection's own, like a workspace's, and it ends with its workspace.
+//!
+//! Every answer is a poll: `{program_id, status, output, offset,
+//! next_offset, exit_code?, dropped_bytes}`, `output` being what is new
+//! since the last answer (as UTF-8 text, invalid bytes replaced). A program
+//! that ended is forgotten once an answer has carried its end.
+
+use std::time::Duration;
+
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::CallToolResult;
+use rmcp::{ErrorData as McpError, schemars, tool, tool_router};
+use serde::Deserialize;
+use serde_json::json;
+
+use super::tools::{ExecboxMcp, invalid_arguments, structured};
+use crate::policy::SandboxPolicy;
+use crate::program::{Program, ProgramCommand, ProgramOutput, ProgramSpec, ProgramStatus};
+
+/// Programs one connection may hold at once (each workspace's container
+/// runs 16 at the most).
+pub(super) const MAX_PROGRAMS_PER_CONNECTION: usize = 32;
+
+/// How long a call waits for output by default, and at the most.
+const DEFAULT_YIELD_MS: u64 = 1_000;
+const MAX_YIELD_MS: u64 = 30_000;
+
+/// Output one answer carries by default, and at the most.
+const DEFAULT_LIMIT: usize = 64 << 10;
+const MAX_LIMIT: usize = 1 << 20;
+
+/// `start_program`'s command: a line for bash, or an argv.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(untagged)]
+pub enum CommandArg {
+    /// Run by `bash -c`.
+    Line(String),
+    /// Run as given (the first item looked up in PATH).
+    Argv(Vec<String>),
+}
+
+/// `start_program`'s arguments.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StartProgramArgs {
+    /// The workspace to run in (from `create_workspace`): the program sees it at /work.
+    pub workspace_id: String,
+    /// A line run by bash, or an argv array.
+    pub command: CommandArg,
+    /// Give it a terminal (for REPLs and prompts; Ctrl-C and Ctrl-D are keys).
+    #[serde(default)]
+    pub tty: bool,
+    /// Environment values (names must be allowed by the server's policy).
+    #[serde(default)]
+    pub env: std::collections::BTreeMap<String, String>,
+    /// Its directory, relative to /work.
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// Its lifetime in ms: then it is killed (default and at most the server's).
+    #[serde(default)]
+    #[schemars(range(min = 1))]
+    pub timeout_ms: Option<u64>,
+    /// How long to wait for its first output or its end before answering (default 1000, at most 30000).
+    #[serde(default)]
+    pub yield_ms: Option<u64>,
+}
+
+/// `poll_program`'s arguments.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PollProgramArgs {
+    /// The id `start_program` returned.
+    pub program_id: String,
+    /// How long to wait for new output or its end (default 1000, at most 30000).
+    #[serde(default)]
+    pub yield_ms: Option<u64>,
+    /// Bytes of output at the most (default 65536, at most 1048576).
+    #[serde(default)]
+    pub limit: Option<usize>,
+}
+
+/// `write_program`'s arguments.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WriteProgramArgs {
+    /// The id `start_program` returned.
+    pub program_id: String,
+    /// Text for its input.
+    #[serde(default)]
+    pub data: String,
+    /// Add a newline after `data` (default false).
+    #[serde(default)]
+    pub newline: bool,
+    /// Then interrupt it (Ctrl-C: SIGINT to its process group).
+    #[serde(default)]
+    pub interrupt: bool,
+    /// Then end its input (close its stdin; Ctrl-D on a terminal).
+    #[serde(default)]
+    pub eof: bool,
+    /// How long to wait for its answer (default 1000, at most 30000).
+    #[serde(default)]
+    pub yield_ms: Option<u64>,
+}
+
+/// `kill_program`'s arguments.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct KillProgramArgs {
+    /// The id `start_program` returned.
+    pub program_id: String,
+    /// How long it gets after SIGTERM before SIGKILL, in ms (default 2000, at most 30000).
+    #[serde(default)]
+    pub grace_ms: Option<u64>,
+}
+
+#[tool_router(router = program_router, vis = "pub(super)")]
+impl ExecboxMcp {
+    /// Starts a program in a workspace.
+    #[tool(description = "Start a program that keeps running in a workspace's container (a REPL such as \
+            `python3 -i` or `bash` with tty, a server, a build): command is a line run by bash, or an argv \
+            array; cwd is relative to /work. Programs of one workspace share its files and its loopback \
+            network. The answer is a poll: {program_id, status (running|exited|killed), output, offset, \
+            next_offset, exit_code, dropped_bytes}. Then use poll_program, write_program and kill_program.")]
+    async fn start_program(&self, Parameters(args): Parameters<StartProgramArgs>) -> Result<CallToolResult, McpError> {
+        let Some(workspace) = self.workspace(&args.workspace_id) else {
+            let why = format!("no workspace {} is open", args.workspace_id);
+            return Ok(invalid_arguments("start_program", &why));
+        };
+        if self.connection.programs.lock().len() >= MAX_PROGRAMS_PER_CONNECTION {
+            let why = format!("this connection holds {MAX_PROGRAMS_PER_CONNECTION} programs: kill one first");
+            return Ok(invalid_arguments("start_program", &why));
+        }
+        let most = self.shared.cfg.program_lifetime;
+        let lifetime = match args.timeout_ms {
+            Some(0) => return Ok(invalid_arguments("start_program", "timeout_ms must be at least 1")),
+            Some(ms) => Duration::from_millis(ms).min(most),
+            None => most,
+        };
+        let command = match args.command {
+            CommandArg::Line(line) => ProgramCommand::Shell(line),
+            CommandArg::Argv(argv) if argv.first().is_some_and(|a| !a.is_empty()) => ProgramCommand::Argv(argv),
+            CommandArg::Argv(_) => return Ok(invalid_arguments("start_program", "the argv is empty")),
+        };
+        let mut spec = ProgramSpec::new(command).tty(args.tty).policy(SandboxPolicy::unstated()).lifetime(lifetime);
+        spec.env = self.shared.cfg.env.clone();
+        spec.env.extend(args.env);
+        spec.cwd = args.cwd;
+        let program = match self.shared.exec.start_program(&workspace, spec).await {
+            Ok(program) => program,
+            Err(e) => return Ok(super::tools::refusal(&e)),
+        };
+        let id = crate::nonce::hex128();
+        self.connection.programs.lock().insert(id.clone(), (program.clone(), args.workspace_id));
+        Ok(self.answer(&id, &program, yield_of(args.yield_ms), DEFAULT_LIMIT).await)
+    }
+
+    /// New output of a program.
+    #[tool(description = "Read a program's new output since the last answer, waiting up to yield_ms for \
+            output or its end. Answers {program_id, status, output, offset, next_offset, exit_code, dropped_bytes}.")]
+    async fn poll_program(&self, Parameters(args): Parameters<PollProgramArgs>) -> Result<CallToolResult, McpError> {
+        let Some(program) = self.program(&args.program_id) else {
+            return Ok(no_program("poll_program", &args.program_id));
+        };
+        let limit = args.limit.unwrap_or(DEFAULT_LIMIT).clamp(1, MAX_LIMIT);
+        Ok(self.answer(&args.program_id, &program, yield_of(args.yield_ms), limit).await)
+    }
+
+    /// Writes to a program's input.
+    #[tool(description = "Write text to a program's input (newline: add a newline; interrupt: then Ctrl-C; \
+            eof: then end its input), and answer like poll_program after waiting up to yield_ms for its answer.")]
+    async fn write_program(&self, Parameters(args): Parameters<WriteProgramArgs>) -> Result<CallToolResult, McpError> {
+        let Some(program) = self.program(&args.program_id) else {
+            return Ok(no_program("write_program", &args.program_id));
+        };
+        let mut data = args.data.into_bytes();
+        if args.newline {
+            data.push(b'\n');
+        }
+        let mut sent = if data.is_empty() { Ok(()) } else { program.write(&data) };
+        if args.interrupt {
+            sent = sent.and_then(|()| program.interrupt());
+        }
+        if args.eof {
+            sent = sent.and_then(|()| program.close_input());
+        }
+        if let Err(e) = sent {
+            return Ok(invalid_arguments("write_program", &format!("program {}: {e}", args.program_id)));
+        }
+        Ok(self.answer(&args.program_id, &program, yield_of(args.yield_ms), DEFAULT_LIMIT).await)
+    }
+
+    /// Kills a program.
+    #[tool(description = "Kill a program: SIGTERM, then SIGKILL to everything it started after grace_ms \
+            (default 2000). Answers like poll_program, with its end.")]
+    async fn kill_program(&self, Parameters(args): Parameters<KillProgramArgs>) -> Result<CallToolResult, McpError> {
+        let Some(program) = self.program(&args.program_id) else {
+            return Ok(no_program("kill_program", &args.program_id));
+        };
+        let grace = Duration::from_millis(args.grace_ms.unwrap_or(2_000).min(MAX_YIELD_MS));
+        let end = program.kill(grace).await;
+        self.connection.programs.lock().remove(&args.program_id);
+        Ok(rendered(&args.program_id, &end))
+    }
+}
+
+impl ExecboxMcp {
+    /// Checks the arguments of a program tool against its type (see
+    /// `call_tool`); any other tool's pass.
+    pub(super) fn check_program_arguments(tool: &str, arguments: serde_json::Value) -> Result<(), serde_json::Error> {
+        match tool {
+            "start_program" => serde_json::from_value::<StartProgramArgs>(arguments).map(drop),
+            "poll_program" => serde_json::from_value::<PollProgramArgs>(arguments).map(drop),
+            "write_program" => serde_json::from_value::<WriteProgramArgs>(arguments).map(drop),
+            "kill_program" => serde_json::from_value::<KillProgramArgs>(arguments).map(drop),
+            _ => Ok(()),
+        }
+    }
+
+    /// This connection's program `id`.
+    fn program(&self, id: &str) -> Option<Program> {
+        self.connection.programs.lock().get(id).map(|(program, _)| program.clone())
+    }
+
+    /// Forgets the programs of workspace `workspace_id` (closed).
+    pub(super) fn forget_programs_of(&self, workspace_id: &str) {
+        self.connection.programs.lock().retain(|_, (_, workspace)| workspace != workspace_id);
+    }
+
+    /// Polls `program` and renders the answer; an ended program whose end
+    /// this answer carries is forgotten.
+    async fn answer(&self, id: &str, program: &Program, yield_for: Duration, limit: usize) -> CallToolResult {
+        let out = program.poll(yield_for, limit).await;
+        if out.status != ProgramStatus::Running && program.log(out.next_offset, 1).output.is_empty() {
+            self.connection.programs.lock().remove(id);
+        }
+        rendered(id, &out)
+    }
+}
+
+fn yield_of(ms: Option<u64>) -> Duration {
+    Duration::from_millis(ms.unwrap_or(DEFAULT_YIELD_MS).min(MAX_YIELD_MS))
+}
+
+fn no_program(tool: &str, id: &str) -> CallToolResult {
+    invalid_arguments(
+        tool,
+        &format!("no program {id} (ids are this connection's; an ended program is forgotten once its end was read)"),
+    )
+}
+
+/// The poll answer, as structuredContent and as text.
+fn rendered(id: &str, out: &ProgramOutput) -> CallToolResult {
+    let output = String::from_utf8_lossy(&out.output);
+    let body = json!({
+        "program_id": id,
+        "status": out.status,
+        "output": output,
+        "offset": out.offset,
+        "next_offset": out.next_offset,
+        "exit_code": out.exit_code,
+        "dropped_bytes": out.dropped_bytes,
+    });
+    let status = serde_json::to_value(out.status).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
+    let end = out.exit_code.map(|c| format!(" (exit code {c})")).unwrap_or_default();
+    let dropped = if out.dropped_bytes > 0 { format!(" [{} bytes dropped]", out.dropped_bytes) } else { String::new() };
+    structured(body, format!("program {id}: {status}{end}{dropped}\n{output}"), false)
+}

@@ -1,0 +1,254 @@
+//! Programs: processes that keep running in a workspace, driven by poll,
+//! write and kill, that end with their tree, their lifetime and their
+//! workspace.
+
+use std::time::{Duration, Instant};
+
+use crate::common;
+
+use execbox::backends::BoaJsInThread;
+use execbox::backends::container::ContainerConfig;
+use execbox::{
+    Control, ExecError, Executor, Program, ProgramOutput, ProgramSpec, ProgramStatus, Workspace, WorkspaceConfig,
+    WorkspaceError,
+};
+
+/// A workspace and an executor with a container backend, or `None`
+/// (skipped) where this machine has no engine or cannot mount.
+fn setup(label: &str) -> Option<(Executor, Workspace, tempfile::TempDir)> {
+    let root = tempfile::tempdir().unwrap();
+    let ws = match Workspace::create(WorkspaceConfig::default().root(root.path())) {
+        Ok(ws) => ws,
+        Err(e @ WorkspaceError::CannotMount { .. }) => {
+            common::skip::available("EXECBOX_REQUIRE_WORKSPACES", Err(e));
+            return None;
+        }
+        Err(e) => panic!("{e}"),
+    };
+    let container = common::skip::labelled_container(label, ContainerConfig::default())?;
+    Some((Executor::with_backend(container), ws, root))
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+}
+
+/// Polls until the output so far contains `needle` or the program ends
+/// (at most 30 s); everything read.
+async fn read_until(program: &Program, needle: &str) -> (String, ProgramOutput) {
+    let mut text = String::new();
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let out = program.poll(Duration::from_millis(500), 1 << 20).await;
+        text.push_str(&String::from_utf8_lossy(&out.output));
+        if text.contains(needle) || out.status != ProgramStatus::Running || Instant::now() > until {
+            return (text, out);
+        }
+    }
+}
+
+/// Runs `line` as a program to its end; its whole output.
+async fn run(executor: &Executor, ws: &Workspace, line: &str) -> (String, ProgramOutput) {
+    let program = executor.start_program(ws, ProgramSpec::shell(line)).await.unwrap();
+    let (text, out) = read_until(&program, "\u{0}never").await;
+    assert_ne!(out.status, ProgramStatus::Running, "{line}: {text}");
+    (text, out)
+}
+
+/// How many processes of the workspace's container have a command line
+/// that `pattern` (a Python regex written so it does not match itself)
+/// finds.
+async fn count(executor: &Executor, ws: &Workspace, pattern: &str) -> usize {
+    let script = format!(
+        "import os, re\n\
+         n = 0\n\
+         for p in filter(str.isdigit, os.listdir('/proc')):\n\
+         \x20   try: n += bool(re.search(r'{pattern}', open('/proc/' + p + '/cmdline', 'rb').read().replace(b'\\0', b' ').decode()))\n\
+         \x20   except OSError: pass\n\
+         print(n)\n"
+    );
+    let program = executor.start_program(ws, ProgramSpec::argv(["python3", "-c", &script])).await.unwrap();
+    let (text, _) = read_until(&program, "\u{0}never").await;
+    text.trim().parse().unwrap_or_else(|_| panic!("{text:?}"))
+}
+
+#[test]
+fn a_program_outlives_its_call_and_is_polled_to_its_exit_code() {
+    let Some((executor, ws, _root)) = setup("programs-exit") else { return };
+    runtime().block_on(async {
+        let program = executor.start_program(&ws, ProgramSpec::shell("sleep 1; echo done; exit 7")).await.unwrap();
+        let first = program.poll(Duration::ZERO, 100).await;
+        assert_eq!((first.status, first.exit_code), (ProgramStatus::Running, None));
+        let (text, end) = read_until(&program, "\u{0}never").await;
+        assert_eq!(text, "done\n");
+        assert_eq!((end.status, end.exit_code), (ProgramStatus::Exited, Some(7)));
+        // The log is still there, from any offset, and the cursor is at its end.
+        let log = program.log(2, 100);
+        assert_eq!((log.output.as_slice(), log.offset, log.next_offset), (&b"ne\n"[..], 2, 5));
+        assert!(program.poll(Duration::ZERO, 100).await.output.is_empty());
+        // An argv runs without a shell; a missing program says why, and 127.
+        let (text, end) = read_until(
+            &executor.start_program(&ws, ProgramSpec::argv(["/bin/echo", "a b", "$HOME"])).await.unwrap(),
+            "\u{0}never",
+        )
+        .await;
+        assert_eq!((text.as_str(), end.exit_code), ("a b $HOME\n", Some(0)));
+        let missing = executor.start_program(&ws, ProgramSpec::argv(["no-such-program"])).await.unwrap();
+        let (text, end) = read_until(&missing, "\u{0}never").await;
+        assert_eq!(end.exit_code, Some(127), "{text}");
+        assert!(text.contains("did not start"), "{text}");
+    });
+}
+
+#[test]
+fn repls_answer_prompts_through_write_and_poll() {
+    let Some((executor, ws, _root)) = setup("programs-repl") else { return };
+    runtime().block_on(async {
+        let python = executor.start_program(&ws, ProgramSpec::argv(["python3", "-i", "-q"]).tty(true)).await.unwrap();
+        let (text, _) = read_until(&python, ">>> ").await;
+        assert!(text.contains(">>> "), "{text:?}");
+        python.write(b"x = 6 * 7\n").unwrap();
+        python.write(b"print(x)\n").unwrap();
+        let (text, _) = read_until(&python, "42").await;
+        assert!(text.contains("42"), "{text:?}");
+        // Ctrl-C interrupts a running statement, and the REPL goes on.
+        python.write(b"import time; time.sleep(60)\n").unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        python.interrupt().unwrap();
+        let (text, _) = read_until(&python, "KeyboardInterrupt").await;
+        assert!(text.contains("KeyboardInterrupt"), "{text:?}");
+        // EOF (Ctrl-D) ends it.
+        python.close_input().unwrap();
+        assert_eq!(python.wait().await, ProgramStatus::Exited);
+
+        let bash = executor.start_program(&ws, ProgramSpec::shell("read -r name; echo \"hello $name\"")).await.unwrap();
+        bash.write(b"world\n").unwrap();
+        let (text, end) = read_until(&bash, "\u{0}never").await;
+        assert_eq!((text.as_str(), end.exit_code), ("hello world\n", Some(0)));
+
+        // Without a terminal, closing the input is the end of `cat`'s input.
+        let cat = executor.start_program(&ws, ProgramSpec::argv(["cat"])).await.unwrap();
+        cat.write(b"line").unwrap();
+        cat.close_input().unwrap();
+        let (text, end) = read_until(&cat, "\u{0}never").await;
+        assert_eq!((text.as_str(), end.exit_code), ("line", Some(0)));
+        assert!(cat.write(b"more").is_err(), "a write to an ended program");
+    });
+}
+
+#[test]
+fn kill_gives_a_grace_to_a_program_that_handles_sigterm_and_none_to_one_that_ignores_it() {
+    let Some((executor, ws, _root)) = setup("programs-kill") else { return };
+    runtime().block_on(async {
+        let polite = "trap 'echo bye; exit 3' TERM; echo ready; while true; do sleep 0.1; done";
+        let program = executor.start_program(&ws, ProgramSpec::shell(polite)).await.unwrap();
+        read_until(&program, "ready").await;
+        let end = program.kill(Duration::from_secs(10)).await;
+        assert_eq!((end.status, end.exit_code), (ProgramStatus::Killed, Some(3)));
+        assert!(String::from_utf8_lossy(&end.output).contains("bye"), "{end:?}");
+
+        let stubborn = "trap '' TERM; echo ready; while true; do sleep 0.1; done";
+        let program = executor.start_program(&ws, ProgramSpec::shell(stubborn)).await.unwrap();
+        read_until(&program, "ready").await;
+        let started = Instant::now();
+        let end = program.kill(Duration::from_millis(500)).await;
+        let took = started.elapsed();
+        assert_eq!((end.status, end.exit_code), (ProgramStatus::Killed, Some(137)), "{end:?}");
+        assert!(took >= Duration::from_millis(500), "killed before its grace: {took:?}");
+    });
+}
+
+#[test]
+fn what_a_program_leaves_running_ends_with_it() {
+    let Some((executor, ws, _root)) = setup("programs-daemon") else { return };
+    // The classic daemon: fork, setsid, fork again, parents exit.
+    let daemon = |n: u32| {
+        format!(
+            "python3 -c 'import os, time\nif os.fork(): os._exit(0)\nos.setsid()\nif os.fork(): os._exit(0)\ntime.sleep({n})'"
+        )
+    };
+    runtime().block_on(async {
+        // Left behind by a program that exits.
+        let (_, end) = run(&executor, &ws, &format!("{}; echo left", daemon(1001))).await;
+        assert_eq!(end.exit_code, Some(0));
+        assert_eq!(count(&executor, &ws, r"slee[p]\(1001").await, 0);
+        // And by one that is killed.
+        let line = format!("{}; echo up; sleep 1000", daemon(1002));
+        let program = executor.start_program(&ws, ProgramSpec::shell(line)).await.unwrap();
+        read_until(&program, "up").await;
+        assert_eq!(count(&executor, &ws, r"slee[p]\(1002").await, 1);
+        program.kill(Duration::from_millis(100)).await;
+        assert_eq!(count(&executor, &ws, r"slee[p]\(1002").await, 0);
+    });
+}
+
+#[test]
+fn programs_of_one_workspace_share_its_files_and_its_loopback() {
+    let Some((executor, ws, _root)) = setup("programs-loopback") else { return };
+    runtime().block_on(async {
+        ws.write("site/index.html", b"from the host").unwrap();
+        let server = executor
+            .start_program(
+                &ws,
+                ProgramSpec::argv(["python3", "-m", "http.server", "8123", "--bind", "127.0.0.1"]).cwd("site"),
+            )
+            .await
+            .unwrap();
+        let fetch = "import time, urllib.request\n\
+                     for _ in range(100):\n\
+                     \x20   try:\n\
+                     \x20       print(urllib.request.urlopen('http://127.0.0.1:8123/index.html').read().decode()); break\n\
+                     \x20   except OSError: time.sleep(0.1)\n";
+        let client = executor.start_program(&ws, ProgramSpec::argv(["python3", "-c", fetch])).await.unwrap();
+        let (text, end) = read_until(&client, "\u{0}never").await;
+        assert_eq!((text.as_str(), end.exit_code), ("from the host\n", Some(0)));
+        let (_, end) = run(&executor, &ws, "echo written > site/by-program.txt").await;
+        assert_eq!(end.exit_code, Some(0));
+        assert_eq!(ws.read("site/by-program.txt", 100).unwrap(), b"written\n");
+        assert_eq!(server.status(), ProgramStatus::Running);
+        server.kill(Duration::from_secs(1)).await;
+    });
+}
+
+#[test]
+fn a_program_ends_at_its_lifetime_and_every_program_ends_with_its_workspace() {
+    let Some((executor, ws, _root)) = setup("programs-lifetime") else { return };
+    runtime().block_on(async {
+        let short = ProgramSpec::shell("sleep 100").lifetime(Duration::from_secs(1));
+        let program = executor.start_program(&ws, short).await.unwrap();
+        assert_eq!(tokio::time::timeout(Duration::from_secs(10), program.wait()).await, Ok(ProgramStatus::Killed));
+
+        let long = executor.start_program(&ws, ProgramSpec::shell("echo up; sleep 1000")).await.unwrap();
+        read_until(&long, "up").await;
+        let mount = ws.host_path().display().to_string();
+        let filter = format!("volume={mount}");
+        assert_eq!(common::docker::ps(&["--filter", &filter]).len(), 1);
+        drop(ws);
+        assert_eq!(long.status(), ProgramStatus::Killed);
+        assert!(long.write(b"x").is_err());
+        assert!(
+            common::docker::wait_gone(&[&filter], Duration::from_secs(20)),
+            "the workspace's program container outlived it"
+        );
+    });
+}
+
+#[test]
+fn a_matrix_without_a_program_carrier_refuses_naming_programs() {
+    let root = tempfile::tempdir().unwrap();
+    let ws = match Workspace::create(WorkspaceConfig::default().root(root.path())) {
+        Ok(ws) => ws,
+        Err(e @ WorkspaceError::CannotMount { .. }) => {
+            common::skip::available("EXECBOX_REQUIRE_WORKSPACES", Err(e));
+            return;
+        }
+        Err(e) => panic!("{e}"),
+    };
+    let executor = Executor::with_backend(BoaJsInThread::default());
+    match executor.start_program_blocking(&ws, &ProgramSpec::shell("echo hi")) {
+        Err(ExecError::Refused { rejections }) => {
+            assert!(rejections[0].violations.iter().any(|v| v.control == Control::Programs), "{rejections:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
