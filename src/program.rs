@@ -43,6 +43,16 @@ const SETTLE: Duration = Duration::from_millis(2);
 /// Output kept per program unless the spec says otherwise.
 pub const DEFAULT_OUTPUT_BYTES: usize = 1 << 20;
 
+/// The most one [`Program::write`] may carry.
+pub const MAX_WRITE_BYTES: usize = 1 << 20;
+
+/// Input a program has not read that its carrier holds for it; past it,
+/// input is dropped and counted ([`ProgramOutput::input_dropped_bytes`]).
+pub const MAX_PENDING_INPUT_BYTES: usize = 4 << 20;
+
+/// Bytes of input per message to the carrier: a long write goes in pieces.
+const WRITE_PIECE: usize = 48 << 10;
+
 /// What to run: a line for `bash -c`, or an argv.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(untagged)]
@@ -183,15 +193,25 @@ pub struct ProgramOutput {
     /// Bytes between the offset asked for and `offset` that were dropped
     /// from the ring before they were read.
     pub dropped_bytes: u64,
+    /// Bytes written to it that it never got: its input was closed (by
+    /// itself, or by [`Program::close_input`]), or it left more than
+    /// [`MAX_PENDING_INPUT_BYTES`] unread. Since it started.
+    pub input_dropped_bytes: u64,
 }
 
 /// Why a program could not take input.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ProgramError {
-    /// It has ended (or its input was closed).
+    /// It has ended.
     #[error("the program has ended")]
     Ended,
+    /// Its input was closed (by [`Program::close_input`], or by itself).
+    #[error("the program's input is closed")]
+    InputClosed,
+    /// One write of more than [`MAX_WRITE_BYTES`].
+    #[error("a write of {0} bytes: at most {MAX_WRITE_BYTES} at a time")]
+    TooLarge(usize),
     /// Its carrier is gone (its container ended).
     #[error("the program's container is gone: {0}")]
     Lost(String),
@@ -234,6 +254,7 @@ pub trait ProgramBackend: Send + Sync {
 #[derive(Clone)]
 pub struct Program {
     id: u64,
+    tty: bool,
     state: Arc<ProgramState>,
     control: Arc<dyn ProgramControl>,
 }
@@ -249,11 +270,12 @@ impl Program {
     /// into `state`; its lifetime ends at `deadline`.
     pub(crate) fn start(
         id: u64,
+        tty: bool,
         state: Arc<ProgramState>,
         control: Arc<dyn ProgramControl>,
         lifetime: Duration,
     ) -> Self {
-        let program = Self { id, state, control };
+        let program = Self { id, tty, state, control };
         let watcher = program.clone();
         let spawned =
             std::thread::Builder::new().name("execbox-program-life".into()).stack_size(64 << 10).spawn(move || {
@@ -280,6 +302,19 @@ impl Program {
     /// none more comes for a moment (a REPL's echo and its answer come
     /// together).
     pub async fn poll(&self, yield_for: Duration, limit: usize) -> ProgramOutput {
+        self.wait_to_poll(yield_for, limit).await;
+        self.state.take(limit, false)
+    }
+
+    /// [`Program::poll`] for a caller that shows the output as text: while
+    /// the program runs, an answer never ends inside a UTF-8 sequence (the
+    /// rest of it comes with the next).
+    pub async fn poll_text(&self, yield_for: Duration, limit: usize) -> ProgramOutput {
+        self.wait_to_poll(yield_for, limit).await;
+        self.state.take(limit, true)
+    }
+
+    async fn wait_to_poll(&self, yield_for: Duration, limit: usize) {
         let until = Instant::now() + yield_for;
         let limit = limit.max(1);
         let mut seen = 0;
@@ -296,7 +331,6 @@ impl Program {
             }
             seen = fresh;
         }
-        self.state.take(limit)
     }
 
     /// Its output from `offset` (at most `limit` bytes), without moving the
@@ -305,16 +339,29 @@ impl Program {
         self.state.log.lock().read(offset, limit)
     }
 
-    /// Writes `data` to its input.
+    /// Writes `data` (at most [`MAX_WRITE_BYTES`]) to its input. The write
+    /// is handed over, not awaited: input it never gets is counted in
+    /// [`ProgramOutput::input_dropped_bytes`].
     pub fn write(&self, data: &[u8]) -> Result<(), ProgramError> {
-        self.check_running()?;
-        self.control.send(self.id, ProgramOp::Write(data.to_vec()))
+        if data.len() > MAX_WRITE_BYTES {
+            return Err(ProgramError::TooLarge(data.len()));
+        }
+        self.check_input()?;
+        for piece in data.chunks(WRITE_PIECE) {
+            self.control.send(self.id, ProgramOp::Write(piece.to_vec()))?;
+        }
+        Ok(())
     }
 
-    /// Ends its input (closes its stdin; Ctrl-D on a terminal).
+    /// Ends its input (closes its stdin; Ctrl-D on a terminal, after which
+    /// a terminal's input stays open).
     pub fn close_input(&self) -> Result<(), ProgramError> {
-        self.check_running()?;
-        self.control.send(self.id, ProgramOp::Eof)
+        self.check_input()?;
+        self.control.send(self.id, ProgramOp::Eof)?;
+        if !self.tty {
+            self.state.log.lock().input_closed = true;
+        }
+        Ok(())
     }
 
     /// Interrupts it (`SIGINT` to its process group: Ctrl-C).
@@ -336,7 +383,7 @@ impl Program {
             }
             Err(_) => self.kill_blocking(grace),
         }
-        self.state.take(usize::MAX)
+        self.state.take(usize::MAX, false)
     }
 
     /// Waits until it ends; its status then.
@@ -348,6 +395,11 @@ impl Program {
 
     fn check_running(&self) -> Result<(), ProgramError> {
         if self.status() == ProgramStatus::Running { Ok(()) } else { Err(ProgramError::Ended) }
+    }
+
+    fn check_input(&self) -> Result<(), ProgramError> {
+        self.check_running()?;
+        if self.state.log.lock().input_closed { Err(ProgramError::InputClosed) } else { Ok(()) }
     }
 
     /// [`Program::kill`] on this thread.
@@ -399,6 +451,8 @@ struct Log {
     status: ProgramStatus,
     exit_code: Option<i32>,
     kill_asked: bool,
+    input_closed: bool,
+    input_dropped: u64,
 }
 
 impl Log {
@@ -424,6 +478,7 @@ impl Log {
             offset: start,
             exit_code: self.exit_code,
             dropped_bytes,
+            input_dropped_bytes: self.input_dropped,
         }
     }
 }
@@ -439,6 +494,8 @@ impl ProgramState {
                 status: ProgramStatus::Running,
                 exit_code: None,
                 kill_asked: false,
+                input_closed: false,
+                input_dropped: 0,
             }),
             changed: Condvar::new(),
             notify: tokio::sync::watch::Sender::new(()),
@@ -510,11 +567,33 @@ impl ProgramState {
     }
 
     /// Reads from the cursor and moves it.
-    fn take(&self, limit: usize) -> ProgramOutput {
+    /// Reads from the cursor and moves it; `whole_chars`: while it runs,
+    /// not past the start of a UTF-8 sequence the ring does not hold whole.
+    fn take(&self, limit: usize, whole_chars: bool) -> ProgramOutput {
         let mut log = self.log.lock();
-        let read = log.read(log.cursor, limit);
+        let mut read = log.read(log.cursor, limit);
+        // A sequence cut at the end is kept for the next read, unless the
+        // limit alone cut it and nothing else would be read.
+        if whole_chars
+            && read.status == ProgramStatus::Running
+            && let Err(e) = std::str::from_utf8(&read.output)
+            && e.error_len().is_none()
+            && (e.valid_up_to() > 0 || read.output.len() < limit)
+        {
+            let keep = e.valid_up_to();
+            read.next_offset -= (read.output.len() - keep) as u64;
+            read.output.truncate(keep);
+        }
         log.cursor = read.next_offset;
         read
+    }
+
+    /// Input it never got: `bytes` dropped, and its input closed if
+    /// `closed`.
+    pub(crate) fn input_dropped(&self, bytes: u64, closed: bool) {
+        let mut log = self.log.lock();
+        log.input_dropped += bytes;
+        log.input_closed |= closed;
     }
 }
 
@@ -526,9 +605,9 @@ mod tests {
     fn the_ring_keeps_the_newest_bytes_and_counts_what_it_dropped() {
         let state = ProgramState::new(8);
         state.output(b"0123");
-        assert_eq!(state.take(2).output, b"01");
+        assert_eq!(state.take(2, false).output, b"01");
         state.output(b"456789ab");
-        let read = state.take(100);
+        let read = state.take(100, false);
         assert_eq!((read.output.as_slice(), read.offset, read.dropped_bytes), (&b"456789ab"[..], 4, 2));
         assert_eq!(read.next_offset, 12);
         state.output(b"0123456789abcdefXYZ");
@@ -537,12 +616,28 @@ mod tests {
     }
 
     #[test]
+    fn a_text_poll_keeps_a_split_character_for_the_next() {
+        let state = ProgramState::new(64);
+        state.output("é".as_bytes()[..1].as_ref());
+        let first = state.take(100, true);
+        assert_eq!((first.output.len(), first.next_offset), (0, 0));
+        state.output(&"é!".as_bytes()[1..]);
+        assert_eq!(state.take(100, true).output, "é!".as_bytes());
+        state.output("aé".as_bytes());
+        assert_eq!(state.take(2, true).output, b"a", "a limit inside a character");
+        assert_eq!(state.take(2, true).output, "é".as_bytes());
+        // Bytes that are no UTF-8 at all are not held back.
+        state.output(&[0xff, b'x']);
+        assert_eq!(state.take(100, true).output, [0xff, b'x']);
+    }
+
+    #[test]
     fn a_log_read_past_the_end_is_empty_and_does_not_move_the_cursor() {
         let state = ProgramState::new(16);
         state.output(b"hello");
         let read = state.log.lock().read(99, 10);
         assert_eq!((read.output.len(), read.offset, read.next_offset), (0, 5, 5));
-        assert_eq!(state.take(10).output, b"hello");
+        assert_eq!(state.take(10, false).output, b"hello");
     }
 
     #[test]
@@ -551,7 +646,7 @@ mod tests {
         assert!(state.ask_kill());
         state.ended(Some(143));
         state.ended(Some(0));
-        let read = state.take(1);
+        let read = state.take(1, false);
         assert_eq!((read.status, read.exit_code), (ProgramStatus::Killed, Some(143)));
         assert!(!state.ask_kill());
     }

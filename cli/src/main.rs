@@ -116,6 +116,12 @@ pub(crate) struct ServeArgs {
     /// The longest a program (`start_program`) may run, and the lifetime of one that states none.
     #[arg(long, value_name = "SECS", default_value_t = 600)]
     pub(crate) program_lifetime_secs: u64,
+    /// Close a workspace no call used for this long (and in which no program runs).
+    #[arg(long, value_name = "SECS", default_value_t = 900)]
+    pub(crate) workspace_idle_secs: u64,
+    /// Close a workspace this long after it was made, whatever runs in it.
+    #[arg(long, value_name = "SECS", default_value_t = 3600)]
+    pub(crate) workspace_lifetime_secs: u64,
     /// How the log on stderr is written (`EXECBOX_LOG` sets the level, e.g. `info` for one span per run; default warn).
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub(crate) log_format: LogFormat,

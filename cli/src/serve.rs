@@ -82,6 +82,8 @@ pub(crate) fn serve(args: ServeArgs) -> ExitCode {
         )
         .max_workspaces(args.max_workspaces)
         .program_lifetime(std::time::Duration::from_secs(args.program_lifetime_secs))
+        .workspace_idle(std::time::Duration::from_secs(args.workspace_idle_secs))
+        .workspace_lifetime(std::time::Duration::from_secs(args.workspace_lifetime_secs))
         .backends(
             args.backends.config(args.js_idle_workers, args.python_warm_pool).warm_containers(args.warm_containers),
         );

@@ -34,7 +34,8 @@ def check(condition, what):
 async def exercise(session: ClientSession, logs: list, transport: str):
     tools = {t.name for t in (await session.list_tools()).tools}
     expected = {"run_code", "list_backends", "create_session", "close_session",
-                "create_workspace", "close_workspace", "write_files", "read_files"}
+                "create_workspace", "close_workspace", "write_files", "read_files",
+                "start_program", "poll_program", "write_program", "kill_program"}
     check(tools == expected, f"{transport}: tools {tools}")
 
     r = await session.call_tool("run_code", {"language": "javascript", "code": "return input.map(x => x * 2)", "input": [1, 2, 3]})
@@ -116,6 +117,27 @@ async def exercise(session: ClientSession, logs: list, transport: str):
         r = await session.call_tool("read_files", {"workspace_id": ws, "globs": ["*.txt"]})
         files = {f["path"]: base64.b64decode(f["content_base64"]) for f in r.structured_content["files"]}
         check(files == {"in.txt": b"21", "out.txt": b"42"}, f"{transport}: read_files {r}")
+        # Programs (they need a container engine): a REPL driven by write and
+        # poll, and a bash `read` answered.
+        if os.environ.get("EXECBOX_REQUIRE_CONTAINERS"):
+            r = await session.call_tool("start_program", {"workspace_id": ws, "command": ["python3", "-i", "-q"],
+                                                          "tty": True, "yield_ms": 10000})
+            check(not r.is_error and r.structured_content["status"] == "running"
+                  and ">>> " in r.structured_content["output"], f"{transport}: start_program {r}")
+            repl = r.structured_content["program_id"]
+            r = await session.call_tool("write_program", {"program_id": repl, "data": "print(open('/work/out.txt').read())",
+                                                          "newline": True, "yield_ms": 10000})
+            check(not r.is_error and "42" in r.structured_content["output"], f"{transport}: write_program {r}")
+            r = await session.call_tool("start_program", {"workspace_id": ws, "command": "read -r n; echo \"got $n\""})
+            asker = r.structured_content["program_id"]
+            r = await session.call_tool("write_program", {"program_id": asker, "data": "7", "newline": True, "yield_ms": 10000})
+            out = r.structured_content["output"]
+            while r.structured_content["status"] == "running":
+                r = await session.call_tool("poll_program", {"program_id": asker, "yield_ms": 10000})
+                out += r.structured_content["output"]
+            check(out == "got 7\n" and r.structured_content["exit_code"] == 0, f"{transport}: bash read {r}")
+            r = await session.call_tool("kill_program", {"program_id": repl, "grace_ms": 500})
+            check(r.structured_content["status"] == "killed", f"{transport}: kill_program {r}")
         r = await session.call_tool("close_workspace", {"workspace_id": ws})
         check(r.structured_content["closed"] is True, f"{transport}: close_workspace {r}")
         r = await session.call_tool("read_files", {"workspace_id": ws, "globs": ["*"]})

@@ -66,6 +66,19 @@ if (process.getuid() === 0) {
   check(noEngine || (!r.isError && r.structuredContent.stdout === "from python"), "a shell run reads it", r.structuredContent);
   r = await call("read_files", { workspace_id, globs: ["*.txt"] });
   check(!r.isError && r.structuredContent.files.length === 1, "read_files", r.structuredContent);
+  // A program (it needs a container engine): started, written to, polled to its exit code.
+  if (!noEngine) {
+    r = await call("start_program", { workspace_id, command: "read -r line; echo \"$line\" | tr a-z A-Z; exit 4" });
+    check(!r.isError && r.structuredContent.status === "running", "start_program", r.structuredContent);
+    const program_id = r.structuredContent.program_id;
+    r = await call("write_program", { program_id, data: "shout", newline: true, yield_ms: 10000 });
+    let output = r.structuredContent.output;
+    while (r.structuredContent.status === "running") {
+      r = await call("poll_program", { program_id, yield_ms: 10000 });
+      output += r.structuredContent.output;
+    }
+    check(output === "SHOUT\n" && r.structuredContent.exit_code === 4, "a program polled to its exit", r.structuredContent);
+  }
   r = await call("close_workspace", { workspace_id });
   check(r.structuredContent.closed === true, "close_workspace", r);
 }

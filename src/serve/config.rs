@@ -85,6 +85,18 @@ pub struct ServeConfig {
     /// # Default
     /// 10 minutes.
     pub program_lifetime: std::time::Duration,
+    /// A workspace no call used for this long, and in which no program
+    /// runs, is closed (its files removed).
+    ///
+    /// # Default
+    /// 15 minutes.
+    pub workspace_idle: std::time::Duration,
+    /// A workspace is closed this long after it was made, whatever runs in
+    /// it.
+    ///
+    /// # Default
+    /// 1 hour.
+    pub workspace_lifetime: std::time::Duration,
 }
 
 impl Default for ServeConfig {
@@ -106,6 +118,8 @@ impl Default for ServeConfig {
             workspaces: crate::workspace::WorkspaceConfig::default(),
             max_workspaces: 16,
             program_lifetime: std::time::Duration::from_secs(600),
+            workspace_idle: std::time::Duration::from_secs(900),
+            workspace_lifetime: std::time::Duration::from_secs(3600),
         }
     }
 }
@@ -122,6 +136,8 @@ setters!(ServeConfig {
     workspaces: crate::workspace::WorkspaceConfig,
     max_workspaces: usize,
     program_lifetime: std::time::Duration,
+    workspace_idle: std::time::Duration,
+    workspace_lifetime: std::time::Duration,
 });
 
 #[cfg(feature = "upstream")]

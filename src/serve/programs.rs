@@ -16,9 +16,9 @@ use rmcp::{ErrorData as McpError, schemars, tool, tool_router};
 use serde::Deserialize;
 use serde_json::json;
 
-use super::tools::{ExecboxMcp, invalid_arguments, structured};
+use super::tools::{Connection, ExecboxMcp, invalid_arguments, structured};
 use crate::policy::SandboxPolicy;
-use crate::program::{Program, ProgramCommand, ProgramOutput, ProgramSpec, ProgramStatus};
+use crate::program::{Program, ProgramCommand, ProgramError, ProgramOutput, ProgramSpec, ProgramStatus};
 
 /// Programs one connection may hold at once (each workspace's container
 /// runs 16 at the most).
@@ -88,7 +88,7 @@ pub struct PollProgramArgs {
 pub struct WriteProgramArgs {
     /// The id `start_program` returned.
     pub program_id: String,
-    /// Text for its input.
+    /// Text for its input (at most 1 MiB).
     #[serde(default)]
     pub data: String,
     /// Add a newline after `data` (default false).
@@ -129,10 +129,12 @@ impl ExecboxMcp {
             let why = format!("no workspace {} is open", args.workspace_id);
             return Ok(invalid_arguments("start_program", &why));
         };
-        if self.connection.programs.lock().len() >= MAX_PROGRAMS_PER_CONNECTION {
+        // A place among the connection's programs, taken under the lock
+        // that counts them (calls racing each other cannot all pass).
+        let Some(starting) = Starting::take(&self.connection) else {
             let why = format!("this connection holds {MAX_PROGRAMS_PER_CONNECTION} programs: kill one first");
             return Ok(invalid_arguments("start_program", &why));
-        }
+        };
         let most = self.shared.cfg.program_lifetime;
         let lifetime = match args.timeout_ms {
             Some(0) => return Ok(invalid_arguments("start_program", "timeout_ms must be at least 1")),
@@ -153,7 +155,25 @@ impl ExecboxMcp {
             Err(e) => return Ok(super::tools::refusal(&e)),
         };
         let id = crate::nonce::hex128();
-        self.connection.programs.lock().insert(id.clone(), (program.clone(), args.workspace_id));
+        // The workspaces' lock is held while the program is put in: a close
+        // of its workspace comes before (then it is killed here) or after
+        // (then the close forgets it).
+        let kept = {
+            let workspaces = self.connection.workspaces.lock();
+            let open = workspaces.contains_key(&args.workspace_id);
+            let mut programs = self.connection.programs.lock();
+            if open {
+                programs.insert(id.clone(), (program.clone(), args.workspace_id.clone()));
+            }
+            // Counted among the programs now, not as starting (under their lock).
+            drop(starting);
+            open
+        };
+        if !kept {
+            program.kill(Duration::ZERO).await;
+            let why = format!("workspace {} was closed while the program started", args.workspace_id);
+            return Ok(invalid_arguments("start_program", &why));
+        }
         Ok(self.answer(&id, &program, yield_of(args.yield_ms), DEFAULT_LIMIT).await)
     }
 
@@ -187,7 +207,7 @@ impl ExecboxMcp {
             sent = sent.and_then(|()| program.close_input());
         }
         if let Err(e) = sent {
-            return Ok(invalid_arguments("write_program", &format!("program {}: {e}", args.program_id)));
+            return Ok(program_error("write_program", &args.program_id, &e));
         }
         Ok(self.answer(&args.program_id, &program, yield_of(args.yield_ms), DEFAULT_LIMIT).await)
     }
@@ -219,25 +239,54 @@ impl ExecboxMcp {
         }
     }
 
-    /// This connection's program `id`.
+    /// This connection's program `id` (its workspace marked used).
     fn program(&self, id: &str) -> Option<Program> {
-        self.connection.programs.lock().get(id).map(|(program, _)| program.clone())
-    }
-
-    /// Forgets the programs of workspace `workspace_id` (closed).
-    pub(super) fn forget_programs_of(&self, workspace_id: &str) {
-        self.connection.programs.lock().retain(|_, (_, workspace)| workspace != workspace_id);
+        let (program, workspace) = self.connection.programs.lock().get(id).cloned()?;
+        super::workspaces::touch(&self.connection, &workspace);
+        Some(program)
     }
 
     /// Polls `program` and renders the answer; an ended program whose end
     /// this answer carries is forgotten.
     async fn answer(&self, id: &str, program: &Program, yield_for: Duration, limit: usize) -> CallToolResult {
-        let out = program.poll(yield_for, limit).await;
+        let out = program.poll_text(yield_for, limit).await;
         if out.status != ProgramStatus::Running && program.log(out.next_offset, 1).output.is_empty() {
             self.connection.programs.lock().remove(id);
         }
         rendered(id, &out)
     }
+}
+
+/// A place among a connection's programs while one starts.
+struct Starting<'a>(&'a Connection);
+
+impl<'a> Starting<'a> {
+    fn take(connection: &'a Connection) -> Option<Self> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let programs = connection.programs.lock();
+        if programs.len() + connection.programs_starting.load(SeqCst) >= MAX_PROGRAMS_PER_CONNECTION {
+            return None;
+        }
+        connection.programs_starting.fetch_add(1, SeqCst);
+        Some(Self(connection))
+    }
+}
+
+impl Drop for Starting<'_> {
+    fn drop(&mut self) {
+        self.0.programs_starting.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// A write the program did not take: too large is the caller's to fix
+/// (`invalid_arguments`); an ended program, a closed input or a lost
+/// container is the program's state (`program`).
+fn program_error(tool: &str, id: &str, error: &ProgramError) -> CallToolResult {
+    if let ProgramError::TooLarge(_) = error {
+        return invalid_arguments(tool, &error.to_string());
+    }
+    let message = format!("program {id}: {}", crate::error::with_causes(error));
+    structured(json!({"error": {"kind": "program", "message": message}}), format!("program: {message}"), true)
 }
 
 fn yield_of(ms: Option<u64>) -> Duration {
@@ -262,6 +311,7 @@ fn rendered(id: &str, out: &ProgramOutput) -> CallToolResult {
         "next_offset": out.next_offset,
         "exit_code": out.exit_code,
         "dropped_bytes": out.dropped_bytes,
+        "input_dropped_bytes": out.input_dropped_bytes,
     });
     let status = serde_json::to_value(out.status).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
     let end = out.exit_code.map(|c| format!(" (exit code {c})")).unwrap_or_default();

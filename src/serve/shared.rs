@@ -38,6 +38,15 @@ pub(crate) struct Shared {
 /// workspace it was taken for: closed, or its connection ended).
 pub(crate) struct WorkspaceSlot(Arc<std::sync::atomic::AtomicUsize>);
 
+/// A workspace a connection holds: its slot, and when it was made and last
+/// used (for its idle timeout and its lifetime).
+pub(crate) struct HeldWorkspace {
+    pub workspace: crate::workspace::Workspace,
+    pub _slot: WorkspaceSlot,
+    pub created: std::time::Instant,
+    pub last_used: std::time::Instant,
+}
+
 impl Drop for WorkspaceSlot {
     fn drop(&mut self) {
         self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);

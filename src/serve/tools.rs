@@ -78,7 +78,7 @@ pub struct ExecboxMcp {
 /// connection's sessions.
 pub(super) struct Connection {
     id: u64,
-    shared: Arc<Shared>,
+    pub(super) shared: Arc<Shared>,
     /// The level the client asked for with `logging/setLevel`, if any.
     log_level: Mutex<Option<LoggingLevel>>,
     /// The artifact scopes its runs used (removed when it ends).
@@ -86,10 +86,11 @@ pub(super) struct Connection {
     scopes: Mutex<std::collections::BTreeSet<String>>,
     /// Its workspaces by the ids it was given, each with its server-wide
     /// slot (unmounted and given back when it ends).
-    pub(super) workspaces:
-        Mutex<std::collections::HashMap<String, (crate::workspace::Workspace, super::shared::WorkspaceSlot)>>,
+    pub(super) workspaces: Mutex<std::collections::HashMap<String, super::shared::HeldWorkspace>>,
     /// Its programs by the ids it was given, each with its workspace's id.
     pub(super) programs: Mutex<std::collections::HashMap<String, (crate::program::Program, String)>>,
+    /// Programs being started (counted against the cap with `programs`).
+    pub(super) programs_starting: std::sync::atomic::AtomicUsize,
 }
 
 impl Connection {
@@ -254,8 +255,10 @@ impl ExecboxMcp {
             scopes: Mutex::new(Default::default()),
             workspaces: Mutex::new(Default::default()),
             programs: Mutex::new(Default::default()),
+            programs_starting: Default::default(),
         });
         let tool_router = Self::tool_router() + Self::workspace_router() + Self::program_router();
+        Self::expire_idle_workspaces(&connection);
         Self { shared, connection, tool_router }
     }
 
@@ -290,8 +293,7 @@ impl ExecboxMcp {
                     "give session_id or workspace_id, not both: a session's cells do not run in a workspace".into()
                 );
             }
-            let workspace = self.connection.workspaces.lock().get(id).map(|(workspace, _)| workspace.clone());
-            request.workspace = Some(workspace.ok_or_else(|| format!("no workspace {id} is open"))?);
+            request.workspace = Some(self.workspace(id).ok_or_else(|| format!("no workspace {id} is open"))?);
         }
         request.input = args.input;
         if args.session_id.is_none() {

@@ -10,7 +10,12 @@ use rmcp::{ErrorData as McpError, schemars, tool, tool_router};
 use serde::Deserialize;
 use serde_json::json;
 
-use super::tools::{ExecboxMcp, invalid_arguments, structured};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::shared::HeldWorkspace;
+use super::tools::{Connection, ExecboxMcp, invalid_arguments, structured};
+use crate::program::ProgramStatus;
 use crate::workspace::{CollectLimits, Workspace, WorkspaceConfig};
 
 /// Workspaces one connection may hold at once.
@@ -122,11 +127,14 @@ impl ExecboxMcp {
         if held.len() >= MAX_WORKSPACES_PER_CONNECTION {
             return Ok(connection_full());
         }
-        held.insert(id.clone(), (workspace, slot));
+        let now = std::time::Instant::now();
+        held.insert(id.clone(), HeldWorkspace { workspace, _slot: slot, created: now, last_used: now });
         let body = json!({
             "workspace_id": id,
             "quota_bytes": usage.map_or(quota, |u| u.quota_bytes),
             "max_files": usage.map(|u| u.max_files),
+            "idle_timeout_ms": millis(self.shared.cfg.workspace_idle),
+            "lifetime_ms": millis(self.shared.cfg.workspace_lifetime),
         });
         Ok(structured(body, format!("workspace {id} is ready at /work"), false))
     }
@@ -138,7 +146,7 @@ impl ExecboxMcp {
         Parameters(WorkspaceIdArgs { workspace_id }): Parameters<WorkspaceIdArgs>,
     ) -> Result<CallToolResult, McpError> {
         let closed = self.connection.workspaces.lock().remove(&workspace_id);
-        self.forget_programs_of(&workspace_id);
+        forget_programs_of(&self.connection, &workspace_id);
         let text = match closed {
             Some(_) => format!("workspace {workspace_id} closed"),
             None => format!("no workspace {workspace_id} is open"),
@@ -242,8 +250,75 @@ impl ExecboxMcp {
         }
     }
 
-    /// This connection's workspace `id`.
+    /// This connection's workspace `id`, marked used now.
     pub(super) fn workspace(&self, id: &str) -> Option<Workspace> {
-        self.connection.workspaces.lock().get(id).map(|(workspace, _)| workspace.clone())
+        touch(&self.connection, id)
     }
+}
+
+/// Workspace `id` of `connection`, marked used now.
+pub(super) fn touch(connection: &Connection, id: &str) -> Option<Workspace> {
+    let mut held = connection.workspaces.lock();
+    let entry = held.get_mut(id)?;
+    entry.last_used = Instant::now();
+    Some(entry.workspace.clone())
+}
+
+/// Forgets the programs of workspace `workspace_id` (closed or expired).
+pub(super) fn forget_programs_of(connection: &Connection, workspace_id: &str) {
+    connection.programs.lock().retain(|_, (_, workspace)| workspace != workspace_id);
+}
+
+impl ExecboxMcp {
+    /// Closes, every few seconds while `connection` lives, its workspaces that
+    /// are idle (no call used them for `ServeConfig::workspace_idle` and no
+    /// program runs in them) or older than `ServeConfig::workspace_lifetime`.
+    /// Closing kills their programs and removes their container, off the async
+    /// threads (on the connection's cleanups, which a drain waits for).
+    pub(super) fn expire_idle_workspaces(connection: &Arc<Connection>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let cfg = &connection.shared.cfg;
+        let every = (cfg.workspace_idle.min(cfg.workspace_lifetime) / 4)
+            .clamp(Duration::from_millis(50), Duration::from_secs(5));
+        let connection = Arc::downgrade(connection);
+        runtime.spawn(async move {
+            let mut ticks = tokio::time::interval(every);
+            loop {
+                ticks.tick().await;
+                let Some(connection) = connection.upgrade() else { return };
+                let (idle, lifetime) = (connection.shared.cfg.workspace_idle, connection.shared.cfg.workspace_lifetime);
+                let running: std::collections::HashSet<String> = connection
+                    .programs
+                    .lock()
+                    .values()
+                    .filter(|(program, _)| program.status() == ProgramStatus::Running)
+                    .map(|(_, workspace)| workspace.clone())
+                    .collect();
+                let now = Instant::now();
+                let expired: Vec<(String, HeldWorkspace)> = {
+                    let mut held = connection.workspaces.lock();
+                    let ids: Vec<String> = held
+                        .iter()
+                        .filter(|(id, w)| {
+                            now - w.created >= lifetime || (now - w.last_used >= idle && !running.contains(*id))
+                        })
+                        .map(|(id, _)| id.clone())
+                        .collect();
+                    ids.into_iter().filter_map(|id| held.remove(&id).map(|w| (id, w))).collect()
+                };
+                if expired.is_empty() {
+                    continue;
+                }
+                for (id, _) in &expired {
+                    tracing::info!(workspace = id.as_str(), "a workspace expired (idle or past its lifetime): closed");
+                    forget_programs_of(&connection, id);
+                }
+                connection.shared.cleanups.spawn(move || drop(expired));
+            }
+        });
+    }
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }

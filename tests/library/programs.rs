@@ -9,8 +9,8 @@ use crate::common;
 use execbox::backends::BoaJsInThread;
 use execbox::backends::container::ContainerConfig;
 use execbox::{
-    Control, ExecError, Executor, Program, ProgramOutput, ProgramSpec, ProgramStatus, Workspace, WorkspaceConfig,
-    WorkspaceError,
+    Control, ExecError, Executor, Program, ProgramError, ProgramOutput, ProgramSpec, ProgramStatus, Workspace,
+    WorkspaceConfig, WorkspaceError,
 };
 
 /// A workspace and an executor with a container backend, or `None`
@@ -179,6 +179,78 @@ fn what_a_program_leaves_running_ends_with_it() {
         assert_eq!(count(&executor, &ws, r"slee[p]\(1002").await, 1);
         program.kill(Duration::from_millis(100)).await;
         assert_eq!(count(&executor, &ws, r"slee[p]\(1002").await, 0);
+        // A program that kills its own shim ends, and so does what it runs.
+        let (_, end) = run(&executor, &ws, "kill -9 $PPID; exec sleep 1003").await;
+        assert_eq!(end.exit_code, Some(137));
+        assert_eq!(count(&executor, &ws, r"slee[p] 1003").await, 0);
+        // A program that stops its shim is still killed at once, alone.
+        let bystander = executor.start_program(&ws, ProgramSpec::shell("sleep 1000")).await.unwrap();
+        let stopper = executor.start_program(&ws, ProgramSpec::shell("kill -STOP $PPID; sleep 1004")).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let started = Instant::now();
+        let end = stopper.kill(Duration::from_millis(100)).await;
+        assert_eq!(end.status, ProgramStatus::Killed);
+        assert!(started.elapsed() < Duration::from_secs(4), "the kill took {:?}", started.elapsed());
+        assert_eq!(count(&executor, &ws, r"slee[p] 1004").await, 0);
+        assert_eq!(bystander.status(), ProgramStatus::Running, "a program's kill took its neighbour");
+        bystander.kill(Duration::ZERO).await;
+    });
+}
+
+#[test]
+fn a_start_that_finds_the_process_cap_full_ends_alone() {
+    let Some((executor, ws, _root)) = setup("programs-pids") else { return };
+    runtime().block_on(async {
+        let capped = |spec: ProgramSpec| spec.policy(execbox::SandboxPolicy::strict().max_processes(24));
+        let bystander = executor.start_program(&ws, capped(ProgramSpec::shell("sleep 1000"))).await.unwrap();
+        let filler = "import os, time\n\
+                      try:\n\
+                      \x20   while True:\n\
+                      \x20       if os.fork() == 0: time.sleep(1000); os._exit(0)\n\
+                      except OSError: print('full', flush=True)\n\
+                      time.sleep(1000)\n";
+        let filler = executor.start_program(&ws, capped(ProgramSpec::argv(["python3", "-c", filler]))).await.unwrap();
+        let (text, _) = read_until(&filler, "full").await;
+        assert!(text.contains("full"), "{text}");
+        let refused = executor.start_program(&ws, capped(ProgramSpec::argv(["echo", "hello"]))).await.unwrap();
+        let (text, end) = read_until(&refused, "\u{0}never").await;
+        assert_eq!((end.status, end.exit_code), (ProgramStatus::Exited, Some(126)), "{text}");
+        assert!(text.contains("did not start"), "{text}");
+        let end = filler.kill(Duration::ZERO).await;
+        assert_eq!(end.status, ProgramStatus::Killed);
+        assert_eq!(bystander.status(), ProgramStatus::Running, "the machine was lost");
+        let (text, end) = run(&executor, &ws, "echo again").await;
+        assert_eq!((text.as_str(), end.exit_code), ("again\n", Some(0)));
+    });
+}
+
+#[test]
+fn input_is_bounded_and_a_closed_input_says_so() {
+    let Some((executor, ws, _root)) = setup("programs-input") else { return };
+    runtime().block_on(async {
+        let sink = executor.start_program(&ws, ProgramSpec::shell("wc -c")).await.unwrap();
+        let big = vec![b'x'; execbox::program::MAX_WRITE_BYTES];
+        assert!(matches!(sink.write(&[big.as_slice(), b"y"].concat()), Err(ProgramError::TooLarge(_))));
+        for _ in 0..3 {
+            sink.write(&big).unwrap();
+        }
+        sink.close_input().unwrap();
+        assert!(matches!(sink.write(b"late"), Err(ProgramError::InputClosed)));
+        let (text, end) = read_until(&sink, "\u{0}never").await;
+        assert_eq!((text.trim(), end.exit_code, end.input_dropped_bytes), ("3145728", Some(0), 0));
+
+        // A program that closes its own input: what is written after is
+        // counted as dropped, and later writes are refused.
+        let deaf = executor.start_program(&ws, ProgramSpec::shell("exec 0<&-; echo closed; sleep 1000")).await.unwrap();
+        read_until(&deaf, "closed").await;
+        deaf.write(b"hello?").unwrap();
+        let until = Instant::now() + Duration::from_secs(10);
+        while deaf.log(0, 0).input_dropped_bytes == 0 && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(deaf.log(0, 0).input_dropped_bytes, 6);
+        assert!(matches!(deaf.write(b"again"), Err(ProgramError::InputClosed)));
+        deaf.kill(Duration::ZERO).await;
     });
 }
 

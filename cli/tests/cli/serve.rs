@@ -1445,4 +1445,114 @@ async fn programs_run_between_calls_and_end_with_their_workspace() {
     assert_eq!(after.is_error, Some(true), "the workspace's programs are forgotten with it");
     assert!(common::docker::wait_gone(&[&filter], Duration::from_secs(20)), "its container outlived it");
     client.cancel().await.unwrap();
+
+    // A server killed with SIGKILL while a program runs: its container goes
+    // (the watcher), and the next server's first workspace sweeps the mount.
+    let (doomed, pid) = connect(&["--workspace-root", root.path().to_str().unwrap()]).await;
+    let ws = body(call(&doomed, "create_workspace", json!({})).await.unwrap())["workspace_id"].clone();
+    let line = json!({"workspace_id": ws, "command": "echo up; sleep 1000", "yield_ms": 10_000});
+    assert_eq!(body(call(&doomed, "start_program", line).await.unwrap())["status"], "running");
+    let mount = std::fs::read_dir(root.path()).unwrap().next().unwrap().unwrap().path();
+    let filter = format!("volume={}", mount.display());
+    assert_eq!(common::docker::ps(&["--filter", &filter]).len(), 1);
+    let pid = rustix::process::Pid::from_raw(pid as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::KILL).unwrap();
+    assert!(common::docker::wait_gone(&[&filter], Duration::from_secs(30)), "a dead server's program container stayed");
+    drop(doomed);
+    let (next, _) = connect(&["--workspace-root", root.path().to_str().unwrap()]).await;
+    body(call(&next, "create_workspace", json!({})).await.unwrap());
+    assert!(!mount.exists(), "the dead server's workspace was not swept");
+    next.cancel().await.unwrap();
+}
+
+/// Workspaces over MCP expire: one no call uses is closed after the idle
+/// timeout (its mount gone), one in use stays; any is closed at its
+/// lifetime, used or not. Needs root (skipped otherwise unless required).
+#[tokio::test(flavor = "multi_thread")]
+async fn idle_workspaces_and_old_ones_are_closed() {
+    let root = tempfile::tempdir().unwrap();
+    let ready = if rustix::process::geteuid().is_root() { Ok(()) } else { Err("workspaces need root") };
+    if !common::skip::available("EXECBOX_REQUIRE_WORKSPACES", ready) {
+        return;
+    }
+    let root_path = root.path().to_str().unwrap();
+    let (client, _) = connect(&["--workspace-root", root_path, "--workspace-idle-secs", "1"]).await;
+    let create = || async {
+        let created = call(&client, "create_workspace", json!({})).await.unwrap().structured_content.unwrap();
+        assert_eq!(created["idle_timeout_ms"], 1000, "{created}");
+        created["workspace_id"].as_str().unwrap().to_string()
+    };
+    let (idle, used) = (create().await, create().await);
+    let list = |id: &str| json!({"workspace_id": id, "globs": ["*"]});
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(3) {
+        assert_eq!(call(&client, "read_files", list(&used)).await.unwrap().is_error, Some(false));
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let gone = call(&client, "read_files", list(&idle)).await.unwrap();
+    assert_eq!(gone.is_error, Some(true), "an idle workspace stayed: {gone:?}");
+    assert!(gone.structured_content.unwrap().to_string().contains("no workspace"));
+    assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 1, "the idle workspace's mount stayed");
+    client.cancel().await.unwrap();
+
+    let (client, _) = connect(&["--workspace-root", root_path, "--workspace-lifetime-secs", "1"]).await;
+    let created = call(&client, "create_workspace", json!({})).await.unwrap().structured_content.unwrap();
+    assert_eq!(created["lifetime_ms"], 1000, "{created}");
+    let id = created["workspace_id"].as_str().unwrap().to_string();
+    let mut answers = Vec::new();
+    for _ in 0..12 {
+        answers.push(call(&client, "read_files", list(&id)).await.unwrap().is_error);
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert_eq!((answers[0], answers[11]), (Some(false), Some(true)), "a workspace past its lifetime: {answers:?}");
+    client.cancel().await.unwrap();
+}
+
+/// The per-connection cap on programs holds against calls that race each
+/// other: of 40 concurrent starts over 3 workspaces, exactly 32 run. Needs
+/// root and containers.
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrent_starts_cannot_pass_the_program_cap() {
+    let root = tempfile::tempdir().unwrap();
+    let ready = if rustix::process::geteuid().is_root() { Ok(()) } else { Err("workspaces need root") };
+    if !common::skip::available("EXECBOX_REQUIRE_WORKSPACES", ready) {
+        return;
+    }
+    let engine = std::process::Command::new("docker").arg("version").output().is_ok_and(|o| o.status.success());
+    if !common::skip::available(common::skip::CONTAINERS, if engine { Ok(()) } else { Err("no container engine") }) {
+        return;
+    }
+    let (client, _) = connect(&["--workspace-root", root.path().to_str().unwrap()]).await;
+    let mut workspaces = Vec::new();
+    for _ in 0..3 {
+        let created = call(&client, "create_workspace", json!({})).await.unwrap().structured_content.unwrap();
+        workspaces.push(created["workspace_id"].clone());
+        // Its container started, so the starts below race each other only.
+        let warm = json!({"workspace_id": created["workspace_id"], "command": "true", "yield_ms": 10_000});
+        call(&client, "start_program", warm).await.unwrap();
+    }
+    let mut starts = tokio::task::JoinSet::new();
+    for i in 0..40 {
+        let peer = client.peer().clone();
+        let args = json!({"workspace_id": workspaces[i % 3], "command": "sleep 100", "yield_ms": 0});
+        let Value::Object(args) = args else { unreachable!() };
+        starts.spawn(
+            async move { peer.call_tool(CallToolRequestParams::new("start_program").with_arguments(args)).await },
+        );
+    }
+    let mut started = 0;
+    while let Some(answer) = starts.join_next().await {
+        let answer = answer.unwrap().unwrap();
+        if answer.is_error == Some(false) {
+            started += 1;
+        } else {
+            let text = answer.structured_content.unwrap().to_string();
+            assert!(text.contains("holds 32 programs"), "{text}");
+        }
+    }
+    assert_eq!(started, 32);
+    for ws in workspaces {
+        call(&client, "close_workspace", json!({"workspace_id": ws})).await.unwrap();
+    }
+    client.cancel().await.unwrap();
 }

@@ -123,7 +123,7 @@ enum Event {
     Failed { id: u64, error: String },
     Out { id: u64, data: String },
     Exit { id: u64, code: Option<i32> },
-    InputFull { id: u64 },
+    InputDropped { id: u64, bytes: u64, why: String },
     Error { error: String },
 }
 
@@ -299,7 +299,7 @@ impl Machine {
         // Not past the container's own end (its in-container timer).
         let lifetime = spec.lifetime.min(self.ends_at.saturating_duration_since(Instant::now()));
         let link: Arc<dyn ProgramControl> = Arc::new(Link(self.this.clone()));
-        Ok(Program::start(id, state, link, lifetime))
+        Ok(Program::start(id, spec.tty, state, link, lifetime))
     }
 
     /// Writes one JSON line to the supervisor, within [`WRITE_LIMIT`]; a
@@ -366,12 +366,18 @@ impl ProgramControl for Link {
 /// `/work`, or `/work/<cwd>` for a relative path without `..`.
 fn guest_cwd(cwd: Option<&str>) -> Result<String, ExecError> {
     let Some(cwd) = cwd.filter(|c| !c.is_empty() && *c != ".") else { return Ok(GUEST_PATH.into()) };
-    let relative = cwd.strip_prefix("/work/").or_else(|| cwd.strip_prefix("/work")).unwrap_or(cwd);
+    let relative = match cwd.strip_prefix(GUEST_PATH) {
+        Some(rest) if rest.is_empty() || rest.starts_with('/') => rest.trim_start_matches('/'),
+        _ => cwd,
+    };
+    if relative.is_empty() {
+        return Ok(GUEST_PATH.into());
+    }
     let fine = Path::new(relative).components().all(|c| matches!(c, Component::Normal(_) | Component::CurDir));
     if !fine || relative.contains('\0') {
         return Err(crate::error::InvalidRequest::BadPath {
             path: cwd.into(),
-            reason: "a program's directory is a path inside the workspace, without `..`".into(),
+            reason: "a program's directory is a path relative to the workspace (or under /work), without `..`".into(),
         }
         .into());
     }
@@ -416,9 +422,9 @@ fn read_events(stdout: impl Read, shared: &Shared) {
                     state.ended(code);
                 }
             }
-            Event::InputFull { id } => {
+            Event::InputDropped { id, bytes, why } => {
                 if let Some(state) = state(id) {
-                    state.output(b"execbox: input dropped: the program has 1 MiB of input it has not read\n");
+                    state.input_dropped(bytes, why == "closed");
                 }
             }
             Event::Error { error } => tracing::warn!(error, "a program supervisor refused a line"),
@@ -450,7 +456,8 @@ mod tests {
         assert_eq!(guest_cwd(None).unwrap(), "/work");
         assert_eq!(guest_cwd(Some("src/app")).unwrap(), "/work/src/app");
         assert_eq!(guest_cwd(Some("/work/src")).unwrap(), "/work/src");
-        for bad in ["../etc", "/etc", "a/../../b", "/work/../x"] {
+        assert_eq!(guest_cwd(Some("/work")).unwrap(), "/work");
+        for bad in ["../etc", "/etc", "a/../../b", "/work/../x", "/workx", "/"] {
             assert!(guest_cwd(Some(bad)).is_err(), "{bad}");
         }
     }

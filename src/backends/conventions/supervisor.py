@@ -9,8 +9,11 @@
 # daemon too) stays in the shim's tree. When the program's first process
 # ends, the shim kills the rest of its tree and exits with the program's
 # status (128 + the signal when killed), so nothing a program started
-# outlives it. The supervisor and the shims are not dumpable: a program
-# (same uid) cannot ptrace them or reach their descriptors.
+# outlives it. The supervisor is a child subreaper too, and its only
+# children are shims: a process that comes to it (its shim was killed, by
+# the program itself maybe) is killed with its tree. The supervisor and the
+# shims are not dumpable: a program (same uid) cannot ptrace them or reach
+# their descriptors.
 #
 # End of stdin (the host is gone) kills every program and ends the container.
 import base64, ctypes, fcntl, json, os, selectors, signal, struct, sys, termios, time
@@ -18,8 +21,13 @@ import base64, ctypes, fcntl, json, os, selectors, signal, struct, sys, termios,
 PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 4, 36
 libc = ctypes.CDLL(None, use_errno=True)
 libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 out = sys.stdout.buffer
-MAX_PENDING = 1 << 20
+MAX_PENDING = 4 << 20
+# What a program's end may still have in its pipe, read before its exit is
+# sent; past it the rest is dropped (a process that inherited the pipe may
+# write on).
+MAX_FINAL_DRAIN = 4 << 20
 
 
 def send(**event):
@@ -42,16 +50,25 @@ def children(pid):
     return found
 
 
+def zombie(pid):
+    try:
+        with open('/proc/%d/stat' % pid) as f:
+            return f.read().rsplit(')', 1)[1].split()[0] == 'Z'
+    except (OSError, IndexError):
+        return True
+
+
 def kill_tree(root, include_root):
     """SIGKILLs every descendant of `root` (and `root`), round after round
-    until none is left: a process forking while it is killed loses."""
+    until none but zombies is left: a process forking while it is killed
+    loses. Zombies are dead already (a stopped parent has not reaped them)."""
     for _ in range(10000):
         stack, seen = [root], []
         while stack:
             pid = stack.pop()
             kids = children(pid)
-            seen.extend(kids)
             stack.extend(kids)
+            seen.extend(kid for kid in kids if not zombie(kid))
         for pid in seen:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -103,7 +120,11 @@ def run_shim(m, fds, report_w):
                 os.closerange(3, report_w)
                 os.closerange(report_w + 1, 65536)
                 os.set_inheritable(report_w, False)
-                os.chdir(m['cwd'])
+                try:
+                    os.chdir(m['cwd'])
+                except OSError as e:
+                    os.write(report_w, ('cannot enter %s: %s' % (m['cwd'], e.strerror)).encode()[:4096])
+                    os._exit(127)
                 env = dict(os.environ)
                 env.update(m['env'])
                 os.execvpe(m['argv'][0], m['argv'], env)
@@ -150,21 +171,44 @@ sel = selectors.DefaultSelector()
 
 
 def start(m):
+    """Starts program `m`; a start that fails here (no fork: the process
+    cap is full) ends it at once, with the reason as its output."""
+    opened = []
+    try:
+        start_program(m, opened)
+    except Exception as e:
+        for fd in opened:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        send(e='failed', id=m.get('id'), error=str(e)[:512])
+        send(e='exit', id=m.get('id'), code=126)
+
+
+def start_program(m, opened):
     ident = m['id']
     tty = bool(m.get('tty'))
     if tty:
         master, slave = os.openpty()
+        opened += [master, slave]
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack('HHHH', 24, 80, 0, 0))
-        read_fd, write_fd, child_fds, close_after = master, os.dup(master), (slave, slave, True), [slave]
+        write_fd = os.dup(master)
+        opened.append(write_fd)
+        read_fd, child_fds, close_after = master, (slave, slave, True), [slave]
     else:
         in_r, in_w = os.pipe()
+        opened += [in_r, in_w]
         out_r, out_w = os.pipe()
+        opened += [out_r, out_w]
         read_fd, write_fd, child_fds, close_after = out_r, in_w, (in_r, out_w, False), [in_r, out_w]
     report_r, report_w = os.pipe()
+    opened += [report_r, report_w]
     shim = os.fork()
     if shim == 0:
         os.close(report_r)
         run_shim(m, child_fds, report_w)
+    del opened[:]  # from here on, the shim owns the program's end
     os.close(report_w)
     for fd in close_after:
         os.close(fd)
@@ -204,7 +248,8 @@ def flush_input(p):
             n = os.write(p.write_fd, p.pending[:65536])
         except BlockingIOError:
             break
-        except OSError:
+        except OSError:  # EPIPE: nothing reads its input any more
+            send(e='input_dropped', id=p.id, bytes=len(p.pending), why='closed')
             p.pending = b''
             close_input(p)
             return
@@ -244,11 +289,13 @@ def handle(m):
         return
     elif op == 'write':
         data = base64.b64decode(m['data'])
-        if len(p.pending) + len(data) > MAX_PENDING:
-            send(e='input_full', id=p.id)
-            return
-        p.pending += data
-        flush_input(p)
+        if p.write_fd is None:
+            send(e='input_dropped', id=p.id, bytes=len(data), why='closed')
+        elif len(p.pending) + len(data) > MAX_PENDING:
+            send(e='input_dropped', id=p.id, bytes=len(data), why='full')
+        else:
+            p.pending += data
+            flush_input(p)
     elif op == 'eof':
         if p.tty:
             p.pending += b'\x04'
@@ -258,7 +305,7 @@ def handle(m):
     elif op == 'signal':
         signal_program(p, int(m['sig']))
     elif op == 'kill':
-        kill_tree(p.shim, False)
+        kill_tree(p.shim, True)
 
 
 def finish(p):
@@ -269,6 +316,9 @@ def finish(p):
 
 
 def drain(p, final=False):
+    """Sends what the program's pipe holds (one read, or, at its end, all of
+    it up to MAX_FINAL_DRAIN); at end of file, its exit if it was reaped."""
+    budget = MAX_FINAL_DRAIN
     while True:
         try:
             chunk = os.read(p.read_fd, 65536)
@@ -278,7 +328,7 @@ def drain(p, final=False):
             chunk = b''
         except OSError:  # EIO: a pty whose last user is gone
             chunk = b''
-        if not chunk:
+        if not chunk or budget <= 0:
             sel.unregister(p.read_fd)
             del by_fd[p.read_fd]
             os.close(p.read_fd)
@@ -286,9 +336,19 @@ def drain(p, final=False):
             if p.code is not None:
                 finish(p)
             return
+        budget -= len(chunk)
         send(e='out', id=p.id, data=base64.b64encode(chunk).decode())
         if not final:
             return
+
+
+def kill_strays():
+    """Kills, with its tree, every child that is not a program's shim: a
+    process whose shim died came to the supervisor."""
+    shims = {p.shim for p in programs.values()}
+    for pid in children(os.getpid()):
+        if pid not in shims and not zombie(pid):
+            kill_tree(pid, True)
 
 
 def reap():
@@ -296,9 +356,10 @@ def reap():
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            return
+            break
         if pid == 0:
-            return
+            break
+        kill_strays()
         for p in list(programs.values()):
             if p.shim == pid:
                 p.code = status_code(status)
@@ -307,6 +368,7 @@ def reap():
                     drain(p, final=True)
                 else:
                     finish(p)
+    kill_strays()
 
 
 def main():
@@ -320,7 +382,8 @@ def main():
     os.set_blocking(0, False)
     sel.register(0, selectors.EVENT_READ, 'host')
     sel.register(wake_r, selectors.EVENT_READ, 'wake')
-    buffered = b''
+    buffered = bytearray()
+    scanned = 0
     send(e='ready')
     while True:
         for key, _ in sel.select():
@@ -334,12 +397,16 @@ def main():
                         kill_tree(p.shim, True)
                     os._exit(0)
                 buffered += chunk
-                while b'\n' in buffered:
-                    line, buffered = buffered.split(b'\n', 1)
+                end = buffered.find(b'\n', scanned)
+                while end >= 0:
+                    line = bytes(buffered[:end])
+                    del buffered[:end + 1]
                     try:
                         handle(json.loads(line))
                     except Exception as e:
                         send(e='error', error=str(e)[:512])
+                    end = buffered.find(b'\n')
+                scanned = len(buffered)
             elif key.data == 'wake':
                 try:
                     os.read(wake_r, 4096)
