@@ -302,7 +302,7 @@ impl Program {
     /// none more comes for a moment (a REPL's echo and its answer come
     /// together).
     pub async fn poll(&self, yield_for: Duration, limit: usize) -> ProgramOutput {
-        self.wait_to_poll(yield_for, limit).await;
+        self.wait_to_poll(yield_for, limit, 0).await;
         self.state.take(limit, false)
     }
 
@@ -310,16 +310,28 @@ impl Program {
     /// the program runs, an answer never ends inside a UTF-8 sequence (the
     /// rest of it comes with the next).
     pub async fn poll_text(&self, yield_for: Duration, limit: usize) -> ProgramOutput {
-        self.wait_to_poll(yield_for, limit).await;
+        // The start of a character held back by the last answer is not new.
+        let held = {
+            let log = self.state.log.lock();
+            let fresh = log.read(log.cursor, 4).output;
+            match std::str::from_utf8(&fresh) {
+                Err(e) if e.valid_up_to() == 0 && e.error_len().is_none() => fresh.len(),
+                _ => 0,
+            }
+        };
+        self.wait_to_poll(yield_for, limit, held).await;
         self.state.take(limit, true)
     }
 
-    async fn wait_to_poll(&self, yield_for: Duration, limit: usize) {
+    /// Waits as [`Program::poll`] says, taking `seen` bytes past the cursor
+    /// as not new.
+    async fn wait_to_poll(&self, yield_for: Duration, limit: usize, seen: usize) {
         let until = Instant::now() + yield_for;
         let limit = limit.max(1);
-        let mut seen = 0;
+        let mut seen = seen;
+        let first = seen;
         loop {
-            let waited = if seen == 0 { until } else { (Instant::now() + SETTLE).min(until) };
+            let waited = if seen == first { until } else { (Instant::now() + SETTLE).min(until) };
             let grew =
                 self.state.wait_for(waited, |log| log.fresh() > seen || log.status != ProgramStatus::Running).await;
             let (fresh, ended) = {

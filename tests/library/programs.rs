@@ -93,6 +93,12 @@ fn a_program_outlives_its_call_and_is_polled_to_its_exit_code() {
         )
         .await;
         assert_eq!((text.as_str(), end.exit_code), ("a b $HOME\n", Some(0)));
+        // A text poll never ends inside a character: its start waits for the rest.
+        let split = ProgramSpec::shell("printf '\\xc3'; sleep 0.3; printf '\\xa9\\n'");
+        let split = executor.start_program(&ws, split).await.unwrap();
+        assert!(split.poll_text(Duration::from_millis(100), 100).await.output.is_empty());
+        let rest = split.poll_text(Duration::from_secs(5), 100).await;
+        assert_eq!(String::from_utf8(rest.output).unwrap(), "é\n");
         let missing = executor.start_program(&ws, ProgramSpec::argv(["no-such-program"])).await.unwrap();
         let (text, end) = read_until(&missing, "\u{0}never").await;
         assert_eq!(end.exit_code, Some(127), "{text}");
