@@ -85,6 +85,12 @@ pub(crate) fn write_new(dir: &Dir, name: &OsStr, bytes: &[u8], mode: u32) -> io:
 /// link) is never written into. An existing symlink or directory at `name`
 /// is refused. New files get `0o666` less the umask, as any CLI's would.
 pub(crate) fn replace(dir: &Dir, name: &OsStr, bytes: &[u8]) -> io::Result<()> {
+    replace_with_mode(dir, name, bytes, None)
+}
+
+/// [`replace`], the new file given exactly `mode` (on its open handle,
+/// before it is renamed into place) when one is given.
+pub(crate) fn replace_with_mode(dir: &Dir, name: &OsStr, bytes: &[u8], mode: Option<u32>) -> io::Result<()> {
     match dir.symlink_metadata(name) {
         Ok(meta) if meta.file_type().is_symlink() => return Err(symlink_refused(name)),
         Ok(meta) if meta.is_dir() => {
@@ -97,7 +103,13 @@ pub(crate) fn replace(dir: &Dir, name: &OsStr, bytes: &[u8]) -> io::Result<()> {
     let temp = format!(".execbox-save-{:016x}", crate::nonce::random_u64());
     let written = dir
         .open_with(&temp, OpenOptions::new().write(true).create_new(true).mode(0o666))
-        .and_then(|mut file| file.write_all(bytes))
+        .and_then(|mut file| {
+            file.write_all(bytes)?;
+            match mode {
+                Some(mode) => file.set_permissions(Permissions::from_mode(mode)),
+                None => Ok(()),
+            }
+        })
         .and_then(|()| dir.rename(&temp, dir, name));
     if written.is_err() {
         drop(dir.remove_file(&temp));

@@ -333,10 +333,24 @@ impl Workspace {
     /// reader sees half a file and a hard link is never written through. A
     /// symlink anywhere on the path is refused.
     pub fn write(&self, path: &str, bytes: &[u8]) -> Result<(), WorkspaceError> {
+        self.write_file(path, bytes, None)
+    }
+
+    /// [`Workspace::write`] with the file's permission bits (`0o755` for a
+    /// script, say): at most `0o777`, no set-id or sticky bit.
+    pub fn write_with_mode(&self, path: &str, bytes: &[u8], mode: u32) -> Result<(), WorkspaceError> {
+        if mode > 0o777 {
+            let reason = "a mode is permission bits, at most 0o777 (no set-id or sticky bit)";
+            return Err(WorkspaceError::BadPath { path: path.to_string(), reason });
+        }
+        self.write_file(path, bytes, Some(mode))
+    }
+
+    fn write_file(&self, path: &str, bytes: &[u8], mode: Option<u32>) -> Result<(), WorkspaceError> {
         let (parents, leaf) = split(path)?;
         let io = |source| WorkspaceError::Io { path: path.to_string(), source };
         let dir = self.make_dirs(&parents).map_err(io)?;
-        hostfs::replace(&dir, leaf, bytes).map_err(io)?;
+        hostfs::replace_with_mode(&dir, leaf, bytes, mode).map_err(io)?;
         give_to_code(&dir, leaf, self.0.code_user).map_err(io)
     }
 

@@ -89,9 +89,11 @@ fn a_timed_out_or_out_of_memory_cell_ends_the_session_as_lost() {
 #[test]
 fn sessions_are_bounded_expire_and_free_everything_on_close() {
     let Some(py) = python() else { return };
+    // The idle timeout must outlast opening two sessions and a refusal on a
+    // loaded 2-core CI machine (at 600 ms the first one expired early).
     let before = threads_named("execbox-warm");
     let sessions = Sessions::builder()
-        .config(SessionConfig::default().max_sessions(2).idle_timeout(Duration::from_millis(600)))
+        .config(SessionConfig::default().max_sessions(2).idle_timeout(Duration::from_secs(3)))
         .backend(py)
         .build();
     let a = sessions.open_new(SessionSpec::new(Language::Python)).unwrap();

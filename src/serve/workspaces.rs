@@ -47,6 +47,11 @@ pub struct WorkspaceFileArg {
     pub path: String,
     /// Its bytes, base64.
     pub content_base64: String,
+    /// Its permission bits as a number, e.g. 493 (0o755) for a script; at
+    /// most 511 (0o777). Default: 0o666 less the server's umask (0o644).
+    #[serde(default)]
+    #[schemars(range(max = 511))]
+    pub mode: Option<u32>,
 }
 
 /// `write_files`'s arguments.
@@ -158,7 +163,8 @@ impl ExecboxMcp {
 
     /// Writes files into a workspace.
     #[tool(description = "Write files into a workspace (each replaces any file at its path; directories are \
-            made). Paths are relative to /work.")]
+            made). Paths are relative to /work; mode is the permission bits as a number (493 = 0o755 for a \
+            script).")]
     async fn write_files(
         &self,
         Parameters(WriteFilesArgs { workspace_id, files }): Parameters<WriteFilesArgs>,
@@ -169,7 +175,7 @@ impl ExecboxMcp {
         let mut decoded = Vec::with_capacity(files.len());
         for file in files {
             match base64::engine::general_purpose::STANDARD.decode(file.content_base64.as_bytes()) {
-                Ok(bytes) => decoded.push((file.path, bytes)),
+                Ok(bytes) => decoded.push((file.path, bytes, file.mode)),
                 Err(e) => {
                     let why = format!("file {:?}: content_base64: {e}", file.path);
                     return Ok(invalid_arguments("write_files", &why));
@@ -177,8 +183,11 @@ impl ExecboxMcp {
             }
         }
         let written = tokio::task::spawn_blocking(move || {
-            for (path, bytes) in &decoded {
-                workspace.write(path, bytes)?;
+            for (path, bytes, mode) in &decoded {
+                match mode {
+                    Some(mode) => workspace.write_with_mode(path, bytes, *mode)?,
+                    None => workspace.write(path, bytes)?,
+                }
             }
             Ok::<_, crate::workspace::WorkspaceError>(decoded.len())
         })

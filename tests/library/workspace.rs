@@ -351,3 +351,18 @@ fn a_workspace_belongs_to_the_user_code_runs_as_and_a_container_of_another_user_
         other => panic!("a workspace of another user: {other:?}"),
     }
 }
+
+#[test]
+fn a_file_may_be_written_with_its_mode_but_never_a_set_id_bit() {
+    use std::os::unix::fs::PermissionsExt;
+    let Some((ws, _root)) = workspace(1 << 20, 50) else { return };
+    ws.write_with_mode("bin/run.sh", b"#!/bin/sh\necho hi\n", 0o755).unwrap();
+    let mode = std::fs::metadata(ws.host_path().join("bin/run.sh")).unwrap().permissions().mode();
+    assert_eq!(mode & 0o7777, 0o755);
+    ws.write_with_mode("bin/run.sh", b"again", 0o600).unwrap();
+    let mode = std::fs::metadata(ws.host_path().join("bin/run.sh")).unwrap().permissions().mode();
+    assert_eq!(mode & 0o7777, 0o600, "a replaced file takes the new mode");
+    for bad in [0o4755, 0o2755, 0o1777] {
+        assert!(matches!(ws.write_with_mode("x", b"", bad), Err(WorkspaceError::BadPath { .. })), "{bad:o}");
+    }
+}

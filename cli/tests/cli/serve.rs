@@ -1359,13 +1359,9 @@ async fn workspaces_keep_files_across_runs_and_belong_to_their_connection() {
 /// containers (skipped otherwise unless required).
 #[tokio::test(flavor = "multi_thread")]
 async fn programs_run_between_calls_and_end_with_their_workspace() {
+    use base64::Engine as _;
     let root = tempfile::tempdir().unwrap();
-    let ready = if rustix::process::geteuid().is_root() { Ok(()) } else { Err("workspaces need root") };
-    if !common::skip::available("EXECBOX_REQUIRE_WORKSPACES", ready) {
-        return;
-    }
-    let engine = std::process::Command::new("docker").arg("version").output().is_ok_and(|o| o.status.success());
-    if !common::skip::available(common::skip::CONTAINERS, if engine { Ok(()) } else { Err("no container engine") }) {
+    if !programs_can_run() {
         return;
     }
     let (client, _) = connect(&["--workspace-root", root.path().to_str().unwrap()]).await;
@@ -1415,6 +1411,28 @@ async fn programs_run_between_calls_and_end_with_their_workspace() {
     // Its end was read: it is forgotten.
     let gone = call(&client, "poll_program", json!({"program_id": id})).await.unwrap();
     assert_eq!(gone.is_error, Some(true));
+
+    // A script written with its mode runs as a command.
+    let script = base64::engine::general_purpose::STANDARD.encode("#!/bin/bash\necho scripted\n");
+    let files = json!([{"path": "bin/run.sh", "content_base64": script, "mode": 0o755}]);
+    body(call(&client, "write_files", json!({"workspace_id": ws, "files": files})).await.unwrap());
+    let mut ran = body(
+        call(
+            &client,
+            "start_program",
+            json!({"workspace_id": ws, "command": ["./run.sh"], "cwd": "bin", "yield_ms": 5000}),
+        )
+        .await
+        .unwrap(),
+    );
+    let mut output = ran["output"].as_str().unwrap().to_string();
+    while ran["status"] == "running" {
+        ran = body(
+            call(&client, "poll_program", json!({"program_id": ran["program_id"], "yield_ms": 5000})).await.unwrap(),
+        );
+        output.push_str(ran["output"].as_str().unwrap());
+    }
+    assert_eq!((output.as_str(), &ran["exit_code"]), ("scripted\n", &json!(0)), "{ran}");
 
     // Another connection cannot reach the REPL by its id.
     let (other, _) = connect(&["--workspace-root", root.path().to_str().unwrap()]).await;
@@ -1514,12 +1532,7 @@ async fn idle_workspaces_and_old_ones_are_closed() {
 #[tokio::test(flavor = "multi_thread")]
 async fn concurrent_starts_cannot_pass_the_program_cap() {
     let root = tempfile::tempdir().unwrap();
-    let ready = if rustix::process::geteuid().is_root() { Ok(()) } else { Err("workspaces need root") };
-    if !common::skip::available("EXECBOX_REQUIRE_WORKSPACES", ready) {
-        return;
-    }
-    let engine = std::process::Command::new("docker").arg("version").output().is_ok_and(|o| o.status.success());
-    if !common::skip::available(common::skip::CONTAINERS, if engine { Ok(()) } else { Err("no container engine") }) {
+    if !programs_can_run() {
         return;
     }
     let (client, _) = connect(&["--workspace-root", root.path().to_str().unwrap()]).await;
@@ -1555,4 +1568,15 @@ async fn concurrent_starts_cannot_pass_the_program_cap() {
         call(&client, "close_workspace", json!({"workspace_id": ws})).await.unwrap();
     }
     client.cancel().await.unwrap();
+}
+
+/// Whether programs can run here: workspaces (root) and a container engine;
+/// else the test is skipped (or fails, when they are required).
+fn programs_can_run() -> bool {
+    let ready = if rustix::process::geteuid().is_root() { Ok(()) } else { Err("workspaces need root") };
+    if !common::skip::available("EXECBOX_REQUIRE_WORKSPACES", ready) {
+        return false;
+    }
+    let engine = std::process::Command::new("docker").arg("version").output().is_ok_and(|o| o.status.success());
+    common::skip::available(common::skip::CONTAINERS, if engine { Ok(()) } else { Err("no container engine") })
 }

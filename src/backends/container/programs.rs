@@ -27,7 +27,7 @@ use parking_lot::{Condvar, Mutex};
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Component, Path};
-use std::process::{Child, ChildStdin, Stdio};
+use std::process::{Child, ChildStdin};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -143,13 +143,9 @@ impl Machine {
         let image = cfg.python_image.clone();
         let mut spec = runner.spec(&template, &staging, image, command, cfg.session_lifetime)?;
         spec.role = "programs";
-        let mut child = process::engine_command(&cfg.engine)
-            .args(spec.argv())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| unavailable(format!("cannot run {}: {e}", cfg.engine.display())))?;
+        let mut child = process::spawn(&cfg.engine, &spec.argv())
+            .map_err(|e| unavailable(format!("cannot run {}: {e}", cfg.engine.display())))?
+            .child;
         let shared = Arc::new(Shared {
             programs: Mutex::new(HashMap::new()),
             alive: AtomicBool::new(true),

@@ -184,28 +184,16 @@ impl ContainerSession {
         let tools =
             ToolSocket::start().map_err(|e| unavailable(format!("cannot open the session's tool socket: {e}")))?;
         tools.attach(&mut spec, false)?;
-        let mut child = process::engine_command(&cfg.engine)
-            .args(spec.argv())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| unavailable(format!("cannot run {}: {e}", cfg.engine.display())))?;
+        let process::Spawned { mut child, exit: cli } = process::spawn(&cfg.engine, &spec.argv()).map_err(|e| {
+            runner.reaper().remove(spec.name.clone());
+            unavailable(format!("cannot run {} and watch it: {e}", cfg.engine.display()))
+        })?;
         let streams = Arc::new(Streams { sinks: Mutex::new([sink(), sink()]), changed: Condvar::new() });
         let pipes: [Option<Box<dyn Read + Send>>; 2] = [
             child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>),
             child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>),
         ];
         let stdin = child.stdin.take();
-        let cli = match ChildHandle::of(&child) {
-            Ok(handle) => handle,
-            Err(e) => {
-                process::kill_group(&mut child);
-                let _ = child.wait();
-                runner.reaper().remove(spec.name.clone());
-                return Err(unavailable(format!("cannot watch the engine CLI: {e}")));
-            }
-        };
         if let Some(Err(e)) = stdin.as_ref().map(set_nonblocking) {
             tracing::warn!(error = %e, "cannot make a session's stdin non-blocking");
         }
