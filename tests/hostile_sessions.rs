@@ -338,7 +338,15 @@ fn random_interleavings_on_container_sessions_leave_no_container() {
     let spec = SessionSpec::new(Language::Python).policy(SandboxPolicy::strict().timeout(Duration::from_secs(20)));
     interleave(&sessions, spec, 6, 12);
     docker::wait_stopped(&[&docker::owned_by(execbox::backends::Container::owner_token())], Duration::from_secs(20));
-    assert_eq!(our_containers(false), 0, "containers outlived their sessions");
+    // What a leftover is, for the next reader of a failure (seen once, on a
+    // loaded CI machine, and never since).
+    let leftovers = std::process::Command::new("docker")
+        .args(["ps", "--filter", &docker::owned_by(execbox::backends::Container::owner_token())])
+        .args(["--format", "{{.Names}} {{.Status}} {{.Labels}}"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    assert_eq!(our_containers(false), 0, "containers outlived their sessions: {leftovers}");
 }
 
 #[cfg(feature = "container")]
