@@ -42,6 +42,13 @@ each one a surface that Python, shell scripts and the Rust pipeline
    multiplexer that s390x and 32-bit x86 still have) is removed: BPF cannot
    see its arguments, so it would bypass both filters.
 6. modify_ldt: only 16-bit code (Wine, DOSEMU) needs it; glibc does not.
+7. mknod, mknodat: allowed only for a regular file (type bits 0 or
+   S_IFREG) or a socket, never a FIFO (devices need CAP_MKNOD anyway).
+   Code in a container shares a workspace with wasm runs whose host
+   thread stats a path and then opens it: a FIFO swapped in between would
+   block that thread past any deadline (wasm/fs_guard.rs's window).
+   Without FIFOs nothing in a workspace blocks an open: a socket file
+   fails it with ENXIO, devices are refused by the mount's nodev.
 
 Already denied by moby's default and kept so (the default action, EPERM):
 userfaultfd, keyctl, add_key, request_key, kexec_load, pivot_root,
@@ -60,9 +67,11 @@ import sys
 
 IO_URING = {"io_uring_setup", "io_uring_enter", "io_uring_register"}
 CROSS_PROCESS = {"ptrace", "process_vm_readv", "process_vm_writev"}
-REMOVED_NAMES = CROSS_PROCESS | {"modify_ldt", "socketcall", "socket", "socketpair"}
+MKNOD = {"mknod": 1, "mknodat": 2}  # the index of the mode argument
+REMOVED_NAMES = CROSS_PROCESS | {"modify_ldt", "socketcall", "socket", "socketpair"} | set(MKNOD)
 
 AF_UNIX, AF_INET, AF_INET6, AF_NETLINK = 1, 2, 10, 16
+S_IFMT, S_IFIFO, S_IFREG, S_IFSOCK = 0o170000, 0o010000, 0o100000, 0o140000
 
 
 def fail(message):
@@ -125,11 +134,25 @@ def derive(moby, note):
         family("socket", AF_NETLINK, "AF_NETLINK (libc's interface and address queries)"),
         family("socketpair", AF_UNIX, "AF_UNIX only"),
     ]
-    profile["syscalls"] = [allow_all] + sockets + kept[1:]
+    node = lambda name, kind, why: {
+        "names": [name],
+        "action": "SCMP_ACT_ALLOW",
+        "args": [{"index": MKNOD[name], "value": S_IFMT, "valueTwo": kind, "op": "SCMP_CMP_MASKED_EQ"}],
+        "comment": why,
+    }
+    nodes = [
+        node(name, kind, why)
+        for name in MKNOD
+        for kind, why in [(0, "a regular file (no type bits)"), (S_IFREG, "S_IFREG"), (S_IFSOCK, "S_IFSOCK")]
+    ]
+    profile["syscalls"] = [allow_all] + sockets + nodes + kept[1:]
     allowed = {n for r in profile["syscalls"] if r["action"] == "SCMP_ACT_ALLOW" for n in r["names"]}
     for name in IO_URING | CROSS_PROCESS | {"modify_ldt", "socketcall", "userfaultfd", "keyctl", "bpf", "unshare"}:
         if name in allowed:
             fail(f"{name} is still allowed")
+    for rule in profile["syscalls"]:
+        if set(MKNOD) & set(rule["names"]) and rule not in nodes:
+            fail(f"another rule allows mknod: {rule}")
     return profile
 
 

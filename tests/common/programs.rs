@@ -109,5 +109,15 @@ try:
     seen["socketpair AF_INET"] = "OK"
 except OSError as e:
     seen["socketpair AF_INET"] = errno.errorcode[e.errno]
+# unfiltered: succeeds (/tmp is writable); a regular file and a socket still can be made
+try:
+    os.mkfifo("/tmp/execbox-fifo")
+    seen["mkfifo"] = "OK"
+except OSError as e:
+    seen["mkfifo"] = errno.errorcode[e.errno]
+os.mknod("/tmp/execbox-file")
+with socket.socket(socket.AF_UNIX) as listener:
+    listener.bind("/tmp/execbox-socket")
+assert os.path.isfile("/tmp/execbox-file") and not os.path.isfile("/tmp/execbox-socket")
 print(json.dumps(seen))
 "#;

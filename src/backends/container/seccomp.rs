@@ -30,7 +30,11 @@
 //!   process that makes one (`SIGSYS`);
 //! - `socket` only for `AF_UNIX`, `AF_INET`, `AF_INET6`, `AF_NETLINK`,
 //!   `socketpair` only for `AF_UNIX`, no `socketcall`;
-//! - `modify_ldt`: denied.
+//! - `modify_ldt`: denied;
+//! - `mknod`/`mknodat` of a FIFO: denied (regular files and sockets only;
+//!   devices need a capability). Containers share workspaces with wasm runs,
+//!   whose host thread stats a path and then opens it: a FIFO swapped in
+//!   between would hold that thread past its deadline (`wasm/fs_guard.rs`).
 //!
 //! `userfaultfd`, `keyctl`, `add_key` and `request_key` are denied by moby's
 //! default already and stay so.
@@ -49,12 +53,12 @@
 //! **The check.** An engine may ignore a profile (a runtime without
 //! seccomp, gVisor's `runsc` without `--oci-seccomp`): the availability
 //! check starts one container exactly as a run's, whose program ([`PROBE`])
-//! reads its seccomp mode and makes five calls with arguments the kernel
+//! reads its seccomp mode and makes six calls with arguments the kernel
 //! itself would refuse with another error (`EFAULT`, `EBADF`, `EINVAL`,
-//! `ESRCH`, `EAFNOSUPPORT`): only a filter answers them all `EPERM`. Two of
-//! them (`ptrace` and `socket` of an unknown family) are allowed by the
-//! engines' own defaults, so the answer proves execbox's profile (or a
-//! stricter one), not some default. [`judge`] reads the verdict; the
+//! `ESRCH`, `EAFNOSUPPORT`, `ENOENT`): only a filter answers them all
+//! `EPERM`. Three of them (`ptrace`, `socket` of an unknown family and
+//! `mknodat` of a FIFO) are allowed by the engines' own defaults, so the
+//! answer proves execbox's profile (or a stricter one), not some default. [`judge`] reads the verdict; the
 //! backend reports itself unavailable, with the reason, unless every call
 //! was denied. A positive verdict is kept for the process's life per
 //! engine, probe image and extra `run` arguments (see [`ProbeKey`]),
@@ -177,6 +181,10 @@ seen["io_uring_enter"] = call(426, -1, 0, 0, 0, 0, 0)
 seen["io_uring_register"] = call(427, -1, 0, 0, 0)
 ptrace = {"x86_64": 101, "aarch64": 117}.get(platform.machine())
 seen["ptrace"] = call(ptrace, 2, -1, 0, 0) if ptrace else "SKIPPED"
+mknodat = {"x86_64": 259, "aarch64": 33}.get(platform.machine())
+path = ctypes.create_string_buffer(b"/execbox-no-such-dir/fifo")
+fifo = 0o010600
+seen["mknodat"] = call(mknodat, -100, ctypes.addressof(path), fifo, 0) if mknodat else "SKIPPED"
 try:
     socket.socket(9999, socket.SOCK_DGRAM).close()
     seen["socket"] = "OK"
@@ -189,11 +197,11 @@ print("execbox-seccomp-probe:", " ".join(k + "=" + v for k, v in seen.items()), 
 const MARKER: &str = "execbox-seccomp-probe:";
 
 /// The calls [`PROBE`] makes, each of which execbox's profile denies with `EPERM`.
-const DENIED: &[&str] = &["io_uring_setup", "io_uring_enter", "io_uring_register", "ptrace", "socket"];
+const DENIED: &[&str] = &["io_uring_setup", "io_uring_enter", "io_uring_register", "ptrace", "socket", "mknodat"];
 
 /// Reads [`PROBE`]'s stdout: `Ok` when the container ran in seccomp
-/// filter mode (2) and every call was denied with `EPERM` (`ptrace` may be
-/// `SKIPPED`); otherwise what was seen instead, every difference named.
+/// filter mode (2) and every call was denied with `EPERM` (`ptrace` and
+/// `mknodat` may be `SKIPPED` on an architecture the probe does not know); otherwise what was seen instead, every difference named.
 pub(super) fn judge(stdout: &str) -> Result<(), String> {
     let line = stdout
         .lines()
@@ -211,7 +219,7 @@ pub(super) fn judge(stdout: &str) -> Result<(), String> {
     for call in DENIED {
         match seen(call) {
             Some("EPERM") => {}
-            Some("SKIPPED") if *call == "ptrace" => {}
+            Some("SKIPPED") if matches!(*call, "ptrace" | "mknodat") => {}
             Some("OK") => wrong.push(format!("{call} succeeded")),
             Some(errno) => wrong.push(format!("{call} reached the kernel ({errno})")),
             None => wrong.push(format!("{call} was not tried")),
@@ -382,6 +390,32 @@ mod tests {
     }
 
     #[test]
+    fn mknod_makes_regular_files_and_sockets_never_a_fifo() {
+        let profile = profile();
+        for (name, mode_index) in [("mknod", 1), ("mknodat", 2)] {
+            let mut kinds: Vec<u64> = profile["syscalls"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|r| r["names"].as_array().unwrap().iter().any(|n| n == name))
+                .map(|rule| {
+                    assert_eq!(rule["action"], "SCMP_ACT_ALLOW", "{rule}");
+                    let args = rule["args"].as_array().expect("mknod rules filter the mode");
+                    assert_eq!(args.len(), 1, "{rule}");
+                    assert_eq!(
+                        (&args[0]["index"], &args[0]["op"], &args[0]["value"]),
+                        (&Value::from(mode_index), &Value::from("SCMP_CMP_MASKED_EQ"), &Value::from(0o170000)),
+                        "{rule}"
+                    );
+                    args[0]["valueTwo"].as_u64().unwrap()
+                })
+                .collect();
+            kinds.sort_unstable();
+            assert_eq!(kinds, [0, 0o100000, 0o140000], "{name}: untyped, S_IFREG, S_IFSOCK; S_IFIFO is 0o010000");
+        }
+    }
+
+    #[test]
     fn no_secondary_architectures() {
         for arch in profile()["archMap"].as_array().unwrap() {
             assert!(arch["subArchitectures"].is_null(), "{arch}");
@@ -391,12 +425,14 @@ mod tests {
     #[test]
     fn a_probe_passes_only_when_every_call_was_denied_under_a_filter() {
         let all = "execbox-seccomp-probe: mode=2 io_uring_setup=EPERM io_uring_enter=EPERM \
-                   io_uring_register=EPERM ptrace=EPERM socket=EPERM";
+                   io_uring_register=EPERM ptrace=EPERM socket=EPERM mknodat=EPERM";
         assert_eq!(judge(&format!("noise\n{all}\n")), Ok(()));
         assert_eq!(judge(&all.replace("ptrace=EPERM", "ptrace=SKIPPED")), Ok(()));
+        assert_eq!(judge(&all.replace("mknodat=EPERM", "mknodat=SKIPPED")), Ok(()));
         // Docker 20.10's default profile, as measured here.
         let engine_default = "execbox-seccomp-probe: mode=2 io_uring_setup=EFAULT io_uring_enter=EBADF \
-                              io_uring_register=EINVAL ptrace=ESRCH socket=EAFNOSUPPORT";
+                              io_uring_register=EINVAL ptrace=ESRCH socket=EAFNOSUPPORT \
+                              mknodat=ENOENT";
         let why = judge(engine_default).unwrap_err();
         for call in DENIED {
             assert!(why.contains(&format!("{call} reached the kernel")), "{why}");

@@ -34,8 +34,12 @@
 //! to completion), but another process — or another run sharing the same
 //! read-write grant — could swap a regular file for a FIFO in between. Only
 //! grant directories where no such process works are covered fully. A
-//! workspace closes it for runs: runs in one workspace take turns (see
-//! `workspace::RunTurn`), so no other code runs in it meanwhile.
+//! workspace closes it: runs in one workspace take turns (see
+//! `workspace::RunTurn`), and what may run beside a run there (a program in
+//! the workspace's container) cannot make a FIFO at all (execbox's seccomp
+//! profile denies `mknod` of one, see `container/seccomp.rs`); a socket
+//! file fails the open with `ENXIO`, and the mount's `nodev` refuses
+//! devices.
 
 use std::future::Future;
 
