@@ -7,6 +7,7 @@ use crate::language::Language;
 use crate::policy::{Access, SandboxPolicy};
 use crate::request::ExecRequest;
 use crate::violation::{Control, Violation};
+use crate::workspace::Workspace;
 
 /// What a session is opened under, fixed for its life: the policy of the
 /// call that opens it (the registry holds it to its ceiling first), the
@@ -26,22 +27,27 @@ pub struct SessionSpec {
     pub policy: SandboxPolicy,
     /// Environment values every call sees (names allowed by `policy`).
     pub env: BTreeMap<String, String>,
+    /// The workspace its calls run in (at `/work`, read-write), if any: only
+    /// a session backend that carries workspaces opens it (matched like
+    /// any control). The session holds the workspace until it closes.
+    pub workspace: Option<Workspace>,
 }
 
 impl SessionSpec {
     /// A session of `language` under [`SandboxPolicy::strict`].
     pub fn new(language: Language) -> Self {
-        Self { language, packages: Vec::new(), policy: SandboxPolicy::strict(), env: BTreeMap::new() }
+        Self { language, packages: Vec::new(), policy: SandboxPolicy::strict(), env: BTreeMap::new(), workspace: None }
     }
 
     /// What a call opens when its session does not exist yet: its language,
-    /// packages, policy and environment.
+    /// packages, policy, environment and workspace.
     pub fn of_request(request: &ExecRequest) -> Self {
         Self {
             language: request.language,
             packages: request.packages.clone(),
             policy: request.policy.clone(),
             env: request.env.clone(),
+            workspace: request.workspace.clone(),
         }
     }
 
@@ -63,12 +69,20 @@ impl SessionSpec {
         self
     }
 
-    /// A request with this spec's language, policy, environment and
-    /// packages and no code: what opening is matched and validated as.
+    /// Opens the session in `workspace`: every call runs with it at
+    /// `/work`, read-write, and takes its turn there like a run.
+    pub fn workspace(mut self, workspace: &Workspace) -> Self {
+        self.workspace = Some(workspace.clone());
+        self
+    }
+
+    /// A request with this spec's language, policy, environment, packages
+    /// and workspace and no code: what opening is matched and validated as.
     pub(crate) fn template(&self) -> ExecRequest {
         let mut request = ExecRequest::source(self.language, "").policy(self.policy.clone());
         request.env = self.env.clone();
         request.packages = self.packages.clone();
+        request.workspace = self.workspace.clone();
         request
     }
 }
@@ -106,6 +120,14 @@ pub(crate) fn fixed_at_open(spec: &SessionSpec, request: &ExecRequest) -> Vec<Vi
     }
     if !same_access(&request.policy.network, &spec.policy.network, Vec::is_empty) {
         violations.push(fixed(Control::Network, describe(&request.policy.network), describe(&spec.policy.network)));
+    }
+    // A call runs in its session's workspace whether it names it or not;
+    // naming another (or one, for a session without) is refused.
+    if let Some(asked) = &request.workspace
+        && spec.workspace.as_ref() != Some(asked)
+    {
+        let had = spec.workspace.as_ref().map_or("no workspace".into(), |w| format!("workspace {}", w.id()));
+        violations.push(fixed(Control::Workspace, format!("workspace {}", asked.id()), had));
     }
     violations
 }

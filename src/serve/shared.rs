@@ -38,13 +38,16 @@ pub(crate) struct Shared {
 /// workspace it was taken for: closed, or its connection ended).
 pub(crate) struct WorkspaceSlot(Arc<std::sync::atomic::AtomicUsize>);
 
-/// A workspace a connection holds: its slot, and when it was made and last
-/// used (for its idle timeout and its lifetime).
+/// A workspace a connection holds: its slot, when it was made and last
+/// used (for its idle timeout and its lifetime), and the sessions opened in
+/// it (closed with it).
 pub(crate) struct HeldWorkspace {
     pub workspace: crate::workspace::Workspace,
     pub _slot: WorkspaceSlot,
     pub created: std::time::Instant,
     pub last_used: std::time::Instant,
+    /// The ids (the connection's) of the sessions opened in it.
+    pub sessions: Vec<String>,
 }
 
 impl Drop for WorkspaceSlot {

@@ -95,7 +95,7 @@ pub(super) struct Connection {
 
 impl Connection {
     /// The registry key of this connection's session `id`.
-    fn key(&self, id: &str) -> String {
+    pub(super) fn key(&self, id: &str) -> String {
         format!("{}/{id}", self.id)
     }
 }
@@ -229,6 +229,10 @@ pub struct CreateSessionArgs {
     /// Packages the session needs (Python: numpy, pandas, ... put the session in a container).
     #[serde(default)]
     pub packages: Option<Vec<String>>,
+    /// Open it in this workspace (from `create_workspace`): every call sees it at /work,
+    /// read-write. Closing the workspace closes the session.
+    #[serde(default)]
+    pub workspace_id: Option<String>,
 }
 
 /// `close_session`'s arguments.
@@ -288,12 +292,11 @@ impl ExecboxMcp {
         }
         let mut request = ExecRequest::new(language, payload).policy(policy);
         if let Some(id) = &args.workspace_id {
-            if args.session_id.is_some() {
-                return Err(
-                    "give session_id or workspace_id, not both: a session's cells do not run in a workspace".into()
-                );
-            }
+            // With a session_id too: the session must have opened in it.
             request.workspace = Some(self.workspace(id).ok_or_else(|| format!("no workspace {id} is open"))?);
+        }
+        if let Some(id) = &args.session_id {
+            super::workspaces::touch_session_workspace(&self.connection, id);
         }
         request.input = args.input;
         if args.session_id.is_none() {
@@ -478,14 +481,22 @@ impl ExecboxMcp {
 
     /// Opens a session.
     #[tool(description = "Open a session for a language: later run_code calls with its session_id share state \
-            (JavaScript: top-level declarations persist and the last expression is the output). Sessions close \
-            when idle, when closed, or when this connection ends; a session whose call timed out or ran out of \
-            memory is lost, and later calls say so.")]
+            (JavaScript: top-level declarations persist and the last expression is the output). With a \
+            workspace_id, every call sees that workspace at /work, read-write (Python, in a container). Sessions \
+            close when idle, when closed, with their workspace, or when this connection ends; a session whose \
+            call timed out or ran out of memory is lost, and later calls say so.")]
     async fn create_session(
         &self,
-        Parameters(CreateSessionArgs { language, packages }): Parameters<CreateSessionArgs>,
+        Parameters(CreateSessionArgs { language, packages, workspace_id }): Parameters<CreateSessionArgs>,
     ) -> Result<CallToolResult, McpError> {
         let language = Language::from(language);
+        let workspace = match &workspace_id {
+            Some(id) => match self.workspace(id) {
+                Some(workspace) => Some(workspace),
+                None => return Ok(invalid_arguments("create_session", &format!("no workspace {id} is open"))),
+            },
+            None => None,
+        };
         let _turn = match self.shared.gate.enter(OTHER_TOOLS_WAIT, SESSION_OPEN_LIMIT).await {
             Ok(turn) => turn,
             Err(e) => return Ok(refusal(&e)),
@@ -497,6 +508,7 @@ impl ExecboxMcp {
         let mut spec =
             SessionSpec::new(language).packages(packages.unwrap_or_default()).policy(self.shared.cfg.policy.clone());
         spec.env = self.shared.cfg.env.clone();
+        spec.workspace = workspace;
         let opened = tokio::task::spawn_blocking(move || {
             let id = crate::nonce::hex128();
             match sessions.open(&connection.key(&id), spec) {
@@ -506,10 +518,36 @@ impl ExecboxMcp {
         })
         .await
         .map_err(|e| McpError::internal_error(format!("session task: {e}"), None))?;
+        if let (Ok(id), Some(workspace_id)) = (&opened, &workspace_id) {
+            // Closed with its workspace; if the workspace was closed
+            // meanwhile, closed now.
+            let recorded = match self.connection.workspaces.lock().get_mut(workspace_id) {
+                Some(held) => {
+                    let sessions = &self.shared.sessions;
+                    held.sessions.retain(|other| sessions.is_open(&self.connection.key(other)));
+                    held.sessions.push(id.clone());
+                    true
+                }
+                None => false,
+            };
+            if !recorded {
+                let (sessions, key) = (self.shared.sessions.clone(), self.connection.key(id));
+                self.shared.cleanups.spawn(move || {
+                    sessions.close(&key);
+                });
+                let why = format!("workspace {workspace_id} was closed while the session opened");
+                return Ok(invalid_arguments("create_session", &why));
+            }
+        }
         Ok(match opened {
             Ok(id) => {
                 let idle = self.shared.sessions.config().idle_timeout.as_millis() as u64;
-                let body = json!({"session_id": id, "language": language.as_str(), "idle_timeout_ms": idle});
+                let body = json!({
+                    "session_id": id,
+                    "language": language.as_str(),
+                    "idle_timeout_ms": idle,
+                    "workspace_id": workspace_id,
+                });
                 structured(body, format!("session {id} ({language}) is open"), false)
             }
             Err(e) => refusal(&e),

@@ -133,7 +133,9 @@ impl ExecboxMcp {
             return Ok(connection_full());
         }
         let now = std::time::Instant::now();
-        held.insert(id.clone(), HeldWorkspace { workspace, _slot: slot, created: now, last_used: now });
+        let held_workspace =
+            HeldWorkspace { workspace, _slot: slot, created: now, last_used: now, sessions: Vec::new() };
+        held.insert(id.clone(), held_workspace);
         let body = json!({
             "workspace_id": id,
             "quota_bytes": usage.map_or(quota, |u| u.quota_bytes),
@@ -156,9 +158,11 @@ impl ExecboxMcp {
             Some(_) => format!("workspace {workspace_id} closed"),
             None => format!("no workspace {workspace_id} is open"),
         };
-        // Dropped here: its programs killed, its container removed, and
-        // unmounted (lazily, if a run still uses it).
-        Ok(structured(json!({"closed": closed.is_some()}), text, false))
+        let was_open = closed.is_some();
+        // Its sessions closed, its programs killed, its container removed,
+        // and unmounted (lazily, if a run still uses it).
+        close_held(&self.connection, closed.into_iter().collect());
+        Ok(structured(json!({"closed": was_open}), text, false))
     }
 
     /// Writes files into a workspace.
@@ -273,6 +277,33 @@ pub(super) fn touch(connection: &Connection, id: &str) -> Option<Workspace> {
     Some(entry.workspace.clone())
 }
 
+/// Closes workspaces taken out of `connection`'s: their sessions first
+/// (each holds its workspace), then the workspaces (their programs killed,
+/// their container removed, unmounted), off the async threads, on the
+/// server's cleanups (which a drain waits for).
+pub(super) fn close_held(connection: &Connection, closed: Vec<HeldWorkspace>) {
+    if closed.is_empty() {
+        return;
+    }
+    let sessions = connection.shared.sessions.clone();
+    let keys: Vec<String> = closed.iter().flat_map(|held| held.sessions.iter().map(|id| connection.key(id))).collect();
+    connection.shared.cleanups.spawn(move || {
+        for key in keys {
+            sessions.close(&key);
+        }
+        drop(closed);
+    });
+}
+
+/// The workspace session `session_id` of `connection` was opened in, if
+/// any, marked used now (a call of the session uses it).
+pub(super) fn touch_session_workspace(connection: &Connection, session_id: &str) {
+    let mut held = connection.workspaces.lock();
+    if let Some(entry) = held.values_mut().find(|w| w.sessions.iter().any(|s| s == session_id)) {
+        entry.last_used = Instant::now();
+    }
+}
+
 /// Forgets the programs of workspace `workspace_id` (closed or expired).
 pub(super) fn forget_programs_of(connection: &Connection, workspace_id: &str) {
     connection.programs.lock().retain(|_, (_, workspace)| workspace != workspace_id);
@@ -322,7 +353,7 @@ impl ExecboxMcp {
                     tracing::info!(workspace = id.as_str(), "a workspace expired (idle or past its lifetime): closed");
                     forget_programs_of(&connection, id);
                 }
-                connection.shared.cleanups.spawn(move || drop(expired));
+                close_held(&connection, expired.into_iter().map(|(_, held)| held).collect());
             }
         });
     }

@@ -157,6 +157,11 @@ impl Sessions {
         self.len() == 0
     }
 
+    /// True when session `id` is live.
+    pub fn is_open(&self, id: &str) -> bool {
+        self.inner.lock().live.contains_key(id)
+    }
+
     /// Calls in flight (waiting for their turn or running), all sessions together.
     pub fn calls_in_flight(&self) -> usize {
         self.inner.lock().live.values().map(|e| e.calls.len()).sum()
@@ -398,17 +403,6 @@ impl Sessions {
     /// Holds a call's request to the ceiling; its cells share the
     /// session's artifacts unless their caller named a scope.
     fn prepare(&self, id: &str, request: &mut ExecRequest) -> Result<(), SessionError> {
-        if let Some(workspace) = &request.workspace {
-            // Whatever its backend: a session's instance was started
-            // without the workspace, so it cannot see one.
-            let violation = crate::violation::Violation {
-                control: crate::violation::Control::Workspace,
-                requested: workspace.id().into(),
-                reason: "a session's cells do not run in a workspace".into(),
-            };
-            let rejections = vec![BackendRejection { backend: format!("session {id}"), violations: vec![violation] }];
-            return Err(SessionError::Exec(ExecError::Refused { rejections }));
-        }
         self.inner.door.hold(request)?;
         request.artifact_scope.get_or_insert_with(|| Self::artifact_scope(id));
         Ok(())
@@ -507,7 +501,7 @@ impl Sessions {
 /// Admits one call to `entry`'s session: the session's language, packages
 /// and backend, then matching against its capabilities, what it fixed when
 /// it opened, and its own refusals, every unmet control named.
-fn admit_call(id: &str, entry: &Entry, request: ExecRequest, door: &Door) -> Result<Admitted, SessionError> {
+fn admit_call(id: &str, entry: &Entry, mut request: ExecRequest, door: &Door) -> Result<Admitted, SessionError> {
     let session = &entry.session;
     if entry.spec.language != request.language {
         return Err(SessionError::WrongLanguage {
@@ -535,6 +529,11 @@ fn admit_call(id: &str, entry: &Entry, request: ExecRequest, door: &Door) -> Res
         });
     }
     let mut refusals = fixed_at_open(&entry.spec, &request);
+    if refusals.is_empty() {
+        // A call of a session opened in a workspace runs there (and takes
+        // its turn there, see `Door::admit`).
+        request.workspace.clone_from(&entry.spec.workspace);
+    }
     refusals.extend(session.refusals(&request));
     let target = Target {
         name: session.backend(),

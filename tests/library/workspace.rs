@@ -366,3 +366,83 @@ fn a_file_may_be_written_with_its_mode_but_never_a_set_id_bit() {
         assert!(matches!(ws.write_with_mode("x", b"", bad), Err(WorkspaceError::BadPath { .. })), "{bad:o}");
     }
 }
+
+/// A Python session opened in a workspace keeps its globals and sees the
+/// workspace at `/work`, read-write, like a one-shot run: files pass both
+/// ways between its cells, the host and other runs; its cells take turns
+/// with runs; a call naming another workspace is refused, naming it; and a
+/// registry whose only Python sessions are wasm's refuses to open one in a
+/// workspace (its instance has its own `/work`). The session holds the
+/// workspace until it closes.
+#[test]
+fn a_session_opened_in_a_workspace_runs_every_call_there() {
+    use execbox::{SessionError, SessionSpec, Sessions};
+    let Some((ws, _root)) = workspace(2 << 20, 1000) else { return };
+    let Some(container) = common::skip::labelled_container("workspace-session", ContainerConfig::default()) else {
+        return;
+    };
+    let Some(wasm) = common::skip::interpreter(WasmInterpreter::new(InterpreterConfig::default()).unwrap()) else {
+        return;
+    };
+    let sessions = Sessions::builder().backend(wasm.clone()).backend(container.clone()).build();
+    let spec = SessionSpec::new(Language::Python).policy(policy()).workspace(&ws);
+    sessions.open("s", spec.clone()).unwrap();
+    let cell = |code: &str| ExecRequest::source(Language::Python, code).policy(policy());
+
+    ws.write("from_host.txt", b"host").unwrap();
+    let first = ok(sessions.execute("s", cell("x = open('/work/from_host.txt').read()\nprint(x)")).unwrap());
+    assert_eq!((first.backend.as_str(), first.stdout.text().trim()), ("container-session", "host"), "{first:?}");
+    assert!(first.workspace.is_some(), "a call in a workspace reports its usage: {first:?}");
+    ok(sessions.execute("s", cell("open('/work/from_session.txt', 'w').write(x + '+session')")).unwrap());
+    assert_eq!(ws.read("from_session.txt", 100).unwrap(), b"host+session");
+    // A one-shot run (python-wasm) reads what the session wrote.
+    let run = ExecRequest::source(Language::Python, "print(open('/work/from_session.txt').read())")
+        .policy(policy())
+        .workspace(&ws);
+    assert_eq!(ok(Executor::run_on(&wasm, run).unwrap()).stdout.text().trim(), "host+session");
+    // A cell's input files land in the workspace, and naming the same workspace is fine.
+    let staged = cell("print(open('/work/in/f.txt').read(), x)")
+        .input_file(ExecFile::new("in/f.txt", b"staged".to_vec()))
+        .workspace(&ws);
+    assert_eq!(ok(sessions.execute("s", staged).unwrap()).stdout.text().trim(), "staged host");
+    assert_eq!(ws.read("in/f.txt", 100).unwrap(), b"staged");
+
+    // Cells take turns with runs in the workspace.
+    std::thread::scope(|scope| {
+        let slow = scope
+            .spawn(|| sessions.execute("s", cell("import time\nopen('/work/started', 'w')\ntime.sleep(3)")).unwrap());
+        assert!(
+            common::wait::wait_until(Duration::from_secs(60), || ws.read("started", 10).is_ok()),
+            "the cell never started"
+        );
+        let run = ExecRequest::source(Language::Python, "print(1)").policy(policy()).workspace(&ws);
+        match Executor::run_on(&wasm, run) {
+            Err(ExecError::Busy { reason, .. }) => assert!(reason.contains("running another run"), "{reason}"),
+            other => panic!("{other:?}"),
+        }
+        ok(slow.join().unwrap());
+    });
+
+    // Another workspace, or one for a session without: refused, naming the control.
+    let Some((other, _other_root)) = workspace(1 << 20, 100) else { return };
+    let refused_control = |e: SessionError| match e {
+        SessionError::Exec(ExecError::Refused { rejections }) => rejections[0].violations[0].control,
+        other => panic!("{other:?}"),
+    };
+    let elsewhere = sessions.execute("s", cell("print(x)").workspace(&other)).unwrap_err();
+    assert_eq!(refused_control(elsewhere), Control::Workspace);
+    sessions.open("plain", SessionSpec::new(Language::Python).policy(policy())).unwrap();
+    let into = sessions.execute("plain", cell("print(1)").workspace(&ws)).unwrap_err();
+    assert_eq!(refused_control(into), Control::Workspace);
+
+    // Only wasm's Python sessions: none carries a workspace.
+    let wasm_only = Sessions::builder().backend(wasm.clone()).build();
+    assert_eq!(refused_control(wasm_only.open("w", spec).unwrap_err()), Control::Workspace);
+
+    // The session holds the workspace until it closes.
+    let path = ws.host_path().to_path_buf();
+    drop(ws);
+    assert!(mounted(&path), "the session still holds its workspace");
+    assert!(sessions.close("s"));
+    assert!(!mounted(&path), "{path:?} is still mounted after its session closed");
+}

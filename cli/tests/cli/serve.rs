@@ -1483,6 +1483,59 @@ async fn programs_run_between_calls_and_end_with_their_workspace() {
     next.cancel().await.unwrap();
 }
 
+/// Sessions in a workspace over MCP: `create_session {workspace_id}` opens a
+/// Python session whose calls see the workspace at /work (globals kept,
+/// files passed both ways with one-shot runs and `read_files`); another
+/// connection cannot use the workspace for a session; closing the
+/// workspace closes the session and removes its container. Needs root and
+/// containers.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_session_in_a_workspace_sees_its_files_and_closes_with_it() {
+    use base64::Engine as _;
+    let root = tempfile::tempdir().unwrap();
+    if !programs_can_run() {
+        return;
+    }
+    let body = |result: CallToolResult| {
+        assert_eq!(result.is_error, Some(false), "{result:?}");
+        result.structured_content.unwrap()
+    };
+    let (client, _) = connect(&["--workspace-root", root.path().to_str().unwrap()]).await;
+    let ws = body(call(&client, "create_workspace", json!({})).await.unwrap())["workspace_id"].clone();
+    let opened = call(&client, "create_session", json!({"language": "python", "workspace_id": ws})).await.unwrap();
+    let opened = body(opened);
+    assert_eq!(opened["workspace_id"], ws, "{opened}");
+    let session = opened["session_id"].clone();
+    let cell = |code: &str| json!({"language": "python", "code": code, "session_id": session});
+    let (first, is_error) = run(&client, cell("x = 41\nopen('/work/a.txt', 'w').write('from session')")).await;
+    assert!(!is_error && first["outcome"] == "ok" && first["backend"] == "container-session", "{first}");
+    let (one_shot, _) =
+        run(&client, json!({"language": "python", "code": "print(open('/work/a.txt').read())", "workspace_id": ws}))
+            .await;
+    assert_eq!(one_shot["stdout"].as_str().unwrap().trim(), "from session", "{one_shot}");
+    let files = json!([{"path": "b.txt", "content_base64": base64::engine::general_purpose::STANDARD.encode("host")}]);
+    body(call(&client, "write_files", json!({"workspace_id": ws, "files": files})).await.unwrap());
+    let (second, _) = run(&client, cell("print(x + 1, open('/work/b.txt').read())")).await;
+    assert_eq!(second["stdout"].as_str().unwrap().trim(), "42 host", "{second}");
+    // Naming the workspace beside the session is fine; another connection's id is not found.
+    let both = json!({"language": "python", "code": "print(x)", "session_id": session, "workspace_id": ws});
+    assert_eq!(run(&client, both).await.0["stdout"].as_str().unwrap().trim(), "41");
+    let (other, _) = connect(&["--workspace-root", root.path().to_str().unwrap()]).await;
+    let theirs = call(&other, "create_session", json!({"language": "python", "workspace_id": ws})).await.unwrap();
+    assert_eq!(theirs.is_error, Some(true), "another connection opened a session in the workspace");
+    other.cancel().await.unwrap();
+
+    let mount = std::fs::read_dir(root.path()).unwrap().next().unwrap().unwrap().path();
+    let filter = format!("volume={}", mount.display());
+    assert_eq!(common::docker::ps(&["--filter", &filter]).len(), 1, "the session's container");
+    body(call(&client, "close_workspace", json!({"workspace_id": ws})).await.unwrap());
+    assert!(common::docker::wait_gone(&[&filter], Duration::from_secs(20)), "the session's container outlived it");
+    let (after, is_error) = run(&client, cell("print(x)")).await;
+    assert!(is_error, "the session outlived its workspace: {after}");
+    assert!(wait_until_async(Duration::from_secs(10), || async { !mount.exists() }).await, "the mount stayed");
+    client.cancel().await.unwrap();
+}
+
 /// Workspaces over MCP expire: one no call uses is closed after the idle
 /// timeout (its mount gone), one in use stays; any is closed at its
 /// lifetime, used or not. Needs root (skipped otherwise unless required).

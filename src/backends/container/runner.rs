@@ -111,7 +111,11 @@ impl Runner {
             caps: capabilities(&cfg),
             session_caps: BackendCapabilities {
                 isolation: crate::capabilities::IsolationKind::ContainerPersistent,
-                workspace: Enforcement::not_enforced("a session's cells do not run in a workspace"),
+                workspace: Enforcement::enforced(
+                    "a session opened in a workspace has it bind-mounted read-write at /work for its life \
+                     (each cell's input files written into it; /work/out stays the container's own tmpfs); \
+                     the quota is the workspace's tmpfs, enforced by the kernel",
+                ),
                 ..capabilities(&cfg)
             },
             reaper: Reaper::new(cfg.engine.clone()),

@@ -111,7 +111,12 @@ impl Staging {
     /// same name, never through a link) and its `input.json` (removed when
     /// the cell has no input). `/work/out` is the container's own tmpfs: the
     /// session loop empties it before each cell.
+    /// In a workspace (the session's, bound at `/work`), they are written
+    /// into the workspace, as a one-shot run's are.
     pub fn stage_cell(&self, request: &ExecRequest, input: Option<&[u8]>) -> Result<(), ExecError> {
+        if let Some(workspace) = &request.workspace {
+            return stage_workspace(workspace, request, input);
+        }
         let io = |what: &str, e: std::io::Error| InvalidRequest::BadPath { path: what.into(), reason: e.to_string() };
         let work = hostfs::open_dir(&self.dir, OsStr::new("work")).map_err(|e| io("<staging dir>", e))?;
         match input {

@@ -134,8 +134,10 @@ struct Inner {
     /// Pre-started instances (Python only), created with the module.
     warm_size: usize,
     warm: OnceLock<WarmPool>,
-    /// Shared with this backend's sessions (what their calls are checked against).
     caps: Arc<BackendCapabilities>,
+    /// Its sessions' (what their calls are checked against): a session's
+    /// instance has its own `/work`, so no workspace.
+    session_caps: Arc<BackendCapabilities>,
 }
 
 impl WasmInterpreter {
@@ -221,6 +223,12 @@ impl WasmInterpreter {
             compiled: Mutex::new(None),
             warm_size,
             warm: OnceLock::new(),
+            session_caps: Arc::new(BackendCapabilities {
+                workspace: Enforcement::not_enforced(
+                    "a session's instance has its own /work; a Python session in a workspace runs in a container",
+                ),
+                ..caps.clone()
+            }),
             caps: Arc::new(caps),
         }))
     }
@@ -282,7 +290,7 @@ impl WasmInterpreter {
             backend: PythonSession::NAME.into(),
             reason: format!("no instance for a new session: {reason}"),
         })?;
-        PythonSession::open(self.0.engine.clone(), self.0.caps.clone(), warm)
+        PythonSession::open(self.0.engine.clone(), self.0.session_caps.clone(), warm)
     }
 
     fn kind(&self) -> Interpreter {
@@ -650,7 +658,7 @@ impl SessionBackend for WasmInterpreter {
     }
 
     fn session_capabilities(&self) -> &BackendCapabilities {
-        &self.0.caps
+        &self.0.session_caps
     }
 
     /// A session's instance gets its fuel budget at start-up, not per spec.
