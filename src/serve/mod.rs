@@ -3,8 +3,10 @@
 //! sessions of one long-lived process.
 //!
 //! - **Tools**: `run_code`, `list_backends`, `create_session`,
-//!   `close_session`, and the workspaces' `create_workspace`,
-//!   `close_workspace`, `write_files`, `read_files` (see [`ExecboxMcp`]).
+//!   `close_session`, the workspaces' `create_workspace`,
+//!   `close_workspace`, `write_files`, `read_files` (files to and from
+//!   artifacts: `file_artifacts.rs`), and the programs' `start_program`,
+//!   `poll_program`, `write_program`, `kill_program` (see [`ExecboxMcp`]).
 //! - **The configured policy is a ceiling** ([`ServeConfig::policy`]): a
 //!   call may shorten the deadline or lower the memory cap, nothing else.
 //!   Grants (directories, environment values, the container engine) come
@@ -26,6 +28,7 @@
 
 mod approval;
 mod config;
+mod file_artifacts;
 mod gate;
 mod http;
 mod server;

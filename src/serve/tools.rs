@@ -100,6 +100,17 @@ impl Connection {
     }
 }
 
+impl Connection {
+    /// Marks the workspace session `session_id` was opened in, if any, used
+    /// now (a call of the session uses it).
+    fn touch_session_workspace(&self, session_id: &str) {
+        let mut held = self.workspaces.lock();
+        if let Some(entry) = held.values_mut().find(|w| w.sessions.iter().any(|s| s == session_id)) {
+            entry.last_used = std::time::Instant::now();
+        }
+    }
+}
+
 impl Drop for Connection {
     fn drop(&mut self) {
         let prefix = format!("{}/", self.id);
@@ -296,7 +307,7 @@ impl ExecboxMcp {
             request.workspace = Some(self.workspace(id).ok_or_else(|| format!("no workspace {id} is open"))?);
         }
         if let Some(id) = &args.session_id {
-            super::workspaces::touch_session_workspace(&self.connection, id);
+            self.connection.touch_session_workspace(id);
         }
         request.input = args.input;
         if args.session_id.is_none() {
@@ -326,7 +337,7 @@ impl ExecboxMcp {
     /// The artifact scope of a call of this connection: the connection's,
     /// or its scope for `key`; none when the server keeps no artifacts.
     #[cfg(feature = "artifacts")]
-    fn artifact_scope(&self, key: Option<String>) -> Result<Option<String>, String> {
+    pub(super) fn artifact_scope(&self, key: Option<String>) -> Result<Option<String>, String> {
         let Some(artifacts) = &self.shared.artifacts else {
             return match key {
                 Some(_) => Err("artifact_key: this server keeps no artifacts (see execbox serve --artifacts)".into()),

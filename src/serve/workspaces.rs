@@ -13,6 +13,7 @@ use serde_json::json;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::file_artifacts::{Artifacts, DEFAULT_NAME_TEMPLATE, Saved};
 use super::shared::HeldWorkspace;
 use super::tools::{Connection, ExecboxMcp, invalid_arguments, structured};
 use crate::program::ProgramStatus;
@@ -45,8 +46,13 @@ pub struct WorkspaceIdArgs {
 pub struct WorkspaceFileArg {
     /// Its path in the workspace (relative; directories are made).
     pub path: String,
-    /// Its bytes, base64.
-    pub content_base64: String,
+    /// Its bytes, base64 (or give `artifact`).
+    #[serde(default)]
+    pub content_base64: Option<String>,
+    /// Its bytes from an artifact of this connection: `name@version`, or `name` for the latest
+    /// (when the server keeps artifacts; or give `content_base64`).
+    #[serde(default)]
+    pub artifact: Option<String>,
     /// Its permission bits as a number, e.g. 493 (0o755) for a script; at
     /// most 511 (0o777). Default: 0o666 less the server's umask (0o644).
     #[serde(default)]
@@ -62,6 +68,9 @@ pub struct WriteFilesArgs {
     pub workspace_id: String,
     /// The files, each replacing any file at its path.
     pub files: Vec<WorkspaceFileArg>,
+    /// The artifact scope files' `artifact` references are read from (as `run_code`'s).
+    #[serde(default)]
+    pub artifact_key: Option<String>,
 }
 
 /// `read_files`'s arguments.
@@ -81,6 +90,20 @@ pub struct ReadFilesArgs {
     /// Bytes of all files at the most (default and at most 8 MiB).
     #[serde(default)]
     pub max_total_bytes: Option<u64>,
+    /// Save each file read as the next version of an artifact of this connection (when the
+    /// server keeps artifacts): each file then has `artifact` {name, version, sha256}.
+    #[serde(default)]
+    pub save_as_artifacts: Option<bool>,
+    /// How an artifact's name is made of a file's path: `{path}` (its `/` turned into `_`) and
+    /// `{name}` (its last component). Default `{path}`.
+    #[serde(default)]
+    pub name_template: Option<String>,
+    /// Return each file's content (`content_base64`); default true, false when saving as artifacts.
+    #[serde(default)]
+    pub inline: Option<bool>,
+    /// The artifact scope files are saved to (as `run_code`'s).
+    #[serde(default)]
+    pub artifact_key: Option<String>,
 }
 
 #[tool_router(router = workspace_router, vis = "pub(super)")]
@@ -171,35 +194,62 @@ impl ExecboxMcp {
             script).")]
     async fn write_files(
         &self,
-        Parameters(WriteFilesArgs { workspace_id, files }): Parameters<WriteFilesArgs>,
+        Parameters(WriteFilesArgs { workspace_id, files, artifact_key }): Parameters<WriteFilesArgs>,
     ) -> Result<CallToolResult, McpError> {
         let Some(workspace) = self.workspace(&workspace_id) else {
             return Ok(invalid_arguments("write_files", &format!("no workspace {workspace_id} is open")));
         };
-        let mut decoded = Vec::with_capacity(files.len());
+        let mut contents = Vec::with_capacity(files.len());
+        let mut artifacts = None;
         for file in files {
-            match base64::engine::general_purpose::STANDARD.decode(file.content_base64.as_bytes()) {
-                Ok(bytes) => decoded.push((file.path, bytes, file.mode)),
-                Err(e) => {
-                    let why = format!("file {:?}: content_base64: {e}", file.path);
+            let content = match (file.content_base64, file.artifact) {
+                (Some(text), None) => match base64::engine::general_purpose::STANDARD.decode(text.as_bytes()) {
+                    Ok(bytes) => Content::Inline(bytes),
+                    Err(e) => {
+                        let why = format!("file {:?}: content_base64: {e}", file.path);
+                        return Ok(invalid_arguments("write_files", &why));
+                    }
+                },
+                (None, Some(reference)) => {
+                    if artifacts.is_none() {
+                        match self.artifacts_for(artifact_key.clone()) {
+                            Ok(found) => artifacts = Some(found),
+                            Err(why) => return Ok(invalid_arguments("write_files", &format!("artifact: {why}"))),
+                        }
+                    }
+                    Content::Artifact(reference)
+                }
+                _ => {
+                    let why = format!("file {:?}: give content_base64 or artifact, one of them", file.path);
                     return Ok(invalid_arguments("write_files", &why));
                 }
-            }
+            };
+            contents.push((file.path, content, file.mode));
         }
         let written = tokio::task::spawn_blocking(move || {
-            for (path, bytes, mode) in &decoded {
+            for (path, content, mode) in &contents {
+                let loaded;
+                let bytes = match content {
+                    Content::Inline(bytes) => bytes,
+                    Content::Artifact(reference) => {
+                        let store = artifacts.as_ref().ok_or_else(|| Refused::Artifact("no store".into()))?;
+                        loaded = store.load(reference).map_err(Refused::Artifact)?;
+                        &loaded
+                    }
+                };
                 match mode {
                     Some(mode) => workspace.write_with_mode(path, bytes, *mode)?,
                     None => workspace.write(path, bytes)?,
                 }
             }
-            Ok::<_, crate::workspace::WorkspaceError>(decoded.len())
+            Ok::<_, Refused>(contents.len())
         })
         .await
         .map_err(|e| McpError::internal_error(format!("workspace task: {e}"), None))?;
         Ok(match written {
             Ok(n) => structured(json!({"written": n}), format!("{n} files written"), false),
-            Err(e) => failed(&e),
+            Err(Refused::Workspace(e)) => failed(&e),
+            Err(Refused::Artifact(why)) => invalid_arguments("write_files", &why),
         })
     }
 
@@ -218,28 +268,86 @@ impl ExecboxMcp {
             args.max_file_bytes.unwrap_or(defaults.max_file_bytes).min(defaults.max_total_bytes),
             args.max_total_bytes.unwrap_or(defaults.max_total_bytes).min(defaults.max_total_bytes),
         );
+        let save = args.save_as_artifacts.unwrap_or(false);
+        let artifacts = match save.then(|| self.artifacts_for(args.artifact_key)) {
+            Some(Err(why)) => return Ok(invalid_arguments("read_files", &format!("save_as_artifacts: {why}"))),
+            Some(Ok(artifacts)) => Some(artifacts),
+            None => None,
+        };
+        let template = args.name_template.unwrap_or_else(|| DEFAULT_NAME_TEMPLATE.into());
+        let inline = args.inline.unwrap_or(!save);
         let globs = args.globs;
-        let collected = tokio::task::spawn_blocking(move || workspace.collect(&globs, &limits))
-            .await
-            .map_err(|e| McpError::internal_error(format!("workspace task: {e}"), None))?;
-        let collected = match collected {
+        let collected = tokio::task::spawn_blocking(move || {
+            let mut collected = workspace.collect(&globs, &limits)?;
+            // Saved after the walk: what was read is what is saved.
+            let saved: Vec<Option<Saved>> = match &artifacts {
+                Some(artifacts) => {
+                    let mut saved = Vec::with_capacity(collected.files.len());
+                    for file in &collected.files {
+                        match artifacts.save(&template, &file.path, &file.content) {
+                            Ok(artifact) => saved.push(Some(artifact)),
+                            Err(why) => {
+                                collected.left_out.push(format!("{}: not saved as an artifact: {why}", file.path));
+                                if !collected.limits_hit.iter().any(|hit| hit == "artifacts") {
+                                    collected.limits_hit.push("artifacts".into());
+                                }
+                                saved.push(None);
+                            }
+                        }
+                    }
+                    saved
+                }
+                None => Vec::new(),
+            };
+            Ok::<_, crate::workspace::WorkspaceError>((collected, saved))
+        })
+        .await
+        .map_err(|e| McpError::internal_error(format!("workspace task: {e}"), None))?;
+        let (collected, saved) = match collected {
             Ok(collected) => collected,
             Err(e @ crate::workspace::WorkspaceError::BadPath { .. }) => {
                 return Ok(invalid_arguments("read_files", &e.to_string()));
             }
             Err(e) => return Ok(failed(&e)),
         };
+        let mut saved = saved.into_iter();
         let files: Vec<_> = collected
             .files
             .iter()
             .map(|f| {
-                let content = base64::engine::general_purpose::STANDARD.encode(&f.content);
-                json!({"path": f.path, "size": f.content.len(), "content_base64": content})
+                let mut entry = json!({"path": f.path, "size": f.content.len()});
+                if inline {
+                    entry["content_base64"] = base64::engine::general_purpose::STANDARD.encode(&f.content).into();
+                }
+                if let Some(artifact) = saved.next().flatten() {
+                    entry["artifact"] = json!(artifact);
+                }
+                entry
             })
             .collect();
         let text = format!("{} files read; limits hit: {:?}", files.len(), collected.limits_hit);
         let body = json!({"files": files, "limits_hit": collected.limits_hit, "left_out": collected.left_out});
         Ok(structured(body, text, false))
+    }
+}
+
+/// Where a file's content comes from.
+enum Content {
+    Inline(Vec<u8>),
+    /// An artifact reference: `name@version` or `name`.
+    Artifact(String),
+}
+
+/// Why `write_files` stopped: the workspace refused a write, or an
+/// artifact could not be read (an invalid argument).
+enum Refused {
+    Workspace(crate::workspace::WorkspaceError),
+    Artifact(String),
+}
+
+impl From<crate::workspace::WorkspaceError> for Refused {
+    fn from(e: crate::workspace::WorkspaceError) -> Self {
+        Self::Workspace(e)
     }
 }
 
@@ -261,6 +369,23 @@ impl ExecboxMcp {
             "read_files" => serde_json::from_value::<ReadFilesArgs>(arguments).map(drop),
             _ => Ok(()),
         }
+    }
+
+    /// The artifacts of this connection (its scope for `key`, if given), or
+    /// why there are none (see `file_artifacts.rs`).
+    #[cfg(feature = "artifacts")]
+    fn artifacts_for(&self, key: Option<String>) -> Result<Artifacts, String> {
+        let none = || "this server keeps no artifacts (see execbox serve --artifacts)".to_string();
+        let store = self.shared.artifacts.as_ref().ok_or_else(none)?.store.clone();
+        let scope = self.artifact_scope(key)?.ok_or_else(none)?;
+        Ok(Artifacts::new(store, scope))
+    }
+
+    /// The artifacts of this connection: none, in a build without them.
+    #[cfg(not(feature = "artifacts"))]
+    fn artifacts_for(&self, key: Option<String>) -> Result<Artifacts, String> {
+        let _ = key;
+        Err("this execbox was built without artifacts".into())
     }
 
     /// This connection's workspace `id`, marked used now.
@@ -293,15 +418,6 @@ pub(super) fn close_held(connection: &Connection, closed: Vec<HeldWorkspace>) {
         }
         drop(closed);
     });
-}
-
-/// The workspace session `session_id` of `connection` was opened in, if
-/// any, marked used now (a call of the session uses it).
-pub(super) fn touch_session_workspace(connection: &Connection, session_id: &str) {
-    let mut held = connection.workspaces.lock();
-    if let Some(entry) = held.values_mut().find(|w| w.sessions.iter().any(|s| s == session_id)) {
-        entry.last_used = Instant::now();
-    }
 }
 
 /// Forgets the programs of workspace `workspace_id` (closed or expired).

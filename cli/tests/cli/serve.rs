@@ -1536,6 +1536,104 @@ async fn a_session_in_a_workspace_sees_its_files_and_closes_with_it() {
     client.cancel().await.unwrap();
 }
 
+/// Workspace files and artifacts over MCP: `read_files {save_as_artifacts}`
+/// saves what it read as versioned artifacts of the connection (which its
+/// code then loads with `artifacts.load`), with `name_template`; a name the
+/// store refuses is left out and named; `write_files` takes a file's
+/// content from `name@version`. A server without `--artifacts` refuses
+/// both as invalid arguments. Needs root.
+#[cfg(feature = "artifacts")]
+#[tokio::test(flavor = "multi_thread")]
+async fn workspace_files_are_saved_as_artifacts_and_written_from_them() {
+    use base64::Engine as _;
+    let root = tempfile::tempdir().unwrap();
+    let store = tempfile::tempdir().unwrap();
+    let ready = if rustix::process::geteuid().is_root() { Ok(()) } else { Err("workspaces need root") };
+    if !common::skip::available("EXECBOX_REQUIRE_WORKSPACES", ready) {
+        return;
+    }
+    let b64 = |text: &str| base64::engine::general_purpose::STANDARD.encode(text);
+    let body = |result: CallToolResult| {
+        assert_eq!(result.is_error, Some(false), "{result:?}");
+        result.structured_content.unwrap()
+    };
+    let root_path = root.path().to_str().unwrap();
+    let args =
+        ["--workspace-root", root_path, "--artifacts", store.path().to_str().unwrap(), "--allow-tool", "artifacts.*"];
+    let (client, _) = connect(&args).await;
+    let ws = body(call(&client, "create_workspace", json!({})).await.unwrap())["workspace_id"].clone();
+    let files = json!([
+        {"path": "out/report.txt", "content_base64": b64("v1")},
+        {"path": "out/data.csv", "content_base64": b64("a,b")},
+    ]);
+    body(call(&client, "write_files", json!({"workspace_id": ws, "files": files})).await.unwrap());
+    let save = json!({"workspace_id": ws, "globs": ["out/*"], "save_as_artifacts": true});
+    let saved = body(call(&client, "read_files", save.clone()).await.unwrap());
+    let artifacts: Vec<(&str, &Value)> = saved["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            assert!(f.get("content_base64").is_none(), "saved files are not inline by default: {f}");
+            (f["artifact"]["name"].as_str().unwrap(), &f["artifact"]["version"])
+        })
+        .collect();
+    assert_eq!(artifacts, [("out_data.csv", &json!(1)), ("out_report.txt", &json!(1))], "{saved}");
+    // Saving again makes version 2; the code of a run of this connection loads it.
+    let report = json!([{"path": "out/report.txt", "content_base64": b64("v2")}]);
+    body(call(&client, "write_files", json!({"workspace_id": ws, "files": report})).await.unwrap());
+    let again = body(call(&client, "read_files", save).await.unwrap());
+    assert_eq!(again["files"][1]["artifact"]["version"], 2, "{again}");
+    let code = "return (await tools.artifacts.load({name: 'out_report.txt', version: 1})).content";
+    let (loaded, _) = run(&client, json!({"language": "javascript", "code": code})).await;
+    assert_eq!(loaded["output"], "v1", "{loaded}");
+
+    // A template, inline content, and a name the store refuses.
+    let named = json!({"workspace_id": ws, "globs": ["out/data.csv"], "save_as_artifacts": true,
+        "name_template": "run-{name}", "inline": true});
+    let named = body(call(&client, "read_files", named).await.unwrap());
+    assert_eq!(named["files"][0]["artifact"]["name"], "run-data.csv", "{named}");
+    assert_eq!(named["files"][0]["content_base64"], b64("a,b"), "{named}");
+    let bad =
+        json!({"workspace_id": ws, "globs": ["out/data.csv"], "save_as_artifacts": true, "name_template": ".{name}"});
+    let bad = body(call(&client, "read_files", bad).await.unwrap());
+    assert!(bad["files"][0].get("artifact").is_none(), "{bad}");
+    assert_eq!(bad["limits_hit"], json!(["artifacts"]), "{bad}");
+    assert!(bad["left_out"][0].as_str().unwrap().contains("not saved as an artifact"), "{bad}");
+
+    // Files written from artifacts: a version, or the latest.
+    let from = json!([
+        {"path": "in/old.txt", "artifact": "out_report.txt@1"},
+        {"path": "in/new.txt", "artifact": "out_report.txt", "mode": 493},
+    ]);
+    body(call(&client, "write_files", json!({"workspace_id": ws, "files": from})).await.unwrap());
+    let read = body(call(&client, "read_files", json!({"workspace_id": ws, "globs": ["in/*"]})).await.unwrap());
+    let contents: Vec<&Value> = read["files"].as_array().unwrap().iter().map(|f| &f["content_base64"]).collect();
+    assert_eq!(contents, [&json!(b64("v2")), &json!(b64("v1"))], "{read}");
+    for (files, why) in [
+        (json!([{"path": "x", "artifact": "no-such@1"}]), "no-such"),
+        (json!([{"path": "x"}]), "one of them"),
+        (json!([{"path": "x", "artifact": "a", "content_base64": ""}]), "one of them"),
+    ] {
+        let refused = call(&client, "write_files", json!({"workspace_id": ws, "files": files})).await.unwrap();
+        assert_eq!(refused.is_error, Some(true), "{refused:?}");
+        assert!(refused.structured_content.unwrap().to_string().contains(why), "{why}");
+    }
+    client.cancel().await.unwrap();
+
+    // Without a store: both refused, naming why.
+    let (plain, _) = connect(&["--workspace-root", root_path]).await;
+    let ws = body(call(&plain, "create_workspace", json!({})).await.unwrap())["workspace_id"].clone();
+    let save = json!({"workspace_id": ws, "globs": ["*"], "save_as_artifacts": true});
+    let from = json!({"workspace_id": ws, "files": [{"path": "x", "artifact": "a"}]});
+    for (tool, args) in [("read_files", save), ("write_files", from)] {
+        let refused = call(&plain, tool, args).await.unwrap();
+        assert_eq!(refused.is_error, Some(true), "{tool}");
+        assert!(refused.structured_content.unwrap().to_string().contains("keeps no artifacts"), "{tool}");
+    }
+    plain.cancel().await.unwrap();
+}
+
 /// Workspaces over MCP expire: one no call uses is closed after the idle
 /// timeout (its mount gone), one in use stays; any is closed at its
 /// lifetime, used or not. Needs root (skipped otherwise unless required).
