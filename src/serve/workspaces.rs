@@ -182,9 +182,12 @@ impl ExecboxMcp {
             None => format!("no workspace {workspace_id} is open"),
         };
         let was_open = closed.is_some();
-        // Its sessions closed, its programs killed, its container removed,
-        // and unmounted (lazily, if a run still uses it).
-        close_held(&self.connection, closed.into_iter().collect());
+        // Done when it answers: its sessions closed, its programs killed,
+        // its container removed, and unmounted (lazily, if a run still
+        // uses it).
+        tokio::task::spawn_blocking(closing(&self.connection, closed.into_iter().collect()))
+            .await
+            .map_err(|e| McpError::internal_error(format!("workspace task: {e}"), None))?;
         Ok(structured(json!({"closed": was_open}), text, false))
     }
 
@@ -402,22 +405,19 @@ pub(super) fn touch(connection: &Connection, id: &str) -> Option<Workspace> {
     Some(entry.workspace.clone())
 }
 
-/// Closes workspaces taken out of `connection`'s: their sessions first
+/// What closes workspaces taken out of `connection`'s: their sessions first
 /// (each holds its workspace), then the workspaces (their programs killed,
-/// their container removed, unmounted), off the async threads, on the
-/// server's cleanups (which a drain waits for).
-pub(super) fn close_held(connection: &Connection, closed: Vec<HeldWorkspace>) {
-    if closed.is_empty() {
-        return;
-    }
+/// their container removed, unmounted). It blocks: run it off the async
+/// threads.
+pub(super) fn closing(connection: &Connection, closed: Vec<HeldWorkspace>) -> impl FnOnce() + Send + 'static {
     let sessions = connection.shared.sessions.clone();
     let keys: Vec<String> = closed.iter().flat_map(|held| held.sessions.iter().map(|id| connection.key(id))).collect();
-    connection.shared.cleanups.spawn(move || {
+    move || {
         for key in keys {
             sessions.close(&key);
         }
         drop(closed);
-    });
+    }
 }
 
 /// Forgets the programs of workspace `workspace_id` (closed or expired).
@@ -469,7 +469,8 @@ impl ExecboxMcp {
                     tracing::info!(workspace = id.as_str(), "a workspace expired (idle or past its lifetime): closed");
                     forget_programs_of(&connection, id);
                 }
-                close_held(&connection, expired.into_iter().map(|(_, held)| held).collect());
+                let close = closing(&connection, expired.into_iter().map(|(_, held)| held).collect());
+                connection.shared.cleanups.spawn(close);
             }
         });
     }
