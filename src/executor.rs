@@ -327,6 +327,7 @@ impl Executor {
         };
         let mut request = ExecRequest::source(Language::Shell, text).policy(spec.policy.clone()).workspace(workspace);
         request.env = spec.env.clone();
+        request.packages = spec.packages.clone();
         self.door.hold(&mut request)?;
         let mut rejections = Vec::new();
         let mut unavailable = None;

@@ -98,6 +98,12 @@ pub struct ProgramSpec {
     /// Output kept for [`Program::poll`] and [`Program::log`]; older bytes
     /// are dropped and counted.
     pub max_output_bytes: usize,
+    /// Third-party packages it needs (Python's, e.g. `numpy`): matched like
+    /// a run's ([`ExecRequest::packages`](crate::ExecRequest::packages)).
+    /// The workspace's container gets the image that provides them when it
+    /// starts, so a later program that needs packages its container lacks
+    /// is refused (`packages` named).
+    pub packages: Vec<String>,
 }
 
 impl ProgramSpec {
@@ -112,6 +118,7 @@ impl ProgramSpec {
             policy: SandboxPolicy::strict(),
             lifetime: Duration::from_secs(600),
             max_output_bytes: DEFAULT_OUTPUT_BYTES,
+            packages: Vec::new(),
         }
     }
 
@@ -158,6 +165,12 @@ impl ProgramSpec {
     /// Sets [`ProgramSpec::max_output_bytes`].
     pub fn max_output_bytes(mut self, bytes: usize) -> Self {
         self.max_output_bytes = bytes;
+        self
+    }
+
+    /// Declares packages ([`ProgramSpec::packages`]).
+    pub fn packages<S: Into<String>>(mut self, names: impl IntoIterator<Item = S>) -> Self {
+        self.packages.extend(names.into_iter().map(Into::into));
         self
     }
 }

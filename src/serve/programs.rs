@@ -150,6 +150,7 @@ impl ExecboxMcp {
         spec.env = self.shared.cfg.env.clone();
         spec.env.extend(args.env);
         spec.cwd = args.cwd;
+        self.declare_workspace_packages(&args.workspace_id, &mut spec.packages);
         let program = match self.shared.exec.start_program(&workspace, spec).await {
             Ok(program) => program,
             Err(e) => return Ok(super::tools::refusal(&e)),

@@ -48,6 +48,9 @@ pub(crate) struct HeldWorkspace {
     pub last_used: std::time::Instant,
     /// The ids (the connection's) of the sessions opened in it.
     pub sessions: Vec<String>,
+    /// Packages every Python or shell run, session and program in it
+    /// declares (from `create_workspace {packages}`).
+    pub packages: Vec<String>,
 }
 
 impl Drop for WorkspaceSlot {

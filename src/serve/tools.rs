@@ -323,6 +323,11 @@ impl ExecboxMcp {
         request.collect_output_files = args.collect_files.unwrap_or(false);
         request.backend = args.backend;
         request.packages = args.packages.unwrap_or_default();
+        if let Some(id) = &args.workspace_id
+            && matches!(language, Language::Python | Language::Shell)
+        {
+            self.declare_workspace_packages(id, &mut request.packages);
+        }
         if let Some(schema) = args.output_schema {
             request.output_schema =
                 Some(crate::schema::JsonSchema::new(schema).map_err(|e| format!("output_schema: {e}"))?);
@@ -519,6 +524,9 @@ impl ExecboxMcp {
         let mut spec =
             SessionSpec::new(language).packages(packages.unwrap_or_default()).policy(self.shared.cfg.policy.clone());
         spec.env = self.shared.cfg.env.clone();
+        if let Some(id) = &workspace_id {
+            self.declare_workspace_packages(id, &mut spec.packages);
+        }
         spec.workspace = workspace;
         let opened = tokio::task::spawn_blocking(move || {
             let id = crate::nonce::hex128();

@@ -30,6 +30,10 @@ pub struct CreateWorkspaceArgs {
     #[serde(default)]
     #[schemars(range(min = 1))]
     pub quota_mb: Option<u64>,
+    /// Packages every Python or shell run, session and program in it needs (e.g. numpy,
+    /// pandas): they then run where those are (a container); refused if no backend has them.
+    #[serde(default)]
+    pub packages: Option<Vec<String>>,
 }
 
 /// Names one workspace of this connection.
@@ -115,8 +119,12 @@ impl ExecboxMcp {
             it a write fails with ENOSPC). It is removed by close_workspace or when this connection ends.")]
     async fn create_workspace(
         &self,
-        Parameters(CreateWorkspaceArgs { quota_mb }): Parameters<CreateWorkspaceArgs>,
+        Parameters(CreateWorkspaceArgs { quota_mb, packages }): Parameters<CreateWorkspaceArgs>,
     ) -> Result<CallToolResult, McpError> {
+        let packages = packages.unwrap_or_default();
+        if let Err(e) = crate::admission::validate_packages(&packages) {
+            return Ok(invalid_arguments("create_workspace", &e.to_string()));
+        }
         let base = self.shared.cfg.workspaces.clone();
         let quota = match quota_mb {
             Some(0) => return Ok(invalid_arguments("create_workspace", "quota_mb must be at least 1")),
@@ -141,12 +149,19 @@ impl ExecboxMcp {
             return Ok(invalid_arguments("create_workspace", &format!("this server already holds {most} workspaces")));
         };
         let cfg = WorkspaceConfig { quota_bytes: quota, ..base };
-        let created = tokio::task::spawn_blocking(move || Workspace::create(cfg))
-            .await
-            .map_err(|e| McpError::internal_error(format!("workspace task: {e}"), None))?;
+        let exec = self.shared.exec.clone();
+        let wanted = packages.clone();
+        // Asking a backend for its packages may read its image: blocking.
+        let created = tokio::task::spawn_blocking(move || match unprovided(&exec, &wanted) {
+            Some(why) => Err(why),
+            None => Ok(Workspace::create(cfg)),
+        })
+        .await
+        .map_err(|e| McpError::internal_error(format!("workspace task: {e}"), None))?;
         let workspace = match created {
-            Ok(workspace) => workspace,
-            Err(e) => return Ok(failed(&e)),
+            Ok(Ok(workspace)) => workspace,
+            Ok(Err(e)) => return Ok(failed(&e)),
+            Err(why) => return Ok(invalid_arguments("create_workspace", &why)),
         };
         let id = crate::nonce::hex128();
         // A system call: made before the connection's lock is taken.
@@ -156,11 +171,18 @@ impl ExecboxMcp {
             return Ok(connection_full());
         }
         let now = std::time::Instant::now();
-        let held_workspace =
-            HeldWorkspace { workspace, _slot: slot, created: now, last_used: now, sessions: Vec::new() };
+        let held_workspace = HeldWorkspace {
+            workspace,
+            _slot: slot,
+            created: now,
+            last_used: now,
+            sessions: Vec::new(),
+            packages: packages.clone(),
+        };
         held.insert(id.clone(), held_workspace);
         let body = json!({
             "workspace_id": id,
+            "packages": packages,
             "quota_bytes": usage.map_or(quota, |u| u.quota_bytes),
             "max_files": usage.map(|u| u.max_files),
             "idle_timeout_ms": millis(self.shared.cfg.workspace_idle),
@@ -391,6 +413,17 @@ impl ExecboxMcp {
         Err("this execbox was built without artifacts".into())
     }
 
+    /// Adds the packages of this connection's workspace `id` (if it is open)
+    /// to those `declared`, each once.
+    pub(super) fn declare_workspace_packages(&self, id: &str, declared: &mut Vec<String>) {
+        let held = self.connection.workspaces.lock();
+        for package in held.get(id).map(|held| held.packages.as_slice()).unwrap_or_default() {
+            if !declared.iter().any(|p| p.eq_ignore_ascii_case(package)) {
+                declared.push(package.clone());
+            }
+        }
+    }
+
     /// This connection's workspace `id`, marked used now.
     pub(super) fn workspace(&self, id: &str) -> Option<Workspace> {
         touch(&self.connection, id)
@@ -418,6 +451,26 @@ pub(super) fn closing(connection: &Connection, closed: Vec<HeldWorkspace>) -> im
         }
         drop(closed);
     }
+}
+
+/// Why no backend of `exec` runs Python with every one of `packages`, if
+/// none does (what the others provide named).
+fn unprovided(exec: &crate::executor::Executor, packages: &[String]) -> Option<String> {
+    if packages.is_empty() {
+        return None;
+    }
+    let mut offered = Vec::new();
+    for backend in exec.backends() {
+        let provided = backend.packages(crate::language::Language::Python);
+        if packages.iter().all(|p| provided.iter().any(|have| have.eq_ignore_ascii_case(p))) {
+            return None;
+        }
+        if !provided.is_empty() {
+            offered.push(format!("{} provides {}", backend.name(), provided.join(", ")));
+        }
+    }
+    let offered = if offered.is_empty() { "no backend here provides packages".into() } else { offered.join("; ") };
+    Some(format!("packages: no backend provides {} ({offered})", packages.join(", ")))
 }
 
 /// Forgets the programs of workspace `workspace_id` (closed or expired).

@@ -330,3 +330,39 @@ fn a_matrix_without_a_program_carrier_refuses_naming_programs() {
         other => panic!("{other:?}"),
     }
 }
+
+/// Packages: a workspace's container is started in the image that has its
+/// first program's packages; a later program that needs packages a
+/// container started without them lacks is refused, naming `packages`; a
+/// package no backend has is refused before anything starts.
+#[test]
+fn packages_pick_the_workspace_container_s_image() {
+    let Some((executor, ws, _root)) = setup("programs-packages") else { return };
+    let rt = runtime();
+    rt.block_on(async {
+        let import = ["python3", "-c", "import numpy; print(int(numpy.ones(3).sum()))"];
+        let refused = executor.start_program(&ws, ProgramSpec::argv(import).packages(["no_such_package"])).await;
+        match refused {
+            Err(ExecError::Refused { rejections }) => {
+                assert_eq!(rejections[0].violations[0].control, Control::Packages, "{rejections:?}")
+            }
+            other => panic!("{other:?}"),
+        }
+        let first = executor.start_program(&ws, ProgramSpec::argv(import).packages(["numpy"])).await.unwrap();
+        let (text, out) = read_until(&first, "\u{0}never").await;
+        assert_eq!((out.exit_code, text.trim()), (Some(0), "3"), "{out:?}");
+    });
+    let Some((executor, plain, _root)) = setup("programs-packages") else { return };
+    rt.block_on(async {
+        run(&executor, &plain, "true").await;
+        let later = executor.start_program(&plain, ProgramSpec::shell("true").packages(["numpy"])).await;
+        match later {
+            Err(ExecError::Refused { rejections }) => {
+                let violation = &rejections[0].violations[0];
+                assert_eq!(violation.control, Control::Packages, "{rejections:?}");
+                assert!(violation.reason.contains("without packages"), "{violation:?}");
+            }
+            other => panic!("{other:?}"),
+        }
+    });
+}

@@ -1536,6 +1536,51 @@ async fn a_session_in_a_workspace_sees_its_files_and_closes_with_it() {
     client.cancel().await.unwrap();
 }
 
+/// `create_workspace {packages}`: every Python run, session and program in
+/// the workspace declares them, so they run where they are (the data
+/// image); packages no backend has are refused before anything is mounted.
+/// Needs root and containers.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_workspace_s_packages_go_with_its_runs_sessions_and_programs() {
+    let root = tempfile::tempdir().unwrap();
+    if !programs_can_run() {
+        return;
+    }
+    let body = |result: CallToolResult| {
+        assert_eq!(result.is_error, Some(false), "{result:?}");
+        result.structured_content.unwrap()
+    };
+    let (client, _) = connect(&["--workspace-root", root.path().to_str().unwrap()]).await;
+    let refused = call(&client, "create_workspace", json!({"packages": ["no_such_package"]})).await.unwrap();
+    assert_eq!(refused.is_error, Some(true));
+    assert!(refused.structured_content.unwrap().to_string().contains("no backend provides no_such_package"));
+    assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 0, "a refused workspace was mounted");
+
+    let created = body(call(&client, "create_workspace", json!({"packages": ["numpy"]})).await.unwrap());
+    assert_eq!(created["packages"], json!(["numpy"]), "{created}");
+    let ws = created["workspace_id"].clone();
+    let import = "import numpy\nprint(int(numpy.arange(4).sum()))";
+    let (ran, is_error) = run(&client, json!({"language": "python", "code": import, "workspace_id": ws})).await;
+    assert!(!is_error && ran["stdout"].as_str().unwrap().trim() == "6", "{ran}");
+    let session = body(
+        call(&client, "create_session", json!({"language": "python", "workspace_id": ws})).await.unwrap(),
+    )["session_id"]
+        .clone();
+    let (cell, _) = run(&client, json!({"language": "python", "code": import, "session_id": session})).await;
+    assert_eq!(cell["stdout"].as_str().unwrap().trim(), "6", "{cell}");
+    let line = json!({"workspace_id": ws, "command": ["python3", "-c", import], "yield_ms": 20_000});
+    let mut polled = body(call(&client, "start_program", line).await.unwrap());
+    let mut output = polled["output"].as_str().unwrap().to_string();
+    while polled["status"] == "running" {
+        let poll = json!({"program_id": polled["program_id"], "yield_ms": 5000});
+        polled = body(call(&client, "poll_program", poll).await.unwrap());
+        output.push_str(polled["output"].as_str().unwrap());
+    }
+    assert_eq!((polled["exit_code"].clone(), output.trim()), (json!(0), "6"), "{polled}");
+    body(call(&client, "close_workspace", json!({"workspace_id": ws})).await.unwrap());
+    client.cancel().await.unwrap();
+}
+
 /// Workspace files and artifacts over MCP: `read_files {save_as_artifacts}`
 /// saves what it read as versioned artifacts of the connection (which its
 /// code then loads with `artifacts.load`), with `name_template`; a name the

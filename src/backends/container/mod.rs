@@ -268,9 +268,14 @@ impl Backend for Container {
         Container::shutdown(self);
     }
 
-    /// Python: what the data image declares (shell and Rust: none).
+    /// Python and shell: what the data image declares (a shell script that
+    /// declares packages runs there too, so its `python3` has them); Rust:
+    /// none.
     fn packages(&self, language: Language) -> Vec<String> {
-        if language == Language::Python { self.runner.data_image_packages() } else { Vec::new() }
+        match language {
+            Language::Python | Language::Shell => self.runner.data_image_packages(),
+            _ => Vec::new(),
+        }
     }
 
     /// Programs in a workspace's container (see `programs.rs`).
@@ -300,7 +305,7 @@ impl ProgramBackend for Container {
             match running {
                 Some(machine) => machine,
                 None => {
-                    let machine = programs::Machine::open(self.runner.clone(), workspace, &request.policy)?;
+                    let machine = programs::Machine::open(self.runner.clone(), workspace, request)?;
                     *slot = Some(machine.clone());
                     machine
                 }

@@ -79,6 +79,8 @@ pub(super) struct Machine {
     /// What its container was started with: a later program may not ask
     /// for less, or for another network or filesystem.
     policy: SandboxPolicy,
+    /// Its image is the data image (its first program declared packages).
+    packages: bool,
     memory_bytes: u64,
     pids: u64,
     /// Handed to each program: the machine, as long as it is there.
@@ -128,19 +130,21 @@ enum Event {
 }
 
 impl Machine {
-    /// Starts the machine of `workspace` under `policy` (its caps, network
-    /// and granted directories) and waits until its supervisor is ready.
-    pub fn open(runner: Arc<Runner>, workspace: &Workspace, policy: &SandboxPolicy) -> Result<Arc<Self>, ExecError> {
+    /// Starts the machine of `workspace` under `first`'s policy (its caps,
+    /// network and granted directories) and in the image that has its
+    /// packages, and waits until its supervisor is ready.
+    pub fn open(runner: Arc<Runner>, workspace: &Workspace, first: &ExecRequest) -> Result<Arc<Self>, ExecError> {
         let unavailable = |reason: String| ExecError::unavailable(NAME, reason);
         runner.check_available(super::runner::NAME)?;
         let cfg = runner.config();
-        let mut template = ExecRequest::source(Language::Shell, "").policy(policy.clone());
+        let mut template = ExecRequest::source(Language::Shell, "").policy(first.policy.clone());
         template.workspace = Some(workspace.clone());
+        template.packages = first.packages.clone();
         let memory_bytes = *template.policy.memory_bytes.get_or_insert(cfg.session_memory_bytes);
         let pids = *template.policy.max_processes.get_or_insert(cfg.default_pids);
         let staging = Staging::for_workspace(workspace)?;
         let command = vec!["/usr/bin/python3".to_string(), "-c".to_string(), SUPERVISOR.to_string()];
-        let image = cfg.python_image.clone();
+        let image = runner.script_image(&template);
         let mut spec = runner.spec(&template, &staging, image, command, cfg.session_lifetime)?;
         spec.role = "programs";
         let mut child = process::spawn(&cfg.engine, &spec.argv())
@@ -168,6 +172,7 @@ impl Machine {
             staging: Some(staging),
             next_id: AtomicU64::new(1),
             policy: template.policy.clone(),
+            packages: !template.packages.is_empty(),
             memory_bytes,
             pids,
             this: this.clone(),
@@ -210,7 +215,8 @@ impl Machine {
     }
 
     /// What `request` asks that this machine, fixed when it started, cannot
-    /// give: lower memory or process caps, another network or filesystem.
+    /// give: lower memory or process caps, another network or filesystem,
+    /// packages its image lacks.
     pub fn refusals(&self, request: &ExecRequest) -> Vec<Violation> {
         let mut violations = Vec::new();
         let policy = &request.policy;
@@ -244,6 +250,15 @@ impl Machine {
                 Control::Filesystem,
                 format!("{:?}", policy.filesystem),
                 "the workspace's programs share the granted directories of its first program".into(),
+            ));
+        }
+        if !request.packages.is_empty() && !self.packages {
+            violations.push(fixed(
+                Control::Packages,
+                crate::text::list_names(&request.packages),
+                "the workspace's container was started by a program without packages, in the image without them; \
+                 declare them on its first program (or on the workspace)"
+                    .into(),
             ));
         }
         violations
