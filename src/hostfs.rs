@@ -204,16 +204,24 @@ impl OutputDir {
     /// Writes `files` under the directory, each at its relative name.
     pub fn save(&self, files: &[ExecFile]) -> Result<(), SaveError> {
         for file in files {
-            let fail = |source: io::Error| SaveError { name: file.name.clone(), source };
-            let relative =
-                file.relative_path().map_err(|e| fail(io::Error::new(io::ErrorKind::InvalidInput, e.to_string())))?;
-            let mut parts = components(relative).map_err(fail)?;
-            let Some(leaf) = parts.pop() else { continue };
-            let parent: std::path::PathBuf = parts.iter().collect();
-            let dir = create_dirs(&self.dir, &parent, None).map_err(fail)?;
-            replace(&dir, leaf, &file.content).map_err(fail)?;
+            self.write(&file.name, &file.content, None)?;
         }
         Ok(())
+    }
+
+    /// Writes `content` at the relative path `name` under the directory
+    /// (its directories made), with `mode`'s permission bits if given
+    /// (at most `0o777`).
+    pub fn write(&self, name: &str, content: &[u8], mode: Option<u32>) -> Result<(), SaveError> {
+        let fail = |source: io::Error| SaveError { name: name.to_string(), source };
+        let file = ExecFile::new(name, Vec::new());
+        let relative =
+            file.relative_path().map_err(|e| fail(io::Error::new(io::ErrorKind::InvalidInput, e.to_string())))?;
+        let mut parts = components(relative).map_err(fail)?;
+        let Some(leaf) = parts.pop() else { return Ok(()) };
+        let parent: std::path::PathBuf = parts.iter().collect();
+        let dir = create_dirs(&self.dir, &parent, None).map_err(fail)?;
+        replace_with_mode(&dir, leaf, content, mode.map(|m| m & 0o777)).map_err(fail)
     }
 }
 

@@ -45,6 +45,11 @@ const INPUT_JSON: &str = "input.json";
 /// Where every backend that carries files sees a workspace.
 pub const GUEST_PATH: &str = "/work";
 
+/// Where collected files are saved on the host (also at
+/// `backends::container::OutputDir`): what `execbox run --workspace`
+/// writes a workspace's files back with.
+pub use crate::hostfs::{OutputDir, SaveError};
+
 /// Where workspaces are mounted unless configured.
 pub const DEFAULT_ROOT: &str = "/run/execbox/workspaces";
 
@@ -220,6 +225,8 @@ pub struct CollectedFile {
     pub path: String,
     /// Its bytes.
     pub content: Vec<u8>,
+    /// Its permission bits (at most `0o777`) when it was found.
+    pub mode: u32,
 }
 
 /// What [`Workspace::collect`] found.
@@ -233,6 +240,19 @@ pub struct Collected {
     pub limits_hit: Vec<String>,
     /// Matching paths not read, each with why (a limit, or not a regular
     /// file: symlinks, FIFOs, devices are never followed or opened).
+    pub left_out: Vec<String>,
+}
+
+/// What [`Workspace::import_dir`] copied, and what it did not.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Imported {
+    /// Regular files copied.
+    pub files: usize,
+    /// Their bytes.
+    pub bytes: u64,
+    /// What was not copied, each with why (a symlink, a special file, a
+    /// name that is not UTF-8, the walk's bounds).
     pub left_out: Vec<String>,
 }
 
@@ -456,7 +476,10 @@ impl Workspace {
                     }
                 } else if matches(&path) {
                     match entry.metadata() {
-                        Ok(meta) if kind.is_file() => found.push((path, meta.len())),
+                        Ok(meta) if kind.is_file() => {
+                            use cap_std::fs::PermissionsExt as _;
+                            found.push((path, meta.len(), meta.permissions().mode() & 0o777))
+                        }
                         _ => left_out.push(format!("{path}: not a regular file")),
                     }
                 }
@@ -465,7 +488,7 @@ impl Workspace {
         found.sort();
         let mut files = Vec::new();
         let mut total = 0u64;
-        for (path, size) in found {
+        for (path, size, mode) in found {
             if size > limits.max_file_bytes {
                 limits_hit.insert("max_file_bytes".to_string());
                 left_out.push(format!("{path}: over max_file_bytes"));
@@ -490,9 +513,74 @@ impl Workspace {
                 continue;
             }
             total += bytes.len() as u64;
-            files.push(CollectedFile { path, content: bytes });
+            files.push(CollectedFile { path, content: bytes, mode });
         }
         Ok(Collected { files, limits_hit: limits_hit.into_iter().collect(), left_out })
+    }
+
+    /// Copies the host directory `host` into the workspace's root: its
+    /// directories and regular files (with their permission bits), replacing
+    /// files of the same paths. The copy reads `host` through a handle, one
+    /// component at a time: a symlink or a special file in it is never
+    /// followed or opened, only named in [`Imported::left_out`], as are
+    /// names that are not UTF-8. The walk stops after 100,000 entries or 64
+    /// levels (`left_out` says so). Past the quota the copy fails with the
+    /// file it was at (`No space left on device`); what was copied stays.
+    pub fn import_dir(&self, host: &Path) -> Result<Imported, WorkspaceError> {
+        let at = |path: &str| {
+            let path = path.to_string();
+            move |source| WorkspaceError::Io { path, source }
+        };
+        let root = hostfs::open_ambient(host).map_err(at(&host.display().to_string()))?;
+        let mut imported = Imported::default();
+        let mut walked = 0;
+        let mut stack = vec![(String::new(), 0usize)];
+        while let Some((prefix, depth)) = stack.pop() {
+            let mut from = root.try_clone().map_err(at(&prefix))?;
+            for name in prefix.split('/').filter(|n| !n.is_empty()) {
+                from = hostfs::open_dir(&from, OsStr::new(name)).map_err(at(&prefix))?;
+            }
+            let parents: Vec<&OsStr> = prefix.split('/').filter(|n| !n.is_empty()).map(OsStr::new).collect();
+            let to = self.make_dirs(&parents).map_err(at(&prefix))?;
+            for entry in from.entries().map_err(at(&prefix))? {
+                let entry = entry.map_err(at(&prefix))?;
+                walked += 1;
+                if walked > WALK_ENTRIES {
+                    imported
+                        .left_out
+                        .push(format!("{prefix}/: more than {WALK_ENTRIES} entries (the rest not copied)"));
+                    return Ok(imported);
+                }
+                let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
+                    let shown = entry.file_name().to_string_lossy().into_owned();
+                    imported.left_out.push(format!("{prefix}/{shown}: a name that is not UTF-8 (not copied)"));
+                    continue;
+                };
+                let path = if prefix.is_empty() { name.clone() } else { format!("{prefix}/{name}") };
+                let kind = entry.file_type().map_err(at(&path))?;
+                if kind.is_dir() {
+                    if depth + 1 < WALK_DEPTH {
+                        hostfs::create_dirs(&to, Path::new(&name), Some(0o755)).map_err(at(&path))?;
+                        give_to_code(&to, OsStr::new(&name), self.0.code_user).map_err(at(&path))?;
+                        stack.push((path, depth + 1));
+                    } else {
+                        imported.left_out.push(format!("{path}/: deeper than {WALK_DEPTH} levels (not copied)"));
+                    }
+                } else if kind.is_file() {
+                    use cap_std::fs::PermissionsExt as _;
+                    let meta = entry.metadata().map_err(at(&path))?;
+                    let mode = meta.permissions().mode() & 0o777;
+                    let leaf = OsStr::new(&name);
+                    hostfs::copy_regular(&from, leaf, &to, leaf, mode, u64::MAX).map_err(at(&path))?;
+                    give_to_code(&to, leaf, self.0.code_user).map_err(at(&path))?;
+                    imported.files += 1;
+                    imported.bytes += meta.len();
+                } else {
+                    imported.left_out.push(format!("{path}: not a regular file or a directory (not copied)"));
+                }
+            }
+        }
+        Ok(imported)
     }
 
     /// Opens the directory at `path` (`/`-separated, `""` for the root), one

@@ -17,6 +17,7 @@ mod render;
 mod run;
 #[cfg(feature = "serve")]
 mod serve;
+mod workspace_dir;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -278,6 +279,21 @@ pub(crate) struct RunArgs {
     /// Collect the files the program writes to /work/out and save them here.
     #[arg(long, value_name = "DIR")]
     pub(crate) output_dir: Option<PathBuf>,
+    /// Run over this directory: it is copied into a workspace the code sees read-write at /work
+    /// (any backend that carries files), and the files matching --collect are written back
+    /// after the run. Needs root (the workspace is a quota-capped tmpfs).
+    #[arg(long, value_name = "DIR")]
+    pub(crate) workspace: Option<PathBuf>,
+    /// With --workspace: what is written back, as globs relative to /work (repeatable;
+    /// `*` within a name, `**` across directories; default `**`, everything).
+    #[arg(long = "collect", value_name = "GLOB", requires = "workspace")]
+    pub(crate) collect: Vec<String>,
+    /// With --workspace: the workspace's quota in MiB (copied files and what the code writes).
+    #[arg(long, value_name = "MIB", default_value_t = 64, requires = "workspace")]
+    pub(crate) workspace_quota_mb: u64,
+    /// With --workspace: where workspaces are mounted (default /run/execbox/workspaces).
+    #[arg(long, value_name = "DIR", requires = "workspace")]
+    pub(crate) workspace_root: Option<PathBuf>,
     #[command(flatten)]
     pub(crate) backends: BackendFlags,
     #[command(flatten)]

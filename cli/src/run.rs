@@ -15,6 +15,7 @@ use serde_json::Value;
 use execbox::backends::container::OutputDir;
 
 use super::render::{self, print_out};
+use super::workspace_dir::DirWorkspace;
 use super::{MAX_INPUT_FILE_BYTES, RunArgs, read};
 
 /// Held from the moment a result is in until the process exits, so a signal
@@ -44,7 +45,7 @@ fn exit_on_signals(exec: execbox::WeakExecutor) -> std::io::Result<()> {
 }
 
 /// Runs one request and prints its result (or why nothing ran).
-pub(crate) fn run(args: RunArgs) -> ExitCode {
+pub(crate) fn run(mut args: RunArgs) -> ExitCode {
     let as_json = args.json;
     let invalid = |name: &str, reason: String| {
         render::refuse(as_json, &ExecError::from(InvalidRequest::Argument { name: name.into(), reason }))
@@ -58,6 +59,23 @@ pub(crate) fn run(args: RunArgs) -> ExitCode {
             return invalid("--output-dir", format!("{path}: {e}"));
         }
     };
+    // Copied in before anything else starts; mounted until this returns.
+    let workspace = match args.workspace.as_deref() {
+        Some(dir) => {
+            let (globs, root) = (std::mem::take(&mut args.collect), args.workspace_root.take());
+            match DirWorkspace::open(dir, globs, args.workspace_quota_mb, root) {
+                Ok((workspace, not_copied)) => {
+                    for note in not_copied {
+                        eprintln!("execbox: not copied into the workspace: {note}");
+                    }
+                    Some(workspace)
+                }
+                Err(reason) => return invalid("--workspace", format!("{}: {reason}", dir.display())),
+            }
+        }
+        None => None,
+    };
+    let staged_input = args.input.is_some();
     // One run per process: one JS worker (starting now, while the rest is
     // built), no warm Python pool (it would only cost start-ups at exit).
     // Upstream servers connect before the run (within 30 s each) and stay
@@ -102,10 +120,13 @@ pub(crate) fn run(args: RunArgs) -> ExitCode {
         eprintln!("execbox: cannot handle signals: {e}");
         return ExitCode::from(2);
     }
-    let request = match build_request(args) {
+    let mut request = match build_request(args) {
         Ok(r) => r,
         Err((name, reason)) => return invalid(&name, reason),
     };
+    if let Some(workspace) = &workspace {
+        request = request.workspace(workspace.workspace());
+    }
     // What a server does at start-up: the backend that will run this gets
     // ready (a JS worker started, an interpreter loaded or compiled once)
     // before the request's deadline starts.
@@ -121,18 +142,31 @@ pub(crate) fn run(args: RunArgs) -> ExitCode {
                 Ok(()) => Ok(format!("[{} output files saved to {}]", result.output_files.len(), dir.path().display())),
                 Err(e) => Err(format!("execbox: output files not saved: {e} (in {})", dir.path().display())),
             });
+            // The run's own `input.json` is not the directory's.
+            let skip: &[&str] = if staged_input { &["input.json"] } else { &[] };
+            let written_back = workspace.as_ref().map(|w| match w.write_back(skip) {
+                Ok((n, left_out)) => {
+                    for note in left_out {
+                        eprintln!("execbox: not written back: {note}");
+                    }
+                    Ok(format!("[{n} files written back to {}]", w.path().display()))
+                }
+                Err(e) => Err(format!("execbox: the workspace was not written back: {e} (to {})", w.path().display())),
+            });
             if as_json {
                 print_out(&result.to_json().to_string());
             } else {
                 render::print_human(&result);
             }
-            match saved {
-                Some(Err(e)) => {
-                    eprintln!("{e}");
-                    return ExitCode::from(1);
+            for copied in [saved, written_back] {
+                match copied {
+                    Some(Err(e)) => {
+                        eprintln!("{e}");
+                        return ExitCode::from(1);
+                    }
+                    Some(Ok(note)) if !as_json => eprintln!("{note}"),
+                    _ => {}
                 }
-                Some(Ok(note)) if !as_json => eprintln!("{note}"),
-                _ => {}
             }
             if result.outcome == Outcome::Ok { ExitCode::SUCCESS } else { ExitCode::from(1) }
         }

@@ -446,3 +446,43 @@ fn a_session_opened_in_a_workspace_runs_every_call_there() {
     assert!(sessions.close("s"));
     assert!(!mounted(&path), "{path:?} is still mounted after its session closed");
 }
+
+/// `import_dir` copies a host directory's directories and regular files
+/// (modes kept, owned by the code's user when root), never a symlink or a
+/// FIFO (named in `left_out`, and never opened: a FIFO would block); past
+/// the quota it fails naming the file; `collect` reports each file's mode.
+#[test]
+fn a_host_directory_is_imported_without_its_links_and_within_the_quota() {
+    use std::os::unix::fs::PermissionsExt;
+    let Some((ws, _root)) = workspace(64 << 10, 100) else { return };
+    let host = tempfile::tempdir().unwrap();
+    let h = host.path();
+    std::fs::create_dir_all(h.join("a/b")).unwrap();
+    std::fs::write(h.join("a/b/run.sh"), "#!/bin/sh\n").unwrap();
+    std::fs::set_permissions(h.join("a/b/run.sh"), std::fs::Permissions::from_mode(0o750)).unwrap();
+    std::fs::write(h.join("top.txt"), "top").unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", h.join("a/passwd")).unwrap();
+    rustix::fs::mknodat(rustix::fs::CWD, h.join("fifo"), rustix::fs::FileType::Fifo, 0o600.into(), 0).unwrap();
+    let imported = ws.import_dir(h).unwrap();
+    assert_eq!((imported.files, imported.bytes), (2, 13), "{imported:?}");
+    let mut left_out = imported.left_out.clone();
+    left_out.sort();
+    assert_eq!(left_out.len(), 2, "{left_out:?}");
+    assert!(
+        left_out[0].starts_with("a/passwd: not a regular file") && left_out[1].starts_with("fifo:"),
+        "{left_out:?}"
+    );
+    assert_eq!(ws.read("a/b/run.sh", 100).unwrap(), b"#!/bin/sh\n");
+    let collected = ws.collect(&["**".into()], &execbox::CollectLimits::default()).unwrap();
+    let modes: Vec<(&str, u32)> = collected.files.iter().map(|f| (f.path.as_str(), f.mode)).collect();
+    assert_eq!(modes, [("a/b/run.sh", 0o750), ("top.txt", 0o644)], "{collected:?}");
+    if rustix::process::geteuid().is_root() {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(ws.host_path().join("a/b/run.sh")).unwrap();
+        assert_eq!((meta.uid(), meta.gid()), ws.code_user(), "imported files belong to the code's user");
+    }
+    std::fs::write(h.join("big.bin"), vec![1u8; 128 << 10]).unwrap();
+    let err = ws.import_dir(h).unwrap_err();
+    assert!(err.to_string().contains("big.bin"), "{err}");
+    assert!(execbox::with_causes(&err).contains("No space left"), "{}", execbox::with_causes(&err));
+}

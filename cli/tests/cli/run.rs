@@ -242,6 +242,77 @@ mod containers {
         crate::common::skip::engine_answers("docker".as_ref())
     }
 
+    /// `run --workspace DIR`: the directory is copied in (its symlinks and
+    /// FIFOs are not), the code changes it at /work, and what `--collect`
+    /// matches is written back with its mode; a link the code plants is
+    /// not written back, the run's `input.json` is not either, and no
+    /// mount is left. Needs root (the workspace) and containers (shell).
+    #[test]
+    fn a_run_over_a_directory_changes_it_through_a_workspace() {
+        let ready = if rustix::process::geteuid().is_root() { Ok(()) } else { Err("workspaces need root") };
+        if !crate::common::skip::available("EXECBOX_REQUIRE_WORKSPACES", ready) || !engine_answers() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let root = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::create_dir(d.join("src")).unwrap();
+        std::fs::write(d.join("src/data.csv"), "1,2\n").unwrap();
+        std::fs::write(d.join("build.sh"), "#!/bin/sh\necho built\n").unwrap();
+        std::fs::set_permissions(d.join("build.sh"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", d.join("passwd")).unwrap();
+        let code = "set -e\n[ ! -e /work/passwd ]\n/work/build.sh > /work/src/log.txt\n\
+                    sort -r /work/src/data.csv > /work/src/sorted.csv\nln -s /etc/shadow /work/src/shadow\n\
+                    echo skipped > /work/other.txt\ncat /work/input.json";
+        let args = [
+            "run",
+            "--lang",
+            "shell",
+            "--code",
+            code,
+            "--input",
+            "{\"n\": 1}",
+            "--workspace",
+            d.to_str().unwrap(),
+            "--collect",
+            "src/**",
+            "--collect",
+            "*.sh",
+            "--collect",
+            "input.json",
+            "--workspace-root",
+            root.path().to_str().unwrap(),
+            "--json",
+        ];
+        let out = execbox(&args);
+        let v = json_out(&out);
+        assert_eq!(v["outcome"], "ok", "{v} {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(v["stdout"].as_str().unwrap().trim(), r#"{"n":1}"#, "{v}");
+        assert_eq!(std::fs::read_to_string(d.join("src/log.txt")).unwrap(), "built\n");
+        assert_eq!(std::fs::read_to_string(d.join("src/sorted.csv")).unwrap(), "1,2\n");
+        let mode =
+            std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(d.join("build.sh")).unwrap().permissions());
+        assert_eq!(mode & 0o777, 0o755, "the write-back kept the mode");
+        assert!(std::fs::symlink_metadata(d.join("src/shadow")).is_err(), "a planted link was written back");
+        assert!(!d.join("other.txt").exists(), "a file --collect does not match was written back");
+        assert!(!d.join("input.json").exists(), "the run's input.json was written back");
+        assert_eq!(
+            std::fs::read_link(d.join("passwd")).unwrap(),
+            std::path::Path::new("/etc/passwd"),
+            "the host's link changed"
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("passwd: not a regular file or a directory"), "{stderr}");
+        assert!(stderr.contains("src/shadow: not a regular file"), "{stderr}");
+        assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 0, "the workspace's mount stayed");
+
+        // Not a directory: refused before anything runs.
+        let file = d.join("build.sh");
+        let out =
+            execbox(&["run", "--lang", "shell", "--code", "true", "--workspace", file.to_str().unwrap(), "--json"]);
+        assert_eq!((out.status.code(), &json_out(&out)["error"]["kind"]), (Some(2), &json!("invalid_request")));
+    }
+
     #[test]
     fn python_runs_and_the_host_environment_does_not_leak() {
         if !engine_answers() {
