@@ -169,6 +169,9 @@ pub struct Admitted {
     /// Its turn in its workspace, held until the run and its result are
     /// done (shared with its finisher).
     workspace_turn: Option<Arc<crate::workspace::RunTurn>>,
+    /// It runs in this process (wasm): what it makes in its workspace
+    /// belongs to the host's user until the finisher hands it over.
+    in_process: bool,
 }
 
 impl std::fmt::Debug for Admitted {
@@ -191,6 +194,9 @@ pub(crate) struct Finisher {
     schema: Option<JsonSchema>,
     deadline: Deadline,
     workspace: Option<crate::workspace::Workspace>,
+    /// Hand what the run made in its workspace to the code's user (an
+    /// in-process run made it as the host's).
+    hand_over: bool,
     /// Keeps the run's turn in its workspace until its result is made.
     _workspace_turn: Option<Arc<crate::workspace::RunTurn>>,
 }
@@ -235,6 +241,11 @@ impl Finisher {
                 spill.finish(&mut r);
             }
             if let Some(workspace) = &self.workspace {
+                if self.hand_over
+                    && let Err(e) = workspace.hand_to_code()
+                {
+                    tracing::warn!(error = %e, "a run's files in its workspace were not handed to the code's user");
+                }
                 r.workspace = workspace.usage().ok();
             }
             result_caps::cap_result(&mut r, &self.policy);
@@ -257,14 +268,14 @@ impl Finisher {
 
     /// True when [`Finisher::finish`] may block for a while: it spills, or
     /// checks an output too large or deep to check at once (up to about a
-    /// second: see [`JsonSchema::is_quick`]). An async caller finishes it
-    /// where blocking is fine.
+    /// second: see [`JsonSchema::is_quick`]), or walks the workspace of an
+    /// in-process run. An async caller finishes it where blocking is fine.
     pub(crate) fn blocks(&self, result: &Result<ExecResult, ExecError>) -> bool {
         let checks_slowly = |r: &ExecResult| {
             r.outcome == Outcome::Ok
                 && matches!((&self.schema, &r.output), (Some(schema), Some(output)) if !schema.is_quick(output))
         };
-        self.spills() || result.as_ref().is_ok_and(checks_slowly)
+        self.spills() || self.hand_over || result.as_ref().is_ok_and(checks_slowly)
     }
 }
 
@@ -327,7 +338,8 @@ impl Admitted {
             Some(start) => Deadline::started_at(start, limit),
             None => Deadline::start(limit),
         };
-        Self { request, deadline, span, tools: None, spill: None, workspace_turn: None }
+        let in_process = caps.isolation == crate::capabilities::IsolationKind::InProcess;
+        Self { request, deadline, span, tools: None, spill: None, workspace_turn: None, in_process }
     }
 
     /// Gives the run its tool bridge when its policy grants tools: the
@@ -424,6 +436,7 @@ impl Admitted {
             schema: self.request.output_schema.clone(),
             deadline: self.deadline,
             workspace: self.request.workspace.clone(),
+            hand_over: self.in_process && self.request.workspace.is_some(),
             _workspace_turn: self.workspace_turn.clone(),
         }
     }

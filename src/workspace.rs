@@ -583,6 +583,58 @@ impl Workspace {
         Ok(imported)
     }
 
+    /// Hands every entry of the workspace that is not the code's user's to
+    /// it (without following links; when this process runs as root): what
+    /// an in-process (wasm) run created belongs to the host's user, and a
+    /// container run (as the code's user) could not replace it or write in
+    /// its directories. The walk is bounded as [`Workspace::collect`]'s
+    /// (100,000 entries, 64 levels, 2 s); its first error is returned after
+    /// the rest was walked.
+    pub(crate) fn hand_to_code(&self) -> Result<(), WorkspaceError> {
+        use cap_std::fs::MetadataExt as _;
+        if !rustix::process::geteuid().is_root() {
+            return Ok(());
+        }
+        let (uid, gid) = self.0.code_user;
+        let started = std::time::Instant::now();
+        let mut first_error = None;
+        let mut walked = 0;
+        let mut stack = vec![(String::new(), 0usize)];
+        while let Some((prefix, depth)) = stack.pop() {
+            let dir = match self.open_path(&prefix) {
+                Ok(dir) => dir,
+                Err(e) => {
+                    first_error.get_or_insert(WorkspaceError::Io { path: prefix, source: e });
+                    continue;
+                }
+            };
+            let Ok(entries) = dir.entries() else { continue };
+            for entry in entries.flatten() {
+                walked += 1;
+                if walked > WALK_ENTRIES || started.elapsed() > WALK_TIME {
+                    return first_error.map_or(Ok(()), Err);
+                }
+                let Ok(meta) = entry.metadata() else { continue };
+                let name = entry.file_name();
+                if (meta.uid(), meta.gid()) != (uid, gid)
+                    && let Err(e) = give_to_code(&dir, &name, self.0.code_user)
+                {
+                    let path = format!("{prefix}/{}", name.to_string_lossy());
+                    first_error.get_or_insert(WorkspaceError::Io { path, source: e });
+                }
+                // A name that is not UTF-8 was not made by a wasm guest (WASI's
+                // are): nothing below it is the host's.
+                if let Some(name) = name.to_str().filter(|_| meta.is_dir() && depth + 1 < WALK_DEPTH) {
+                    stack.push((
+                        if prefix.is_empty() { name.to_owned() } else { format!("{prefix}/{name}") },
+                        depth + 1,
+                    ));
+                }
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
     /// Opens the directory at `path` (`/`-separated, `""` for the root), one
     /// component at a time, refusing a symlink anywhere.
     fn open_path(&self, path: &str) -> io::Result<Dir> {

@@ -486,3 +486,35 @@ fn a_host_directory_is_imported_without_its_links_and_within_the_quota() {
     assert!(err.to_string().contains("big.bin"), "{err}");
     assert!(execbox::with_causes(&err).contains("No space left"), "{}", execbox::with_causes(&err));
 }
+
+/// What a python-wasm run (in the host's process, as root) makes in a
+/// workspace is handed to the code's user when the run ends, so a
+/// container run (as that user) can rewrite its files and write in its
+/// directories.
+#[test]
+fn what_a_wasm_run_makes_belongs_to_the_code_s_user() {
+    let Some((ws, _root)) = workspace(2 << 20, 1000) else { return };
+    let Some(wasm) = common::skip::interpreter(WasmInterpreter::new(InterpreterConfig::default()).unwrap()) else {
+        return;
+    };
+    let Some(container) = common::skip::labelled_container("workspace-owner", ContainerConfig::default()) else {
+        return;
+    };
+    let python = |code: &str| ExecRequest::source(Language::Python, code).policy(policy()).workspace(&ws);
+    ok(Executor::run_on(
+        &wasm,
+        python("import os\nos.makedirs('/work/made/deep')\nopen('/work/made/f.txt', 'w').write('wasm')"),
+    )
+    .unwrap());
+    if rustix::process::geteuid().is_root() {
+        use std::os::unix::fs::MetadataExt;
+        for path in ["made", "made/deep", "made/f.txt"] {
+            let meta = std::fs::symlink_metadata(ws.host_path().join(path)).unwrap();
+            assert_eq!((meta.uid(), meta.gid()), ws.code_user(), "{path}");
+        }
+    }
+    let rewrite = "open('/work/made/f.txt', 'a').write('+container')\nopen('/work/made/deep/new.txt', 'w').write('x')";
+    ok(Executor::run_on(&container, python(rewrite)).unwrap());
+    assert_eq!(ws.read("made/f.txt", 100).unwrap(), b"wasm+container");
+    assert_eq!(ws.read("made/deep/new.txt", 100).unwrap(), b"x");
+}
