@@ -49,6 +49,13 @@ each one a surface that Python, shell scripts and the Rust pipeline
    block that thread past any deadline (wasm/fs_guard.rs's window).
    Without FIFOs nothing in a workspace blocks an open: a socket file
    fails it with ENXIO, devices are refused by the mount's nodev.
+8. fcntl(F_SETLEASE): denied (every other command allowed). A lease on a
+   file makes another process's open of it wait for the lease's holder, up
+   to fs.lease-break-time (45 s): a program could hold a wasm run's host
+   thread in a shared workspace past its deadline. The rule allows the
+   commands below 1024 and 1025-1039 (F_GETLEASE and the rest), comparing
+   the whole 64-bit register, so a command with high bits set (which the
+   kernel would cut to F_SETLEASE) is denied too.
 
 Already denied by moby's default and kept so (the default action, EPERM):
 userfaultfd, keyctl, add_key, request_key, kexec_load, pivot_root,
@@ -68,10 +75,22 @@ import sys
 IO_URING = {"io_uring_setup", "io_uring_enter", "io_uring_register"}
 CROSS_PROCESS = {"ptrace", "process_vm_readv", "process_vm_writev"}
 MKNOD = {"mknod": 1, "mknodat": 2}  # the index of the mode argument
-REMOVED_NAMES = CROSS_PROCESS | {"modify_ldt", "socketcall", "socket", "socketpair"} | set(MKNOD)
+FCNTL = ["fcntl", "fcntl64"]
+REMOVED_NAMES = CROSS_PROCESS | {"modify_ldt", "socketcall", "socket", "socketpair"} | set(MKNOD) | set(FCNTL)
 
 AF_UNIX, AF_INET, AF_INET6, AF_NETLINK = 1, 2, 10, 16
 S_IFMT, S_IFIFO, S_IFREG, S_IFSOCK = 0o170000, 0o010000, 0o100000, 0o140000
+F_SETLEASE = 1024
+ALL_BITS = (1 << 64) - 1
+# fcntl commands allowed, as (op, value, valueTwo) on the command argument:
+# below F_SETLEASE, F_SETLEASE + 1, then 1026-1027, 1028-1031, 1032-1039.
+FCNTL_ALLOWED = [
+    ("SCMP_CMP_LT", F_SETLEASE, None),
+    ("SCMP_CMP_EQ", F_SETLEASE + 1, None),
+    ("SCMP_CMP_MASKED_EQ", ALL_BITS ^ 1, F_SETLEASE + 2),
+    ("SCMP_CMP_MASKED_EQ", ALL_BITS ^ 3, F_SETLEASE + 4),
+    ("SCMP_CMP_MASKED_EQ", ALL_BITS ^ 7, F_SETLEASE + 8),
+]
 
 
 def fail(message):
@@ -145,7 +164,14 @@ def derive(moby, note):
         for name in MKNOD
         for kind, why in [(0, "a regular file (no type bits)"), (S_IFREG, "S_IFREG"), (S_IFSOCK, "S_IFSOCK")]
     ]
-    profile["syscalls"] = [allow_all] + sockets + nodes + kept[1:]
+    def command(name, op, value, value_two):
+        arg = {"index": 1, "value": value, "op": op}
+        if value_two is not None:
+            arg["valueTwo"] = value_two
+        return {"names": [name], "action": "SCMP_ACT_ALLOW", "args": [arg], "comment": "every command but F_SETLEASE"}
+
+    commands = [command(name, *allowed) for name in FCNTL for allowed in FCNTL_ALLOWED]
+    profile["syscalls"] = [allow_all] + sockets + nodes + commands + kept[1:]
     allowed = {n for r in profile["syscalls"] if r["action"] == "SCMP_ACT_ALLOW" for n in r["names"]}
     for name in IO_URING | CROSS_PROCESS | {"modify_ldt", "socketcall", "userfaultfd", "keyctl", "bpf", "unshare"}:
         if name in allowed:
@@ -153,6 +179,8 @@ def derive(moby, note):
     for rule in profile["syscalls"]:
         if set(MKNOD) & set(rule["names"]) and rule not in nodes:
             fail(f"another rule allows mknod: {rule}")
+        if set(FCNTL) & set(rule["names"]) and rule not in commands:
+            fail(f"another rule allows fcntl: {rule}")
     return profile
 
 

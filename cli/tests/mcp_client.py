@@ -138,6 +138,15 @@ async def exercise(session: ClientSession, logs: list, transport: str):
             check(out == "got 7\n" and r.structured_content["exit_code"] == 0, f"{transport}: bash read {r}")
             r = await session.call_tool("kill_program", {"program_id": repl, "grace_ms": 500})
             check(r.structured_content["status"] == "killed", f"{transport}: kill_program {r}")
+            # A Python session in the workspace: its globals kept, the workspace at /work.
+            r = await session.call_tool("create_session", {"language": "python", "workspace_id": ws})
+            check(not r.is_error and r.structured_content["workspace_id"] == ws, f"{transport}: session in a workspace {r}")
+            sid = r.structured_content["session_id"]
+            r = await session.call_tool("run_code", {"language": "python", "session_id": sid,
+                                                     "code": "n = int(open('/work/out.txt').read())"})
+            check(not r.is_error and r.structured_content["outcome"] == "ok", f"{transport}: session cell {r}")
+            r = await session.call_tool("run_code", {"language": "python", "session_id": sid, "code": "print(n + 1)"})
+            check(r.structured_content["stdout"].strip() == "43", f"{transport}: session state {r}")
         r = await session.call_tool("close_workspace", {"workspace_id": ws})
         check(r.structured_content["closed"] is True, f"{transport}: close_workspace {r}")
         r = await session.call_tool("read_files", {"workspace_id": ws, "globs": ["*"]})

@@ -109,6 +109,17 @@ try:
     seen["socketpair AF_INET"] = "OK"
 except OSError as e:
     seen["socketpair AF_INET"] = errno.errorcode[e.errno]
+# unfiltered: EBADF; and a real lease (unfiltered: succeeds on a file of one's own)
+seen["fcntl F_SETLEASE"] = call(72, -1, 1024, 1)
+fd = os.open("/tmp/execbox-lease", os.O_CREAT | os.O_RDONLY, 0o600)
+try:
+    import fcntl
+    fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)
+    seen["lease"] = "OK"
+except OSError as e:
+    seen["lease"] = errno.errorcode[e.errno]
+assert fcntl.fcntl(fd, fcntl.F_GETLEASE) == fcntl.F_UNLCK and fcntl.fcntl(fd, fcntl.F_GETFD) >= 0
+os.close(fd)
 # unfiltered: succeeds (/tmp is writable); a regular file and a socket still can be made
 try:
     os.mkfifo("/tmp/execbox-fifo")

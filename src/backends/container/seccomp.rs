@@ -34,7 +34,11 @@
 //! - `mknod`/`mknodat` of a FIFO: denied (regular files and sockets only;
 //!   devices need a capability). Containers share workspaces with wasm runs,
 //!   whose host thread stats a path and then opens it: a FIFO swapped in
-//!   between would hold that thread past its deadline (`wasm/fs_guard.rs`).
+//!   between would hold that thread past its deadline (`wasm/fs_guard.rs`);
+//! - `fcntl(F_SETLEASE)`: denied (every other command allowed, compared on
+//!   the whole register). A lease makes another process's open of the file
+//!   wait for its holder, up to `fs.lease-break-time` (45 s): the same
+//!   wasm run's thread would wait past its deadline.
 //!
 //! `userfaultfd`, `keyctl`, `add_key` and `request_key` are denied by moby's
 //! default already and stay so.
@@ -53,12 +57,13 @@
 //! **The check.** An engine may ignore a profile (a runtime without
 //! seccomp, gVisor's `runsc` without `--oci-seccomp`): the availability
 //! check starts one container exactly as a run's, whose program ([`PROBE`])
-//! reads its seccomp mode and makes six calls with arguments the kernel
+//! reads its seccomp mode and makes seven calls with arguments the kernel
 //! itself would refuse with another error (`EFAULT`, `EBADF`, `EINVAL`,
 //! `ESRCH`, `EAFNOSUPPORT`, `ENOENT`): only a filter answers them all
-//! `EPERM`. Three of them (`ptrace`, `socket` of an unknown family and
-//! `mknodat` of a FIFO) are allowed by the engines' own defaults, so the
-//! answer proves execbox's profile (or a stricter one), not some default. [`judge`] reads the verdict; the
+//! `EPERM`. Four of them (`ptrace`, `socket` of an unknown family,
+//! `mknodat` of a FIFO and `fcntl(F_SETLEASE)`) are allowed by the engines'
+//! own defaults, so the answer proves execbox's profile (or a stricter
+//! one), not some default. [`judge`] reads the verdict; the
 //! backend reports itself unavailable, with the reason, unless every call
 //! was denied. A positive verdict is kept for the process's life per
 //! engine, probe image and extra `run` arguments (see [`ProbeKey`]),
@@ -185,6 +190,8 @@ mknodat = {"x86_64": 259, "aarch64": 33}.get(platform.machine())
 path = ctypes.create_string_buffer(b"/execbox-no-such-dir/fifo")
 fifo = 0o010600
 seen["mknodat"] = call(mknodat, -100, ctypes.addressof(path), fifo, 0) if mknodat else "SKIPPED"
+fcntl = {"x86_64": 72, "aarch64": 25}.get(platform.machine())
+seen["fcntl"] = call(fcntl, -1, 1024, 1) if fcntl else "SKIPPED"
 try:
     socket.socket(9999, socket.SOCK_DGRAM).close()
     seen["socket"] = "OK"
@@ -197,11 +204,13 @@ print("execbox-seccomp-probe:", " ".join(k + "=" + v for k, v in seen.items()), 
 const MARKER: &str = "execbox-seccomp-probe:";
 
 /// The calls [`PROBE`] makes, each of which execbox's profile denies with `EPERM`.
-const DENIED: &[&str] = &["io_uring_setup", "io_uring_enter", "io_uring_register", "ptrace", "socket", "mknodat"];
+const DENIED: &[&str] =
+    &["io_uring_setup", "io_uring_enter", "io_uring_register", "ptrace", "socket", "mknodat", "fcntl"];
 
 /// Reads [`PROBE`]'s stdout: `Ok` when the container ran in seccomp
-/// filter mode (2) and every call was denied with `EPERM` (`ptrace` and
-/// `mknodat` may be `SKIPPED` on an architecture the probe does not know); otherwise what was seen instead, every difference named.
+/// filter mode (2) and every call was denied with `EPERM` (`ptrace`,
+/// `mknodat` and `fcntl` may be `SKIPPED` on an architecture the probe does
+/// not know); otherwise what was seen instead, every difference named.
 pub(super) fn judge(stdout: &str) -> Result<(), String> {
     let line = stdout
         .lines()
@@ -219,7 +228,7 @@ pub(super) fn judge(stdout: &str) -> Result<(), String> {
     for call in DENIED {
         match seen(call) {
             Some("EPERM") => {}
-            Some("SKIPPED") if matches!(*call, "ptrace" | "mknodat") => {}
+            Some("SKIPPED") if matches!(*call, "ptrace" | "mknodat" | "fcntl") => {}
             Some("OK") => wrong.push(format!("{call} succeeded")),
             Some(errno) => wrong.push(format!("{call} reached the kernel ({errno})")),
             None => wrong.push(format!("{call} was not tried")),
@@ -416,6 +425,39 @@ mod tests {
     }
 
     #[test]
+    fn fcntl_allows_every_command_but_f_setlease() {
+        let profile = profile();
+        let allows = |name: &str, command: u64| {
+            profile["syscalls"].as_array().unwrap().iter().any(|rule| {
+                let names = rule["names"].as_array().unwrap();
+                if rule["action"] != "SCMP_ACT_ALLOW" || !names.iter().any(|n| n == name) {
+                    return false;
+                }
+                let Some(args) = rule["args"].as_array() else { return true };
+                args.iter().all(|arg| {
+                    assert_eq!(arg["index"], 1, "{rule}");
+                    let value = arg["value"].as_u64().unwrap();
+                    match arg["op"].as_str().unwrap() {
+                        "SCMP_CMP_LT" => command < value,
+                        "SCMP_CMP_EQ" => command == value,
+                        "SCMP_CMP_MASKED_EQ" => command & value == arg["valueTwo"].as_u64().unwrap(),
+                        op => panic!("{op} in {rule}"),
+                    }
+                })
+            })
+        };
+        for name in ["fcntl", "fcntl64"] {
+            for command in (0..1024).chain(1025..1040) {
+                assert!(allows(name, command), "{name} {command}");
+            }
+            // F_SETLEASE, and with high bits the kernel would cut off.
+            for command in [1024, 1040, (1 << 32) | 1024, (1 << 32) | 5, u64::MAX] {
+                assert!(!allows(name, command), "{name} {command:#x}");
+            }
+        }
+    }
+
+    #[test]
     fn no_secondary_architectures() {
         for arch in profile()["archMap"].as_array().unwrap() {
             assert!(arch["subArchitectures"].is_null(), "{arch}");
@@ -425,14 +467,15 @@ mod tests {
     #[test]
     fn a_probe_passes_only_when_every_call_was_denied_under_a_filter() {
         let all = "execbox-seccomp-probe: mode=2 io_uring_setup=EPERM io_uring_enter=EPERM \
-                   io_uring_register=EPERM ptrace=EPERM socket=EPERM mknodat=EPERM";
+                   io_uring_register=EPERM ptrace=EPERM socket=EPERM mknodat=EPERM fcntl=EPERM";
         assert_eq!(judge(&format!("noise\n{all}\n")), Ok(()));
         assert_eq!(judge(&all.replace("ptrace=EPERM", "ptrace=SKIPPED")), Ok(()));
         assert_eq!(judge(&all.replace("mknodat=EPERM", "mknodat=SKIPPED")), Ok(()));
+        assert_eq!(judge(&all.replace("fcntl=EPERM", "fcntl=SKIPPED")), Ok(()));
         // Docker 20.10's default profile, as measured here.
         let engine_default = "execbox-seccomp-probe: mode=2 io_uring_setup=EFAULT io_uring_enter=EBADF \
                               io_uring_register=EINVAL ptrace=ESRCH socket=EAFNOSUPPORT \
-                              mknodat=ENOENT";
+                              mknodat=ENOENT fcntl=EBADF";
         let why = judge(engine_default).unwrap_err();
         for call in DENIED {
             assert!(why.contains(&format!("{call} reached the kernel")), "{why}");

@@ -40,6 +40,13 @@
 //! profile denies `mknod` of one, see `container/seccomp.rs`); a socket
 //! file fails the open with `ENXIO`, and the mount's `nodev` refuses
 //! devices.
+//!
+//! **Leases.** An open of a regular file also waits while another process
+//! holds a lease on it (`fcntl(F_SETLEASE)`), up to `fs.lease-break-time`
+//! (45 s by default). Code in execbox's containers cannot take one (the
+//! seccomp profile denies `F_SETLEASE`); a process of the host's that
+//! holds a lease on a file inside a grant can still hold a run that opens
+//! it.
 
 use std::future::Future;
 
