@@ -687,6 +687,11 @@ impl Drop for RunTurn {
 }
 
 impl Workspace {
+    /// Whether a run (or a session's call) holds its turn now.
+    pub(crate) fn in_run(&self) -> bool {
+        self.0.running.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     /// The workspace's turn for one run, unless another run has it.
     pub(crate) fn try_turn(&self) -> Option<RunTurn> {
         use std::sync::atomic::Ordering::{Acquire, Relaxed};

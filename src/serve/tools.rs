@@ -397,6 +397,7 @@ impl ExecboxMcp {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, McpError> {
         let queued_at = std::time::Instant::now();
+        let workspace_id = args.workspace_id.clone();
         let (mut request, session_id) = match self.request(args) {
             Ok(parts) => parts,
             Err(message) => return Ok(invalid_arguments("run_code", &message)),
@@ -419,7 +420,7 @@ impl ExecboxMcp {
         let progress =
             context.meta.get_progress_token().map(|token| stream::start_progress(peer.clone(), token, timeout));
 
-        let outcome = match session_id {
+        let outcome = match session_id.clone() {
             Some(id) => {
                 let key = self.connection.key(&id);
                 self.shared
@@ -432,6 +433,13 @@ impl ExecboxMcp {
             None => self.shared.exec.execute(request).await.map_err(Refusal::Exec),
         };
         drop(turn);
+        // Its end is a use too: the idle time starts again after a long run.
+        if let Some(id) = &workspace_id {
+            self.workspace(id);
+        }
+        if let Some(id) = &session_id {
+            self.connection.touch_session_workspace(id);
+        }
         if let Some(progress) = progress {
             progress.abort();
         }

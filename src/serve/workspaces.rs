@@ -480,8 +480,9 @@ pub(super) fn forget_programs_of(connection: &Connection, workspace_id: &str) {
 
 impl ExecboxMcp {
     /// Closes, every few seconds while `connection` lives, its workspaces that
-    /// are idle (no call used them for `ServeConfig::workspace_idle` and no
-    /// program runs in them) or older than `ServeConfig::workspace_lifetime`.
+    /// are idle (no call used them for `ServeConfig::workspace_idle`, and no
+    /// run, session call or program runs in them) or older than
+    /// `ServeConfig::workspace_lifetime`.
     /// Closing kills their programs and removes their container, off the async
     /// threads (on the connection's cleanups, which a drain waits for).
     pub(super) fn expire_idle_workspaces(connection: &Arc<Connection>) {
@@ -509,7 +510,8 @@ impl ExecboxMcp {
                     let ids: Vec<String> = held
                         .iter()
                         .filter(|(id, w)| {
-                            now - w.created >= lifetime || (now - w.last_used >= idle && !running.contains(*id))
+                            let in_use = running.contains(*id) || w.workspace.in_run();
+                            now - w.created >= lifetime || (now - w.last_used >= idle && !in_use)
                         })
                         .map(|(id, _)| id.clone())
                         .collect();

@@ -1722,6 +1722,33 @@ async fn idle_workspaces_and_old_ones_are_closed() {
     client.cancel().await.unwrap();
 }
 
+/// A run or a session call that lasts longer than the idle timeout keeps
+/// its workspace: running is use, and its end starts the idle time again
+/// (found by the adversarial pass: the workspace closed mid-run and the
+/// run's files were lost). Needs root and containers.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_long_call_keeps_its_workspace_from_going_idle() {
+    let root = tempfile::tempdir().unwrap();
+    if !programs_can_run() {
+        return;
+    }
+    let (client, _) = connect(&["--workspace-root", root.path().to_str().unwrap(), "--workspace-idle-secs", "1"]).await;
+    let created = call(&client, "create_workspace", json!({})).await.unwrap().structured_content.unwrap();
+    let ws = created["workspace_id"].clone();
+    let slow = "sleep 3; echo late > /work/late.txt";
+    let (ran, is_error) = run(&client, json!({"language": "shell", "code": slow, "workspace_id": ws})).await;
+    assert!(!is_error && ran["outcome"] == "ok", "{ran}");
+    let read = call(&client, "read_files", json!({"workspace_id": ws, "globs": ["late.txt"]})).await.unwrap();
+    assert_eq!(read.is_error, Some(false), "the workspace closed under its run: {read:?}");
+    let session = call(&client, "create_session", json!({"language": "python", "workspace_id": ws})).await.unwrap();
+    let session = session.structured_content.unwrap()["session_id"].clone();
+    let cell =
+        json!({"language": "python", "session_id": session, "code": "import time\ntime.sleep(3)\nprint('done')"});
+    let (cell, is_error) = run(&client, cell).await;
+    assert!(!is_error && cell["stdout"].as_str().unwrap().trim() == "done", "{cell}");
+    client.cancel().await.unwrap();
+}
+
 /// The per-connection cap on programs holds against calls that race each
 /// other: of 40 concurrent starts over 3 workspaces, exactly 32 run. Needs
 /// root and containers.
