@@ -125,7 +125,7 @@ impl Door {
         let turn = match &request.workspace {
             Some(workspace) => Some(Arc::new(workspace.try_turn().ok_or_else(|| ExecError::Busy {
                 backend: target.name.to_string(),
-                reason: format!("workspace {} is running another run; retry when it ends", workspace.id()),
+                reason: "its workspace is running another run; retry when it ends".into(),
             })?)),
             None => None,
         };

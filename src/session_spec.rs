@@ -123,11 +123,16 @@ pub(crate) fn fixed_at_open(spec: &SessionSpec, request: &ExecRequest) -> Vec<Vi
     }
     // A call runs in its session's workspace whether it names it or not;
     // naming another (or one, for a session without) is refused.
+    // (Named without ids: a workspace's is its mount's, which callers over
+    // MCP never see.)
     if let Some(asked) = &request.workspace
         && spec.workspace.as_ref() != Some(asked)
     {
-        let had = spec.workspace.as_ref().map_or("no workspace".into(), |w| format!("workspace {}", w.id()));
-        violations.push(fixed(Control::Workspace, format!("workspace {}", asked.id()), had));
+        let (requested, had) = match spec.workspace {
+            Some(_) => ("another workspace", "in its own workspace"),
+            None => ("a workspace", "without a workspace"),
+        };
+        violations.push(fixed(Control::Workspace, requested.into(), had.into()));
     }
     violations
 }

@@ -141,6 +141,22 @@ pub enum WorkspaceError {
         /// What is wrong with it.
         reason: &'static str,
     },
+    /// A glob (or the list of them) that [`Workspace::collect`] does not take.
+    #[error("glob {glob:?}: {reason}")]
+    BadGlob {
+        /// The glob as given (or how many were given).
+        glob: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A file mode that is not permission bits.
+    #[error("mode {mode:#o} for {path:?} is not permission bits: at most 0o777, no set-id or sticky bit")]
+    BadMode {
+        /// The file it was for.
+        path: String,
+        /// The mode as given.
+        mode: u32,
+    },
     /// A file operation failed (a symlink on the way, not a regular file,
     /// over the size asked for, the quota).
     #[error("{path}: {source}")]
@@ -241,6 +257,18 @@ pub struct Collected {
     /// Matching paths not read, each with why (a limit, or not a regular
     /// file: symlinks, FIFOs, devices are never followed or opened).
     pub left_out: Vec<String>,
+}
+
+/// A handle that does not keep its workspace mounted
+/// ([`Workspace::downgrade`]).
+#[derive(Clone, Debug)]
+pub struct WeakWorkspace(std::sync::Weak<Mounted>);
+
+impl WeakWorkspace {
+    /// The workspace, if a handle still keeps it.
+    pub fn upgrade(&self) -> Option<Workspace> {
+        self.0.upgrade().map(Workspace)
+    }
 }
 
 /// What [`Workspace::import_dir`] copied, and what it did not.
@@ -360,8 +388,7 @@ impl Workspace {
     /// script, say): at most `0o777`, no set-id or sticky bit.
     pub fn write_with_mode(&self, path: &str, bytes: &[u8], mode: u32) -> Result<(), WorkspaceError> {
         if mode > 0o777 {
-            let reason = "a mode is permission bits, at most 0o777 (no set-id or sticky bit)";
-            return Err(WorkspaceError::BadPath { path: path.to_string(), reason });
+            return Err(WorkspaceError::BadMode { path: path.to_string(), mode });
         }
         self.write_file(path, bytes, Some(mode))
     }
@@ -411,23 +438,8 @@ impl Workspace {
     /// walk never follows a symlink and opens only regular files; it stops
     /// after 100,000 entries, 64 levels or 2 s.
     pub fn collect(&self, globs: &[String], limits: &CollectLimits) -> Result<Collected, WorkspaceError> {
-        if globs.len() > MAX_GLOBS {
-            return Err(WorkspaceError::BadPath { path: format!("{} globs", globs.len()), reason: "at most 32 globs" });
-        }
-        for g in globs {
-            if g.len() > MAX_GLOB_BYTES || g.matches('*').count() > MAX_GLOB_STARS {
-                return Err(WorkspaceError::BadPath {
-                    path: g.clone(),
-                    reason: "a glob has at most 256 bytes and 8 `*`",
-                });
-            }
-        }
+        let patterns = compile_globs(globs)?;
         let started = std::time::Instant::now();
-        let patterns = globs
-            .iter()
-            .map(|g| glob::Pattern::new(g.trim_start_matches("./")))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| WorkspaceError::BadPath { path: e.to_string(), reason: "not a glob pattern" })?;
         let options = glob::MatchOptions { require_literal_separator: true, ..Default::default() };
         let matches = |path: &str| patterns.iter().any(|p| p.matches_with(path, options));
         let io = |source| WorkspaceError::Io { path: "<workspace walk>".into(), source };
@@ -444,7 +456,7 @@ impl Workspace {
             let dir = match self.open_path(&prefix) {
                 Ok(dir) => dir,
                 Err(e) => {
-                    left_out.push(format!("{prefix}/: {e}"));
+                    left_out.push(format!("{}/: {e}", joined(&prefix, "")));
                     continue;
                 }
             };
@@ -463,10 +475,11 @@ impl Workspace {
                 }
                 let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
                     let shown = entry.file_name().to_string_lossy().into_owned();
-                    left_out.push(format!("{prefix}/{shown}: a name that is not UTF-8 (not walked or read)"));
+                    left_out
+                        .push(format!("{}: a name that is not UTF-8 (not walked or read)", joined(&prefix, &shown)));
                     continue;
                 };
-                let path = if prefix.is_empty() { name.clone() } else { format!("{prefix}/{name}") };
+                let path = joined(&prefix, &name);
                 let Ok(kind) = entry.file_type() else { continue };
                 if kind.is_dir() {
                     if depth + 1 < WALK_DEPTH {
@@ -546,17 +559,20 @@ impl Workspace {
                 let entry = entry.map_err(at(&prefix))?;
                 walked += 1;
                 if walked > WALK_ENTRIES {
-                    imported
-                        .left_out
-                        .push(format!("{prefix}/: more than {WALK_ENTRIES} entries (the rest not copied)"));
+                    imported.left_out.push(format!(
+                        "{}/: more than {WALK_ENTRIES} entries (the rest not copied)",
+                        joined(&prefix, "")
+                    ));
                     return Ok(imported);
                 }
                 let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
                     let shown = entry.file_name().to_string_lossy().into_owned();
-                    imported.left_out.push(format!("{prefix}/{shown}: a name that is not UTF-8 (not copied)"));
+                    imported
+                        .left_out
+                        .push(format!("{}: a name that is not UTF-8 (not copied)", joined(&prefix, &shown)));
                     continue;
                 };
-                let path = if prefix.is_empty() { name.clone() } else { format!("{prefix}/{name}") };
+                let path = joined(&prefix, &name);
                 let kind = entry.file_type().map_err(at(&path))?;
                 if kind.is_dir() {
                     if depth + 1 < WALK_DEPTH {
@@ -619,16 +635,13 @@ impl Workspace {
                 if (meta.uid(), meta.gid()) != (uid, gid)
                     && let Err(e) = give_to_code(&dir, &name, self.0.code_user)
                 {
-                    let path = format!("{prefix}/{}", name.to_string_lossy());
+                    let path = joined(&prefix, &name.to_string_lossy());
                     first_error.get_or_insert(WorkspaceError::Io { path, source: e });
                 }
                 // A name that is not UTF-8 was not made by a wasm guest (WASI's
                 // are): nothing below it is the host's.
                 if let Some(name) = name.to_str().filter(|_| meta.is_dir() && depth + 1 < WALK_DEPTH) {
-                    stack.push((
-                        if prefix.is_empty() { name.to_owned() } else { format!("{prefix}/{name}") },
-                        depth + 1,
-                    ));
+                    stack.push((joined(&prefix, name), depth + 1));
                 }
             }
         }
@@ -687,7 +700,24 @@ impl Drop for RunTurn {
 }
 
 impl Workspace {
+    /// A handle that does not keep the workspace (for a signal handler that
+    /// ends it at exit: [`Workspace::end_now`]).
+    pub fn downgrade(&self) -> WeakWorkspace {
+        WeakWorkspace(Arc::downgrade(&self.0))
+    }
+
+    /// Ends the workspace now, whatever handles remain: what carries its
+    /// programs ends, it is unmounted (lazily: a run still in it keeps it
+    /// until it ends) and its directory removed. For a process about to
+    /// exit on a signal, whose handles are never dropped; any later use of
+    /// a handle fails.
+    pub fn end_now(&self) {
+        drop(self.0.carrier.lock().take());
+        remove(&self.0.path);
+    }
+
     /// Whether a run (or a session's call) holds its turn now.
+    #[cfg_attr(not(feature = "serve"), allow(dead_code))]
     pub(crate) fn in_run(&self) -> bool {
         self.0.running.load(std::sync::atomic::Ordering::Acquire)
     }
@@ -726,7 +756,9 @@ fn remove(path: &Path) {
     {
         tracing::warn!(path = %path.display(), error = %e, "a workspace could not be unmounted");
     }
-    if let Err(e) = std::fs::remove_dir(path) {
+    if let Err(e) = std::fs::remove_dir(path)
+        && e.kind() != io::ErrorKind::NotFound
+    {
         tracing::warn!(path = %path.display(), error = %e, "a workspace's directory could not be removed");
     }
 }
@@ -755,6 +787,46 @@ fn workspace_owner(name: &str) -> Option<&str> {
     let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
     let hex = random.len() == 16 && random.bytes().all(|b| b.is_ascii_hexdigit());
     (digits(pid) && digits(start) && hex).then_some(owner)
+}
+
+/// `name` under the `/`-separated directory path `prefix` (`""`: the root).
+fn joined(prefix: &str, name: &str) -> String {
+    match (prefix.is_empty(), name.is_empty()) {
+        (true, _) => name.to_string(),
+        (false, true) => prefix.to_string(),
+        (false, false) => format!("{prefix}/{name}"),
+    }
+}
+
+/// Checks `globs` as [`Workspace::collect`] takes them (before a run, say):
+/// at most 32, each of at most 256 bytes and 8 `*`, relative (no leading
+/// `/`, no `..` component), not empty, and a pattern `glob` can read.
+pub fn check_globs(globs: &[String]) -> Result<(), WorkspaceError> {
+    compile_globs(globs).map(drop)
+}
+
+/// [`check_globs`], and the patterns.
+fn compile_globs(globs: &[String]) -> Result<Vec<glob::Pattern>, WorkspaceError> {
+    let bad = |glob: &str, reason: String| WorkspaceError::BadGlob { glob: glob.to_string(), reason };
+    if globs.len() > MAX_GLOBS {
+        return Err(bad(&format!("{} globs", globs.len()), format!("at most {MAX_GLOBS} globs")));
+    }
+    globs
+        .iter()
+        .map(|g| {
+            if g.len() > MAX_GLOB_BYTES || g.matches('*').count() > MAX_GLOB_STARS {
+                return Err(bad(g, format!("a glob has at most {MAX_GLOB_BYTES} bytes and {MAX_GLOB_STARS} `*`")));
+            }
+            let relative = g.trim_start_matches("./");
+            if relative.is_empty() || relative == "." {
+                return Err(bad(g, "it matches nothing: give a path or a pattern".into()));
+            }
+            if relative.starts_with('/') || relative.split('/').any(|part| part == "..") {
+                return Err(bad(g, "globs are relative to /work, without `..`".into()));
+            }
+            glob::Pattern::new(relative).map_err(|e| bad(g, format!("not a glob pattern: {e}")))
+        })
+        .collect()
 }
 
 /// Hands `name` in `dir` to the code's user (when this process may: as

@@ -25,11 +25,12 @@ static ANSWERING: Mutex<()> = Mutex::new(());
 
 /// On SIGTERM, SIGINT or SIGHUP (a closed terminal): shuts the executor's
 /// backends down (kills and removes the containers this process started,
-/// removes its staging directories) and exits with 128 + the signal. A
-/// result already being printed is finished first. The handler holds the
-/// executor weakly, so an ordinary exit still waits for the backends'
-/// own cleanup.
-fn exit_on_signals(exec: execbox::WeakExecutor) -> std::io::Result<()> {
+/// removes its staging directories), ends the run's workspace (unmounted,
+/// its directory removed) and exits with 128 + the signal. A result
+/// already being printed is finished first. The handler holds the executor
+/// and the workspace weakly, so an ordinary exit still waits for their own
+/// cleanup.
+fn exit_on_signals(exec: execbox::WeakExecutor, workspace: Option<execbox::WeakWorkspace>) -> std::io::Result<()> {
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
     let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP])?;
     std::thread::Builder::new().name("execbox-signals".into()).spawn(move || {
@@ -37,6 +38,9 @@ fn exit_on_signals(exec: execbox::WeakExecutor) -> std::io::Result<()> {
             let _answering = ANSWERING.lock();
             if let Some(exec) = exec.upgrade() {
                 exec.shutdown();
+            }
+            if let Some(workspace) = workspace.as_ref().and_then(execbox::WeakWorkspace::upgrade) {
+                workspace.end_now();
             }
             std::process::exit(128 + signal);
         }
@@ -116,7 +120,7 @@ pub(crate) fn run(mut args: RunArgs) -> ExitCode {
         _ => tools,
     };
     let exec = builder.tools(tools).build();
-    if let Err(e) = exit_on_signals(exec.downgrade()) {
+    if let Err(e) = exit_on_signals(exec.downgrade(), workspace.as_ref().map(|w| w.workspace().downgrade())) {
         eprintln!("execbox: cannot handle signals: {e}");
         return ExitCode::from(2);
     }
@@ -145,11 +149,19 @@ pub(crate) fn run(mut args: RunArgs) -> ExitCode {
             // The run's own `input.json` is not the directory's.
             let skip: &[&str] = if staged_input { &["input.json"] } else { &[] };
             let written_back = workspace.as_ref().map(|w| match w.write_back(skip) {
-                Ok((n, left_out)) => {
-                    for note in left_out {
+                Ok(back) => {
+                    for note in back.left_out {
                         eprintln!("execbox: not written back: {note}");
                     }
-                    Ok(format!("[{n} files written back to {}]", w.path().display()))
+                    let to = w.path().display();
+                    if back.failed.is_empty() {
+                        Ok(format!("[{} files written back to {to}]", back.written))
+                    } else {
+                        for why in &back.failed {
+                            eprintln!("execbox: not written back: {why}");
+                        }
+                        Err(format!("execbox: {} files written back to {to}, {} not", back.written, back.failed.len()))
+                    }
                 }
                 Err(e) => Err(format!("execbox: the workspace was not written back: {e} (to {})", w.path().display())),
             });

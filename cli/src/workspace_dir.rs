@@ -18,6 +18,17 @@ use execbox::{CollectLimits, Workspace, WorkspaceConfig};
 /// quota bounds both anyway).
 const MAX_WRITE_BACK_FILES: usize = 100_000;
 
+/// What [`DirWorkspace::write_back`] did.
+pub(crate) struct WrittenBack {
+    /// Files written.
+    pub written: usize,
+    /// What matched but was not read from the workspace, each with why (a
+    /// symlink the code made, a limit).
+    pub left_out: Vec<String>,
+    /// Files the directory refused, each with why.
+    pub failed: Vec<String>,
+}
+
 /// A run's workspace and the directory it came from.
 pub(crate) struct DirWorkspace {
     workspace: Workspace,
@@ -36,10 +47,11 @@ impl DirWorkspace {
         root: Option<PathBuf>,
     ) -> Result<(Self, Vec<String>), String> {
         if !dir.is_dir() {
-            return Err(format!("{}: not a directory", dir.display()));
+            return Err("not a directory".into());
         }
+        execbox::workspace::check_globs(&globs).map_err(|e| format!("--collect: {e}"))?;
         let quota_bytes = quota_mb.checked_mul(1 << 20).filter(|b| *b > 0).ok_or("the quota must be 1 MiB or more")?;
-        let output = OutputDir::open(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let output = OutputDir::open(dir).map_err(|e| e.to_string())?;
         let mut cfg = WorkspaceConfig::default().quota_bytes(quota_bytes);
         if let Some(root) = root {
             cfg = cfg.root(root);
@@ -56,17 +68,20 @@ impl DirWorkspace {
     }
 
     /// Writes the files matching the globs back into the directory, but
-    /// those at `skip` (what the run itself staged, as `input.json`): how
-    /// many, and what was not written (each with why).
-    pub(crate) fn write_back(&self, skip: &[&str]) -> Result<(usize, Vec<String>), String> {
+    /// those at `skip` (what the run itself staged, as `input.json`). A file
+    /// that cannot be written (a symlink of the directory's on its path)
+    /// is skipped and the rest written.
+    pub(crate) fn write_back(&self, skip: &[&str]) -> Result<WrittenBack, String> {
         let limits = CollectLimits::new(MAX_WRITE_BACK_FILES, self.quota_bytes, self.quota_bytes);
         let collected = self.workspace.collect(&self.globs, &limits).map_err(|e| execbox::with_causes(&e))?;
-        let mut written = 0;
+        let mut back = WrittenBack { written: 0, left_out: collected.left_out, failed: Vec::new() };
         for file in collected.files.iter().filter(|file| !skip.contains(&file.path.as_str())) {
-            self.dir.write(&file.path, &file.content, Some(file.mode)).map_err(|e| execbox::with_causes(&e))?;
-            written += 1;
+            match self.dir.write(&file.path, &file.content, Some(file.mode)) {
+                Ok(()) => back.written += 1,
+                Err(e) => back.failed.push(execbox::with_causes(&e)),
+            }
         }
-        Ok((written, collected.left_out))
+        Ok(back)
     }
 
     /// The directory (for messages).

@@ -63,7 +63,7 @@ impl Artifacts {
     /// The content of artifact `reference`: `name@version`, or `name` for
     /// its latest version.
     pub(super) fn load(&self, reference: &str) -> Result<Vec<u8>, String> {
-        let (name, version) = parse_reference(reference);
+        let (name, version) = parse_reference(reference).map_err(|e| format!("artifact {reference:?}: {e}"))?;
         self.load_named(name, version).map_err(|e| format!("artifact {reference:?}: {e}"))
     }
 
@@ -80,14 +80,16 @@ impl Artifacts {
 
 /// `name@version` → (`name`, `Some(version)`); anything else is a name
 /// (its latest version). A name may hold `@` itself: only a last `@`
-/// followed by digits is a version.
-fn parse_reference(reference: &str) -> (&str, Option<u32>) {
+/// followed by ASCII digits is a version (a number past `u32` is an error).
+fn parse_reference(reference: &str) -> Result<(&str, Option<u32>), String> {
     match reference.rsplit_once('@') {
-        Some((name, version)) if !name.is_empty() => match version.parse::<u32>() {
-            Ok(version) => (name, Some(version)),
-            Err(_) => (reference, None),
-        },
-        _ => (reference, None),
+        Some((name, digits))
+            if !name.is_empty() && !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) =>
+        {
+            let version = digits.parse::<u32>().map_err(|_| format!("version {digits} is out of range"))?;
+            Ok((name, Some(version)))
+        }
+        _ => Ok((reference, None)),
     }
 }
 
@@ -105,11 +107,13 @@ mod tests {
 
     #[test]
     fn references_and_names() {
-        assert_eq!(parse_reference("report.csv@3"), ("report.csv", Some(3)));
-        assert_eq!(parse_reference("report.csv"), ("report.csv", None));
-        assert_eq!(parse_reference("a@b@2"), ("a@b", Some(2)));
-        assert_eq!(parse_reference("a@latest"), ("a@latest", None));
-        assert_eq!(parse_reference("@2"), ("@2", None));
+        assert_eq!(parse_reference("report.csv@3"), Ok(("report.csv", Some(3))));
+        assert_eq!(parse_reference("report.csv"), Ok(("report.csv", None)));
+        assert_eq!(parse_reference("a@b@2"), Ok(("a@b", Some(2))));
+        assert_eq!(parse_reference("a@latest"), Ok(("a@latest", None)));
+        assert_eq!(parse_reference("a@+1"), Ok(("a@+1", None)));
+        assert_eq!(parse_reference("@2"), Ok(("@2", None)));
+        assert!(parse_reference("a@99999999999").unwrap_err().contains("out of range"));
         assert_eq!(artifact_name(DEFAULT_NAME_TEMPLATE, "out/plots/a.png"), "out_plots_a.png");
         assert_eq!(artifact_name("run-7-{name}", "out/plots/a.png"), "run-7-a.png");
     }

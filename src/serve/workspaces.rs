@@ -17,7 +17,7 @@ use super::file_artifacts::{Artifacts, DEFAULT_NAME_TEMPLATE, Saved};
 use super::shared::HeldWorkspace;
 use super::tools::{Connection, ExecboxMcp, invalid_arguments, structured};
 use crate::program::ProgramStatus;
-use crate::workspace::{CollectLimits, Workspace, WorkspaceConfig};
+use crate::workspace::{CollectLimits, Workspace, WorkspaceConfig, WorkspaceError};
 
 /// Workspaces one connection may hold at once.
 pub(super) const MAX_WORKSPACES_PER_CONNECTION: usize = 4;
@@ -273,6 +273,9 @@ impl ExecboxMcp {
         .map_err(|e| McpError::internal_error(format!("workspace task: {e}"), None))?;
         Ok(match written {
             Ok(n) => structured(json!({"written": n}), format!("{n} files written"), false),
+            Err(Refused::Workspace(e @ (WorkspaceError::BadPath { .. } | WorkspaceError::BadMode { .. }))) => {
+                invalid_arguments("write_files", &e.to_string())
+            }
             Err(Refused::Workspace(e)) => failed(&e),
             Err(Refused::Artifact(why)) => invalid_arguments("write_files", &why),
         })
@@ -330,7 +333,10 @@ impl ExecboxMcp {
         .map_err(|e| McpError::internal_error(format!("workspace task: {e}"), None))?;
         let (collected, saved) = match collected {
             Ok(collected) => collected,
-            Err(e @ crate::workspace::WorkspaceError::BadPath { .. }) => {
+            Err(
+                e @ (crate::workspace::WorkspaceError::BadPath { .. }
+                | crate::workspace::WorkspaceError::BadGlob { .. }),
+            ) => {
                 return Ok(invalid_arguments("read_files", &e.to_string()));
             }
             Err(e) => return Ok(failed(&e)),

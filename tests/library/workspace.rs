@@ -272,6 +272,16 @@ fn collect_reads_back_by_globs_within_limits_and_never_through_links() {
     assert_eq!(got.files.iter().map(|f| f.content.len()).sum::<usize>(), 3, "{got:?}");
     assert_eq!(got.limits_hit, ["max_total_bytes"], "{got:?}");
     assert!(ws.collect(&globs(&["[unclosed"]), &limits).is_err());
+    // Globs that could only match outside, or nothing, are refused (they
+    // matched nothing in silence before).
+    for bad in ["/etc/passwd", "../x", "a/../a/x.txt", "", ".", "./", "*/*/*/*/*/*/*/*/*"] {
+        match ws.collect(&globs(&[bad]), &limits) {
+            Err(WorkspaceError::BadGlob { .. }) => {}
+            other => panic!("{bad:?}: {other:?}"),
+        }
+        assert!(execbox::workspace::check_globs(&globs(&[bad])).is_err(), "{bad:?}");
+    }
+    assert!(execbox::workspace::check_globs(&globs(&["./a/*.txt", "**"])).is_ok());
 }
 
 /// A wide tree (more directories than a process's usual descriptor limit)
@@ -363,7 +373,7 @@ fn a_file_may_be_written_with_its_mode_but_never_a_set_id_bit() {
     let mode = std::fs::metadata(ws.host_path().join("bin/run.sh")).unwrap().permissions().mode();
     assert_eq!(mode & 0o7777, 0o600, "a replaced file takes the new mode");
     for bad in [0o4755, 0o2755, 0o1777] {
-        assert!(matches!(ws.write_with_mode("x", b"", bad), Err(WorkspaceError::BadPath { .. })), "{bad:o}");
+        assert!(matches!(ws.write_with_mode("x", b"", bad), Err(WorkspaceError::BadMode { .. })), "{bad:o}");
     }
 }
 

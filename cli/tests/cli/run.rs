@@ -306,6 +306,42 @@ mod containers {
         assert!(stderr.contains("src/shadow: not a regular file"), "{stderr}");
         assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 0, "the workspace's mount stayed");
 
+        // SIGTERM mid-run: the workspace is unmounted before the exit (the
+        // adversarial pass found it left mounted until a later sweep).
+        let mut child = Command::new(env!("CARGO_BIN_EXE_execbox"))
+            .args(["run", "--lang", "shell", "--code", "touch /work/started; sleep 60", "--timeout-ms", "60000"])
+            .args(["--workspace", d.to_str().unwrap(), "--workspace-root", root.path().to_str().unwrap()])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let mounted = || std::fs::read_dir(root.path()).unwrap().flatten().any(|e| e.path().join("started").exists());
+        assert!(wait_until(Duration::from_secs(60), mounted), "the run never started");
+        // SAFETY: kill(2) on our own child; no memory involved.
+        assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+        assert_eq!(child.wait().unwrap().code(), Some(128 + 15));
+        assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 0, "a signalled run left its workspace");
+
+        // A glob that could only match outside: refused before anything runs.
+        let marker = d.join("src/ran.txt");
+        let glob_args = ["run", "--lang", "shell", "--code", "touch /work/src/ran.txt", "--json", "--workspace"];
+        let out = execbox(&[&glob_args[..], &[d.to_str().unwrap(), "--collect", "../x"]].concat());
+        assert_eq!((out.status.code(), &json_out(&out)["error"]["kind"]), (Some(2), &json!("invalid_request")));
+        assert!(!marker.exists(), "the code ran (or was written back) before the glob was refused");
+
+        // A symlink of the directory's, reused as a name by the code: that
+        // file is skipped and named, the rest written back, exit 1.
+        let outside = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(outside.path(), d.join("lnkdir")).unwrap();
+        let code = "mkdir /work/lnkdir && echo pwn > /work/lnkdir/pwn.txt && echo ok > /work/zz.txt";
+        let args = ["run", "--lang", "shell", "--code", code, "--workspace", d.to_str().unwrap()];
+        let out = execbox(&[&args[..], &["--workspace-root", root.path().to_str().unwrap()]].concat());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains("lnkdir/pwn.txt") && stderr.contains(" not"), "{stderr}");
+        assert_eq!(std::fs::read_to_string(d.join("zz.txt")).unwrap(), "ok\n", "the rest was written back");
+        assert_eq!(std::fs::read_dir(outside.path()).unwrap().count(), 0, "a write went through the symlink");
+
         // Not a directory: refused before anything runs.
         let file = d.join("build.sh");
         let out =
