@@ -209,6 +209,29 @@ impl OutputDir {
         Ok(())
     }
 
+    /// Whether the regular file at the relative path `name` already holds
+    /// `content` with the permission bits of `mode` (then a write would
+    /// change nothing; the file's other bits, set-id ones say, stay). Read
+    /// as every file here is, never through a link and non-blocking; any
+    /// doubt (no such file, a link, a FIFO, an error) answers `false`.
+    pub fn holds(&self, name: &str, content: &[u8], mode: u32) -> bool {
+        use cap_std::fs::PermissionsExt as _;
+        let Ok(mut parts) = components(Path::new(name)) else { return false };
+        let Some(leaf) = parts.pop() else { return false };
+        let mut dir = match self.dir.try_clone() {
+            Ok(dir) => dir,
+            Err(_) => return false,
+        };
+        for part in parts {
+            dir = match open_dir(&dir, part) {
+                Ok(next) => next,
+                Err(_) => return false,
+            };
+        }
+        let same_mode = dir.symlink_metadata(leaf).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o777 == mode);
+        same_mode && read_regular(&dir, leaf, content.len() as u64).is_ok_and(|held| held == content)
+    }
+
     /// Writes `content` at the relative path `name` under the directory
     /// (its directories made), with `mode`'s permission bits if given
     /// (at most `0o777`).

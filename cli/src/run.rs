@@ -155,7 +155,7 @@ pub(crate) fn run(mut args: RunArgs) -> ExitCode {
                     }
                     let to = w.path().display();
                     if back.failed.is_empty() {
-                        Ok(format!("[{} files written back to {to}]", back.written))
+                        Ok(format!("[{} files written back to {to}, {} unchanged]", back.written, back.unchanged))
                     } else {
                         for why in &back.failed {
                             eprintln!("execbox: not written back: {why}");

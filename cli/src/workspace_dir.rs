@@ -20,8 +20,10 @@ const MAX_WRITE_BACK_FILES: usize = 100_000;
 
 /// What [`DirWorkspace::write_back`] did.
 pub(crate) struct WrittenBack {
-    /// Files written.
+    /// Files written (new or changed).
     pub written: usize,
+    /// Files that already held what the workspace held, left alone.
+    pub unchanged: usize,
     /// What matched but was not read from the workspace, each with why (a
     /// symlink the code made, a limit).
     pub left_out: Vec<String>,
@@ -68,14 +70,20 @@ impl DirWorkspace {
     }
 
     /// Writes the files matching the globs back into the directory, but
-    /// those at `skip` (what the run itself staged, as `input.json`). A file
-    /// that cannot be written (a symlink of the directory's on its path)
-    /// is skipped and the rest written.
+    /// those at `skip` (what the run itself staged, as `input.json`) and
+    /// those it already holds unchanged. A file that cannot be written (a
+    /// symlink of the directory's on its path) is skipped and the rest
+    /// written.
     pub(crate) fn write_back(&self, skip: &[&str]) -> Result<WrittenBack, String> {
         let limits = CollectLimits::new(MAX_WRITE_BACK_FILES, self.quota_bytes, self.quota_bytes);
         let collected = self.workspace.collect(&self.globs, &limits).map_err(|e| execbox::with_causes(&e))?;
-        let mut back = WrittenBack { written: 0, left_out: collected.left_out, failed: Vec::new() };
+        let mut back = WrittenBack { written: 0, unchanged: 0, left_out: collected.left_out, failed: Vec::new() };
         for file in collected.files.iter().filter(|file| !skip.contains(&file.path.as_str())) {
+            // Unchanged: left alone (a set-id bit of the directory's stays).
+            if self.dir.holds(&file.path, &file.content, file.mode) {
+                back.unchanged += 1;
+                continue;
+            }
             match self.dir.write(&file.path, &file.content, Some(file.mode)) {
                 Ok(()) => back.written += 1,
                 Err(e) => back.failed.push(execbox::with_causes(&e)),

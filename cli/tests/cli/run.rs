@@ -261,6 +261,9 @@ mod containers {
         std::fs::write(d.join("build.sh"), "#!/bin/sh\necho built\n").unwrap();
         std::fs::set_permissions(d.join("build.sh"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
         std::os::unix::fs::symlink("/etc/passwd", d.join("passwd")).unwrap();
+        // Unchanged by the code: left alone, its set-id bit with it.
+        std::fs::write(d.join("src/tool"), "unchanged").unwrap();
+        std::fs::set_permissions(d.join("src/tool"), std::os::unix::fs::PermissionsExt::from_mode(0o4755)).unwrap();
         let code = "set -e\n[ ! -e /work/passwd ]\n/work/build.sh > /work/src/log.txt\n\
                     sort -r /work/src/data.csv > /work/src/sorted.csv\nln -s /etc/shadow /work/src/shadow\n\
                     echo skipped > /work/other.txt\ncat /work/input.json";
@@ -293,6 +296,9 @@ mod containers {
         let mode =
             std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(d.join("build.sh")).unwrap().permissions());
         assert_eq!(mode & 0o777, 0o755, "the write-back kept the mode");
+        let tool =
+            std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(d.join("src/tool")).unwrap().permissions());
+        assert_eq!(tool & 0o7777, 0o4755, "an unchanged file was rewritten");
         assert!(std::fs::symlink_metadata(d.join("src/shadow")).is_err(), "a planted link was written back");
         assert!(!d.join("other.txt").exists(), "a file --collect does not match was written back");
         assert!(!d.join("input.json").exists(), "the run's input.json was written back");
