@@ -465,16 +465,17 @@ fn unprovided(exec: &crate::executor::Executor, packages: &[String]) -> Option<S
     if packages.is_empty() {
         return None;
     }
-    let mut offered = Vec::new();
-    for backend in exec.backends() {
-        let provided = backend.packages(crate::language::Language::Python);
-        if packages.iter().all(|p| provided.iter().any(|have| have.eq_ignore_ascii_case(p))) {
-            return None;
-        }
-        if !provided.is_empty() {
-            offered.push(format!("{} provides {}", backend.name(), provided.join(", ")));
-        }
+    let wanted = crate::request::ExecRequest::source(crate::language::Language::Python, "").packages(packages.to_vec());
+    let backends: Vec<(&str, Vec<String>)> =
+        exec.backends().map(|b| (b.name(), b.packages(crate::language::Language::Python))).collect();
+    if backends.iter().any(|(name, provided)| crate::matching::check_packages(name, provided, &wanted).is_none()) {
+        return None;
     }
+    let offered: Vec<String> = backends
+        .iter()
+        .filter(|(_, provided)| !provided.is_empty())
+        .map(|(name, provided)| format!("{name} provides {}", provided.join(", ")))
+        .collect();
     let offered = if offered.is_empty() { "no backend here provides packages".into() } else { offered.join("; ") };
     Some(format!("packages: no backend provides {} ({offered})", packages.join(", ")))
 }

@@ -1290,8 +1290,7 @@ fn a_named_fifo_whose_writer_is_gone_is_read_to_its_end() {
 async fn workspaces_keep_files_across_runs_and_belong_to_their_connection() {
     use base64::Engine as _;
     let root = tempfile::tempdir().unwrap();
-    let ready = if rustix::process::geteuid().is_root() { Ok(()) } else { Err("workspaces need root") };
-    if !common::skip::available("EXECBOX_REQUIRE_WORKSPACES", ready) {
+    if !workspaces_can_run() {
         return;
     }
     let args =
@@ -1365,10 +1364,7 @@ async fn programs_run_between_calls_and_end_with_their_workspace() {
         return;
     }
     let (client, _) = connect(&["--workspace-root", root.path().to_str().unwrap()]).await;
-    let body = |result: CallToolResult| {
-        assert_eq!(result.is_error, Some(false), "{result:?}");
-        result.structured_content.unwrap()
-    };
+    let body = ok_body;
     let ws =
         body(call(&client, "create_workspace", json!({})).await.unwrap())["workspace_id"].as_str().unwrap().to_string();
 
@@ -1496,10 +1492,7 @@ async fn a_session_in_a_workspace_sees_its_files_and_closes_with_it() {
     if !programs_can_run() {
         return;
     }
-    let body = |result: CallToolResult| {
-        assert_eq!(result.is_error, Some(false), "{result:?}");
-        result.structured_content.unwrap()
-    };
+    let body = ok_body;
     let (client, _) = connect(&["--workspace-root", root.path().to_str().unwrap()]).await;
     let ws = body(call(&client, "create_workspace", json!({})).await.unwrap())["workspace_id"].clone();
     let opened = call(&client, "create_session", json!({"language": "python", "workspace_id": ws})).await.unwrap();
@@ -1546,10 +1539,7 @@ async fn a_workspace_s_packages_go_with_its_runs_sessions_and_programs() {
     if !programs_can_run() {
         return;
     }
-    let body = |result: CallToolResult| {
-        assert_eq!(result.is_error, Some(false), "{result:?}");
-        result.structured_content.unwrap()
-    };
+    let body = ok_body;
     let (client, _) = connect(&["--workspace-root", root.path().to_str().unwrap()]).await;
     let refused = call(&client, "create_workspace", json!({"packages": ["no_such_package"]})).await.unwrap();
     assert_eq!(refused.is_error, Some(true));
@@ -1593,15 +1583,11 @@ async fn workspace_files_are_saved_as_artifacts_and_written_from_them() {
     use base64::Engine as _;
     let root = tempfile::tempdir().unwrap();
     let store = tempfile::tempdir().unwrap();
-    let ready = if rustix::process::geteuid().is_root() { Ok(()) } else { Err("workspaces need root") };
-    if !common::skip::available("EXECBOX_REQUIRE_WORKSPACES", ready) {
+    if !workspaces_can_run() {
         return;
     }
     let b64 = |text: &str| base64::engine::general_purpose::STANDARD.encode(text);
-    let body = |result: CallToolResult| {
-        assert_eq!(result.is_error, Some(false), "{result:?}");
-        result.structured_content.unwrap()
-    };
+    let body = ok_body;
     let root_path = root.path().to_str().unwrap();
     let args =
         ["--workspace-root", root_path, "--artifacts", store.path().to_str().unwrap(), "--allow-tool", "artifacts.*"];
@@ -1685,8 +1671,7 @@ async fn workspace_files_are_saved_as_artifacts_and_written_from_them() {
 #[tokio::test(flavor = "multi_thread")]
 async fn idle_workspaces_and_old_ones_are_closed() {
     let root = tempfile::tempdir().unwrap();
-    let ready = if rustix::process::geteuid().is_root() { Ok(()) } else { Err("workspaces need root") };
-    if !common::skip::available("EXECBOX_REQUIRE_WORKSPACES", ready) {
+    if !workspaces_can_run() {
         return;
     }
     let root_path = root.path().to_str().unwrap();
@@ -1793,11 +1778,23 @@ async fn concurrent_starts_cannot_pass_the_program_cap() {
     client.cancel().await.unwrap();
 }
 
+/// A tool's answer that is not an error: its structured content.
+fn ok_body(result: CallToolResult) -> Value {
+    assert_eq!(result.is_error, Some(false), "{result:?}");
+    result.structured_content.unwrap()
+}
+
+/// Whether workspaces can be mounted here (root); else the test is skipped
+/// (or fails, when they are required).
+fn workspaces_can_run() -> bool {
+    let ready = if rustix::process::geteuid().is_root() { Ok(()) } else { Err("workspaces need root") };
+    common::skip::available("EXECBOX_REQUIRE_WORKSPACES", ready)
+}
+
 /// Whether programs can run here: workspaces (root) and a container engine;
 /// else the test is skipped (or fails, when they are required).
 fn programs_can_run() -> bool {
-    let ready = if rustix::process::geteuid().is_root() { Ok(()) } else { Err("workspaces need root") };
-    if !common::skip::available("EXECBOX_REQUIRE_WORKSPACES", ready) {
+    if !workspaces_can_run() {
         return false;
     }
     let engine = std::process::Command::new("docker").arg("version").output().is_ok_and(|o| o.status.success());
