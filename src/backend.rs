@@ -87,10 +87,10 @@ pub trait Backend: Send + Sync + 'static {
         Vec::new()
     }
 
-    /// Opens sessions (state kept across calls) for this backend's
-    /// language, if it can.
-    fn session_backend(&self) -> Option<Arc<dyn SessionBackend>> {
-        None
+    /// Opens sessions (state kept across calls), one per language it keeps
+    /// state for; none by default.
+    fn session_backends(&self) -> Vec<Arc<dyn SessionBackend>> {
+        Vec::new()
     }
 
     /// Starts programs that keep running in a workspace, if it can (see

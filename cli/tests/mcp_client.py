@@ -147,6 +147,15 @@ async def exercise(session: ClientSession, logs: list, transport: str):
             check(not r.is_error and r.structured_content["outcome"] == "ok", f"{transport}: session cell {r}")
             r = await session.call_tool("run_code", {"language": "python", "session_id": sid, "code": "print(n + 1)"})
             check(r.structured_content["stdout"].strip() == "43", f"{transport}: session state {r}")
+            # A shell session in the workspace: one bash's variables and working directory kept.
+            r = await session.call_tool("create_session", {"language": "shell", "workspace_id": ws})
+            check(not r.is_error, f"{transport}: shell session {r}")
+            sid = r.structured_content["session_id"]
+            r = await session.call_tool("run_code", {"language": "shell", "session_id": sid,
+                                                     "code": "mkdir -p /tmp/d && cd /tmp/d && n=$(cat /work/out.txt)"})
+            check(not r.is_error and r.structured_content["outcome"] == "ok", f"{transport}: shell cell {r}")
+            r = await session.call_tool("run_code", {"language": "shell", "session_id": sid, "code": "echo $((n + 2)) $PWD"})
+            check(r.structured_content["stdout"] == "44 /tmp/d\n", f"{transport}: shell session state {r}")
         r = await session.call_tool("close_workspace", {"workspace_id": ws})
         check(r.structured_content["closed"] is True, f"{transport}: close_workspace {r}")
         r = await session.call_tool("read_files", {"workspace_id": ws, "globs": ["*"]})

@@ -378,6 +378,21 @@ pub(crate) const PYTHON_SESSION_PROGRAM: &str = concat!(
     "_execbox_session('NONCE', read_message)\n"
 );
 
+/// A container's shell session (`python3 -c`, `NONCE` replaced by the
+/// session's): the same framed cells and status records as
+/// [`PYTHON_SESSION_PROGRAM`], each cell sourced (`.`) by one long-lived
+/// `bash` (so variables, functions, `cd` and `set` persist), with stdin
+/// `/dev/null`; each cell starts with an empty `/work/out`. A cell that ends
+/// the shell (`exit`) gets that status, and the next cell a new shell. A
+/// cell calls tools with the `tool` command.
+#[cfg(feature = "container")]
+pub(crate) const SHELL_SESSION_PROGRAM: &str = concat!(
+    python_read_message!(),
+    python_empty_def!(),
+    include_str!("conventions/shell_session.py"),
+    "_execbox_shell_session('NONCE', read_message)\n"
+);
+
 /// The same for a warm CPython-in-wasm instance: `json` and `traceback` are
 /// imported and the compiler is used once during start-up (the first
 /// `compile()` costs ~56 M fuel, ~20 ms, in CPython-in-wasm), and the run ends with `os._exit` once stdout and
@@ -443,6 +458,7 @@ mod tests {
             ("TOOL_COMMAND", super::TOOL_COMMAND),
             ("PYTHON_TOOLS_BOOTSTRAP", super::PYTHON_TOOLS_BOOTSTRAP),
             ("PYTHON_SESSION_PROGRAM", super::PYTHON_SESSION_PROGRAM),
+            ("SHELL_SESSION_PROGRAM", super::SHELL_SESSION_PROGRAM),
             ("PYTHON_WARM_BOOTSTRAP", super::PYTHON_WARM_BOOTSTRAP),
         ];
         for (name, text) in programs {

@@ -505,8 +505,9 @@ impl ExecboxMcp {
 
     /// Opens a session.
     #[tool(description = "Open a session for a language: later run_code calls with its session_id share state \
-            (JavaScript: top-level declarations persist and the last expression is the output). With a \
-            workspace_id, every call sees that workspace at /work, read-write (Python, in a container). Sessions \
+            (JavaScript: top-level declarations persist and the last expression is the output; Python: the \
+            globals; shell: one bash's variables, functions and working directory). With a workspace_id, every \
+            call sees that workspace at /work, read-write (Python and shell, in a container). Sessions \
             close when idle, when closed, with their workspace, or when this connection ends; a session whose \
             call timed out or ran out of memory is lost, and later calls say so.")]
     async fn create_session(

@@ -111,13 +111,13 @@ impl Sessions {
     }
 
     /// A registry whose sessions open on the executor's backends that keep
-    /// state ([`Backend::session_backend`](crate::backend::Backend::session_backend)),
+    /// state ([`Backend::session_backends`](crate::backend::Backend::session_backends)),
     /// in selection order, held to the executor's ceiling, with its tools
     /// and its artifact store.
     pub fn for_executor(cfg: SessionConfig, executor: &crate::executor::Executor) -> Self {
         let mut builder = executor
             .backends()
-            .filter_map(|b| b.session_backend())
+            .flat_map(|b| b.session_backends())
             .fold(Self::builder().config(cfg), SessionsBuilder::shared_backend);
         builder.door = Some(executor.door().clone());
         builder.build()
@@ -142,8 +142,12 @@ impl Sessions {
 
     /// Languages that have sessions here.
     pub fn languages(&self) -> Vec<Language> {
-        let mut languages: Vec<Language> = self.inner.backends.iter().map(|b| b.session_language()).collect();
-        languages.dedup();
+        let mut languages: Vec<Language> = Vec::new();
+        for language in self.inner.backends.iter().map(|b| b.session_language()) {
+            if !languages.contains(&language) {
+                languages.push(language);
+            }
+        }
         languages
     }
 

@@ -1181,3 +1181,60 @@ fn every_run_names_this_processs_private_copy_of_the_profile() {
     let refused = ContainerConfig::default().extra_run_args(vec!["--security-opt=seccomp=unconfined".into()]);
     assert!(Container::new(refused).is_err());
 }
+
+/// A shell session keeps one `bash` across cells (variables, functions, the
+/// working directory); a cell that exits gets that status and the next cell
+/// a new shell; a cell that leaves a process running ends the session; a
+/// closed session leaves no container.
+#[test]
+fn shell_sessions_keep_one_bash_across_cells() {
+    use execbox::{SessionConfig, SessionSpec, Sessions};
+    let Some(c) = backend("shell-session") else { return };
+    let sessions = c
+        .session_backends()
+        .into_iter()
+        .fold(Sessions::builder().config(SessionConfig::default()), |b, s| b.shared_backend(s))
+        .build();
+    assert_eq!(sessions.languages(), [Language::Python, Language::Shell]);
+    let cell = |code: &str| {
+        ExecRequest::source(Language::Shell, code).policy(SandboxPolicy::strict().timeout(Duration::from_secs(20)))
+    };
+    sessions.open("sh", SessionSpec::new(Language::Shell)).unwrap();
+    let r = sessions
+        .execute("sh", cell("total=40\ntwice() { echo $(( $1 * 2 )); }\nmkdir -p /tmp/d && cd /tmp/d\necho set"))
+        .unwrap();
+    assert_eq!((r.outcome, r.stdout.text().as_ref()), (Outcome::Ok, "set\n"), "{r:?}");
+    assert_eq!(r.backend, "container-session");
+    let r = sessions.execute("sh", cell("twice $((total + 1)); pwd; echo err >&2")).unwrap();
+    assert_eq!(
+        (r.outcome, r.stdout.text().as_ref(), r.stderr.text().as_ref()),
+        (Outcome::Ok, "82\n/tmp/d\n", "err\n"),
+        "{r:?}"
+    );
+    // A failing command is the cell's status; the shell lives on. Stdin is empty.
+    let r = sessions.execute("sh", cell("read line; echo \"got:$line\"; false")).unwrap();
+    assert_eq!((r.outcome, r.exit_code, r.stdout.text().as_ref()), (Outcome::Failed, Some(1), "got:\n"), "{r:?}");
+    assert_eq!(sessions.execute("sh", cell("echo $total")).unwrap().stdout.text(), "40\n");
+    // Input JSON is /work/input.json, as in one-shot runs; structured output too.
+    let r = sessions.execute("sh", cell("cat /work/input.json").input(json!({"n": 1}))).unwrap();
+    assert_eq!(r.output, Some(json!({"n": 1})), "{r:?}");
+    // `exit` ends the shell, not the session: its status is the cell's, the next shell starts afresh.
+    let r = sessions.execute("sh", cell("exit 3")).unwrap();
+    assert_eq!((r.outcome, r.exit_code), (Outcome::Failed, Some(3)), "{r:?}");
+    assert!(r.stderr.text().contains("new shell"), "{r:?}");
+    let r = sessions.execute("sh", cell("echo \"[${total:-unset}]\"; pwd")).unwrap();
+    assert_eq!((r.outcome, r.stdout.text().as_ref()), (Outcome::Ok, "[unset]\n/work\n"), "{r:?}");
+    // A process left running after its cell ends the session (as in Python sessions).
+    let r = sessions.execute("sh", cell("sleep 30 &")).unwrap();
+    assert_eq!(r.outcome, Outcome::Failed, "{r:?}");
+    assert!(r.message.as_deref().unwrap_or_default().contains("still ran"), "{r:?}");
+    assert_eq!(sessions.execute("sh", cell("echo")).unwrap_err().kind(), "session_lost");
+    // A Python cell is refused in a shell session, naming the language.
+    sessions.open("sh2", SessionSpec::new(Language::Shell)).unwrap();
+    let err = sessions.execute("sh2", ExecRequest::source(Language::Python, "1")).unwrap_err();
+    assert!(err.to_string().contains("python"), "{err}");
+    assert!(sessions.close("sh2"));
+    sessions.close("sh");
+    let label = docker::test_label("shell-session");
+    assert!(docker::wait_gone(&[&label], Duration::from_secs(20)), "left: {:?}", leftovers("shell-session"));
+}

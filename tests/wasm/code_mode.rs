@@ -529,7 +529,7 @@ fn every_wasm_backend_and_python_sessions_declare_the_bridge_enforced() {
     let guest = WasmGuest::on_engine(engine());
     let py = WasmInterpreter::on_engine(engine(), InterpreterConfig::default().warm_pool(0));
     let js = WasmInterpreter::on_engine(engine(), InterpreterConfig::default().kind(Interpreter::QuickJs));
-    let session = py.session_backend().expect("python-wasm keeps sessions");
+    let session = py.session_backends().pop().expect("python-wasm keeps sessions");
     for caps in [guest.capabilities(), py.capabilities(), js.capabilities(), session.session_capabilities()] {
         assert!(matches!(caps.tools.allow_list, Enforcement::Enforced { .. }), "{:?}", caps.tools);
         assert!(enforced(&caps.tools.deny), "{:?}", caps.tools);

@@ -1510,6 +1510,14 @@ async fn a_session_in_a_workspace_sees_its_files_and_closes_with_it() {
     body(call(&client, "write_files", json!({"workspace_id": ws, "files": files})).await.unwrap());
     let (second, _) = run(&client, cell("print(x + 1, open('/work/b.txt').read())")).await;
     assert_eq!(second["stdout"].as_str().unwrap().trim(), "42 host", "{second}");
+    // A shell session in the same workspace keeps its variables and sees the same files.
+    let opened = call(&client, "create_session", json!({"language": "shell", "workspace_id": ws})).await.unwrap();
+    let shell = body(opened)["session_id"].clone();
+    let shell_cell = |code: &str| json!({"language": "shell", "code": code, "session_id": shell});
+    let (set, _) = run(&client, shell_cell("v=7; cd /work")).await;
+    assert_eq!(set["outcome"], "ok", "{set}");
+    let (got, _) = run(&client, shell_cell("echo $v $(cat a.txt)")).await;
+    assert_eq!(got["stdout"].as_str().unwrap().trim(), "7 from session", "{got}");
     // Naming the workspace beside the session is fine; another connection's id is not found.
     let both = json!({"language": "python", "code": "print(x)", "session_id": session, "workspace_id": ws});
     assert_eq!(run(&client, both).await.0["stdout"].as_str().unwrap().trim(), "41");
@@ -1520,9 +1528,9 @@ async fn a_session_in_a_workspace_sees_its_files_and_closes_with_it() {
 
     let mount = std::fs::read_dir(root.path()).unwrap().next().unwrap().unwrap().path();
     let filter = format!("volume={}", mount.display());
-    assert_eq!(common::docker::ps(&["--filter", &filter]).len(), 1, "the session's container");
+    assert_eq!(common::docker::ps(&["--filter", &filter]).len(), 2, "the sessions' containers");
     body(call(&client, "close_workspace", json!({"workspace_id": ws})).await.unwrap());
-    assert!(common::docker::wait_gone(&[&filter], Duration::from_secs(20)), "the session's container outlived it");
+    assert!(common::docker::wait_gone(&[&filter], Duration::from_secs(20)), "a session's container outlived it");
     let (after, is_error) = run(&client, cell("print(x)")).await;
     assert!(is_error, "the session outlived its workspace: {after}");
     assert!(wait_until_async(Duration::from_secs(10), || async { !mount.exists() }).await, "the mount stayed");

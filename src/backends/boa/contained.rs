@@ -285,8 +285,8 @@ impl Backend for BoaJs {
     }
 
     /// Sessions in worker processes of their own ([`JsSession`](crate::backends::JsSession)).
-    fn session_backend(&self) -> Option<Arc<dyn crate::backend::SessionBackend>> {
-        Some(Arc::new(self.clone()))
+    fn session_backends(&self) -> Vec<Arc<dyn crate::backend::SessionBackend>> {
+        vec![Arc::new(self.clone())]
     }
 }
 

@@ -106,7 +106,6 @@ use crate::language::Language;
 use crate::program::{Program, ProgramBackend, ProgramSpec};
 use crate::request::ExecRequest;
 use crate::result::ExecResult;
-use crate::session_spec::SessionSpec;
 use runner::Runner;
 use staging::Staging;
 use tool_socket::ToolSocket;
@@ -283,9 +282,9 @@ impl Backend for Container {
         Some(Arc::new(self.clone()))
     }
 
-    /// Python sessions in containers ([`ContainerSession`]).
-    fn session_backend(&self) -> Option<Arc<dyn SessionBackend>> {
-        Some(Arc::new(self.clone()))
+    /// Python and shell sessions in containers ([`ContainerSession`]).
+    fn session_backends(&self) -> Vec<Arc<dyn SessionBackend>> {
+        vec![Arc::new(self.clone()), Arc::new(ShellSessions(self.clone()))]
     }
 }
 
@@ -320,6 +319,8 @@ impl ProgramBackend for Container {
     }
 }
 
+/// The container's Python sessions (a registry built by hand may add it;
+/// [`Backend::session_backends`] gives its shell sessions too).
 impl SessionBackend for Container {
     fn session_name(&self) -> &str {
         ContainerSession::NAME
@@ -337,7 +338,33 @@ impl SessionBackend for Container {
         self.runner.data_image_packages()
     }
 
-    fn open_session(&self, spec: &SessionSpec) -> Result<Box<dyn Session>, ExecError> {
+    fn open_session(&self, spec: &crate::session_spec::SessionSpec) -> Result<Box<dyn Session>, ExecError> {
         Ok(Box::new(ContainerSession::open(Arc::clone(&self.runner), spec)?))
+    }
+}
+
+/// The container's shell sessions: its Python sessions' opener
+/// (`impl SessionBackend for Container`) under another language.
+struct ShellSessions(Container);
+
+impl SessionBackend for ShellSessions {
+    fn session_name(&self) -> &str {
+        self.0.session_name()
+    }
+
+    fn session_language(&self) -> Language {
+        Language::Shell
+    }
+
+    fn session_capabilities(&self) -> &BackendCapabilities {
+        self.0.session_capabilities()
+    }
+
+    fn session_packages(&self) -> Vec<String> {
+        self.0.session_packages()
+    }
+
+    fn open_session(&self, spec: &crate::session_spec::SessionSpec) -> Result<Box<dyn Session>, ExecError> {
+        self.0.open_session(spec)
     }
 }

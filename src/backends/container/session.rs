@@ -1,6 +1,7 @@
 //! [`ContainerSession`]: one long-lived, locked-down container whose Python
-//! process keeps its globals across calls (for code that needs what only the
-//! container has: declared packages, output files).
+//! process keeps its globals across calls, or whose `bash` keeps its
+//! variables, functions and working directory (for code that needs what only
+//! the container has: declared packages, output files, a shell).
 //!
 //! The container gets the same locked flags as a one-shot run, the data
 //! image when packages are declared, `/work` (read-only: each cell's input
@@ -11,7 +12,8 @@
 //! deadline).
 //! Its first process is the in-container timer around `python3` running the
 //! session loop (the same loop as CPython-in-wasm sessions, see
-//! `conventions.rs`), which reads cells from the attached stdin. Per cell:
+//! `conventions.rs`), which reads cells from the attached stdin; a shell
+//! session's loop hands each cell to its one `bash` child instead. Per cell:
 //!
 //! - the deadline is the host's: a cell still running at its deadline gets
 //!   the container killed, and the session is lost. The cell itself is
@@ -75,9 +77,10 @@ const OPEN_LIMIT: Duration = Duration::from_secs(60);
 /// without a deadline (past it the cell gets no files, as past a deadline).
 const LISTING_LIMIT: Duration = Duration::from_secs(60);
 
-/// A Python session in a container. See the module docs.
+/// A Python or shell session in a container. See the module docs.
 pub struct ContainerSession {
     runner: Arc<Runner>,
+    language: Language,
     name: String,
     staging: Option<Staging>,
     /// Opens the session's status records (`\0execbox:<nonce>:`).
@@ -168,7 +171,12 @@ impl ContainerSession {
         runner.check_available(runner::NAME)?;
         let cfg = runner.config();
         let nonce = crate::nonce::hex128();
-        let program = conventions::PYTHON_SESSION_PROGRAM.replace("NONCE", &nonce);
+        let (program, first_cell) = match spec.language {
+            Language::Python => (conventions::PYTHON_SESSION_PROGRAM, "pass"),
+            Language::Shell => (conventions::SHELL_SESSION_PROGRAM, ":"),
+            other => return Err(unavailable(format!("container sessions run Python and shell, not {other}"))),
+        };
+        let program = program.replace("NONCE", &nonce);
         let mut template = spec.template().collect_output_files();
         let memory_bytes = *template.policy.memory_bytes.get_or_insert(cfg.session_memory_bytes);
         let pids = *template.policy.max_processes.get_or_insert(cfg.default_pids);
@@ -183,7 +191,8 @@ impl ContainerSession {
         }
         let tools =
             ToolSocket::start().map_err(|e| unavailable(format!("cannot open the session's tool socket: {e}")))?;
-        tools.attach(&mut spec, false)?;
+        // Shell cells call tools with the `tool` command.
+        tools.attach(&mut spec, template.language == Language::Shell)?;
         let process::Spawned { mut child, exit: cli } = process::spawn(&cfg.engine, &spec.argv()).map_err(|e| {
             runner.reaper().remove(spec.name.clone());
             unavailable(format!("cannot run {} and watch it: {e}", cfg.engine.display()))
@@ -199,6 +208,7 @@ impl ContainerSession {
         }
         let session = Self {
             runner,
+            language: template.language,
             name: spec.name.clone(),
             staging: Some(staging),
             marker: marker(&nonce),
@@ -226,7 +236,7 @@ impl ContainerSession {
         }
         // An empty first cell: the container's start counts here, not
         // against the caller's first deadline.
-        let probe = ExecRequest::source(Language::Python, "pass")
+        let probe = ExecRequest::source(session.language, first_cell)
             .policy(SandboxPolicy::strict().timeout(OPEN_LIMIT).max_output_bytes(64 << 10));
         let target = Target {
             name: Self::NAME,
@@ -266,11 +276,11 @@ impl ContainerSession {
     /// lower ones.
     fn fixed_cap_refusals(&self, request: &ExecRequest) -> Vec<Violation> {
         let mut violations = Vec::new();
-        if request.language != Language::Python {
+        if request.language != self.language {
             violations.push(Violation {
                 control: Control::Language,
                 requested: request.language.to_string(),
-                reason: "container sessions run Python".into(),
+                reason: format!("this container session runs {}", self.language),
             });
         }
         let fixed = |control, asked: u64, cap: u64, unit: &str| Violation {
@@ -326,9 +336,13 @@ impl ContainerSession {
         staging.stage_cell(request, input.as_deref())?;
         self.reset_streams(request);
 
-        // The cell's code, after the tools header when it may call tools.
+        // The cell's code, after the tools header when a Python cell may
+        // call tools (a shell cell has the `tool` command).
         let bridge = call.tools().cloned();
-        let header = bridge.as_deref().map(|bridge| python_header("", bridge)).unwrap_or_default();
+        let header = match bridge.as_deref() {
+            Some(bridge) if self.language == Language::Python => python_header("", bridge),
+            _ => Vec::new(),
+        };
         let mut framed = format!("{}\n", header.len() + source.len()).into_bytes();
         framed.extend_from_slice(&header);
         framed.extend_from_slice(source.as_bytes());
@@ -573,10 +587,12 @@ impl ContainerSession {
         // exit, and the kernel offers no event for that (a pidfd signals
         // only exits).
         let until = Instant::now() + Duration::from_millis(500);
+        // The timer and the loop; a shell session's `bash` too.
+        let ours = if self.language == Language::Shell { 3 } else { 2 };
         loop {
             let found = inspect_tree(init)?;
             let verdict = match found {
-                Tree { processes, .. } if processes > 2 => Some(format!("{} processes still ran", processes - 2)),
+                Tree { processes, .. } if processes > ours => Some(format!("{} processes still ran", processes - ours)),
                 Tree { threads, .. } if threads > 1 => Some(format!("{} threads still ran", threads - 1)),
                 Tree { reading: false, .. } => Some("the interpreter was still running".to_string()),
                 _ => None,

@@ -643,8 +643,11 @@ impl Backend for WasmInterpreter {
     }
 
     /// CPython keeps sessions ([`PythonSession`]).
-    fn session_backend(&self) -> Option<Arc<dyn SessionBackend>> {
-        (self.kind() == Interpreter::Python).then(|| Arc::new(self.clone()) as Arc<dyn SessionBackend>)
+    fn session_backends(&self) -> Vec<Arc<dyn SessionBackend>> {
+        match self.kind() {
+            Interpreter::Python => vec![Arc::new(self.clone())],
+            _ => Vec::new(),
+        }
     }
 }
 
