@@ -85,8 +85,8 @@ pub use schema::{JsonSchema, SchemaError};
 pub use sessions::{Session, SessionBackend, SessionConfig, SessionError, SessionSpec, Sessions, SessionsBuilder};
 pub use violation::{Control, Violation};
 pub use workspace::{
-    CollectLimits, Collected, CollectedFile, Imported, WeakWorkspace, Workspace, WorkspaceConfig, WorkspaceError,
-    WorkspaceUsage,
+    CollectLimits, Collected, CollectedFile, Imported, RecordedFile, WeakWorkspace, Workspace, WorkspaceConfig,
+    WorkspaceError, WorkspaceMetadata, WorkspaceUsage,
 };
 
 // The README and every page of docs/ compiled as doctests: each Rust block

@@ -259,6 +259,53 @@ pub struct Collected {
     pub left_out: Vec<String>,
 }
 
+/// Entries a workspace's metadata keeps of each kind: past it the oldest
+/// go first, counted in [`WorkspaceMetadata::dropped`].
+const METADATA_ENTRIES: usize = 1000;
+
+/// The host's record of what was put into a workspace and taken out of it
+/// ([`Workspace::metadata`]; its `metadata.json`). Kept host side: code in
+/// the workspace can neither read nor change it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkspaceMetadata {
+    /// Files put in, oldest first: by the host's writes, as a run's input
+    /// files, by an import (a run's JSON input, `input.json`, is not listed).
+    pub inputs: Vec<RecordedFile>,
+    /// Files taken out, oldest first: read back by a collect, or saved as
+    /// artifacts.
+    pub outputs: Vec<RecordedFile>,
+    /// Entries dropped (the oldest) past 1,000 of a kind.
+    pub dropped: u64,
+}
+
+/// One file in a [`WorkspaceMetadata`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecordedFile {
+    /// Its path relative to the workspace.
+    pub path: String,
+    /// Its size in bytes.
+    pub size: u64,
+    /// The sha256 of its bytes, hex (none for an import, which copies
+    /// without reading the file into memory).
+    pub sha256: Option<String>,
+    /// How it moved: `write` (the host wrote it), `input` (a run's input
+    /// file), `import` ([`Workspace::import_dir`]), `collect` (read back by
+    /// [`Workspace::collect`]), or `artifact:NAME@VERSION` (from or to an
+    /// artifact).
+    pub via: String,
+    /// When, in milliseconds since the Unix epoch.
+    pub at_unix_ms: u64,
+}
+
+/// Which list of a [`WorkspaceMetadata`] an entry goes to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Direction {
+    In,
+    Out,
+}
+
 /// A handle that does not keep its workspace mounted
 /// ([`Workspace::downgrade`]).
 #[derive(Clone, Debug)]
@@ -303,6 +350,7 @@ struct Mounted {
     /// What carries its programs (a backend's, e.g. a container), dropped
     /// (and so ended) before the workspace is unmounted.
     carrier: parking_lot::Mutex<Option<Arc<dyn std::any::Any + Send + Sync>>>,
+    metadata: parking_lot::Mutex<WorkspaceMetadata>,
 }
 
 impl Workspace {
@@ -334,10 +382,9 @@ impl Workspace {
         }
         match hostfs::open_ambient(&path) {
             Ok(dir) => {
-                let running = Default::default();
-                let carrier = Default::default();
+                let (running, carrier, metadata) = Default::default();
                 let (max_files, code_user) = (cfg.max_files, cfg.code_user);
-                Ok(Self(Arc::new(Mounted { id, path, max_files, code_user, running, dir, carrier })))
+                Ok(Self(Arc::new(Mounted { id, path, max_files, code_user, running, dir, carrier, metadata })))
             }
             Err(source) => {
                 let _ = unmount(&path, UnmountFlags::DETACH);
@@ -381,24 +428,65 @@ impl Workspace {
     /// reader sees half a file and a hard link is never written through. A
     /// symlink anywhere on the path is refused.
     pub fn write(&self, path: &str, bytes: &[u8]) -> Result<(), WorkspaceError> {
-        self.write_file(path, bytes, None)
+        self.write_from(path, bytes, None, "write")
     }
 
     /// [`Workspace::write`] with the file's permission bits (`0o755` for a
     /// script, say): at most `0o777`, no set-id or sticky bit.
     pub fn write_with_mode(&self, path: &str, bytes: &[u8], mode: u32) -> Result<(), WorkspaceError> {
-        if mode > 0o777 {
-            return Err(WorkspaceError::BadMode { path: path.to_string(), mode });
-        }
-        self.write_file(path, bytes, Some(mode))
+        self.write_from(path, bytes, Some(mode), "write")
     }
 
-    fn write_file(&self, path: &str, bytes: &[u8], mode: Option<u32>) -> Result<(), WorkspaceError> {
+    /// Writes a file (see [`Workspace::write`]) and records it among the
+    /// metadata's inputs as having come `via` (e.g. `artifact:NAME@VERSION`).
+    pub(crate) fn write_from(
+        &self,
+        path: &str,
+        bytes: &[u8],
+        mode: Option<u32>,
+        via: &str,
+    ) -> Result<(), WorkspaceError> {
+        if let Some(mode) = mode.filter(|mode| *mode > 0o777) {
+            return Err(WorkspaceError::BadMode { path: path.to_string(), mode });
+        }
         let (parents, leaf) = split(path)?;
         let io = |source| WorkspaceError::Io { path: path.to_string(), source };
         let dir = self.make_dirs(&parents).map_err(io)?;
         hostfs::replace_with_mode(&dir, leaf, bytes, mode).map_err(io)?;
-        give_to_code(&dir, leaf, self.0.code_user).map_err(io)
+        give_to_code(&dir, leaf, self.0.code_user).map_err(io)?;
+        self.note(Direction::In, path, bytes.len() as u64, Some(bytes), via);
+        Ok(())
+    }
+
+    /// The host's record of the files put in and taken out so far.
+    pub fn metadata(&self) -> WorkspaceMetadata {
+        self.0.metadata.lock().clone()
+    }
+
+    /// Adds one file to the metadata (`content`, when at hand, for its hash).
+    pub(crate) fn note(&self, direction: Direction, path: &str, size: u64, content: Option<&[u8]>, via: &str) {
+        use sha2::Digest as _;
+        let at_unix_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let entry = RecordedFile {
+            path: path.to_string(),
+            size,
+            sha256: content.map(|bytes| hex::encode(sha2::Sha256::digest(bytes))),
+            via: via.to_string(),
+            at_unix_ms,
+        };
+        let mut metadata = self.0.metadata.lock();
+        let metadata = &mut *metadata;
+        let list = match direction {
+            Direction::In => &mut metadata.inputs,
+            Direction::Out => &mut metadata.outputs,
+        };
+        if list.len() >= METADATA_ENTRIES {
+            list.remove(0);
+            metadata.dropped += 1;
+        }
+        list.push(entry);
     }
 
     /// Puts a run's files in before it starts: each of `files`, and
@@ -407,7 +495,7 @@ impl Workspace {
     #[cfg_attr(not(any(feature = "wasm", feature = "container")), allow(dead_code))]
     pub(crate) fn stage(&self, files: &[ExecFile], input_json: Option<&[u8]>) -> Result<(), WorkspaceError> {
         for file in files {
-            self.write(&file.name, &file.content)?;
+            self.write_from(&file.name, &file.content, None, "input")?;
         }
         match input_json {
             Some(json) => self.write(INPUT_JSON, json),
@@ -436,7 +524,8 @@ impl Workspace {
     /// any of `globs` (`*` and `?` within a name, `**` across directories;
     /// at most 32 globs of 256 bytes and 8 `*` each), within `limits`. The
     /// walk never follows a symlink and opens only regular files; it stops
-    /// after 100,000 entries, 64 levels or 2 s.
+    /// after 100,000 entries, 64 levels or 2 s. Each file read goes into
+    /// the [metadata](Workspace::metadata)'s outputs.
     pub fn collect(&self, globs: &[String], limits: &CollectLimits) -> Result<Collected, WorkspaceError> {
         let patterns = compile_globs(globs)?;
         let started = std::time::Instant::now();
@@ -526,6 +615,7 @@ impl Workspace {
                 continue;
             }
             total += bytes.len() as u64;
+            self.note(Direction::Out, &path, bytes.len() as u64, Some(&bytes), "collect");
             files.push(CollectedFile { path, content: bytes, mode });
         }
         Ok(Collected { files, limits_hit: limits_hit.into_iter().collect(), left_out })
@@ -591,6 +681,7 @@ impl Workspace {
                     give_to_code(&to, leaf, self.0.code_user).map_err(at(&path))?;
                     imported.files += 1;
                     imported.bytes += meta.len();
+                    self.note(Direction::In, &path, meta.len(), None, "import");
                 } else {
                     imported.left_out.push(format!("{path}: not a regular file or a directory (not copied)"));
                 }

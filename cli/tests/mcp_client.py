@@ -34,7 +34,7 @@ def check(condition, what):
 async def exercise(session: ClientSession, logs: list, transport: str):
     tools = {t.name for t in (await session.list_tools()).tools}
     expected = {"run_code", "list_backends", "create_session", "close_session",
-                "create_workspace", "close_workspace", "write_files", "read_files",
+                "create_workspace", "close_workspace", "describe_workspace", "write_files", "read_files",
                 "start_program", "poll_program", "write_program", "kill_program"}
     check(tools == expected, f"{transport}: tools {tools}")
 

@@ -60,20 +60,21 @@ impl Artifacts {
         match *self {}
     }
 
-    /// The content of artifact `reference`: `name@version`, or `name` for
-    /// its latest version.
-    pub(super) fn load(&self, reference: &str) -> Result<Vec<u8>, String> {
+    /// The content of artifact `reference` (`name@version`, or `name` for
+    /// its latest version), and which version it was (`name@version`).
+    pub(super) fn load(&self, reference: &str) -> Result<(Vec<u8>, String), String> {
         let (name, version) = parse_reference(reference).map_err(|e| format!("artifact {reference:?}: {e}"))?;
         self.load_named(name, version).map_err(|e| format!("artifact {reference:?}: {e}"))
     }
 
     #[cfg(feature = "artifacts")]
-    fn load_named(&self, name: &str, version: Option<u32>) -> Result<Vec<u8>, String> {
-        Ok(self.store.load(&self.scope, name, version).map_err(|e| e.to_string())?.content)
+    fn load_named(&self, name: &str, version: Option<u32>) -> Result<(Vec<u8>, String), String> {
+        let artifact = self.store.load(&self.scope, name, version).map_err(|e| e.to_string())?;
+        Ok((artifact.content, format!("{name}@{}", artifact.version.version)))
     }
 
     #[cfg(not(feature = "artifacts"))]
-    fn load_named(&self, _name: &str, _version: Option<u32>) -> Result<Vec<u8>, String> {
+    fn load_named(&self, _name: &str, _version: Option<u32>) -> Result<(Vec<u8>, String), String> {
         match *self {}
     }
 }

@@ -1,5 +1,5 @@
 //! The MCP tools of workspaces: `create_workspace`, `close_workspace`,
-//! `write_files`, `read_files` (and `run_code`'s `workspace_id`, in
+//! `describe_workspace`, `write_files`, `read_files` (and `run_code`'s `workspace_id`, in
 //! `tools.rs`). A connection's workspaces are its own: ids are looked up
 //! under it only, and its workspaces are unmounted when it ends.
 
@@ -17,7 +17,7 @@ use super::file_artifacts::{Artifacts, DEFAULT_NAME_TEMPLATE, Saved};
 use super::shared::HeldWorkspace;
 use super::tools::{Connection, ExecboxMcp, invalid_arguments, structured};
 use crate::program::ProgramStatus;
-use crate::workspace::{CollectLimits, Workspace, WorkspaceConfig, WorkspaceError};
+use crate::workspace::{CollectLimits, Direction, Workspace, WorkspaceConfig, WorkspaceError};
 
 /// Workspaces one connection may hold at once.
 pub(super) const MAX_WORKSPACES_PER_CONNECTION: usize = 4;
@@ -213,6 +213,41 @@ impl ExecboxMcp {
         Ok(structured(json!({"closed": was_open}), text, false))
     }
 
+    /// A workspace's usage and the host's record of its files.
+    #[tool(description = "Describe a workspace: how full it is ({bytes_used, quota_bytes, files_used, \
+            max_files, full}) and its metadata, the host's record of the files put in (write_files, a run's \
+            input files) and taken out (read_files, saved artifacts), each {path, size, sha256, via, \
+            at_unix_ms}, oldest first (the last 1000 of each; dropped counts the rest). Code in the \
+            workspace cannot change this record.")]
+    async fn describe_workspace(
+        &self,
+        Parameters(WorkspaceIdArgs { workspace_id }): Parameters<WorkspaceIdArgs>,
+    ) -> Result<CallToolResult, McpError> {
+        let Some(workspace) = self.workspace(&workspace_id) else {
+            return Ok(invalid_arguments("describe_workspace", &format!("no workspace {workspace_id} is open")));
+        };
+        let usage = tokio::task::spawn_blocking({
+            let workspace = workspace.clone();
+            move || workspace.usage()
+        })
+        .await
+        .map_err(|e| McpError::internal_error(format!("workspace task: {e}"), None))?;
+        let usage = match usage {
+            Ok(usage) => usage,
+            Err(e) => return Ok(invalid_arguments("describe_workspace", &crate::error::with_causes(&e))),
+        };
+        let metadata = workspace.metadata();
+        let text = format!(
+            "{} of {} bytes used; {} files put in, {} taken out",
+            usage.bytes_used,
+            usage.quota_bytes,
+            metadata.inputs.len(),
+            metadata.outputs.len()
+        );
+        let body = json!({"workspace_id": workspace_id, "usage": usage, "metadata": metadata});
+        Ok(structured(body, text, false))
+    }
+
     /// Writes files into a workspace.
     #[tool(description = "Write files into a workspace (each replaces any file at its path; directories are \
             made). Paths are relative to /work; mode is the permission bits as a number (493 = 0o755 for a \
@@ -254,18 +289,16 @@ impl ExecboxMcp {
         let written = tokio::task::spawn_blocking(move || {
             for (path, content, mode) in &contents {
                 let loaded;
-                let bytes = match content {
-                    Content::Inline(bytes) => bytes,
+                let (bytes, via) = match content {
+                    Content::Inline(bytes) => (bytes, "write".to_string()),
                     Content::Artifact(reference) => {
                         let store = artifacts.as_ref().ok_or_else(|| Refused::Artifact("no store".into()))?;
-                        loaded = store.load(reference).map_err(Refused::Artifact)?;
-                        &loaded
+                        let which;
+                        (loaded, which) = store.load(reference).map_err(Refused::Artifact)?;
+                        (&loaded, format!("artifact:{which}"))
                     }
                 };
-                match mode {
-                    Some(mode) => workspace.write_with_mode(path, bytes, *mode)?,
-                    None => workspace.write(path, bytes)?,
-                }
+                workspace.write_from(path, bytes, *mode, &via)?;
             }
             Ok::<_, Refused>(contents.len())
         })
@@ -313,7 +346,12 @@ impl ExecboxMcp {
                     let mut saved = Vec::with_capacity(collected.files.len());
                     for file in &collected.files {
                         match artifacts.save(&template, &file.path, &file.content) {
-                            Ok(artifact) => saved.push(Some(artifact)),
+                            Ok(artifact) => {
+                                let via = format!("artifact:{}@{}", artifact.name, artifact.version);
+                                let size = file.content.len() as u64;
+                                workspace.note(Direction::Out, &file.path, size, Some(&file.content), &via);
+                                saved.push(Some(artifact));
+                            }
                             Err(why) => {
                                 collected.left_out.push(format!("{}: not saved as an artifact: {why}", file.path));
                                 if !collected.limits_hit.iter().any(|hit| hit == "artifacts") {
@@ -395,7 +433,7 @@ impl ExecboxMcp {
     pub(super) fn check_workspace_arguments(tool: &str, arguments: serde_json::Value) -> Result<(), serde_json::Error> {
         match tool {
             "create_workspace" => serde_json::from_value::<CreateWorkspaceArgs>(arguments).map(drop),
-            "close_workspace" => serde_json::from_value::<WorkspaceIdArgs>(arguments).map(drop),
+            "close_workspace" | "describe_workspace" => serde_json::from_value::<WorkspaceIdArgs>(arguments).map(drop),
             "write_files" => serde_json::from_value::<WriteFilesArgs>(arguments).map(drop),
             "read_files" => serde_json::from_value::<ReadFilesArgs>(arguments).map(drop),
             _ => Ok(()),

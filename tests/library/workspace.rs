@@ -528,3 +528,46 @@ fn what_a_wasm_run_makes_belongs_to_the_code_s_user() {
     assert_eq!(ws.read("made/f.txt", 100).unwrap(), b"wasm+container");
     assert_eq!(ws.read("made/deep/new.txt", 100).unwrap(), b"x");
 }
+
+/// The host's metadata lists what was put in (written, a run's input files,
+/// imported) and taken out (collected), with sizes and hashes, bounded to
+/// the last 1,000 of each kind; what code does in the workspace is not in it.
+#[test]
+fn the_metadata_records_files_in_and_out_and_stays_bounded() {
+    let Some((ws, _root)) = workspace(8 << 20, 5000) else { return };
+    let Some(wasm) = common::skip::interpreter(WasmInterpreter::new(InterpreterConfig::default()).unwrap()) else {
+        return;
+    };
+    ws.write_with_mode("a.txt", b"abc", 0o600).unwrap();
+    let host = tempfile::tempdir().unwrap();
+    std::fs::write(host.path().join("imported.txt"), "xyz").unwrap();
+    ws.import_dir(host.path()).unwrap();
+    // A run's input file; the file the code itself writes is not recorded.
+    let request = ExecRequest::source(Language::Python, "open('/work/by_code.txt', 'w').write('code')")
+        .input_file(ExecFile::new("staged.txt", b"in".to_vec()))
+        .workspace(&ws)
+        .policy(policy());
+    ok(Executor::run_on(&wasm, request).unwrap());
+    ws.collect(&["a.txt".to_string()], &execbox::CollectLimits::default()).unwrap();
+    let metadata = ws.metadata();
+    let inputs: Vec<(&str, u64, &str)> =
+        metadata.inputs.iter().map(|f| (f.path.as_str(), f.size, f.via.as_str())).collect();
+    assert_eq!(inputs, [("a.txt", 3, "write"), ("imported.txt", 3, "import"), ("staged.txt", 2, "input")]);
+    let sha = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"; // sha256("abc")
+    assert_eq!(metadata.inputs[0].sha256.as_deref(), Some(sha));
+    assert_eq!(metadata.inputs[1].sha256, None, "an import is copied without being read into memory");
+    assert_eq!(metadata.outputs.len(), 1);
+    assert_eq!((metadata.outputs[0].path.as_str(), metadata.outputs[0].via.as_str()), ("a.txt", "collect"));
+    assert!(metadata.inputs[0].at_unix_ms > 1_700_000_000_000, "{:?}", metadata.inputs[0]);
+
+    for n in 0..1_000 {
+        ws.write(&format!("many/{n}"), b"").unwrap();
+    }
+    let metadata = ws.metadata();
+    assert_eq!((metadata.inputs.len(), metadata.dropped), (1_000, 3), "the oldest go first");
+    assert_eq!(metadata.inputs[0].path, "many/0");
+    assert_eq!(metadata.inputs[999].path, "many/999");
+    // One JSON shape.
+    let json = serde_json::to_value(&metadata).unwrap();
+    assert_eq!(serde_json::from_value::<execbox::WorkspaceMetadata>(json).unwrap(), metadata);
+}

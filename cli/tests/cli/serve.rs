@@ -1658,6 +1658,39 @@ async fn workspace_files_are_saved_as_artifacts_and_written_from_them() {
         assert_eq!(refused.is_error, Some(true), "{refused:?}");
         assert!(refused.structured_content.unwrap().to_string().contains(why), "{why}");
     }
+    // The host's record of it all, oldest first, code unable to change it.
+    let (_, _) = run(&client, json!({"language": "python", "code": "print(1)", "workspace_id": ws})).await;
+    let described = body(call(&client, "describe_workspace", json!({"workspace_id": ws})).await.unwrap());
+    let entries = |list: &str| -> Vec<(String, String)> {
+        described["metadata"][list]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| (e["path"].as_str().unwrap().to_string(), e["via"].as_str().unwrap().to_string()))
+            .collect()
+    };
+    let pairs = |list: &[(&str, &str)]| -> Vec<(String, String)> {
+        list.iter().map(|(p, v)| (p.to_string(), v.to_string())).collect()
+    };
+    assert_eq!(
+        entries("inputs"),
+        pairs(&[
+            ("out/report.txt", "write"),
+            ("out/data.csv", "write"),
+            ("out/report.txt", "write"),
+            ("in/old.txt", "artifact:out_report.txt@1"),
+            ("in/new.txt", "artifact:out_report.txt@2"),
+        ]),
+        "{described}"
+    );
+    let outputs = entries("outputs");
+    assert!(outputs.contains(&("out/data.csv".into(), "artifact:run-data.csv@1".into())), "{described}");
+    assert!(outputs.contains(&("out/report.txt".into(), "artifact:out_report.txt@2".into())), "{described}");
+    assert!(outputs.contains(&("in/new.txt".into(), "collect".into())), "{described}");
+    assert!(!outputs.iter().any(|(_, via)| via == "artifact:.data.csv@1"), "a refused save is not recorded");
+    let first = &described["metadata"]["inputs"][0];
+    assert_eq!((first["size"].clone(), first["sha256"].as_str().unwrap().len()), (json!(2), 64), "{first}");
+    assert!(described["usage"]["bytes_used"].as_u64().unwrap() > 0, "{described}");
     client.cancel().await.unwrap();
 
     // Without a store: both refused, naming why.
