@@ -85,7 +85,7 @@ pub use schema::{JsonSchema, SchemaError};
 pub use sessions::{Session, SessionBackend, SessionConfig, SessionError, SessionSpec, Sessions, SessionsBuilder};
 pub use violation::{Control, Violation};
 pub use workspace::{
-    CollectLimits, Collected, CollectedFile, Imported, RecordedFile, WeakWorkspace, Workspace, WorkspaceConfig,
+    CollectLimits, Collected, CollectedFile, Copied, Imported, RecordedFile, WeakWorkspace, Workspace, WorkspaceConfig,
     WorkspaceError, WorkspaceMetadata, WorkspaceUsage,
 };
 

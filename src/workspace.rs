@@ -83,11 +83,27 @@ pub struct WorkspaceConfig {
     /// # Default
     /// `(65534, 65534)` (nobody, the container backend's default user).
     pub code_user: (u32, u32),
+    /// A host directory the workspace's files are copied into when it goes
+    /// (its last handle dropped, or [`Workspace::end_now`]), as
+    /// [`Workspace::export_dir`] copies: made if missing, same-named files
+    /// replaced. The copy runs on the thread that drops the last handle; a
+    /// failure is logged. A host killed outright (SIGKILL) copies nothing:
+    /// call `export_dir` at the points you cannot lose.
+    ///
+    /// # Default
+    /// None: the files go with the workspace.
+    pub persist_to: Option<PathBuf>,
 }
 
 impl Default for WorkspaceConfig {
     fn default() -> Self {
-        Self { quota_bytes: 64 << 20, max_files: 10_000, root: PathBuf::from(DEFAULT_ROOT), code_user: (65534, 65534) }
+        Self {
+            quota_bytes: 64 << 20,
+            max_files: 10_000,
+            root: PathBuf::from(DEFAULT_ROOT),
+            code_user: (65534, 65534),
+            persist_to: None,
+        }
     }
 }
 
@@ -113,6 +129,12 @@ impl WorkspaceConfig {
     /// Sets [`WorkspaceConfig::root`].
     pub fn root(mut self, root: impl Into<PathBuf>) -> Self {
         self.root = root.into();
+        self
+    }
+
+    /// Sets [`WorkspaceConfig::persist_to`].
+    pub fn persist_to(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.persist_to = Some(dir.into());
         self
     }
 }
@@ -318,10 +340,11 @@ impl WeakWorkspace {
     }
 }
 
-/// What [`Workspace::import_dir`] copied, and what it did not.
+/// What a copy of a tree ([`Workspace::import_dir`],
+/// [`Workspace::export_dir`]) copied, and what it did not.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
-pub struct Imported {
+pub struct Copied {
     /// Regular files copied.
     pub files: usize,
     /// Their bytes.
@@ -330,6 +353,9 @@ pub struct Imported {
     /// name that is not UTF-8, the walk's bounds).
     pub left_out: Vec<String>,
 }
+
+/// What [`Workspace::import_dir`] copied (its first name for [`Copied`]).
+pub type Imported = Copied;
 
 /// A workspace: a handle that can be cloned and given to requests
 /// ([`ExecRequest::workspace`](crate::request::ExecRequest::workspace));
@@ -351,6 +377,8 @@ struct Mounted {
     /// (and so ended) before the workspace is unmounted.
     carrier: parking_lot::Mutex<Option<Arc<dyn std::any::Any + Send + Sync>>>,
     metadata: parking_lot::Mutex<WorkspaceMetadata>,
+    /// Where its files are copied when it goes (taken by the first copy).
+    persist_to: parking_lot::Mutex<Option<PathBuf>>,
 }
 
 impl Workspace {
@@ -384,7 +412,9 @@ impl Workspace {
             Ok(dir) => {
                 let (running, carrier, metadata) = Default::default();
                 let (max_files, code_user) = (cfg.max_files, cfg.code_user);
-                Ok(Self(Arc::new(Mounted { id, path, max_files, code_user, running, dir, carrier, metadata })))
+                let persist_to = parking_lot::Mutex::new(cfg.persist_to);
+                let mounted = Mounted { id, path, max_files, code_user, running, dir, carrier, metadata, persist_to };
+                Ok(Self(Arc::new(mounted)))
             }
             Err(source) => {
                 let _ = unmount(&path, UnmountFlags::DETACH);
@@ -625,69 +655,34 @@ impl Workspace {
     /// directories and regular files (with their permission bits), replacing
     /// files of the same paths. The copy reads `host` through a handle, one
     /// component at a time: a symlink or a special file in it is never
-    /// followed or opened, only named in [`Imported::left_out`], as are
+    /// followed or opened, only named in [`Copied::left_out`], as are
     /// names that are not UTF-8. The walk stops after 100,000 entries or 64
     /// levels (`left_out` says so). Past the quota the copy fails with the
     /// file it was at (`No space left on device`); what was copied stays.
     pub fn import_dir(&self, host: &Path) -> Result<Imported, WorkspaceError> {
-        let at = |path: &str| {
-            let path = path.to_string();
-            move |source| WorkspaceError::Io { path, source }
-        };
-        let root = hostfs::open_ambient(host).map_err(at(&host.display().to_string()))?;
-        let mut imported = Imported::default();
-        let mut walked = 0;
-        let mut stack = vec![(String::new(), 0usize)];
-        while let Some((prefix, depth)) = stack.pop() {
-            let mut from = root.try_clone().map_err(at(&prefix))?;
-            for name in prefix.split('/').filter(|n| !n.is_empty()) {
-                from = hostfs::open_dir(&from, OsStr::new(name)).map_err(at(&prefix))?;
+        let from = hostfs::open_ambient(host)
+            .map_err(|source| WorkspaceError::Io { path: host.display().to_string(), source })?;
+        copy_tree(&from, &self.0.dir, |dir, name, path, size| {
+            give_to_code(dir, name, self.0.code_user)?;
+            if let Some(size) = size {
+                self.note(Direction::In, path, size, None, "import");
             }
-            let parents: Vec<&OsStr> = prefix.split('/').filter(|n| !n.is_empty()).map(OsStr::new).collect();
-            let to = self.make_dirs(&parents).map_err(at(&prefix))?;
-            for entry in from.entries().map_err(at(&prefix))? {
-                let entry = entry.map_err(at(&prefix))?;
-                walked += 1;
-                if walked > WALK_ENTRIES {
-                    imported.left_out.push(format!(
-                        "{}/: more than {WALK_ENTRIES} entries (the rest not copied)",
-                        joined(&prefix, "")
-                    ));
-                    return Ok(imported);
-                }
-                let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
-                    let shown = entry.file_name().to_string_lossy().into_owned();
-                    imported
-                        .left_out
-                        .push(format!("{}: a name that is not UTF-8 (not copied)", joined(&prefix, &shown)));
-                    continue;
-                };
-                let path = joined(&prefix, &name);
-                let kind = entry.file_type().map_err(at(&path))?;
-                if kind.is_dir() {
-                    if depth + 1 < WALK_DEPTH {
-                        hostfs::create_dirs(&to, Path::new(&name), Some(0o755)).map_err(at(&path))?;
-                        give_to_code(&to, OsStr::new(&name), self.0.code_user).map_err(at(&path))?;
-                        stack.push((path, depth + 1));
-                    } else {
-                        imported.left_out.push(format!("{path}/: deeper than {WALK_DEPTH} levels (not copied)"));
-                    }
-                } else if kind.is_file() {
-                    use cap_std::fs::PermissionsExt as _;
-                    let meta = entry.metadata().map_err(at(&path))?;
-                    let mode = meta.permissions().mode() & 0o777;
-                    let leaf = OsStr::new(&name);
-                    hostfs::copy_regular(&from, leaf, &to, leaf, mode, u64::MAX).map_err(at(&path))?;
-                    give_to_code(&to, leaf, self.0.code_user).map_err(at(&path))?;
-                    imported.files += 1;
-                    imported.bytes += meta.len();
-                    self.note(Direction::In, &path, meta.len(), None, "import");
-                } else {
-                    imported.left_out.push(format!("{path}: not a regular file or a directory (not copied)"));
-                }
-            }
-        }
-        Ok(imported)
+            Ok(())
+        })
+    }
+
+    /// Copies the workspace's directories and regular files (with their
+    /// permission bits) into the host directory `host` (made if missing),
+    /// replacing files of the same paths there: the other way round from
+    /// [`Workspace::import_dir`], with the same walk and bounds. What code
+    /// planted (a symlink, a FIFO, a device) is never followed or opened,
+    /// only named in [`Copied::left_out`]; a symlink already in `host` is
+    /// never written through.
+    pub fn export_dir(&self, host: &Path) -> Result<Copied, WorkspaceError> {
+        let at = |source| WorkspaceError::Io { path: host.display().to_string(), source };
+        std::fs::create_dir_all(host).map_err(at)?;
+        let to = hostfs::open_ambient(host).map_err(at)?;
+        copy_tree(&self.0.dir, &to, |_, _, _, _| Ok(()))
     }
 
     /// Hands every entry of the workspace that is not the code's user's to
@@ -798,12 +793,14 @@ impl Workspace {
     }
 
     /// Ends the workspace now, whatever handles remain: what carries its
-    /// programs ends, it is unmounted (lazily: a run still in it keeps it
+    /// programs ends, its files are copied to
+    /// [`WorkspaceConfig::persist_to`] if set, it is unmounted (lazily: a run still in it keeps it
     /// until it ends) and its directory removed. For a process about to
     /// exit on a signal, whose handles are never dropped; any later use of
     /// a handle fails.
     pub fn end_now(&self) {
         drop(self.0.carrier.lock().take());
+        self.0.persist();
         remove(&self.0.path);
     }
 
@@ -832,9 +829,103 @@ impl fmt::Debug for Workspace {
     }
 }
 
+/// Copies the directories and regular files under `from` into `to` (their
+/// permission bits kept; each file written beside its place and renamed
+/// over it, so no existing inode is written into), one component at a
+/// time: a symlink, FIFO, device or name that is not UTF-8 is never
+/// followed or opened, only named in `left_out`. At most 100,000 entries
+/// and 64 levels. `made(dir, name, path, size)` runs on each entry made in
+/// `to` (`size`: `None` for a directory). Stops at the first error.
+fn copy_tree(
+    from: &Dir,
+    to: &Dir,
+    mut made: impl FnMut(&Dir, &OsStr, &str, Option<u64>) -> io::Result<()>,
+) -> Result<Copied, WorkspaceError> {
+    use cap_std::fs::PermissionsExt as _;
+    let at = |path: &str| {
+        let path = path.to_string();
+        move |source| WorkspaceError::Io { path, source }
+    };
+    let open = |root: &Dir, prefix: &str| -> io::Result<Dir> {
+        let mut dir = root.try_clone()?;
+        for name in prefix.split('/').filter(|n| !n.is_empty()) {
+            dir = hostfs::open_dir(&dir, OsStr::new(name))?;
+        }
+        Ok(dir)
+    };
+    let mut copied = Copied::default();
+    let mut walked = 0;
+    let mut stack = vec![(String::new(), 0usize)];
+    while let Some((prefix, depth)) = stack.pop() {
+        let source = open(from, &prefix).map_err(at(&prefix))?;
+        let target = open(to, &prefix).map_err(at(&prefix))?;
+        for entry in source.entries().map_err(at(&prefix))? {
+            let entry = entry.map_err(at(&prefix))?;
+            walked += 1;
+            if walked > WALK_ENTRIES {
+                let dir = joined(&prefix, "");
+                copied.left_out.push(format!("{dir}/: more than {WALK_ENTRIES} entries (the rest not copied)"));
+                return Ok(copied);
+            }
+            let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
+                let shown = entry.file_name().to_string_lossy().into_owned();
+                let path = joined(&prefix, &shown);
+                copied.left_out.push(format!("{path}: a name that is not UTF-8 (not copied)"));
+                continue;
+            };
+            let path = joined(&prefix, &name);
+            let leaf = OsStr::new(&name);
+            let kind = entry.file_type().map_err(at(&path))?;
+            if kind.is_dir() {
+                if depth + 1 < WALK_DEPTH {
+                    hostfs::create_dirs(&target, Path::new(&name), Some(0o755)).map_err(at(&path))?;
+                    made(&target, leaf, &path, None).map_err(at(&path))?;
+                    stack.push((path, depth + 1));
+                } else {
+                    copied.left_out.push(format!("{path}/: deeper than {WALK_DEPTH} levels (not copied)"));
+                }
+            } else if kind.is_file() {
+                let meta = entry.metadata().map_err(at(&path))?;
+                let mode = meta.permissions().mode() & 0o777;
+                hostfs::copy_regular(&source, leaf, &target, leaf, mode, u64::MAX).map_err(at(&path))?;
+                made(&target, leaf, &path, Some(meta.len())).map_err(at(&path))?;
+                copied.files += 1;
+                copied.bytes += meta.len();
+            } else {
+                copied.left_out.push(format!("{path}: not a regular file or a directory (not copied)"));
+            }
+        }
+    }
+    Ok(copied)
+}
+
+impl Mounted {
+    /// Copies its files to [`WorkspaceConfig::persist_to`], once, if set:
+    /// what fails is logged (this runs as it goes, with no caller to tell).
+    fn persist(&self) {
+        let Some(host) = self.persist_to.lock().take() else { return };
+        let to = std::fs::create_dir_all(&host).and_then(|()| hostfs::open_ambient(&host));
+        match to.map_err(|source| WorkspaceError::Io { path: host.display().to_string(), source }) {
+            Ok(to) => match copy_tree(&self.dir, &to, |_, _, _, _| Ok(())) {
+                Ok(copied) if copied.left_out.is_empty() => {}
+                Ok(copied) => {
+                    tracing::warn!(dir = %host.display(), left_out = ?copied.left_out, "a workspace was kept in part")
+                }
+                Err(e) => tracing::warn!(
+                    dir = %host.display(),
+                    error = %crate::error::with_causes(&e),
+                    "a workspace could not be kept"
+                ),
+            },
+            Err(e) => tracing::warn!(error = %crate::error::with_causes(&e), "a workspace could not be kept"),
+        }
+    }
+}
+
 impl Drop for Mounted {
     fn drop(&mut self) {
         drop(self.carrier.get_mut().take());
+        self.persist();
         remove(&self.path);
     }
 }

@@ -571,3 +571,51 @@ fn the_metadata_records_files_in_and_out_and_stays_bounded() {
     let json = serde_json::to_value(&metadata).unwrap();
     assert_eq!(serde_json::from_value::<execbox::WorkspaceMetadata>(json).unwrap(), metadata);
 }
+
+/// `export_dir` copies the workspace out (modes kept, what code planted not
+/// followed, a link already in the target replaced, never written
+/// through); `persist_to` does the same when the last handle goes, then
+/// the mount goes as always.
+#[test]
+fn a_workspace_is_exported_and_kept_by_persist_to() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let root = tempfile::tempdir().unwrap();
+    let kept = tempfile::tempdir().unwrap();
+    let keep = kept.path().join("kept");
+    let cfg = WorkspaceConfig::default().quota_bytes(1 << 20).max_files(100).root(root.path()).persist_to(&keep);
+    let ws = match Workspace::create(cfg) {
+        Ok(ws) => ws,
+        Err(e @ WorkspaceError::CannotMount { .. }) => {
+            common::skip::available(REQUIRE, Err(e));
+            return;
+        }
+        Err(e) => panic!("{e}"),
+    };
+    ws.write_with_mode("bin/run.sh", b"#!/bin/sh\necho hi\n", 0o755).unwrap();
+    ws.write("notes.txt", b"kept").unwrap();
+    // What code could plant: a link out, a FIFO.
+    std::os::unix::fs::symlink("/etc/passwd", ws.host_path().join("link")).unwrap();
+    let fifo = std::process::Command::new("mkfifo").arg(ws.host_path().join("fifo")).status().unwrap();
+    assert!(fifo.success());
+
+    // Exported now, into a directory holding a link where a file goes.
+    let out = tempfile::tempdir().unwrap();
+    let victim = out.path().join("victim");
+    std::fs::write(&victim, "untouched").unwrap();
+    std::os::unix::fs::symlink(&victim, out.path().join("notes.txt")).unwrap();
+    let copied = ws.export_dir(out.path()).unwrap();
+    assert_eq!((copied.files, copied.bytes), (2, 22), "{copied:?}");
+    assert_eq!(copied.left_out.len(), 2, "the link and the FIFO are named: {copied:?}");
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "untouched", "written through a link");
+    assert_eq!(std::fs::read_to_string(out.path().join("notes.txt")).unwrap(), "kept");
+    assert!(!out.path().join("link").exists() && !out.path().join("fifo").exists());
+
+    // Kept when the last handle goes; the mount goes all the same.
+    let path = ws.host_path().to_path_buf();
+    drop(ws);
+    assert!(!mounted(&path) && !path.exists(), "{path:?} outlived its workspace");
+    assert_eq!(std::fs::read_to_string(keep.join("notes.txt")).unwrap(), "kept");
+    let script = std::fs::metadata(keep.join("bin/run.sh")).unwrap();
+    assert_eq!(script.permissions().mode() & 0o777, 0o755);
+    assert!(std::fs::symlink_metadata(keep.join("link")).is_err(), "a planted link was copied");
+}
