@@ -34,6 +34,7 @@ use crate::error::{BackendRejection, ExecError, InvalidRequest};
 use crate::limits::deadline::Deadline;
 use crate::limits::{nesting, result_caps};
 use crate::policy::{Access, SandboxPolicy};
+use crate::program::{ProgramHost, ProgramStarter};
 use crate::request::{ExecRequest, Payload};
 use crate::result::{ExecResult, Outcome};
 use crate::schema::JsonSchema;
@@ -50,6 +51,9 @@ pub(crate) struct Door {
     ceiling: Option<Arc<SandboxPolicy>>,
     tools: Option<ToolRegistry>,
     artifacts: Option<SpillStore>,
+    /// What starts the programs of runs that call Code Mode's
+    /// `workspace.*` tools (an executor's door has it).
+    programs: Option<Arc<dyn ProgramStarter>>,
 }
 
 /// What a request is admitted to: a backend, or a live session.
@@ -74,7 +78,14 @@ impl Door {
         tools: Option<ToolRegistry>,
         artifacts: Option<SpillStore>,
     ) -> Self {
-        Self { ceiling: ceiling.map(Arc::new), tools, artifacts }
+        Self { ceiling: ceiling.map(Arc::new), tools, artifacts, programs: None }
+    }
+
+    /// This door, its runs' `workspace.*` tools starting programs with
+    /// `starter` (an executor built on a door without one: no cycle).
+    pub(crate) fn with_programs(mut self, starter: Arc<dyn ProgramStarter>) -> Self {
+        self.programs = Some(starter);
+        self
     }
 
     /// The ceiling every request is held to, if any.
@@ -132,7 +143,7 @@ impl Door {
         let span = crate::observe::run_span(target.name, &request, target.session);
         let mut admitted = Admitted::new(request, target.capabilities, span);
         admitted.workspace_turn = turn;
-        admitted.with_tools(self.tools())?.with_spill(self.artifacts())
+        admitted.with_tools(self.tools(), self.programs.as_ref())?.with_spill(self.artifacts())
     }
 }
 
@@ -346,7 +357,13 @@ impl Admitted {
     /// granted tools of `registry`, within the policy's tool limits, until
     /// the run's deadline. A grant that names a tool `registry` lacks (not a
     /// `namespace.*` pattern: a name) is an invalid request.
-    fn with_tools(mut self, registry: Option<&ToolRegistry>) -> Result<Self, ExecError> {
+    /// A run in a workspace also gets what its `workspace.*` tools start
+    /// programs with (`programs`, under its policy less its tool grants).
+    fn with_tools(
+        mut self,
+        registry: Option<&ToolRegistry>,
+        programs: Option<&Arc<dyn ProgramStarter>>,
+    ) -> Result<Self, ExecError> {
         let Some(grants) = self.request.policy.tool_grants() else { return Ok(self) };
         let registry = registry.cloned().unwrap_or_default();
         let unknown: Vec<String> = grants
@@ -357,10 +374,17 @@ impl Admitted {
         if !unknown.is_empty() {
             return Err(InvalidRequest::UnknownTools { names: unknown }.into());
         }
-        let context = match &self.request.artifact_scope {
+        let mut context = match &self.request.artifact_scope {
             Some(scope) => ToolContext::with_scope(scope.as_str()),
             None => ToolContext::default(),
         };
+        if let (Some(starter), Some(workspace)) = (programs, &self.request.workspace) {
+            let mut policy = self.request.policy.clone();
+            // Denied, not unstated: a ceiling that grants tools would fill them in.
+            policy.tools = crate::policy::Access::Deny;
+            let (starter, workspace) = (starter.clone(), workspace.clone());
+            context.programs = Some(ProgramHost { starter, workspace, policy });
+        }
         let bridge = ToolBridge::for_run(
             registry,
             grants.to_vec(),

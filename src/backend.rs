@@ -95,7 +95,7 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Starts programs that keep running in a workspace, if it can (see
     /// [`Executor::start_program`](crate::Executor::start_program)).
-    fn program_backend(&self) -> Option<Arc<dyn crate::program::ProgramBackend>> {
+    fn program_backend(&self) -> Option<Arc<dyn ProgramBackend>> {
         None
     }
 }
@@ -244,6 +244,20 @@ pub trait Session: Send + Sync + 'static {
     /// interpreter is killed, and the call in flight returns promptly as
     /// `killed`. Idempotent.
     fn kill(&self);
+}
+
+/// What starts programs for a backend ([`Backend::program_backend`](crate::Backend::program_backend)).
+/// Only execbox's own backends can carry programs: a [`Program`](crate::program::Program) is made
+/// inside the crate.
+pub trait ProgramBackend: Send + Sync {
+    /// Starts `spec` in `request`'s workspace. `request` is the program as a
+    /// run: held to the executor's ceiling, validated, and matched against
+    /// this backend's capabilities already.
+    fn start_program(
+        &self,
+        request: &ExecRequest,
+        spec: &crate::program::ProgramSpec,
+    ) -> Result<crate::program::Program, ExecError>;
 }
 
 /// A backend that can open [`Session`]s for one language.

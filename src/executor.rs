@@ -86,7 +86,13 @@ impl ExecutorBuilder {
         let mut backends = self.backends;
         // Stable: registration order breaks ties within a cost class.
         backends.sort_by_key(|b| b.capabilities().cost);
-        Executor { backends: backends.into(), door: Door::new(self.ceiling, self.tools, self.artifacts) }
+        let backends: Arc<[Arc<dyn Backend>]> = backends.into();
+        let door = Door::new(self.ceiling, self.tools, self.artifacts);
+        // Code's `workspace.*` tools start programs through an executor
+        // whose door has no starter of its own (so nothing holds itself);
+        // It holds the backends weakly: a `WeakExecutor` keeps nothing alive.
+        let starter = WeakExecutor { backends: Arc::downgrade(&backends), door: door.clone() };
+        Executor { backends, door: door.with_programs(Arc::new(starter)) }
     }
 }
 
@@ -441,5 +447,12 @@ fn target_of<'a>(backend: &'a dyn Backend, request: &ExecRequest) -> Target<'a> 
 fn discard(mut request: ExecRequest) {
     if let Some(input) = request.input.take() {
         nesting::drop_deep(input);
+    }
+}
+
+impl crate::program::ProgramStarter for WeakExecutor {
+    fn start_program_blocking(&self, workspace: &Workspace, spec: &ProgramSpec) -> Result<Program, ExecError> {
+        let executor = self.upgrade().ok_or_else(|| ExecError::internal("programs", "the executor is gone"))?;
+        executor.start_program_blocking(workspace, spec)
     }
 }

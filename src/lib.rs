@@ -46,6 +46,7 @@ mod observe;
 mod owner;
 pub mod policy;
 pub mod program;
+pub mod program_tools;
 mod reactor;
 pub mod request;
 pub mod result;
@@ -65,6 +66,7 @@ pub mod workspace;
 pub use backends::worker;
 
 pub use admission::Admitted;
+pub use backend::ProgramBackend;
 pub use backend::{Backend, Readiness, RunFuture, Unavailable};
 pub use capabilities::{
     BackendCapabilities, CostClass, Enforcement, IsolationKind, PayloadKind, RequestFeatures, SurfaceCapability,
@@ -77,7 +79,7 @@ pub use file::ExecFile;
 pub use language::Language;
 pub use matching::check;
 pub use policy::{Access, PathGrant, PathGrants, SandboxPolicy};
-pub use program::{Program, ProgramBackend, ProgramCommand, ProgramError, ProgramOutput, ProgramSpec, ProgramStatus};
+pub use program::{Program, ProgramCommand, ProgramError, ProgramOutput, ProgramSpec, ProgramStatus};
 pub use reactor::runtime_builder;
 pub use request::{ExecRequest, Payload};
 pub use result::{CapturedStream, Diagnostic, ExecResult, FailureKind, Outcome, OutputError, Usage};

@@ -26,7 +26,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::ExecError;
 use crate::policy::SandboxPolicy;
-use crate::request::ExecRequest;
 
 /// How long a program gets between `SIGTERM` and `SIGKILL` when its
 /// lifetime ends.
@@ -212,6 +211,65 @@ pub struct ProgramOutput {
     pub input_dropped_bytes: u64,
 }
 
+impl ProgramOutput {
+    /// The answer of a poll of program `id`, as MCP's program tools and
+    /// Code Mode's `workspace.*` tools give it: `{program_id, status,
+    /// output (UTF-8 text, invalid bytes replaced), offset, next_offset,
+    /// exit_code, dropped_bytes, input_dropped_bytes}`.
+    pub fn to_json(&self, id: &str) -> serde_json::Value {
+        serde_json::json!({
+            "program_id": id,
+            "status": self.status,
+            "output": String::from_utf8_lossy(&self.output),
+            "offset": self.offset,
+            "next_offset": self.next_offset,
+            "exit_code": self.exit_code,
+            "dropped_bytes": self.dropped_bytes,
+            "input_dropped_bytes": self.input_dropped_bytes,
+        })
+    }
+}
+
+/// What starts programs for code that calls Code Mode's `workspace.*`
+/// tools: the executor that admitted its run.
+pub(crate) trait ProgramStarter: Send + Sync {
+    /// Starts `spec` in `workspace` (see
+    /// [`Executor::start_program_blocking`](crate::Executor::start_program_blocking)).
+    fn start_program_blocking(
+        &self,
+        workspace: &crate::workspace::Workspace,
+        spec: &ProgramSpec,
+    ) -> Result<Program, ExecError>;
+}
+
+/// What Code Mode's `workspace.*` tools know of the run that calls them
+/// (in its [`ToolContext`](crate::tools::ToolContext)): where its programs
+/// start, and under what.
+#[derive(Clone)]
+pub(crate) struct ProgramHost {
+    /// The executor that admitted the run.
+    pub starter: Arc<dyn ProgramStarter>,
+    /// The run's workspace: its programs run there.
+    pub workspace: crate::workspace::Workspace,
+    /// The run's policy, its tool grants taken out (programs call no
+    /// tools): a program code starts gets no more than its run.
+    pub policy: SandboxPolicy,
+}
+
+impl std::fmt::Debug for ProgramHost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProgramHost").field("workspace", &self.workspace).finish_non_exhaustive()
+    }
+}
+
+impl PartialEq for ProgramHost {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.starter, &other.starter) && self.workspace == other.workspace && self.policy == other.policy
+    }
+}
+
+impl Eq for ProgramHost {}
+
 /// Why a program could not take input.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -249,16 +307,6 @@ pub(crate) trait ProgramControl: Send + Sync {
     fn send(&self, id: u64, op: ProgramOp) -> Result<(), ProgramError>;
     /// The carrier does not answer: end it (and every program in it).
     fn abandon(&self);
-}
-
-/// What starts programs for a backend ([`Backend::program_backend`](crate::Backend::program_backend)).
-/// Only execbox's own backends can carry programs: a [`Program`] is made
-/// inside the crate.
-pub trait ProgramBackend: Send + Sync {
-    /// Starts `spec` in `request`'s workspace. `request` is the program as a
-    /// run: held to the executor's ceiling, validated, and matched against
-    /// this backend's capabilities already.
-    fn start_program(&self, request: &ExecRequest, spec: &ProgramSpec) -> Result<Program, ExecError>;
 }
 
 /// A running (or ended) program. Cloning gives another handle on the same

@@ -823,6 +823,8 @@ impl PartialEq for Workspace {
     }
 }
 
+impl Eq for Workspace {}
+
 impl fmt::Debug for Workspace {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Workspace").field("id", &self.0.id).field("path", &self.0.path).finish()

@@ -304,16 +304,7 @@ fn no_program(tool: &str, id: &str) -> CallToolResult {
 /// The poll answer, as structuredContent and as text.
 fn rendered(id: &str, out: &ProgramOutput) -> CallToolResult {
     let output = String::from_utf8_lossy(&out.output);
-    let body = json!({
-        "program_id": id,
-        "status": out.status,
-        "output": output,
-        "offset": out.offset,
-        "next_offset": out.next_offset,
-        "exit_code": out.exit_code,
-        "dropped_bytes": out.dropped_bytes,
-        "input_dropped_bytes": out.input_dropped_bytes,
-    });
+    let body = out.to_json(id);
     let status = serde_json::to_value(out.status).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default();
     let end = out.exit_code.map(|c| format!(" (exit code {c})")).unwrap_or_default();
     let dropped = if out.dropped_bytes > 0 { format!(" [{} bytes dropped]", out.dropped_bytes) } else { String::new() };

@@ -44,6 +44,10 @@ impl Server {
     /// a warning, and shown in `list_backends`.
     pub fn new(cfg: ServeConfig) -> Result<Self, ConfigError> {
         let (tools, upstreams, connections) = connect_tools(&cfg)?;
+        // Code in a workspace may start programs there (when granted `workspace.*`).
+        let tools = tools
+            .merged(&crate::program_tools::workspace_tools())
+            .map_err(|e| ConfigError::invalid("ServeConfig::upstreams", e.to_string()))?;
         #[cfg_attr(not(feature = "artifacts"), allow(unused_mut))]
         let mut builder = Executor::builder().default_backends(&cfg.backends)?.ceiling(cfg.policy.clone());
         #[cfg(feature = "artifacts")]

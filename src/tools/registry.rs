@@ -42,6 +42,9 @@ pub trait ToolHandler: Send + Sync + 'static {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ToolContext {
+    /// Where Code Mode's `workspace.*` tools start the run's programs: set
+    /// for a run in a workspace admitted by an executor.
+    pub(crate) programs: Option<crate::program::ProgramHost>,
     /// The run's scope: the caller's
     /// [`ExecRequest::artifact_scope`](crate::request::ExecRequest::artifact_scope)
     /// (a session's cells get their session's). Tools that keep state per
@@ -66,7 +69,7 @@ pub struct ToolContext {
 impl ToolContext {
     /// The context of a run whose scope is `scope`.
     pub fn with_scope(scope: impl Into<Arc<str>>) -> Self {
-        Self { scope: Some(scope.into()), max_result_bytes: None }
+        Self { scope: Some(scope.into()), ..Self::default() }
     }
 
     /// The run's scope, if it has one.

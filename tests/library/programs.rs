@@ -366,3 +366,82 @@ fn packages_pick_the_workspace_container_s_image() {
         }
     });
 }
+
+/// Code Mode's `workspace.*` tools: code in a workspace starts a program
+/// that outlives its run; a later run in the same workspace polls and kills
+/// it by id; a run in another workspace cannot reach it; a run without a
+/// workspace is told it has none; a program gets no more than its run
+/// (no tools).
+#[test]
+fn code_starts_and_drives_programs_in_its_workspace() {
+    use execbox::{ExecRequest, Language, Outcome, SandboxPolicy};
+    let Some((_, ws, root)) = setup("program-tools") else { return };
+    let other = Workspace::create(WorkspaceConfig::default().root(root.path())).unwrap();
+    let container = common::skip::labelled_container("program-tools", ContainerConfig::default()).unwrap();
+    let executor = Executor::builder().backend(container).tools(execbox::program_tools::workspace_tools()).build();
+    let python = |code: &str, ws: Option<&Workspace>| {
+        let policy = SandboxPolicy::strict().timeout(Duration::from_secs(60)).tools(["workspace.*"]);
+        let request = ExecRequest::source(Language::Python, code).policy(policy);
+        let request = match ws {
+            Some(ws) => request.workspace(ws),
+            None => request,
+        };
+        let result = executor.execute_blocking(request).unwrap();
+        assert_eq!(result.outcome, Outcome::Ok, "{result:?}");
+        result.stdout.text().trim().to_string()
+    };
+    let started = python(
+        "import tools\n\
+         a = tools.workspace.start_program(command='read -r x; echo \"got $x\" > /work/got.txt; echo bye', yield_ms=0)\n\
+         print(a['program_id'], a['status'])",
+        Some(&ws),
+    );
+    let (id, status) = started.split_once(' ').unwrap();
+    assert_eq!(status, "running", "{started}");
+    // A later run of the same workspace writes to it and reads its end.
+    let code = format!(
+        "import tools\n\
+         a = tools.workspace.write_program(program_id='{id}', data='7', newline=True, yield_ms=10000)\n\
+         out = a['output']\n\
+         while a['status'] == 'running':\n\
+         \x20   a = tools.workspace.poll_program(program_id='{id}', yield_ms=10000)\n\
+         \x20   out += a['output']\n\
+         print(repr(out), a['exit_code'], open('/work/got.txt').read().strip())"
+    );
+    assert_eq!(python(&code, Some(&ws)), "'bye\\n' 0 got 7");
+    // Forgotten once its end was read; unknown in another workspace; no workspace, no programs.
+    let poll = |id: &str| {
+        format!(
+            "import tools\n\
+             try:\n\
+             \x20   tools.workspace.poll_program(program_id='{id}')\n\
+             \x20   print('reached')\n\
+             except tools.ToolError as e:\n\
+             \x20   print(e.kind)"
+        )
+    };
+    assert_eq!(python(&poll(id), Some(&ws)), "not_found");
+    let long = python(
+        "import tools\nprint(tools.workspace.start_program(command='sleep 300', yield_ms=0)['program_id'])",
+        Some(&ws),
+    );
+    assert_eq!(python(&poll(&long), Some(&other)), "not_found");
+    assert_eq!(python(&poll(&long), None), "unavailable");
+    let killed = python(
+        &format!("import tools\nprint(tools.workspace.kill_program(program_id='{long}', grace_ms=0)['status'])"),
+        Some(&ws),
+    );
+    assert_eq!(killed, "killed");
+    // A program cannot call tools: its run's grants are not its own.
+    let tools_in_program = python(
+        "import tools\n\
+         a = tools.workspace.start_program(command='test -e /usr/local/bin/tool && echo has-tool || echo no-tool; echo ${EXECBOX_TOOLS:-none}', yield_ms=10000)\n\
+         out = a['output']\n\
+         while a['status'] == 'running':\n\
+         \x20   a = tools.workspace.poll_program(program_id=a['program_id'], yield_ms=10000)\n\
+         \x20   out += a['output']\n\
+         print(out.split())",
+        Some(&ws),
+    );
+    assert_eq!(tools_in_program, "['no-tool', 'none']");
+}

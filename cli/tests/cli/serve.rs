@@ -1841,3 +1841,35 @@ fn programs_can_run() -> bool {
     let engine = std::process::Command::new("docker").arg("version").output().is_ok_and(|o| o.status.success());
     common::skip::available(common::skip::CONTAINERS, if engine { Ok(()) } else { Err("no container engine") })
 }
+
+/// Over MCP, code granted `workspace.*` (`--allow-tool`) starts a program
+/// in its run's workspace that a later `run_code` in the workspace drives
+/// to its end. Needs root and containers.
+#[tokio::test(flavor = "multi_thread")]
+async fn code_granted_workspace_tools_starts_a_program_a_later_run_reads() {
+    let root = tempfile::tempdir().unwrap();
+    if !programs_can_run() {
+        return;
+    }
+    let args = ["--workspace-root", root.path().to_str().unwrap(), "--allow-tool", "workspace.*"];
+    let (client, _) = connect(&args).await;
+    let ws = ok_body(call(&client, "create_workspace", json!({})).await.unwrap())["workspace_id"].clone();
+    // Started from JavaScript (quickjs-wasm carries the workspace), read from Python.
+    let start = "const a = await tools.workspace.start_program({command: 'sleep 1; echo done', yield_ms: 0});\n\
+                 return [a.program_id, a.status];";
+    let (started, _) = run(&client, json!({"language": "javascript", "code": start, "workspace_id": ws})).await;
+    let id = started["output"][0].as_str().unwrap_or_else(|| panic!("{started}")).to_string();
+    assert_eq!(started["output"][1], "running", "{started}");
+    let wait = format!(
+        "import tools\n\
+         a = tools.workspace.poll_program(program_id='{id}', yield_ms=10000)\n\
+         out = a['output']\n\
+         while a['status'] == 'running':\n\
+         \x20   a = tools.workspace.poll_program(program_id='{id}', yield_ms=10000)\n\
+         \x20   out += a['output']\n\
+         print(out.strip(), a['exit_code'])"
+    );
+    let (ended, _) = run(&client, json!({"language": "python", "code": wait, "workspace_id": ws})).await;
+    assert_eq!(ended["stdout"].as_str().unwrap().trim(), "done 0", "{ended}");
+    client.cancel().await.unwrap();
+}

@@ -98,12 +98,13 @@ pub use rust::RustCacheStats;
 pub use session::ContainerSession;
 
 use crate::admission::Admitted;
+use crate::backend::ProgramBackend;
 use crate::backend::{Backend, Readiness, Unavailable};
 use crate::backend::{Session, SessionBackend};
 use crate::capabilities::BackendCapabilities;
 use crate::error::{BackendRejection, ConfigError, ExecError};
 use crate::language::Language;
-use crate::program::{Program, ProgramBackend, ProgramSpec};
+use crate::program::{Program, ProgramSpec};
 use crate::request::ExecRequest;
 use crate::result::ExecResult;
 use runner::Runner;

@@ -1,0 +1,396 @@
+//! Code Mode's `workspace.*` tools: code running in a workspace starts,
+//! polls, writes to and kills programs there, as an MCP client does with
+//! `start_program` and its kin ([`workspace_tools`]; grant them like any
+//! tool, `workspace.*`).
+//!
+//! ```text
+//! workspace.start_program {command, tty?, env?, cwd?, timeout_ms?, yield_ms?}
+//! workspace.poll_program {program_id, yield_ms?, limit?}
+//! workspace.write_program {program_id, data?, newline?, interrupt?, eof?, yield_ms?}
+//! workspace.kill_program {program_id, grace_ms?}
+//!     → {program_id, status, output, offset, next_offset, exit_code, dropped_bytes, input_dropped_bytes}
+//! ```
+//!
+//! A program belongs to its workspace: any run in that workspace (the one
+//! that started it, a later one, a session's cell) reaches it by id; a run
+//! in another workspace, or in none, does not. It keeps running after the
+//! run that started it, until it ends, is killed, reaches its lifetime
+//! (`timeout_ms`, at most ten minutes) or its workspace goes; an ended
+//! program is forgotten once an answer carried its end. It starts under
+//! its run's policy (less the tool grants: programs call no tools), held to
+//! the executor's ceiling, so code gets no more than it had. At most 16 per
+//! workspace (its container's cap).
+//!
+//! Errors code can catch (`ToolError.kind`): `invalid_arguments`,
+//! `not_found` (no such program in this workspace), `unavailable` (the run
+//! has no workspace, or was not admitted by an executor), `quota_exceeded`
+//! (16 programs), `failed` (the program could not start or take input).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::error::tool::{ToolError, ToolErrorKind};
+use crate::program::{Program, ProgramCommand, ProgramHost, ProgramSpec, ProgramStatus};
+use crate::tools::registry::{ToolAnnotations, ToolContext, ToolFuture, ToolHandler, ToolRegistry, ToolSpec};
+use crate::workspace::WeakWorkspace;
+
+/// The namespace of the program tools (grant them with `workspace.*`).
+pub const NAMESPACE: &str = "workspace";
+
+/// Programs code may hold in one workspace.
+const MAX_PROGRAMS_PER_WORKSPACE: usize = 16;
+/// The longest lifetime code may give a program, and the default.
+const MAX_LIFETIME: Duration = Duration::from_secs(600);
+/// How long a call waits for output by default, and at the most.
+const DEFAULT_YIELD_MS: u64 = 1_000;
+const MAX_YIELD_MS: u64 = 30_000;
+/// Output one answer carries by default, and at the most.
+const DEFAULT_LIMIT: usize = 64 << 10;
+const MAX_LIMIT: usize = 1 << 20;
+
+/// The four operations.
+#[derive(Clone, Copy, Debug)]
+enum Op {
+    Start,
+    Poll,
+    Write,
+    Kill,
+}
+
+impl Op {
+    fn name(self) -> &'static str {
+        match self {
+            Op::Start => "workspace.start_program",
+            Op::Poll => "workspace.poll_program",
+            Op::Write => "workspace.write_program",
+            Op::Kill => "workspace.kill_program",
+        }
+    }
+}
+
+/// The programs code started, by workspace id: each entry holds its
+/// workspace weakly, and goes (with its handles) once the workspace is gone.
+#[derive(Default)]
+struct Table(HashMap<String, Held>);
+
+/// One workspace's programs.
+struct Held {
+    workspace: WeakWorkspace,
+    programs: BTreeMap<String, Program>,
+    /// Places taken by programs still starting.
+    starting: usize,
+}
+
+impl Table {
+    /// Drops the entries of workspaces that are gone.
+    fn prune(&mut self) {
+        self.0.retain(|_, held| held.workspace.upgrade().is_some());
+    }
+}
+
+/// One `workspace.*` tool; all four share one table.
+struct ProgramTool {
+    op: Op,
+    table: Arc<Mutex<Table>>,
+}
+
+/// The tools code starts and drives programs with: `workspace.start_program`,
+/// `workspace.poll_program`, `workspace.write_program` and
+/// `workspace.kill_program` (see the [module docs](self)). Merge them into
+/// the registry of an executor ([`ToolRegistry::merged`]) and grant them
+/// (`workspace.*`); they work in runs that have a workspace
+/// ([`ExecRequest::workspace`](crate::request::ExecRequest::workspace)).
+pub fn workspace_tools() -> ToolRegistry {
+    let table = Arc::new(Mutex::new(Table::default()));
+    let id = json!({"type": "string", "description": "the id start_program returned"});
+    let yield_ms = json!({"type": "integer", "minimum": 0, "description": "how long to wait for output or the end, in ms (default 1000, at most 30000)"});
+    let start = ToolSpec::new(Op::Start.name())
+        .description(
+            "Start a program that keeps running in this run's workspace (a server, a build, a REPL): command is \
+             a line run by bash, or an argv array; cwd is relative to /work. Answers {program_id, status \
+             (running|exited|killed), output, offset, next_offset, exit_code, dropped_bytes} after waiting up to \
+             yield_ms for output or its end. Any later run in the workspace can poll it by id.",
+        )
+        .input_schema(json!({
+            "type": "object",
+            "properties": {
+                "command": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1}]},
+                "tty": {"type": "boolean", "description": "give it a terminal (REPLs, prompts)"},
+                "env": {"type": "object", "additionalProperties": {"type": "string"}, "description": "names the policy allows"},
+                "cwd": {"type": "string"},
+                "timeout_ms": {"type": "integer", "minimum": 1, "description": "its lifetime (default and at most 600000)"},
+                "yield_ms": yield_ms,
+            },
+            "required": ["command"],
+            "additionalProperties": false,
+        }));
+    let poll = ToolSpec::new(Op::Poll.name())
+        .description("A program's new output since the last answer, after waiting up to yield_ms for output or its end.")
+        .input_schema(json!({
+            "type": "object",
+            "properties": {
+                "program_id": id,
+                "yield_ms": yield_ms,
+                "limit": {"type": "integer", "minimum": 1, "description": "bytes of output at the most (default 65536, at most 1048576)"},
+            },
+            "required": ["program_id"],
+            "additionalProperties": false,
+        }))
+        .annotations(ToolAnnotations::default().read_only(true));
+    let write = ToolSpec::new(Op::Write.name())
+        .description(
+            "Write text to a program's input (newline: add a newline; interrupt: then Ctrl-C; eof: then end its \
+             input), then answer like poll_program.",
+        )
+        .input_schema(json!({
+            "type": "object",
+            "properties": {
+                "program_id": id,
+                "data": {"type": "string", "description": "at most 1 MiB"},
+                "newline": {"type": "boolean"},
+                "interrupt": {"type": "boolean"},
+                "eof": {"type": "boolean"},
+                "yield_ms": yield_ms,
+            },
+            "required": ["program_id"],
+            "additionalProperties": false,
+        }));
+    let kill = ToolSpec::new(Op::Kill.name())
+        .description("Kill a program: SIGTERM, then SIGKILL to all it started after grace_ms (default 2000).")
+        .input_schema(json!({
+            "type": "object",
+            "properties": {
+                "program_id": id,
+                "grace_ms": {"type": "integer", "minimum": 0, "description": "at most 30000"},
+            },
+            "required": ["program_id"],
+            "additionalProperties": false,
+        }))
+        .annotations(ToolAnnotations::default().destructive(true));
+    let tool = |op| ProgramTool { op, table: table.clone() };
+    ToolRegistry::builder()
+        .tool(start, tool(Op::Start))
+        .tool(poll, tool(Op::Poll))
+        .tool(write, tool(Op::Write))
+        .tool(kill, tool(Op::Kill))
+        .build()
+        .expect("the program tools' names and schemas are valid and distinct")
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum CommandArg {
+    Line(String),
+    Argv(Vec<String>),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StartArgs {
+    command: CommandArg,
+    #[serde(default)]
+    tty: bool,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    #[serde(default)]
+    cwd: Option<String>,
+    #[serde(default)]
+    timeout_ms: Option<u64>,
+    #[serde(default)]
+    yield_ms: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PollArgs {
+    program_id: String,
+    #[serde(default)]
+    yield_ms: Option<u64>,
+    #[serde(default)]
+    limit: Option<usize>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WriteArgs {
+    program_id: String,
+    #[serde(default)]
+    data: String,
+    #[serde(default)]
+    newline: bool,
+    #[serde(default)]
+    interrupt: bool,
+    #[serde(default)]
+    eof: bool,
+    #[serde(default)]
+    yield_ms: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KillArgs {
+    program_id: String,
+    #[serde(default)]
+    grace_ms: Option<u64>,
+}
+
+impl ToolHandler for ProgramTool {
+    fn call(&self, args: Value) -> ToolFuture {
+        self.call_in(args, &ToolContext::default())
+    }
+
+    fn call_in(&self, args: Value, context: &ToolContext) -> ToolFuture {
+        let (op, table) = (self.op, self.table.clone());
+        let Some(host) = context.programs.clone() else {
+            return Box::pin(async move {
+                Err(error(op, ToolErrorKind::Unavailable, "this run has no workspace to start programs in"))
+            });
+        };
+        Box::pin(async move {
+            match op {
+                Op::Start => start(&table, host, parse(op, args)?).await,
+                Op::Poll => {
+                    let args: PollArgs = parse(op, args)?;
+                    let program = find(op, &table, &host, &args.program_id)?;
+                    let limit = args.limit.unwrap_or(DEFAULT_LIMIT).clamp(1, MAX_LIMIT);
+                    Ok(answer(&table, &host, &args.program_id, &program, args.yield_ms, limit).await)
+                }
+                Op::Write => {
+                    let args: WriteArgs = parse(op, args)?;
+                    let program = find(op, &table, &host, &args.program_id)?;
+                    let mut data = args.data.into_bytes();
+                    if args.newline {
+                        data.push(b'\n');
+                    }
+                    let mut sent = if data.is_empty() { Ok(()) } else { program.write(&data) };
+                    if args.interrupt {
+                        sent = sent.and_then(|()| program.interrupt());
+                    }
+                    if args.eof {
+                        sent = sent.and_then(|()| program.close_input());
+                    }
+                    sent.map_err(|e| error(op, ToolErrorKind::Failed, crate::error::with_causes(&e)))?;
+                    Ok(answer(&table, &host, &args.program_id, &program, args.yield_ms, DEFAULT_LIMIT).await)
+                }
+                Op::Kill => {
+                    let args: KillArgs = parse(op, args)?;
+                    let program = find(op, &table, &host, &args.program_id)?;
+                    let grace = Duration::from_millis(args.grace_ms.unwrap_or(2_000).min(MAX_YIELD_MS));
+                    let end = program.kill(grace).await;
+                    forget(&table, &host, &args.program_id);
+                    Ok(end.to_json(&args.program_id))
+                }
+            }
+        })
+    }
+}
+
+/// Starts a program in the run's workspace and keeps it there (even when
+/// the call is given up on while it starts), then answers its first poll.
+async fn start(table: &Arc<Mutex<Table>>, host: ProgramHost, args: StartArgs) -> Result<Value, ToolError> {
+    let op = Op::Start;
+    let command = match args.command {
+        CommandArg::Line(line) => ProgramCommand::Shell(line),
+        CommandArg::Argv(argv) if argv.first().is_some_and(|a| !a.is_empty()) => ProgramCommand::Argv(argv),
+        CommandArg::Argv(_) => return Err(error(op, ToolErrorKind::InvalidArguments, "the argv is empty")),
+    };
+    let lifetime = match args.timeout_ms {
+        Some(0) => return Err(error(op, ToolErrorKind::InvalidArguments, "timeout_ms must be at least 1")),
+        Some(ms) => Duration::from_millis(ms).min(MAX_LIFETIME),
+        None => MAX_LIFETIME,
+    };
+    let mut spec = ProgramSpec::new(command).tty(args.tty).policy(host.policy.clone()).lifetime(lifetime);
+    spec.env = args.env;
+    spec.cwd = args.cwd;
+    let id = crate::nonce::hex128();
+    let kept = {
+        let (table, host, id) = (table.clone(), host.clone(), id.clone());
+        crate::backend::blocking("programs", move || {
+            // A place among the workspace's programs, taken before it starts.
+            reserve(&table, &host)?;
+            let started = host.starter.start_program_blocking(&host.workspace, &spec);
+            let mut table = table.lock();
+            if let Some(held) = table.0.get_mut(host.workspace.id()) {
+                held.starting = held.starting.saturating_sub(1);
+                if let Ok(program) = &started {
+                    held.programs.insert(id, program.clone());
+                }
+            }
+            started
+        })
+        .await
+    };
+    let program = kept.map_err(|e| match e {
+        crate::error::ExecError::Busy { reason, .. } => error(op, ToolErrorKind::QuotaExceeded, reason),
+        other => error(op, ToolErrorKind::Failed, crate::error::with_causes(&other)),
+    })?;
+    Ok(answer(table, &host, &id, &program, args.yield_ms, DEFAULT_LIMIT).await)
+}
+
+/// Takes a place among the run's workspace's programs (counted as
+/// starting until it started or failed), or refuses past the cap.
+fn reserve(table: &Mutex<Table>, host: &ProgramHost) -> Result<(), crate::error::ExecError> {
+    let mut table = table.lock();
+    table.prune();
+    let held = table.0.entry(host.workspace.id().to_string()).or_insert_with(|| Held {
+        workspace: host.workspace.downgrade(),
+        programs: BTreeMap::new(),
+        starting: 0,
+    });
+    if held.programs.len() + held.starting >= MAX_PROGRAMS_PER_WORKSPACE {
+        return Err(crate::error::ExecError::Busy {
+            backend: "programs".into(),
+            reason: format!("this workspace holds {MAX_PROGRAMS_PER_WORKSPACE} programs code started: kill one first"),
+        });
+    }
+    held.starting += 1;
+    Ok(())
+}
+
+/// Program `id` of the run's workspace.
+fn find(op: Op, table: &Mutex<Table>, host: &ProgramHost, id: &str) -> Result<Program, ToolError> {
+    let table = table.lock();
+    let found = table.0.get(host.workspace.id()).and_then(|held| held.programs.get(id)).cloned();
+    found.ok_or_else(|| {
+        let why = format!(
+            "no program {id} in this workspace (ids are the workspace's; an ended program is forgotten once its end was read)"
+        );
+        error(op, ToolErrorKind::NotFound, why)
+    })
+}
+
+fn forget(table: &Mutex<Table>, host: &ProgramHost, id: &str) {
+    if let Some(held) = table.lock().0.get_mut(host.workspace.id()) {
+        held.programs.remove(id);
+    }
+}
+
+/// Polls `program`; an ended program whose end this answer carries is forgotten.
+async fn answer(
+    table: &Mutex<Table>,
+    host: &ProgramHost,
+    id: &str,
+    program: &Program,
+    yield_ms: Option<u64>,
+    limit: usize,
+) -> Value {
+    let wait = Duration::from_millis(yield_ms.unwrap_or(DEFAULT_YIELD_MS).min(MAX_YIELD_MS));
+    let out = program.poll_text(wait, limit).await;
+    if out.status != ProgramStatus::Running && program.log(out.next_offset, 1).output.is_empty() {
+        forget(table, host, id);
+    }
+    out.to_json(id)
+}
+
+fn parse<T: serde::de::DeserializeOwned>(op: Op, args: Value) -> Result<T, ToolError> {
+    serde_json::from_value(args).map_err(|e| error(op, ToolErrorKind::InvalidArguments, e.to_string()))
+}
+
+fn error(op: Op, kind: ToolErrorKind, message: impl Into<String>) -> ToolError {
+    ToolError::new(op.name(), kind, message)
+}
