@@ -1,7 +1,8 @@
 //! Python sessions against stateless runs of the same code: a cell in a
 //! CPython-in-wasm session vs a pooled stateless run (paced, as the pool
 //! refills between agent turns), opening a session, and a cell in a
-//! container session vs a one-shot container run. And Code Mode's round
+//! container session vs a one-shot container run (Python, and a shell
+//! cell against a one-shot shell run). And Code Mode's round
 //! trip: a no-op Rust tool called from pooled CPython-in-wasm (one call,
 //! and 100 calls in a row in one run) and from a session cell, against the
 //! pooled run that calls none (`print/python_wasm_pooled_stateless`).
@@ -141,6 +142,25 @@ fn bench(c: &mut Criterion) {
     g.bench_function("print/python_container_session_cell", |b| {
         b.iter(|| {
             let r = in_container.execute("bench", print()).unwrap();
+            assert_eq!(r.output, Some(json!(2)));
+            black_box(r)
+        })
+    });
+    // A shell cell: one-shot (a fresh container) against a shell session's
+    // cell (sourced by its one bash).
+    let echo = || {
+        ExecRequest::source(Language::Shell, "echo 2").policy(SandboxPolicy::strict().timeout(Duration::from_secs(60)))
+    };
+    g.bench_function("echo/shell_container_one_shot", |b| {
+        b.iter(|| black_box(Executor::run_on(&container, echo()).unwrap()))
+    });
+    let shell = container.session_backends().into_iter().find(|s| s.session_language() == Language::Shell);
+    let shell =
+        Sessions::builder().config(SessionConfig::default()).shared_backend(shell.expect("shell sessions")).build();
+    shell.open("bench", SessionSpec::new(Language::Shell)).unwrap();
+    g.bench_function("echo/shell_container_session_cell", |b| {
+        b.iter(|| {
+            let r = shell.execute("bench", echo()).unwrap();
             assert_eq!(r.output, Some(json!(2)));
             black_box(r)
         })

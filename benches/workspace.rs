@@ -41,6 +41,9 @@ fn bench(c: &mut Criterion) {
     g.sample_size(20).measurement_time(Duration::from_secs(10)).warm_up_time(Duration::from_secs(2));
 
     g.bench_function("create_and_drop", |b| b.iter(|| drop(black_box(Workspace::create(config()).unwrap()))));
+    // The host's write of 1 MiB (renamed into place, recorded with its sha256 in the metadata).
+    let mib = vec![7u8; 1 << 20];
+    g.bench_function("host_write_one_mib", |b| b.iter(|| ws.write("one.bin", black_box(&mib)).unwrap()));
 
     let wasm = WasmInterpreter::new(InterpreterConfig::default()).expect("engine");
     let wasm = match wasm.availability() {

@@ -133,6 +133,10 @@ impl Door {
         }
         // Runs in one workspace take turns (see `RunTurn`): a second one is
         // busy at once, never queued behind a run that may last minutes.
+        if let Some(why) = request.workspace.as_ref().and_then(crate::workspace::Workspace::ended) {
+            let reason = crate::workspace::WorkspaceError::Ended { why }.to_string();
+            return Err(InvalidRequest::BadPath { path: "<workspace>".into(), reason }.into());
+        }
         let turn = match &request.workspace {
             Some(workspace) => Some(Arc::new(workspace.try_turn().ok_or_else(|| ExecError::Busy {
                 backend: target.name.to_string(),

@@ -327,6 +327,10 @@ impl Executor {
 
     /// [`Executor::start_program`] on the calling thread.
     pub fn start_program_blocking(&self, workspace: &Workspace, spec: &ProgramSpec) -> Result<Program, ExecError> {
+        if let Some(why) = workspace.ended() {
+            let reason = crate::workspace::WorkspaceError::Ended { why }.to_string();
+            return Err(crate::error::InvalidRequest::BadPath { path: "<workspace>".into(), reason }.into());
+        }
         let text = match &spec.command {
             ProgramCommand::Shell(line) => line.clone(),
             ProgramCommand::Argv(argv) => argv.join(" "),

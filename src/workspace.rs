@@ -29,6 +29,7 @@ use std::fmt;
 use std::io;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use cap_std::fs::Dir;
 use rustix::fs::{AtFlags, Gid, Uid, chownat};
@@ -93,6 +94,18 @@ pub struct WorkspaceConfig {
     /// # Default
     /// None: the files go with the workspace.
     pub persist_to: Option<PathBuf>,
+    /// It ends (as [`Workspace::end_now`] ends it) once it has not been
+    /// used for this long: no host-side file work, no run starting or
+    /// ending, no run in it, and no program container running in it.
+    ///
+    /// # Default
+    /// None: its handles alone decide.
+    pub idle_timeout: Option<Duration>,
+    /// It ends this long after it was made, in use or not.
+    ///
+    /// # Default
+    /// None: its handles alone decide.
+    pub lifetime: Option<Duration>,
 }
 
 impl Default for WorkspaceConfig {
@@ -103,6 +116,8 @@ impl Default for WorkspaceConfig {
             root: PathBuf::from(DEFAULT_ROOT),
             code_user: (65534, 65534),
             persist_to: None,
+            idle_timeout: None,
+            lifetime: None,
         }
     }
 }
@@ -135,6 +150,18 @@ impl WorkspaceConfig {
     /// Sets [`WorkspaceConfig::persist_to`].
     pub fn persist_to(mut self, dir: impl Into<PathBuf>) -> Self {
         self.persist_to = Some(dir.into());
+        self
+    }
+
+    /// Sets [`WorkspaceConfig::idle_timeout`].
+    pub fn idle_timeout(mut self, idle: Duration) -> Self {
+        self.idle_timeout = Some(idle);
+        self
+    }
+
+    /// Sets [`WorkspaceConfig::lifetime`].
+    pub fn lifetime(mut self, lifetime: Duration) -> Self {
+        self.lifetime = Some(lifetime);
         self
     }
 }
@@ -178,6 +205,13 @@ pub enum WorkspaceError {
         path: String,
         /// The mode as given.
         mode: u32,
+    },
+    /// The workspace has ended (idle, past its lifetime, or
+    /// [`Workspace::end_now`]); its files are gone.
+    #[error("the workspace has ended ({why}): its files are gone")]
+    Ended {
+        /// Why it ended.
+        why: String,
     },
     /// A file operation failed (a symlink on the way, not a regular file,
     /// over the size asked for, the quota).
@@ -379,6 +413,13 @@ struct Mounted {
     metadata: parking_lot::Mutex<WorkspaceMetadata>,
     /// Where its files are copied when it goes (taken by the first copy).
     persist_to: parking_lot::Mutex<Option<PathBuf>>,
+    /// Why it ended, once it has (before its last handle went).
+    ended: parking_lot::Mutex<Option<String>>,
+    /// When it was made and last used, and its bounds (see `expiry`).
+    created: Instant,
+    last_used: parking_lot::Mutex<Instant>,
+    idle_timeout: Option<Duration>,
+    lifetime: Option<Duration>,
 }
 
 impl Workspace {
@@ -413,8 +454,28 @@ impl Workspace {
                 let (running, carrier, metadata) = Default::default();
                 let (max_files, code_user) = (cfg.max_files, cfg.code_user);
                 let persist_to = parking_lot::Mutex::new(cfg.persist_to);
-                let mounted = Mounted { id, path, max_files, code_user, running, dir, carrier, metadata, persist_to };
-                Ok(Self(Arc::new(mounted)))
+                let now = Instant::now();
+                let mounted = Mounted {
+                    id,
+                    path,
+                    max_files,
+                    code_user,
+                    running,
+                    dir,
+                    carrier,
+                    metadata,
+                    persist_to,
+                    ended: Default::default(),
+                    created: now,
+                    last_used: parking_lot::Mutex::new(now),
+                    idle_timeout: cfg.idle_timeout,
+                    lifetime: cfg.lifetime,
+                };
+                let workspace = Self(Arc::new(mounted));
+                if cfg.idle_timeout.is_some() || cfg.lifetime.is_some() {
+                    expiry::watch(workspace.downgrade());
+                }
+                Ok(workspace)
             }
             Err(source) => {
                 let _ = unmount(&path, UnmountFlags::DETACH);
@@ -479,6 +540,7 @@ impl Workspace {
         if let Some(mode) = mode.filter(|mode| *mode > 0o777) {
             return Err(WorkspaceError::BadMode { path: path.to_string(), mode });
         }
+        self.in_use()?;
         let (parents, leaf) = split(path)?;
         let io = |source| WorkspaceError::Io { path: path.to_string(), source };
         let dir = self.make_dirs(&parents).map_err(io)?;
@@ -541,6 +603,7 @@ impl Workspace {
     /// Reads the regular file at `path`, if it holds at most `max_bytes`:
     /// a symlink on the path, a FIFO, a device or a directory is refused.
     pub fn read(&self, path: &str, max_bytes: u64) -> Result<Vec<u8>, WorkspaceError> {
+        self.in_use()?;
         let (parents, leaf) = split(path)?;
         let io = |source| WorkspaceError::Io { path: path.to_string(), source };
         let mut dir = self.0.dir.try_clone().map_err(io)?;
@@ -557,6 +620,7 @@ impl Workspace {
     /// after 100,000 entries, 64 levels or 2 s. Each file read goes into
     /// the [metadata](Workspace::metadata)'s outputs.
     pub fn collect(&self, globs: &[String], limits: &CollectLimits) -> Result<Collected, WorkspaceError> {
+        self.in_use()?;
         let patterns = compile_globs(globs)?;
         let started = std::time::Instant::now();
         let options = glob::MatchOptions { require_literal_separator: true, ..Default::default() };
@@ -660,6 +724,7 @@ impl Workspace {
     /// levels (`left_out` says so). Past the quota the copy fails with the
     /// file it was at (`No space left on device`); what was copied stays.
     pub fn import_dir(&self, host: &Path) -> Result<Imported, WorkspaceError> {
+        self.in_use()?;
         let from = hostfs::open_ambient(host)
             .map_err(|source| WorkspaceError::Io { path: host.display().to_string(), source })?;
         copy_tree(&from, &self.0.dir, |dir, name, path, size| {
@@ -679,6 +744,7 @@ impl Workspace {
     /// only named in [`Copied::left_out`]; a symlink already in `host` is
     /// never written through.
     pub fn export_dir(&self, host: &Path) -> Result<Copied, WorkspaceError> {
+        self.in_use()?;
         let at = |source| WorkspaceError::Io { path: host.display().to_string(), source };
         std::fs::create_dir_all(host).map_err(at)?;
         let to = hostfs::open_ambient(host).map_err(at)?;
@@ -781,6 +847,7 @@ pub(crate) struct RunTurn(Arc<Mounted>);
 
 impl Drop for RunTurn {
     fn drop(&mut self) {
+        *self.0.last_used.lock() = Instant::now();
         self.0.running.store(false, std::sync::atomic::Ordering::Release);
     }
 }
@@ -799,9 +866,22 @@ impl Workspace {
     /// exit on a signal, whose handles are never dropped; any later use of
     /// a handle fails.
     pub fn end_now(&self) {
-        drop(self.0.carrier.lock().take());
-        self.0.persist();
-        remove(&self.0.path);
+        self.0.end("ended by end_now");
+    }
+
+    /// Why it ended, if it has (idle, past its lifetime, or
+    /// [`Workspace::end_now`]).
+    pub fn ended(&self) -> Option<String> {
+        self.0.ended.lock().clone()
+    }
+
+    /// Marks it used now, or says it has ended.
+    fn in_use(&self) -> Result<(), WorkspaceError> {
+        if let Some(why) = self.ended() {
+            return Err(WorkspaceError::Ended { why });
+        }
+        *self.0.last_used.lock() = Instant::now();
+        Ok(())
     }
 
     /// Whether a run (or a session's call) holds its turn now.
@@ -813,7 +893,11 @@ impl Workspace {
     /// The workspace's turn for one run, unless another run has it.
     pub(crate) fn try_turn(&self) -> Option<RunTurn> {
         use std::sync::atomic::Ordering::{Acquire, Relaxed};
-        self.0.running.compare_exchange(false, true, Acquire, Relaxed).ok().map(|_| RunTurn(self.0.clone()))
+        let turn = self.0.running.compare_exchange(false, true, Acquire, Relaxed).ok().map(|_| RunTurn(self.0.clone()));
+        if turn.is_some() {
+            *self.0.last_used.lock() = Instant::now();
+        }
+        turn
     }
 }
 
@@ -902,6 +986,44 @@ fn copy_tree(
 }
 
 impl Mounted {
+    /// Ends it now (once): what carries its programs ends, its files are
+    /// copied to `persist_to` if set, it is unmounted and its directory
+    /// removed; later file work and runs are refused, saying `why`.
+    fn end(&self, why: &str) {
+        {
+            let mut ended = self.ended.lock();
+            if ended.is_some() {
+                return;
+            }
+            *ended = Some(why.to_string());
+        }
+        drop(self.carrier.lock().take());
+        self.persist();
+        remove(&self.path);
+    }
+
+    /// Why it should end now, if it should: past its lifetime, or idle
+    /// (no run in it, no program container, unused) for its idle timeout.
+    fn expired(&self, now: Instant) -> Option<String> {
+        if let Some(lifetime) = self.lifetime.filter(|l| now.duration_since(self.created) >= *l) {
+            return Some(format!("past its lifetime of {} s", lifetime.as_secs_f64()));
+        }
+        let idle = self.idle_timeout?;
+        let busy = self.running.load(std::sync::atomic::Ordering::Acquire) || self.carrier.lock().is_some();
+        (!busy && now.duration_since(*self.last_used.lock()) >= idle)
+            .then(|| format!("idle for {} s", idle.as_secs_f64()))
+    }
+
+    /// When it should next be looked at by the expiry thread.
+    fn next_check(&self) -> Option<Instant> {
+        let by_lifetime = self.lifetime.map(|l| self.created + l);
+        let by_idle = self.idle_timeout.map(|idle| *self.last_used.lock() + idle);
+        match (by_lifetime, by_idle) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
     /// Copies its files to [`WorkspaceConfig::persist_to`], once, if set:
     /// what fails is logged (this runs as it goes, with no caller to tell).
     fn persist(&self) {
@@ -926,9 +1048,88 @@ impl Mounted {
 
 impl Drop for Mounted {
     fn drop(&mut self) {
-        drop(self.carrier.get_mut().take());
-        self.persist();
-        remove(&self.path);
+        self.end("its last handle went");
+    }
+}
+
+/// The thread that ends workspaces with an idle timeout or a lifetime
+/// ([`WorkspaceConfig::idle_timeout`], [`WorkspaceConfig::lifetime`]):
+/// started with the first such workspace, it sleeps until the next one is
+/// due (or a new one comes) and holds them weakly.
+mod expiry {
+    use std::sync::OnceLock;
+    use std::time::{Duration, Instant};
+
+    use parking_lot::{Condvar, Mutex};
+
+    use crate::workspace::WeakWorkspace;
+
+    struct Watched {
+        list: Mutex<Vec<WeakWorkspace>>,
+        added: Condvar,
+    }
+
+    static WATCHED: OnceLock<Watched> = OnceLock::new();
+
+    /// Watches `workspace` until it ends or goes.
+    pub(super) fn watch(workspace: WeakWorkspace) {
+        let mut started = false;
+        let watched = WATCHED.get_or_init(|| {
+            started = true;
+            Watched { list: Mutex::new(Vec::new()), added: Condvar::new() }
+        });
+        watched.list.lock().push(workspace);
+        watched.added.notify_all();
+        if started {
+            let spawned = std::thread::Builder::new()
+                .name("execbox-workspace-expiry".into())
+                .stack_size(128 << 10)
+                .spawn(move || run(watched));
+            if let Err(e) = spawned {
+                tracing::error!(error = %e, "no workspace expiry thread: idle timeouts and lifetimes are not kept");
+            }
+        }
+    }
+
+    fn run(watched: &'static Watched) {
+        let mut list = watched.list.lock();
+        loop {
+            let now = Instant::now();
+            let mut due = Vec::new();
+            let mut next: Option<Instant> = None;
+            list.retain(|weak| {
+                let Some(workspace) = weak.upgrade() else { return false };
+                if workspace.0.ended.lock().is_some() {
+                    return false;
+                }
+                if let Some(why) = workspace.0.expired(now) {
+                    due.push((workspace, why));
+                    return false;
+                }
+                // Due but busy (a run, a program container): looked at
+                // again a second later; else exactly when due.
+                let at = match workspace.0.next_check() {
+                    Some(at) if at > now => at,
+                    _ => now + Duration::from_secs(1),
+                };
+                next = Some(next.map_or(at, |n| n.min(at)));
+                true
+            });
+            if !due.is_empty() {
+                // Ended off the lock: an end copies files and unmounts.
+                drop(list);
+                for (workspace, why) in due {
+                    tracing::info!(workspace = workspace.id(), why, "a workspace ended");
+                    workspace.0.end(&why);
+                }
+                list = watched.list.lock();
+                continue;
+            }
+            match next {
+                Some(at) => drop(watched.added.wait_until(&mut list, at)),
+                None => watched.added.wait(&mut list),
+            }
+        }
     }
 }
 

@@ -619,3 +619,45 @@ fn a_workspace_is_exported_and_kept_by_persist_to() {
     assert_eq!(script.permissions().mode() & 0o777, 0o755);
     assert!(std::fs::symlink_metadata(keep.join("link")).is_err(), "a planted link was copied");
 }
+
+/// A library workspace with an idle timeout ends once unused (not while a
+/// run is in it), one with a lifetime ends at it in use or not; an ended
+/// workspace refuses file work and runs, naming why, and is unmounted
+/// though handles remain.
+#[test]
+fn idle_and_old_library_workspaces_end() {
+    use common::wait::wait_until;
+    let Some(wasm) = common::skip::interpreter(WasmInterpreter::new(InterpreterConfig::default()).unwrap()) else {
+        return;
+    };
+    let root = tempfile::tempdir().unwrap();
+    let create = |cfg: WorkspaceConfig| match Workspace::create(cfg.root(root.path())) {
+        Ok(ws) => Some(ws),
+        Err(e @ WorkspaceError::CannotMount { .. }) => {
+            common::skip::available(REQUIRE, Err(e));
+            None
+        }
+        Err(e) => panic!("{e}"),
+    };
+    let Some(idle) = create(WorkspaceConfig::default().idle_timeout(Duration::from_millis(500))) else { return };
+    let path = idle.host_path().to_path_buf();
+    // A run longer than the idle timeout keeps it; its end counts as use.
+    let slow = ExecRequest::source(Language::Python, "import time; time.sleep(1.5); open('/work/a', 'w').write('x')")
+        .policy(policy())
+        .workspace(&idle);
+    ok(Executor::run_on(&wasm, slow).unwrap());
+    assert_eq!(idle.read("a", 10).unwrap(), b"x", "ended under a run");
+    assert!(wait_until(Duration::from_secs(10), || idle.ended().is_some()), "never went idle");
+    assert!(idle.ended().unwrap().contains("idle"), "{:?}", idle.ended());
+    assert!(!mounted(&path) && !path.exists(), "an ended workspace stayed mounted");
+    let err = idle.write("b", b"y").unwrap_err();
+    assert!(matches!(err, WorkspaceError::Ended { .. }), "{err}");
+    let run = Executor::run_on(&wasm, ExecRequest::source(Language::Python, "1").policy(policy()).workspace(&idle));
+    let err = run.unwrap_err();
+    assert!(err.to_string().contains("has ended"), "{err}");
+
+    // A lifetime ends it in use.
+    let Some(old) = create(WorkspaceConfig::default().lifetime(Duration::from_millis(800))) else { return };
+    let used = wait_until(Duration::from_secs(10), || old.write("c", b"z").is_err());
+    assert!(used && old.ended().unwrap().contains("lifetime"), "{:?}", old.ended());
+}
