@@ -66,6 +66,11 @@ if (process.getuid() === 0) {
   check(noEngine || (!r.isError && r.structuredContent.stdout === "from python"), "a shell run reads it", r.structuredContent);
   r = await call("read_files", { workspace_id, globs: ["*.txt"] });
   check(!r.isError && r.structuredContent.files.length === 1, "read_files", r.structuredContent);
+  // The host's record of it: the file read back, with its size and hash.
+  r = await call("describe_workspace", { workspace_id });
+  const out = r.structuredContent?.metadata?.outputs ?? [];
+  check(!r.isError && out.length === 1 && out[0].path === "note.txt" && out[0].via === "collect"
+        && out[0].size === 11 && out[0].sha256.length === 64, "describe_workspace", r.structuredContent);
   // A program (it needs a container engine): started, written to, polled to its exit code.
   if (!noEngine) {
     r = await call("start_program", { workspace_id, command: "read -r line; echo \"$line\" | tr a-z A-Z; exit 4" });
