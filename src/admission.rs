@@ -387,7 +387,8 @@ impl Admitted {
             // Denied, not unstated: a ceiling that grants tools would fill them in.
             policy.tools = crate::policy::Access::Deny;
             let (starter, workspace) = (starter.clone(), workspace.clone());
-            context.programs = Some(ProgramHost { starter, workspace, policy });
+            let packages = self.request.packages.clone();
+            context.programs = Some(ProgramHost { starter, workspace, policy, packages });
         }
         let bridge = ToolBridge::for_run(
             registry,

@@ -254,6 +254,9 @@ pub(crate) struct ProgramHost {
     /// The run's policy, its tool grants taken out (programs call no
     /// tools): a program code starts gets no more than its run.
     pub policy: SandboxPolicy,
+    /// The run's packages (a workspace's, over MCP): its programs need
+    /// the same image.
+    pub packages: Vec<String>,
 }
 
 impl std::fmt::Debug for ProgramHost {

@@ -15,7 +15,7 @@
 //! that started it, a later one, a session's cell) reaches it by id; a run
 //! in another workspace, or in none, does not. It keeps running after the
 //! run that started it, until it ends, is killed, reaches its lifetime
-//! (`timeout_ms`, at most ten minutes) or its workspace goes; an ended
+//! (`timeout_ms`, at most ten minutes or the registry's own cap) or its workspace goes; an ended
 //! program is forgotten once an answer carried its end. It starts under
 //! its run's policy (less the tool grants: programs call no tools), held to
 //! the executor's ceiling, so code gets no more than it had. At most 16 per
@@ -44,7 +44,8 @@ pub const NAMESPACE: &str = "workspace";
 
 /// Programs code may hold in one workspace.
 const MAX_PROGRAMS_PER_WORKSPACE: usize = 16;
-/// The longest lifetime code may give a program, and the default.
+/// The longest lifetime code may give a program, and the default, unless
+/// the registry was made with another ([`workspace_tools_with`]).
 const MAX_LIFETIME: Duration = Duration::from_secs(600);
 /// How long a call waits for output by default, and at the most.
 const DEFAULT_YIELD_MS: u64 = 1_000;
@@ -97,6 +98,7 @@ impl Table {
 struct ProgramTool {
     op: Op,
     table: Arc<Mutex<Table>>,
+    max_lifetime: Duration,
 }
 
 /// The tools code starts and drives programs with: `workspace.start_program`,
@@ -106,6 +108,12 @@ struct ProgramTool {
 /// (`workspace.*`); they work in runs that have a workspace
 /// ([`ExecRequest::workspace`](crate::request::ExecRequest::workspace)).
 pub fn workspace_tools() -> ToolRegistry {
+    workspace_tools_with(MAX_LIFETIME)
+}
+
+/// [`workspace_tools`] whose programs live `max_lifetime` at the most (and
+/// by default): e.g. a server's own program lifetime.
+pub fn workspace_tools_with(max_lifetime: Duration) -> ToolRegistry {
     let table = Arc::new(Mutex::new(Table::default()));
     let id = json!({"type": "string", "description": "the id start_program returned"});
     let yield_ms = json!({"type": "integer", "minimum": 0, "description": "how long to wait for output or the end, in ms (default 1000, at most 30000)"});
@@ -172,7 +180,7 @@ pub fn workspace_tools() -> ToolRegistry {
             "additionalProperties": false,
         }))
         .annotations(ToolAnnotations::default().destructive(true));
-    let tool = |op| ProgramTool { op, table: table.clone() };
+    let tool = |op| ProgramTool { op, table: table.clone(), max_lifetime };
     ToolRegistry::builder()
         .tool(start, tool(Op::Start))
         .tool(poll, tool(Op::Poll))
@@ -245,7 +253,7 @@ impl ToolHandler for ProgramTool {
     }
 
     fn call_in(&self, args: Value, context: &ToolContext) -> ToolFuture {
-        let (op, table) = (self.op, self.table.clone());
+        let (op, table, max_lifetime) = (self.op, self.table.clone(), self.max_lifetime);
         let Some(host) = context.programs.clone() else {
             return Box::pin(async move {
                 Err(error(op, ToolErrorKind::Unavailable, "this run has no workspace to start programs in"))
@@ -253,7 +261,7 @@ impl ToolHandler for ProgramTool {
         };
         Box::pin(async move {
             match op {
-                Op::Start => start(&table, host, parse(op, args)?).await,
+                Op::Start => start(&table, host, parse(op, args)?, max_lifetime).await,
                 Op::Poll => {
                     let args: PollArgs = parse(op, args)?;
                     let program = find(op, &table, &host, &args.program_id)?;
@@ -292,7 +300,12 @@ impl ToolHandler for ProgramTool {
 
 /// Starts a program in the run's workspace and keeps it there (even when
 /// the call is given up on while it starts), then answers its first poll.
-async fn start(table: &Arc<Mutex<Table>>, host: ProgramHost, args: StartArgs) -> Result<Value, ToolError> {
+async fn start(
+    table: &Arc<Mutex<Table>>,
+    host: ProgramHost,
+    args: StartArgs,
+    max_lifetime: Duration,
+) -> Result<Value, ToolError> {
     let op = Op::Start;
     let command = match args.command {
         CommandArg::Line(line) => ProgramCommand::Shell(line),
@@ -301,12 +314,13 @@ async fn start(table: &Arc<Mutex<Table>>, host: ProgramHost, args: StartArgs) ->
     };
     let lifetime = match args.timeout_ms {
         Some(0) => return Err(error(op, ToolErrorKind::InvalidArguments, "timeout_ms must be at least 1")),
-        Some(ms) => Duration::from_millis(ms).min(MAX_LIFETIME),
-        None => MAX_LIFETIME,
+        Some(ms) => Duration::from_millis(ms).min(max_lifetime),
+        None => max_lifetime,
     };
     let mut spec = ProgramSpec::new(command).tty(args.tty).policy(host.policy.clone()).lifetime(lifetime);
     spec.env = args.env;
     spec.cwd = args.cwd;
+    spec.packages = host.packages.clone();
     let id = crate::nonce::hex128();
     let kept = {
         let (table, host, id) = (table.clone(), host.clone(), id.clone());

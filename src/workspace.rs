@@ -318,6 +318,8 @@ pub struct Collected {
 /// Entries a workspace's metadata keeps of each kind: past it the oldest
 /// go first, counted in [`WorkspaceMetadata::dropped`].
 const METADATA_ENTRIES: usize = 1000;
+/// Characters of a path a metadata entry keeps (a longer one is cut, `…` marking it).
+const MAX_RECORDED_PATH_CHARS: usize = 1024;
 
 /// The host's record of what was put into a workspace and taken out of it
 /// ([`Workspace::metadata`]; its `metadata.json`). Kept host side: code in
@@ -339,7 +341,8 @@ pub struct WorkspaceMetadata {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RecordedFile {
-    /// Its path relative to the workspace.
+    /// Its path relative to the workspace (its first 1,024 characters and
+    /// `…` when longer).
     pub path: String,
     /// Its size in bytes.
     pub size: u64,
@@ -561,8 +564,13 @@ impl Workspace {
         let at_unix_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        // Bytes held per entry are bounded too (a path may be ~1 MB long).
+        let path = match path.char_indices().nth(MAX_RECORDED_PATH_CHARS) {
+            Some((end, _)) => format!("{}…", &path[..end]),
+            None => path.to_string(),
+        };
         let entry = RecordedFile {
-            path: path.to_string(),
+            path,
             size,
             sha256: content.map(|bytes| hex::encode(sha2::Sha256::digest(bytes))),
             via: via.to_string(),
@@ -727,7 +735,9 @@ impl Workspace {
         self.in_use()?;
         let from = hostfs::open_ambient(host)
             .map_err(|source| WorkspaceError::Io { path: host.display().to_string(), source })?;
-        copy_tree(&from, &self.0.dir, |dir, name, path, size| {
+        // Into the workspace: its quota bounds what is written (ENOSPC ends it).
+        let bounds = CopyBounds { max_bytes: u64::MAX, modes: 0o777, strict: true };
+        copy_tree(&from, &self.0.dir, bounds, |dir, name, path, size| {
             give_to_code(dir, name, self.0.code_user)?;
             if let Some(size) = size {
                 self.note(Direction::In, path, size, None, "import");
@@ -742,13 +752,16 @@ impl Workspace {
     /// [`Workspace::import_dir`], with the same walk and bounds. What code
     /// planted (a symlink, a FIFO, a device) is never followed or opened,
     /// only named in [`Copied::left_out`]; a symlink already in `host` is
-    /// never written through.
+    /// never written through. It writes at most the workspace's quota in
+    /// bytes (apparent sizes: a sparse file or a hard link past it is left
+    /// out, named), copies no group or other write bit, and names a file
+    /// that changed under the walk rather than stopping there.
     pub fn export_dir(&self, host: &Path) -> Result<Copied, WorkspaceError> {
         self.in_use()?;
         let at = |source| WorkspaceError::Io { path: host.display().to_string(), source };
         std::fs::create_dir_all(host).map_err(at)?;
         let to = hostfs::open_ambient(host).map_err(at)?;
-        copy_tree(&self.0.dir, &to, |_, _, _, _| Ok(()))
+        copy_tree(&self.0.dir, &to, self.0.export_bounds(), |_, _, _, _| Ok(()))
     }
 
     /// Hands every entry of the workspace that is not the code's user's to
@@ -915,6 +928,16 @@ impl fmt::Debug for Workspace {
     }
 }
 
+/// How far a [`copy_tree`] may go.
+struct CopyBounds {
+    /// Bytes it may write in all (files' apparent sizes).
+    max_bytes: u64,
+    /// The permission bits a copied file may keep.
+    modes: u32,
+    /// A file that cannot be copied ends the copy (else it is left out, named).
+    strict: bool,
+}
+
 /// Copies the directories and regular files under `from` into `to` (their
 /// permission bits kept; each file written beside its place and renamed
 /// over it, so no existing inode is written into), one component at a
@@ -925,6 +948,7 @@ impl fmt::Debug for Workspace {
 fn copy_tree(
     from: &Dir,
     to: &Dir,
+    bounds: CopyBounds,
     mut made: impl FnMut(&Dir, &OsStr, &str, Option<u64>) -> io::Result<()>,
 ) -> Result<Copied, WorkspaceError> {
     use cap_std::fs::PermissionsExt as _;
@@ -972,11 +996,25 @@ fn copy_tree(
                 }
             } else if kind.is_file() {
                 let meta = entry.metadata().map_err(at(&path))?;
-                let mode = meta.permissions().mode() & 0o777;
-                hostfs::copy_regular(&source, leaf, &target, leaf, mode, u64::MAX).map_err(at(&path))?;
-                made(&target, leaf, &path, Some(meta.len())).map_err(at(&path))?;
-                copied.files += 1;
-                copied.bytes += meta.len();
+                let mode = meta.permissions().mode() & bounds.modes;
+                // Apparent sizes count (a sparse or hard-linked file is
+                // copied whole each time): the budget bounds what is written.
+                let left = bounds.max_bytes.saturating_sub(copied.bytes);
+                if meta.len() > left {
+                    let most = bounds.max_bytes;
+                    copied.left_out.push(format!("{path}: past the {most} bytes this copy may write (not copied)"));
+                    continue;
+                }
+                let done = hostfs::copy_regular(&source, leaf, &target, leaf, mode, left)
+                    .and_then(|()| made(&target, leaf, &path, Some(meta.len())));
+                match done {
+                    Ok(()) => {
+                        copied.files += 1;
+                        copied.bytes += meta.len();
+                    }
+                    Err(e) if !bounds.strict => copied.left_out.push(format!("{path}: {e} (not copied)")),
+                    Err(e) => return Err(at(&path)(e)),
+                }
             } else {
                 copied.left_out.push(format!("{path}: not a regular file or a directory (not copied)"));
             }
@@ -986,6 +1024,14 @@ fn copy_tree(
 }
 
 impl Mounted {
+    /// Out of the workspace onto the host: at most its quota's bytes (what
+    /// code could have written), no group or other write bit, and a file
+    /// that changed under the walk is left out, not the end of the copy.
+    fn export_bounds(&self) -> CopyBounds {
+        let quota = rustix::fs::fstatvfs(&self.dir).map(|s| s.f_blocks.saturating_mul(s.f_frsize.max(1)));
+        CopyBounds { max_bytes: quota.unwrap_or(0), modes: 0o755, strict: false }
+    }
+
     /// Ends it now (once): what carries its programs ends, its files are
     /// copied to `persist_to` if set, it is unmounted and its directory
     /// removed; later file work and runs are refused, saying `why`.
@@ -1030,7 +1076,7 @@ impl Mounted {
         let Some(host) = self.persist_to.lock().take() else { return };
         let to = std::fs::create_dir_all(&host).and_then(|()| hostfs::open_ambient(&host));
         match to.map_err(|source| WorkspaceError::Io { path: host.display().to_string(), source }) {
-            Ok(to) => match copy_tree(&self.dir, &to, |_, _, _, _| Ok(())) {
+            Ok(to) => match copy_tree(&self.dir, &to, self.export_bounds(), |_, _, _, _| Ok(())) {
                 Ok(copied) if copied.left_out.is_empty() => {}
                 Ok(copied) => {
                     tracing::warn!(dir = %host.display(), left_out = ?copied.left_out, "a workspace was kept in part")

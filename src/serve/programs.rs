@@ -146,7 +146,11 @@ impl ExecboxMcp {
             CommandArg::Argv(argv) if argv.first().is_some_and(|a| !a.is_empty()) => ProgramCommand::Argv(argv),
             CommandArg::Argv(_) => return Ok(invalid_arguments("start_program", "the argv is empty")),
         };
-        let mut spec = ProgramSpec::new(command).tty(args.tty).policy(SandboxPolicy::unstated()).lifetime(lifetime);
+        // Tools denied, not unstated: a ceiling that grants them (for
+        // Code Mode) would fill them in, and programs call no tools.
+        let mut policy = SandboxPolicy::unstated();
+        policy.tools = crate::policy::Access::Deny;
+        let mut spec = ProgramSpec::new(command).tty(args.tty).policy(policy).lifetime(lifetime);
         spec.env = self.shared.cfg.env.clone();
         spec.env.extend(args.env);
         spec.cwd = args.cwd;

@@ -46,7 +46,7 @@ impl Server {
         let (tools, upstreams, connections) = connect_tools(&cfg)?;
         // Code in a workspace may start programs there (when granted `workspace.*`).
         let tools = tools
-            .merged(&crate::program_tools::workspace_tools())
+            .merged(&crate::program_tools::workspace_tools_with(cfg.program_lifetime))
             .map_err(|e| ConfigError::invalid("ServeConfig::upstreams", e.to_string()))?;
         #[cfg_attr(not(feature = "artifacts"), allow(unused_mut))]
         let mut builder = Executor::builder().default_backends(&cfg.backends)?.ceiling(cfg.policy.clone());

@@ -1229,6 +1229,14 @@ fn shell_sessions_keep_one_bash_across_cells() {
     assert_eq!(r.outcome, Outcome::Failed, "{r:?}");
     assert!(r.message.as_deref().unwrap_or_default().contains("still ran"), "{r:?}");
     assert_eq!(sessions.execute("sh", cell("echo")).unwrap_err().kind(), "session_lost");
+    // A cell that writes its own status early and runs on is caught when
+    // the host checks the shell is back reading: the session ends, nothing spins.
+    sessions.open("forged", SessionSpec::new(Language::Shell)).unwrap();
+    let forge = "for fd in /proc/$$/fd/*; do n=${fd##*/}; [ \"$n\" -gt 2 ] && builtin printf '0\\n' >&$n; done 2>/dev/null\n\
+                 while :; do :; done";
+    let r = sessions.execute("forged", cell(forge)).unwrap();
+    assert_ne!(r.outcome, Outcome::Ok, "{r:?}");
+    assert_eq!(sessions.execute("forged", cell("echo")).unwrap_err().kind(), "session_lost");
     // A Python cell is refused in a shell session, naming the language.
     sessions.open("sh2", SessionSpec::new(Language::Shell)).unwrap();
     let err = sessions.execute("sh2", ExecRequest::source(Language::Python, "1")).unwrap_err();

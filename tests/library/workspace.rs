@@ -592,11 +592,13 @@ fn a_workspace_is_exported_and_kept_by_persist_to() {
         Err(e) => panic!("{e}"),
     };
     ws.write_with_mode("bin/run.sh", b"#!/bin/sh\necho hi\n", 0o755).unwrap();
-    ws.write("notes.txt", b"kept").unwrap();
+    ws.write_with_mode("notes.txt", b"kept", 0o777).unwrap();
     // What code could plant: a link out, a FIFO.
     std::os::unix::fs::symlink("/etc/passwd", ws.host_path().join("link")).unwrap();
     let fifo = std::process::Command::new("mkfifo").arg(ws.host_path().join("fifo")).status().unwrap();
     assert!(fifo.success());
+    // A sparse file of 1 TiB apparent size (the quota is 1 MiB): never written out whole.
+    std::fs::File::create(ws.host_path().join("sparse")).unwrap().set_len(1 << 40).unwrap();
 
     // Exported now, into a directory holding a link where a file goes.
     let out = tempfile::tempdir().unwrap();
@@ -605,7 +607,9 @@ fn a_workspace_is_exported_and_kept_by_persist_to() {
     std::os::unix::fs::symlink(&victim, out.path().join("notes.txt")).unwrap();
     let copied = ws.export_dir(out.path()).unwrap();
     assert_eq!((copied.files, copied.bytes), (2, 22), "{copied:?}");
-    assert_eq!(copied.left_out.len(), 2, "the link and the FIFO are named: {copied:?}");
+    assert_eq!(copied.left_out.len(), 3, "the link, the FIFO and the sparse file are named: {copied:?}");
+    assert!(copied.left_out.iter().any(|l| l.starts_with("sparse: past the")), "{copied:?}");
+    assert!(!out.path().join("sparse").exists());
     assert_eq!(std::fs::read_to_string(&victim).unwrap(), "untouched", "written through a link");
     assert_eq!(std::fs::read_to_string(out.path().join("notes.txt")).unwrap(), "kept");
     assert!(!out.path().join("link").exists() && !out.path().join("fifo").exists());
@@ -617,6 +621,8 @@ fn a_workspace_is_exported_and_kept_by_persist_to() {
     assert_eq!(std::fs::read_to_string(keep.join("notes.txt")).unwrap(), "kept");
     let script = std::fs::metadata(keep.join("bin/run.sh")).unwrap();
     assert_eq!(script.permissions().mode() & 0o777, 0o755);
+    let notes = std::fs::metadata(keep.join("notes.txt")).unwrap();
+    assert_eq!(notes.permissions().mode() & 0o777, 0o755, "no group or other write bit on the host");
     assert!(std::fs::symlink_metadata(keep.join("link")).is_err(), "a planted link was copied");
 }
 

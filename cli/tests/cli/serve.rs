@@ -1851,7 +1851,8 @@ async fn code_granted_workspace_tools_starts_a_program_a_later_run_reads() {
     if !programs_can_run() {
         return;
     }
-    let args = ["--workspace-root", root.path().to_str().unwrap(), "--allow-tool", "workspace.*"];
+    let root_path = root.path().to_str().unwrap();
+    let args = ["--workspace-root", root_path, "--allow-tool", "workspace.*", "--program-lifetime-secs", "3"];
     let (client, _) = connect(&args).await;
     let ws = ok_body(call(&client, "create_workspace", json!({})).await.unwrap())["workspace_id"].clone();
     // Started from JavaScript (quickjs-wasm carries the workspace), read from Python.
@@ -1871,5 +1872,18 @@ async fn code_granted_workspace_tools_starts_a_program_a_later_run_reads() {
     );
     let (ended, _) = run(&client, json!({"language": "python", "code": wait, "workspace_id": ws})).await;
     assert_eq!(ended["stdout"].as_str().unwrap().trim(), "done 0", "{ended}");
+    // The server's program lifetime holds code's programs too.
+    let long = "import tools\n\
+                a = tools.workspace.start_program(command='sleep 100', yield_ms=0)\n\
+                while a['status'] == 'running':\n\
+                \x20   a = tools.workspace.poll_program(program_id=a['program_id'], yield_ms=2000)\n\
+                print(a['status'])";
+    let policy = json!({"language": "python", "code": long, "workspace_id": ws, "timeout_ms": 30000});
+    let (killed, _) = run(&client, policy).await;
+    assert_eq!(killed["stdout"].as_str().unwrap_or_default().trim(), "killed", "{killed}");
+    // A server that grants tools still starts an MCP client's programs (they call none).
+    let started = call(&client, "start_program", json!({"workspace_id": ws, "command": "echo hi", "yield_ms": 5000}));
+    let started = ok_body(started.await.unwrap());
+    assert_eq!(started["output"], "hi\n", "{started}");
     client.cancel().await.unwrap();
 }

@@ -595,6 +595,13 @@ impl ContainerSession {
                 Tree { processes, .. } if processes > ours => Some(format!("{} processes still ran", processes - ours)),
                 Tree { threads, .. } if threads > 1 => Some(format!("{} threads still ran", threads - 1)),
                 Tree { reading: false, .. } => Some("the interpreter was still running".to_string()),
+                // A shell's cell runs in its bash: that bash must be back
+                // reading its next command (a cell that wrote its own status
+                // and ran on is caught here; bash has no timer to wake it
+                // later, only that input).
+                Tree { shell_reading: false, .. } if self.language == Language::Shell => {
+                    Some("the shell was still running the cell".to_string())
+                }
                 _ => None,
             };
             if verdict.is_none() || Instant::now() >= until {
@@ -613,6 +620,9 @@ struct Tree {
     threads: usize,
     /// The interpreter is blocked in `read` on fd 0.
     reading: bool,
+    /// The interpreter's first child (a shell session's `bash`) is blocked
+    /// in `read` on fd 0.
+    shell_reading: bool,
 }
 
 /// Walks `/proc` from `init` (children of every thread); `None` if `init`
@@ -641,21 +651,25 @@ fn inspect_tree(init: u32) -> Option<Tree> {
             s.lines().find_map(|l| l.strip_prefix("Threads:").map(|n| n.trim().parse::<usize>().unwrap_or(1)))
         })
         .unwrap_or(1);
-    let reading = interpreter.is_some_and(|pid| {
-        match std::fs::read_to_string(format!("/proc/{pid}/syscall")) {
-            // x86_64 read(2) is syscall 0; its first argument the fd.
-            Ok(text) => {
-                let mut fields = text.split_whitespace();
-                matches!((fields.next(), fields.next()), (Some("0"), Some("0x0")))
-            }
-            // Not allowed to look: at least it must not be running.
-            Err(_) => std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .ok()
-                .and_then(|s| s.rsplit(')').next().and_then(|r| r.split_whitespace().next()).map(|st| st != "R"))
-                .unwrap_or(true),
+    let reading = interpreter.is_some_and(blocked_reading_stdin);
+    let shell_reading = interpreter.and_then(|pid| children(pid).first().copied()).is_some_and(blocked_reading_stdin);
+    Some(Tree { processes: all.len(), threads, reading, shell_reading })
+}
+
+/// Whether process `pid` is blocked in `read` on fd 0 (from `/proc`).
+fn blocked_reading_stdin(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/syscall")) {
+        // x86_64 read(2) is syscall 0; its first argument the fd.
+        Ok(text) => {
+            let mut fields = text.split_whitespace();
+            matches!((fields.next(), fields.next()), (Some("0"), Some("0x0")))
         }
-    });
-    Some(Tree { processes: all.len(), threads, reading })
+        // Not allowed to look: at least it must not be running.
+        Err(_) => std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| s.rsplit(')').next().and_then(|r| r.split_whitespace().next()).map(|st| st != "R"))
+            .unwrap_or(true),
+    }
 }
 
 /// Ends a cell's tool calls when dropped.
