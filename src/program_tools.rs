@@ -19,7 +19,8 @@
 //! program is forgotten once an answer carried its end. It starts under
 //! its run's policy (less the tool grants: programs call no tools), held to
 //! the executor's ceiling, so code gets no more than it had. At most 16 per
-//! workspace (its container's cap).
+//! workspace (its container's cap). A server's idle expiry counts them as
+//! use of their workspace while they run.
 //!
 //! Errors code can catch (`ToolError.kind`): `invalid_arguments`,
 //! `not_found` (no such program in this workspace), `unavailable` (the run
@@ -94,7 +95,27 @@ impl Table {
     }
 }
 
-/// One `workspace.*` tool; all four share one table.
+/// The one table of code's programs in this process: workspace ids are
+/// never reused, and a workspace's programs are its own whichever
+/// executor's tools started them.
+fn shared_table() -> Arc<Mutex<Table>> {
+    static TABLE: std::sync::OnceLock<Arc<Mutex<Table>>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(Default::default).clone()
+}
+
+/// Whether a program code started in `workspace` still runs (a server's
+/// idle expiry counts it as use).
+#[cfg_attr(not(feature = "serve"), allow(dead_code))]
+pub(crate) fn code_programs_running(workspace: &crate::workspace::Workspace) -> bool {
+    let table = shared_table();
+    let table = table.lock();
+    table
+        .0
+        .get(workspace.id())
+        .is_some_and(|held| held.starting > 0 || held.programs.values().any(|p| p.status() == ProgramStatus::Running))
+}
+
+/// One `workspace.*` tool; all four share the table.
 struct ProgramTool {
     op: Op,
     table: Arc<Mutex<Table>>,
@@ -114,7 +135,7 @@ pub fn workspace_tools() -> ToolRegistry {
 /// [`workspace_tools`] whose programs live `max_lifetime` at the most (and
 /// by default): e.g. a server's own program lifetime.
 pub fn workspace_tools_with(max_lifetime: Duration) -> ToolRegistry {
-    let table = Arc::new(Mutex::new(Table::default()));
+    let table = shared_table();
     let id = json!({"type": "string", "description": "the id start_program returned"});
     let yield_ms = json!({"type": "integer", "minimum": 0, "description": "how long to wait for output or the end, in ms (default 1000, at most 30000)"});
     let start = ToolSpec::new(Op::Start.name())

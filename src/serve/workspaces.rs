@@ -555,7 +555,9 @@ impl ExecboxMcp {
                     let ids: Vec<String> = held
                         .iter()
                         .filter(|(id, w)| {
-                            let in_use = running.contains(*id) || w.workspace.in_run();
+                            let in_use = running.contains(*id)
+                                || w.workspace.in_run()
+                                || crate::program_tools::code_programs_running(&w.workspace);
                             now - w.created >= lifetime || (now - w.last_used >= idle && !in_use)
                         })
                         .map(|(id, _)| id.clone())

@@ -1852,7 +1852,11 @@ async fn code_granted_workspace_tools_starts_a_program_a_later_run_reads() {
         return;
     }
     let root_path = root.path().to_str().unwrap();
-    let args = ["--workspace-root", root_path, "--allow-tool", "workspace.*", "--program-lifetime-secs", "3"];
+    let args = [
+        ["--workspace-root", root_path, "--allow-tool", "workspace.*"],
+        ["--program-lifetime-secs", "3", "--workspace-idle-secs", "1"],
+    ]
+    .concat();
     let (client, _) = connect(&args).await;
     let ws = ok_body(call(&client, "create_workspace", json!({})).await.unwrap())["workspace_id"].clone();
     // Started from JavaScript (quickjs-wasm carries the workspace), read from Python.
@@ -1881,6 +1885,16 @@ async fn code_granted_workspace_tools_starts_a_program_a_later_run_reads() {
     let policy = json!({"language": "python", "code": long, "workspace_id": ws, "timeout_ms": 30000});
     let (killed, _) = run(&client, policy).await;
     assert_eq!(killed["stdout"].as_str().unwrap_or_default().trim(), "killed", "{killed}");
+    // A program code started keeps its workspace from going idle: no call
+    // for twice the idle timeout, and a later run still reads its end.
+    let start =
+        "import tools\nprint(tools.workspace.start_program(command='sleep 2.5; echo late', yield_ms=0)['program_id'])";
+    let (started, _) = run(&client, json!({"language": "python", "code": start, "workspace_id": ws})).await;
+    let late = started["stdout"].as_str().unwrap().trim().to_string();
+    tokio::time::sleep(Duration::from_millis(2200)).await; // the behaviour under test is the passing of time
+    let (ended, _) =
+        run(&client, json!({"language": "python", "code": wait.replace(&id, &late), "workspace_id": ws})).await;
+    assert_eq!(ended["stdout"].as_str().unwrap_or_default().trim(), "late 0", "{ended}");
     // A server that grants tools still starts an MCP client's programs (they call none).
     let started = call(&client, "start_program", json!({"workspace_id": ws, "command": "echo hi", "yield_ms": 5000}));
     let started = ok_body(started.await.unwrap());
