@@ -54,6 +54,7 @@ const WRITE_PIECE: usize = 48 << 10;
 
 /// What to run: a line for `bash -c`, or an argv.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "serve", derive(schemars::JsonSchema))]
 #[serde(untagged)]
 pub enum ProgramCommand {
     /// Run by `bash -c`.
@@ -69,6 +70,50 @@ impl ProgramCommand {
             Self::Shell(line) => vec!["/bin/bash".into(), "-c".into(), line.clone()],
             Self::Argv(argv) => argv.clone(),
         }
+    }
+
+    /// The command, if it names something to run (an argv's first item is
+    /// not empty).
+    pub(crate) fn checked(self) -> Result<Self, &'static str> {
+        match &self {
+            Self::Argv(argv) if argv.first().is_none_or(String::is_empty) => Err("the argv is empty"),
+            _ => Ok(self),
+        }
+    }
+}
+
+/// How long a tool call on a program (MCP's program tools, Code Mode's
+/// `workspace.*` tools) waits for its output or its end by default, and at
+/// the most; a kill's grace is held to the same most.
+const DEFAULT_CALL_WAIT: Duration = Duration::from_secs(1);
+const MAX_CALL_WAIT: Duration = Duration::from_secs(30);
+
+/// Output one tool answer carries by default, and at the most.
+pub(crate) const DEFAULT_ANSWER_BYTES: usize = 64 << 10;
+const MAX_ANSWER_BYTES: usize = 1 << 20;
+
+/// A tool call's `yield_ms`, within its bounds.
+pub(crate) fn call_wait(yield_ms: Option<u64>) -> Duration {
+    yield_ms.map_or(DEFAULT_CALL_WAIT, Duration::from_millis).min(MAX_CALL_WAIT)
+}
+
+/// A tool call's `limit` (bytes of output), within its bounds.
+pub(crate) fn answer_limit(limit: Option<usize>) -> usize {
+    limit.unwrap_or(DEFAULT_ANSWER_BYTES).clamp(1, MAX_ANSWER_BYTES)
+}
+
+/// A tool call's `grace_ms` for a kill: [`KILL_GRACE`] unless given.
+pub(crate) fn kill_grace(grace_ms: Option<u64>) -> Duration {
+    grace_ms.map_or(KILL_GRACE, Duration::from_millis).min(MAX_CALL_WAIT)
+}
+
+/// A tool call's `timeout_ms`: the program's lifetime, at most `most` (and
+/// `most` unless given).
+pub(crate) fn lifetime_within(timeout_ms: Option<u64>, most: Duration) -> Result<Duration, &'static str> {
+    match timeout_ms {
+        Some(0) => Err("timeout_ms must be at least 1"),
+        Some(ms) => Ok(Duration::from_millis(ms).min(most)),
+        None => Ok(most),
     }
 }
 
@@ -427,6 +472,32 @@ impl Program {
             self.control.send(self.id, ProgramOp::Write(piece.to_vec()))?;
         }
         Ok(())
+    }
+
+    /// What a tool's write asks: `text`, with a newline if asked, then
+    /// Ctrl-C, then the end of its input, each if asked, in that order (as
+    /// a terminal would send them).
+    pub(crate) fn send(&self, text: String, newline: bool, interrupt: bool, eof: bool) -> Result<(), ProgramError> {
+        let mut data = text.into_bytes();
+        if newline {
+            data.push(b'\n');
+        }
+        if !data.is_empty() {
+            self.write(&data)?;
+        }
+        if interrupt {
+            self.interrupt()?;
+        }
+        if eof {
+            self.close_input()?;
+        }
+        Ok(())
+    }
+
+    /// Whether `answer`, a poll of this program, carried its end: it ended,
+    /// and nothing is left to read after it. Its holder may forget it then.
+    pub(crate) fn end_was_read(&self, answer: &ProgramOutput) -> bool {
+        answer.status != ProgramStatus::Running && self.log(answer.next_offset, 1).output.is_empty()
     }
 
     /// Ends its input (closes its stdin; Ctrl-D on a terminal, after which

@@ -36,7 +36,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::error::tool::{ToolError, ToolErrorKind};
-use crate::program::{Program, ProgramCommand, ProgramHost, ProgramSpec, ProgramStatus};
+use crate::program::{self, Program, ProgramCommand, ProgramHost, ProgramSpec, ProgramStatus};
 use crate::tools::registry::{ToolAnnotations, ToolContext, ToolFuture, ToolHandler, ToolRegistry, ToolSpec};
 use crate::workspace::WeakWorkspace;
 
@@ -48,12 +48,6 @@ const MAX_PROGRAMS_PER_WORKSPACE: usize = 16;
 /// The longest lifetime code may give a program, and the default, unless
 /// the registry was made with another ([`workspace_tools_with`]).
 const MAX_LIFETIME: Duration = Duration::from_secs(600);
-/// How long a call waits for output by default, and at the most.
-const DEFAULT_YIELD_MS: u64 = 1_000;
-const MAX_YIELD_MS: u64 = 30_000;
-/// Output one answer carries by default, and at the most.
-const DEFAULT_LIMIT: usize = 64 << 10;
-const MAX_LIMIT: usize = 1 << 20;
 
 /// The four operations.
 #[derive(Clone, Copy, Debug)]
@@ -212,16 +206,9 @@ pub fn workspace_tools_with(max_lifetime: Duration) -> ToolRegistry {
 }
 
 #[derive(Deserialize)]
-#[serde(untagged)]
-enum CommandArg {
-    Line(String),
-    Argv(Vec<String>),
-}
-
-#[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct StartArgs {
-    command: CommandArg,
+    command: ProgramCommand,
     #[serde(default)]
     tty: bool,
     #[serde(default)]
@@ -286,31 +273,22 @@ impl ToolHandler for ProgramTool {
                 Op::Poll => {
                     let args: PollArgs = parse(op, args)?;
                     let program = find(op, &table, &host, &args.program_id)?;
-                    let limit = args.limit.unwrap_or(DEFAULT_LIMIT).clamp(1, MAX_LIMIT);
+                    let limit = program::answer_limit(args.limit);
                     Ok(answer(&table, &host, &args.program_id, &program, args.yield_ms, limit).await)
                 }
                 Op::Write => {
                     let args: WriteArgs = parse(op, args)?;
                     let program = find(op, &table, &host, &args.program_id)?;
-                    let mut data = args.data.into_bytes();
-                    if args.newline {
-                        data.push(b'\n');
-                    }
-                    let mut sent = if data.is_empty() { Ok(()) } else { program.write(&data) };
-                    if args.interrupt {
-                        sent = sent.and_then(|()| program.interrupt());
-                    }
-                    if args.eof {
-                        sent = sent.and_then(|()| program.close_input());
-                    }
-                    sent.map_err(|e| error(op, ToolErrorKind::Failed, crate::error::with_causes(&e)))?;
-                    Ok(answer(&table, &host, &args.program_id, &program, args.yield_ms, DEFAULT_LIMIT).await)
+                    program
+                        .send(args.data, args.newline, args.interrupt, args.eof)
+                        .map_err(|e| error(op, ToolErrorKind::Failed, crate::error::with_causes(&e)))?;
+                    let limit = program::DEFAULT_ANSWER_BYTES;
+                    Ok(answer(&table, &host, &args.program_id, &program, args.yield_ms, limit).await)
                 }
                 Op::Kill => {
                     let args: KillArgs = parse(op, args)?;
                     let program = find(op, &table, &host, &args.program_id)?;
-                    let grace = Duration::from_millis(args.grace_ms.unwrap_or(2_000).min(MAX_YIELD_MS));
-                    let end = program.kill(grace).await;
+                    let end = program.kill(program::kill_grace(args.grace_ms)).await;
                     forget(&table, &host, &args.program_id);
                     Ok(end.to_json(&args.program_id))
                 }
@@ -328,16 +306,9 @@ async fn start(
     max_lifetime: Duration,
 ) -> Result<Value, ToolError> {
     let op = Op::Start;
-    let command = match args.command {
-        CommandArg::Line(line) => ProgramCommand::Shell(line),
-        CommandArg::Argv(argv) if argv.first().is_some_and(|a| !a.is_empty()) => ProgramCommand::Argv(argv),
-        CommandArg::Argv(_) => return Err(error(op, ToolErrorKind::InvalidArguments, "the argv is empty")),
-    };
-    let lifetime = match args.timeout_ms {
-        Some(0) => return Err(error(op, ToolErrorKind::InvalidArguments, "timeout_ms must be at least 1")),
-        Some(ms) => Duration::from_millis(ms).min(max_lifetime),
-        None => max_lifetime,
-    };
+    let invalid = |why| error(op, ToolErrorKind::InvalidArguments, why);
+    let command = args.command.checked().map_err(invalid)?;
+    let lifetime = program::lifetime_within(args.timeout_ms, max_lifetime).map_err(invalid)?;
     let mut spec = ProgramSpec::new(command).tty(args.tty).policy(host.policy.clone()).lifetime(lifetime);
     spec.env = args.env;
     spec.cwd = args.cwd;
@@ -364,7 +335,7 @@ async fn start(
         crate::error::ExecError::Busy { reason, .. } => error(op, ToolErrorKind::QuotaExceeded, reason),
         other => error(op, ToolErrorKind::Failed, crate::error::with_causes(&other)),
     })?;
-    Ok(answer(table, &host, &id, &program, args.yield_ms, DEFAULT_LIMIT).await)
+    Ok(answer(table, &host, &id, &program, args.yield_ms, program::DEFAULT_ANSWER_BYTES).await)
 }
 
 /// Takes a place among the run's workspace's programs (counted as
@@ -414,9 +385,8 @@ async fn answer(
     yield_ms: Option<u64>,
     limit: usize,
 ) -> Value {
-    let wait = Duration::from_millis(yield_ms.unwrap_or(DEFAULT_YIELD_MS).min(MAX_YIELD_MS));
-    let out = program.poll_text(wait, limit).await;
-    if out.status != ProgramStatus::Running && program.log(out.next_offset, 1).output.is_empty() {
+    let out = program.poll_text(program::call_wait(yield_ms), limit).await;
+    if program.end_was_read(&out) {
         forget(table, host, id);
     }
     out.to_json(id)

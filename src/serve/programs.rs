@@ -18,29 +18,11 @@ use serde_json::json;
 
 use super::tools::{Connection, ExecboxMcp, invalid_arguments, structured};
 use crate::policy::SandboxPolicy;
-use crate::program::{Program, ProgramCommand, ProgramError, ProgramOutput, ProgramSpec, ProgramStatus};
+use crate::program::{self, Program, ProgramCommand, ProgramError, ProgramOutput, ProgramSpec};
 
 /// Programs one connection may hold at once (each workspace's container
 /// runs 16 at the most).
 pub(super) const MAX_PROGRAMS_PER_CONNECTION: usize = 32;
-
-/// How long a call waits for output by default, and at the most.
-const DEFAULT_YIELD_MS: u64 = 1_000;
-const MAX_YIELD_MS: u64 = 30_000;
-
-/// Output one answer carries by default, and at the most.
-const DEFAULT_LIMIT: usize = 64 << 10;
-const MAX_LIMIT: usize = 1 << 20;
-
-/// `start_program`'s command: a line for bash, or an argv.
-#[derive(Debug, Deserialize, schemars::JsonSchema)]
-#[serde(untagged)]
-pub enum CommandArg {
-    /// Run by `bash -c`.
-    Line(String),
-    /// Run as given (the first item looked up in PATH).
-    Argv(Vec<String>),
-}
 
 /// `start_program`'s arguments.
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -49,7 +31,7 @@ pub struct StartProgramArgs {
     /// The workspace to run in (from `create_workspace`): the program sees it at /work.
     pub workspace_id: String,
     /// A line run by bash, or an argv array.
-    pub command: CommandArg,
+    pub command: ProgramCommand,
     /// Give it a terminal (for REPLs and prompts; Ctrl-C and Ctrl-D are keys).
     #[serde(default)]
     pub tty: bool,
@@ -135,16 +117,13 @@ impl ExecboxMcp {
             let why = format!("this connection holds {MAX_PROGRAMS_PER_CONNECTION} programs: kill one first");
             return Ok(invalid_arguments("start_program", &why));
         };
-        let most = self.shared.cfg.program_lifetime;
-        let lifetime = match args.timeout_ms {
-            Some(0) => return Ok(invalid_arguments("start_program", "timeout_ms must be at least 1")),
-            Some(ms) => Duration::from_millis(ms).min(most),
-            None => most,
+        let lifetime = match program::lifetime_within(args.timeout_ms, self.shared.cfg.program_lifetime) {
+            Ok(lifetime) => lifetime,
+            Err(why) => return Ok(invalid_arguments("start_program", why)),
         };
-        let command = match args.command {
-            CommandArg::Line(line) => ProgramCommand::Shell(line),
-            CommandArg::Argv(argv) if argv.first().is_some_and(|a| !a.is_empty()) => ProgramCommand::Argv(argv),
-            CommandArg::Argv(_) => return Ok(invalid_arguments("start_program", "the argv is empty")),
+        let command = match args.command.checked() {
+            Ok(command) => command,
+            Err(why) => return Ok(invalid_arguments("start_program", why)),
         };
         // Tools denied, not unstated: a ceiling that grants them (for
         // Code Mode) would fill them in, and programs call no tools.
@@ -179,7 +158,7 @@ impl ExecboxMcp {
             let why = format!("workspace {} was closed while the program started", args.workspace_id);
             return Ok(invalid_arguments("start_program", &why));
         }
-        Ok(self.answer(&id, &program, yield_of(args.yield_ms), DEFAULT_LIMIT).await)
+        Ok(self.answer(&id, &program, args.yield_ms, program::DEFAULT_ANSWER_BYTES).await)
     }
 
     /// New output of a program.
@@ -189,8 +168,8 @@ impl ExecboxMcp {
         let Some(program) = self.program(&args.program_id) else {
             return Ok(no_program("poll_program", &args.program_id));
         };
-        let limit = args.limit.unwrap_or(DEFAULT_LIMIT).clamp(1, MAX_LIMIT);
-        Ok(self.answer(&args.program_id, &program, yield_of(args.yield_ms), limit).await)
+        let limit = program::answer_limit(args.limit);
+        Ok(self.answer(&args.program_id, &program, args.yield_ms, limit).await)
     }
 
     /// Writes to a program's input.
@@ -200,21 +179,10 @@ impl ExecboxMcp {
         let Some(program) = self.program(&args.program_id) else {
             return Ok(no_program("write_program", &args.program_id));
         };
-        let mut data = args.data.into_bytes();
-        if args.newline {
-            data.push(b'\n');
-        }
-        let mut sent = if data.is_empty() { Ok(()) } else { program.write(&data) };
-        if args.interrupt {
-            sent = sent.and_then(|()| program.interrupt());
-        }
-        if args.eof {
-            sent = sent.and_then(|()| program.close_input());
-        }
-        if let Err(e) = sent {
+        if let Err(e) = program.send(args.data, args.newline, args.interrupt, args.eof) {
             return Ok(program_error("write_program", &args.program_id, &e));
         }
-        Ok(self.answer(&args.program_id, &program, yield_of(args.yield_ms), DEFAULT_LIMIT).await)
+        Ok(self.answer(&args.program_id, &program, args.yield_ms, program::DEFAULT_ANSWER_BYTES).await)
     }
 
     /// Kills a program.
@@ -224,8 +192,7 @@ impl ExecboxMcp {
         let Some(program) = self.program(&args.program_id) else {
             return Ok(no_program("kill_program", &args.program_id));
         };
-        let grace = Duration::from_millis(args.grace_ms.unwrap_or(2_000).min(MAX_YIELD_MS));
-        let end = program.kill(grace).await;
+        let end = program.kill(program::kill_grace(args.grace_ms)).await;
         self.connection.programs.lock().remove(&args.program_id);
         Ok(rendered(&args.program_id, &end))
     }
@@ -253,9 +220,9 @@ impl ExecboxMcp {
 
     /// Polls `program` and renders the answer; an ended program whose end
     /// this answer carries is forgotten.
-    async fn answer(&self, id: &str, program: &Program, yield_for: Duration, limit: usize) -> CallToolResult {
-        let out = program.poll_text(yield_for, limit).await;
-        if out.status != ProgramStatus::Running && program.log(out.next_offset, 1).output.is_empty() {
+    async fn answer(&self, id: &str, program: &Program, yield_ms: Option<u64>, limit: usize) -> CallToolResult {
+        let out = program.poll_text(program::call_wait(yield_ms), limit).await;
+        if program.end_was_read(&out) {
             self.connection.programs.lock().remove(id);
         }
         rendered(id, &out)
@@ -292,10 +259,6 @@ fn program_error(tool: &str, id: &str, error: &ProgramError) -> CallToolResult {
     }
     let message = format!("program {id}: {}", crate::error::with_causes(error));
     structured(json!({"error": {"kind": "program", "message": message}}), format!("program: {message}"), true)
-}
-
-fn yield_of(ms: Option<u64>) -> Duration {
-    Duration::from_millis(ms.unwrap_or(DEFAULT_YIELD_MS).min(MAX_YIELD_MS))
 }
 
 fn no_program(tool: &str, id: &str) -> CallToolResult {

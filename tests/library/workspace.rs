@@ -23,8 +23,14 @@ const REQUIRE: &str = "EXECBOX_REQUIRE_WORKSPACES";
 fn workspace(quota_bytes: u64, max_files: u64) -> Option<(Workspace, tempfile::TempDir)> {
     let root = tempfile::tempdir().unwrap();
     let cfg = WorkspaceConfig::default().quota_bytes(quota_bytes).max_files(max_files).root(root.path());
+    Some((workspace_with(cfg)?, root))
+}
+
+/// The workspace `cfg` makes, or `None` (skipped) where this process
+/// cannot mount one.
+fn workspace_with(cfg: WorkspaceConfig) -> Option<Workspace> {
     match Workspace::create(cfg) {
-        Ok(ws) => Some((ws, root)),
+        Ok(ws) => Some(ws),
         Err(e @ WorkspaceError::CannotMount { .. }) => {
             common::skip::available(REQUIRE, Err(e));
             None
@@ -337,14 +343,7 @@ fn runs_in_one_workspace_take_turns() {
 fn a_workspace_belongs_to_the_user_code_runs_as_and_a_container_of_another_user_refuses_it() {
     let root = tempfile::tempdir().unwrap();
     let cfg = WorkspaceConfig::default().root(root.path()).code_user(1000, 1000);
-    let ws = match Workspace::create(cfg) {
-        Ok(ws) => ws,
-        Err(e @ WorkspaceError::CannotMount { .. }) => {
-            common::skip::available(REQUIRE, Err(e));
-            return;
-        }
-        Err(e) => panic!("{e}"),
-    };
+    let Some(ws) = workspace_with(cfg) else { return };
     ws.write("given.txt", b"host").unwrap();
     let Some(theirs) = common::skip::labelled_container("workspace-user", ContainerConfig::default().user("1000:1000"))
     else {
@@ -583,14 +582,7 @@ fn a_workspace_is_exported_and_kept_by_persist_to() {
     let kept = tempfile::tempdir().unwrap();
     let keep = kept.path().join("kept");
     let cfg = WorkspaceConfig::default().quota_bytes(1 << 20).max_files(100).root(root.path()).persist_to(&keep);
-    let ws = match Workspace::create(cfg) {
-        Ok(ws) => ws,
-        Err(e @ WorkspaceError::CannotMount { .. }) => {
-            common::skip::available(REQUIRE, Err(e));
-            return;
-        }
-        Err(e) => panic!("{e}"),
-    };
+    let Some(ws) = workspace_with(cfg) else { return };
     ws.write_with_mode("bin/run.sh", b"#!/bin/sh\necho hi\n", 0o755).unwrap();
     ws.write_with_mode("notes.txt", b"kept", 0o777).unwrap();
     // What code could plant: a link out, a FIFO.
@@ -637,14 +629,7 @@ fn idle_and_old_library_workspaces_end() {
         return;
     };
     let root = tempfile::tempdir().unwrap();
-    let create = |cfg: WorkspaceConfig| match Workspace::create(cfg.root(root.path())) {
-        Ok(ws) => Some(ws),
-        Err(e @ WorkspaceError::CannotMount { .. }) => {
-            common::skip::available(REQUIRE, Err(e));
-            None
-        }
-        Err(e) => panic!("{e}"),
-    };
+    let create = |cfg: WorkspaceConfig| workspace_with(cfg.root(root.path()));
     let Some(idle) = create(WorkspaceConfig::default().idle_timeout(Duration::from_millis(500))) else { return };
     let path = idle.host_path().to_path_buf();
     // A run longer than the idle timeout keeps it; its end counts as use.
