@@ -71,7 +71,6 @@
 //! (with `warm.rs`, `quickjs.rs` and `session.rs` for the interpreters);
 //! `tool_import.rs` and `tool_channel.rs` carry tool calls (Code Mode).
 
-mod answer;
 mod capabilities;
 mod compile;
 pub(crate) mod compile_worker;

@@ -37,11 +37,10 @@
 
 use parking_lot::Mutex;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
-use super::answer::Answer;
 use super::engine::WasmEngine;
 use super::guest::RunControls;
 use super::quickjs;
@@ -94,7 +93,7 @@ pub struct PythonSession {
 
 /// The instance thread's end: its channel, and the result once received.
 struct Ended {
-    rx: Answer<Result<ExecResult, ExecError>>,
+    rx: oneshot::Receiver<Result<ExecResult, ExecError>>,
     result: Option<Result<ExecResult, ExecError>>,
 }
 
@@ -157,10 +156,10 @@ impl PythonSession {
     fn wait_end(&self, limit: Duration) -> bool {
         let mut done = self.done.lock();
         if done.result.is_none() {
-            match done.rx.recv_timeout(Some(limit)) {
+            match done.rx.recv_timeout(limit) {
                 Ok(result) => done.result = Some(result),
-                Err(mpsc::RecvTimeoutError::Timeout) => return false,
-                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                Err(oneshot::RecvTimeoutError::Timeout) => return false,
+                Err(oneshot::RecvTimeoutError::Disconnected) => {
                     done.result = Some(Err(ExecError::internal(Self::NAME, "the instance thread ended")));
                 }
             }

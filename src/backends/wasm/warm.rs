@@ -46,7 +46,6 @@ use std::task::{Context, Poll, Waker};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::answer::Answer;
 use super::engine::WasmEngine;
 use super::guest::{Compiled, Preopen, RunControls};
 use super::priority::StartPriority;
@@ -83,7 +82,7 @@ pub(crate) struct Warm {
     /// that thread ends, never while the guest may still read it.
     pub work: PathBuf,
     /// The instance's end: `_start`'s result, once it returns.
-    pub done: Answer<Result<ExecResult, ExecError>>,
+    pub done: oneshot::Receiver<Result<ExecResult, ExecError>>,
     pub thread: JoinHandle<()>,
     /// Its thread's priority: lowered while it starts, restored (by
     /// [`StartPriority::restore`]) before it gets its code.
@@ -399,21 +398,21 @@ impl Pool {
             channel,
             answered: false,
         };
-        let done = &warm.done;
+        let done = &mut waiting.receive(warm.done);
         let result = match (deadline.remaining(), flight.channel.is_some()) {
             // Without tools the code is all it gets: a read of stdin after it
             // is end-of-file, never a wait the deadline cannot interrupt.
             (Some(left), false) => {
                 flight.code.close();
-                waiting.answer(self, done, Some(left + REPORT_GRACE)).await
+                done.within(self, Some(left + REPORT_GRACE)).await
             }
             // With tools stdin stays open for the answers until the deadline;
             // then a guest blocked reading it reads end-of-file and stops.
-            (Some(left), true) => match waiting.answer(self, done, Some(left)).await {
+            (Some(left), true) => match done.within(self, Some(left)).await {
                 Err(RecvTimeoutError::Timeout) => {
                     flight.controls.expire_now();
                     flight.code.close();
-                    let mut late = waiting.answer(self, done, Some(REPORT_GRACE)).await;
+                    let mut late = done.within(self, Some(REPORT_GRACE)).await;
                     if let Ok(Ok(result)) = &mut late {
                         cut_off_at_deadline(result, &deadline);
                     }
@@ -425,7 +424,7 @@ impl Pool {
                 if !calls_tools {
                     flight.code.close();
                 }
-                waiting.answer(self, done, None).await
+                done.within(self, None).await
             }
         };
         flight.answered = result.is_ok();
@@ -533,15 +532,39 @@ enum Waiting {
 }
 
 impl Waiting {
-    /// The instance's answer, waited for at most `limit` (`None`: no limit).
-    async fn answer<T>(self, pool: &Pool, done: &Answer<T>, limit: Option<Duration>) -> Result<T, RecvTimeoutError> {
+    /// The instance's answer, to be waited for this way.
+    fn receive<T>(self, done: oneshot::Receiver<T>) -> Done<T> {
         match self {
-            Waiting::Blocking => done.recv_timeout(limit),
-            Waiting::Async => {
+            Waiting::Blocking => Done::Blocking(done),
+            Waiting::Async => Done::Async(done.into_future()),
+        }
+    }
+}
+
+/// An instance's answer as a run waits for it (one value, sent by the
+/// instance's thread; the sender dropped without one is `Disconnected`).
+enum Done<T> {
+    Blocking(oneshot::Receiver<T>),
+    /// Woken by the send itself: no runtime driver is needed.
+    Async(oneshot::AsyncReceiver<T>),
+}
+
+impl<T> Done<T> {
+    /// The answer, waited for at most `limit` (`None`: no limit).
+    async fn within(&mut self, pool: &Pool, limit: Option<Duration>) -> Result<T, RecvTimeoutError> {
+        match self {
+            Done::Blocking(done) => match limit {
+                Some(limit) => done.recv_timeout(limit).map_err(|e| match e {
+                    oneshot::RecvTimeoutError::Timeout => RecvTimeoutError::Timeout,
+                    oneshot::RecvTimeoutError::Disconnected => RecvTimeoutError::Disconnected,
+                }),
+                None => done.recv_ref().map_err(|_| RecvTimeoutError::Disconnected),
+            },
+            Done::Async(done) => {
                 let until = limit.and_then(|limit| Instant::now().checked_add(limit));
                 let mut alarm = until.map(|until| Alarm::at(pool.engine.ticker().alarms(), until));
                 poll_fn(|cx| {
-                    if let Poll::Ready(answer) = done.poll_recv(cx) {
+                    if let Poll::Ready(answer) = Pin::new(&mut *done).poll(cx) {
                         return Poll::Ready(answer.map_err(|_| RecvTimeoutError::Disconnected));
                     }
                     match alarm.as_mut().map(|alarm| Pin::new(alarm).poll(cx)) {

@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 use wasmtime_wasi::FsPerms;
 
 use super::{Backoff, Pool, Refiller, SessionSetup, StartError, Warm, lock};
-use crate::backends::wasm::answer::answer;
 use crate::backends::wasm::guest::{Preopen, RunControls};
 use crate::backends::wasm::priority::{PriorityEnd, StartPriority, step_aside};
 use crate::backends::wasm::run::{self, Stdio, StoreSetup};
@@ -197,7 +196,7 @@ impl Pool {
         let ceiling = usize::try_from(self.engine.config().max_memory_bytes).unwrap_or(usize::MAX);
         let controls = RunControls::new(Deadline::start(None), ceiling);
         let stdio = Stdio { stdout: CappedPipe::new(Some(0)), stderr: CappedPipe::new(Some(0)) };
-        let (done_tx, done) = answer();
+        let (done_tx, done) = oneshot::channel();
         let engine = self.engine.clone();
         let backend = self.backend;
         let compiled = self.compiled.clone();
@@ -226,7 +225,7 @@ impl Pool {
                     match run::new_store(&engine, compiled.abi, stdin, &thread_stdio, &setup, thread_controls) {
                         Ok(store) => store,
                         Err(e) => {
-                            done_tx.send(Err(e));
+                            drop(done_tx.send(Err(e)));
                             return;
                         }
                     };
@@ -235,14 +234,14 @@ impl Pool {
                     Ok(Ok(instance)) => run::call_start(&mut store, instance),
                     Ok(Err(err)) => Err(err),
                     Err(e) => {
-                        done_tx.send(Err(e));
+                        drop(done_tx.send(Err(e)));
                         return;
                     }
                 };
                 // Answer first: freeing the instance (resetting its memory
                 // slot) is not the caller's wait. (On the early returns above,
                 // `ended` goes when the thread ends, after its answer.)
-                done_tx.send(Ok(run::finish(&engine, backend, &mut store, verdict, &thread_stdio, None)));
+                drop(done_tx.send(Ok(run::finish(&engine, backend, &mut store, verdict, &thread_stdio, None))));
                 drop(ended);
                 step_aside();
                 drop(store);
