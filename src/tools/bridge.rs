@@ -19,6 +19,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -233,15 +234,12 @@ impl ToolBridge {
                         }
                     }
                 }
-                // A panicking handler fails its call, not the runtime. Its
-                // task ends with this future (a timeout, the run's end):
-                // a dropped JoinHandle alone would leave it running.
-                let handler = tool.handler.clone();
-                let mut task = AbortOnDrop(tokio::spawn(async move { handler.call_in(call.args, &context).await }));
-                let value = match (&mut task.0).await {
+                // A panicking handler fails its call, not the runtime. It
+                // runs in this task (no second task to spawn and wake), so
+                // it ends with this future: a timeout, the run's end.
+                let value = match unwinding(tool.handler.call_in(call.args, &context)).await {
                     Ok(outcome) => outcome,
-                    Err(e) if e.is_panic() => Err(ToolError::failed(&spec.name, "the tool panicked")),
-                    Err(_) => Err(ToolError::new(&spec.name, ToolErrorKind::Cancelled, "the call was cancelled")),
+                    Err(_panic) => Err(ToolError::failed(&spec.name, "the tool panicked")),
                 }?;
                 // A result that breaks the tool's own declared shape is its
                 // failure. Checked within the call's timeout, and a large
@@ -487,8 +485,24 @@ fn no_answer(id: u64, name: &str) -> ToolResult {
 }
 
 /// A task aborted when this drops.
+/// `future`'s output, or the payload of a panic in one of its polls.
+async fn unwinding<T>(future: impl Future<Output = T>) -> std::thread::Result<T> {
+    let mut future = std::pin::pin!(future);
+    std::future::poll_fn(|cx| {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| future.as_mut().poll(cx))) {
+            Ok(Poll::Pending) => Poll::Pending,
+            Ok(Poll::Ready(value)) => Poll::Ready(Ok(value)),
+            Err(panic) => Poll::Ready(Err(panic)),
+        }
+    })
+    .await
+}
+
+/// A task aborted when its handle is dropped.
+#[cfg(feature = "wasm")]
 struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
 
+#[cfg(feature = "wasm")]
 impl<T> Drop for AbortOnDrop<T> {
     fn drop(&mut self) {
         self.0.abort();
