@@ -223,6 +223,10 @@ authentication:
 authorization:
   mode: Webhook
 podPidsLimit: ${EXECBOX_KUBE_POD_PIDS_LIMIT:-1024}
+featureGates:
+  # emptyDir medium: Memory gets a tmpfs of size sizeLimit (alpha in 1.20;
+  # without it the tmpfs is unbounded and sizeLimit is only an eviction check).
+  SizeMemoryBackedVolumes: true
 # No KUBE-* iptables chains: nothing here needs them (no kube-proxy, no hostPort plugin).
 makeIPTablesUtilChains: false
 # Never delete docker images (this machine's disk may be fuller than the
