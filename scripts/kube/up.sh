@@ -64,11 +64,11 @@ if [ ! -f "$run/preexisting" ]; then
   mv "$run/preexisting.tmp" "$run/preexisting"
 fi
 
-# --- certificates (once) ----------------------------------------------------
+# --- certificates (once per up/down cycle; ECDSA P-256: RSA keys cost ~2 s) ---
 cert() { # name subject extendedKeyUsage [subjectAltName]
   local name=$1 subj=$2 eku=$3 san=${4:-}
   [ -f "$pki/$name.crt" ] && return
-  openssl req -new -newkey rsa:2048 -nodes -keyout "$pki/$name.key" -subj "$subj" \
+  openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout "$pki/$name.key" -subj "$subj" \
     -out "$pki/$name.csr" 2>/dev/null
   {
     echo "basicConstraints=critical,CA:FALSE"
@@ -82,7 +82,7 @@ cert() { # name subject extendedKeyUsage [subjectAltName]
 }
 if [ ! -f "$pki/ca.crt" ]; then
   log "making certificates in $pki"
-  openssl req -x509 -new -nodes -newkey rsa:2048 -keyout "$pki/ca.key" -days 3650 -sha256 \
+  openssl req -x509 -new -nodes -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -keyout "$pki/ca.key" -days 3650 -sha256 \
     -subj "/CN=execbox-kube-ca" -addext "keyUsage=critical,keyCertSign,cRLSign,digitalSignature" \
     -out "$pki/ca.crt" 2>/dev/null
 fi
@@ -94,8 +94,8 @@ cert controller-manager "/CN=system:kube-controller-manager" clientAuth
 cert scheduler "/CN=system:kube-scheduler" clientAuth
 cert kubelet "/O=system:nodes/CN=system:node:$node" clientAuth
 if [ ! -f "$pki/sa.key" ]; then
-  openssl genrsa -out "$pki/sa.key" 2048 2>/dev/null
-  openssl rsa -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null
+  openssl ecparam -name prime256v1 -genkey -noout -out "$pki/sa.key" 2>/dev/null
+  openssl ec -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null
 fi
 chmod 600 "$pki"/*.key
 
@@ -196,6 +196,7 @@ start kube-controller-manager "$bin/kube-controller-manager" \
   --kubeconfig="$run/controller-manager.kubeconfig" \
   --bind-address=127.0.0.1 --secure-port=0 --port=0 \
   --controllers='*,-nodeipam' --leader-elect=false --use-service-account-credentials=true \
+  --node-monitor-period=2s \
   --service-account-private-key-file="$pki/sa.key" --root-ca-file="$pki/ca.crt" \
   --cluster-signing-cert-file="$pki/ca.crt" --cluster-signing-key-file="$pki/ca.key" \
   --profiling=false
@@ -213,6 +214,10 @@ healthzBindAddress: 127.0.0.1
 healthzPort: 10248
 cgroupDriver: cgroupfs
 failSwapOn: false
+# The node goes Ready on the first status check after the runtime is up: every
+# 2 s rather than 10 s saves ~8 s of up.sh (a status is still only posted
+# when it changes, or every 5 min).
+nodeStatusUpdateFrequency: 2s
 authentication:
   anonymous:
     enabled: false
