@@ -881,7 +881,10 @@ mod on_task {
     }
 
     fn write_flooding_worker() -> std::path::PathBuf {
-        let dir = std::env::temp_dir().join(format!("execbox-flood-{}", std::process::id()));
+        // Under target/ (cargo's directory for tests' files), not /tmp:
+        // nothing would remove it from there.
+        let dir =
+            std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("execbox-flood-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("flood.py");
         let script = r#"#!/usr/bin/python3

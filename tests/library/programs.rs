@@ -14,8 +14,9 @@ use execbox::{
 };
 
 /// A workspace and an executor with a container backend, or `None`
-/// (skipped) where this machine has no engine or cannot mount.
-fn setup(label: &str) -> Option<(Executor, Workspace, tempfile::TempDir)> {
+/// (skipped) where this machine has no engine or cannot mount. In the
+/// order a test's bindings should drop last (the root, then the workspace).
+fn setup(label: &str) -> Option<(tempfile::TempDir, Workspace, Executor)> {
     let root = tempfile::tempdir().unwrap();
     let ws = match Workspace::create(WorkspaceConfig::default().root(root.path())) {
         Ok(ws) => ws,
@@ -26,7 +27,7 @@ fn setup(label: &str) -> Option<(Executor, Workspace, tempfile::TempDir)> {
         Err(e) => panic!("{e}"),
     };
     let container = common::skip::labelled_container(label, ContainerConfig::default())?;
-    Some((Executor::with_backend(container), ws, root))
+    Some((root, ws, Executor::with_backend(container)))
 }
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -74,7 +75,7 @@ async fn count(executor: &Executor, ws: &Workspace, pattern: &str) -> usize {
 
 #[test]
 fn a_program_outlives_its_call_and_is_polled_to_its_exit_code() {
-    let Some((executor, ws, _root)) = setup("programs-exit") else { return };
+    let Some((_root, ws, executor)) = setup("programs-exit") else { return };
     runtime().block_on(async {
         let program = executor.start_program(&ws, ProgramSpec::shell("sleep 1; echo done; exit 7")).await.unwrap();
         let first = program.poll(Duration::ZERO, 100).await;
@@ -108,7 +109,7 @@ fn a_program_outlives_its_call_and_is_polled_to_its_exit_code() {
 
 #[test]
 fn repls_answer_prompts_through_write_and_poll() {
-    let Some((executor, ws, _root)) = setup("programs-repl") else { return };
+    let Some((_root, ws, executor)) = setup("programs-repl") else { return };
     runtime().block_on(async {
         let python = executor.start_program(&ws, ProgramSpec::argv(["python3", "-i", "-q"]).tty(true)).await.unwrap();
         let (text, _) = read_until(&python, ">>> ").await;
@@ -144,7 +145,7 @@ fn repls_answer_prompts_through_write_and_poll() {
 
 #[test]
 fn kill_gives_a_grace_to_a_program_that_handles_sigterm_and_none_to_one_that_ignores_it() {
-    let Some((executor, ws, _root)) = setup("programs-kill") else { return };
+    let Some((_root, ws, executor)) = setup("programs-kill") else { return };
     runtime().block_on(async {
         let polite = "trap 'echo bye; exit 3' TERM; echo ready; while true; do sleep 0.1; done";
         let program = executor.start_program(&ws, ProgramSpec::shell(polite)).await.unwrap();
@@ -166,7 +167,7 @@ fn kill_gives_a_grace_to_a_program_that_handles_sigterm_and_none_to_one_that_ign
 
 #[test]
 fn what_a_program_leaves_running_ends_with_it() {
-    let Some((executor, ws, _root)) = setup("programs-daemon") else { return };
+    let Some((_root, ws, executor)) = setup("programs-daemon") else { return };
     // The classic daemon: fork, setsid, fork again, parents exit.
     let daemon = |n: u32| {
         format!(
@@ -205,7 +206,7 @@ fn what_a_program_leaves_running_ends_with_it() {
 
 #[test]
 fn a_start_that_finds_the_process_cap_full_ends_alone() {
-    let Some((executor, ws, _root)) = setup("programs-pids") else { return };
+    let Some((_root, ws, executor)) = setup("programs-pids") else { return };
     runtime().block_on(async {
         let capped = |spec: ProgramSpec| spec.policy(execbox::SandboxPolicy::strict().max_processes(24));
         let bystander = executor.start_program(&ws, capped(ProgramSpec::shell("sleep 1000"))).await.unwrap();
@@ -232,7 +233,7 @@ fn a_start_that_finds_the_process_cap_full_ends_alone() {
 
 #[test]
 fn input_is_bounded_and_a_closed_input_says_so() {
-    let Some((executor, ws, _root)) = setup("programs-input") else { return };
+    let Some((_root, ws, executor)) = setup("programs-input") else { return };
     runtime().block_on(async {
         let sink = executor.start_program(&ws, ProgramSpec::shell("wc -c")).await.unwrap();
         let big = vec![b'x'; execbox::program::MAX_WRITE_BYTES];
@@ -262,7 +263,7 @@ fn input_is_bounded_and_a_closed_input_says_so() {
 
 #[test]
 fn programs_of_one_workspace_share_its_files_and_its_loopback() {
-    let Some((executor, ws, _root)) = setup("programs-loopback") else { return };
+    let Some((_root, ws, executor)) = setup("programs-loopback") else { return };
     runtime().block_on(async {
         ws.write("site/index.html", b"from the host").unwrap();
         let server = executor
@@ -290,7 +291,7 @@ fn programs_of_one_workspace_share_its_files_and_its_loopback() {
 
 #[test]
 fn a_program_ends_at_its_lifetime_and_every_program_ends_with_its_workspace() {
-    let Some((executor, ws, _root)) = setup("programs-lifetime") else { return };
+    let Some((_root, ws, executor)) = setup("programs-lifetime") else { return };
     runtime().block_on(async {
         let short = ProgramSpec::shell("sleep 100").lifetime(Duration::from_secs(1));
         let program = executor.start_program(&ws, short).await.unwrap();
@@ -337,7 +338,7 @@ fn a_matrix_without_a_program_carrier_refuses_naming_programs() {
 /// package no backend has is refused before anything starts.
 #[test]
 fn packages_pick_the_workspace_container_s_image() {
-    let Some((executor, ws, _root)) = setup("programs-packages") else { return };
+    let Some((_root, ws, executor)) = setup("programs-packages") else { return };
     let rt = runtime();
     rt.block_on(async {
         let import = ["python3", "-c", "import numpy; print(int(numpy.ones(3).sum()))"];
@@ -352,7 +353,7 @@ fn packages_pick_the_workspace_container_s_image() {
         let (text, out) = read_until(&first, "\u{0}never").await;
         assert_eq!((out.exit_code, text.trim()), (Some(0), "3"), "{out:?}");
     });
-    let Some((executor, plain, _root)) = setup("programs-packages") else { return };
+    let Some((_root, plain, executor)) = setup("programs-packages") else { return };
     rt.block_on(async {
         run(&executor, &plain, "true").await;
         let later = executor.start_program(&plain, ProgramSpec::shell("true").packages(["numpy"])).await;
@@ -375,7 +376,7 @@ fn packages_pick_the_workspace_container_s_image() {
 #[test]
 fn code_starts_and_drives_programs_in_its_workspace() {
     use execbox::{ExecRequest, Language, Outcome, SandboxPolicy};
-    let Some((_, ws, root)) = setup("program-tools") else { return };
+    let Some((root, ws, _)) = setup("program-tools") else { return };
     let other = Workspace::create(WorkspaceConfig::default().root(root.path())).unwrap();
     let container = common::skip::labelled_container("program-tools", ContainerConfig::default()).unwrap();
     let executor = Executor::builder().backend(container).tools(execbox::program_tools::workspace_tools()).build();

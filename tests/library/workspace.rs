@@ -19,11 +19,13 @@ use serde_json::json;
 const REQUIRE: &str = "EXECBOX_REQUIRE_WORKSPACES";
 
 /// A workspace under a private root, or `None` (skipped) where this
-/// process cannot mount one.
-fn workspace(quota_bytes: u64, max_files: u64) -> Option<(Workspace, tempfile::TempDir)> {
+/// process cannot mount one. The root comes first, so that a test's
+/// `let Some((_root, ws))` drops it last: removed before the workspace is
+/// unmounted, it would be left behind, empty.
+fn workspace(quota_bytes: u64, max_files: u64) -> Option<(tempfile::TempDir, Workspace)> {
     let root = tempfile::tempdir().unwrap();
     let cfg = WorkspaceConfig::default().quota_bytes(quota_bytes).max_files(max_files).root(root.path());
-    Some((workspace_with(cfg)?, root))
+    Some((root, workspace_with(cfg)?))
 }
 
 /// The workspace `cfg` makes, or `None` (skipped) where this process
@@ -55,7 +57,7 @@ fn ok(result: ExecResult) -> ExecResult {
 
 #[test]
 fn a_workspace_is_a_capped_mount_that_goes_with_its_last_handle() {
-    let Some((ws, _root)) = workspace(1 << 20, 50) else { return };
+    let Some((_root, ws)) = workspace(1 << 20, 50) else { return };
     let path = ws.host_path().to_path_buf();
     assert!(mounted(&path), "{path:?} is not a mount");
     ws.write("a/b/c.txt", b"hello").unwrap();
@@ -75,7 +77,7 @@ fn a_workspace_is_a_capped_mount_that_goes_with_its_last_handle() {
 
 #[test]
 fn the_quota_holds_bytes_and_files_against_the_host_too() {
-    let Some((ws, _root)) = workspace(64 << 10, 3) else { return };
+    let Some((_root, ws)) = workspace(64 << 10, 3) else { return };
     let err = ws.write("big", &vec![7u8; 100 << 10]).unwrap_err();
     assert!(err.to_string().contains("No space left"), "{err}");
     assert!(ws.read("big", 1 << 20).is_err(), "a refused write leaves no file");
@@ -90,7 +92,7 @@ fn the_quota_holds_bytes_and_files_against_the_host_too() {
 #[test]
 fn hostile_files_never_lead_the_host_outside() {
     use std::os::unix::fs::symlink;
-    let Some((ws, _root)) = workspace(1 << 20, 100) else { return };
+    let Some((_root, ws)) = workspace(1 << 20, 100) else { return };
     let outside = tempfile::tempdir().unwrap();
     std::fs::write(outside.path().join("secret"), b"host secret").unwrap();
     let root = ws.host_path();
@@ -114,7 +116,7 @@ fn hostile_files_never_lead_the_host_outside() {
 
 #[test]
 fn a_backend_without_files_refuses_a_workspace_and_names_it() {
-    let Some((ws, _root)) = workspace(1 << 20, 10) else { return };
+    let Some((_root, ws)) = workspace(1 << 20, 10) else { return };
     let js = Executor::with_backend(BoaJsInThread::default());
     let request = ExecRequest::javascript("return 1").policy(SandboxPolicy::host_local()).workspace(&ws);
     match js.execute_blocking(request) {
@@ -129,7 +131,7 @@ fn a_backend_without_files_refuses_a_workspace_and_names_it() {
 
 #[test]
 fn a_wasm_guest_reads_and_writes_the_workspace_at_work() {
-    let Some((ws, _root)) = workspace(1 << 20, 100) else { return };
+    let Some((_root, ws)) = workspace(1 << 20, 100) else { return };
     let guest = WasmGuest::new(WasmGuestConfig::default()).unwrap();
     let tool = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/guests/prebuilt/wasi_tool.wasm")).unwrap();
     ws.write("from_host.txt", b"host wrote this").unwrap();
@@ -152,7 +154,7 @@ fn a_wasm_guest_reads_and_writes_the_workspace_at_work() {
 /// its quota inside each.
 #[test]
 fn python_in_wasm_and_in_a_container_share_one_workspace_under_one_quota() {
-    let Some((ws, _root)) = workspace(2 << 20, 1000) else { return };
+    let Some((_root, ws)) = workspace(2 << 20, 1000) else { return };
     let Some(wasm) = common::skip::interpreter(WasmInterpreter::new(InterpreterConfig::default()).unwrap()) else {
         return;
     };
@@ -219,7 +221,7 @@ fn helper_mounts_a_workspace_and_waits() {
 #[test]
 fn a_killed_owner_s_workspace_is_removed_by_the_next_one() {
     use std::io::{BufRead, BufReader};
-    let Some((_probe, root)) = workspace(1 << 20, 10) else { return };
+    let Some((root, _probe)) = workspace(1 << 20, 10) else { return };
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "workspace::helper_mounts_a_workspace_and_waits", "--ignored", "--nocapture"])
         .env("EXECBOX_TEST_WORKSPACE_ROOT", root.path())
@@ -251,7 +253,7 @@ fn a_killed_owner_s_workspace_is_removed_by_the_next_one() {
 #[test]
 fn collect_reads_back_by_globs_within_limits_and_never_through_links() {
     use execbox::CollectLimits;
-    let Some((ws, _root)) = workspace(4 << 20, 1000) else { return };
+    let Some((_root, ws)) = workspace(4 << 20, 1000) else { return };
     ws.write("top.txt", b"top").unwrap();
     ws.write("a/x.txt", b"x").unwrap();
     ws.write("a/b/y.txt", b"yy").unwrap();
@@ -301,7 +303,7 @@ fn collect_walks_a_wide_tree_without_holding_its_directories_open() {
         return;
     }
     let wide = limit + 100;
-    let Some((ws, _root)) = workspace(64 << 20, wide + 10) else { return };
+    let Some((_root, ws)) = workspace(64 << 20, wide + 10) else { return };
     for i in 0..wide {
         std::fs::create_dir(ws.host_path().join(format!("d{i}"))).unwrap();
     }
@@ -317,7 +319,7 @@ fn collect_walks_a_wide_tree_without_holding_its_directories_open() {
 /// a FIFO under a wasm guest's open and hold its host thread).
 #[test]
 fn runs_in_one_workspace_take_turns() {
-    let Some((ws, _root)) = workspace(1 << 20, 100) else { return };
+    let Some((_root, ws)) = workspace(1 << 20, 100) else { return };
     let Some(wasm) = common::skip::interpreter(WasmInterpreter::new(InterpreterConfig::default()).unwrap()) else {
         return;
     };
@@ -364,7 +366,7 @@ fn a_workspace_belongs_to_the_user_code_runs_as_and_a_container_of_another_user_
 #[test]
 fn a_file_may_be_written_with_its_mode_but_never_a_set_id_bit() {
     use std::os::unix::fs::PermissionsExt;
-    let Some((ws, _root)) = workspace(1 << 20, 50) else { return };
+    let Some((_root, ws)) = workspace(1 << 20, 50) else { return };
     ws.write_with_mode("bin/run.sh", b"#!/bin/sh\necho hi\n", 0o755).unwrap();
     let mode = std::fs::metadata(ws.host_path().join("bin/run.sh")).unwrap().permissions().mode();
     assert_eq!(mode & 0o7777, 0o755);
@@ -386,7 +388,7 @@ fn a_file_may_be_written_with_its_mode_but_never_a_set_id_bit() {
 #[test]
 fn a_session_opened_in_a_workspace_runs_every_call_there() {
     use execbox::{SessionError, SessionSpec, Sessions};
-    let Some((ws, _root)) = workspace(2 << 20, 1000) else { return };
+    let Some((_root, ws)) = workspace(2 << 20, 1000) else { return };
     let Some(container) = common::skip::labelled_container("workspace-session", ContainerConfig::default()) else {
         return;
     };
@@ -433,7 +435,7 @@ fn a_session_opened_in_a_workspace_runs_every_call_there() {
     });
 
     // Another workspace, or one for a session without: refused, naming the control.
-    let Some((other, _other_root)) = workspace(1 << 20, 100) else { return };
+    let Some((_other_root, other)) = workspace(1 << 20, 100) else { return };
     let refused_control = |e: SessionError| match e {
         SessionError::Exec(ExecError::Refused { rejections }) => rejections[0].violations[0].control,
         other => panic!("{other:?}"),
@@ -463,7 +465,7 @@ fn a_session_opened_in_a_workspace_runs_every_call_there() {
 #[test]
 fn a_host_directory_is_imported_without_its_links_and_within_the_quota() {
     use std::os::unix::fs::PermissionsExt;
-    let Some((ws, _root)) = workspace(64 << 10, 100) else { return };
+    let Some((_root, ws)) = workspace(64 << 10, 100) else { return };
     let host = tempfile::tempdir().unwrap();
     let h = host.path();
     std::fs::create_dir_all(h.join("a/b")).unwrap();
@@ -502,7 +504,7 @@ fn a_host_directory_is_imported_without_its_links_and_within_the_quota() {
 /// directories.
 #[test]
 fn what_a_wasm_run_makes_belongs_to_the_code_s_user() {
-    let Some((ws, _root)) = workspace(2 << 20, 1000) else { return };
+    let Some((_root, ws)) = workspace(2 << 20, 1000) else { return };
     let Some(wasm) = common::skip::interpreter(WasmInterpreter::new(InterpreterConfig::default()).unwrap()) else {
         return;
     };
@@ -533,7 +535,7 @@ fn what_a_wasm_run_makes_belongs_to_the_code_s_user() {
 /// the last 1,000 of each kind; what code does in the workspace is not in it.
 #[test]
 fn the_metadata_records_files_in_and_out_and_stays_bounded() {
-    let Some((ws, _root)) = workspace(8 << 20, 5000) else { return };
+    let Some((_root, ws)) = workspace(8 << 20, 5000) else { return };
     let Some(wasm) = common::skip::interpreter(WasmInterpreter::new(InterpreterConfig::default()).unwrap()) else {
         return;
     };
