@@ -55,7 +55,11 @@ def free_port():
 
 
 async def main():
-    work = tempfile.mkdtemp()
+    with tempfile.TemporaryDirectory() as work:
+        await in_dir(work)
+
+
+async def in_dir(work):
     token_file, marker = os.path.join(work, "token"), os.path.join(work, "cancelled")
     with open(token_file, "w") as f:
         f.write(TOKEN + "\n")
