@@ -18,14 +18,7 @@ use execbox::{
 /// order a test's bindings should drop last (the root, then the workspace).
 fn setup(label: &str) -> Option<(tempfile::TempDir, Workspace, Executor)> {
     let root = tempfile::tempdir().unwrap();
-    let ws = match Workspace::create(WorkspaceConfig::default().root(root.path())) {
-        Ok(ws) => ws,
-        Err(e @ WorkspaceError::CannotMount { .. }) => {
-            common::skip::available("EXECBOX_REQUIRE_WORKSPACES", Err(e));
-            return None;
-        }
-        Err(e) => panic!("{e}"),
-    };
+    let ws = crate::workspace::workspace_with(WorkspaceConfig::default().root(root.path()))?;
     let container = common::skip::labelled_container(label, ContainerConfig::default())?;
     Some((root, ws, Executor::with_backend(container)))
 }

@@ -30,7 +30,7 @@ fn workspace(quota_bytes: u64, max_files: u64) -> Option<(tempfile::TempDir, Wor
 
 /// The workspace `cfg` makes, or `None` (skipped) where this process
 /// cannot mount one.
-fn workspace_with(cfg: WorkspaceConfig) -> Option<Workspace> {
+pub(crate) fn workspace_with(cfg: WorkspaceConfig) -> Option<Workspace> {
     match Workspace::create(cfg) {
         Ok(ws) => Some(ws),
         Err(e @ WorkspaceError::CannotMount { .. }) => {
