@@ -27,3 +27,9 @@ pub mod container;
 
 #[cfg(feature = "container")]
 pub use container::{Container, ContainerConfig};
+
+#[cfg(feature = "kubernetes")]
+pub mod kubernetes;
+
+#[cfg(feature = "kubernetes")]
+pub use kubernetes::{Kubernetes, KubernetesConfig};

@@ -74,7 +74,7 @@
 
 mod argv;
 mod config;
-mod outputs;
+pub(crate) mod outputs;
 mod owners;
 mod process;
 mod programs;
@@ -108,6 +108,7 @@ use crate::program::{Program, ProgramSpec};
 use crate::request::ExecRequest;
 use crate::result::ExecResult;
 use runner::Runner;
+pub(crate) use runner::script_argv;
 use staging::Staging;
 use tool_socket::ToolSocket;
 

@@ -54,7 +54,7 @@ use crate::limits::records::marker;
 use crate::text;
 
 /// Where the code writes files to return (when the request collects them).
-pub(super) const OUTPUT_DIR: &str = "/work/out";
+pub(crate) const OUTPUT_DIR: &str = "/work/out";
 
 /// Most entries of `/work/out` looked at (files, directories, links,
 /// anything): the walk stops there and the result's message says so.
@@ -82,7 +82,7 @@ const LISTING_SLACK: u64 = 16 << 20;
 
 /// Limits on the files returned from `/work/out`.
 #[derive(Clone, Copy, Debug)]
-pub(super) struct OutputLimits {
+pub(crate) struct OutputLimits {
     pub max_files: usize,
     pub max_file_bytes: u64,
     pub max_total_bytes: u64,
@@ -163,7 +163,7 @@ list() {
 
 /// `sh -c COLLECT_SCRIPT execbox-out <max entries> <max depth> <byte
 /// budget>`: the listing of `/work/out` on stdout (sessions, through `exec`).
-pub(super) const COLLECT_SCRIPT: &str = concat!("max=$1 deep=$2 budget=$3\n", list_functions!(), "list 2>/dev/null\n");
+pub(crate) const COLLECT_SCRIPT: &str = concat!("max=$1 deep=$2 budget=$3\n", list_functions!(), "list 2>/dev/null\n");
 
 /// `sh -c AFTER_SCRIPT execbox-out <nonce> <max entries> <max depth> <byte
 /// budget> <command...>`: runs the command, kills what is left of it, then
@@ -194,7 +194,7 @@ pub(super) const WARM_AFTER_SCRIPT: &str = concat!(
 /// The arguments after `sh -c <script> execbox-out` (and the nonce, for
 /// [`AFTER_SCRIPT`]): the walk's bounds and the listing's byte budget (the
 /// tmpfs's size).
-pub(super) fn script_args(budget: u64) -> [String; 3] {
+pub(crate) fn script_args(budget: u64) -> [String; 3] {
     [MAX_OUTPUT_ENTRIES.to_string(), MAX_OUTPUT_DEPTH.to_string(), budget.to_string()]
 }
 
@@ -212,7 +212,7 @@ pub(super) fn listing_marker(nonce: &str) -> Vec<u8> {
 
 /// A listing as the host read it.
 #[derive(Debug, Default)]
-pub(super) struct Listing {
+pub(crate) struct Listing {
     pub bytes: Vec<u8>,
     /// More came than the cap kept.
     pub cut: bool,
@@ -355,7 +355,7 @@ enum End {
 /// order; the second value notes what was left out, if anything (a bounded
 /// list and a count). `listing` is `None` when the container wrote none
 /// (`why` says why).
-pub(super) fn files_from_listing(
+pub(crate) fn files_from_listing(
     listing: Option<&Listing>,
     why_none: &str,
     limits: OutputLimits,

@@ -335,24 +335,10 @@ impl Runner {
     }
 
     /// The in-container command of a Python or shell request; `tools`: the
-    /// run may call tools (Python's bootstrap then installs the `tools`
-    /// module from the header before the code).
+    /// run may call tools (see [`script_argv`]).
     pub fn script_command(&self, request: &ExecRequest, tools: bool) -> Result<Vec<String>, ExecError> {
-        let bootstrap = if tools { conventions::PYTHON_SOCKET_TOOLS_BOOTSTRAP } else { conventions::PYTHON_BOOTSTRAP };
-        let mut command: Vec<String> = match request.language {
-            // Absolute: the request's environment may set its own PATH.
-            Language::Python => vec!["/usr/bin/python3".into(), "-c".into(), bootstrap.into()],
-            // Shell scripts are bash scripts (a POSIX script runs as well);
-            // execbox's images carry bash beside dash, their /bin/sh. The
-            // script comes on stdin; bash reads it from there as a file
-            // (fd 3), and its commands get /dev/null (`bash -s` read its
-            // script from their stdin a line at a time, so `read` or `wc`
-            // took the rest of the script as their input).
-            Language::Shell => vec!["/bin/bash".into(), "-c".into(), SHELL_FROM_STDIN.into(), "bash".into()],
-            other => return Err(ExecError::internal(NAME, format!("no script command for {other}"))),
-        };
-        command.extend(request.args.iter().cloned());
-        Ok(command)
+        script_argv(request.language, tools, &request.args)
+            .ok_or_else(|| ExecError::internal(NAME, format!("no script command for {}", request.language)))
     }
 
     /// Builds the run spec of `request` with its staged files; `limit` is
@@ -660,6 +646,28 @@ impl Runner {
         socket.begin(Some(bridge.clone()));
         Ok(Some(socket))
     }
+}
+
+/// The command of a Python or shell run whose code comes on stdin, with
+/// its arguments (`None` for other languages); `tools`: the run may call
+/// tools (Python's bootstrap then installs the `tools` module from the
+/// header before the code). Kubernetes runs start the same command.
+pub(crate) fn script_argv(language: Language, tools: bool, args: &[String]) -> Option<Vec<String>> {
+    let bootstrap = if tools { conventions::PYTHON_SOCKET_TOOLS_BOOTSTRAP } else { conventions::PYTHON_BOOTSTRAP };
+    let mut command: Vec<String> = match language {
+        // Absolute: the request's environment may set its own PATH.
+        Language::Python => vec!["/usr/bin/python3".into(), "-c".into(), bootstrap.into()],
+        // Shell scripts are bash scripts (a POSIX script runs as well);
+        // execbox's images carry bash beside dash, their /bin/sh. The
+        // script comes on stdin; bash reads it from there as a file
+        // (fd 3), and its commands get /dev/null (`bash -s` read its
+        // script from their stdin a line at a time, so `read` or `wc`
+        // took the rest of the script as their input).
+        Language::Shell => vec!["/bin/bash".into(), "-c".into(), SHELL_FROM_STDIN.into(), "bash".into()],
+        _ => return None,
+    };
+    command.extend(args.iter().cloned());
+    Some(command)
 }
 
 /// The caps a spec is built with.

@@ -1,0 +1,419 @@
+//! [`Cluster`]: the client of one cluster and namespace, on a runtime of
+//! its own (the [`Backend`](crate::backend::Backend) calls are blocking),
+//! and the one path a job takes: ConfigMap and Pod created, the pod's
+//! start awaited, its log read as records, both objects deleted.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures_util::AsyncReadExt as _;
+use k8s_openapi::api::core::v1::{ConfigMap, ContainerStatus, Pod};
+use kube::api::{DeleteParams, ListParams, LogParams, PostParams};
+use kube::{Api, Client};
+use tokio::sync::OnceCell;
+use tokio::time::Instant;
+
+use super::config::KubernetesConfig;
+use super::manifest::{EXPIRES, Job, MANAGED, OWNER_LABEL};
+use super::records::{Lines, Records};
+use crate::backend::Unavailable;
+
+/// Bound on each API call off a run's deadline (availability, deletes, sweeps).
+pub(super) const API_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How often the sweep of expired objects runs while the backend lives.
+const SWEEP_EVERY: Duration = Duration::from_secs(60);
+
+/// Waiting reasons after which a container never starts.
+const FATAL_WAITING: &[&str] = &[
+    "ErrImageNeverPull",
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "InvalidImageName",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "RunContainerError",
+];
+
+/// The cluster client and its runtime; see the module docs.
+pub(super) struct Cluster {
+    inner: Arc<Inner>,
+    /// `None` only while dropping: shut down in the background, so a
+    /// backend dropped inside an async context does not panic.
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+struct Inner {
+    cfg: KubernetesConfig,
+    client: OnceCell<Client>,
+}
+
+/// How a job ended, short of an error.
+pub(super) enum JobEnd {
+    /// The log was read to its end: the records, and whether the kernel's
+    /// OOM killer struck in the pod.
+    Read { records: Records, oom_killed: bool },
+    /// The deadline passed first (the pod is being deleted); what came so far.
+    TimedOut { records: Records },
+}
+
+/// Why a job did not run to its end.
+pub(super) enum JobError {
+    /// The cluster cannot run it (unreachable, refused, an image missing).
+    Unavailable(Unavailable),
+    /// The cluster misbehaved.
+    Internal(String),
+}
+
+impl Cluster {
+    pub fn new(cfg: KubernetesConfig) -> std::io::Result<Self> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("execbox-kubernetes")
+            .enable_all()
+            .build()?;
+        let inner = Arc::new(Inner { cfg, client: OnceCell::new() });
+        Ok(Self { inner, runtime: Some(runtime) })
+    }
+
+    pub fn config(&self) -> &KubernetesConfig {
+        &self.inner.cfg
+    }
+
+    /// Runs `future` on this cluster's runtime and waits for it; `None`
+    /// when the runtime is gone.
+    fn block<T: Send + 'static>(&self, future: impl Future<Output = T> + Send + 'static) -> Option<T> {
+        let runtime = self.runtime.as_ref()?;
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        runtime.spawn(async move {
+            let _ = tx.send(future.await);
+        });
+        rx.recv().ok()
+    }
+
+    /// Whether the namespace answers a list of execbox's pods.
+    pub fn reachable(&self) -> Result<(), Unavailable> {
+        let inner = self.inner.clone();
+        self.block(async move {
+            let pods: Api<Pod> = Api::namespaced(inner.client().await?, &inner.cfg.namespace);
+            let listed = tokio::time::timeout(API_TIMEOUT, pods.list(&managed().limit(1))).await;
+            match listed {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(e)) => Err(api_unavailable(&inner.cfg, "cannot list pods", &e)),
+                Err(_) => {
+                    Err(Unavailable::because(format!("the cluster did not answer within {} s", API_TIMEOUT.as_secs())))
+                }
+            }
+        })
+        .unwrap_or_else(|| Err(Unavailable::because("the backend is shutting down")))
+    }
+
+    /// Runs `job` until its log ends or `deadline` passes; its objects are
+    /// deleted either way (in the background once the deadline passed).
+    pub fn run(&self, job: Job, records: Records, deadline: Option<Duration>) -> Result<JobEnd, JobError> {
+        let inner = self.inner.clone();
+        let handle = self.runtime.as_ref().map(|r| r.handle().clone());
+        self.block(async move {
+            let at = deadline.map(|left| Instant::now() + left);
+            let name = job.name.clone();
+            let end = inner.run(job, records, at).await;
+            let cleanup = inner.clone().delete(name);
+            match (&end, handle) {
+                (Ok(JobEnd::TimedOut { .. }), Some(handle)) => drop(handle.spawn(cleanup)),
+                _ => cleanup.await,
+            }
+            end
+        })
+        .unwrap_or_else(|| Err(JobError::Unavailable(Unavailable::because("the backend is shutting down"))))
+    }
+
+    /// Starts the periodic sweep of expired objects (any owner's: every
+    /// object carries the time after which it is garbage).
+    pub fn start_sweeps(&self) {
+        let Some(runtime) = &self.runtime else { return };
+        let inner = self.inner.clone();
+        runtime.spawn(async move {
+            loop {
+                inner.sweep_expired().await;
+                tokio::time::sleep(SWEEP_EVERY).await;
+            }
+        });
+    }
+
+    /// Deletes the expired objects now (bounded, 10 s).
+    pub fn sweep(&self) {
+        let inner = self.inner.clone();
+        self.block(async move { inner.sweep_expired().await });
+    }
+
+    /// Deletes every object this process made (for a host about to exit).
+    pub fn remove_own(&self) {
+        let inner = self.inner.clone();
+        self.block(async move {
+            let selector = format!("{}={},{}={}", MANAGED.0, MANAGED.1, OWNER_LABEL, crate::owner::token());
+            let _ = tokio::time::timeout(API_TIMEOUT, inner.delete_matching(&selector, |_| true)).await;
+        });
+    }
+
+    /// The pods and ConfigMaps of execbox in the namespace, by name: what
+    /// a dead host or a sweep not yet run left, and what runs now.
+    pub fn leftovers(&self) -> Result<Vec<String>, Unavailable> {
+        let inner = self.inner.clone();
+        self.block(async move {
+            let client = inner.client().await?;
+            let pods: Api<Pod> = Api::namespaced(client, &inner.cfg.namespace);
+            match tokio::time::timeout(API_TIMEOUT, pods.list(&managed())).await {
+                Ok(Ok(list)) => Ok(list.items.into_iter().filter_map(|p| p.metadata.name).collect()),
+                Ok(Err(e)) => Err(api_unavailable(&inner.cfg, "cannot list pods", &e)),
+                Err(_) => Err(Unavailable::because("the cluster did not answer")),
+            }
+        })
+        .unwrap_or_else(|| Err(Unavailable::because("the backend is shutting down")))
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+/// Selects execbox's objects.
+fn managed() -> ListParams {
+    ListParams::default().labels(&format!("{}={}", MANAGED.0, MANAGED.1))
+}
+
+impl Inner {
+    /// The client, made once (a failure is tried again next time).
+    async fn client(&self) -> Result<Client, Unavailable> {
+        self.client
+            .get_or_try_init(|| async {
+                let fix = "start a cluster with scripts/kube/up.sh (it prints its kubeconfig), or set \
+                           KubernetesConfig::kubeconfig";
+                let mut config = match &self.cfg.kubeconfig {
+                    Some(path) => {
+                        let file = kube::config::Kubeconfig::read_from(path).map_err(|e| {
+                            Unavailable::new(format!("cannot read the kubeconfig {}: {e}", path.display()), fix)
+                        })?;
+                        kube::Config::from_custom_kubeconfig(file, &Default::default()).await.map_err(|e| {
+                            Unavailable::new(format!("cannot use the kubeconfig {}: {e}", path.display()), fix)
+                        })?
+                    }
+                    None => kube::Config::infer()
+                        .await
+                        .map_err(|e| Unavailable::new(format!("no cluster configuration: {e}"), fix))?,
+                };
+                // A log is read for as long as a run lasts; every wait has its own deadline.
+                config.read_timeout = None;
+                config.connect_timeout = Some(API_TIMEOUT);
+                Client::try_from(config).map_err(|e| Unavailable::because(format!("cannot make a client: {e}")))
+            })
+            .await
+            .cloned()
+    }
+
+    async fn run(&self, job: Job, mut records: Records, at: Option<Instant>) -> Result<JobEnd, JobError> {
+        let client = self.client().await.map_err(JobError::Unavailable)?;
+        let ns = &self.cfg.namespace;
+        let maps: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+        let pods: Api<Pod> = Api::namespaced(client, ns);
+        let map = job.config_map(ns).map_err(|e| JobError::Internal(format!("cannot make the ConfigMap: {e}")))?;
+        let pod = job.pod(&self.cfg).map_err(|e| JobError::Internal(format!("cannot make the pod: {e}")))?;
+        let created = within(at, async {
+            maps.create(&PostParams::default(), &map).await?;
+            pods.create(&PostParams::default(), &pod).await
+        })
+        .await;
+        match created {
+            None => return Ok(JobEnd::TimedOut { records }),
+            Some(Err(e)) => return Err(JobError::Unavailable(api_unavailable(&self.cfg, "cannot create the run", &e))),
+            Some(Ok(_)) => {}
+        }
+        let started = within(at, kube::runtime::wait::await_condition(pods.clone(), &job.name, main_started)).await;
+        let pod = match started {
+            None => return Ok(JobEnd::TimedOut { records }),
+            Some(Err(e)) => return Err(JobError::Internal(format!("cannot watch the pod: {e}"))),
+            Some(Ok(None)) => return Err(JobError::Internal("the pod was deleted before it started".into())),
+            Some(Ok(Some(pod))) => pod,
+        };
+        if let Some(why) = never_starts(&pod) {
+            return Err(why);
+        }
+        let params = LogParams { container: Some("main".into()), follow: true, ..LogParams::default() };
+        let read = within(at, async {
+            let mut log = pods.log_stream(&job.name, &params).await?;
+            let mut lines = Lines::default();
+            let mut buf = vec![0; 64 << 10];
+            loop {
+                let n = log.read(&mut buf).await.map_err(kube::Error::ReadEvents)?;
+                if n == 0 {
+                    break;
+                }
+                lines.feed(&buf[..n], &mut records);
+            }
+            lines.finish(&mut records);
+            Ok::<_, kube::Error>(())
+        })
+        .await;
+        match read {
+            None => return Ok(JobEnd::TimedOut { records }),
+            Some(Err(e)) => return Err(JobError::Internal(format!("cannot read the run's log: {e}"))),
+            Some(Ok(())) => {}
+        }
+        // The OOM killer's verdict is the container's termination reason,
+        // set once the kubelet saw it end.
+        let ended = within(at, kube::runtime::wait::await_condition(pods, &job.name, main_terminated)).await;
+        let oom_killed = match ended {
+            None => return Ok(JobEnd::TimedOut { records }),
+            Some(Ok(Some(pod))) => main_status(&pod)
+                .and_then(|s| s.state.as_ref()?.terminated.as_ref()?.reason.clone())
+                .is_some_and(|reason| reason == "OOMKilled"),
+            Some(_) => false,
+        };
+        Ok(JobEnd::Read { records, oom_killed })
+    }
+
+    /// Deletes the pod (at once: no grace) and the ConfigMap named `name`.
+    async fn delete(self: Arc<Self>, name: String) {
+        let Ok(client) = self.client().await else { return };
+        let ns = &self.cfg.namespace;
+        let now = DeleteParams { grace_period_seconds: Some(0), ..DeleteParams::default() };
+        let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+        let maps: Api<ConfigMap> = Api::namespaced(client, ns);
+        let _ = tokio::time::timeout(API_TIMEOUT, async {
+            if let Err(e) = pods.delete(&name, &now).await {
+                tracing::debug!(pod = %name, error = %e, "deleting a run's pod");
+            }
+            if let Err(e) = maps.delete(&name, &now).await {
+                tracing::debug!(config_map = %name, error = %e, "deleting a run's ConfigMap");
+            }
+        })
+        .await;
+    }
+
+    /// Deletes the objects past their expiry, whoever made them.
+    async fn sweep_expired(&self) {
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_secs();
+        let selector = format!("{}={}", MANAGED.0, MANAGED.1);
+        let expired = |meta: &kube::api::ObjectMeta| {
+            meta.annotations
+                .as_ref()
+                .and_then(|a| a.get(EXPIRES))
+                .and_then(|t| t.parse::<u64>().ok())
+                .is_none_or(|t| t < now)
+        };
+        let _ = tokio::time::timeout(API_TIMEOUT, self.delete_matching(&selector, expired)).await;
+    }
+
+    /// Deletes the pods and ConfigMaps of `selector` that `pick` picks.
+    async fn delete_matching(&self, selector: &str, pick: impl Fn(&kube::api::ObjectMeta) -> bool) {
+        let Ok(client) = self.client().await else { return };
+        let ns = &self.cfg.namespace;
+        let params = ListParams::default().labels(selector);
+        let now = DeleteParams { grace_period_seconds: Some(0), ..DeleteParams::default() };
+        let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+        if let Ok(list) = pods.list(&params).await {
+            for pod in list.items.iter().filter(|p| pick(&p.metadata)) {
+                if let Some(name) = &pod.metadata.name {
+                    let _ = pods.delete(name, &now).await;
+                }
+            }
+        }
+        let maps: Api<ConfigMap> = Api::namespaced(client, ns);
+        if let Ok(list) = maps.list(&params).await {
+            for map in list.items.iter().filter(|m| pick(&m.metadata)) {
+                if let Some(name) = &map.metadata.name {
+                    let _ = maps.delete(name, &now).await;
+                }
+            }
+        }
+    }
+}
+
+/// `future`, unless `at` passes first (`None`).
+async fn within<T>(at: Option<Instant>, future: impl Future<Output = T>) -> Option<T> {
+    match at {
+        Some(at) => tokio::time::timeout_at(at, future).await.ok(),
+        None => Some(future.await),
+    }
+}
+
+fn main_status(pod: &Pod) -> Option<&ContainerStatus> {
+    pod.status.as_ref()?.container_statuses.as_ref()?.iter().find(|s| s.name == "main")
+}
+
+/// The pod's main container runs or ran, or the pod will never get there.
+fn main_started(pod: Option<&Pod>) -> bool {
+    let Some(pod) = pod else { return true };
+    let state = main_status(pod).and_then(|s| s.state.as_ref());
+    state.is_some_and(|s| s.running.is_some() || s.terminated.is_some()) || never_starts(pod).is_some()
+}
+
+/// The main container's end is recorded (or the pod is gone).
+fn main_terminated(pod: Option<&Pod>) -> bool {
+    let Some(pod) = pod else { return true };
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    matches!(phase, Some("Succeeded" | "Failed"))
+        || main_status(pod).and_then(|s| s.state.as_ref()).is_some_and(|s| s.terminated.is_some())
+}
+
+/// Why the main container will never start, if it will not: an image that
+/// cannot be had, a container the runtime refused, a failed setup.
+fn never_starts(pod: &Pod) -> Option<JobError> {
+    let status = pod.status.as_ref()?;
+    let all = status.init_container_statuses.iter().flatten().chain(status.container_statuses.iter().flatten());
+    for container in all {
+        let state = container.state.as_ref();
+        if let Some(waiting) = state.and_then(|s| s.waiting.as_ref())
+            && let Some(reason) = waiting.reason.as_deref().filter(|r| FATAL_WAITING.contains(r))
+        {
+            let message = crate::text::cap_message(waiting.message.clone().unwrap_or_default());
+            let fix = "build and load execbox's images with scripts/build-images.sh (scripts/kube/up.sh's \
+                       cluster uses docker's images), or set KubernetesConfig's images";
+            return Some(JobError::Unavailable(Unavailable::new(
+                format!("container {} cannot start: {reason} {message}", container.name),
+                fix,
+            )));
+        }
+        if container.name == "setup"
+            && let Some(done) = state.and_then(|s| s.terminated.as_ref())
+            && done.exit_code != 0
+        {
+            let message = crate::text::cap_message(done.message.clone().unwrap_or_default());
+            return Some(JobError::Internal(format!(
+                "the pod's setup (network off, files staged) failed with code {}: {} {message}",
+                done.exit_code,
+                done.reason.as_deref().unwrap_or("")
+            )));
+        }
+    }
+    let phase = status.phase.as_deref();
+    let ran =
+        main_status(pod).and_then(|s| s.state.as_ref()).is_some_and(|s| s.running.is_some() || s.terminated.is_some());
+    (matches!(phase, Some("Failed")) && !ran).then(|| {
+        JobError::Internal(format!(
+            "the pod failed before its program started: {} {}",
+            status.reason.as_deref().unwrap_or(""),
+            crate::text::cap_message(status.message.clone().unwrap_or_default())
+        ))
+    })
+}
+
+/// An API error as the reason the backend cannot run.
+fn api_unavailable(cfg: &KubernetesConfig, doing: &str, e: &kube::Error) -> Unavailable {
+    let text = crate::text::cap_message(e.to_string());
+    match e {
+        kube::Error::Api(status) if status.code == 403 => Unavailable::new(
+            format!("{doing} in namespace {}: forbidden ({text})", cfg.namespace),
+            "grant the service account the Role in deploy/kubernetes/ (pods, pods/log, configmaps)",
+        ),
+        kube::Error::Api(status) if status.code == 404 => Unavailable::new(
+            format!("{doing} in namespace {}: not found ({text})", cfg.namespace),
+            format!("create the namespace {} (scripts/kube/up.sh does)", cfg.namespace),
+        ),
+        _ => Unavailable::because(format!("{doing} in namespace {}: {text}", cfg.namespace)),
+    }
+}

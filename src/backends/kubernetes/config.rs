@@ -1,0 +1,164 @@
+//! [`KubernetesConfig`]: which cluster, namespace and images, and the caps
+//! a run gets when its policy states none.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::config::{RunDefaults, setters};
+use crate::error::ConfigError;
+
+/// Settings of the [`Kubernetes`](super::Kubernetes) backend.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct KubernetesConfig {
+    /// The kubeconfig file to use.
+    ///
+    /// # Default
+    /// `None`: what kube-rs infers (`$KUBECONFIG`, `~/.kube/config`, or the
+    /// in-cluster service account).
+    pub kubeconfig: Option<PathBuf>,
+    /// The namespace every pod and ConfigMap is made in; it must exist.
+    ///
+    /// # Default
+    /// `execbox` (what `scripts/kube/up.sh` creates).
+    pub namespace: String,
+    /// The image of plain Python and shell runs (and of the setup init
+    /// container), as the cluster's nodes know it.
+    ///
+    /// # Default
+    /// `localhost/execbox-python:3.11` (`scripts/build-images.sh`).
+    pub python_image: String,
+    /// The image of runs that declare packages.
+    ///
+    /// # Default
+    /// `localhost/execbox-python-data:3.11`.
+    pub python_data_image: String,
+    /// The packages the data image is asked for: the availability probe
+    /// runs there and declares those it finds importable.
+    ///
+    /// # Default
+    /// numpy, pandas, matplotlib, scipy (what `scripts/build-images.sh` installs).
+    pub data_packages: Vec<String>,
+    /// The pods' `imagePullPolicy`.
+    ///
+    /// # Default
+    /// `IfNotPresent` (a cluster without a registry has the images loaded).
+    pub image_pull_policy: String,
+    /// Timeout and memory of a run whose policy states none.
+    ///
+    /// # Default
+    /// 60 s, 256 MiB.
+    pub defaults: RunDefaults,
+    /// CPU limit of a run's containers, in millicores.
+    ///
+    /// # Default
+    /// 1000.
+    pub cpu_millis: u32,
+    /// Size of `/tmp` (and of `/dev/shm`), memory-backed `emptyDir`s.
+    ///
+    /// # Default
+    /// 64 MiB.
+    pub tmp_bytes: u64,
+    /// Most files a run returns from `/work/out`.
+    ///
+    /// # Default
+    /// 64.
+    pub max_output_files: usize,
+    /// Largest file a run returns.
+    ///
+    /// # Default
+    /// 8 MiB.
+    pub max_output_file_bytes: u64,
+    /// Most bytes of files a run returns (and the size of `/work/out`).
+    ///
+    /// # Default
+    /// 32 MiB.
+    pub max_output_total_bytes: u64,
+    /// How long a positive availability check (the namespace answered) is
+    /// trusted; the pod-shape probe runs once per process.
+    ///
+    /// # Default
+    /// 30 s.
+    pub availability_ttl: Duration,
+}
+
+setters!(KubernetesConfig {
+    defaults: RunDefaults,
+    cpu_millis: u32,
+    tmp_bytes: u64,
+    max_output_files: usize,
+    max_output_file_bytes: u64,
+    max_output_total_bytes: u64,
+    availability_ttl: Duration,
+    data_packages: Vec<String>,
+} some {
+    kubeconfig: PathBuf,
+} into {
+    namespace: String,
+    python_image: String,
+    python_data_image: String,
+    image_pull_policy: String,
+});
+
+impl Default for KubernetesConfig {
+    fn default() -> Self {
+        Self {
+            kubeconfig: None,
+            namespace: "execbox".into(),
+            python_image: "localhost/execbox-python:3.11".into(),
+            python_data_image: "localhost/execbox-python-data:3.11".into(),
+            data_packages: ["numpy", "pandas", "matplotlib", "scipy"].map(String::from).to_vec(),
+            image_pull_policy: "IfNotPresent".into(),
+            defaults: RunDefaults::default().timeout(Duration::from_secs(60)).memory_bytes(256 << 20),
+            cpu_millis: 1000,
+            tmp_bytes: 64 << 20,
+            max_output_files: 64,
+            max_output_file_bytes: 8 << 20,
+            max_output_total_bytes: 32 << 20,
+            availability_ttl: Duration::from_secs(30),
+        }
+    }
+}
+
+/// The smallest memory cap a run can start under: the launcher's Python
+/// and the program's share it.
+pub(super) const MIN_MEMORY_BYTES: u64 = 32 << 20;
+
+impl KubernetesConfig {
+    /// Refuses settings no pod could start under, and names that are not
+    /// Kubernetes names.
+    pub(super) fn check(&self) -> Result<(), ConfigError> {
+        let dns_label = |s: &str| {
+            !s.is_empty()
+                && s.len() <= 63
+                && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !s.starts_with('-')
+                && !s.ends_with('-')
+        };
+        if !dns_label(&self.namespace) {
+            return Err(ConfigError::invalid("KubernetesConfig::namespace", "not a DNS label"));
+        }
+        if !matches!(self.image_pull_policy.as_str(), "Always" | "IfNotPresent" | "Never") {
+            return Err(ConfigError::invalid(
+                "KubernetesConfig::image_pull_policy",
+                "one of Always, IfNotPresent, Never",
+            ));
+        }
+        if self.defaults.memory_bytes < MIN_MEMORY_BYTES {
+            return Err(ConfigError::invalid(
+                "KubernetesConfig::defaults",
+                format!("a pod needs at least {MIN_MEMORY_BYTES} bytes of memory"),
+            ));
+        }
+        if self.cpu_millis == 0 {
+            return Err(ConfigError::invalid("KubernetesConfig::cpu_millis", "a run needs some CPU"));
+        }
+        if self.tmp_bytes < 4096 || self.max_output_total_bytes < 4096 {
+            return Err(ConfigError::invalid(
+                "KubernetesConfig::tmp_bytes",
+                "tmp_bytes and max_output_total_bytes are tmpfs sizes: at least a page",
+            ));
+        }
+        Ok(())
+    }
+}

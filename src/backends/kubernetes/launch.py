@@ -1,0 +1,126 @@
+# execbox's launcher: the first process (pid 1) of a Kubernetes run's main
+# container (src/backends/kubernetes/). It starts the program, frames what
+# the program writes as records on its own stdout (the pod's log), kills
+# whatever of the program is left when it ends or at the deadline, lists
+# /work/out, and ends with the program's status.
+#
+# Records, one a line: "<tag> <base64>", at most 8 KiB of bytes each:
+#   o / e   program stdout / stderr, until the run's cap (the rest counted)
+#   l       bytes of the /work/out listing (src/backends/container/outputs.rs)
+#   t       the deadline passed: everything was killed
+#   x       "<status> <stdout total> <stderr total>" in ASCII: the end
+# The program cannot write records itself: this process is not dumpable,
+# so its stdout (/proc/1/fd/1) cannot be opened by the program's uid, and
+# pid 1 of a PID namespace gets no signal it does not handle.
+import base64, ctypes, json, os, select, signal, sys, time
+
+JOB = "/run/execbox/job"
+CHUNK = 8192
+spec = json.load(open(JOB + "/spec.json"))
+ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0
+
+
+def emit(tag, data=b""):
+    view = memoryview(tag + b" " + base64.b64encode(data) + b"\n")
+    while view:
+        view = view[os.write(1, view):]
+
+
+def kill_rest():
+    # pid 1 signalling -1 reaches every other process of the container.
+    try:
+        os.kill(-1, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    reap()
+
+
+def reap():
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def start(argv, stdin_path, out_w, err_w, env, cwd):
+    pid = os.fork()
+    if pid:
+        return pid
+    try:
+        os.setsid()
+        fd = os.open(stdin_path, os.O_RDONLY)
+        os.dup2(fd, 0)
+        os.dup2(out_w, 1)
+        os.dup2(err_w, 2)
+        os.closerange(3, 1 << 16)
+        os.chdir(cwd)
+        os.execve(argv[0], argv, env)
+    except BaseException as e:
+        os.write(2, ("execbox: cannot start the program: %s\n" % e).encode())
+    os._exit(127)
+
+
+def timed_out():
+    emit(b"t")
+    kill_rest()
+    sys.exit(124)
+
+
+def pump(streams, child, stop_at):
+    """Reads `streams` ({fd: [tag, cap, sent]}) to their ends; `child`'s
+    end (a pidfd) kills the rest of the program. Returns the status."""
+    status = None
+    pidfd = os.pidfd_open(child)
+    while streams or status is None:
+        left = stop_at - time.time()
+        if left <= 0:
+            timed_out()
+        watch = list(streams) + ([pidfd] if status is None else [])
+        ready, _, _ = select.select(watch, [], [], left)
+        for fd in ready:
+            if fd == pidfd:
+                _, raw = os.waitpid(child, 0)
+                status = os.waitstatus_to_exitcode(raw)
+                status = 128 - status if status < 0 else status
+                os.close(pidfd)
+                kill_rest()
+                continue
+            chunk = os.read(fd, CHUNK)
+            if not chunk:
+                del streams[fd]
+                os.close(fd)
+                continue
+            stream = streams[fd]
+            room = stream[1] - stream[2]
+            if room > 0:
+                emit(stream[0], chunk[:room])
+            stream[2] += len(chunk)
+    return status
+
+
+def main():
+    stop_at = spec["stop_at"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
+    env.update(spec["env"])
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    child = start(spec["argv"], JOB + "/code", out_w, err_w, env, "/work")
+    os.close(out_w)
+    os.close(err_w)
+    out = [b"o", spec["stdout_cap"], 0]
+    err = [b"e", spec["stderr_cap"], 0]
+    status = pump({out_r: out, err_r: err}, child, stop_at)
+    listing = spec.get("listing")
+    if listing:
+        list_r, list_w = os.pipe()
+        lister = start(listing["argv"], "/dev/null", list_w, os.open("/dev/null", os.O_WRONLY), env, "/")
+        os.close(list_w)
+        pump({list_r: [b"l", listing["cap"], 0]}, lister, stop_at)
+    emit(b"x", ("%d %d %d" % (status, out[2], err[2])).encode())
+    sys.exit(status & 255)
+
+
+main()

@@ -1,0 +1,281 @@
+//! A run's two objects: its ConfigMap (the launcher, the code, the input
+//! and files) and its Pod, in execbox's locked shape. One place makes
+//! them, for runs and for the availability probe alike.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use serde_json::{Value, json};
+
+use super::config::KubernetesConfig;
+use crate::error::{ExecError, InvalidRequest};
+use crate::file::ExecFile;
+
+/// Label every object of execbox carries (the sweep's selector).
+pub(super) const MANAGED: (&str, &str) = ("app.kubernetes.io/managed-by", "execbox");
+/// Label naming the process that made the object ([`crate::owner::token`]).
+pub(super) const OWNER_LABEL: &str = "execbox.dev/owner";
+/// Annotation: the Unix time after which the object is garbage for any sweep.
+pub(super) const EXPIRES: &str = "execbox.dev/expires";
+
+/// Where the job's ConfigMap is mounted in both containers.
+const JOB_DIR: &str = "/run/execbox/job";
+
+/// Most bytes a ConfigMap holds (the API server's limit); a run's code,
+/// input and files, base64 and all, stay under it with room to spare.
+const MAX_PAYLOAD_BYTES: u64 = 700 << 10;
+
+/// What one pod runs.
+pub(super) struct Job {
+    /// The pod's and the ConfigMap's name.
+    pub name: String,
+    /// `run` or `probe`.
+    pub role: &'static str,
+    pub image: String,
+    /// The program, its stdin the code.
+    pub argv: Vec<String>,
+    pub code: Vec<u8>,
+    /// `input.json` and the input files, named relative to `/work`.
+    pub files: Vec<ExecFile>,
+    pub env: BTreeMap<String, String>,
+    pub memory_bytes: u64,
+    pub stdout_cap: u64,
+    pub stderr_cap: u64,
+    /// `/work/out`, when the run collects files: its size and how the
+    /// launcher lists it (argv, byte cap).
+    pub outputs: Option<Outputs>,
+    /// How long the run has from now.
+    pub limit: Duration,
+}
+
+/// A run's `/work/out`.
+pub(super) struct Outputs {
+    pub tmpfs_bytes: u64,
+    pub listing_argv: Vec<String>,
+    pub listing_cap: u64,
+}
+
+/// Seconds past the deadline the launcher waits before killing the
+/// program itself, and the pod's `activeDeadlineSeconds` after that: the
+/// host's own kill comes first.
+pub(super) const POD_GRACE: Duration = Duration::from_secs(2);
+
+/// How long after its deadline an object is garbage for any sweep.
+const SWEEP_AFTER: Duration = Duration::from_secs(10);
+
+impl Job {
+    /// Refuses a payload the ConfigMap cannot carry.
+    pub fn check_size(&self) -> Result<(), ExecError> {
+        let total = self.code.len() as u64 + self.files.iter().map(|f| f.content.len() as u64).sum::<u64>();
+        if total > MAX_PAYLOAD_BYTES {
+            return Err(InvalidRequest::LimitOutOfRange {
+                limit: "payload_bytes",
+                value: total,
+                reason: format!(
+                    "a Kubernetes run carries its code, JSON input and input files in one ConfigMap: at most \
+                     {MAX_PAYLOAD_BYTES} bytes together"
+                ),
+            }
+            .into());
+        }
+        Ok(())
+    }
+
+    /// The labels of both objects.
+    fn labels(&self) -> Value {
+        json!({MANAGED.0: MANAGED.1, OWNER_LABEL: crate::owner::token(), "execbox.dev/role": self.role})
+    }
+
+    /// Unix seconds: the launcher's own kill, and when the objects expire.
+    fn times(&self) -> (f64, u64) {
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+        let stop_at = now.saturating_add(self.limit).saturating_add(POD_GRACE);
+        (stop_at.as_secs_f64(), stop_at.saturating_add(POD_GRACE).saturating_add(SWEEP_AFTER).as_secs())
+    }
+
+    /// The ConfigMap: `launch.py`, `setup.py`, `spec.json`, `files.json`,
+    /// the code, and each file as `f<n>`.
+    pub fn config_map(&self, namespace: &str) -> Result<ConfigMap, serde_json::Error> {
+        let (stop_at, expires) = self.times();
+        let mut names = serde_json::Map::new();
+        let mut binary = serde_json::Map::new();
+        binary.insert("code".into(), STANDARD.encode(&self.code).into());
+        for (i, file) in self.files.iter().enumerate() {
+            let key = format!("f{i}");
+            names.insert(key.clone(), file.name.clone().into());
+            binary.insert(key, STANDARD.encode(&file.content).into());
+        }
+        let listing = self.outputs.as_ref().map(|o| json!({"argv": o.listing_argv, "cap": o.listing_cap}));
+        let spec = json!({
+            "argv": self.argv,
+            "env": self.env,
+            "stdout_cap": self.stdout_cap,
+            "stderr_cap": self.stderr_cap,
+            "stop_at": stop_at,
+            "listing": listing,
+        });
+        serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": self.name, "namespace": namespace, "labels": self.labels(),
+                         "annotations": {EXPIRES: expires.to_string()}},
+            "data": {
+                "launch.py": include_str!("launch.py"),
+                "setup.py": include_str!("setup.py"),
+                "spec.json": spec.to_string(),
+                "files.json": json!({"files": names, "outputs": self.outputs.is_some()}).to_string(),
+            },
+            "binaryData": binary,
+        }))
+    }
+
+    /// The pod: the `setup` init container (the only one with a
+    /// capability: `NET_ADMIN`, as root) takes it off the network and
+    /// stages `/work`; `main` runs the launcher as uid 65534 with nothing.
+    pub fn pod(&self, cfg: &KubernetesConfig) -> Result<Pod, serde_json::Error> {
+        let (_, expires) = self.times();
+        let active = self.limit.saturating_add(POD_GRACE).saturating_add(POD_GRACE).as_secs().saturating_add(1);
+        let limits = json!({"limits": {
+            "memory": self.memory_bytes.to_string(),
+            "cpu": format!("{}m", cfg.cpu_millis),
+        }});
+        let locked = |extra: Value| {
+            let mut context = json!({
+                "allowPrivilegeEscalation": false,
+                "readOnlyRootFilesystem": true,
+                "capabilities": {"drop": ["ALL"]},
+            });
+            if let (Some(context), Value::Object(extra)) = (context.as_object_mut(), extra) {
+                context.extend(extra);
+            }
+            context
+        };
+        let work_bytes: u64 = self.files.iter().map(|f| f.content.len() as u64 + 4096).sum::<u64>() + (1 << 20);
+        let job = json!({"name": "job", "mountPath": JOB_DIR, "readOnly": true});
+        let mut main_mounts = vec![
+            job.clone(),
+            json!({"name": "work", "mountPath": "/work", "readOnly": true}),
+            json!({"name": "tmp", "mountPath": "/tmp"}),
+            json!({"name": "shm", "mountPath": "/dev/shm"}),
+        ];
+        let memory = |bytes: u64| json!({"emptyDir": {"medium": "Memory", "sizeLimit": bytes.to_string()}});
+        let mut volumes = vec![
+            json!({"name": "job", "configMap": {"name": self.name, "defaultMode": 0o444}}),
+            json!({"name": "work"}).merged(memory(work_bytes)),
+            json!({"name": "tmp"}).merged(memory(cfg.tmp_bytes)),
+            json!({"name": "shm"}).merged(memory(cfg.tmp_bytes)),
+        ];
+        if let Some(outputs) = &self.outputs {
+            main_mounts.push(json!({"name": "out", "mountPath": "/work/out"}));
+            volumes.push(json!({"name": "out"}).merged(memory(outputs.tmpfs_bytes)));
+        }
+        serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": self.name, "namespace": cfg.namespace, "labels": self.labels(),
+                         "annotations": {EXPIRES: expires.to_string()}},
+            "spec": {
+                "restartPolicy": "Never",
+                "automountServiceAccountToken": false,
+                "enableServiceLinks": false,
+                "activeDeadlineSeconds": active,
+                "terminationGracePeriodSeconds": 0,
+                "securityContext": {"runAsNonRoot": true, "runAsUser": 65534, "runAsGroup": 65534,
+                                    "seccompProfile": {"type": "RuntimeDefault"}},
+                "initContainers": [{
+                    "name": "setup", "image": self.image, "imagePullPolicy": cfg.image_pull_policy,
+                    "command": ["/usr/bin/python3", "-I", "-S", format!("{JOB_DIR}/setup.py")],
+                    "securityContext": locked(json!({"runAsUser": 0, "runAsGroup": 0, "runAsNonRoot": false,
+                        "capabilities": {"drop": ["ALL"], "add": ["NET_ADMIN"]}})),
+                    "resources": limits,
+                    "volumeMounts": [job, {"name": "work", "mountPath": "/work"}],
+                }],
+                "containers": [{
+                    "name": "main", "image": self.image, "imagePullPolicy": cfg.image_pull_policy,
+                    "command": ["/usr/bin/python3", "-I", "-S", format!("{JOB_DIR}/launch.py")],
+                    "securityContext": locked(json!({})),
+                    "resources": limits,
+                    "volumeMounts": main_mounts,
+                }],
+                "volumes": volumes,
+            },
+        }))
+    }
+}
+
+/// `json!({...}).merged(json!({...}))`: the first object with the second's keys.
+trait Merged {
+    fn merged(self, other: Value) -> Value;
+}
+
+impl Merged for Value {
+    fn merged(mut self, other: Value) -> Value {
+        if let (Some(this), Value::Object(other)) = (self.as_object_mut(), other) {
+            this.extend(other);
+        }
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job() -> Job {
+        Job {
+            name: "execbox-1-2-3".into(),
+            role: "run",
+            image: "img".into(),
+            argv: vec!["/bin/bash".into()],
+            code: b"echo hi".to_vec(),
+            files: vec![ExecFile { name: "a/b.txt".into(), content: b"x".to_vec(), mime_type: None }],
+            env: BTreeMap::from([("A".to_string(), "$(B)".to_string())]),
+            memory_bytes: 64 << 20,
+            stdout_cap: 10,
+            stderr_cap: 10,
+            outputs: None,
+            limit: Duration::from_secs(5),
+        }
+    }
+
+    #[test]
+    fn the_pod_is_locked_and_only_setup_holds_a_capability() {
+        let pod = serde_json::to_value(job().pod(&KubernetesConfig::default()).expect("a pod")).expect("json");
+        let spec = &pod["spec"];
+        assert_eq!(spec["automountServiceAccountToken"], false);
+        assert_eq!(spec["securityContext"]["runAsUser"], 65534);
+        assert_eq!(spec["securityContext"]["seccompProfile"]["type"], "RuntimeDefault");
+        assert_eq!(spec["activeDeadlineSeconds"], 10);
+        let main = &spec["containers"][0]["securityContext"];
+        assert_eq!(main["capabilities"], json!({"drop": ["ALL"]}));
+        assert_eq!(main["readOnlyRootFilesystem"], true);
+        assert_eq!(main["allowPrivilegeEscalation"], false);
+        assert!(main.get("runAsUser").is_none(), "main runs as the pod's uid");
+        let setup = &spec["initContainers"][0]["securityContext"];
+        assert_eq!(setup["capabilities"], json!({"drop": ["ALL"], "add": ["NET_ADMIN"]}));
+        let mounts = &spec["containers"][0]["volumeMounts"];
+        assert!(mounts.as_array().expect("mounts").iter().any(|m| m["mountPath"] == "/work" && m["readOnly"] == true));
+        assert_eq!(pod["metadata"]["labels"][MANAGED.0], MANAGED.1);
+    }
+
+    #[test]
+    fn env_values_travel_in_the_config_map_never_expanded_in_the_pod() {
+        let job = job();
+        let pod = serde_json::to_value(job.pod(&KubernetesConfig::default()).expect("a pod")).expect("json");
+        assert!(pod["spec"]["containers"][0].get("env").is_none());
+        let map = job.config_map("ns").expect("a config map");
+        let spec: Value = serde_json::from_str(&map.data.expect("data")["spec.json"]).expect("spec");
+        assert_eq!(spec["env"]["A"], "$(B)");
+    }
+
+    #[test]
+    fn a_payload_over_the_config_map_is_refused() {
+        let mut job = job();
+        job.code = vec![b'#'; MAX_PAYLOAD_BYTES as usize + 1];
+        assert!(matches!(
+            job.check_size(),
+            Err(ExecError::InvalidRequest(InvalidRequest::LimitOutOfRange { limit: "payload_bytes", .. }))
+        ));
+    }
+}

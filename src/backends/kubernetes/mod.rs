@@ -1,0 +1,496 @@
+//! The `kubernetes` backend: Python and shell in a fresh, locked-down pod
+//! per call, created through the Kubernetes API (kube-rs), on any cluster
+//! a kubeconfig names. Build one with [`Kubernetes::new`]; its settings
+//! are a [`KubernetesConfig`].
+//!
+//! **A run is two objects**, made by `manifest.rs` and deleted when the
+//! run ends:
+//! - a ConfigMap carrying the launcher (`launch.py`), the setup
+//!   (`setup.py`), the code, `input.json` and the input files (at most
+//!   700 KiB together: a ConfigMap's own limit);
+//! - a Pod in the docker backend's locked shape: uid 65534, read-only root,
+//!   every capability dropped, no privilege escalation, seccomp
+//!   `RuntimeDefault`, no service account token, no service links, memory
+//!   and CPU limits, `activeDeadlineSeconds`, and memory-backed, size-capped
+//!   `emptyDir`s at `/tmp`, `/dev/shm` and (when collected) `/work/out`.
+//!
+//! **Network denied by construction**, not by a NetworkPolicy (which a
+//! cluster may not enforce): the pod's init container `setup`, root with
+//! only `NET_ADMIN`, takes every interface but `lo` down and removes its
+//! address before the unprivileged program starts, then stages `/work`
+//! (read-only to the program).
+//!
+//! **The launcher** (`launch.py`, pid 1 of the main container, not
+//! dumpable) starts the program with the code on stdin, exactly as the
+//! docker backend's command (`container::script_argv`), with the image's
+//! environment, the request's values, and no `KUBERNETES_*` variable;
+//! frames its stdout and stderr as base64 records in the pod's log up to
+//! the run's caps (`records.rs`); kills what is left of it when it ends;
+//! lists `/work/out` with the docker backend's listing; and reports the
+//! status. The host reads the log as it comes (the output tap sees it
+//! live) and holds every record to the caps again.
+//!
+//! **Lifetime**: the host deletes the pod at the deadline; the launcher
+//! kills the program by itself 2 s later, and the kubelet ends the pod at
+//! `activeDeadlineSeconds` even if the host died. Every object carries the
+//! label `app.kubernetes.io/managed-by=execbox`, its maker's
+//! `execbox.dev/owner`, and an `execbox.dev/expires` time after which any
+//! execbox process's sweep (once a minute) deletes it.
+//!
+//! **Available only where proven**: the first availability check in a
+//! process runs a probe pod of exactly a run's shape (`probe.rs`): unless
+//! it finds itself off the network, unprivileged, filtered by seccomp,
+//! without a token and with capped `/tmp`, the backend is unavailable,
+//! saying which control failed.
+//!
+//! Not here (refused at admission, named): Rust, Code Mode tools (the pod
+//! has no channel to the host), host path grants and workspaces (the
+//! cluster's nodes are not the host), per-request process caps (Kubernetes
+//! 1.20 has only the kubelet's node-wide `podPidsLimit`), sessions, warm
+//! pods.
+
+mod cluster;
+mod config;
+mod manifest;
+mod probe;
+mod records;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+pub use config::KubernetesConfig;
+
+use crate::admission::Admitted;
+use crate::backend::{Backend, Unavailable};
+use crate::backends::container::outputs::{self, OutputLimits};
+use crate::backends::conventions;
+use crate::capabilities::{
+    BackendCapabilities, CostClass, Enforcement, IsolationKind, PayloadKind, RequestFeatures, SurfaceCapability,
+};
+use crate::error::{ConfigError, ExecError, InvalidRequest};
+use crate::file::ExecFile;
+use crate::language::Language;
+use crate::limits::deadline::Deadline;
+use crate::result::{ExecResult, Outcome, Usage};
+use cluster::{Cluster, JobEnd, JobError};
+use manifest::Job;
+use records::{End, Records};
+
+/// Most stdout or stderr the launcher sends of a run whose policy caps
+/// neither: the pod's log is on the node's disk.
+const UNCAPPED_STREAM_BYTES: u64 = 64 << 20;
+
+/// How long a negative availability answer is trusted.
+const NEGATIVE_TTL: Duration = Duration::from_secs(2);
+
+/// The probe pod's deadline (a cold start on a busy node included).
+const PROBE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Python and shell in fresh pods; see the module docs.
+///
+/// A handle: clones share the client, its runtime and the availability
+/// verdict.
+#[derive(Clone)]
+pub struct Kubernetes {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    cluster: Cluster,
+    caps: BackendCapabilities,
+    /// The last reachability check: when, and its answer.
+    reachable: Mutex<Option<Checked<()>>>,
+    /// The probe's verdict (the packages found), once positive; a negative
+    /// one with its time.
+    probe: Mutex<Option<Checked<Vec<String>>>>,
+    sweeping: AtomicBool,
+    shut_down: AtomicBool,
+}
+
+/// An availability answer and when it was made.
+type Checked<T> = (Instant, Result<T, Unavailable>);
+
+impl Kubernetes {
+    /// The backend's name in results and refusals.
+    pub const NAME: &'static str = "kubernetes";
+
+    /// A backend with `cfg`. Refuses settings no pod could run under.
+    /// Nothing talks to the cluster until the first availability check.
+    pub fn new(cfg: KubernetesConfig) -> Result<Self, ConfigError> {
+        cfg.check()?;
+        let caps = capabilities(&cfg);
+        let cluster = Cluster::new(cfg)
+            .map_err(|e| ConfigError::Unsupported { reason: format!("cannot start the client's runtime: {e}") })?;
+        let inner = Inner {
+            cluster,
+            caps,
+            reachable: Mutex::new(None),
+            probe: Mutex::new(None),
+            sweeping: AtomicBool::new(false),
+            shut_down: AtomicBool::new(false),
+        };
+        Ok(Self { inner: Arc::new(inner) })
+    }
+
+    /// The settings in use.
+    pub fn config(&self) -> &KubernetesConfig {
+        self.inner.cluster.config()
+    }
+
+    /// The names of execbox's pods in the namespace now: runs in flight
+    /// (this process's and others') and what a dead host left before its
+    /// objects expired and were swept.
+    pub fn leftovers(&self) -> Result<Vec<String>, Unavailable> {
+        self.inner.cluster.leftovers()
+    }
+
+    /// Deletes now the pods and ConfigMaps past their `execbox.dev/expires`
+    /// time, whoever made them (what the once-a-minute sweep does).
+    pub fn sweep(&self) {
+        self.inner.cluster.sweep();
+    }
+
+    /// The reachability check (cached), then the probe (once positive).
+    fn check(&self) -> Result<(), Unavailable> {
+        if self.inner.shut_down.load(Ordering::SeqCst) {
+            return Err(Unavailable::because("the backend is shutting down"));
+        }
+        {
+            let mut cached = self.inner.reachable.lock();
+            let fresh = cached.as_ref().is_some_and(|(at, answer)| {
+                at.elapsed() < if answer.is_ok() { self.config().availability_ttl } else { NEGATIVE_TTL }
+            });
+            if !fresh {
+                *cached = Some((Instant::now(), self.inner.cluster.reachable()));
+            }
+            if let Some((_, Err(why))) = cached.as_ref() {
+                return Err(why.clone());
+            }
+        }
+        if !self.inner.sweeping.swap(true, Ordering::SeqCst) {
+            self.inner.cluster.start_sweeps();
+        }
+        self.probed().map(drop)
+    }
+
+    /// The probe's verdict: run once per process while it passes.
+    fn probed(&self) -> Result<Vec<String>, Unavailable> {
+        let mut verdict = self.inner.probe.lock();
+        if let Some((at, answer)) = verdict.as_ref()
+            && (answer.is_ok() || at.elapsed() < NEGATIVE_TTL)
+        {
+            return answer.clone();
+        }
+        let answer = self.probe();
+        *verdict = Some((Instant::now(), answer.clone()));
+        answer
+    }
+
+    /// Runs `probe.py` in the data image, through a run's whole path.
+    fn probe(&self) -> Result<Vec<String>, Unavailable> {
+        let cfg = self.config();
+        let mut argv = vec!["/usr/bin/python3".to_string(), "-I".into(), "-".into()];
+        argv.extend(cfg.data_packages.iter().cloned());
+        let job = Job {
+            name: pod_name(),
+            role: "probe",
+            image: cfg.python_data_image.clone(),
+            argv,
+            code: probe::SOURCE.as_bytes().to_vec(),
+            files: Vec::new(),
+            env: BTreeMap::new(),
+            memory_bytes: cfg.defaults.memory_bytes,
+            stdout_cap: 64 << 10,
+            stderr_cap: 64 << 10,
+            outputs: None,
+            limit: PROBE_TIMEOUT,
+        };
+        let records = Records::new(Some(64 << 10), Some(64 << 10), None, 0);
+        let records = match self.inner.cluster.run(job, records, Some(PROBE_TIMEOUT)) {
+            Ok(JobEnd::Read { records, .. }) => records,
+            Ok(JobEnd::TimedOut { .. }) => {
+                return Err(Unavailable::because(format!(
+                    "the probe pod did not finish within {} s",
+                    PROBE_TIMEOUT.as_secs()
+                )));
+            }
+            Err(JobError::Unavailable(why)) => return Err(why),
+            Err(JobError::Internal(why)) => return Err(Unavailable::because(format!("the probe pod: {why}"))),
+        };
+        let stdout = records.stdout.into_captured().text().into_owned();
+        match records.end {
+            Some(End::Exited { status: 0, .. }) => probe::judge(&stdout, cfg.tmp_bytes),
+            end => Err(Unavailable::because(format!(
+                "the probe pod ended {end:?}: {}",
+                crate::text::cap_message(format!("{}{}", records.stderr.into_captured().text(), records.noise))
+            ))),
+        }
+    }
+
+    /// The caps on the files a run returns.
+    fn output_limits(&self) -> OutputLimits {
+        let cfg = self.config();
+        OutputLimits {
+            max_files: cfg.max_output_files,
+            max_file_bytes: cfg.max_output_file_bytes,
+            max_total_bytes: cfg.max_output_total_bytes,
+        }
+    }
+
+    /// The pod job of an admitted Python or shell request.
+    fn job(&self, call: &mut Admitted, limit: Duration) -> Result<Job, ExecError> {
+        let cfg = self.config();
+        let code = call.take_source(Self::NAME)?.into_bytes();
+        let input = call.take_input_json(cfg.defaults.max_input_nesting, Self::NAME)?;
+        let request = call.request();
+        let policy = &request.policy;
+        let memory_bytes = policy.memory_bytes.unwrap_or(cfg.defaults.memory_bytes);
+        if memory_bytes < config::MIN_MEMORY_BYTES {
+            return Err(InvalidRequest::LimitOutOfRange {
+                limit: "memory_bytes",
+                value: memory_bytes,
+                reason: format!("a Kubernetes run needs at least {} bytes", config::MIN_MEMORY_BYTES),
+            }
+            .into());
+        }
+        let argv = crate::backends::container::script_argv(request.language, false, &request.args)
+            .ok_or_else(|| ExecError::internal(Self::NAME, format!("matching let {} through", request.language)))?;
+        let mut files = Vec::with_capacity(request.input_files.len() + 1);
+        if let Some(json) = input {
+            files.push(ExecFile { name: "input.json".into(), content: json, mime_type: None });
+        }
+        files.extend(request.input_files.iter().cloned());
+        let limits = self.output_limits();
+        let outputs = request.collect_output_files.then(|| {
+            let mut listing_argv =
+                vec!["/bin/sh".to_string(), "-c".into(), outputs::COLLECT_SCRIPT.into(), "execbox-out".into()];
+            listing_argv.extend(outputs::script_args(limits.tmpfs_bytes()));
+            manifest::Outputs { tmpfs_bytes: limits.tmpfs_bytes(), listing_argv, listing_cap: limits.listing_cap() }
+        });
+        let job = Job {
+            name: pod_name(),
+            role: "run",
+            image: if request.packages.is_empty() { cfg.python_image.clone() } else { cfg.python_data_image.clone() },
+            argv,
+            code,
+            files,
+            env: request.env.clone(),
+            memory_bytes,
+            stdout_cap: policy.max_stdout_bytes.unwrap_or(UNCAPPED_STREAM_BYTES).min(UNCAPPED_STREAM_BYTES),
+            stderr_cap: policy.max_stderr_bytes.unwrap_or(UNCAPPED_STREAM_BYTES).min(UNCAPPED_STREAM_BYTES),
+            outputs,
+            limit,
+        };
+        job.check_size()?;
+        Ok(job)
+    }
+
+    /// The result of a job that ran; `collects`: it collected output files.
+    fn result(&self, end: JobEnd, deadline: &Deadline, collects: bool) -> Result<ExecResult, ExecError> {
+        let (records, oom_killed, timed_out) = match end {
+            JobEnd::Read { records, oom_killed } => (records, oom_killed, false),
+            JobEnd::TimedOut { records } => (records, false, true),
+        };
+        let ended = if timed_out { Some(End::TimedOut) } else { records.end };
+        let (outcome, exit_code, mut message) = match ended {
+            Some(End::Exited { status: 0, .. }) => (Outcome::Ok, Some(0), None),
+            Some(End::Exited { status, .. }) if oom_killed => (
+                Outcome::OutOfMemory,
+                Some(status),
+                Some("killed by the kernel's OOM killer at the memory cap".to_string()),
+            ),
+            Some(End::Exited { status, .. }) => {
+                (Outcome::Failed, Some(status), Some(format!("exited with code {status}")))
+            }
+            Some(End::TimedOut) => (Outcome::TimedOut, None, Some(deadline.exceeded_message())),
+            None if oom_killed => {
+                (Outcome::OutOfMemory, None, Some("the pod was killed by the OOM killer at the memory cap".into()))
+            }
+            None => {
+                let why = records.broken.unwrap_or("the launcher ended without its end record");
+                let noise = crate::text::cap_message(records.noise.clone());
+                return Err(ExecError::internal(Self::NAME, format!("{why}: {noise}")));
+            }
+        };
+        if let Some(why) = records.broken {
+            message = Some(match message {
+                Some(m) => format!("{m}; the run's log was damaged ({why})"),
+                None => format!("the run's log was damaged ({why})"),
+            });
+        }
+        let (output_files, note) = if collects {
+            let why_none = if timed_out {
+                "they are listed when the program ends, and it ran out of time"
+            } else {
+                "the pod ended before it listed out/"
+            };
+            outputs::files_from_listing(records.listing.as_ref(), why_none, self.output_limits())
+        } else {
+            (Vec::new(), None)
+        };
+        if let Some(note) = note {
+            message = Some(match message {
+                Some(m) => format!("{m}; {note}"),
+                None => note,
+            });
+        }
+        let (mut stdout, mut stderr) = (records.stdout.into_captured(), records.stderr.into_captured());
+        if let Some(End::Exited { stdout_total, stderr_total, .. }) = records.end {
+            // What the launcher counted but did not send.
+            for (stream, total) in [(&mut stdout, stdout_total), (&mut stderr, stderr_total)] {
+                stream.total_bytes = stream.total_bytes.max(total);
+                stream.truncated |= stream.total_bytes > stream.bytes.len() as u64;
+            }
+        }
+        let mut result = ExecResult::new(Self::NAME, outcome);
+        result.exit_code = exit_code;
+        result.output = conventions::json_stdout(&stdout);
+        result.stdout = stdout;
+        result.stderr = stderr;
+        result.message = message;
+        result.output_files = output_files;
+        result.usage = Usage { duration: deadline.elapsed(), ..Usage::default() };
+        Ok(result)
+    }
+}
+
+/// A fresh object name `execbox-<pid>-<counter>-<nonce>`.
+fn pod_name() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!("execbox-{}-{n}-{:08x}", std::process::id(), crate::nonce::random_u64() as u32)
+}
+
+impl std::fmt::Debug for Kubernetes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kubernetes").field("config", self.config()).finish_non_exhaustive()
+    }
+}
+
+impl Backend for Kubernetes {
+    fn name(&self) -> &str {
+        Self::NAME
+    }
+
+    fn capabilities(&self) -> &BackendCapabilities {
+        &self.inner.caps
+    }
+
+    /// Whether the namespace answers (cached for
+    /// [`availability_ttl`](KubernetesConfig::availability_ttl)) and the
+    /// probe pod found every locked control holding (once per process).
+    /// The first check also starts the sweep of expired objects.
+    fn availability(&self) -> Result<(), Unavailable> {
+        self.check()
+    }
+
+    fn execute(&self, mut call: Admitted) -> Result<ExecResult, ExecError> {
+        self.check().map_err(|why| why.into_error(Self::NAME))?;
+        if call.tools().is_some() || call.request().workspace.is_some() {
+            return Err(ExecError::internal(Self::NAME, "matching let tools or a workspace through"));
+        }
+        let deadline = call.deadline();
+        let limit = deadline.remaining().unwrap_or(self.config().defaults.timeout);
+        let job = self.job(&mut call, limit)?;
+        let collects = job.outputs.is_some();
+        let request = call.into_request();
+        let listing_cap = job.outputs.as_ref().map_or(0, |o| o.listing_cap);
+        let records = Records::new(
+            request.policy.max_stdout_bytes,
+            request.policy.max_stderr_bytes,
+            request.output_tap.clone(),
+            listing_cap,
+        );
+        match self.inner.cluster.run(job, records, Some(limit)) {
+            Ok(end) => self.result(end, &deadline, collects),
+            Err(JobError::Unavailable(why)) => {
+                *self.inner.reachable.lock() = None;
+                Err(why.into_error(Self::NAME))
+            }
+            Err(JobError::Internal(why)) => Err(ExecError::internal(Self::NAME, why)),
+        }
+    }
+
+    /// Checks the cluster and runs the probe, off the first request's path.
+    fn prepare(&self, _limit: Duration) {
+        let _ = self.check();
+    }
+
+    /// Deletes this process's pods and ConfigMaps (bounded, 10 s) and
+    /// refuses later runs.
+    fn shutdown(&self) {
+        self.inner.shut_down.store(true, Ordering::SeqCst);
+        self.inner.cluster.remove_own();
+    }
+
+    /// Those of [`KubernetesConfig::data_packages`] the probe found
+    /// importable in the data image.
+    fn packages(&self, language: Language) -> Vec<String> {
+        match language {
+            Language::Python | Language::Shell => self.probed().unwrap_or_default(),
+            _ => Vec::new(),
+        }
+    }
+}
+
+fn capabilities(cfg: &KubernetesConfig) -> BackendCapabilities {
+    use Enforcement as E;
+    let cap = "framed by the pod's launcher up to the cap (the rest counted, never sent), and held to it again by \
+               the host as it reads the pod's log";
+    BackendCapabilities {
+        isolation: IsolationKind::ContainerEphemeral,
+        cost: CostClass::High,
+        languages: vec![Language::Python, Language::Shell],
+        payloads: vec![PayloadKind::Source],
+        features: RequestFeatures { json_input: true, stdin: false, args: true, input_files: true, output_files: true },
+        network: SurfaceCapability {
+            deny: E::enforced(
+                "the pod's init container (root with only NET_ADMIN) takes every interface but lo down before \
+                 the program starts; the program holds no capability to bring one back; the availability probe \
+                 checks this on the cluster itself",
+            ),
+            allow_list: E::not_enforced("a pod is either off the network or on the cluster's whole network"),
+        },
+        filesystem: SurfaceCapability {
+            deny: E::enforced(
+                "read-only root filesystem; /work (the staged input, read-only), /tmp, /dev/shm and /work/out are \
+                 the pod's own memory-backed emptyDirs, size-capped; nothing of the host or the node",
+            ),
+            allow_list: E::not_enforced("host paths are not on the cluster's nodes"),
+        },
+        environment: SurfaceCapability {
+            deny: E::enforced("only the image's own variables: the launcher removes the cluster's KUBERNETES_*"),
+            allow_list: E::enforced(
+                "exactly the request's values for allow-listed names, carried in the run's ConfigMap (never \
+                 expanded by the kubelet)",
+            ),
+        },
+        timeout: E::enforced(
+            "at the deadline the host deletes the pod (no grace); the launcher kills every process of the \
+             program 2 s later by itself, and the kubelet ends the pod at activeDeadlineSeconds even if the \
+             host died; the deadline counts the pod's start",
+        ),
+        memory: E::enforced(format!(
+            "the pod's memory limit, a cgroup (default {} MiB; the launcher and the memory-backed emptyDirs \
+             count against it); the OOM killer ends the run",
+            cfg.defaults.memory_bytes >> 20
+        )),
+        fuel: E::not_enforced("pods have no instruction budget; use the timeout"),
+        stdout_cap: E::enforced(cap),
+        stderr_cap: E::enforced(cap),
+        processes: E::not_enforced(
+            "Kubernetes 1.20 has no per-pod process limit: only the kubelet's podPidsLimit, the same for every pod \
+             (1024 on scripts/kube/up.sh's cluster)",
+        ),
+        tools: SurfaceCapability {
+            deny: E::by_omission("the pod has no channel to the host's tools"),
+            allow_list: E::not_enforced("Code Mode's tool socket is not carried to pods"),
+        },
+        workspace: E::not_enforced("workspaces are host directories, not on the cluster's nodes"),
+        default_timeout_ms: u64::try_from(cfg.defaults.timeout.as_millis()).unwrap_or(u64::MAX),
+    }
+}

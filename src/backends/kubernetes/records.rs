@@ -1,0 +1,235 @@
+//! The launcher's records (`launch.py`), read back from the pod's log:
+//! one a line, `<tag> <base64>`. The host holds them to the run's caps
+//! again, whatever the launcher did.
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
+
+use crate::backends::container::outputs::Listing;
+use crate::limits::output::{BoundedBuffer, OutputTap, StreamKind};
+
+/// Longest record line taken: the launcher writes at most 8 KiB of bytes
+/// a record (10,924 characters of base64).
+pub(super) const MAX_LINE: usize = 16 << 10;
+
+/// Most bytes of lines that are not records kept (the launcher's own
+/// complaints, a Python traceback).
+const MAX_NOISE: usize = 4 << 10;
+
+/// How the launcher said the program ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum End {
+    /// `x`: the status (128 + signal when a signal ended it) and how many
+    /// bytes it wrote to stdout and stderr, kept or not.
+    Exited { status: i32, stdout_total: u64, stderr_total: u64 },
+    /// `t`: the deadline passed inside the pod.
+    TimedOut,
+}
+
+/// Everything read from a run's log.
+pub(super) struct Records {
+    pub stdout: BoundedBuffer,
+    pub stderr: BoundedBuffer,
+    pub listing: Option<Listing>,
+    listing_cap: u64,
+    pub end: Option<End>,
+    /// Lines that were not records (bounded), for the result's message.
+    pub noise: String,
+    /// Records that could not be read (a broken line): the first one's reason.
+    pub broken: Option<&'static str>,
+}
+
+impl Records {
+    /// Reads records into buffers capped at `stdout`/`stderr`, streamed to
+    /// `tap`; the listing is kept up to `listing_cap` bytes.
+    pub fn new(stdout: Option<u64>, stderr: Option<u64>, tap: Option<OutputTap>, listing_cap: u64) -> Self {
+        Self {
+            stdout: BoundedBuffer::new(stdout).tapped(tap.clone(), StreamKind::Stdout),
+            stderr: BoundedBuffer::new(stderr).tapped(tap, StreamKind::Stderr),
+            listing: None,
+            listing_cap,
+            end: None,
+            noise: String::new(),
+            broken: None,
+        }
+    }
+
+    /// Takes one line (without its `\n`). Nothing after the end record counts.
+    pub fn line(&mut self, line: &[u8]) {
+        if self.end.is_some() {
+            return;
+        }
+        let (tag, rest) = match line {
+            [tag, b' ', rest @ ..] => (*tag, rest),
+            _ => return self.noise(line),
+        };
+        let Ok(bytes) = STANDARD.decode(rest) else {
+            return match tag {
+                b'o' | b'e' | b'l' | b't' | b'x' => self.broke("a record's base64 is broken"),
+                _ => self.noise(line),
+            };
+        };
+        match tag {
+            b'o' => self.stdout.write(&bytes),
+            b'e' => self.stderr.write(&bytes),
+            b'l' => {
+                let listing = self.listing.get_or_insert_with(Listing::default);
+                let room =
+                    usize::try_from(self.listing_cap.saturating_sub(listing.bytes.len() as u64)).unwrap_or(usize::MAX);
+                listing.bytes.extend_from_slice(&bytes[..bytes.len().min(room)]);
+                listing.cut |= bytes.len() > room;
+            }
+            b't' => self.end = Some(End::TimedOut),
+            b'x' => match parse_exit(&bytes) {
+                Some(end) => self.end = Some(end),
+                None => self.broke("the end record is broken"),
+            },
+            _ => self.noise(line),
+        }
+    }
+
+    /// A line longer than [`MAX_LINE`]: the log is not the launcher's.
+    pub fn overlong(&mut self) {
+        self.broke("a log line is longer than any record");
+    }
+
+    fn broke(&mut self, why: &'static str) {
+        self.broken.get_or_insert(why);
+    }
+
+    fn noise(&mut self, line: &[u8]) {
+        if self.noise.len() >= MAX_NOISE {
+            return;
+        }
+        let text = String::from_utf8_lossy(line);
+        let room = MAX_NOISE - self.noise.len();
+        let cut = text.char_indices().map(|(i, c)| i + c.len_utf8()).take_while(|&end| end <= room).last();
+        self.noise.push_str(&text[..cut.unwrap_or(0)]);
+        self.noise.push('\n');
+    }
+}
+
+/// `<status> <stdout total> <stderr total>`.
+fn parse_exit(bytes: &[u8]) -> Option<End> {
+    let text = std::str::from_utf8(bytes).ok()?;
+    let mut parts = text.split(' ');
+    let status = parts.next()?.parse().ok()?;
+    let stdout_total = parts.next()?.parse().ok()?;
+    let stderr_total = parts.next()?.parse().ok()?;
+    parts.next().is_none().then_some(End::Exited { status, stdout_total, stderr_total })
+}
+
+/// Splits a byte stream into lines of at most [`MAX_LINE`] bytes for
+/// [`Records::line`], across reads of any size.
+#[derive(Default)]
+pub(super) struct Lines {
+    held: Vec<u8>,
+    /// The current line passed [`MAX_LINE`]: dropped up to its end.
+    skipping: bool,
+}
+
+impl Lines {
+    /// Feeds `bytes`; every whole line goes to `records`.
+    pub fn feed(&mut self, mut bytes: &[u8], records: &mut Records) {
+        while !bytes.is_empty() {
+            let (part, line_ends) = match bytes.iter().position(|&b| b == b'\n') {
+                Some(at) => (&bytes[..at], true),
+                None => (bytes, false),
+            };
+            bytes = &bytes[(part.len() + usize::from(line_ends)).min(bytes.len())..];
+            if !self.skipping {
+                if self.held.len() + part.len() > MAX_LINE {
+                    records.overlong();
+                    self.held.clear();
+                    self.skipping = true;
+                } else {
+                    self.held.extend_from_slice(part);
+                }
+            }
+            if line_ends {
+                if !self.skipping {
+                    records.line(&self.held);
+                }
+                self.held.clear();
+                self.skipping = false;
+            }
+        }
+    }
+
+    /// The log ended: a last line without `\n` counts too.
+    pub fn finish(mut self, records: &mut Records) {
+        if !self.held.is_empty() && !self.skipping {
+            records.line(&std::mem::take(&mut self.held));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(tag: u8, bytes: &[u8]) -> Vec<u8> {
+        let mut line = vec![tag, b' '];
+        line.extend_from_slice(STANDARD.encode(bytes).as_bytes());
+        line.push(b'\n');
+        line
+    }
+
+    #[test]
+    fn records_come_back_whatever_the_chunks() {
+        let mut log = Vec::new();
+        log.extend(record(b'o', b"hello "));
+        log.extend(b"Traceback: the launcher's own words\n");
+        log.extend(record(b'e', b"warn\n"));
+        log.extend(record(b'o', &[0, 255, b'\n']));
+        log.extend(record(b'l', b"E\n"));
+        log.extend(record(b'x', b"3 9 5"));
+        log.extend(record(b'o', b"after the end"));
+        for size in [1, 2, 7, 64, log.len()] {
+            let mut records = Records::new(Some(100), Some(100), None, 100);
+            let mut lines = Lines::default();
+            for chunk in log.chunks(size) {
+                lines.feed(chunk, &mut records);
+            }
+            lines.finish(&mut records);
+            assert_eq!(records.stdout.into_captured().bytes, b"hello \0\xff\n");
+            assert_eq!(records.stderr.into_captured().bytes, b"warn\n");
+            assert_eq!(records.listing.as_ref().map(|l| l.bytes.clone()), Some(b"E\n".to_vec()));
+            assert_eq!(records.end, Some(End::Exited { status: 3, stdout_total: 9, stderr_total: 5 }));
+            assert_eq!(records.noise, "Traceback: the launcher's own words\n");
+            assert_eq!(records.broken, None);
+        }
+    }
+
+    #[test]
+    fn caps_hold_whatever_the_launcher_sent() {
+        let mut records = Records::new(Some(4), Some(0), None, 3);
+        let mut lines = Lines::default();
+        lines.feed(&record(b'o', b"0123456789"), &mut records);
+        lines.feed(&record(b'e', b"err"), &mut records);
+        lines.feed(&record(b'l', b"listing"), &mut records);
+        let listing = records.listing.take().expect("a listing");
+        assert_eq!((listing.bytes.as_slice(), listing.cut), (b"lis".as_slice(), true));
+        let out = records.stdout.into_captured();
+        assert_eq!((out.bytes.as_slice(), out.truncated), (b"0123".as_slice(), true));
+        assert!(records.stderr.into_captured().bytes.is_empty());
+    }
+
+    #[test]
+    fn broken_and_overlong_lines_are_named_never_taken() {
+        let mut records = Records::new(None, None, None, 10);
+        let mut lines = Lines::default();
+        lines.feed(b"o !!notbase64\n", &mut records);
+        assert_eq!(records.broken, Some("a record's base64 is broken"));
+        let mut records = Records::new(None, None, None, 10);
+        let mut long = record(b'o', &vec![b'a'; MAX_LINE]);
+        long.extend(record(b'x', b"0 1 0"));
+        lines.feed(&long, &mut records);
+        assert_eq!(records.broken, Some("a log line is longer than any record"));
+        assert!(records.stdout.into_captured().bytes.is_empty());
+        assert_eq!(records.end, Some(End::Exited { status: 0, stdout_total: 1, stderr_total: 0 }));
+        let mut records = Records::new(None, None, None, 10);
+        Lines::default().feed(&record(b'x', b"0 1"), &mut records);
+        assert_eq!((records.end, records.broken), (None, Some("the end record is broken")));
+    }
+}
