@@ -59,6 +59,15 @@ pub struct BackendsConfig {
     /// 0 (off: each one holds memory outside this process; `execbox serve`
     /// keeps 1 unless told otherwise).
     pub warm_containers: usize,
+    /// Registers the [`Kubernetes`](crate::backends::Kubernetes) backend
+    /// (feature `kubernetes`) on the cluster this kubeconfig names, in
+    /// namespace `execbox`, after the container backend (which a request
+    /// gets first when both can run it; pin `kubernetes` to choose it).
+    /// Set without the feature: a [`ConfigError::Unsupported`].
+    ///
+    /// # Default
+    /// `None`: no Kubernetes backend.
+    pub kubeconfig: Option<PathBuf>,
 }
 
 setters!(BackendsConfig {
@@ -69,6 +78,7 @@ setters!(BackendsConfig {
 } some {
     wasm_cache_dir: PathBuf,
     interpreters_dir: PathBuf,
+    kubeconfig: PathBuf,
 });
 
 impl Default for BackendsConfig {
@@ -80,6 +90,7 @@ impl Default for BackendsConfig {
             python_warm_pool: 2,
             js_idle_workers: 2,
             warm_containers: 0,
+            kubeconfig: None,
         }
     }
 }
@@ -115,6 +126,17 @@ impl ExecutorBuilder {
                 ContainerConfig::default().engine(cfg.container_engine.clone()).warm_containers(cfg.warm_containers);
             let container = Container::new(config)?;
             builder = builder.backend(container);
+        }
+        #[cfg(feature = "kubernetes")]
+        if let Some(path) = &cfg.kubeconfig {
+            use crate::backends::{Kubernetes, KubernetesConfig};
+            builder = builder.backend(Kubernetes::new(KubernetesConfig::default().kubeconfig(path.clone()))?);
+        }
+        #[cfg(not(feature = "kubernetes"))]
+        if cfg.kubeconfig.is_some() {
+            return Err(ConfigError::Unsupported {
+                reason: "a kubeconfig was given, but execbox was built without its kubernetes feature".into(),
+            });
         }
         let _ = cfg;
         Ok(builder)

@@ -126,3 +126,6 @@ struct SessionsDoctests;
 #[cfg(doctest)]
 #[doc = include_str!("../docs/threat-model.md")]
 struct ThreatModelDoctests;
+#[cfg(all(doctest, feature = "kubernetes"))]
+#[doc = include_str!("../docs/kubernetes.md")]
+struct KubernetesDoctests;

@@ -213,6 +213,10 @@ pub(crate) struct BackendFlags {
     /// Keep compiled wasm modules in this directory across runs.
     #[arg(long, value_name = "DIR", env = "EXECBOX_WASM_CACHE_DIR")]
     pub(crate) wasm_cache_dir: Option<PathBuf>,
+    /// Add the kubernetes backend (Python and shell in pods, namespace execbox) on the cluster
+    /// this kubeconfig names; needs execbox built with its `kubernetes` feature.
+    #[arg(long, value_name = "FILE", env = "EXECBOX_KUBECONFIG")]
+    pub(crate) kubeconfig: Option<PathBuf>,
 }
 
 impl BackendFlags {
@@ -223,6 +227,7 @@ impl BackendFlags {
             .js_idle_workers(js_idle_workers)
             .python_warm_pool(python_warm_pool);
         config.wasm_cache_dir = self.wasm_cache_dir.clone();
+        config.kubeconfig = self.kubeconfig.clone();
         config
     }
 }

@@ -61,6 +61,18 @@ fn run_json_ok_has_the_documented_fields() {
 }
 
 #[test]
+fn a_kubeconfig_is_a_config_error_without_the_kubernetes_feature() {
+    if cfg!(feature = "kubernetes") {
+        return;
+    }
+    let out = execbox(&["run", "--kubeconfig", "/nonexistent", "--code", "return 1", "--json"]);
+    assert_eq!(out.status.code(), Some(2));
+    let v = json_out(&out);
+    assert_eq!(v["error"]["kind"], "config");
+    assert!(v["error"]["message"].as_str().is_some_and(|m| m.contains("kubernetes feature")), "{v}");
+}
+
+#[test]
 fn program_failure_exits_1_with_outcome() {
     let out = execbox(&["run", "--code", "throw new Error('boom')", "--json"]);
     assert_eq!(out.status.code(), Some(1));

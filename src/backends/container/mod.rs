@@ -108,6 +108,7 @@ use crate::program::{Program, ProgramSpec};
 use crate::request::ExecRequest;
 use crate::result::ExecResult;
 use runner::Runner;
+#[cfg(feature = "kubernetes")]
 pub(crate) use runner::script_argv;
 use staging::Staging;
 use tool_socket::ToolSocket;
