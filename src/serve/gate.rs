@@ -115,6 +115,11 @@ impl Gate {
         self.permits.close();
     }
 
+    /// Whether [`Gate::close`] was called.
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
+
     /// Waits until no run is in flight, but no longer than the latest
     /// moment by which a run in flight must be over; true if none is.
     pub async fn drained(&self) -> bool {

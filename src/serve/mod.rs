@@ -30,6 +30,7 @@ mod approval;
 mod config;
 mod file_artifacts;
 mod gate;
+mod health;
 mod http;
 mod server;
 mod shared;

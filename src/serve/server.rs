@@ -198,6 +198,8 @@ impl Server {
             // Outermost: nothing is looked at before the token.
             router = router.layer(axum::middleware::from_fn(move |req, next| bearer(token.clone(), req, next)));
         }
+        // After the token layer: orchestrators' probes carry none.
+        let router = router.merge(super::health::routes(self.shared.clone()));
         bound(local);
         // Answers go out in several small writes: without TCP_NODELAY,
         // Nagle's algorithm meets the client's delayed ACK and each

@@ -446,6 +446,35 @@ fn post_with(port: u16, headers: &[String], body: &Value) -> (String, String) {
     (answer.lines().next().unwrap_or_default().trim().to_string(), answer)
 }
 
+/// An orchestrator's probes: `/healthz` and `/readyz` answer without the
+/// token (which `/mcp` still needs), and readiness names the available
+/// backends.
+#[test]
+fn health_and_readiness_answer_probes_without_the_token() {
+    let token = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(token.path(), "a-long-enough-test-token\n").unwrap();
+    let (server, port) = http_server(&["--token-file", token.path().to_str().unwrap()]);
+    let get = |path: &str| {
+        let out = std::process::Command::new("curl")
+            .args(["-s", "-i", &format!("http://127.0.0.1:{port}{path}")])
+            .output()
+            .unwrap();
+        let answer = String::from_utf8_lossy(&out.stdout).into_owned();
+        (answer.lines().next().unwrap_or_default().trim().to_string(), answer)
+    };
+    let (status, answer) = get("/healthz");
+    assert_eq!(status, "HTTP/1.1 200 OK", "{answer}");
+    assert!(answer.ends_with("ok\n"), "{answer}");
+    let (status, answer) = get("/readyz");
+    assert_eq!(status, "HTTP/1.1 200 OK", "{answer}");
+    let body: Value = serde_json::from_str(answer.rsplit("\r\n\r\n").next().unwrap()).unwrap();
+    assert_eq!(body["ready"], true);
+    assert!(body["available"].as_array().unwrap().iter().any(|b| b == "boa-js"), "{body}");
+    let (status, answer) = post_with(port, &[], &json!({"jsonrpc": "2.0", "id": 1, "method": "ping"}));
+    assert_eq!(status, "HTTP/1.1 401 Unauthorized", "{answer}");
+    drop(server);
+}
+
 /// DNS rebinding: a page that points its own name at 127.0.0.1 sends its
 /// name in `Host` and its origin in `Origin`. Both get 403 before anything
 /// runs, with or without a token; loopback names and allowed names pass.
