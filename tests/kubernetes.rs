@@ -289,3 +289,55 @@ fn a_host_killed_mid_run_leaves_nothing_after_the_deadline_and_sweep() {
     k.sweep();
     assert!(objects(&part).is_empty(), "{:?}", objects(&part));
 }
+
+/// deploy/kubernetes/rbac.yaml is all the backend needs: the backend runs
+/// as its service account, which cannot read Secrets or make pods outside
+/// its namespace.
+#[test]
+fn the_backend_runs_as_the_least_privileged_service_account() {
+    use base64::Engine as _;
+    if backend().is_none() {
+        return;
+    }
+    let rbac = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/kubernetes/rbac.yaml");
+    kubectl(&["apply", "-f", rbac]);
+    let start = Instant::now();
+    let secret = loop {
+        let name = kubectl(&["get", "serviceaccount", "execbox", "-o", "jsonpath={.secrets[0].name}"]);
+        if !name.is_empty() {
+            break name;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "no token for the service account");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let token = kubectl(&["get", "secret", &secret, "-o", "jsonpath={.data.token}"]);
+    let token = String::from_utf8(base64::engine::general_purpose::STANDARD.decode(token).unwrap()).unwrap();
+    let cluster = |field: &str| {
+        kubectl(&["config", "view", "--raw", "-o", &format!("jsonpath={{.clusters[0].cluster.{field}}}")])
+    };
+    let (server, ca) = (cluster("server"), cluster("certificate-authority-data"));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("service-account.kubeconfig");
+    let config = json!({
+        "apiVersion": "v1", "kind": "Config", "current-context": "sa",
+        "clusters": [{"name": "c", "cluster": {"server": server, "certificate-authority-data": ca}}],
+        "users": [{"name": "sa", "user": {"token": token}}],
+        "contexts": [{"name": "sa", "context": {"cluster": "c", "user": "sa", "namespace": "execbox"}}],
+    });
+    std::fs::write(&path, config.to_string()).unwrap();
+    let as_account = Kubernetes::new(KubernetesConfig::default().kubeconfig(&path)).unwrap();
+    as_account.availability().expect("available with the Role's rights only");
+    let r = run(&as_account, python("print(1+1)").collect_output_files());
+    assert_eq!(r.output, Some(json!(2)), "{r:?}");
+    as_account.sweep();
+    let can = |args: &[&str]| {
+        let kubectl = std::env::var_os("EXECBOX_KUBECTL").unwrap_or_else(|| "kubectl".into());
+        let out =
+            Command::new(kubectl).arg("--kubeconfig").arg(&path).args(["auth", "can-i"]).args(args).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    assert_eq!(can(&["get", "secrets", "-n", "execbox"]), "no");
+    assert_eq!(can(&["list", "secrets", "-n", "execbox"]), "no");
+    assert_eq!(can(&["create", "pods", "-n", "default"]), "no");
+    assert_eq!(can(&["create", "pods", "-n", "execbox"]), "yes");
+}

@@ -408,7 +408,7 @@ fn api_unavailable(cfg: &KubernetesConfig, doing: &str, e: &kube::Error) -> Unav
     match e {
         kube::Error::Api(status) if status.code == 403 => Unavailable::new(
             format!("{doing} in namespace {}: forbidden ({text})", cfg.namespace),
-            "grant the service account the Role in deploy/kubernetes/ (pods, pods/log, configmaps)",
+            "grant the service account the Role in deploy/kubernetes/rbac.yaml (pods, pods/log, configmaps)",
         ),
         kube::Error::Api(status) if status.code == 404 => Unavailable::new(
             format!("{doing} in namespace {}: not found ({text})", cfg.namespace),
