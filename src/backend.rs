@@ -73,6 +73,14 @@ pub trait Backend: Send + Sync + 'static {
         None
     }
 
+    /// What this kind of backend keeps outside any process now and could
+    /// leave behind (for `execbox backends`): e.g. the pods of execbox in a
+    /// Kubernetes namespace, runs in flight anywhere included. `None`: it
+    /// keeps nothing listable (default).
+    fn leftovers(&self) -> Option<Vec<String>> {
+        None
+    }
+
     /// For a host about to exit: stops and removes what this backend
     /// started outside its own process (containers, staging directories)
     /// and refuses later runs. Default: nothing outlives the process anyway

@@ -185,6 +185,7 @@ impl Executor {
                     available: availability.is_ok(),
                     unavailable: availability.err(),
                     readiness: b.readiness(),
+                    leftovers: b.leftovers(),
                     packages,
                     capabilities: b.capabilities().clone(),
                 }
@@ -433,6 +434,10 @@ pub struct BackendStatus {
     pub unavailable: Option<Unavailable>,
     /// Its pre-started capacity, if it keeps any.
     pub readiness: Option<Readiness>,
+    /// What it keeps outside any process now ([`Backend::leftovers`]), if
+    /// it can list that.
+    #[serde(default)]
+    pub leftovers: Option<Vec<String>>,
     /// Third-party packages it provides (beyond each language's standard library).
     pub packages: Vec<String>,
     /// What it runs and enforces, and how.

@@ -282,6 +282,8 @@ fn a_host_killed_mid_run_leaves_nothing_after_the_deadline_and_sweep() {
         std::thread::sleep(Duration::from_millis(200));
     }
     let seen = Instant::now();
+    let listed = k.leftovers().expect("the namespace answers");
+    assert!(listed.iter().any(|name| name.starts_with(&part)), "execbox backends lists it: {listed:?}");
     child.kill().expect("kill the child host");
     drop(child.wait());
     // Past the pod's expiry (deadline + 2 s + 2 s + 10 s), a sweep removes it.

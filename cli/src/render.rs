@@ -85,6 +85,9 @@ pub(crate) fn backends(exec: &Executor, as_json: bool) -> ExitCode {
         if let Some(r) = b.readiness() {
             print_out(&format!("  {:<24} {} of {} ready", "pre-started", r.ready, r.target));
         }
+        if let Some(left) = b.leftovers() {
+            print_out(&format!("  {:<24} {} ({})", "outside this process", left.len(), left.join(", ")));
+        }
         let rows = [
             ("network deny", &c.network.deny),
             ("network allow-list", &c.network.allow_list),

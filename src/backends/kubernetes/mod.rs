@@ -420,6 +420,12 @@ impl Backend for Kubernetes {
         let _ = self.check();
     }
 
+    /// Execbox's pods in the namespace ([`Kubernetes::leftovers`]); `None`
+    /// when the cluster does not answer.
+    fn leftovers(&self) -> Option<Vec<String>> {
+        Kubernetes::leftovers(self).ok()
+    }
+
     /// Deletes this process's pods and ConfigMaps (bounded, 10 s) and
     /// refuses later runs.
     fn shutdown(&self) {
