@@ -19,7 +19,7 @@ use execbox::backends::{Kubernetes, KubernetesConfig};
 use execbox::{
     Access, Backend, ExecError, ExecFile, ExecRequest, ExecResult, Executor, Language, Outcome, SandboxPolicy,
 };
-use serde_json::json;
+use serde_json::{Value, json};
 
 const REQUIRE: &str = "EXECBOX_REQUIRE_KUBERNETES";
 
@@ -45,12 +45,18 @@ fn backend() -> Option<&'static Kubernetes> {
         .as_ref()
 }
 
+/// The strict policy with room for a pod's start on a loaded 2-core node
+/// (the strict 5 s is the whole run's, start included).
+fn patient() -> SandboxPolicy {
+    SandboxPolicy::strict().timeout(Duration::from_secs(30))
+}
+
 fn python(code: &str) -> ExecRequest {
-    ExecRequest::source(Language::Python, code)
+    ExecRequest::source(Language::Python, code).policy(patient())
 }
 
 fn shell(code: &str) -> ExecRequest {
-    ExecRequest::source(Language::Shell, code)
+    ExecRequest::source(Language::Shell, code).policy(patient())
 }
 
 fn run(backend: &Kubernetes, request: ExecRequest) -> ExecResult {
@@ -103,7 +109,7 @@ fn nothing_left_of(pid: u32, within: Duration) {
 #[test]
 fn python_gets_input_files_env_and_args_and_returns_json() {
     let Some(k) = backend() else { return };
-    let policy = SandboxPolicy::strict().environment(Access::Allow(vec!["GREETING".into()]));
+    let policy = patient().environment(Access::Allow(vec!["GREETING".into()]));
     let code = r#"
 import json, os, sys
 print(json.dumps({"sum": sum(input["items"]), "file": open("data/a.txt").read(), "greeting": os.environ["GREETING"],
@@ -342,4 +348,112 @@ fn the_backend_runs_as_the_least_privileged_service_account() {
     assert_eq!(can(&["list", "secrets", "-n", "execbox"]), "no");
     assert_eq!(can(&["create", "pods", "-n", "default"]), "no");
     assert_eq!(can(&["create", "pods", "-n", "execbox"]), "yes");
+}
+
+/// A backend with a warm pool of `pods` at `memory_mib` (a pool of its own).
+fn warm_backend(memory_mib: u64, pods: usize) -> Option<Kubernetes> {
+    backend()?;
+    let defaults = execbox::RunDefaults::default().timeout(Duration::from_secs(60)).memory_bytes(memory_mib << 20);
+    let cfg = KubernetesConfig::default().kubeconfig(kubeconfig()).defaults(defaults).warm_pods(pods);
+    let backend = Kubernetes::new(cfg).expect("a backend");
+    backend.availability().expect("available");
+    let start = Instant::now();
+    while backend.readiness().is_none_or(|r| r.ready < pods) {
+        assert!(start.elapsed() < Duration::from_secs(90), "the warm pool never filled: {:?}", backend.readiness());
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    Some(backend)
+}
+
+/// Removes a warm pool's pods and ConfigMaps when dropped, after the
+/// backends (declared after it, so dropped first: their refill stops with
+/// them), whether the test passed or not.
+struct PoolGuard(u64);
+
+impl Drop for PoolGuard {
+    fn drop(&mut self) {
+        // A create the dropped refill had sent lands first.
+        std::thread::sleep(Duration::from_millis(500));
+        let selector = format!("execbox.dev/pool=python-{}mi", self.0);
+        kubectl(&["delete", "pods,configmaps", "-l", &selector, "--grace-period=0", "--force", "--wait=false"]);
+        // A dropped backend's refill is over: nothing comes back.
+        std::thread::sleep(Duration::from_secs(3));
+        let left = kubectl(&["get", "pods,configmaps", "-l", &selector, "-o", "name"]);
+        if !std::thread::panicking() {
+            assert!(left.trim().is_empty(), "the pool refilled after its backends were dropped: {left}");
+        }
+    }
+}
+
+/// What a run reports of the pod it ran in, and of what an earlier run left.
+const WHERE_AM_I: &str = r#"
+import json, os, socket
+seen = {"pod": socket.gethostname(), "left": sorted(os.listdir("/tmp")) + sorted(os.listdir("/work")),
+        "sum": sum(input["items"]), "file": open("data.txt").read()}
+open("/tmp/marker", "w").write("x")
+print(json.dumps(seen))
+"#;
+
+/// Runs [`WHERE_AM_I`] at the memory cap of pool `memory_mib`.
+fn where_am_i(backend: &Kubernetes, memory_mib: u64) -> (ExecResult, Duration) {
+    let policy = SandboxPolicy::strict().timeout(Duration::from_secs(30)).memory_bytes(memory_mib << 20);
+    let request = python(WHERE_AM_I)
+        .input(json!({"items": [1, 2, 3]}))
+        .input_file(ExecFile::new("data.txt", "staged"))
+        .policy(policy);
+    let started = Instant::now();
+    let r = run(backend, request);
+    (r, started.elapsed())
+}
+
+#[test]
+fn warm_pods_run_once_each_and_an_empty_pool_falls_back_to_cold() {
+    let _pool = PoolGuard(200);
+    let Some(warm) = warm_backend(200, 2) else { return };
+    let mut pods = Vec::new();
+    for _ in 0..3 {
+        let (r, took) = where_am_i(&warm, 200);
+        assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
+        let seen = r.output.clone().expect("json");
+        assert_eq!((seen["sum"].clone(), seen["file"].clone()), (json!(6), json!("staged")), "{seen}");
+        // A warm pod has /work/out mounted whether the run collects or not.
+        let left: Vec<&Value> = seen["left"].as_array().unwrap().iter().filter(|n| *n != "out").collect();
+        assert_eq!(left, [&json!("data.txt"), &json!("input.json")], "a fresh pod: {seen}");
+        eprintln!("run on {} took {took:?}", seen["pod"]);
+        pods.push(seen["pod"].as_str().unwrap().to_string());
+    }
+    pods.sort();
+    pods.dedup();
+    assert_eq!(pods.len(), 3, "never reused: {pods:?}");
+}
+
+#[test]
+fn two_replicas_never_claim_one_warm_pod() {
+    let _pool = PoolGuard(208);
+    let Some(a) = warm_backend(208, 3) else { return };
+    let b = {
+        let defaults = execbox::RunDefaults::default().timeout(Duration::from_secs(60)).memory_bytes(208 << 20);
+        let cfg = KubernetesConfig::default().kubeconfig(kubeconfig()).defaults(defaults).warm_pods(3);
+        Kubernetes::new(cfg).unwrap()
+    };
+    b.availability().unwrap();
+    let pods: Vec<String> = std::thread::scope(|scope| {
+        let runs: Vec<_> = (0..6)
+            .map(|i| {
+                let backend = if i % 2 == 0 { &a } else { &b };
+                scope.spawn(move || where_am_i(backend, 208).0)
+            })
+            .collect();
+        runs.into_iter()
+            .map(|run| {
+                let r = run.join().unwrap();
+                assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
+                r.output.unwrap()["pod"].as_str().unwrap().to_string()
+            })
+            .collect()
+    });
+    let mut distinct = pods.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 6, "a pod ran two runs: {pods:?}");
 }

@@ -5,18 +5,19 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures_util::AsyncReadExt as _;
 use k8s_openapi::api::core::v1::{ConfigMap, ContainerStatus, Pod};
-use kube::api::{DeleteParams, ListParams, LogParams, PostParams};
+use kube::api::{AttachParams, DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
 use super::config::KubernetesConfig;
-use super::manifest::{EXPIRES, Job, MANAGED, OWNER_LABEL};
-use super::records::{Lines, Records};
+use super::manifest::{EXPIRES, Job, MANAGED, OWNER_LABEL, POOL_LABEL, STATE_LABEL};
+use super::records::{End, Lines, Records};
 use crate::backend::Unavailable;
 
 /// Bound on each API call off a run's deadline (availability, deletes, sweeps).
@@ -47,6 +48,10 @@ pub(super) struct Cluster {
 struct Inner {
     cfg: KubernetesConfig,
     client: OnceCell<Client>,
+    /// The warm pool's claimable pods at its last count.
+    warm_ready: AtomicUsize,
+    /// Wakes the refill after a claim.
+    claimed: tokio::sync::Notify,
 }
 
 /// How a job ended, short of an error.
@@ -73,7 +78,12 @@ impl Cluster {
             .thread_name("execbox-kubernetes")
             .enable_all()
             .build()?;
-        let inner = Arc::new(Inner { cfg, client: OnceCell::new() });
+        let inner = Arc::new(Inner {
+            cfg,
+            client: OnceCell::new(),
+            warm_ready: AtomicUsize::new(0),
+            claimed: tokio::sync::Notify::new(),
+        });
         Ok(Self { inner, runtime: Some(runtime) })
     }
 
@@ -126,6 +136,72 @@ impl Cluster {
             end
         })
         .unwrap_or_else(|| Err(JobError::Unavailable(Unavailable::because("the backend is shutting down"))))
+    }
+
+    /// Claims a ready pod of warm `pool` for a run that expires at
+    /// `expires` (`None`: none could be had within `deadline`; the caller
+    /// runs cold). The claim is a label update with the pod's
+    /// resourceVersion as precondition, so two replicas never claim one pod.
+    pub fn claim(&self, pool: &str, expires: u64, deadline: Duration) -> Option<String> {
+        let inner = self.inner.clone();
+        let pool = pool.to_string();
+        self.block(async move {
+            let name = tokio::time::timeout(deadline, inner.claim(&pool, expires)).await.ok().flatten();
+            if name.is_some() {
+                inner.claimed.notify_one();
+            }
+            name
+        })
+        .flatten()
+    }
+
+    /// Hands the claimed warm pod `name` its run (`delivery`, see
+    /// `Job::delivery`) and reads its log until it ends or `deadline`
+    /// passes; the pod is deleted either way, as [`Cluster::run`]'s.
+    pub fn run_claimed(
+        &self,
+        name: String,
+        delivery: Vec<u8>,
+        records: Records,
+        deadline: Duration,
+    ) -> Result<JobEnd, JobError> {
+        let inner = self.inner.clone();
+        let handle = self.runtime.as_ref().map(|r| r.handle().clone());
+        self.block(async move {
+            let at = Instant::now() + deadline;
+            let end = inner.run_claimed(&name, delivery, records, Some(at)).await;
+            let cleanup = inner.clone().delete(name);
+            match (&end, handle) {
+                (Ok(JobEnd::TimedOut { .. }), Some(handle)) => drop(handle.spawn(cleanup)),
+                _ => cleanup.await,
+            }
+            end
+        })
+        .unwrap_or_else(|| Err(JobError::Unavailable(Unavailable::because("the backend is shutting down"))))
+    }
+
+    /// Keeps `target` claimable pods of `pool`, each made by `template`,
+    /// counting every replica's (off the request path; woken by claims).
+    pub fn start_warm(&self, pool: String, target: usize, template: impl Fn() -> Job + Send + Sync + 'static) {
+        let Some(runtime) = &self.runtime else { return };
+        let inner = self.inner.clone();
+        runtime.spawn(async move {
+            loop {
+                let wait = match inner.refill(&pool, target, &template).await {
+                    Ok(()) => Duration::from_secs(1),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the kubernetes warm pool cannot refill");
+                        Duration::from_secs(10)
+                    }
+                };
+                let _ = tokio::time::timeout(wait, inner.claimed.notified()).await;
+            }
+        });
+    }
+
+    /// The warm pool's claimable pods at its last count.
+    pub fn warm_ready(&self) -> usize {
+        self.inner.warm_ready.load(Ordering::Relaxed)
     }
 
     /// Starts the periodic sweep of expired objects (any owner's: every
@@ -215,7 +291,7 @@ impl Inner {
             .cloned()
     }
 
-    async fn run(&self, job: Job, mut records: Records, at: Option<Instant>) -> Result<JobEnd, JobError> {
+    async fn run(&self, job: Job, records: Records, at: Option<Instant>) -> Result<JobEnd, JobError> {
         let client = self.client().await.map_err(JobError::Unavailable)?;
         let ns = &self.cfg.namespace;
         let maps: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
@@ -242,9 +318,21 @@ impl Inner {
         if let Some(why) = never_starts(&pod) {
             return Err(why);
         }
+        self.read_log(&pods, &job.name, records, at).await
+    }
+
+    /// Reads the log of the running pod `name` to its end, then its end's
+    /// OOM verdict.
+    async fn read_log(
+        &self,
+        pods: &Api<Pod>,
+        name: &str,
+        mut records: Records,
+        at: Option<Instant>,
+    ) -> Result<JobEnd, JobError> {
         let params = LogParams { container: Some("main".into()), follow: true, ..LogParams::default() };
         let read = within(at, async {
-            let mut log = pods.log_stream(&job.name, &params).await?;
+            let mut log = pods.log_stream(name, &params).await?;
             let mut lines = Lines::default();
             let mut buf = vec![0; 64 << 10];
             loop {
@@ -263,9 +351,14 @@ impl Inner {
             Some(Err(e)) => return Err(JobError::Internal(format!("cannot read the run's log: {e}"))),
             Some(Ok(())) => {}
         }
-        // The OOM killer's verdict is the container's termination reason,
-        // set once the kubelet saw it end.
-        let ended = within(at, kube::runtime::wait::await_condition(pods, &job.name, main_terminated)).await;
+        // The launcher read the OOM killer's count in its cgroup; only
+        // when it could not (or never said: the launcher itself was killed)
+        // is the verdict the container's termination reason, set once the
+        // kubelet saw it end (its next relist: about a second).
+        if let Some(End::Exited { oom_killed: Some(oom_killed), .. }) = records.end {
+            return Ok(JobEnd::Read { records, oom_killed });
+        }
+        let ended = within(at, kube::runtime::wait::await_condition(pods.clone(), name, main_terminated)).await;
         let oom_killed = match ended {
             None => return Ok(JobEnd::TimedOut { records }),
             Some(Ok(Some(pod))) => main_status(&pod)
@@ -274,6 +367,109 @@ impl Inner {
             Some(_) => false,
         };
         Ok(JobEnd::Read { records, oom_killed })
+    }
+
+    /// Claims a ready, running pod of `pool` young enough to cover any run
+    /// (see [`Cluster::run_warm`]); it is this process's from then on, and
+    /// expires at `expires`.
+    async fn claim(&self, pool: &str, expires: u64) -> Option<String> {
+        let pods: Api<Pod> = Api::namespaced(self.client().await.ok()?, &self.cfg.namespace);
+        let selector = format!("{}={},{POOL_LABEL}={pool},{STATE_LABEL}=ready", MANAGED.0, MANAGED.1);
+        let list = pods.list(&ListParams::default().labels(&selector)).await.ok()?;
+        let young = |pod: &Pod| {
+            pod.metadata.creation_timestamp.as_ref().is_some_and(|t| {
+                let age = SystemTime::now().duration_since(SystemTime::from(t.0)).unwrap_or_default();
+                age < self.cfg.warm_lifetime
+            })
+        };
+        let running = |pod: &Pod| main_status(pod).and_then(|s| s.state.as_ref()).is_some_and(|s| s.running.is_some());
+        for pod in list.items.iter().filter(|p| p.metadata.deletion_timestamp.is_none() && running(p) && young(p)) {
+            let (Some(name), Some(version)) = (&pod.metadata.name, &pod.metadata.resource_version) else { continue };
+            let claim = serde_json::json!({"metadata": {
+                "resourceVersion": version,
+                "labels": {STATE_LABEL: "claimed", OWNER_LABEL: crate::owner::token()},
+                "annotations": {EXPIRES: expires.to_string()},
+            }});
+            match pods.patch(name, &PatchParams::default(), &Patch::Merge(&claim)).await {
+                Ok(_) => return Some(name.clone()),
+                // 409: another claim (or a change) came first.
+                Err(e) => tracing::debug!(pod = %name, error = %e, "a warm pod was not claimed"),
+            }
+        }
+        None
+    }
+
+    /// Hands a claimed warm pod its run on its stdin, then reads its log.
+    async fn run_claimed(
+        &self,
+        name: &str,
+        delivery: Vec<u8>,
+        records: Records,
+        at: Option<Instant>,
+    ) -> Result<JobEnd, JobError> {
+        use tokio::io::AsyncWriteExt as _;
+        let client = self.client().await.map_err(JobError::Unavailable)?;
+        let pods: Api<Pod> = Api::namespaced(client, &self.cfg.namespace);
+        let params = AttachParams::default().container("main").stdin(true).stdout(false).stderr(false);
+        let attached = within(at, async {
+            let mut attached = pods.attach(name, &params).await.map_err(|e| e.to_string())?;
+            let mut stdin = attached.stdin().ok_or("the attachment has no stdin")?;
+            stdin.write_all(&delivery).await.map_err(|e| e.to_string())?;
+            stdin.flush().await.map_err(|e| e.to_string())?;
+            Ok::<_, String>((attached, stdin))
+        })
+        .await;
+        let (_attached, _stdin) = match attached {
+            None => return Ok(JobEnd::TimedOut { records }),
+            Some(Err(e)) => return Err(JobError::Internal(format!("cannot hand the warm pod its run: {e}"))),
+            Some(Ok(held)) => held,
+        };
+        // The attachment stays open until the log ends: closing it early
+        // could cut the delivery short inside the API server.
+        self.read_log(&pods, name, records, at).await
+    }
+
+    /// Creates pods of `pool` until `target` are ready (claimable or about
+    /// to be), counting every replica's.
+    async fn refill(&self, pool: &str, target: usize, template: &impl Fn() -> Job) -> Result<(), String> {
+        let client = self.client().await.map_err(|e| e.to_string())?;
+        let ns = &self.cfg.namespace;
+        let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+        let maps: Api<ConfigMap> = Api::namespaced(client, ns);
+        let selector = format!("{}={},{POOL_LABEL}={pool},{STATE_LABEL}=ready", MANAGED.0, MANAGED.1);
+        let list = tokio::time::timeout(API_TIMEOUT, pods.list(&ListParams::default().labels(&selector)))
+            .await
+            .map_err(|_| "the cluster did not answer".to_string())?
+            .map_err(|e| e.to_string())?;
+        let alive: Vec<&Pod> = list
+            .items
+            .iter()
+            .filter(|p| {
+                let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+                p.metadata.deletion_timestamp.is_none() && !matches!(phase, Some("Succeeded" | "Failed"))
+            })
+            .collect();
+        let running = alive
+            .iter()
+            .filter(|p| main_status(p).and_then(|s| s.state.as_ref()).is_some_and(|s| s.running.is_some()))
+            .count();
+        self.warm_ready.store(running, Ordering::Relaxed);
+        for _ in alive.len()..target {
+            let job = template();
+            let map = job.config_map(ns).map_err(|e| e.to_string())?;
+            let pod = job.pod(&self.cfg).map_err(|e| e.to_string())?;
+            let created = tokio::time::timeout(API_TIMEOUT, async {
+                maps.create(&PostParams::default(), &map).await?;
+                pods.create(&PostParams::default(), &pod).await
+            })
+            .await;
+            match created {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => return Err(e.to_string()),
+                Err(_) => return Err("the cluster did not answer".into()),
+            }
+        }
+        Ok(())
     }
 
     /// Deletes the pod (at once: no grace) and the ConfigMap named `name`.

@@ -80,6 +80,19 @@ pub struct KubernetesConfig {
     /// # Default
     /// 30 s.
     pub availability_ttl: Duration,
+    /// Warm pods kept claimable (all replicas' together, counted on the
+    /// cluster): plain-image runs at the default memory cap and within the
+    /// default timeout take one, each pod one run, and are never reused.
+    ///
+    /// # Default
+    /// 0 (off: each one holds a pod's memory on the cluster).
+    pub warm_pods: usize,
+    /// How long a warm pod waits to be claimed; older ones are left to
+    /// expire and are replaced.
+    ///
+    /// # Default
+    /// 10 min.
+    pub warm_lifetime: Duration,
 }
 
 setters!(KubernetesConfig {
@@ -91,6 +104,8 @@ setters!(KubernetesConfig {
     max_output_total_bytes: u64,
     availability_ttl: Duration,
     data_packages: Vec<String>,
+    warm_pods: usize,
+    warm_lifetime: Duration,
 } some {
     kubeconfig: PathBuf,
 } into {
@@ -116,6 +131,8 @@ impl Default for KubernetesConfig {
             max_output_file_bytes: 8 << 20,
             max_output_total_bytes: 32 << 20,
             availability_ttl: Duration::from_secs(30),
+            warm_pods: 0,
+            warm_lifetime: Duration::from_secs(600),
         }
     }
 }

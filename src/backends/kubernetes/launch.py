@@ -4,11 +4,14 @@
 # whatever of the program is left when it ends or at the deadline, lists
 # /work/out, and ends with the program's status.
 #
+# A warm pod's launcher waits for its run on stdin first (see receive()).
+#
 # Records, one a line: "<tag> <base64>", at most 8 KiB of bytes each:
 #   o / e   program stdout / stderr, until the run's cap (the rest counted)
 #   l       bytes of the /work/out listing (src/backends/container/outputs.rs)
 #   t       the deadline passed: everything was killed
-#   x       "<status> <stdout total> <stderr total>" in ASCII: the end
+#   x       "<status> <stdout total> <stderr total> <OOM kills, -1: unknown>"
+#           in ASCII: the end
 # The program cannot write records itself: this process is not dumpable,
 # so its stdout (/proc/1/fd/1) cannot be opened by the program's uid, and
 # pid 1 of a PID namespace gets no signal it does not handle.
@@ -101,13 +104,66 @@ def pump(streams, child, stop_at):
     return status
 
 
+def receive():
+    """A warm pod's run, from stdin (the host attaches once it claimed the
+    pod): `<length>\\n` then that many bytes of JSON {"spec", "code",
+    "files": [[name, base64], ...]}. The files go under /work (this pod's
+    own tmpfs), the code to an unlinked file in /tmp. Returns the path the
+    program's stdin opens."""
+    global spec
+    header = b""
+    while not header.endswith(b"\n"):
+        byte = os.read(0, 1)
+        if not byte or len(header) > 20:
+            sys.exit(125)
+        header += byte
+    left = int(header)
+    parts = []
+    while left:
+        chunk = os.read(0, min(left, 1 << 16))
+        if not chunk:
+            sys.exit(125)
+        parts.append(chunk)
+        left -= len(chunk)
+    job = json.loads(b"".join(parts))
+    for name, data in job["files"]:
+        path = os.path.normpath(os.path.join("/work", name))
+        if not path.startswith("/work/") or path == "/work/out" or path.startswith("/work/out/"):
+            sys.exit(125)
+        os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(base64.b64decode(data))
+    code = "/tmp/.execbox-code"
+    with open(code, "wb") as f:
+        f.write(base64.b64decode(job["code"]))
+    fd = os.open(code, os.O_RDONLY)
+    os.unlink(code)
+    spec = job["spec"]
+    return "/dev/fd/%d" % fd
+
+
+def oom_kills():
+    """How many times the kernel's OOM killer struck in this container's
+    memory cgroup (v2, else v1); -1 when neither can be read."""
+    for path, sep in (("/sys/fs/cgroup/memory.events", " "), ("/sys/fs/cgroup/memory/memory.oom_control", " ")):
+        try:
+            for line in open(path):
+                key, _, value = line.partition(sep)
+                if key == "oom_kill":
+                    return int(value)
+        except (OSError, ValueError):
+            pass
+    return -1
+
+
 def main():
+    code = receive() if spec.get("warm") else JOB + "/code"
     stop_at = spec["stop_at"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
     env.update(spec["env"])
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
-    child = start(spec["argv"], JOB + "/code", out_w, err_w, env, "/work")
+    child = start(spec["argv"], code, out_w, err_w, env, "/work")
     os.close(out_w)
     os.close(err_w)
     out = [b"o", spec["stdout_cap"], 0]
@@ -119,7 +175,7 @@ def main():
         lister = start(listing["argv"], "/dev/null", list_w, os.open("/dev/null", os.O_WRONLY), env, "/")
         os.close(list_w)
         pump({list_r: [b"l", listing["cap"], 0]}, lister, stop_at)
-    emit(b"x", ("%d %d %d" % (status, out[2], err[2])).encode())
+    emit(b"x", ("%d %d %d %d" % (status, out[2], err[2], oom_kills())).encode())
     sys.exit(status & 255)
 
 

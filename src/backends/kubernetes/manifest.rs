@@ -20,6 +20,10 @@ pub(super) const MANAGED: (&str, &str) = ("app.kubernetes.io/managed-by", "execb
 pub(super) const OWNER_LABEL: &str = "execbox.dev/owner";
 /// Annotation: the Unix time after which the object is garbage for any sweep.
 pub(super) const EXPIRES: &str = "execbox.dev/expires";
+/// Label of a warm pod's pool (its image and memory).
+pub(super) const POOL_LABEL: &str = "execbox.dev/pool";
+/// Label of a warm pod's state: `ready` until a run claims it (`claimed`).
+pub(super) const STATE_LABEL: &str = "execbox.dev/state";
 
 /// Where the job's ConfigMap is mounted in both containers.
 const JOB_DIR: &str = "/run/execbox/job";
@@ -47,8 +51,12 @@ pub(super) struct Job {
     /// `/work/out`, when the run collects files: its size and how the
     /// launcher lists it (argv, byte cap).
     pub outputs: Option<Outputs>,
-    /// How long the run has from now.
+    /// How long the run has from now (a warm pod: how long it may wait
+    /// and then run).
     pub limit: Duration,
+    /// A warm pod of this pool: it waits for its run on stdin (see
+    /// `launch.py`), with `/work` its own and `/work/out` mounted.
+    pub pool: Option<String>,
 }
 
 /// A run's `/work/out`.
@@ -62,6 +70,9 @@ pub(super) struct Outputs {
 /// program itself, and the pod's `activeDeadlineSeconds` after that: the
 /// host's own kill comes first.
 pub(super) const POD_GRACE: Duration = Duration::from_secs(2);
+
+/// The CPU a pod asks the scheduler for (its limit is `cpu_millis`).
+const CPU_REQUEST_MILLIS: u32 = 50;
 
 /// How long after its deadline an object is garbage for any sweep.
 const SWEEP_AFTER: Duration = Duration::from_secs(10);
@@ -86,7 +97,13 @@ impl Job {
 
     /// The labels of both objects.
     fn labels(&self) -> Value {
-        json!({MANAGED.0: MANAGED.1, OWNER_LABEL: crate::owner::token(), "execbox.dev/role": self.role})
+        let mut labels =
+            json!({MANAGED.0: MANAGED.1, OWNER_LABEL: crate::owner::token(), "execbox.dev/role": self.role});
+        if let Some(pool) = &self.pool {
+            labels[POOL_LABEL] = pool.as_str().into();
+            labels[STATE_LABEL] = "ready".into();
+        }
+        labels
     }
 
     /// Unix seconds: the launcher's own kill, and when the objects expire.
@@ -108,15 +125,8 @@ impl Job {
             names.insert(key.clone(), file.name.clone().into());
             binary.insert(key, STANDARD.encode(&file.content).into());
         }
-        let listing = self.outputs.as_ref().map(|o| json!({"argv": o.listing_argv, "cap": o.listing_cap}));
-        let spec = json!({
-            "argv": self.argv,
-            "env": self.env,
-            "stdout_cap": self.stdout_cap,
-            "stderr_cap": self.stderr_cap,
-            "stop_at": stop_at,
-            "listing": listing,
-        });
+        let spec = if self.pool.is_some() { json!({"warm": true}) } else { self.spec(stop_at) };
+        let outputs = self.pool.is_some() || self.outputs.is_some();
         serde_json::from_value(json!({
             "apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": self.name, "namespace": namespace, "labels": self.labels(),
@@ -125,10 +135,35 @@ impl Job {
                 "launch.py": include_str!("launch.py"),
                 "setup.py": include_str!("setup.py"),
                 "spec.json": spec.to_string(),
-                "files.json": json!({"files": names, "outputs": self.outputs.is_some()}).to_string(),
+                "files.json": json!({"files": names, "outputs": outputs}).to_string(),
             },
             "binaryData": binary,
         }))
+    }
+
+    /// What the launcher runs: the program, its environment, caps, its own
+    /// deadline (Unix seconds) and the listing.
+    fn spec(&self, stop_at: f64) -> Value {
+        let listing = self.outputs.as_ref().map(|o| json!({"argv": o.listing_argv, "cap": o.listing_cap}));
+        json!({
+            "argv": self.argv,
+            "env": self.env,
+            "stdout_cap": self.stdout_cap,
+            "stderr_cap": self.stderr_cap,
+            "stop_at": stop_at,
+            "listing": listing,
+        })
+    }
+
+    /// What the host writes to a claimed warm pod's stdin: the run's spec,
+    /// code and files (see `launch.py`'s `receive`), and the new expiry.
+    pub fn delivery(&self) -> (Vec<u8>, u64) {
+        let (stop_at, expires) = self.times();
+        let files: Vec<Value> = self.files.iter().map(|f| json!([f.name, STANDARD.encode(&f.content)])).collect();
+        let job = json!({"spec": self.spec(stop_at), "code": STANDARD.encode(&self.code), "files": files}).to_string();
+        let mut bytes = format!("{}\n", job.len()).into_bytes();
+        bytes.extend_from_slice(job.as_bytes());
+        (bytes, expires)
     }
 
     /// The pod: the `setup` init container (the only one with a
@@ -137,10 +172,12 @@ impl Job {
     pub fn pod(&self, cfg: &KubernetesConfig) -> Result<Pod, serde_json::Error> {
         let (_, expires) = self.times();
         let active = self.limit.saturating_add(POD_GRACE).saturating_add(POD_GRACE).as_secs().saturating_add(1);
-        let limits = json!({"limits": {
-            "memory": self.memory_bytes.to_string(),
-            "cpu": format!("{}m", cfg.cpu_millis),
-        }});
+        // CPU is requested small and limited to cpu_millis: a node fits as
+        // many waiting warm pods as its memory holds, not one per core.
+        let limits = json!({
+            "limits": {"memory": self.memory_bytes.to_string(), "cpu": format!("{}m", cfg.cpu_millis)},
+            "requests": {"memory": self.memory_bytes.to_string(), "cpu": format!("{}m", CPU_REQUEST_MILLIS.min(cfg.cpu_millis))},
+        });
         let locked = |extra: Value| {
             let mut context = json!({
                 "allowPrivilegeEscalation": false,
@@ -154,9 +191,10 @@ impl Job {
         };
         let work_bytes: u64 = self.files.iter().map(|f| f.content.len() as u64 + 4096).sum::<u64>() + (1 << 20);
         let job = json!({"name": "job", "mountPath": JOB_DIR, "readOnly": true});
+        let warm = self.pool.is_some();
         let mut main_mounts = vec![
             job.clone(),
-            json!({"name": "work", "mountPath": "/work", "readOnly": true}),
+            json!({"name": "work", "mountPath": "/work", "readOnly": !warm}),
             json!({"name": "tmp", "mountPath": "/tmp"}),
             json!({"name": "shm", "mountPath": "/dev/shm"}),
         ];
@@ -170,6 +208,10 @@ impl Job {
         if let Some(outputs) = &self.outputs {
             main_mounts.push(json!({"name": "out", "mountPath": "/work/out"}));
             volumes.push(json!({"name": "out"}).merged(memory(outputs.tmpfs_bytes)));
+        }
+        if warm && self.outputs.is_none() {
+            main_mounts.push(json!({"name": "out", "mountPath": "/work/out"}));
+            volumes.push(json!({"name": "out"}).merged(memory(cfg.max_output_total_bytes.max(4096))));
         }
         serde_json::from_value(json!({
             "apiVersion": "v1", "kind": "Pod",
@@ -194,6 +236,7 @@ impl Job {
                 "containers": [{
                     "name": "main", "image": self.image, "imagePullPolicy": cfg.image_pull_policy,
                     "command": ["/usr/bin/python3", "-I", "-S", format!("{JOB_DIR}/launch.py")],
+                    "stdin": warm,
                     "securityContext": locked(json!({})),
                     "resources": limits,
                     "volumeMounts": main_mounts,
@@ -236,6 +279,7 @@ mod tests {
             stderr_cap: 10,
             outputs: None,
             limit: Duration::from_secs(5),
+            pool: None,
         }
     }
 

@@ -65,7 +65,7 @@ use parking_lot::Mutex;
 pub use config::KubernetesConfig;
 
 use crate::admission::Admitted;
-use crate::backend::{Backend, Unavailable};
+use crate::backend::{Backend, Readiness, Unavailable};
 use crate::backends::container::outputs::{self, OutputLimits};
 use crate::backends::conventions;
 use crate::capabilities::{
@@ -108,6 +108,8 @@ struct Inner {
     /// one with its time.
     probe: Mutex<Option<Checked<Vec<String>>>>,
     sweeping: AtomicBool,
+    /// The warm pool's refill was started.
+    warming: AtomicBool,
     shut_down: AtomicBool,
 }
 
@@ -131,6 +133,7 @@ impl Kubernetes {
             reachable: Mutex::new(None),
             probe: Mutex::new(None),
             sweeping: AtomicBool::new(false),
+            warming: AtomicBool::new(false),
             shut_down: AtomicBool::new(false),
         };
         Ok(Self { inner: Arc::new(inner) })
@@ -174,7 +177,30 @@ impl Kubernetes {
         if !self.inner.sweeping.swap(true, Ordering::SeqCst) {
             self.inner.cluster.start_sweeps();
         }
-        self.probed().map(drop)
+        self.probed()?;
+        if self.config().warm_pods > 0 && !self.inner.warming.swap(true, Ordering::SeqCst) {
+            // The template holds the settings, never the backend: the
+            // refill runs on the backend's runtime and must not keep it alive.
+            let (cfg, pool) = (self.config().clone(), self.warm_pool());
+            let template = move || warm_job(&cfg, &pool);
+            self.inner.cluster.start_warm(self.warm_pool(), self.config().warm_pods, template);
+        }
+        Ok(())
+    }
+
+    /// The warm pool's name: the plain image at the default memory cap.
+    fn warm_pool(&self) -> String {
+        format!("python-{}mi", self.config().defaults.memory_bytes >> 20)
+    }
+
+    /// Whether `job` may run on a warm pod: the pool's image and memory,
+    /// and a deadline the pod's remaining life covers.
+    fn fits_warm(&self, job: &Job) -> bool {
+        let cfg = self.config();
+        cfg.warm_pods > 0
+            && job.image == cfg.python_image
+            && job.memory_bytes == cfg.defaults.memory_bytes
+            && job.limit <= cfg.defaults.timeout
     }
 
     /// The probe's verdict: run once per process while it passes.
@@ -208,6 +234,7 @@ impl Kubernetes {
             stderr_cap: 64 << 10,
             outputs: None,
             limit: PROBE_TIMEOUT,
+            pool: None,
         };
         let records = Records::new(Some(64 << 10), Some(64 << 10), None, 0);
         let records = match self.inner.cluster.run(job, records, Some(PROBE_TIMEOUT)) {
@@ -284,6 +311,7 @@ impl Kubernetes {
             stderr_cap: policy.max_stderr_bytes.unwrap_or(UNCAPPED_STREAM_BYTES).min(UNCAPPED_STREAM_BYTES),
             outputs,
             limit,
+            pool: None,
         };
         job.check_size()?;
         Ok(job)
@@ -358,6 +386,26 @@ impl Kubernetes {
     }
 }
 
+/// A warm pod of `pool`: a run's shape at the default caps, waiting for
+/// its run up to `warm_lifetime`, then able to run for the default timeout.
+fn warm_job(cfg: &KubernetesConfig, pool: &str) -> Job {
+    Job {
+        name: pod_name(),
+        role: "warm",
+        image: cfg.python_image.clone(),
+        argv: Vec::new(),
+        code: Vec::new(),
+        files: Vec::new(),
+        env: BTreeMap::new(),
+        memory_bytes: cfg.defaults.memory_bytes,
+        stdout_cap: 0,
+        stderr_cap: 0,
+        outputs: None,
+        limit: cfg.warm_lifetime.saturating_add(cfg.defaults.timeout),
+        pool: Some(pool.to_string()),
+    }
+}
+
 /// A fresh object name `execbox-<pid>-<counter>-<nonce>`.
 fn pod_name() -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -405,7 +453,21 @@ impl Backend for Kubernetes {
             request.output_tap.clone(),
             listing_cap,
         );
-        match self.inner.cluster.run(job, records, Some(limit)) {
+        let cluster = &self.inner.cluster;
+        let claimed = match self.fits_warm(&job) {
+            true => {
+                let (delivery, expires) = job.delivery();
+                cluster.claim(&self.warm_pool(), expires, limit).map(|name| (name, delivery))
+            }
+            false => None,
+        };
+        let ran = match claimed {
+            Some((name, delivery)) => {
+                cluster.run_claimed(name, delivery, records, deadline.remaining().unwrap_or(limit))
+            }
+            None => cluster.run(job, records, deadline.remaining().or(Some(limit))),
+        };
+        match ran {
             Ok(end) => self.result(end, &deadline, collects),
             Err(JobError::Unavailable(why)) => {
                 *self.inner.reachable.lock() = None;
@@ -413,6 +475,12 @@ impl Backend for Kubernetes {
             }
             Err(JobError::Internal(why)) => Err(ExecError::internal(Self::NAME, why)),
         }
+    }
+
+    /// The warm pool's claimable pods, if it is on.
+    fn readiness(&self) -> Option<Readiness> {
+        let target = self.config().warm_pods;
+        (target > 0).then(|| Readiness { ready: self.inner.cluster.warm_ready(), target })
     }
 
     /// Checks the cluster and runs the probe, off the first request's path.

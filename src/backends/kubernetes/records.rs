@@ -19,9 +19,11 @@ const MAX_NOISE: usize = 4 << 10;
 /// How the launcher said the program ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum End {
-    /// `x`: the status (128 + signal when a signal ended it) and how many
-    /// bytes it wrote to stdout and stderr, kept or not.
-    Exited { status: i32, stdout_total: u64, stderr_total: u64 },
+    /// `x`: the status (128 + signal when a signal ended it), how many
+    /// bytes it wrote to stdout and stderr, kept or not, and whether the
+    /// OOM killer struck in the container (`None`: the launcher could not
+    /// tell).
+    Exited { status: i32, stdout_total: u64, stderr_total: u64, oom_killed: Option<bool> },
     /// `t`: the deadline passed inside the pod.
     TimedOut,
 }
@@ -109,14 +111,16 @@ impl Records {
     }
 }
 
-/// `<status> <stdout total> <stderr total>`.
+/// `<status> <stdout total> <stderr total> <OOM kills>` (-1: unknown).
 fn parse_exit(bytes: &[u8]) -> Option<End> {
     let text = std::str::from_utf8(bytes).ok()?;
     let mut parts = text.split(' ');
     let status = parts.next()?.parse().ok()?;
     let stdout_total = parts.next()?.parse().ok()?;
     let stderr_total = parts.next()?.parse().ok()?;
-    parts.next().is_none().then_some(End::Exited { status, stdout_total, stderr_total })
+    let kills: i64 = parts.next()?.parse().ok()?;
+    let oom_killed = (kills >= 0).then_some(kills > 0);
+    parts.next().is_none().then_some(End::Exited { status, stdout_total, stderr_total, oom_killed })
 }
 
 /// Splits a byte stream into lines of at most [`MAX_LINE`] bytes for
@@ -183,7 +187,7 @@ mod tests {
         log.extend(record(b'e', b"warn\n"));
         log.extend(record(b'o', &[0, 255, b'\n']));
         log.extend(record(b'l', b"E\n"));
-        log.extend(record(b'x', b"3 9 5"));
+        log.extend(record(b'x', b"3 9 5 -1"));
         log.extend(record(b'o', b"after the end"));
         for size in [1, 2, 7, 64, log.len()] {
             let mut records = Records::new(Some(100), Some(100), None, 100);
@@ -195,7 +199,10 @@ mod tests {
             assert_eq!(records.stdout.into_captured().bytes, b"hello \0\xff\n");
             assert_eq!(records.stderr.into_captured().bytes, b"warn\n");
             assert_eq!(records.listing.as_ref().map(|l| l.bytes.clone()), Some(b"E\n".to_vec()));
-            assert_eq!(records.end, Some(End::Exited { status: 3, stdout_total: 9, stderr_total: 5 }));
+            assert_eq!(
+                records.end,
+                Some(End::Exited { status: 3, stdout_total: 9, stderr_total: 5, oom_killed: None })
+            );
             assert_eq!(records.noise, "Traceback: the launcher's own words\n");
             assert_eq!(records.broken, None);
         }
@@ -223,11 +230,14 @@ mod tests {
         assert_eq!(records.broken, Some("a record's base64 is broken"));
         let mut records = Records::new(None, None, None, 10);
         let mut long = record(b'o', &vec![b'a'; MAX_LINE]);
-        long.extend(record(b'x', b"0 1 0"));
+        long.extend(record(b'x', b"0 1 0 1"));
         lines.feed(&long, &mut records);
         assert_eq!(records.broken, Some("a log line is longer than any record"));
         assert!(records.stdout.into_captured().bytes.is_empty());
-        assert_eq!(records.end, Some(End::Exited { status: 0, stdout_total: 1, stderr_total: 0 }));
+        assert_eq!(
+            records.end,
+            Some(End::Exited { status: 0, stdout_total: 1, stderr_total: 0, oom_killed: Some(true) })
+        );
         let mut records = Records::new(None, None, None, 10);
         Lines::default().feed(&record(b'x', b"0 1"), &mut records);
         assert_eq!((records.end, records.broken), (None, Some("the end record is broken")));
