@@ -1,7 +1,9 @@
 //! Kubernetes latency: Python `print(1+1)` as a fresh pod through the
 //! `kubernetes` backend (create the ConfigMap and the pod, the setup init
 //! container, the launcher, the log, the deletes), beside the same run on
-//! the docker `container` backend, on the same machine.
+//! the docker `container` backend, on the same machine; and the same run on
+//! a claimed warm pod (claim, attach and deliver, log, deletes; each
+//! sample waits, untimed, for the pool to have a pod).
 //!
 //! `cargo bench --features kubernetes --bench kubernetes`, with the cluster
 //! of `scripts/kube/up.sh` (`$EXECBOX_KUBECONFIG`, else
@@ -23,10 +25,7 @@ fn python_print() -> ExecRequest {
 }
 
 fn bench(c: &mut Criterion) {
-    let kubeconfig = std::env::var_os("EXECBOX_KUBECONFIG")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/tmp/execbox-kube/admin.kubeconfig"));
-    let kubernetes = match Kubernetes::new(KubernetesConfig::default().kubeconfig(kubeconfig)) {
+    let kubernetes = match Kubernetes::new(KubernetesConfig::default().kubeconfig(kubeconfig_path())) {
         Ok(backend) => backend,
         Err(e) => return eprintln!("skipping the kubernetes bench: {e}"),
     };
@@ -47,7 +46,32 @@ fn bench(c: &mut Criterion) {
             })
         });
     }
+    let warm_cfg = KubernetesConfig::default().kubeconfig(kubeconfig_path()).warm_pods(2);
+    let warm = Kubernetes::new(warm_cfg).expect("a backend");
+    warm.availability().expect("available");
+    g.bench_function("python_print_warm_kubernetes", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                while warm.readiness().is_none_or(|r| r.ready == 0) {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                let started = std::time::Instant::now();
+                let r = Executor::run_on(&warm, python_print()).expect("runs");
+                total += started.elapsed();
+                assert_eq!(r.output, Some(json!(2)), "{r:?}");
+            }
+            total
+        })
+    });
     g.finish();
+    warm.shutdown();
+}
+
+fn kubeconfig_path() -> PathBuf {
+    std::env::var_os("EXECBOX_KUBECONFIG")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/tmp/execbox-kube/admin.kubeconfig"))
 }
 
 criterion_group!(benches, bench);

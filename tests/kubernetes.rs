@@ -246,7 +246,7 @@ fn what_a_pod_cannot_enforce_is_refused_by_name_before_anything_runs() {
     refused(python("1").policy(SandboxPolicy::strict().tools(["math.add"])), "tools");
     refused(python("1").policy(SandboxPolicy::strict().max_processes(10)), "processes");
     refused(python("1").policy(SandboxPolicy::strict().network(Access::Allow(vec!["example.com".into()]))), "network");
-    let big = python(&"#".repeat(800 << 10)).policy(SandboxPolicy::strict().max_code_bytes(1 << 20));
+    let big = python(&"#".repeat(1 << 20)).policy(SandboxPolicy::strict().max_code_bytes(2 << 20));
     assert!(matches!(Executor::run_on(k, big), Err(ExecError::InvalidRequest(_))));
 }
 
@@ -456,4 +456,99 @@ fn two_replicas_never_claim_one_warm_pod() {
     distinct.sort();
     distinct.dedup();
     assert_eq!(distinct.len(), 6, "a pod ran two runs: {pods:?}");
+}
+
+// ---- what the adversarial pass found (each class a test) --------------------
+
+#[test]
+fn the_program_cannot_end_the_launcher_with_sigint_and_starts_with_default_signals() {
+    let Some(k) = backend() else { return };
+    let r = run(k, shell("echo before; kill -INT 1; kill -TERM 1; sleep 1; echo after"));
+    assert_eq!((r.outcome, stdout(&r)), (Outcome::Ok, "before\nafter\n".to_string()), "{r:?}");
+    // SIGPIPE at its default: `yes` ends quietly when `head` is done.
+    let r = run(k, shell("yes | head -n 1"));
+    assert_eq!((stdout(&r), r.stderr.text().into_owned()), ("y\n".to_string(), String::new()), "{r:?}");
+}
+
+#[test]
+fn a_slow_output_tap_holds_only_its_own_run() {
+    let Some(k) = backend() else { return };
+    let tap = execbox::limits::OutputTap::new(|_, _| std::thread::sleep(Duration::from_secs(4)));
+    let slow = std::thread::spawn(move || {
+        let request = shell("for i in 1 2 3 4; do echo $i; sleep 0.5; done").tap_output(tap);
+        Executor::run_on(k, request)
+    });
+    std::thread::sleep(Duration::from_secs(4));
+    let started = Instant::now();
+    let r = run(k, shell("echo ok").policy(SandboxPolicy::strict().timeout(Duration::from_secs(10))));
+    assert_eq!((r.outcome, stdout(&r)), (Outcome::Ok, "ok\n".to_string()), "took {:?}", started.elapsed());
+    drop(slow.join());
+}
+
+#[test]
+fn one_backends_shutdown_leaves_another_backends_runs_alone() {
+    let Some(k) = backend() else { return };
+    let other = Kubernetes::new(KubernetesConfig::default().kubeconfig(kubeconfig())).expect("a backend");
+    let running = std::thread::spawn(move || run(k, shell("sleep 4; echo done")));
+    std::thread::sleep(Duration::from_secs(2));
+    other.shutdown();
+    let r = running.join().expect("the run");
+    assert_eq!((r.outcome, stdout(&r)), (Outcome::Ok, "done\n".to_string()), "{r:?}");
+}
+
+#[test]
+fn limits_no_pod_can_take_get_typed_answers_at_once() {
+    let Some(k) = backend() else { return };
+    let started = Instant::now();
+    match Executor::run_on(k, shell("echo x").policy(patient().memory_bytes(1 << 40))) {
+        Err(ExecError::Busy { reason, .. }) => assert!(reason.contains("Insufficient memory"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(started.elapsed() < Duration::from_secs(15), "{:?}", started.elapsed());
+    let huge = shell("echo x").policy(SandboxPolicy::strict().memory_bytes(u64::MAX));
+    assert!(matches!(Executor::run_on(k, huge), Err(ExecError::InvalidRequest(_))));
+    // A deadline decades away (past what activeDeadlineSeconds or select take).
+    let far =
+        run(k, shell("echo far").policy(SandboxPolicy::strict().timeout(Duration::from_millis(10_000_000_000_000))));
+    assert_eq!((far.outcome, stdout(&far)), (Outcome::Ok, "far\n".to_string()), "{far:?}");
+    // Within each limit alone, over the ConfigMap together.
+    let mut crowded = python(&"#".repeat(690 << 10));
+    let names: Vec<String> = (0..14).map(|i| format!("V{i}")).collect();
+    for name in &names {
+        crowded = crowded.env(name, "x".repeat(32 << 10));
+    }
+    let crowded = crowded.policy(patient().environment(Access::Allow(names)));
+    assert!(
+        matches!(Executor::run_on(k, crowded), Err(ExecError::InvalidRequest(_))),
+        "code and environment over a ConfigMap"
+    );
+}
+
+#[test]
+fn input_file_names_follow_the_docker_backends_rules() {
+    let Some(k) = backend() else { return };
+    let invalid = |request: ExecRequest, what: &str| {
+        assert!(matches!(Executor::run_on(k, request), Err(ExecError::InvalidRequest(_))), "{what}");
+    };
+    let file = |name: &str| ExecFile::new(name, "1");
+    invalid(python("1").input(json!(1)).input_file(file("input.json")), "beside the JSON input");
+    invalid(python("1").input_file(file("a")).input_file(file("./a")), "twice");
+    invalid(python("1").input_file(file("a")).input_file(file("a/b")), "a file and a directory");
+    invalid(python("1").input_file(file("a/b")).input_file(file("a")), "a directory and a file");
+    invalid(python("1").input_file(file("../x")), "..");
+    invalid(python("1").input_file(file("/work/x")), "absolute");
+    invalid(python("1").input_file(file("")), "empty");
+    invalid(python("1").collect_output_files().input_file(file("out/x")), "out/ while collecting");
+    let r = run(k, shell("cat d/e.txt out/x").input_file(file("./d//e.txt")).input_file(file("out/x")));
+    assert_eq!((r.outcome, stdout(&r)), (Outcome::Ok, "11".to_string()), "{r:?}");
+}
+
+#[test]
+fn memory_filled_through_tmpfs_is_out_of_memory() {
+    let Some(k) = backend() else { return };
+    let code = "open('/tmp/a','wb').write(b'x' * (60 << 20))\nopen('/dev/shm/b','wb').write(b'x' * (60 << 20))";
+    for _ in 0..2 {
+        let r = run(k, python(code).policy(patient().memory_bytes(96 << 20)));
+        assert_eq!(r.outcome, Outcome::OutOfMemory, "{r:?}");
+    }
 }

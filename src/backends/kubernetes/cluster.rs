@@ -26,16 +26,11 @@ pub(super) const API_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often the sweep of expired objects runs while the backend lives.
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
 
-/// Waiting reasons after which a container never starts.
-const FATAL_WAITING: &[&str] = &[
-    "ErrImageNeverPull",
-    "ErrImagePull",
-    "ImagePullBackOff",
-    "InvalidImageName",
-    "CreateContainerConfigError",
-    "CreateContainerError",
-    "RunContainerError",
-];
+/// Waiting reasons after which a container never starts: its image
+/// cannot be had ...
+const IMAGE_MISSING: &[&str] = &["ErrImageNeverPull", "ErrImagePull", "ImagePullBackOff", "InvalidImageName"];
+/// ... or the runtime refused it.
+const REFUSED: &[&str] = &["CreateContainerConfigError", "CreateContainerError", "RunContainerError"];
 
 /// The cluster client and its runtime; see the module docs.
 pub(super) struct Cluster {
@@ -47,6 +42,10 @@ pub(super) struct Cluster {
 
 struct Inner {
     cfg: KubernetesConfig,
+    /// The owner label of this backend's objects: the process's token and
+    /// this backend's number in it (so one backend's shutdown leaves
+    /// another's runs alone).
+    owner: String,
     client: OnceCell<Client>,
     /// The warm pool's claimable pods at its last count.
     warm_ready: AtomicUsize,
@@ -67,6 +66,8 @@ pub(super) enum JobEnd {
 pub(super) enum JobError {
     /// The cluster cannot run it (unreachable, refused, an image missing).
     Unavailable(Unavailable),
+    /// No node can take the pod now (the scheduler's words).
+    Busy(String),
     /// The cluster misbehaved.
     Internal(String),
 }
@@ -78,8 +79,11 @@ impl Cluster {
             .thread_name("execbox-kubernetes")
             .enable_all()
             .build()?;
+        static BACKENDS: AtomicUsize = AtomicUsize::new(0);
+        let owner = format!("{}-{}", crate::owner::token(), BACKENDS.fetch_add(1, Ordering::Relaxed));
         let inner = Arc::new(Inner {
             cfg,
+            owner,
             client: OnceCell::new(),
             warm_ready: AtomicUsize::new(0),
             claimed: tokio::sync::Notify::new(),
@@ -223,11 +227,11 @@ impl Cluster {
         self.block(async move { inner.sweep_expired().await });
     }
 
-    /// Deletes every object this process made (for a host about to exit).
+    /// Deletes every object this backend made (for a host about to exit).
     pub fn remove_own(&self) {
         let inner = self.inner.clone();
         self.block(async move {
-            let selector = format!("{}={},{}={}", MANAGED.0, MANAGED.1, OWNER_LABEL, crate::owner::token());
+            let selector = format!("{}={},{}={}", MANAGED.0, MANAGED.1, OWNER_LABEL, inner.owner);
             let _ = tokio::time::timeout(API_TIMEOUT, inner.delete_matching(&selector, |_| true)).await;
         });
     }
@@ -296,8 +300,11 @@ impl Inner {
         let ns = &self.cfg.namespace;
         let maps: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
         let pods: Api<Pod> = Api::namespaced(client, ns);
-        let map = job.config_map(ns).map_err(|e| JobError::Internal(format!("cannot make the ConfigMap: {e}")))?;
-        let pod = job.pod(&self.cfg).map_err(|e| JobError::Internal(format!("cannot make the pod: {e}")))?;
+        let map = job
+            .config_map(ns, &self.owner)
+            .map_err(|e| JobError::Internal(format!("cannot make the ConfigMap: {e}")))?;
+        let pod =
+            job.pod(&self.cfg, &self.owner).map_err(|e| JobError::Internal(format!("cannot make the pod: {e}")))?;
         let created = within(at, async {
             maps.create(&PostParams::default(), &map).await?;
             pods.create(&PostParams::default(), &pod).await
@@ -340,7 +347,9 @@ impl Inner {
                 if n == 0 {
                     break;
                 }
-                lines.feed(&buf[..n], &mut records);
+                // The output tap runs here: a slow one must not hold the
+                // runtime's thread, which every run's calls and timers share.
+                tokio::task::block_in_place(|| lines.feed(&buf[..n], &mut records));
             }
             lines.finish(&mut records);
             Ok::<_, kube::Error>(())
@@ -361,9 +370,13 @@ impl Inner {
         let ended = within(at, kube::runtime::wait::await_condition(pods.clone(), name, main_terminated)).await;
         let oom_killed = match ended {
             None => return Ok(JobEnd::TimedOut { records }),
-            Some(Ok(Some(pod))) => main_status(&pod)
-                .and_then(|s| s.state.as_ref()?.terminated.as_ref()?.reason.clone())
-                .is_some_and(|reason| reason == "OOMKilled"),
+            Some(Ok(Some(pod))) => {
+                let terminated = main_status(&pod).and_then(|s| s.state.as_ref()?.terminated.as_ref());
+                // Only the OOM killer (or the pod's deletion, not the case
+                // here) SIGKILLs the launcher, pid 1: the program cannot.
+                let launcher_killed = records.end.is_none() && terminated.is_some_and(|t| t.exit_code == 137);
+                launcher_killed || terminated.and_then(|t| t.reason.as_deref()) == Some("OOMKilled")
+            }
             Some(_) => false,
         };
         Ok(JobEnd::Read { records, oom_killed })
@@ -387,7 +400,7 @@ impl Inner {
             let (Some(name), Some(version)) = (&pod.metadata.name, &pod.metadata.resource_version) else { continue };
             let claim = serde_json::json!({"metadata": {
                 "resourceVersion": version,
-                "labels": {STATE_LABEL: "claimed", OWNER_LABEL: crate::owner::token()},
+                "labels": {STATE_LABEL: "claimed", OWNER_LABEL: self.owner},
                 "annotations": {EXPIRES: expires.to_string()},
             }});
             match pods.patch(name, &PatchParams::default(), &Patch::Merge(&claim)).await {
@@ -456,8 +469,8 @@ impl Inner {
         self.warm_ready.store(running, Ordering::Relaxed);
         for _ in alive.len()..target {
             let job = template();
-            let map = job.config_map(ns).map_err(|e| e.to_string())?;
-            let pod = job.pod(&self.cfg).map_err(|e| e.to_string())?;
+            let map = job.config_map(ns, &self.owner).map_err(|e| e.to_string())?;
+            let pod = job.pod(&self.cfg, &self.owner).map_err(|e| e.to_string())?;
             let created = tokio::time::timeout(API_TIMEOUT, async {
                 maps.create(&PostParams::default(), &map).await?;
                 pods.create(&PostParams::default(), &pod).await
@@ -564,15 +577,18 @@ fn never_starts(pod: &Pod) -> Option<JobError> {
     for container in all {
         let state = container.state.as_ref();
         if let Some(waiting) = state.and_then(|s| s.waiting.as_ref())
-            && let Some(reason) = waiting.reason.as_deref().filter(|r| FATAL_WAITING.contains(r))
+            && let Some(reason) = waiting.reason.as_deref()
         {
             let message = crate::text::cap_message(waiting.message.clone().unwrap_or_default());
-            let fix = "build and load execbox's images with scripts/build-images.sh (scripts/kube/up.sh's \
-                       cluster uses docker's images), or set KubernetesConfig's images";
-            return Some(JobError::Unavailable(Unavailable::new(
-                format!("container {} cannot start: {reason} {message}", container.name),
-                fix,
-            )));
+            let what = format!("container {} cannot start: {reason} {message}", container.name);
+            if IMAGE_MISSING.contains(&reason) {
+                let fix = "build and load execbox's images with scripts/build-images.sh (scripts/kube/up.sh's \
+                           cluster uses docker's images), or set KubernetesConfig's images";
+                return Some(JobError::Unavailable(Unavailable::new(what, fix)));
+            }
+            if REFUSED.contains(&reason) {
+                return Some(JobError::Internal(what));
+            }
         }
         if container.name == "setup"
             && let Some(done) = state.and_then(|s| s.terminated.as_ref())
@@ -585,6 +601,17 @@ fn never_starts(pod: &Pod) -> Option<JobError> {
                 done.reason.as_deref().unwrap_or("")
             )));
         }
+    }
+    let unschedulable = status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "PodScheduled" && c.status == "False" && c.reason.as_deref() == Some("Unschedulable"));
+    if let Some(condition) = unschedulable {
+        return Some(JobError::Busy(format!(
+            "no node can take the pod now: {}",
+            crate::text::cap_message(condition.message.clone().unwrap_or_default())
+        )));
     }
     let phase = status.phase.as_deref();
     let ran =

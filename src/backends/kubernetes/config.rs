@@ -141,6 +141,9 @@ impl Default for KubernetesConfig {
 /// and the program's share it.
 pub(super) const MIN_MEMORY_BYTES: u64 = 32 << 20;
 
+/// The largest memory cap a run may ask for (1 TiB): past it, no node.
+pub(super) const MAX_MEMORY_BYTES: u64 = 1 << 40;
+
 impl KubernetesConfig {
     /// Refuses settings no pod could start under, and names that are not
     /// Kubernetes names.

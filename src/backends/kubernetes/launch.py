@@ -14,11 +14,15 @@
 #           in ASCII: the end
 # The program cannot write records itself: this process is not dumpable,
 # so its stdout (/proc/1/fd/1) cannot be opened by the program's uid, and
-# pid 1 of a PID namespace gets no signal it does not handle.
+# pid 1 of a PID namespace gets no signal it does not handle (it handles
+# none: SIGINT is put back to the default below).
 import base64, ctypes, json, os, select, signal, sys, time
 
 JOB = "/run/execbox/job"
 CHUNK = 8192
+# Python handles SIGINT, and pid 1 gets the signals it handles: back to the
+# default, which pid 1 of a PID namespace never gets from inside it.
+signal.signal(signal.SIGINT, signal.SIG_DFL)
 spec = json.load(open(JOB + "/spec.json"))
 ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0
 
@@ -54,6 +58,9 @@ def start(argv, stdin_path, out_w, err_w, env, cwd):
         return pid
     try:
         os.setsid()
+        # Python ignores these; a program starts with the defaults.
+        for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+            signal.signal(sig, signal.SIG_DFL)
         fd = os.open(stdin_path, os.O_RDONLY)
         os.dup2(fd, 0)
         os.dup2(out_w, 1)
@@ -82,7 +89,7 @@ def pump(streams, child, stop_at):
         if left <= 0:
             timed_out()
         watch = list(streams) + ([pidfd] if status is None else [])
-        ready, _, _ = select.select(watch, [], [], left)
+        ready, _, _ = select.select(watch, [], [], min(left, 3600))  # a far deadline overflows select
         for fd in ready:
             if fd == pidfd:
                 _, raw = os.waitpid(child, 0)
@@ -126,9 +133,11 @@ def receive():
         parts.append(chunk)
         left -= len(chunk)
     job = json.loads(b"".join(parts))
+    spec = job["spec"]
     for name, data in job["files"]:
         path = os.path.normpath(os.path.join("/work", name))
-        if not path.startswith("/work/") or path == "/work/out" or path.startswith("/work/out/"):
+        reserved = spec.get("listing") and (path == "/work/out" or path.startswith("/work/out/"))
+        if not path.startswith("/work/") or reserved:
             sys.exit(125)
         os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
         with open(path, "wb") as f:
@@ -138,7 +147,6 @@ def receive():
         f.write(base64.b64decode(job["code"]))
     fd = os.open(code, os.O_RDONLY)
     os.unlink(code)
-    spec = job["spec"]
     return "/dev/fd/%d" % fd
 
 

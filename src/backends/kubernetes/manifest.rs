@@ -28,9 +28,9 @@ pub(super) const STATE_LABEL: &str = "execbox.dev/state";
 /// Where the job's ConfigMap is mounted in both containers.
 const JOB_DIR: &str = "/run/execbox/job";
 
-/// Most bytes a ConfigMap holds (the API server's limit); a run's code,
-/// input and files, base64 and all, stay under it with room to spare.
-const MAX_PAYLOAD_BYTES: u64 = 700 << 10;
+/// Most bytes of a ConfigMap's keys and values: the API server's 1 MiB
+/// less room for its metadata.
+const MAX_CONFIG_MAP_BYTES: u64 = (1 << 20) - (8 << 10);
 
 /// What one pod runs.
 pub(super) struct Job {
@@ -78,16 +78,21 @@ const CPU_REQUEST_MILLIS: u32 = 50;
 const SWEEP_AFTER: Duration = Duration::from_secs(10);
 
 impl Job {
-    /// Refuses a payload the ConfigMap cannot carry.
+    /// Refuses a payload the ConfigMap cannot carry: its data (code, files,
+    /// the spec with the environment and arguments, the launcher) counted
+    /// as the API server counts it, keys and values.
     pub fn check_size(&self) -> Result<(), ExecError> {
-        let total = self.code.len() as u64 + self.files.iter().map(|f| f.content.len() as u64).sum::<u64>();
-        if total > MAX_PAYLOAD_BYTES {
+        let map = self.config_map("-", "-").map_err(|e| ExecError::internal("kubernetes", e.to_string()))?;
+        let data = map.data.iter().flatten().map(|(k, v)| k.len() + v.len());
+        let binary = map.binary_data.iter().flatten().map(|(k, v)| k.len() + v.0.len());
+        let total = data.chain(binary).sum::<usize>() as u64;
+        if total > MAX_CONFIG_MAP_BYTES {
             return Err(InvalidRequest::LimitOutOfRange {
                 limit: "payload_bytes",
                 value: total,
                 reason: format!(
-                    "a Kubernetes run carries its code, JSON input and input files in one ConfigMap: at most \
-                     {MAX_PAYLOAD_BYTES} bytes together"
+                    "a Kubernetes run carries its code, JSON input, input files, environment and arguments in \
+                     one ConfigMap, beside execbox's launcher: at most {MAX_CONFIG_MAP_BYTES} bytes together"
                 ),
             }
             .into());
@@ -96,9 +101,8 @@ impl Job {
     }
 
     /// The labels of both objects.
-    fn labels(&self) -> Value {
-        let mut labels =
-            json!({MANAGED.0: MANAGED.1, OWNER_LABEL: crate::owner::token(), "execbox.dev/role": self.role});
+    fn labels(&self, owner: &str) -> Value {
+        let mut labels = json!({MANAGED.0: MANAGED.1, OWNER_LABEL: owner, "execbox.dev/role": self.role});
         if let Some(pool) = &self.pool {
             labels[POOL_LABEL] = pool.as_str().into();
             labels[STATE_LABEL] = "ready".into();
@@ -115,7 +119,7 @@ impl Job {
 
     /// The ConfigMap: `launch.py`, `setup.py`, `spec.json`, `files.json`,
     /// the code, and each file as `f<n>`.
-    pub fn config_map(&self, namespace: &str) -> Result<ConfigMap, serde_json::Error> {
+    pub fn config_map(&self, namespace: &str, owner: &str) -> Result<ConfigMap, serde_json::Error> {
         let (stop_at, expires) = self.times();
         let mut names = serde_json::Map::new();
         let mut binary = serde_json::Map::new();
@@ -129,7 +133,7 @@ impl Job {
         let outputs = self.pool.is_some() || self.outputs.is_some();
         serde_json::from_value(json!({
             "apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": self.name, "namespace": namespace, "labels": self.labels(),
+            "metadata": {"name": self.name, "namespace": namespace, "labels": self.labels(owner),
                          "annotations": {EXPIRES: expires.to_string()}},
             "data": {
                 "launch.py": include_str!("launch.py"),
@@ -169,9 +173,11 @@ impl Job {
     /// The pod: the `setup` init container (the only one with a
     /// capability: `NET_ADMIN`, as root) takes it off the network and
     /// stages `/work`; `main` runs the launcher as uid 65534 with nothing.
-    pub fn pod(&self, cfg: &KubernetesConfig) -> Result<Pod, serde_json::Error> {
+    pub fn pod(&self, cfg: &KubernetesConfig, owner: &str) -> Result<Pod, serde_json::Error> {
         let (_, expires) = self.times();
+        // The API takes at most i32::MAX seconds (68 years).
         let active = self.limit.saturating_add(POD_GRACE).saturating_add(POD_GRACE).as_secs().saturating_add(1);
+        let active = active.min(i32::MAX as u64);
         // CPU is requested small and limited to cpu_millis: a node fits as
         // many waiting warm pods as its memory holds, not one per core.
         let limits = json!({
@@ -215,7 +221,7 @@ impl Job {
         }
         serde_json::from_value(json!({
             "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": self.name, "namespace": cfg.namespace, "labels": self.labels(),
+            "metadata": {"name": self.name, "namespace": cfg.namespace, "labels": self.labels(owner),
                          "annotations": {EXPIRES: expires.to_string()}},
             "spec": {
                 "restartPolicy": "Never",
@@ -227,6 +233,8 @@ impl Job {
                                     "seccompProfile": {"type": "RuntimeDefault"}},
                 "initContainers": [{
                     "name": "setup", "image": self.image, "imagePullPolicy": cfg.image_pull_policy,
+                    // Its refusal, if any, is the failure's message.
+                    "terminationMessagePolicy": "FallbackToLogsOnError",
                     "command": ["/usr/bin/python3", "-I", "-S", format!("{JOB_DIR}/setup.py")],
                     "securityContext": locked(json!({"runAsUser": 0, "runAsGroup": 0, "runAsNonRoot": false,
                         "capabilities": {"drop": ["ALL"], "add": ["NET_ADMIN"]}})),
@@ -285,12 +293,16 @@ mod tests {
 
     #[test]
     fn the_pod_is_locked_and_only_setup_holds_a_capability() {
-        let pod = serde_json::to_value(job().pod(&KubernetesConfig::default()).expect("a pod")).expect("json");
+        let pod = serde_json::to_value(job().pod(&KubernetesConfig::default(), "o").expect("a pod")).expect("json");
         let spec = &pod["spec"];
         assert_eq!(spec["automountServiceAccountToken"], false);
         assert_eq!(spec["securityContext"]["runAsUser"], 65534);
         assert_eq!(spec["securityContext"]["seccompProfile"]["type"], "RuntimeDefault");
         assert_eq!(spec["activeDeadlineSeconds"], 10);
+        let mut forever = job();
+        forever.limit = Duration::MAX;
+        let pod = serde_json::to_value(forever.pod(&KubernetesConfig::default(), "o").expect("a pod")).expect("json");
+        assert_eq!(pod["spec"]["activeDeadlineSeconds"], i32::MAX);
         let main = &spec["containers"][0]["securityContext"];
         assert_eq!(main["capabilities"], json!({"drop": ["ALL"]}));
         assert_eq!(main["readOnlyRootFilesystem"], true);
@@ -306,9 +318,9 @@ mod tests {
     #[test]
     fn env_values_travel_in_the_config_map_never_expanded_in_the_pod() {
         let job = job();
-        let pod = serde_json::to_value(job.pod(&KubernetesConfig::default()).expect("a pod")).expect("json");
+        let pod = serde_json::to_value(job.pod(&KubernetesConfig::default(), "o").expect("a pod")).expect("json");
         assert!(pod["spec"]["containers"][0].get("env").is_none());
-        let map = job.config_map("ns").expect("a config map");
+        let map = job.config_map("ns", "o").expect("a config map");
         let spec: Value = serde_json::from_str(&map.data.expect("data")["spec.json"]).expect("spec");
         assert_eq!(spec["env"]["A"], "$(B)");
     }
@@ -316,10 +328,19 @@ mod tests {
     #[test]
     fn a_payload_over_the_config_map_is_refused() {
         let mut job = job();
-        job.code = vec![b'#'; MAX_PAYLOAD_BYTES as usize + 1];
-        assert!(matches!(
-            job.check_size(),
-            Err(ExecError::InvalidRequest(InvalidRequest::LimitOutOfRange { limit: "payload_bytes", .. }))
-        ));
+        let refused = |job: &Job| {
+            matches!(
+                job.check_size(),
+                Err(ExecError::InvalidRequest(InvalidRequest::LimitOutOfRange { limit: "payload_bytes", .. }))
+            )
+        };
+        assert!(!refused(&job));
+        job.code = vec![b'#'; MAX_CONFIG_MAP_BYTES as usize];
+        assert!(refused(&job));
+        // The environment counts too.
+        job.code = vec![b'#'; 600 << 10];
+        assert!(!refused(&job));
+        job.env = (0..14).map(|i| (format!("V{i}"), "x".repeat(32 << 10))).collect();
+        assert!(refused(&job));
     }
 }

@@ -246,7 +246,9 @@ impl Kubernetes {
                 )));
             }
             Err(JobError::Unavailable(why)) => return Err(why),
-            Err(JobError::Internal(why)) => return Err(Unavailable::because(format!("the probe pod: {why}"))),
+            Err(JobError::Internal(why) | JobError::Busy(why)) => {
+                return Err(Unavailable::because(format!("the probe pod: {why}")));
+            }
         };
         let stdout = records.stdout.into_captured().text().into_owned();
         match records.end {
@@ -276,11 +278,25 @@ impl Kubernetes {
         let request = call.request();
         let policy = &request.policy;
         let memory_bytes = policy.memory_bytes.unwrap_or(cfg.defaults.memory_bytes);
-        if memory_bytes < config::MIN_MEMORY_BYTES {
+        if !(config::MIN_MEMORY_BYTES..=config::MAX_MEMORY_BYTES).contains(&memory_bytes) {
             return Err(InvalidRequest::LimitOutOfRange {
                 limit: "memory_bytes",
                 value: memory_bytes,
-                reason: format!("a Kubernetes run needs at least {} bytes", config::MIN_MEMORY_BYTES),
+                reason: format!(
+                    "a Kubernetes run takes {} to {} bytes",
+                    config::MIN_MEMORY_BYTES,
+                    config::MAX_MEMORY_BYTES
+                ),
+            }
+            .into());
+        }
+        // The executor's rules hold for direct `Backend::execute` calls too;
+        // a NUL cannot reach a program's environment.
+        crate::admission::validate_env(request)?;
+        if let Some((name, _)) = request.env.iter().find(|(n, v)| n.contains('\0') || v.contains('\0')) {
+            return Err(InvalidRequest::BadEnv {
+                name: name.clone(),
+                reason: "names and values cannot hold NUL".into(),
             }
             .into());
         }
@@ -291,6 +307,7 @@ impl Kubernetes {
             files.push(ExecFile { name: "input.json".into(), content: json, mime_type: None });
         }
         files.extend(request.input_files.iter().cloned());
+        let files = staged_names(files, request.collect_output_files)?;
         let limits = self.output_limits();
         let outputs = request.collect_output_files.then(|| {
             let mut listing_argv =
@@ -386,6 +403,50 @@ impl Kubernetes {
     }
 }
 
+/// `files` named as they are staged under `/work`: each name relative,
+/// without `..` (normalised: `./a//b` is `a/b`), none twice (`input.json`
+/// beside a JSON input included), none both a file and another's
+/// directory, and none under `out/` when `/work/out` is mounted there:
+/// the docker backend's rules, checked before anything is created.
+fn staged_names(files: Vec<ExecFile>, collects: bool) -> Result<Vec<ExecFile>, ExecError> {
+    use std::collections::BTreeSet;
+    use std::path::Component;
+    let mut names = BTreeSet::new();
+    let mut dirs = BTreeSet::new();
+    let mut staged = Vec::with_capacity(files.len());
+    for mut file in files {
+        let bad = |reason: &str| InvalidRequest::BadPath { path: file.name.clone(), reason: reason.into() };
+        let parts: Vec<String> = file
+            .relative_path()?
+            .components()
+            .filter_map(|c| match c {
+                Component::Normal(part) => Some(part.to_string_lossy().into_owned()),
+                _ => None,
+            })
+            .collect();
+        if collects && parts.first().is_some_and(|first| first == "out") {
+            return Err(bad("out/ is the output directory").into());
+        }
+        let name = parts.join("/");
+        for depth in 1..parts.len() {
+            dirs.insert(parts[..depth].join("/"));
+        }
+        if dirs.contains(&name) || !names.insert(name.clone()) {
+            return Err(bad("staged twice, or both a file and a directory").into());
+        }
+        file.name = name;
+        staged.push(file);
+    }
+    if let Some(clash) = staged.iter().find(|f| dirs.contains(&f.name)) {
+        return Err(InvalidRequest::BadPath {
+            path: clash.name.clone(),
+            reason: "staged twice, or both a file and a directory".into(),
+        }
+        .into());
+    }
+    Ok(staged)
+}
+
 /// A warm pod of `pool`: a run's shape at the default caps, waiting for
 /// its run up to `warm_lifetime`, then able to run for the default timeout.
 fn warm_job(cfg: &KubernetesConfig, pool: &str) -> Job {
@@ -473,6 +534,7 @@ impl Backend for Kubernetes {
                 *self.inner.reachable.lock() = None;
                 Err(why.into_error(Self::NAME))
             }
+            Err(JobError::Busy(reason)) => Err(ExecError::Busy { backend: Self::NAME.into(), reason }),
             Err(JobError::Internal(why)) => Err(ExecError::internal(Self::NAME, why)),
         }
     }

@@ -23,7 +23,8 @@ JOB = "/run/execbox/job"
 files = json.load(open(JOB + "/files.json"))
 for key, name in files["files"].items():
     path = os.path.normpath(os.path.join("/work", name))
-    if not path.startswith("/work/") or path.startswith("/work/out/") or path == "/work/out":
+    reserved = files["outputs"] and (path.startswith("/work/out/") or path == "/work/out")
+    if not path.startswith("/work/") or reserved:
         raise SystemExit("execbox setup: refused file name %r" % name)
     os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
     shutil.copyfile(os.path.join(JOB, key), path)  # the ConfigMap's own links
