@@ -552,3 +552,13 @@ fn memory_filled_through_tmpfs_is_out_of_memory() {
         assert_eq!(r.outcome, Outcome::OutOfMemory, "{r:?}");
     }
 }
+
+#[test]
+fn a_warm_pool_is_gone_with_its_backends_shutdown() {
+    let _pool = PoolGuard(216);
+    let Some(warm) = warm_backend(216, 2) else { return };
+    warm.shutdown();
+    std::thread::sleep(Duration::from_secs(3));
+    let left = kubectl(&["get", "pods,configmaps", "-l", "execbox.dev/pool=python-216mi", "-o", "name"]);
+    assert!(left.trim().is_empty(), "{left}");
+}

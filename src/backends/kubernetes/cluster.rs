@@ -51,6 +51,11 @@ struct Inner {
     warm_ready: AtomicUsize,
     /// Wakes the refill after a claim.
     claimed: tokio::sync::Notify,
+    /// Set by [`Cluster::remove_own`]: the refill makes no more pods.
+    stopped: std::sync::atomic::AtomicBool,
+    /// Held by a refill while it creates: the removal waits for it, so no
+    /// pod it was creating lands after the removal's list.
+    refilling: tokio::sync::Mutex<()>,
 }
 
 /// How a job ended, short of an error.
@@ -87,6 +92,8 @@ impl Cluster {
             client: OnceCell::new(),
             warm_ready: AtomicUsize::new(0),
             claimed: tokio::sync::Notify::new(),
+            stopped: std::sync::atomic::AtomicBool::new(false),
+            refilling: tokio::sync::Mutex::new(()),
         });
         Ok(Self { inner, runtime: Some(runtime) })
     }
@@ -190,7 +197,7 @@ impl Cluster {
         let Some(runtime) = &self.runtime else { return };
         let inner = self.inner.clone();
         runtime.spawn(async move {
-            loop {
+            while !inner.stopped.load(Ordering::SeqCst) {
                 let wait = match inner.refill(&pool, target, &template).await {
                     Ok(()) => Duration::from_secs(1),
                     Err(e) => {
@@ -229,8 +236,10 @@ impl Cluster {
 
     /// Deletes every object this backend made (for a host about to exit).
     pub fn remove_own(&self) {
+        self.inner.stopped.store(true, Ordering::SeqCst);
         let inner = self.inner.clone();
         self.block(async move {
+            let _no_refill = tokio::time::timeout(API_TIMEOUT, inner.refilling.lock()).await;
             let selector = format!("{}={},{}={}", MANAGED.0, MANAGED.1, OWNER_LABEL, inner.owner);
             let _ = tokio::time::timeout(API_TIMEOUT, inner.delete_matching(&selector, |_| true)).await;
         });
@@ -350,6 +359,12 @@ impl Inner {
                 // The output tap runs here: a slow one must not hold the
                 // runtime's thread, which every run's calls and timers share.
                 tokio::task::block_in_place(|| lines.feed(&buf[..n], &mut records));
+                // Nothing after the end record counts, and the log itself
+                // ends only when the kubelet next looks at the container
+                // (about a second later).
+                if records.end.is_some() {
+                    break;
+                }
             }
             lines.finish(&mut records);
             Ok::<_, kube::Error>(())
@@ -445,6 +460,7 @@ impl Inner {
     /// Creates pods of `pool` until `target` are ready (claimable or about
     /// to be), counting every replica's.
     async fn refill(&self, pool: &str, target: usize, template: &impl Fn() -> Job) -> Result<(), String> {
+        let _refilling = self.refilling.lock().await;
         let client = self.client().await.map_err(|e| e.to_string())?;
         let ns = &self.cfg.namespace;
         let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
@@ -468,6 +484,9 @@ impl Inner {
             .count();
         self.warm_ready.store(running, Ordering::Relaxed);
         for _ in alive.len()..target {
+            if self.stopped.load(Ordering::SeqCst) {
+                break;
+            }
             let job = template();
             let map = job.config_map(ns, &self.owner).map_err(|e| e.to_string())?;
             let pod = job.pod(&self.cfg, &self.owner).map_err(|e| e.to_string())?;
