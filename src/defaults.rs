@@ -59,7 +59,7 @@ pub struct BackendsConfig {
     /// 0 (off: each one holds memory outside this process; `execbox serve`
     /// keeps 1 unless told otherwise).
     pub warm_containers: usize,
-    /// Registers the [`Kubernetes`](crate::backends::Kubernetes) backend
+    /// Registers the `Kubernetes` backend (`execbox::backends::Kubernetes`)
     /// (feature `kubernetes`) on the cluster this kubeconfig names, in
     /// namespace `execbox`, after the container backend (which a request
     /// gets first when both can run it; pin `kubernetes` to choose it).
