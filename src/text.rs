@@ -8,6 +8,14 @@ pub const MAX_MESSAGE_BYTES: usize = 4096;
 /// the rest are counted.
 pub const MAX_LISTED_NAMES: usize = 16;
 
+/// Adds `note` to a result's `message` (after what it says, if anything).
+pub fn add_note(message: &mut Option<String>, note: String) {
+    *message = Some(match message.take() {
+        Some(m) => format!("{m}; {note}"),
+        None => note,
+    });
+}
+
 /// `text` cut to [`MAX_MESSAGE_BYTES`] at a character boundary, with a note
 /// of its full length when cut.
 pub fn cap_message(text: String) -> String {

@@ -33,10 +33,7 @@ pub fn cap_result(result: &mut ExecResult, policy: &SandboxPolicy) {
             result.outcome = Outcome::Failed;
         }
         let note = format!("the returned value is over the output cap of {max} bytes (max_stdout_bytes)");
-        result.message = Some(match result.message.take() {
-            Some(m) => format!("{m}; {note}"),
-            None => note,
-        });
+        crate::text::add_note(&mut result.message, note);
     }
     if let Some(message) = result.message.take() {
         result.message = Some(cap_message(message));

@@ -284,6 +284,30 @@ impl ListingTap {
     }
 }
 
+/// The files a one-shot run returns when it collects them (none
+/// otherwise), the note on what was left out added to `message`.
+/// `ended_early`: why there is no listing when the run did not time out
+/// (its container or pod ended before it listed `out/`).
+pub(crate) fn returned_files(
+    collects: bool,
+    listing: Option<&Listing>,
+    timed_out: bool,
+    ended_early: &str,
+    limits: OutputLimits,
+    message: &mut Option<String>,
+) -> Vec<ExecFile> {
+    if !collects {
+        return Vec::new();
+    }
+    let why_none =
+        if timed_out { "they are listed when the program ends, and it ran out of time" } else { ended_early };
+    let (files, note) = files_from_listing(listing, why_none, limits);
+    if let Some(note) = note {
+        text::add_note(message, note);
+    }
+    files
+}
+
 /// A file of the listing.
 struct Found<'a> {
     name: String,

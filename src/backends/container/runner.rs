@@ -479,22 +479,14 @@ impl Runner {
             process::Ended::TimedOut => (Outcome::TimedOut, None, Some(deadline.exceeded_message())),
             process::Ended::EngineError(text) => return Err(self.engine_error(text)),
         };
-        let (output_files, note) = if staging.collects_outputs() {
-            let why_none = if timed_out {
-                "they are listed when the program ends, and it ran out of time"
-            } else {
-                "the container ended before it listed out/"
-            };
-            outputs::files_from_listing(finished.listing.as_ref(), why_none, self.output_limits())
-        } else {
-            (Vec::new(), None)
-        };
-        if let Some(note) = note {
-            message = Some(match message {
-                Some(m) => format!("{m}; {note}"),
-                None => note,
-            });
-        }
+        let output_files = outputs::returned_files(
+            staging.collects_outputs(),
+            finished.listing.as_ref(),
+            timed_out,
+            "the container ended before it listed out/",
+            self.output_limits(),
+            &mut message,
+        );
         let mut result = ExecResult::new(NAME, outcome);
         result.exit_code = exit_code;
         result.output = conventions::json_stdout(&finished.stdout);

@@ -391,10 +391,7 @@ impl ContainerSession {
                     let (files, note) = self.collect_outputs(&mut io, &deadline);
                     result.output_files = files;
                     if let Some(note) = note {
-                        result.message = Some(match result.message.take() {
-                            Some(m) => format!("{m}; {note}"),
-                            None => note,
-                        });
+                        crate::text::add_note(&mut result.message, note);
                     }
                 }
             }

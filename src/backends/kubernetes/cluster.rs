@@ -139,12 +139,7 @@ impl Cluster {
             let at = deadline.map(|left| Instant::now() + left);
             let name = job.name.clone();
             let end = inner.run(job, records, at).await;
-            let cleanup = inner.clone().delete(name);
-            match (&end, handle) {
-                (Ok(JobEnd::TimedOut { .. }), Some(handle)) => drop(handle.spawn(cleanup)),
-                _ => cleanup.await,
-            }
-            end
+            inner.delete_after(name, end, handle).await
         })
         .unwrap_or_else(|| Err(JobError::Unavailable(Unavailable::because("the backend is shutting down"))))
     }
@@ -181,12 +176,7 @@ impl Cluster {
         self.block(async move {
             let at = Instant::now() + deadline;
             let end = inner.run_claimed(&name, delivery, records, Some(at)).await;
-            let cleanup = inner.clone().delete(name);
-            match (&end, handle) {
-                (Ok(JobEnd::TimedOut { .. }), Some(handle)) => drop(handle.spawn(cleanup)),
-                _ => cleanup.await,
-            }
-            end
+            inner.delete_after(name, end, handle).await
         })
         .unwrap_or_else(|| Err(JobError::Unavailable(Unavailable::because("the backend is shutting down"))))
     }
@@ -502,6 +492,22 @@ impl Inner {
             }
         }
         Ok(())
+    }
+
+    /// `end`, once the job's objects are deleted: in the background when
+    /// the deadline passed (the result comes at the deadline), else before.
+    async fn delete_after(
+        self: Arc<Self>,
+        name: String,
+        end: Result<JobEnd, JobError>,
+        handle: Option<tokio::runtime::Handle>,
+    ) -> Result<JobEnd, JobError> {
+        let cleanup = self.delete(name);
+        match (&end, handle) {
+            (Ok(JobEnd::TimedOut { .. }), Some(handle)) => drop(handle.spawn(cleanup)),
+            _ => cleanup.await,
+        }
+        end
     }
 
     /// Deletes the pod (at once: no grace) and the ConfigMap named `name`.

@@ -362,27 +362,16 @@ impl Kubernetes {
             }
         };
         if let Some(why) = records.broken {
-            message = Some(match message {
-                Some(m) => format!("{m}; the run's log was damaged ({why})"),
-                None => format!("the run's log was damaged ({why})"),
-            });
+            crate::text::add_note(&mut message, format!("the run's log was damaged ({why})"));
         }
-        let (output_files, note) = if collects {
-            let why_none = if timed_out {
-                "they are listed when the program ends, and it ran out of time"
-            } else {
-                "the pod ended before it listed out/"
-            };
-            outputs::files_from_listing(records.listing.as_ref(), why_none, self.output_limits())
-        } else {
-            (Vec::new(), None)
-        };
-        if let Some(note) = note {
-            message = Some(match message {
-                Some(m) => format!("{m}; {note}"),
-                None => note,
-            });
-        }
+        let output_files = outputs::returned_files(
+            collects,
+            records.listing.as_ref(),
+            timed_out,
+            "the pod ended before it listed out/",
+            self.output_limits(),
+            &mut message,
+        );
         let (mut stdout, mut stderr) = (records.stdout.into_captured(), records.stderr.into_captured());
         if let Some(End::Exited { stdout_total, stderr_total, .. }) = records.end {
             // What the launcher counted but did not send.
