@@ -60,14 +60,33 @@ pub struct BackendsConfig {
     /// keeps 1 unless told otherwise).
     pub warm_containers: usize,
     /// Registers the `Kubernetes` backend (`execbox::backends::Kubernetes`)
-    /// (feature `kubernetes`) on the cluster this kubeconfig names, in
-    /// namespace `execbox`, after the container backend (which a request
-    /// gets first when both can run it; pin `kubernetes` to choose it).
-    /// Set without the feature: a [`ConfigError::Unsupported`].
+    /// (feature `kubernetes`) on this cluster, in namespace `execbox`,
+    /// after the container backend (which a request gets first when both
+    /// can run it; pin `kubernetes` to choose it). Set without the feature:
+    /// a [`ConfigError::Unsupported`].
     ///
     /// # Default
     /// `None`: no Kubernetes backend.
-    pub kubeconfig: Option<PathBuf>,
+    pub kubernetes: Option<ClusterAccess>,
+    /// Warm pods the Kubernetes backend keeps waiting, counted across every
+    /// process that uses the same namespace (`KubernetesConfig::warm_pods`).
+    ///
+    /// # Default
+    /// 0.
+    pub kubernetes_warm_pods: usize,
+}
+
+/// How the Kubernetes backend reaches its cluster.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum ClusterAccess {
+    /// The cluster and credentials this kubeconfig file names.
+    Kubeconfig(PathBuf),
+    /// What kube-rs infers: `$KUBECONFIG`, `~/.kube/config`, or, in a pod,
+    /// the pod's service account (an `execbox serve` replica in the
+    /// cluster it runs code on).
+    Infer,
 }
 
 setters!(BackendsConfig {
@@ -75,10 +94,11 @@ setters!(BackendsConfig {
     python_warm_pool: usize,
     js_idle_workers: usize,
     warm_containers: usize,
+    kubernetes_warm_pods: usize,
 } some {
     wasm_cache_dir: PathBuf,
     interpreters_dir: PathBuf,
-    kubeconfig: PathBuf,
+    kubernetes: ClusterAccess,
 });
 
 impl Default for BackendsConfig {
@@ -90,7 +110,8 @@ impl Default for BackendsConfig {
             python_warm_pool: 2,
             js_idle_workers: 2,
             warm_containers: 0,
-            kubeconfig: None,
+            kubernetes: None,
+            kubernetes_warm_pods: 0,
         }
     }
 }
@@ -128,14 +149,19 @@ impl ExecutorBuilder {
             builder = builder.backend(container);
         }
         #[cfg(feature = "kubernetes")]
-        if let Some(path) = &cfg.kubeconfig {
+        if let Some(access) = &cfg.kubernetes {
             use crate::backends::{Kubernetes, KubernetesConfig};
-            builder = builder.backend(Kubernetes::new(KubernetesConfig::default().kubeconfig(path.clone()))?);
+            let mut config = KubernetesConfig::default().warm_pods(cfg.kubernetes_warm_pods);
+            config.kubeconfig = match access {
+                ClusterAccess::Kubeconfig(path) => Some(path.clone()),
+                ClusterAccess::Infer => None,
+            };
+            builder = builder.backend(Kubernetes::new(config)?);
         }
         #[cfg(not(feature = "kubernetes"))]
-        if cfg.kubeconfig.is_some() {
+        if cfg.kubernetes.is_some() {
             return Err(ConfigError::Unsupported {
-                reason: "a kubeconfig was given, but execbox was built without its kubernetes feature".into(),
+                reason: "a Kubernetes cluster was given, but execbox was built without its kubernetes feature".into(),
             });
         }
         let _ = cfg;

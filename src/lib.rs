@@ -72,7 +72,7 @@ pub use capabilities::{
     BackendCapabilities, CostClass, Enforcement, IsolationKind, PayloadKind, RequestFeatures, SurfaceCapability,
 };
 pub use config::RunDefaults;
-pub use defaults::BackendsConfig;
+pub use defaults::{BackendsConfig, ClusterAccess};
 pub use error::{BackendRejection, Cause, ConfigError, ExecError, InvalidRequest, with_causes};
 pub use executor::{BackendStatus, Executor, ExecutorBuilder, WeakExecutor};
 pub use file::ExecFile;

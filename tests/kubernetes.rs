@@ -21,7 +21,7 @@ use execbox::{
 };
 use serde_json::{Value, json};
 
-const REQUIRE: &str = "EXECBOX_REQUIRE_KUBERNETES";
+const REQUIRE: &str = common::skip::KUBERNETES;
 
 fn kubeconfig() -> PathBuf {
     std::env::var_os("EXECBOX_KUBECONFIG")
@@ -307,6 +307,7 @@ fn the_backend_runs_as_the_least_privileged_service_account() {
     if backend().is_none() {
         return;
     }
+    let _pool = PoolGuard(216);
     let rbac = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/kubernetes/rbac.yaml");
     kubectl(&["apply", "-f", rbac]);
     let start = Instant::now();
@@ -337,6 +338,13 @@ fn the_backend_runs_as_the_least_privileged_service_account() {
     as_account.availability().expect("available with the Role's rights only");
     let r = run(&as_account, python("print(1+1)").collect_output_files());
     assert_eq!(r.output, Some(json!(2)), "{r:?}");
+    // Warm too: a claim is a patch of the pod, and the run goes in over attach.
+    let warm = warm_backend_as(&path, 216, 1).expect("a warm pool");
+    let (r, _) = where_am_i(&warm, 216);
+    assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
+    let seen = r.output.expect("json");
+    assert!(seen["left"].as_array().unwrap().contains(&json!("out")), "a warm pod (its /work/out): {seen}");
+    drop(warm);
     as_account.sweep();
     let can = |args: &[&str]| {
         let kubectl = std::env::var_os("EXECBOX_KUBECTL").unwrap_or_else(|| "kubectl".into());
@@ -353,8 +361,13 @@ fn the_backend_runs_as_the_least_privileged_service_account() {
 /// A backend with a warm pool of `pods` at `memory_mib` (a pool of its own).
 fn warm_backend(memory_mib: u64, pods: usize) -> Option<Kubernetes> {
     backend()?;
+    warm_backend_as(&kubeconfig(), memory_mib, pods)
+}
+
+/// [`warm_backend`] with the credentials of `kubeconfig`.
+fn warm_backend_as(kubeconfig: &std::path::Path, memory_mib: u64, pods: usize) -> Option<Kubernetes> {
     let defaults = execbox::RunDefaults::default().timeout(Duration::from_secs(60)).memory_bytes(memory_mib << 20);
-    let cfg = KubernetesConfig::default().kubeconfig(kubeconfig()).defaults(defaults).warm_pods(pods);
+    let cfg = KubernetesConfig::default().kubeconfig(kubeconfig).defaults(defaults).warm_pods(pods);
     let backend = Kubernetes::new(cfg).expect("a backend");
     backend.availability().expect("available");
     let start = Instant::now();

@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use execbox::{BackendsConfig, Executor};
+use execbox::{BackendsConfig, ClusterAccess, Executor};
 
 #[derive(Parser)]
 #[command(name = "execbox", version, about = "Run untrusted code under a policy that fails closed")]
@@ -123,6 +123,11 @@ pub(crate) struct ServeArgs {
     /// Close a workspace this long after it was made, whatever runs in it.
     #[arg(long, value_name = "SECS", default_value_t = 3600)]
     pub(crate) workspace_lifetime_secs: u64,
+    /// This server's name among replicas behind one address (e.g. its pod's name): session and
+    /// workspace answers say which replica holds them, and a call that reaches another replica is
+    /// told which one it reached (unknown_session).
+    #[arg(long, value_name = "NAME", env = "EXECBOX_REPLICA")]
+    pub(crate) replica: Option<String>,
     /// How the log on stderr is written (`EXECBOX_LOG` sets the level, e.g. `info` for one span per run; default warn).
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub(crate) log_format: LogFormat,
@@ -217,6 +222,14 @@ pub(crate) struct BackendFlags {
     /// this kubeconfig names; needs execbox built with its `kubernetes` feature.
     #[arg(long, value_name = "FILE", env = "EXECBOX_KUBECONFIG")]
     pub(crate) kubeconfig: Option<PathBuf>,
+    /// Add the kubernetes backend on the cluster this process runs in (its pod's service
+    /// account), or the one $KUBECONFIG or ~/.kube/config names.
+    #[arg(long, env = "EXECBOX_KUBE_IN_CLUSTER", conflicts_with = "kubeconfig")]
+    pub(crate) kube_in_cluster: bool,
+    /// Warm pods the kubernetes backend keeps waiting, counted across every execbox process
+    /// using its namespace (each used for one run, then deleted).
+    #[arg(long, value_name = "N", env = "EXECBOX_KUBE_WARM_PODS", default_value_t = 0)]
+    pub(crate) kube_warm_pods: usize,
 }
 
 impl BackendFlags {
@@ -227,7 +240,12 @@ impl BackendFlags {
             .js_idle_workers(js_idle_workers)
             .python_warm_pool(python_warm_pool);
         config.wasm_cache_dir = self.wasm_cache_dir.clone();
-        config.kubeconfig = self.kubeconfig.clone();
+        config.kubernetes = match (&self.kubeconfig, self.kube_in_cluster) {
+            (Some(path), _) => Some(ClusterAccess::Kubeconfig(path.clone())),
+            (None, true) => Some(ClusterAccess::Infer),
+            (None, false) => None,
+        };
+        config.kubernetes_warm_pods = self.kube_warm_pods;
         config
     }
 }

@@ -87,6 +87,7 @@ pub(crate) fn serve(args: ServeArgs) -> ExitCode {
         .backends(
             args.backends.config(args.js_idle_workers, args.python_warm_pool).warm_containers(args.warm_containers),
         );
+    cfg.replica = args.replica.clone();
     #[cfg(feature = "upstream")]
     match args.tools.upstreams() {
         Ok(Some(upstreams)) => cfg.upstreams = upstreams,

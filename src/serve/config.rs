@@ -97,6 +97,17 @@ pub struct ServeConfig {
     /// # Default
     /// 1 hour.
     pub workspace_lifetime: std::time::Duration,
+    /// This server's name among replicas behind one address (a Kubernetes
+    /// Deployment's pod name). Sessions, workspaces and MCP sessions live
+    /// in one process: when set, `create_session` and `create_workspace`
+    /// say which replica holds what they opened, and a call naming one this
+    /// replica does not hold is told which replica it reached
+    /// (`unknown_session`; for MCP sessions, a 404 with a JSON-RPC error
+    /// whose `data.kind` is `unknown_session`).
+    ///
+    /// # Default
+    /// None (one process: nothing to name).
+    pub replica: Option<String>,
 }
 
 impl Default for ServeConfig {
@@ -120,6 +131,7 @@ impl Default for ServeConfig {
             program_lifetime: std::time::Duration::from_secs(600),
             workspace_idle: std::time::Duration::from_secs(900),
             workspace_lifetime: std::time::Duration::from_secs(3600),
+            replica: None,
         }
     }
 }
@@ -138,6 +150,8 @@ setters!(ServeConfig {
     program_lifetime: std::time::Duration,
     workspace_idle: std::time::Duration,
     workspace_lifetime: std::time::Duration,
+} some {
+    replica: String,
 });
 
 #[cfg(feature = "upstream")]

@@ -6,7 +6,8 @@
 //! - `/healthz`: 200 while the process serves HTTP.
 //! - `/readyz`: 200 while the server admits calls and at least one backend
 //!   is available (each backend's own cached check), else 503; the body
-//!   says which backends are available. A check that takes over 5 s (a
+//!   says which backends are available, and which replica answered
+//!   ([`ServeConfig::replica`](super::ServeConfig::replica)). A check that takes over 5 s (a
 //!   first container or pod probe) answers 503 "checking" and goes on in
 //!   the background, so the next probe finds it cached.
 
@@ -49,7 +50,7 @@ async fn readyz(State(shared): State<Arc<Shared>>) -> Answer {
     });
     match tokio::time::timeout(READY_WAIT, checks).await {
         Ok(Ok(available)) if !available.is_empty() => {
-            answer(StatusCode::OK, json!({"ready": true, "available": available}))
+            answer(StatusCode::OK, json!({"ready": true, "available": available, "replica": shared.cfg.replica}))
         }
         Ok(Ok(_)) => answer(StatusCode::SERVICE_UNAVAILABLE, json!({"ready": false, "why": "no backend is available"})),
         Ok(Err(_)) => answer(StatusCode::SERVICE_UNAVAILABLE, json!({"ready": false, "why": "the check failed"})),

@@ -165,6 +165,8 @@ pub(super) struct HttpLimits {
     pub(super) requests: tokio::sync::Semaphore,
     pub(super) max_sessions: usize,
     pub(super) manager: Arc<rmcp::transport::streamable_http_server::session::local::LocalSessionManager>,
+    /// [`ServeConfig::replica`](super::ServeConfig::replica).
+    pub(super) replica: Option<String>,
 }
 
 /// Bounds what HTTP clients can hold: requests in flight and MCP sessions.
@@ -184,13 +186,43 @@ pub(super) async fn admit(
         return unavailable("too many MCP sessions; close one (DELETE) or wait for one to expire");
     }
     let deletes = request.method() == axum::http::Method::DELETE;
+    let session = (request.uri().path() == "/mcp")
+        .then(|| request.headers().get("mcp-session-id"))
+        .flatten()
+        .map(|id| String::from_utf8_lossy(id.as_bytes()).into_owned());
     let mut response = next.run(request).await;
+    if let Some(id) = session.filter(|_| response.status() == axum::http::StatusCode::NOT_FOUND) {
+        return unknown_session(&id, limits.replica.as_deref());
+    }
     // rmcp answers a session's DELETE with 202; the session is closed by
     // then, and clients (the Python SDK) expect 200 or 204 for it.
     if deletes && response.status() == axum::http::StatusCode::ACCEPTED {
         *response.status_mut() = axum::http::StatusCode::NO_CONTENT;
     }
     response
+}
+
+/// The answer to a request naming an MCP session this process does not
+/// hold (closed, expired, or opened on another replica): still the 404 the
+/// MCP specification asks for, which tells a client to initialize again,
+/// now with a JSON-RPC error that says so and names this replica.
+fn unknown_session(id: &str, replica: Option<&str>) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let id: String = id.chars().take(64).collect();
+    let mut message = format!(
+        "unknown_session: MCP session {id:?} is not open here (closed, expired, or opened on another replica); \
+         initialize a new session"
+    );
+    if let Some(replica) = replica {
+        message.push_str(&format!("; replica {replica} answered"));
+    }
+    let body = serde_json::json!({
+        "jsonrpc": "2.0",
+        "id": null,
+        "error": {"code": -32001, "message": message, "data": {"kind": "unknown_session", "replica": replica}},
+    });
+    (axum::http::StatusCode::NOT_FOUND, [(axum::http::header::CONTENT_TYPE, "application/json")], body.to_string())
+        .into_response()
 }
 
 /// Lets a request through only with the right bearer token.

@@ -108,8 +108,7 @@ impl ExecboxMcp {
             next_offset, exit_code, dropped_bytes}. Then use poll_program, write_program and kill_program.")]
     async fn start_program(&self, Parameters(args): Parameters<StartProgramArgs>) -> Result<CallToolResult, McpError> {
         let Some(workspace) = self.workspace(&args.workspace_id) else {
-            let why = format!("no workspace {} is open", args.workspace_id);
-            return Ok(invalid_arguments("start_program", &why));
+            return Ok(self.no_workspace("start_program", &args.workspace_id));
         };
         // A place among the connection's programs, taken under the lock
         // that counts them (calls racing each other cannot all pass).

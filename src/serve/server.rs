@@ -189,6 +189,7 @@ impl Server {
             requests: tokio::sync::Semaphore::new(MAX_HTTP_REQUESTS),
             max_sessions: MAX_HTTP_SESSIONS,
             manager,
+            replica: self.shared.cfg.replica.clone(),
         });
         let mut router = axum::Router::new()
             .nest_service("/mcp", service)

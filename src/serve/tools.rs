@@ -260,6 +260,12 @@ pub struct CloseSessionArgs {
 pub struct NoArgs {}
 
 impl ExecboxMcp {
+    /// `result` (a refusal about a session or workspace this process does
+    /// not hold), naming this replica when the server is one of several.
+    pub(super) fn not_held_here(&self, result: CallToolResult) -> CallToolResult {
+        not_held_here(result, self.shared.cfg.replica.as_deref())
+    }
+
     pub(super) fn new(shared: Arc<Shared>) -> Self {
         let id = shared.next_connection.fetch_add(1, Ordering::Relaxed);
         let connection = Arc::new(Connection {
@@ -449,7 +455,11 @@ impl ExecboxMcp {
         Ok(match outcome {
             Ok(result) => rendered(result, self.shared.cfg.failures_as_errors),
             Err(Refusal::Exec(e)) => refusal(&e),
-            Err(Refusal::Session(e)) => refusal(&e),
+            Err(Refusal::Session(e)) => {
+                let unknown = matches!(e, SessionError::Unknown { .. });
+                let result = refusal(&e);
+                if unknown { not_held_here(result, self.shared.cfg.replica.as_deref()) } else { result }
+            }
         })
     }
 
@@ -572,6 +582,7 @@ impl ExecboxMcp {
                 let idle = self.shared.sessions.config().idle_timeout.as_millis() as u64;
                 let body = json!({
                     "session_id": id,
+                    "replica": self.shared.cfg.replica,
                     "language": language.as_str(),
                     "idle_timeout_ms": idle,
                     "workspace_id": workspace_id,
@@ -716,6 +727,26 @@ pub(super) fn invalid_arguments(tool: &str, reason: &str) -> CallToolResult {
     let message = crate::text::cap_message(format!("invalid arguments for {tool}: {reason}"));
     let body = json!({"error": {"kind": "invalid_arguments", "message": message, "violations": []}});
     structured(body, format!("invalid_arguments: {message}"), true)
+}
+
+/// `result`, a refusal about a session or workspace this process does not
+/// hold, naming the replica that answered (when the server is one of
+/// several, [`ServeConfig::replica`](super::ServeConfig::replica)): they
+/// live on the replica that opened them, so the caller learns it reached
+/// another one.
+pub(super) fn not_held_here(mut result: CallToolResult, replica: Option<&str>) -> CallToolResult {
+    let Some(replica) = replica else { return result };
+    let note = format!("replica {replica} answered; sessions and workspaces live only on the replica that opened them");
+    if let Some(error) = result.structured_content.as_mut().and_then(|body| body.get_mut("error")) {
+        error["replica"] = json!(replica);
+        if let Some(message) = error["message"].as_str() {
+            error["message"] = json!(format!("{message}; {note}"));
+        }
+    }
+    if let Some(ContentBlock::Text(text)) = result.content.first_mut() {
+        text.text = format!("{}; {note}", text.text);
+    }
+    result
 }
 
 /// A refusal or an error before any result: `{"error": {...}}`, `isError`.

@@ -182,6 +182,7 @@ impl ExecboxMcp {
         held.insert(id.clone(), held_workspace);
         let body = json!({
             "workspace_id": id,
+            "replica": self.shared.cfg.replica,
             "packages": packages,
             "quota_bytes": usage.map_or(quota, |u| u.quota_bytes),
             "max_files": usage.map(|u| u.max_files),
@@ -224,7 +225,7 @@ impl ExecboxMcp {
         Parameters(WorkspaceIdArgs { workspace_id }): Parameters<WorkspaceIdArgs>,
     ) -> Result<CallToolResult, McpError> {
         let Some(workspace) = self.workspace(&workspace_id) else {
-            return Ok(invalid_arguments("describe_workspace", &format!("no workspace {workspace_id} is open")));
+            return Ok(self.no_workspace("describe_workspace", &workspace_id));
         };
         let usage = tokio::task::spawn_blocking({
             let workspace = workspace.clone();
@@ -257,7 +258,7 @@ impl ExecboxMcp {
         Parameters(WriteFilesArgs { workspace_id, files, artifact_key }): Parameters<WriteFilesArgs>,
     ) -> Result<CallToolResult, McpError> {
         let Some(workspace) = self.workspace(&workspace_id) else {
-            return Ok(invalid_arguments("write_files", &format!("no workspace {workspace_id} is open")));
+            return Ok(self.no_workspace("write_files", &workspace_id));
         };
         let mut contents = Vec::with_capacity(files.len());
         let mut artifacts = None;
@@ -320,8 +321,7 @@ impl ExecboxMcp {
             why: a limit, or not a regular file; symlinks are never followed).")]
     async fn read_files(&self, Parameters(args): Parameters<ReadFilesArgs>) -> Result<CallToolResult, McpError> {
         let Some(workspace) = self.workspace(&args.workspace_id) else {
-            let why = format!("no workspace {} is open", args.workspace_id);
-            return Ok(invalid_arguments("read_files", &why));
+            return Ok(self.no_workspace("read_files", &args.workspace_id));
         };
         let defaults = CollectLimits::default();
         let limits = CollectLimits::new(
@@ -471,6 +471,11 @@ impl ExecboxMcp {
     /// This connection's workspace `id`, marked used now.
     pub(super) fn workspace(&self, id: &str) -> Option<Workspace> {
         touch(&self.connection, id)
+    }
+
+    /// The answer to a call naming a workspace this connection does not hold.
+    pub(super) fn no_workspace(&self, tool: &str, id: &str) -> CallToolResult {
+        self.not_held_here(invalid_arguments(tool, &format!("no workspace {id} is open")))
     }
 }
 

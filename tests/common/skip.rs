@@ -12,6 +12,9 @@ pub const CONTAINERS: &str = "EXECBOX_REQUIRE_CONTAINERS";
 /// Requires the MCP Python SDK, the reference upstream and the MCP
 /// conformance suite (`scripts/install-mcp-*.sh`).
 pub const MCP_CLIENT: &str = "EXECBOX_REQUIRE_MCP_CLIENT";
+/// Requires the test cluster (`scripts/kube/up.sh`; `$EXECBOX_KUBECONFIG`
+/// names its kubeconfig).
+pub const KUBERNETES: &str = "EXECBOX_REQUIRE_KUBERNETES";
 
 /// `$<variable>`, or `<name>` in execbox's cache dir (`$XDG_CACHE_HOME/execbox`
 /// or `~/.cache/execbox`), where the install scripts put it.

@@ -309,6 +309,8 @@ async fn http_sessions_are_isolated_per_connection_and_need_the_token() {
         token.path().to_str().unwrap(),
         "--workspace-root",
         workspaces.path().to_str().unwrap(),
+        "--replica",
+        "replica-a",
     ]);
     let server = &mut server.0;
     // Raw JSON-RPC over HTTP (the Python SDK test covers a full client).
@@ -358,13 +360,18 @@ async fn http_sessions_are_isolated_per_connection_and_need_the_token() {
         answer["result"]["structuredContent"].clone()
     };
     let (one, two) = (connect_http(), connect_http());
-    let sid = tool(&one, "create_session", json!({"language": "js"}))["session_id"].as_str().unwrap().to_string();
+    let opened = tool(&one, "create_session", json!({"language": "js"}));
+    // Which replica holds it (--replica): another one would not know it.
+    assert_eq!(opened["replica"], "replica-a", "{opened}");
+    let sid = opened["session_id"].as_str().unwrap().to_string();
     assert_eq!(
         tool(&one, "run_code", json!({"language": "js", "code": "var s = 'mine'", "session_id": sid}))["outcome"],
         "ok"
     );
     let stolen = tool(&two, "run_code", json!({"language": "js", "code": "s", "session_id": sid}));
     assert_eq!(stolen["error"]["kind"], "unknown_session", "{stolen}");
+    assert_eq!(stolen["error"]["replica"], "replica-a", "{stolen}");
+    assert!(stolen["error"]["message"].as_str().unwrap().contains("replica replica-a answered"), "{stolen}");
     assert_eq!(tool(&one, "run_code", json!({"language": "js", "code": "s", "session_id": sid}))["output"], "mine");
     // So are workspaces (mounting one needs root): another connection of the
     // same server cannot reach one by its id.
@@ -397,6 +404,12 @@ async fn http_sessions_are_isolated_per_connection_and_need_the_token() {
     let after =
         post(Some("a-long-enough-test-token"), Some(&two), json!({"jsonrpc": "2.0", "id": 3, "method": "tools/list"}));
     assert!(after.starts_with("HTTP/1.1 404"), "{after}");
+    // Still the 404 the specification asks for, now with a JSON-RPC error
+    // that names the cause and the replica that answered.
+    let body: Value = serde_json::from_str(after.split("\r\n\r\n").nth(1).unwrap_or_default())
+        .unwrap_or_else(|e| panic!("{e}: {after}"));
+    assert_eq!(body["error"]["data"], json!({"kind": "unknown_session", "replica": "replica-a"}), "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("replica replica-a answered"), "{body}");
     // MCP sessions are bounded: past the cap, another initialize gets 503.
     let refused =
         (0..300).any(|_| post(Some("a-long-enough-test-token"), None, init.clone()).starts_with("HTTP/1.1 503"));

@@ -42,9 +42,10 @@ pub(super) struct Cluster {
 
 struct Inner {
     cfg: KubernetesConfig,
-    /// The owner label of this backend's objects: the process's token and
-    /// this backend's number in it (so one backend's shutdown leaves
-    /// another's runs alone).
+    /// The owner label of this backend's objects: the process's token,
+    /// this backend's number in it and 32 random bits (so one backend's
+    /// shutdown leaves another's runs alone, in this process or another
+    /// replica's).
     owner: String,
     client: OnceCell<Client>,
     /// The warm pool's claimable pods at its last count.
@@ -85,7 +86,15 @@ impl Cluster {
             .enable_all()
             .build()?;
         static BACKENDS: AtomicUsize = AtomicUsize::new(0);
-        let owner = format!("{}-{}", crate::owner::token(), BACKENDS.fetch_add(1, Ordering::Relaxed));
+        // Random too: replicas in pods all run as pid 1, often started in
+        // the same clock tick, and one replica's shutdown must never take
+        // another's pods.
+        let owner = format!(
+            "{}-{}-{:08x}",
+            crate::owner::token(),
+            BACKENDS.fetch_add(1, Ordering::Relaxed),
+            crate::nonce::random_u64() as u32
+        );
         let inner = Arc::new(Inner {
             cfg,
             owner,
