@@ -5,9 +5,10 @@
 #   scripts/kube/build.sh      prints the bin dir on stdout (progress on stderr)
 #
 # The bin dir holds kube-apiserver, kube-controller-manager, kube-scheduler,
-# kubelet, kubectl (all 1.20, static, stripped), pause (the pod sandbox's
-# static binary, from build/pause/linux/pause.c) and VERSION. No kube-proxy:
-# execbox reaches pods through the API (exec, attach, logs), not Services.
+# kubelet, kube-proxy, kubectl (all 1.20, static, stripped), pause (the pod
+# sandbox's static binary, from build/pause/linux/pause.c) and VERSION.
+# kube-proxy carries Services (iptables mode): `execbox serve` replicas behind
+# one, and their in-cluster clients reaching the API server.
 #
 # Cached under $EXECBOX_KUBE_CACHE (default
 # ${XDG_CACHE_HOME:-$HOME/.cache}/execbox/kubernetes): bin/<debian version>-<hash
@@ -35,7 +36,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 scripts=$(dirname "$here")
 cache=${EXECBOX_KUBE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/execbox/kubernetes}
-binaries=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
+binaries=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl)
 
 log() { echo "kube build: $*" >&2; }
 

@@ -21,12 +21,15 @@ kubelet_port=${EXECBOX_KUBE_KUBELET_PORT:-10250}
 # entry is needed.
 node=localhost
 pause_image=localhost/execbox-kube-pause:3.4
-components=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet)
+components=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy)
 # What the kubelet changes at start (it sets the first six; the docker
-# network plugin the last two) and down.sh puts back.
+# network plugin the next two; kube-proxy route_localnet, and the conntrack
+# ones unless told not to, as up.sh does) and down.sh puts back.
 sysctls=(kernel.panic kernel.panic_on_oops vm.overcommit_memory vm.panic_on_oom
   kernel.keys.root_maxkeys kernel.keys.root_maxbytes
-  net.bridge.bridge-nf-call-iptables net.bridge.bridge-nf-call-ip6tables)
+  net.bridge.bridge-nf-call-iptables net.bridge.bridge-nf-call-ip6tables
+  net.ipv4.conf.all.route_localnet net.netfilter.nf_conntrack_max
+  net.netfilter.nf_conntrack_tcp_timeout_established net.netfilter.nf_conntrack_tcp_timeout_close_wait)
 admin_kubeconfig="$run/admin.kubeconfig"
 # Written by the kubelet outside its --root-dir whatever its flags say.
 kubelet_fixed_paths=(/var/log/pods /var/log/containers /var/lib/kubelet /var/lib/kubelet/device-plugins)

@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
 # Stops the cluster scripts/kube/up.sh started and undoes what it and the
 # kubelet changed on the machine (idempotent; fine to run when nothing is up):
-#   - stops the kubelet, kube-scheduler, kube-controller-manager,
+#   - stops kube-proxy, the kubelet, kube-scheduler, kube-controller-manager,
 #     kube-apiserver and etcd (by pid file, checked against the binary; then
 #     any process still naming the run dir on its command line);
 #   - removes every docker container named k8s_* (the pods' containers and
-#     their pause sandboxes) and the image localhost/execbox-kube-pause:3.4;
+#     their pause sandboxes), the image localhost/execbox-kube-pause:3.4 and
+#     localhost/execbox-serve:dev (scripts/kube/serve-image.sh);
+#   - removes up.sh's client addresses from docker's bridge (label docker0:ex);
 #   - unmounts everything under the run dir (the kubelet bind-mounts its root
 #     dir onto itself; emptyDir medium: Memory volumes are tmpfs mounts);
 #   - removes the kubepods cgroups;
-#   - removes KUBE-* iptables/ip6tables chains and the rules jumping to them;
+#   - removes KUBE-* iptables/ip6tables chains and the rules jumping to them
+#     (kube-proxy's Services, the kubelet's);
 #   - puts back the sysctls up.sh saved before the kubelet changed them
-#     (kernel.panic, kernel.panic_on_oops, vm.overcommit_memory, ...);
+#     and kube-proxy changed them (kernel.panic, kernel.panic_on_oops,
+#     vm.overcommit_memory, net.ipv4.conf.all.route_localnet, ...);
 #   - removes /var/log/pods, /var/log/containers, /var/lib/kubelet (its
 #     device-plugins dir is hard-coded) where they did not exist before up.sh;
 #   - removes the run dir ($EXECBOX_KUBE_RUN, default /tmp/execbox-kube).
@@ -58,7 +62,7 @@ for p in /proc/[0-9]*; do
   if tr '\0' ' ' <"$p/cmdline" 2>/dev/null | grep -qF -- "$run/"; then
     exe=$(readlink "$p/exe" 2>/dev/null) || continue
     case "$(basename "${exe% (deleted)}")" in
-      etcd | kube-apiserver | kube-controller-manager | kube-scheduler | kubelet) strays+=("$pid") ;;
+      etcd | kube-apiserver | kube-controller-manager | kube-scheduler | kubelet | kube-proxy) strays+=("$pid") ;;
     esac
   fi
 done
@@ -75,9 +79,11 @@ if docker info >/dev/null 2>&1; then
     # shellcheck disable=SC2086
     docker rm -f -v $ids >/dev/null
   fi
-  if docker image inspect "$pause_image" >/dev/null 2>&1; then
-    docker rmi "$pause_image" >/dev/null
-  fi
+  for image in "$pause_image" localhost/execbox-serve:dev; do
+    if docker image inspect "$image" >/dev/null 2>&1; then
+      docker rmi "$image" >/dev/null
+    fi
+  done
 fi
 
 # --- mounts under the run dir and the kubelet's fixed paths (deepest first) ---
@@ -119,13 +125,21 @@ for ipt in iptables ip6tables; do
     [ -n "$chains" ] || continue
     log "removing $ipt $table chains: $(echo $chains)"
     # Rules in other chains that jump to ours.
-    grep -E '^-A ' <<<"$dump" | grep -vE '^-A KUBE-' | grep -E -- '-j KUBE-' | while IFS= read -r rule; do
+    # (None may jump to them: a table with KUBE-* chains only.)
+    { grep -E '^-A ' <<<"$dump" | grep -vE '^-A KUBE-' | grep -E -- '-j KUBE-' || true; } | while IFS= read -r rule; do
       eval "$ipt -t $table -D ${rule#-A }" || true
     done
     for ch in $chains; do "$ipt" -t "$table" -F "$ch" 2>/dev/null || true; done
     for ch in $chains; do "$ipt" -t "$table" -X "$ch" 2>/dev/null || true; done
   done
 done
+
+# --- up.sh's client addresses on docker's bridge ---------------------------------
+if ip link show docker0 >/dev/null 2>&1; then
+  for a in $(ip -4 -o addr show dev docker0 label docker0:ex | awk '{ print $4 }'); do
+    ip addr del "$a" dev docker0 2>/dev/null || true
+  done
+fi
 
 # --- sysctls ----------------------------------------------------------------------
 if [ -f "$run/saved-sysctls" ]; then

@@ -18,10 +18,13 @@
 # $EXECBOX_KUBE_RUN (default /tmp/execbox-kube); see common.sh for the ports.
 # scripts/kube/down.sh stops it all and undoes what the kubelet changed.
 #
-# Not started: kube-proxy (execbox reaches pods through the API: exec, attach,
-# logs; nothing here uses Services), CoreDNS, a network plugin or a registry.
-# Pods get docker's default bridge network and their images must already be
-# in docker (imagePullPolicy: Never).
+# kube-proxy (iptables mode) carries Services: ClusterIPs with ClientIP
+# session affinity (execbox serve replicas), and the `kubernetes` Service
+# that in-cluster clients use. Pods get docker's default bridge network, so
+# the API server listens on all addresses (client certificates or tokens
+# required, RBAC) and advertises docker's bridge gateway: the address pods
+# reach the host at. Not started: CoreDNS, a network plugin or a registry;
+# images must already be in docker (imagePullPolicy: Never).
 #
 # Env (besides common.sh's): EXECBOX_KUBE_POD_PIDS_LIMIT, the kubelet's
 # podPidsLimit, the most processes one pod may have (default 1024).
@@ -43,6 +46,14 @@ if [ "${#need[@]}" -gt 0 ]; then
   "$(dirname "$here")/apt-install.sh" "${need[@]}"
 fi
 kubectl=("$bin/kubectl" --kubeconfig "$admin_kubeconfig")
+# Where pods reach the host (and so the API server): docker's bridge gateway.
+bridge=$(ip -4 -o addr show dev docker0 scope global | awk '{ print $4; exit }')
+if [ -z "$bridge" ]; then
+  log "docker's bridge docker0 has no IPv4 address"
+  exit 1
+fi
+host_on_bridge=${bridge%/*}
+pod_cidr=$(python3 -c 'import ipaddress, sys; print(ipaddress.ip_interface(sys.argv[1]).network)' "$bridge")
 
 mkdir -p "$run"/{pki,logs,pids,kubelet,dockershim}
 pki="$run/pki"
@@ -87,12 +98,13 @@ if [ ! -f "$pki/ca.crt" ]; then
     -out "$pki/ca.crt" 2>/dev/null
 fi
 cert apiserver "/CN=kube-apiserver" serverAuth \
-  "IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+  "IP:127.0.0.1,IP:10.96.0.1,IP:$host_on_bridge,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
 cert apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" clientAuth
 cert admin "/O=system:masters/CN=execbox-admin" clientAuth
 cert controller-manager "/CN=system:kube-controller-manager" clientAuth
 cert scheduler "/CN=system:kube-scheduler" clientAuth
 cert kubelet "/O=system:nodes/CN=system:node:$node" clientAuth
+cert kube-proxy "/CN=system:kube-proxy" clientAuth
 if [ ! -f "$pki/sa.key" ]; then
   openssl ecparam -name prime256v1 -genkey -noout -out "$pki/sa.key" 2>/dev/null
   openssl ec -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null
@@ -123,7 +135,7 @@ EOF
   chmod 600 "$run/$1.kubeconfig.tmp"
   mv "$run/$1.kubeconfig.tmp" "$run/$1.kubeconfig"
 }
-for k in admin controller-manager scheduler kubelet; do kubeconfig "$k"; done
+for k in admin controller-manager scheduler kubelet kube-proxy; do kubeconfig "$k"; done
 
 # --- the pod sandbox image ----------------------------------------------------
 pause_sum=$(sha256sum "$bin/pause" | cut -c1-16)
@@ -174,8 +186,7 @@ wait_for "etcd" 30 etcd etcd_healthy
 
 start kube-apiserver "$bin/kube-apiserver" \
   --etcd-servers="http://127.0.0.1:$etcd_port" \
-  --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$api_port" --insecure-port=0 \
-  --endpoint-reconciler-type=none \
+  --bind-address=0.0.0.0 --advertise-address="$host_on_bridge" --secure-port="$api_port" --insecure-port=0 \
   --tls-cert-file="$pki/apiserver.crt" --tls-private-key-file="$pki/apiserver.key" \
   --client-ca-file="$pki/ca.crt" \
   --kubelet-client-certificate="$pki/apiserver-kubelet-client.crt" \
@@ -232,8 +243,9 @@ featureGates:
   # emptyDir medium: Memory gets a tmpfs of size sizeLimit (alpha in 1.20;
   # without it the tmpfs is unbounded and sizeLimit is only an eviction check).
   SizeMemoryBackedVolumes: true
-# No KUBE-* iptables chains: nothing here needs them (no kube-proxy, no hostPort plugin).
-makeIPTablesUtilChains: false
+# KUBE-MARK-MASQ/KUBE-MARK-DROP, which kube-proxy's rules jump to (down.sh
+# removes every KUBE-* chain).
+makeIPTablesUtilChains: true
 # Never delete docker images (this machine's disk may be fuller than the
 # kubelet's defaults allow) and never evict for disk.
 imageGCHighThresholdPercent: 100
@@ -253,13 +265,47 @@ start kubelet "$bin/kubelet" \
   --pod-infra-container-image="$pause_image" \
   --oom-score-adj=0
 
+cat >"$run/kube-proxy-config.yaml" <<EOF
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection:
+  kubeconfig: $run/kube-proxy.kubeconfig
+mode: iptables
+hostnameOverride: $node
+bindAddress: 127.0.0.1
+healthzBindAddress: 127.0.0.1:10256
+metricsBindAddress: 127.0.0.1:10249
+# Traffic to a Service from outside the pods' network is masqueraded.
+clusterCIDR: $pod_cidr
+# Leave the machine's conntrack settings alone (0: do not set them).
+conntrack:
+  maxPerCore: 0
+  min: 0
+  tcpEstablishedTimeout: 0s
+  tcpCloseWaitTimeout: 0s
+EOF
+start kube-proxy "$bin/kube-proxy" --config="$run/kube-proxy-config.yaml"
+
+# Client addresses for tests of ClientIP session affinity: a Service keeps
+# each client address on one replica, so a test reaches several replicas by
+# connecting from several of these (the last 16 of docker's bridge subnet,
+# on the bridge, labelled docker0:ex; down.sh removes them). Listed in
+# "$run/client-addresses", comma-separated.
+if [ ! -f "$run/client-addresses" ]; then
+  addresses=$(python3 -c 'import ipaddress, sys; print(",".join(str(a) for a in list(ipaddress.ip_network(sys.argv[1]).hosts())[-16:]))' "$pod_cidr")
+  for a in ${addresses//,/ }; do
+    ip -4 addr show dev docker0 | grep -qF " $a/" || ip addr add "$a/32" dev docker0 label docker0:ex
+  done
+  echo "$addresses" >"$run/client-addresses"
+fi
+
 # Ready, and schedulable: the node lifecycle controller has removed its
 # not-ready taint.
 node_ready() {
   [ "$("${kubectl[@]}" get node "$node" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}/{.spec.taints}')" = True/ ]
 }
 wait_for "node $node Ready without taints" 90 kubelet node_ready
-for c in kube-controller-manager kube-scheduler; do
+for c in kube-controller-manager kube-scheduler kube-proxy; do
   running_pid "$c" >/dev/null || { log "$c exited; last lines:"; tail -n 30 "$run/logs/$c.log" >&2; exit 1; }
 done
 "${kubectl[@]}" get namespace execbox >/dev/null 2>&1 || "${kubectl[@]}" create namespace execbox >/dev/null
