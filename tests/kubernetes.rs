@@ -303,37 +303,14 @@ fn a_host_killed_mid_run_leaves_nothing_after_the_deadline_and_sweep() {
 /// its namespace.
 #[test]
 fn the_backend_runs_as_the_least_privileged_service_account() {
-    use base64::Engine as _;
     if backend().is_none() {
         return;
     }
     let _pool = PoolGuard(216);
     let rbac = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/kubernetes/rbac.yaml");
     kubectl(&["apply", "-f", rbac]);
-    let start = Instant::now();
-    let secret = loop {
-        let name = kubectl(&["get", "serviceaccount", "execbox", "-o", "jsonpath={.secrets[0].name}"]);
-        if !name.is_empty() {
-            break name;
-        }
-        assert!(start.elapsed() < Duration::from_secs(30), "no token for the service account");
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    let token = kubectl(&["get", "secret", &secret, "-o", "jsonpath={.data.token}"]);
-    let token = String::from_utf8(base64::engine::general_purpose::STANDARD.decode(token).unwrap()).unwrap();
-    let cluster = |field: &str| {
-        kubectl(&["config", "view", "--raw", "-o", &format!("jsonpath={{.clusters[0].cluster.{field}}}")])
-    };
-    let (server, ca) = (cluster("server"), cluster("certificate-authority-data"));
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("service-account.kubeconfig");
-    let config = json!({
-        "apiVersion": "v1", "kind": "Config", "current-context": "sa",
-        "clusters": [{"name": "c", "cluster": {"server": server, "certificate-authority-data": ca}}],
-        "users": [{"name": "sa", "user": {"token": token}}],
-        "contexts": [{"name": "sa", "context": {"cluster": "c", "user": "sa", "namespace": "execbox"}}],
-    });
-    std::fs::write(&path, config.to_string()).unwrap();
+    let path = account_kubeconfig("execbox", dir.path());
     let as_account = Kubernetes::new(KubernetesConfig::default().kubeconfig(&path)).unwrap();
     as_account.availability().expect("available with the Role's rights only");
     let r = run(&as_account, python("print(1+1)").collect_output_files());
@@ -356,6 +333,83 @@ fn the_backend_runs_as_the_least_privileged_service_account() {
     assert_eq!(can(&["list", "secrets", "-n", "execbox"]), "no");
     assert_eq!(can(&["create", "pods", "-n", "default"]), "no");
     assert_eq!(can(&["create", "pods", "-n", "execbox"]), "yes");
+}
+
+/// A kubeconfig in `dir` with the token of service account `account` (of
+/// namespace execbox) and the cluster of [`kubeconfig`].
+fn account_kubeconfig(account: &str, dir: &std::path::Path) -> PathBuf {
+    use base64::Engine as _;
+    let start = Instant::now();
+    let secret = loop {
+        let name = kubectl(&["get", "serviceaccount", account, "-o", "jsonpath={.secrets[0].name}"]);
+        if !name.is_empty() {
+            break name;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "no token for the service account {account}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let token = kubectl(&["get", "secret", &secret, "-o", "jsonpath={.data.token}"]);
+    let token = String::from_utf8(base64::engine::general_purpose::STANDARD.decode(token).unwrap()).unwrap();
+    let cluster = |field: &str| {
+        kubectl(&["config", "view", "--raw", "-o", &format!("jsonpath={{.clusters[0].cluster.{field}}}")])
+    };
+    let (server, ca) = (cluster("server"), cluster("certificate-authority-data"));
+    let path = dir.join(format!("{account}.kubeconfig"));
+    let config = json!({
+        "apiVersion": "v1", "kind": "Config", "current-context": "sa",
+        "clusters": [{"name": "c", "cluster": {"server": server, "certificate-authority-data": ca}}],
+        "users": [{"name": "sa", "user": {"token": token}}],
+        "contexts": [{"name": "sa", "context": {"cluster": "c", "user": "sa", "namespace": "execbox"}}],
+    });
+    std::fs::write(&path, config.to_string()).unwrap();
+    path
+}
+
+/// A claimed warm pod that cannot be attached (here: a Role without
+/// pods/attach, as rbac.yaml was before warm pools) has received nothing of
+/// the run, so the run goes to a cold pod instead of failing.
+#[test]
+fn a_warm_pod_that_cannot_be_attached_hands_its_run_to_a_cold_pod() {
+    if backend().is_none() {
+        return;
+    }
+    let _pool = PoolGuard(224);
+    let rbac = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/kubernetes/rbac.yaml")).unwrap();
+    // rbac.yaml's account and Role under another name, without pods/attach.
+    let no_attach: Vec<String> = rbac
+        .split("\n---\n")
+        .filter(|doc| !doc.contains("kind: Namespace"))
+        .map(|doc| {
+            doc.replace("name: execbox-runs", "name: execbox-no-attach")
+                .replace("name: execbox\n", "name: execbox-no-attach\n")
+                .replace(
+                    "  - apiGroups: [\"\"]\n    resources: [\"pods/attach\"]\n    verbs: [\"get\", \"create\"]\n",
+                    "",
+                )
+        })
+        .collect();
+    let no_attach = no_attach.join("\n---\n");
+    assert!(!no_attach.contains("pods/attach") && no_attach.contains("name: execbox-no-attach"), "{no_attach}");
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = dir.path().join("no-attach.yaml");
+    std::fs::write(&manifest, &no_attach).unwrap();
+    kubectl(&["apply", "-f", manifest.to_str().unwrap()]);
+    struct Remove(PathBuf);
+    impl Drop for Remove {
+        fn drop(&mut self) {
+            kubectl(&["delete", "-f", self.0.to_str().unwrap(), "--ignore-not-found"]);
+        }
+    }
+    let _remove = Remove(manifest);
+    let path = account_kubeconfig("execbox-no-attach", dir.path());
+    let warm = warm_backend_as(&path, 224, 1).expect("a warm pool");
+    let (r, _) = where_am_i(&warm, 224);
+    assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
+    let seen = r.output.expect("json");
+    assert_eq!(seen["sum"], json!(6), "{seen}");
+    assert!(!seen["left"].as_array().unwrap().contains(&json!("out")), "a cold pod (no /work/out): {seen}");
+    // The claimed pod is gone with the run, never handed to another.
+    drop(warm);
 }
 
 /// A backend with a warm pool of `pods` at `memory_mib` (a pool of its own).

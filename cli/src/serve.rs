@@ -87,7 +87,16 @@ pub(crate) fn serve(args: ServeArgs) -> ExitCode {
         .backends(
             args.backends.config(args.js_idle_workers, args.python_warm_pool).warm_containers(args.warm_containers),
         );
-    cfg.replica = args.replica.clone();
+    // A blank name (an empty EXECBOX_REPLICA in a manifest) is none; a name
+    // goes into every answer that names the replica, so it is held to what
+    // a Kubernetes object's name may be.
+    cfg.replica = match args.replica.as_deref().map(str::trim) {
+        None | Some("") => None,
+        Some(name) if name.len() > 253 || name.chars().any(char::is_control) => {
+            return fail("--replica: at most 253 bytes, without control characters".into());
+        }
+        Some(name) => Some(name.to_string()),
+    };
     #[cfg(feature = "upstream")]
     match args.tools.upstreams() {
         Ok(Some(upstreams)) => cfg.upstreams = upstreams,

@@ -50,3 +50,13 @@ running_pid() { # $1: component
   [ "$(basename "${exe% (deleted)}")" = "$1" ] || return 1
   echo "$pid"
 }
+
+# docker's bridge address as ADDRESS/PREFIX (e.g. 172.17.0.1/16): where pods
+# reach the host. Read off docker0 itself: `docker network inspect`'s
+# Gateway is empty on some docker versions.
+bridge_address() {
+  local address
+  address=$(ip -4 -o addr show dev docker0 scope global 2>/dev/null | awk '{ print $4; exit }')
+  [ -n "$address" ] || { echo "scripts/kube: docker's bridge docker0 has no IPv4 address" >&2; return 1; }
+  echo "$address"
+}

@@ -191,7 +191,8 @@ done
 log "median of $runs: create->Succeeded $(printf '%s\n' "${succeeded[@]}" | median) s, create->logs $(printf '%s\n' "${logged[@]}" | median) s"
 
 # --- 2. network denied by construction -------------------------------------------------
-gateway=$(docker network inspect bridge -f '{{range .IPAM.Config}}{{.Gateway}}{{end}}')
+gateway=$(bridge_address)
+gateway=${gateway%/*}
 NETOFF=0 pod "peer-$$" serve | "${kubectl[@]}" create -f - >/dev/null
 [ "$(wait_phase "peer-$$" Running)" = Running ] || fail "peer pod did not run"
 peer_ip=$("${kubectl[@]}" get pod "peer-$$" -o 'jsonpath={.status.podIP}')

@@ -47,11 +47,7 @@ if [ "${#need[@]}" -gt 0 ]; then
 fi
 kubectl=("$bin/kubectl" --kubeconfig "$admin_kubeconfig")
 # Where pods reach the host (and so the API server): docker's bridge gateway.
-bridge=$(ip -4 -o addr show dev docker0 scope global | awk '{ print $4; exit }')
-if [ -z "$bridge" ]; then
-  log "docker's bridge docker0 has no IPv4 address"
-  exit 1
-fi
+bridge=$(bridge_address)
 host_on_bridge=${bridge%/*}
 pod_cidr=$(python3 -c 'import ipaddress, sys; print(ipaddress.ip_interface(sys.argv[1]).network)' "$bridge")
 

@@ -180,13 +180,16 @@ pub(super) async fn admit(
     let Ok(_permit) = limits.requests.try_acquire() else {
         return unavailable("too many requests at once");
     };
-    let opens_session =
-        request.method() == axum::http::Method::POST && !request.headers().contains_key("mcp-session-id");
+    // rmcp takes a session id that is not UTF-8 for none: such a POST may
+    // open a session too, and counts against the bound.
+    let opens_session = request.method() == axum::http::Method::POST
+        && request.headers().get("mcp-session-id").is_none_or(|id| id.to_str().is_err());
     if opens_session && limits.manager.sessions.read().await.len() >= limits.max_sessions {
         return unavailable("too many MCP sessions; close one (DELETE) or wait for one to expire");
     }
     let deletes = request.method() == axum::http::Method::DELETE;
-    let session = (request.uri().path() == "/mcp")
+    let path = request.uri().path();
+    let session = (path == "/mcp" || path.starts_with("/mcp/"))
         .then(|| request.headers().get("mcp-session-id"))
         .flatten()
         .map(|id| String::from_utf8_lossy(id.as_bytes()).into_owned());
@@ -202,8 +205,9 @@ pub(super) async fn admit(
     response
 }
 
-/// The answer to a request naming an MCP session this process does not
-/// hold (closed, expired, or opened on another replica): still the 404 the
+/// The answer to a request (POST or GET) naming an MCP session this
+/// process does not hold (closed, expired, or opened on another replica;
+/// rmcp answers a DELETE of one 202, as if closed): still the 404 the
 /// MCP specification asks for, which tells a client to initialize again,
 /// now with a JSON-RPC error that says so and names this replica.
 fn unknown_session(id: &str, replica: Option<&str>) -> axum::response::Response {

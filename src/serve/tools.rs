@@ -404,6 +404,9 @@ impl ExecboxMcp {
     ) -> Result<CallToolResult, McpError> {
         let queued_at = std::time::Instant::now();
         let workspace_id = args.workspace_id.clone();
+        if let Some(id) = args.workspace_id.as_deref().filter(|id| self.workspace(id).is_none()) {
+            return Ok(self.no_workspace("run_code", id));
+        }
         let (mut request, session_id) = match self.request(args) {
             Ok(parts) => parts,
             Err(message) => return Ok(invalid_arguments("run_code", &message)),
@@ -528,7 +531,7 @@ impl ExecboxMcp {
         let workspace = match &workspace_id {
             Some(id) => match self.workspace(id) {
                 Some(workspace) => Some(workspace),
-                None => return Ok(invalid_arguments("create_session", &format!("no workspace {id} is open"))),
+                None => return Ok(self.no_workspace("create_session", id)),
             },
             None => None,
         };

@@ -372,6 +372,16 @@ async fn http_sessions_are_isolated_per_connection_and_need_the_token() {
     assert_eq!(stolen["error"]["kind"], "unknown_session", "{stolen}");
     assert_eq!(stolen["error"]["replica"], "replica-a", "{stolen}");
     assert!(stolen["error"]["message"].as_str().unwrap().contains("replica replica-a answered"), "{stolen}");
+    // So is a workspace id this replica does not hold, wherever it is named.
+    for (name, arguments) in [
+        ("run_code", json!({"language": "js", "code": "1", "workspace_id": "nope"})),
+        ("create_session", json!({"language": "js", "workspace_id": "nope"})),
+        ("describe_workspace", json!({"workspace_id": "nope"})),
+    ] {
+        let refused = tool(&one, name, arguments);
+        let message = refused["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("no workspace nope") && message.contains("replica replica-a"), "{name}: {refused}");
+    }
     assert_eq!(tool(&one, "run_code", json!({"language": "js", "code": "s", "session_id": sid}))["output"], "mine");
     // So are workspaces (mounting one needs root): another connection of the
     // same server cannot reach one by its id.
@@ -410,10 +420,36 @@ async fn http_sessions_are_isolated_per_connection_and_need_the_token() {
         .unwrap_or_else(|e| panic!("{e}: {after}"));
     assert_eq!(body["error"]["data"], json!({"kind": "unknown_session", "replica": "replica-a"}), "{body}");
     assert!(body["error"]["message"].as_str().unwrap().contains("replica replica-a answered"), "{body}");
+    // Under /mcp/ too (rmcp's own answer there is plain text).
+    let under = std::process::Command::new("curl")
+        .args(["-s", "-i", "-X", "POST", &format!("http://127.0.0.1:{port}/mcp/x")])
+        .args(["-H", "authorization: Bearer a-long-enough-test-token", "-H", &format!("mcp-session-id: {two}")])
+        .args(["-H", "content-type: application/json", "-H", "accept: application/json, text/event-stream"])
+        .args(["--data", r#"{"jsonrpc": "2.0", "id": 4, "method": "tools/list"}"#])
+        .output()
+        .unwrap();
+    let under = String::from_utf8_lossy(&under.stdout).into_owned();
+    assert!(under.starts_with("HTTP/1.1 404") && under.contains("\"unknown_session\""), "{under}");
     // MCP sessions are bounded: past the cap, another initialize gets 503.
     let refused =
         (0..300).any(|_| post(Some("a-long-enough-test-token"), None, init.clone()).starts_with("HTTP/1.1 503"));
     assert!(refused, "300 MCP sessions were all accepted");
+    // A session id that is not UTF-8 is none to rmcp: such an initialize
+    // opens a session, so it is held to the bound too.
+    let not_utf8 = {
+        use std::os::unix::ffi::OsStrExt as _;
+        std::ffi::OsStr::from_bytes(b"mcp-session-id: \xff").to_os_string()
+    };
+    let past_the_bound = std::process::Command::new("curl")
+        .args(["-s", "-i", "-X", "POST", &format!("http://127.0.0.1:{port}/mcp")])
+        .args(["-H", "content-type: application/json", "-H", "accept: application/json, text/event-stream"])
+        .args(["-H", "authorization: Bearer a-long-enough-test-token", "-H"])
+        .arg(not_utf8)
+        .args(["--data", &init.to_string()])
+        .output()
+        .unwrap();
+    let head = String::from_utf8_lossy(&past_the_bound.stdout).into_owned();
+    assert!(head.starts_with("HTTP/1.1 503"), "{head}");
     send_signal(server.id(), "TERM");
     let status = server.wait().unwrap();
     assert_eq!(status.code(), Some(0));
@@ -581,6 +617,21 @@ fn http_requests_naming_another_site_get_403_and_run_nothing() {
             .unwrap();
         assert_eq!(out.status.code(), Some(2), "{flag} *: {}", String::from_utf8_lossy(&out.stderr));
         assert!(String::from_utf8_lossy(&out.stderr).contains("needs a token"));
+    }
+}
+
+/// A replica's name goes into answers: one no Kubernetes object could have
+/// (over 253 bytes, or with a control character) is refused at start.
+#[test]
+fn a_replica_name_no_object_could_have_is_refused_at_start() {
+    for name in ["a\nb".to_string(), "x".repeat(254)] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_execbox"))
+            .args(["serve", "--http", "127.0.0.1:0", "--replica", &name])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains("--replica"), "{stderr}");
     }
 }
 

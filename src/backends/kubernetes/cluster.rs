@@ -76,6 +76,9 @@ pub(super) enum JobError {
     Busy(String),
     /// The cluster misbehaved.
     Internal(String),
+    /// A claimed warm pod could not be attached: nothing of the run reached
+    /// it, so the run can go to a cold pod instead (with its records back).
+    NotDelivered(String, Box<Records>),
 }
 
 impl Cluster {
@@ -279,8 +282,9 @@ impl Inner {
     async fn client(&self) -> Result<Client, Unavailable> {
         self.client
             .get_or_try_init(|| async {
-                let fix = "start a cluster with scripts/kube/up.sh (it prints its kubeconfig), or set \
-                           KubernetesConfig::kubeconfig";
+                let fix = "pass the CLI --kubeconfig FILE (or --kube-in-cluster in a pod), or set \
+                           KubernetesConfig::kubeconfig; scripts/kube/up.sh starts a test cluster \
+                           and prints its kubeconfig";
                 let mut config = match &self.cfg.kubeconfig {
                     Some(path) => {
                         let file = kube::config::Kubeconfig::read_from(path).map_err(|e| {
@@ -438,18 +442,28 @@ impl Inner {
         let client = self.client().await.map_err(JobError::Unavailable)?;
         let pods: Api<Pod> = Api::namespaced(client, &self.cfg.namespace);
         let params = AttachParams::default().container("main").stdin(true).stdout(false).stderr(false);
-        let attached = within(at, async {
-            let mut attached = pods.attach(name, &params).await.map_err(|e| e.to_string())?;
-            let mut stdin = attached.stdin().ok_or("the attachment has no stdin")?;
-            stdin.write_all(&delivery).await.map_err(|e| e.to_string())?;
-            stdin.flush().await.map_err(|e| e.to_string())?;
-            Ok::<_, String>((attached, stdin))
+        // Not a byte of the run has gone to the pod until the attachment
+        // stands (the pod may have died, or an older Role lacks
+        // pods/attach): then the run can still go to a cold pod.
+        let mut attached = match within(at, pods.attach(name, &params)).await {
+            None => return Ok(JobEnd::TimedOut { records }),
+            Some(Err(e)) => {
+                return Err(JobError::NotDelivered(format!("cannot attach the warm pod: {e}"), Box::new(records)));
+            }
+            Some(Ok(attached)) => attached,
+        };
+        let Some(mut stdin) = attached.stdin() else {
+            return Err(JobError::NotDelivered("the warm pod's attachment has no stdin".into(), Box::new(records)));
+        };
+        let delivered = within(at, async {
+            stdin.write_all(&delivery).await?;
+            stdin.flush().await
         })
         .await;
-        let (_attached, _stdin) = match attached {
+        let _stdin = match delivered {
             None => return Ok(JobEnd::TimedOut { records }),
             Some(Err(e)) => return Err(JobError::Internal(format!("cannot hand the warm pod its run: {e}"))),
-            Some(Ok(held)) => held,
+            Some(Ok(())) => stdin,
         };
         // The attachment stays open until the log ends: closing it early
         // could cut the delivery short inside the API server.

@@ -103,10 +103,10 @@ struct Inner {
     cluster: Cluster,
     caps: BackendCapabilities,
     /// The last reachability check: when, and its answer.
-    reachable: Mutex<Option<Checked<()>>>,
+    reachable: OneAtATime<()>,
     /// The probe's verdict (the packages found), once positive; a negative
     /// one with its time.
-    probe: Mutex<Option<Checked<Vec<String>>>>,
+    probe: OneAtATime<Vec<String>>,
     sweeping: AtomicBool,
     /// The warm pool's refill was started.
     warming: AtomicBool,
@@ -115,6 +115,57 @@ struct Inner {
 
 /// An availability answer and when it was made.
 type Checked<T> = (Instant, Result<T, Unavailable>);
+
+/// A check that one caller makes at a time while the others take the last
+/// answer at once: a cluster that accepts connections and never answers
+/// makes a check last ~20 s (a probe pod up to a minute), and callers
+/// queued behind it (every admission, every `/readyz`) would hold runs of
+/// other backends and tie up threads for as long.
+struct OneAtATime<T> {
+    last: Mutex<Option<Checked<T>>>,
+    running: AtomicBool,
+}
+
+impl<T: Clone> OneAtATime<T> {
+    fn new() -> Self {
+        Self { last: Mutex::new(None), running: AtomicBool::new(false) }
+    }
+
+    /// The last answer if `fresh` says it still holds; else a new one from
+    /// `check`, or, while another caller checks, the last answer (or
+    /// `unavailable: being checked` before the first).
+    fn get(
+        &self,
+        fresh: impl Fn(&Checked<T>) -> bool,
+        check: impl FnOnce() -> Result<T, Unavailable>,
+    ) -> Result<T, Unavailable> {
+        if let Some((_, answer)) = self.last.lock().as_ref().filter(|c| fresh(c)) {
+            return answer.clone();
+        }
+        if self.running.swap(true, Ordering::SeqCst) {
+            return match self.last.lock().as_ref() {
+                Some((_, answer)) => answer.clone(),
+                None => Err(Unavailable::because("the cluster is being checked; try again in a moment")),
+            };
+        }
+        // Lets the next caller check even if `check` panics.
+        struct Done<'a>(&'a AtomicBool);
+        impl Drop for Done<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, Ordering::SeqCst);
+            }
+        }
+        let _done = Done(&self.running);
+        let answer = check();
+        *self.last.lock() = Some((Instant::now(), answer.clone()));
+        answer
+    }
+
+    /// Forgets the last answer: the next caller checks again.
+    fn forget(&self) {
+        *self.last.lock() = None;
+    }
+}
 
 impl Kubernetes {
     /// The backend's name in results and refusals.
@@ -130,8 +181,8 @@ impl Kubernetes {
         let inner = Inner {
             cluster,
             caps,
-            reachable: Mutex::new(None),
-            probe: Mutex::new(None),
+            reachable: OneAtATime::new(),
+            probe: OneAtATime::new(),
             sweeping: AtomicBool::new(false),
             warming: AtomicBool::new(false),
             shut_down: AtomicBool::new(false),
@@ -162,18 +213,11 @@ impl Kubernetes {
         if self.inner.shut_down.load(Ordering::SeqCst) {
             return Err(Unavailable::because("the backend is shutting down"));
         }
-        {
-            let mut cached = self.inner.reachable.lock();
-            let fresh = cached.as_ref().is_some_and(|(at, answer)| {
-                at.elapsed() < if answer.is_ok() { self.config().availability_ttl } else { NEGATIVE_TTL }
-            });
-            if !fresh {
-                *cached = Some((Instant::now(), self.inner.cluster.reachable()));
-            }
-            if let Some((_, Err(why))) = cached.as_ref() {
-                return Err(why.clone());
-            }
-        }
+        let ttl = self.config().availability_ttl;
+        self.inner.reachable.get(
+            |(at, answer)| at.elapsed() < if answer.is_ok() { ttl } else { NEGATIVE_TTL },
+            || self.inner.cluster.reachable(),
+        )?;
         if !self.inner.sweeping.swap(true, Ordering::SeqCst) {
             self.inner.cluster.start_sweeps();
         }
@@ -205,15 +249,7 @@ impl Kubernetes {
 
     /// The probe's verdict: run once per process while it passes.
     fn probed(&self) -> Result<Vec<String>, Unavailable> {
-        let mut verdict = self.inner.probe.lock();
-        if let Some((at, answer)) = verdict.as_ref()
-            && (answer.is_ok() || at.elapsed() < NEGATIVE_TTL)
-        {
-            return answer.clone();
-        }
-        let answer = self.probe();
-        *verdict = Some((Instant::now(), answer.clone()));
-        answer
+        self.inner.probe.get(|(at, answer)| answer.is_ok() || at.elapsed() < NEGATIVE_TTL, || self.probe())
     }
 
     /// Runs `probe.py` in the data image, through a run's whole path.
@@ -246,7 +282,7 @@ impl Kubernetes {
                 )));
             }
             Err(JobError::Unavailable(why)) => return Err(why),
-            Err(JobError::Internal(why) | JobError::Busy(why)) => {
+            Err(JobError::Internal(why) | JobError::Busy(why) | JobError::NotDelivered(why, _)) => {
                 return Err(Unavailable::because(format!("the probe pod: {why}")));
             }
         };
@@ -513,18 +549,26 @@ impl Backend for Kubernetes {
         };
         let ran = match claimed {
             Some((name, delivery)) => {
-                cluster.run_claimed(name, delivery, records, deadline.remaining().unwrap_or(limit))
+                match cluster.run_claimed(name, delivery, records, deadline.remaining().unwrap_or(limit)) {
+                    // Nothing reached the warm pod: the run goes cold, as
+                    // with an empty pool.
+                    Err(JobError::NotDelivered(why, records)) => {
+                        tracing::warn!(backend = Self::NAME, "{why}; running on a cold pod");
+                        cluster.run(job, *records, deadline.remaining().or(Some(limit)))
+                    }
+                    ran => ran,
+                }
             }
             None => cluster.run(job, records, deadline.remaining().or(Some(limit))),
         };
         match ran {
             Ok(end) => self.result(end, &deadline, collects),
             Err(JobError::Unavailable(why)) => {
-                *self.inner.reachable.lock() = None;
+                self.inner.reachable.forget();
                 Err(why.into_error(Self::NAME))
             }
             Err(JobError::Busy(reason)) => Err(ExecError::Busy { backend: Self::NAME.into(), reason }),
-            Err(JobError::Internal(why)) => Err(ExecError::internal(Self::NAME, why)),
+            Err(JobError::Internal(why) | JobError::NotDelivered(why, _)) => Err(ExecError::internal(Self::NAME, why)),
         }
     }
 
@@ -617,5 +661,61 @@ fn capabilities(cfg: &KubernetesConfig) -> BackendCapabilities {
         },
         workspace: E::not_enforced("workspaces are host directories, not on the cluster's nodes"),
         default_timeout_ms: u64::try_from(cfg.defaults.timeout.as_millis()).unwrap_or(u64::MAX),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// While one caller checks, the others get the last answer at once,
+    /// not a place in a queue behind a check that may take a minute.
+    #[test]
+    fn callers_never_wait_behind_a_check() {
+        let checks = OneAtATime::<u32>::new();
+        let (started, release) = (std::sync::Barrier::new(2), std::sync::Barrier::new(2));
+        std::thread::scope(|scope| {
+            let slow = scope.spawn(|| {
+                checks.get(
+                    |_| false,
+                    || {
+                        started.wait();
+                        release.wait();
+                        Ok(1)
+                    },
+                )
+            });
+            started.wait();
+            let before_any = checks.get(|_| false, || panic!("a second check while one runs"));
+            assert!(before_any.unwrap_err().to_string().contains("being checked"));
+            release.wait();
+            assert_eq!(slow.join().unwrap().unwrap(), 1);
+        });
+        // A fresh answer is kept; a stale one is checked again.
+        assert_eq!(checks.get(|_| true, || panic!("the answer was fresh")).unwrap(), 1);
+        assert_eq!(checks.get(|_| false, || Ok(2)).unwrap(), 2);
+        // While a re-check runs, the others take the last answer.
+        let (started, release) = (std::sync::Barrier::new(2), std::sync::Barrier::new(2));
+        std::thread::scope(|scope| {
+            let slow = scope.spawn(|| {
+                checks.get(
+                    |_| false,
+                    || {
+                        started.wait();
+                        release.wait();
+                        Err(Unavailable::because("gone"))
+                    },
+                )
+            });
+            started.wait();
+            assert_eq!(checks.get(|_| false, || panic!("a second check while one runs")).unwrap(), 2);
+            release.wait();
+            assert!(slow.join().unwrap().is_err());
+        });
+        // A check that panics lets the next caller check.
+        let panicked =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| checks.get(|_| false, || panic!("boom"))));
+        assert!(panicked.is_err());
+        assert_eq!(checks.get(|_| false, || Ok(3)).unwrap(), 3);
     }
 }
