@@ -123,12 +123,13 @@ fn infinite_loop_times_out_near_the_deadline() {
 fn loop_inside_native_callback_still_times_out_for_the_caller() {
     let start = Instant::now();
     // The budget is what later stops the abandoned worker; keep it small so the
-    // test does not leave a busy thread behind. A debug build runs ~5,000
-    // instructions per ms, so 3M outlasts the 300 ms deadline; an optimized
-    // build may exhaust it first.
+    // test does not leave a busy thread behind for long. A debug build runs
+    // 5,000-10,000 instructions per ms (3M ran out at 316 ms in one CI run,
+    // racing the 300 ms deadline), so 12M outlasts the deadline fourfold;
+    // an optimized build may exhaust it first.
     let r = run_with(
         ExecRequest::javascript("console.log('before'); [1].map(() => { while (true) {} })")
-            .policy(quick().fuel(3_000_000)),
+            .policy(quick().fuel(12_000_000)),
     );
     if cfg!(debug_assertions) {
         assert_eq!(r.outcome, Outcome::TimedOut, "{r:?}");
