@@ -42,6 +42,9 @@ mod language;
 pub mod limits;
 pub mod matching;
 mod nonce;
+// Work done however a scope ends: the server's gate, the kubernetes backend's checks.
+#[cfg(any(feature = "serve", feature = "kubernetes"))]
+mod guard;
 mod observe;
 mod owner;
 pub mod policy;

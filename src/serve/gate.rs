@@ -78,7 +78,8 @@ impl Gate {
             Ok(permit) => permit,
             Err(_) => {
                 let queued = self.queued.fetch_add(1, Ordering::SeqCst);
-                let _leave = scopeguard(|| {
+                // Also when the waiting future is cancelled.
+                let _leave = crate::guard::on_drop(|| {
                     self.queued.fetch_sub(1, Ordering::SeqCst);
                 });
                 if queued >= self.max_queued {
@@ -141,19 +142,6 @@ impl Gate {
     pub fn active(&self) -> usize {
         self.active.count.load(Ordering::SeqCst)
     }
-}
-
-/// Runs `f` when dropped (also when the waiting future is cancelled).
-fn scopeguard(f: impl FnOnce()) -> impl Drop {
-    struct Guard<F: FnOnce()>(Option<F>);
-    impl<F: FnOnce()> Drop for Guard<F> {
-        fn drop(&mut self) {
-            if let Some(f) = self.0.take() {
-                f();
-            }
-        }
-    }
-    Guard(Some(f))
 }
 
 #[cfg(test)]

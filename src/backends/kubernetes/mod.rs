@@ -149,13 +149,7 @@ impl<T: Clone> OneAtATime<T> {
             };
         }
         // Lets the next caller check even if `check` panics.
-        struct Done<'a>(&'a AtomicBool);
-        impl Drop for Done<'_> {
-            fn drop(&mut self) {
-                self.0.store(false, Ordering::SeqCst);
-            }
-        }
-        let _done = Done(&self.running);
+        let _done = crate::guard::on_drop(|| self.running.store(false, Ordering::SeqCst));
         let answer = check();
         *self.last.lock() = Some((Instant::now(), answer.clone()));
         answer
@@ -668,50 +662,50 @@ fn capabilities(cfg: &KubernetesConfig) -> BackendCapabilities {
 mod tests {
     use super::*;
 
+    /// Runs `during` while another thread's check is under way (it ends
+    /// with `answer` once `during` returns), and gives that check's answer.
+    fn while_checking<T: Clone + Send + Sync>(
+        checks: &OneAtATime<T>,
+        answer: Result<T, Unavailable>,
+        during: impl FnOnce(),
+    ) -> Result<T, Unavailable> {
+        let (started, release) = (std::sync::Barrier::new(2), std::sync::Barrier::new(2));
+        std::thread::scope(|scope| {
+            let slow = scope.spawn(|| {
+                checks.get(
+                    |_| false,
+                    || {
+                        started.wait();
+                        release.wait();
+                        answer
+                    },
+                )
+            });
+            started.wait();
+            during();
+            release.wait();
+            slow.join().unwrap()
+        })
+    }
+
     /// While one caller checks, the others get the last answer at once,
     /// not a place in a queue behind a check that may take a minute.
     #[test]
     fn callers_never_wait_behind_a_check() {
         let checks = OneAtATime::<u32>::new();
-        let (started, release) = (std::sync::Barrier::new(2), std::sync::Barrier::new(2));
-        std::thread::scope(|scope| {
-            let slow = scope.spawn(|| {
-                checks.get(
-                    |_| false,
-                    || {
-                        started.wait();
-                        release.wait();
-                        Ok(1)
-                    },
-                )
-            });
-            started.wait();
+        let first = while_checking(&checks, Ok(1), || {
             let before_any = checks.get(|_| false, || panic!("a second check while one runs"));
             assert!(before_any.unwrap_err().to_string().contains("being checked"));
-            release.wait();
-            assert_eq!(slow.join().unwrap().unwrap(), 1);
         });
+        assert_eq!(first.unwrap(), 1);
         // A fresh answer is kept; a stale one is checked again.
         assert_eq!(checks.get(|_| true, || panic!("the answer was fresh")).unwrap(), 1);
         assert_eq!(checks.get(|_| false, || Ok(2)).unwrap(), 2);
         // While a re-check runs, the others take the last answer.
-        let (started, release) = (std::sync::Barrier::new(2), std::sync::Barrier::new(2));
-        std::thread::scope(|scope| {
-            let slow = scope.spawn(|| {
-                checks.get(
-                    |_| false,
-                    || {
-                        started.wait();
-                        release.wait();
-                        Err(Unavailable::because("gone"))
-                    },
-                )
-            });
-            started.wait();
+        let again = while_checking(&checks, Err(Unavailable::because("gone")), || {
             assert_eq!(checks.get(|_| false, || panic!("a second check while one runs")).unwrap(), 2);
-            release.wait();
-            assert!(slow.join().unwrap().is_err());
         });
+        assert!(again.is_err());
         // A check that panics lets the next caller check.
         let panicked =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| checks.get(|_| false, || panic!("boom"))));
