@@ -3,7 +3,9 @@
 //! container, the launcher, the log, the deletes), beside the same run on
 //! the docker `container` backend, on the same machine; and the same run on
 //! a claimed warm pod (claim, attach and deliver, log, deletes; each
-//! sample waits, untimed, for the pool to have a pod).
+//! sample waits, untimed, for the pool to have a pod). Then a pandas
+//! one-liner, cold and on a warm pod of its package set's pool (pandas
+//! imported before the run came).
 //!
 //! `cargo bench --features kubernetes --bench kubernetes`, with the cluster
 //! of `scripts/kube/up.sh` (`$EXECBOX_KUBECONFIG`, else
@@ -22,6 +24,35 @@ use serde_json::json;
 fn python_print() -> ExecRequest {
     let policy = SandboxPolicy::strict().timeout(Duration::from_secs(30));
     ExecRequest::source(Language::Python, "print(1+1)").policy(policy)
+}
+
+fn pandas_sum() -> ExecRequest {
+    let policy = SandboxPolicy::strict().timeout(Duration::from_secs(30));
+    ExecRequest::source(Language::Python, "import pandas\nprint(int(pandas.Series([1, 2, 3]).sum()))")
+        .packages(["pandas"])
+        .policy(policy)
+}
+
+/// Times `request` on `backend` once `ready` says a warm pod waits
+/// (untimed), `iters` times.
+fn timed_warm(
+    backend: &Kubernetes,
+    request: fn() -> ExecRequest,
+    ready: impl Fn(usize) -> bool,
+    expected: serde_json::Value,
+    iters: u64,
+) -> Duration {
+    let mut total = Duration::ZERO;
+    for _ in 0..iters {
+        while !backend.readiness().is_some_and(|r| ready(r.ready)) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let started = std::time::Instant::now();
+        let r = Executor::run_on(backend, request()).expect("runs");
+        total += started.elapsed();
+        assert_eq!(r.output, Some(expected.clone()), "{r:?}");
+    }
+    total
 }
 
 fn bench(c: &mut Criterion) {
@@ -50,19 +81,20 @@ fn bench(c: &mut Criterion) {
     let warm = Kubernetes::new(warm_cfg).expect("a backend");
     warm.availability().expect("available");
     g.bench_function("python_print_warm_kubernetes", |b| {
-        b.iter_custom(|iters| {
-            let mut total = Duration::ZERO;
-            for _ in 0..iters {
-                while warm.readiness().is_none_or(|r| r.ready == 0) {
-                    std::thread::sleep(Duration::from_millis(50));
-                }
-                let started = std::time::Instant::now();
-                let r = Executor::run_on(&warm, python_print()).expect("runs");
-                total += started.elapsed();
-                assert_eq!(r.output, Some(json!(2)), "{r:?}");
-            }
-            total
+        b.iter_custom(|iters| timed_warm(&warm, python_print, |ready| ready > 0, json!(2), iters))
+    });
+    g.bench_function("python_pandas_cold_kubernetes", |b| {
+        b.iter(|| {
+            let r = Executor::run_on(&kubernetes, pandas_sum()).expect("runs");
+            assert_eq!(r.output, Some(json!(6)), "{r:?}");
+            black_box(r);
         })
+    });
+    // The set's first run (cold) starts its pool; with the plain pool's 2
+    // pods at most, 3 ready means one of the set's waits.
+    Executor::run_on(&warm, pandas_sum()).expect("runs");
+    g.bench_function("python_pandas_warm_kubernetes", |b| {
+        b.iter_custom(|iters| timed_warm(&warm, pandas_sum, |ready| ready >= 3, json!(6), iters))
     });
     g.finish();
     warm.shutdown();

@@ -437,17 +437,43 @@ fn warm_backend_as(kubeconfig: &std::path::Path, memory_mib: u64, pods: usize) -
 /// them), whether the test passed or not.
 struct PoolGuard(u64);
 
+impl PoolGuard {
+    /// The pods and ConfigMaps of the pools at this memory cap (the plain
+    /// one, `python-<MiB>mi`, and any package set's, `data-<hash>-<MiB>mi`).
+    fn objects(&self) -> Vec<String> {
+        let listed = kubectl(&[
+            "get",
+            "pods,configmaps",
+            "-l",
+            "execbox.dev/pool",
+            "-o",
+            r#"jsonpath={range .items[*]}{.kind}/{.metadata.name} {.metadata.labels.execbox\.dev/pool}{"\n"}{end}"#,
+        ]);
+        let suffix = format!("-{}mi", self.0);
+        listed
+            .lines()
+            .filter_map(|line| line.split_once(' '))
+            .filter(|(_, pool)| pool.ends_with(&suffix))
+            .map(|(object, _)| object.to_lowercase())
+            .collect()
+    }
+}
+
 impl Drop for PoolGuard {
     fn drop(&mut self) {
         // A create the dropped refill had sent lands first.
         std::thread::sleep(Duration::from_millis(500));
-        let selector = format!("execbox.dev/pool=python-{}mi", self.0);
-        kubectl(&["delete", "pods,configmaps", "-l", &selector, "--grace-period=0", "--force", "--wait=false"]);
+        let objects = self.objects();
+        if !objects.is_empty() {
+            let mut args = vec!["delete", "--grace-period=0", "--force", "--wait=false", "--ignore-not-found"];
+            args.extend(objects.iter().map(String::as_str));
+            kubectl(&args);
+        }
         // A dropped backend's refill is over: nothing comes back.
         std::thread::sleep(Duration::from_secs(3));
-        let left = kubectl(&["get", "pods,configmaps", "-l", &selector, "-o", "name"]);
+        let left = self.objects();
         if !std::thread::panicking() {
-            assert!(left.trim().is_empty(), "the pool refilled after its backends were dropped: {left}");
+            assert!(left.is_empty(), "the pool refilled after its backends were dropped: {left:?}");
         }
     }
 }
@@ -492,6 +518,106 @@ fn warm_pods_run_once_each_and_an_empty_pool_falls_back_to_cold() {
     pods.sort();
     pods.dedup();
     assert_eq!(pods.len(), 3, "never reused: {pods:?}");
+}
+
+/// Whether pandas was imported before the code ran, and where it ran.
+const PANDAS_PRELOADED: &str = r#"
+import json, socket, sys
+preloaded = "pandas" in sys.modules
+import pandas
+print(json.dumps({"preloaded": preloaded, "pod": socket.gethostname(), "sum": int(pandas.Series(input["items"]).sum()),
+                  "file": open("data.txt").read()}))
+"#;
+
+/// A run with packages takes a warm pod of its package set, whose Python
+/// imported them before the run came: the set's first run is cold and
+/// starts the pool; later ones are warm, each on a pod of its own; a run
+/// with environment values (which that Python did not start with) or
+/// another memory cap stays cold.
+#[test]
+fn a_package_set_gets_warm_pods_with_its_packages_imported() {
+    let _pool = PoolGuard(320);
+    let Some(warm) = warm_backend(320, 1) else { return };
+    let pandas = |memory_mib: u64| {
+        python(PANDAS_PRELOADED)
+            .packages(["pandas"])
+            .input(json!({"items": [1, 2, 3]}))
+            .input_file(ExecFile::new("data.txt", "staged"))
+            .policy(SandboxPolicy::strict().timeout(Duration::from_secs(60)).memory_bytes(memory_mib << 20))
+    };
+    let first = run(&warm, pandas(320));
+    assert_eq!(first.outcome, Outcome::Ok, "{first:?}");
+    assert_eq!(first.output.as_ref().unwrap()["preloaded"], json!(false), "the set's first run is cold: {first:?}");
+    let filled = || {
+        let start = Instant::now();
+        // The plain pool's pod and the package set's.
+        while warm.readiness().is_none_or(|r| r.ready < 2) {
+            assert!(start.elapsed() < Duration::from_secs(90), "the pools never filled: {:?}", warm.readiness());
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    };
+    let mut pods = Vec::new();
+    for _ in 0..2 {
+        filled();
+        let started = Instant::now();
+        let r = run(&warm, pandas(320));
+        assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
+        let seen = r.output.clone().expect("json");
+        assert_eq!((seen["sum"].clone(), seen["file"].clone()), (json!(6), json!("staged")), "{seen}");
+        assert_eq!(seen["preloaded"], json!(true), "a warm pod of the set: {r:?}");
+        eprintln!("pandas run on {} took {:?}", seen["pod"], started.elapsed());
+        pods.push(seen["pod"].as_str().unwrap().to_string());
+    }
+    pods.dedup();
+    assert_eq!(pods.len(), 2, "never reused: {pods:?}");
+    let with_env = run(
+        &warm,
+        pandas(320).env("COLOUR", "blue").policy(
+            SandboxPolicy::strict()
+                .timeout(Duration::from_secs(60))
+                .memory_bytes(320 << 20)
+                .environment(Access::Allow(vec!["COLOUR".into()])),
+        ),
+    );
+    assert_eq!(with_env.output.as_ref().map(|o| o["preloaded"].clone()), Some(json!(false)), "{with_env:?}");
+    let other_cap = run(&warm, pandas(336));
+    assert_eq!(other_cap.output.as_ref().map(|o| o["preloaded"].clone()), Some(json!(false)), "{other_cap:?}");
+}
+
+/// A package pool whose Python cannot get ready (here its imports do not
+/// fit the memory cap) backs off: its pods end before any run claims them,
+/// and the refill deletes them and waits, doubling, instead of making one
+/// a second to fail the same way.
+#[test]
+fn a_package_pool_that_cannot_get_ready_backs_off() {
+    let _pool = PoolGuard(48);
+    let Some(warm) = warm_backend(48, 1) else { return };
+    let heavy = python("import pandas, matplotlib.pyplot")
+        .packages(["pandas", "matplotlib"])
+        .policy(SandboxPolicy::strict().timeout(Duration::from_secs(60)).memory_bytes(48 << 20));
+    let cold = run(&warm, heavy);
+    assert_eq!(cold.outcome, Outcome::OutOfMemory, "the same imports fail cold: {cold:?}");
+    let mut seen = std::collections::BTreeSet::new();
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(25) {
+        let listed = kubectl(&[
+            "get",
+            "pods",
+            "-l",
+            "execbox.dev/pool",
+            "-o",
+            r#"jsonpath={range .items[*]}{.metadata.name} {.metadata.labels.execbox\.dev/pool}{"\n"}{end}"#,
+        ]);
+        let data = listed
+            .lines()
+            .filter_map(|l| l.split_once(' '))
+            .filter(|(_, pool)| pool.starts_with("data-") && pool.ends_with("-48mi"));
+        seen.extend(data.map(|(name, _)| name.to_string()));
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let data: Vec<&String> = seen.iter().collect();
+    assert!(!data.is_empty(), "the package pool was started");
+    assert!(data.len() <= 3, "the pool made a pod a second: {data:?}");
 }
 
 #[test]

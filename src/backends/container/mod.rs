@@ -109,7 +109,7 @@ use crate::request::ExecRequest;
 use crate::result::ExecResult;
 use runner::Runner;
 #[cfg(feature = "kubernetes")]
-pub(crate) use runner::script_argv;
+pub(crate) use runner::{script_argv, warm_python_argv};
 use staging::Staging;
 use tool_socket::ToolSocket;
 

@@ -715,16 +715,7 @@ fn locked_spec(
 /// wait and run.
 pub(super) fn warm_spec(cfg: &ContainerConfig, key: &WarmKey) -> std::io::Result<(RunSpec, Staging)> {
     let staging = Staging::empty(key.outputs)?;
-    let command = vec![
-        "/usr/bin/python3".to_string(),
-        "-c".into(),
-        if key.outputs {
-            conventions::PYTHON_WARM_CONTAINER_BOOTSTRAP.into()
-        } else {
-            conventions::PYTHON_WARM_CONTAINER_FAST_EXIT_BOOTSTRAP.into()
-        },
-        key.packages.iter().filter(|p| importable(p)).cloned().collect::<Vec<_>>().join(","),
-    ];
+    let command = warm_python_argv(&key.packages, key.outputs);
     let stop_after = cfg.warm_lifetime.saturating_add(cfg.defaults.timeout).saturating_add(KILL_GRACE);
     // The end-record wrapper is one process more than a cold run has (a
     // cold run that collects outputs has its own wrapper): the cap counts
@@ -743,6 +734,24 @@ pub(super) fn warm_spec(cfg: &ContainerConfig, key: &WarmKey) -> std::io::Result
 
 /// A package name Python can import as it is (dotted identifiers); others
 /// are left for the code to import.
+/// The command of a warm Python (a container's or a pod's): the warm
+/// bootstrap, which imports `packages` (those that can name a module), says
+/// ready and waits for its code. `collects`: the run collects output files,
+/// so the interpreter's teardown (which closes the files the code left
+/// open) is kept.
+pub(crate) fn warm_python_argv(packages: &[String], collects: bool) -> Vec<String> {
+    vec![
+        "/usr/bin/python3".to_string(),
+        "-c".into(),
+        if collects {
+            conventions::PYTHON_WARM_CONTAINER_BOOTSTRAP.into()
+        } else {
+            conventions::PYTHON_WARM_CONTAINER_FAST_EXIT_BOOTSTRAP.into()
+        },
+        packages.iter().filter(|p| importable(p)).cloned().collect::<Vec<_>>().join(","),
+    ]
+}
+
 fn importable(name: &str) -> bool {
     !name.is_empty()
         && name.split('.').all(|part| {

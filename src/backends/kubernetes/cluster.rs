@@ -3,6 +3,7 @@
 //! and the one path a job takes: ConfigMap and Pod created, the pod's
 //! start awaited, its log read as records, both objects deleted.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -23,8 +24,31 @@ use crate::backend::Unavailable;
 /// Bound on each API call off a run's deadline (availability, deletes, sweeps).
 pub(super) const API_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long a warm pool's refill waits after its first failure; each
+/// failure in a row doubles it, up to [`MAX_REFILL_BACKOFF`].
+const REFILL_BACKOFF: Duration = Duration::from_secs(10);
+const MAX_REFILL_BACKOFF: Duration = Duration::from_secs(300);
+
 /// How often the sweep of expired objects runs while the backend lives.
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
+
+/// Why a warm pod ended before its deadline without being claimed (its
+/// main container's exit), if it did: one at `activeDeadlineSeconds` has
+/// merely expired.
+fn ended_early(pod: &Pod) -> Option<String> {
+    let status = pod.status.as_ref()?;
+    if !matches!(status.phase.as_deref(), Some("Succeeded" | "Failed")) || pod.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    if status.reason.as_deref() == Some("DeadlineExceeded") {
+        return None;
+    }
+    let terminated = main_status(pod).and_then(|s| s.state.as_ref()?.terminated.as_ref());
+    Some(match terminated {
+        Some(t) => format!("exit {}{}", t.exit_code, t.reason.as_deref().map(|r| format!(", {r}")).unwrap_or_default()),
+        None => status.reason.clone().unwrap_or_else(|| "ended".into()),
+    })
+}
 
 /// Waiting reasons after which a container never starts: its image
 /// cannot be had ...
@@ -48,15 +72,22 @@ struct Inner {
     /// replica's).
     owner: String,
     client: OnceCell<Client>,
-    /// The warm pool's claimable pods at its last count.
-    warm_ready: AtomicUsize,
-    /// Wakes the refill after a claim.
-    claimed: tokio::sync::Notify,
+    /// The warm pools this backend keeps filled, by name.
+    pools: parking_lot::Mutex<BTreeMap<String, Arc<Pool>>>,
     /// Set by [`Cluster::remove_own`]: the refill makes no more pods.
     stopped: std::sync::atomic::AtomicBool,
     /// Held by a refill while it creates: the removal waits for it, so no
     /// pod it was creating lands after the removal's list.
     refilling: tokio::sync::Mutex<()>,
+}
+
+/// A warm pool's refill state.
+#[derive(Default)]
+struct Pool {
+    /// Its claimable pods at the last count.
+    ready: AtomicUsize,
+    /// Wakes the refill after a claim.
+    claimed: tokio::sync::Notify,
 }
 
 /// How a job ended, short of an error.
@@ -102,8 +133,7 @@ impl Cluster {
             cfg,
             owner,
             client: OnceCell::new(),
-            warm_ready: AtomicUsize::new(0),
-            claimed: tokio::sync::Notify::new(),
+            pools: parking_lot::Mutex::new(BTreeMap::new()),
             stopped: std::sync::atomic::AtomicBool::new(false),
             refilling: tokio::sync::Mutex::new(()),
         });
@@ -165,8 +195,10 @@ impl Cluster {
         let pool = pool.to_string();
         self.block(async move {
             let name = tokio::time::timeout(deadline, inner.claim(&pool, expires)).await.ok().flatten();
-            if name.is_some() {
-                inner.claimed.notify_one();
+            if name.is_some()
+                && let Some(pool) = inner.pools.lock().get(&pool)
+            {
+                pool.claimed.notify_one();
             }
             name
         })
@@ -195,26 +227,39 @@ impl Cluster {
 
     /// Keeps `target` claimable pods of `pool`, each made by `template`,
     /// counting every replica's (off the request path; woken by claims).
+    /// A pool already kept is left as it is.
     pub fn start_warm(&self, pool: String, target: usize, template: impl Fn() -> Job + Send + Sync + 'static) {
         let Some(runtime) = &self.runtime else { return };
+        let state = match self.inner.pools.lock().entry(pool.clone()) {
+            std::collections::btree_map::Entry::Occupied(_) => return,
+            std::collections::btree_map::Entry::Vacant(entry) => entry.insert(Arc::default()).clone(),
+        };
         let inner = self.inner.clone();
         runtime.spawn(async move {
+            let mut backoff = REFILL_BACKOFF;
             while !inner.stopped.load(Ordering::SeqCst) {
-                let wait = match inner.refill(&pool, target, &template).await {
-                    Ok(()) => Duration::from_secs(1),
+                let wait = match inner.refill(&pool, &state, target, &template).await {
+                    Ok(()) => {
+                        backoff = REFILL_BACKOFF;
+                        Duration::from_secs(1)
+                    }
                     Err(e) => {
-                        tracing::warn!(error = %e, "the kubernetes warm pool cannot refill");
-                        Duration::from_secs(10)
+                        tracing::warn!(pool = %pool, error = %e, "a kubernetes warm pool cannot refill");
+                        let wait = backoff;
+                        backoff = backoff.saturating_mul(2).min(MAX_REFILL_BACKOFF);
+                        wait
                     }
                 };
-                let _ = tokio::time::timeout(wait, inner.claimed.notified()).await;
+                let _ = tokio::time::timeout(wait, state.claimed.notified()).await;
             }
         });
     }
 
-    /// The warm pool's claimable pods at its last count.
-    pub fn warm_ready(&self) -> usize {
-        self.inner.warm_ready.load(Ordering::Relaxed)
+    /// The warm pools kept: their claimable pods at the last count, and
+    /// how many pools.
+    pub fn warm_ready(&self) -> (usize, usize) {
+        let pools = self.inner.pools.lock();
+        (pools.values().map(|p| p.ready.load(Ordering::Relaxed)).sum(), pools.len())
     }
 
     /// Starts the periodic sweep of expired objects (any owner's: every
@@ -472,7 +517,7 @@ impl Inner {
 
     /// Creates pods of `pool` until `target` are ready (claimable or about
     /// to be), counting every replica's.
-    async fn refill(&self, pool: &str, target: usize, template: &impl Fn() -> Job) -> Result<(), String> {
+    async fn refill(&self, pool: &str, state: &Pool, target: usize, template: &impl Fn() -> Job) -> Result<(), String> {
         let _refilling = self.refilling.lock().await;
         let client = self.client().await.map_err(|e| e.to_string())?;
         let ns = &self.cfg.namespace;
@@ -495,7 +540,28 @@ impl Inner {
             .iter()
             .filter(|p| main_status(p).and_then(|s| s.state.as_ref()).is_some_and(|s| s.running.is_some()))
             .count();
-        self.warm_ready.store(running, Ordering::Relaxed);
+        state.ready.store(running, Ordering::Relaxed);
+        // This backend's pods that ended unclaimed before their deadline: a
+        // package pool whose program cannot get ready (its imports do not
+        // fit the memory cap, an image without the packages). They go, and
+        // the pool backs off instead of making more to fail the same way.
+        let failed: Vec<(&str, String)> = list
+            .items
+            .iter()
+            .filter(|p| p.metadata.labels.as_ref().and_then(|l| l.get(OWNER_LABEL)) == Some(&self.owner))
+            .filter_map(|p| Some((p.metadata.name.as_deref()?, ended_early(p)?)))
+            .collect();
+        if let Some((_, why)) = failed.first() {
+            let now = DeleteParams { grace_period_seconds: Some(0), ..DeleteParams::default() };
+            let _ = tokio::time::timeout(API_TIMEOUT, async {
+                for (name, _) in &failed {
+                    let _ = pods.delete(name, &now).await;
+                    let _ = maps.delete(name, &now).await;
+                }
+            })
+            .await;
+            return Err(format!("{} warm pod(s) ended before a run claimed them ({why})", failed.len()));
+        }
         for _ in alive.len()..target {
             if self.stopped.load(Ordering::SeqCst) {
                 break;

@@ -5,6 +5,8 @@
 # /work/out, and ends with the program's status.
 #
 # A warm pod's launcher waits for its run on stdin first (see receive()).
+# A warm pod of a package pool has started its program already (see
+# preload()): Python with the packages imported, waiting for its code.
 #
 # Records, one a line: "<tag> <base64>", at most 8 KiB of bytes each:
 #   o / e   program stdout / stderr, until the run's cap (the rest counted)
@@ -52,7 +54,8 @@ def reap():
             return
 
 
-def start(argv, stdin_path, out_w, err_w, env, cwd):
+def start(argv, stdin, out_w, err_w, env, cwd):
+    """Starts `argv`; `stdin` is a path, or a descriptor of this process."""
     pid = os.fork()
     if pid:
         return pid
@@ -61,7 +64,7 @@ def start(argv, stdin_path, out_w, err_w, env, cwd):
         # Python ignores these; a program starts with the defaults.
         for sig in (signal.SIGPIPE, signal.SIGXFSZ):
             signal.signal(sig, signal.SIG_DFL)
-        fd = os.open(stdin_path, os.O_RDONLY)
+        fd = stdin if isinstance(stdin, int) else os.open(stdin, os.O_RDONLY)
         os.dup2(fd, 0)
         os.dup2(out_w, 1)
         os.dup2(err_w, 2)
@@ -77,6 +80,14 @@ def timed_out():
     emit(b"t")
     kill_rest()
     sys.exit(124)
+
+
+def forward(stream, chunk):
+    """Sends `chunk` of `stream` ([tag, cap, sent]) as far as its cap."""
+    room = stream[1] - stream[2]
+    if room > 0:
+        emit(stream[0], chunk[:room])
+    stream[2] += len(chunk)
 
 
 def pump(streams, child, stop_at):
@@ -103,21 +114,74 @@ def pump(streams, child, stop_at):
                 del streams[fd]
                 os.close(fd)
                 continue
-            stream = streams[fd]
-            room = stream[1] - stream[2]
-            if room > 0:
-                emit(stream[0], chunk[:room])
-            stream[2] += len(chunk)
+            forward(streams[fd], chunk)
     return status
 
 
-def receive():
+def read_exactly(fd, size, stop_at=None):
+    """`size` bytes of `fd`; short at its end or at `stop_at`."""
+    got = b""
+    while len(got) < size:
+        if stop_at is not None and not select.select([fd], [], [], max(0, stop_at - time.time()))[0]:
+            break
+        chunk = os.read(fd, size - len(got))
+        if not chunk:
+            break
+        got += chunk
+    return got
+
+
+# What the warm bootstrap (src/backends/conventions.rs) writes once its
+# packages are imported, and once it has the host's go-ahead line.
+WARM_READY = b"\0execbox:warm\n"
+WARM_HERE = b"\0execbox:here\n"
+
+
+def preload(argv, env):
+    """Starts a package pool's program before its run: `argv` is Python's
+    warm bootstrap, which imports the packages, says WARM_READY and waits.
+    What it writes to stderr meanwhile is kept for the run (a cold run's
+    imports would have written it too). Returns (pid, stdin, stdout,
+    stderr, the stderr so far); a program that does not get ready ends
+    the pod."""
+    in_r, in_w = os.pipe()
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    child = start(argv, in_r, out_w, err_w, env, "/work")
+    for fd in (in_r, out_w, err_w):
+        os.close(fd)
+    said, early = b"", b""
+    while len(said) < len(WARM_READY):
+        ready, _, _ = select.select([out_r, err_r], [], [])
+        if err_r in ready:
+            chunk = os.read(err_r, CHUNK)
+            # Bounded: only the run's cap of it is ever sent.
+            early = (early + chunk)[: 1 << 20]
+            if not chunk:
+                sys.exit(125)
+        if out_r in ready:
+            chunk = os.read(out_r, len(WARM_READY) - len(said))
+            if not chunk:
+                sys.exit(125)
+            said += chunk
+    if said != WARM_READY:
+        sys.exit(125)
+    return child, in_w, out_r, err_r, early
+
+
+def receive(program=None):
     """A warm pod's run, from stdin (the host attaches once it claimed the
     pod): `<length>\\n` then that many bytes of JSON {"spec", "code",
     "files": [[name, base64], ...]}. The files go under /work (this pod's
-    own tmpfs), the code to an unlinked file in /tmp. Returns the path the
-    program's stdin opens."""
+    own tmpfs). Sets the run's spec; returns its code. A preloaded
+    `program` that ends while the pod waits ends the pod: it can no longer
+    take a run."""
     global spec
+    if program:
+        watched = os.pidfd_open(program)
+        if watched in select.select([0, watched], [], [])[0]:
+            sys.exit(125)
+        os.close(watched)
     header = b""
     while not header.endswith(b"\n"):
         byte = os.read(0, 1)
@@ -142,11 +206,16 @@ def receive():
         os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
         with open(path, "wb") as f:
             f.write(base64.b64decode(data))
-    code = "/tmp/.execbox-code"
-    with open(code, "wb") as f:
-        f.write(base64.b64decode(job["code"]))
-    fd = os.open(code, os.O_RDONLY)
-    os.unlink(code)
+    return base64.b64decode(job["code"])
+
+
+def unlinked(code):
+    """A path to `code` in a file of /tmp that no other name reaches."""
+    path = "/tmp/.execbox-code"
+    with open(path, "wb") as f:
+        f.write(code)
+    fd = os.open(path, os.O_RDONLY)
+    os.unlink(path)
     return "/dev/fd/%d" % fd
 
 
@@ -165,17 +234,39 @@ def oom_kills():
 
 
 def main():
-    code = receive() if spec.get("warm") else JOB + "/code"
-    stop_at = spec["stop_at"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
-    env.update(spec["env"])
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
-    child = start(spec["argv"], code, out_w, err_w, env, "/work")
-    os.close(out_w)
-    os.close(err_w)
+    preloaded = spec.get("warm") and spec.get("preload")
+    if preloaded:
+        # The host sends a package pool only runs without environment
+        # values or arguments: the program already has its own.
+        child, code_w, out_r, err_r, early = preload(spec["preload"], env)
+        code = receive(child)
+        # The go-ahead line, then the code, which the program reads to its
+        # end. A program that died meanwhile (killed at the memory cap)
+        # gives its status below.
+        view = memoryview(b"?\n" + code)
+        try:
+            while view:
+                view = view[os.write(code_w, view):]
+        except BrokenPipeError:
+            pass
+        os.close(code_w)
+        if read_exactly(out_r, len(WARM_HERE), spec["stop_at"]) != WARM_HERE and time.time() >= spec["stop_at"]:
+            timed_out()
+    else:
+        code = unlinked(receive()) if spec.get("warm") else JOB + "/code"
+        env.update(spec["env"])
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        child = start(spec["argv"], code, out_w, err_w, env, "/work")
+        os.close(out_w)
+        os.close(err_w)
+        early = b""
+    stop_at = spec["stop_at"]
     out = [b"o", spec["stdout_cap"], 0]
     err = [b"e", spec["stderr_cap"], 0]
+    if early:
+        forward(err, early)
     status = pump({out_r: out, err_r: err}, child, stop_at)
     listing = spec.get("listing")
     if listing:

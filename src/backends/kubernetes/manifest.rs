@@ -57,6 +57,10 @@ pub(super) struct Job {
     /// A warm pod of this pool: it waits for its run on stdin (see
     /// `launch.py`), with `/work` its own and `/work/out` mounted.
     pub pool: Option<String>,
+    /// A warm pod's program, started before its run (Python's warm
+    /// bootstrap, its packages imported): the run brings only its code,
+    /// files and caps.
+    pub preload: Option<Vec<String>>,
 }
 
 /// A run's `/work/out`.
@@ -129,7 +133,10 @@ impl Job {
             names.insert(key.clone(), file.name.clone().into());
             binary.insert(key, STANDARD.encode(&file.content).into());
         }
-        let spec = if self.pool.is_some() { json!({"warm": true}) } else { self.spec(stop_at) };
+        let spec = match &self.pool {
+            Some(_) => json!({"warm": true, "preload": self.preload}),
+            None => self.spec(stop_at),
+        };
         let outputs = self.pool.is_some() || self.outputs.is_some();
         serde_json::from_value(json!({
             "apiVersion": "v1", "kind": "ConfigMap",
@@ -288,6 +295,7 @@ mod tests {
             outputs: None,
             limit: Duration::from_secs(5),
             pool: None,
+            preload: None,
         }
     }
 

@@ -43,11 +43,16 @@
 //! without a token and with capped `/tmp`, the backend is unavailable,
 //! saying which control failed.
 //!
+//! **Warm pods** (`warm_pods`): pods of a run's shape, started ahead and
+//! claimed by one run each (a resourceVersion-checked label patch, so
+//! replicas share the pools); the run is delivered over the pod's stdin.
+//! The plain pool's launcher starts the program when the run comes; a
+//! package set's pool has Python started with the set imported.
+//!
 //! Not here (refused at admission, named): Rust, Code Mode tools (the pod
 //! has no channel to the host), host path grants and workspaces (the
 //! cluster's nodes are not the host), per-request process caps (Kubernetes
-//! 1.20 has only the kubelet's node-wide `podPidsLimit`), sessions, warm
-//! pods.
+//! 1.20 has only the kubelet's node-wide `podPidsLimit`), sessions.
 
 mod cluster;
 mod config;
@@ -87,6 +92,10 @@ const UNCAPPED_STREAM_BYTES: u64 = 64 << 20;
 /// How long a negative availability answer is trusted.
 const NEGATIVE_TTL: Duration = Duration::from_secs(2);
 
+/// Most package sets with a warm pool of their own (each holds
+/// `warm_pods` pods, each reserving the default memory on a node).
+const MAX_PACKAGE_POOLS: usize = 4;
+
 /// The probe pod's deadline (a cold start on a busy node included).
 const PROBE_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -108,8 +117,10 @@ struct Inner {
     /// one with its time.
     probe: OneAtATime<Vec<String>>,
     sweeping: AtomicBool,
-    /// The warm pool's refill was started.
+    /// The plain warm pool's refill was started.
     warming: AtomicBool,
+    /// The package sets' warm pools started.
+    package_pools: Mutex<std::collections::BTreeSet<String>>,
     shut_down: AtomicBool,
 }
 
@@ -179,6 +190,7 @@ impl Kubernetes {
             probe: OneAtATime::new(),
             sweeping: AtomicBool::new(false),
             warming: AtomicBool::new(false),
+            package_pools: Mutex::new(Default::default()),
             shut_down: AtomicBool::new(false),
         };
         Ok(Self { inner: Arc::new(inner) })
@@ -217,28 +229,60 @@ impl Kubernetes {
         }
         self.probed()?;
         if self.config().warm_pods > 0 && !self.inner.warming.swap(true, Ordering::SeqCst) {
-            // The template holds the settings, never the backend: the
-            // refill runs on the backend's runtime and must not keep it alive.
-            let (cfg, pool) = (self.config().clone(), self.warm_pool());
-            let template = move || warm_job(&cfg, &pool);
-            self.inner.cluster.start_warm(self.warm_pool(), self.config().warm_pods, template);
+            self.start_pool(self.plain_pool(), self.config().python_image.clone(), None);
         }
         Ok(())
     }
 
-    /// The warm pool's name: the plain image at the default memory cap.
-    fn warm_pool(&self) -> String {
+    /// Keeps warm pods of `pool` in `image`, their program `preload` if any.
+    fn start_pool(&self, pool: String, image: String, preload: Option<Vec<String>>) {
+        // The template holds the settings, never the backend: the refill
+        // runs on the backend's runtime and must not keep it alive.
+        let (cfg, name) = (self.config().clone(), pool.clone());
+        let template = move || warm_job(&cfg, &name, &image, preload.clone());
+        self.inner.cluster.start_warm(pool, self.config().warm_pods, template);
+    }
+
+    /// The plain pool's name: the plain image at the default memory cap.
+    /// Its pods start their program when the run comes, so they take
+    /// Python and shell runs with any environment and arguments.
+    fn plain_pool(&self) -> String {
         format!("python-{}mi", self.config().defaults.memory_bytes >> 20)
     }
 
-    /// Whether `job` may run on a warm pod: the pool's image and memory,
-    /// and a deadline the pod's remaining life covers.
-    fn fits_warm(&self, job: &Job) -> bool {
+    /// The warm pool `job` (of `request`) may run on, if any: the pool's
+    /// memory, and a deadline the pod's remaining life covers; the plain
+    /// image's runs take the plain pool. A Python run with packages takes
+    /// the pool of its package set, whose pods have imported them already
+    /// (so it brings no environment values or arguments: the program has
+    /// started without them). Such a pool is started by the first run of
+    /// its set, which runs cold; at most [`MAX_PACKAGE_POOLS`] are kept.
+    fn warm_pool_for(&self, job: &Job, request: &crate::request::ExecRequest) -> Option<String> {
         let cfg = self.config();
-        cfg.warm_pods > 0
-            && job.image == cfg.python_image
-            && job.memory_bytes == cfg.defaults.memory_bytes
-            && job.limit <= cfg.defaults.timeout
+        if cfg.warm_pods == 0 || job.memory_bytes != cfg.defaults.memory_bytes || job.limit > cfg.defaults.timeout {
+            return None;
+        }
+        if job.image == cfg.python_image {
+            return Some(self.plain_pool());
+        }
+        if request.language != Language::Python || !request.env.is_empty() || !request.args.is_empty() {
+            return None;
+        }
+        let mut packages = request.packages.clone();
+        packages.sort();
+        packages.dedup();
+        let collects = job.outputs.is_some();
+        let pool = package_pool(&packages, collects, job.memory_bytes);
+        let mut kept = self.inner.package_pools.lock();
+        if kept.contains(&pool) {
+            return Some(pool);
+        }
+        if kept.len() < MAX_PACKAGE_POOLS {
+            kept.insert(pool.clone());
+            let preload = crate::backends::container::warm_python_argv(&packages, collects);
+            self.start_pool(pool, cfg.python_data_image.clone(), Some(preload));
+        }
+        None
     }
 
     /// The probe's verdict: run once per process while it passes.
@@ -265,6 +309,7 @@ impl Kubernetes {
             outputs: None,
             limit: PROBE_TIMEOUT,
             pool: None,
+            preload: None,
         };
         let records = Records::new(Some(64 << 10), Some(64 << 10), None, 0);
         let records = match self.inner.cluster.run(job, records, Some(PROBE_TIMEOUT)) {
@@ -359,6 +404,7 @@ impl Kubernetes {
             outputs,
             limit,
             pool: None,
+            preload: None,
         };
         job.check_size()?;
         Ok(job)
@@ -466,13 +512,14 @@ fn staged_names(files: Vec<ExecFile>, collects: bool) -> Result<Vec<ExecFile>, E
     Ok(staged)
 }
 
-/// A warm pod of `pool`: a run's shape at the default caps, waiting for
-/// its run up to `warm_lifetime`, then able to run for the default timeout.
-fn warm_job(cfg: &KubernetesConfig, pool: &str) -> Job {
+/// A warm pod of `pool` in `image`: a run's shape at the default caps,
+/// waiting for its run up to `warm_lifetime`, then able to run for the
+/// default timeout; its program `preload`, started before the run, if any.
+fn warm_job(cfg: &KubernetesConfig, pool: &str, image: &str, preload: Option<Vec<String>>) -> Job {
     Job {
         name: pod_name(),
         role: "warm",
-        image: cfg.python_image.clone(),
+        image: image.to_string(),
         argv: Vec::new(),
         code: Vec::new(),
         files: Vec::new(),
@@ -483,7 +530,23 @@ fn warm_job(cfg: &KubernetesConfig, pool: &str) -> Job {
         outputs: None,
         limit: cfg.warm_lifetime.saturating_add(cfg.defaults.timeout),
         pool: Some(pool.to_string()),
+        preload,
     }
+}
+
+/// The name of the warm pool of a package set (sorted, without repeats),
+/// whether its runs collect files, and its memory cap: the same in every
+/// replica, and a valid label value.
+fn package_pool(packages: &[String], collects: bool, memory_bytes: u64) -> String {
+    use sha2::{Digest, Sha256};
+    let mut hash = Sha256::new();
+    for package in packages {
+        hash.update(package.as_bytes());
+        hash.update([0]);
+    }
+    hash.update([u8::from(collects)]);
+    let digest = hash.finalize();
+    format!("data-{}-{}mi", hex::encode(&digest[..8]), memory_bytes >> 20)
 }
 
 /// A fresh object name `execbox-<pid>-<counter>-<nonce>`.
@@ -534,13 +597,10 @@ impl Backend for Kubernetes {
             listing_cap,
         );
         let cluster = &self.inner.cluster;
-        let claimed = match self.fits_warm(&job) {
-            true => {
-                let (delivery, expires) = job.delivery();
-                cluster.claim(&self.warm_pool(), expires, limit).map(|name| (name, delivery))
-            }
-            false => None,
-        };
+        let claimed = self.warm_pool_for(&job, &request).and_then(|pool| {
+            let (delivery, expires) = job.delivery();
+            cluster.claim(&pool, expires, limit).map(|name| (name, delivery))
+        });
         let ran = match claimed {
             Some((name, delivery)) => {
                 match cluster.run_claimed(name, delivery, records, deadline.remaining().unwrap_or(limit)) {
@@ -566,10 +626,12 @@ impl Backend for Kubernetes {
         }
     }
 
-    /// The warm pool's claimable pods, if it is on.
+    /// The warm pools' claimable pods, if they are on (the plain pool's
+    /// and those of the package sets started).
     fn readiness(&self) -> Option<Readiness> {
-        let target = self.config().warm_pods;
-        (target > 0).then(|| Readiness { ready: self.inner.cluster.warm_ready(), target })
+        let per_pool = self.config().warm_pods;
+        let (ready, pools) = self.inner.cluster.warm_ready();
+        (per_pool > 0).then(|| Readiness { ready, target: per_pool * pools.max(1) })
     }
 
     /// Checks the cluster and runs the probe, off the first request's path.
