@@ -520,6 +520,39 @@ fn warm_pods_run_once_each_and_an_empty_pool_falls_back_to_cold() {
     assert_eq!(pods.len(), 3, "never reused: {pods:?}");
 }
 
+/// A plain warm pod's launcher has Python waiting; a run it does not fit
+/// (shell, Python with its own environment) gets a fresh program on the
+/// same warm pod, and the waiting Python is gone before it starts.
+#[test]
+fn a_warm_pod_runs_shell_and_python_with_an_environment_as_fresh_programs() {
+    let _pool = PoolGuard(232);
+    let Some(warm) = warm_backend(232, 1) else { return };
+    let policy = || {
+        SandboxPolicy::strict()
+            .timeout(Duration::from_secs(30))
+            .memory_bytes(232 << 20)
+            .environment(Access::Allow(vec!["COLOUR".into()]))
+    };
+    let wait_ready = || {
+        let start = Instant::now();
+        while warm.readiness().is_none_or(|r| r.ready < 1) {
+            assert!(start.elapsed() < Duration::from_secs(90), "the pool never refilled");
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    };
+    wait_ready();
+    // /work/out is mounted on every warm pod, on a cold one only when collecting.
+    let script = r#"test -d /work/out && echo warm; echo "$COLOUR"
+n=0; for p in /proc/[0-9]*; do case "$(tr '\0' ' ' < $p/cmdline 2>/dev/null)" in *_execbox_warm*) n=$((n+1));; esac; done
+echo $n"#;
+    let r = run(&warm, shell(script).env("COLOUR", "blue").policy(policy()));
+    assert_eq!((r.outcome, stdout(&r)), (Outcome::Ok, "warm\nblue\n0\n".to_string()), "{r:?}");
+    wait_ready();
+    let code = "import os, sys; print(os.path.isdir('/work/out'), os.environ['COLOUR'], sys.argv[1:])";
+    let r = run(&warm, python(code).env("COLOUR", "red").arg("x").policy(policy()));
+    assert_eq!((r.outcome, stdout(&r)), (Outcome::Ok, "True red ['x']\n".to_string()), "{r:?}");
+}
+
 /// Whether pandas was imported before the code ran, and where it ran.
 const PANDAS_PRELOADED: &str = r#"
 import json, socket, sys

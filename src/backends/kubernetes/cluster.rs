@@ -79,6 +79,12 @@ struct Inner {
     /// Held by a refill while it creates: the removal waits for it, so no
     /// pod it was creating lands after the removal's list.
     refilling: tokio::sync::Mutex<()>,
+    /// Runs' deletions under way in the background: the backend's drop
+    /// waits for them (a process that exits after its last run would
+    /// otherwise leave that run's ConfigMap, its code and input, until
+    /// another process's sweep).
+    deleting: parking_lot::Mutex<usize>,
+    deleted: parking_lot::Condvar,
 }
 
 /// A warm pool's refill state.
@@ -136,6 +142,8 @@ impl Cluster {
             pools: parking_lot::Mutex::new(BTreeMap::new()),
             stopped: std::sync::atomic::AtomicBool::new(false),
             refilling: tokio::sync::Mutex::new(()),
+            deleting: parking_lot::Mutex::new(0),
+            deleted: parking_lot::Condvar::new(),
         });
         Ok(Self { inner, runtime: Some(runtime) })
     }
@@ -310,7 +318,13 @@ impl Cluster {
 }
 
 impl Drop for Cluster {
+    /// Waits (up to [`API_TIMEOUT`]) for the runs' deletions in the
+    /// background, then stops the runtime without waiting for its tasks.
     fn drop(&mut self) {
+        let until = std::time::Instant::now() + API_TIMEOUT;
+        let mut deleting = self.inner.deleting.lock();
+        while *deleting > 0 && !self.inner.deleted.wait_until(&mut deleting, until).timed_out() {}
+        drop(deleting);
         if let Some(runtime) = self.runtime.take() {
             runtime.shutdown_background();
         }
@@ -391,12 +405,26 @@ impl Inner {
         &self,
         pods: &Api<Pod>,
         name: &str,
+        records: Records,
+        at: Option<Instant>,
+    ) -> Result<JobEnd, JobError> {
+        match within(at, pods.log_stream(name, &log_params())).await {
+            None => Ok(JobEnd::TimedOut { records }),
+            Some(log) => self.read_opened_log(pods, name, log, records, at).await,
+        }
+    }
+
+    /// [`Inner::read_log`] from a log stream opened already.
+    async fn read_opened_log(
+        &self,
+        pods: &Api<Pod>,
+        name: &str,
+        log: Result<impl futures_util::AsyncRead + Unpin, kube::Error>,
         mut records: Records,
         at: Option<Instant>,
     ) -> Result<JobEnd, JobError> {
-        let params = LogParams { container: Some("main".into()), follow: true, ..LogParams::default() };
         let read = within(at, async {
-            let mut log = pods.log_stream(name, &params).await?;
+            let mut log = log?;
             let mut lines = Lines::default();
             let mut buf = vec![0; 64 << 10];
             loop {
@@ -489,13 +517,18 @@ impl Inner {
         let params = AttachParams::default().container("main").stdin(true).stdout(false).stderr(false);
         // Not a byte of the run has gone to the pod until the attachment
         // stands (the pod may have died, or an older Role lacks
-        // pods/attach): then the run can still go to a cold pod.
-        let mut attached = match within(at, pods.attach(name, &params)).await {
-            None => return Ok(JobEnd::TimedOut { records }),
-            Some(Err(e)) => {
+        // pods/attach): then the run can still go to a cold pod. The log
+        // is opened meanwhile (the launcher writes to it only once the
+        // run has come).
+        let log_params = log_params();
+        let opened =
+            within(at, futures_util::future::join(pods.attach(name, &params), pods.log_stream(name, &log_params)));
+        let Some((attached, log)) = opened.await else { return Ok(JobEnd::TimedOut { records }) };
+        let mut attached = match attached {
+            Err(e) => {
                 return Err(JobError::NotDelivered(format!("cannot attach the warm pod: {e}"), Box::new(records)));
             }
-            Some(Ok(attached)) => attached,
+            Ok(attached) => attached,
         };
         let Some(mut stdin) = attached.stdin() else {
             return Err(JobError::NotDelivered("the warm pod's attachment has no stdin".into(), Box::new(records)));
@@ -512,7 +545,7 @@ impl Inner {
         };
         // The attachment stays open until the log ends: closing it early
         // could cut the delivery short inside the API server.
-        self.read_log(&pods, name, records, at).await
+        self.read_opened_log(&pods, name, log, records, at).await
     }
 
     /// Creates pods of `pool` until `target` are ready (claimable or about
@@ -583,19 +616,32 @@ impl Inner {
         Ok(())
     }
 
-    /// `end`, once the job's objects are deleted: in the background when
-    /// the deadline passed (the result comes at the deadline), else before.
+    /// `end`, with the job's objects being deleted in the background: the
+    /// pod has ended (or is past its deadline), and its deletes (~30-70 ms
+    /// of API calls) need not hold the result. The backend's drop waits for
+    /// them; `shutdown` deletes whatever this backend made anyway.
     async fn delete_after(
         self: Arc<Self>,
         name: String,
         end: Result<JobEnd, JobError>,
         handle: Option<tokio::runtime::Handle>,
     ) -> Result<JobEnd, JobError> {
+        let Some(handle) = handle else {
+            self.delete(name).await;
+            return end;
+        };
+        *self.deleting.lock() += 1;
+        let inner = self.clone();
+        // Counted down however the task ends, dropped unpolled included.
+        let done = crate::guard::on_drop(move || {
+            *inner.deleting.lock() -= 1;
+            inner.deleted.notify_all();
+        });
         let cleanup = self.delete(name);
-        match (&end, handle) {
-            (Ok(JobEnd::TimedOut { .. }), Some(handle)) => drop(handle.spawn(cleanup)),
-            _ => cleanup.await,
-        }
+        drop(handle.spawn(async move {
+            let _done = done;
+            cleanup.await;
+        }));
         end
     }
 
@@ -654,6 +700,11 @@ impl Inner {
             }
         }
     }
+}
+
+/// How a run's log is read: the launcher's container, followed.
+fn log_params() -> LogParams {
+    LogParams { container: Some("main".into()), follow: true, ..LogParams::default() }
 }
 
 /// `future`, unless `at` passes first (`None`).

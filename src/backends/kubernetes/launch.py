@@ -5,8 +5,11 @@
 # /work/out, and ends with the program's status.
 #
 # A warm pod's launcher waits for its run on stdin first (see receive()).
-# A warm pod of a package pool has started its program already (see
-# preload()): Python with the packages imported, waiting for its code.
+# Meanwhile it has started Python already (see preload()), with a package
+# pool's packages imported, waiting for its code: a run the host marks
+# "preloaded" (Python without environment values or arguments) is handed
+# to it; any other run (shell, or with its own environment) gets a fresh
+# program, and the waiting Python is killed first.
 #
 # Records, one a line: "<tag> <base64>", at most 8 KiB of bytes each:
 #   o / e   program stdout / stderr, until the run's cap (the rest counted)
@@ -233,14 +236,34 @@ def oom_kills():
     return -1
 
 
+def discard(preloaded):
+    """Kills a preloaded program that will not run (and what it started)."""
+    child, code_w, out_r, err_r, _ = preloaded
+    try:
+        os.killpg(child, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    os.waitpid(child, 0)
+    for fd in (code_w, out_r, err_r):
+        os.close(fd)
+
+
 def main():
     env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
-    preloaded = spec.get("warm") and spec.get("preload")
+    preloaded = None
+    # receive() replaces the pod's spec with the run's.
+    warm = spec.get("warm")
+    if warm:
+        if spec.get("preload"):
+            preloaded = preload(spec["preload"], env)
+        code = receive(preloaded[0] if preloaded else None)
+        if preloaded and not spec.get("preloaded"):
+            discard(preloaded)
+            preloaded = None
     if preloaded:
-        # The host sends a package pool only runs without environment
-        # values or arguments: the program already has its own.
-        child, code_w, out_r, err_r, early = preload(spec["preload"], env)
-        code = receive(child)
+        # The run has no environment values or arguments (the host said
+        # so): the waiting program started exactly as its own would.
+        child, code_w, out_r, err_r, early = preloaded
         # The go-ahead line, then the code, which the program reads to its
         # end. A program that died meanwhile (killed at the memory cap)
         # gives its status below.
@@ -254,7 +277,7 @@ def main():
         if read_exactly(out_r, len(WARM_HERE), spec["stop_at"]) != WARM_HERE and time.time() >= spec["stop_at"]:
             timed_out()
     else:
-        code = unlinked(receive()) if spec.get("warm") else JOB + "/code"
+        code = unlinked(code) if warm else JOB + "/code"
         env.update(spec["env"])
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()

@@ -57,9 +57,8 @@ pub(super) struct Job {
     /// A warm pod of this pool: it waits for its run on stdin (see
     /// `launch.py`), with `/work` its own and `/work/out` mounted.
     pub pool: Option<String>,
-    /// A warm pod's program, started before its run (Python's warm
-    /// bootstrap, its packages imported): the run brings only its code,
-    /// files and caps.
+    /// A warm pod's Python, started before its run (the warm bootstrap,
+    /// with a package pool's packages imported).
     pub preload: Option<Vec<String>>,
 }
 
@@ -168,10 +167,14 @@ impl Job {
 
     /// What the host writes to a claimed warm pod's stdin: the run's spec,
     /// code and files (see `launch.py`'s `receive`), and the new expiry.
-    pub fn delivery(&self) -> (Vec<u8>, u64) {
+    /// `preloaded`: the run is for the pod's waiting Python (Python without
+    /// environment values or arguments); else the launcher starts `argv`.
+    pub fn delivery(&self, preloaded: bool) -> (Vec<u8>, u64) {
         let (stop_at, expires) = self.times();
         let files: Vec<Value> = self.files.iter().map(|f| json!([f.name, STANDARD.encode(&f.content)])).collect();
-        let job = json!({"spec": self.spec(stop_at), "code": STANDARD.encode(&self.code), "files": files}).to_string();
+        let mut spec = self.spec(stop_at);
+        spec["preloaded"] = preloaded.into();
+        let job = json!({"spec": spec, "code": STANDARD.encode(&self.code), "files": files}).to_string();
         let mut bytes = format!("{}\n", job.len()).into_bytes();
         bytes.extend_from_slice(job.as_bytes());
         (bytes, expires)

@@ -46,8 +46,9 @@
 //! **Warm pods** (`warm_pods`): pods of a run's shape, started ahead and
 //! claimed by one run each (a resourceVersion-checked label patch, so
 //! replicas share the pools); the run is delivered over the pod's stdin.
-//! The plain pool's launcher starts the program when the run comes; a
-//! package set's pool has Python started with the set imported.
+//! Their launcher has started Python ahead (a package set's pool: with the
+//! set imported); a Python run without environment values or arguments is
+//! handed to it, any other run gets a fresh program.
 //!
 //! Not here (refused at admission, named): Rust, Code Mode tools (the pod
 //! has no channel to the host), host path grants and workspaces (the
@@ -229,7 +230,8 @@ impl Kubernetes {
         }
         self.probed()?;
         if self.config().warm_pods > 0 && !self.inner.warming.swap(true, Ordering::SeqCst) {
-            self.start_pool(self.plain_pool(), self.config().python_image.clone(), None);
+            let python = crate::backends::container::warm_python_argv(&[], true);
+            self.start_pool(self.plain_pool(), self.config().python_image.clone(), Some(python));
         }
         Ok(())
     }
@@ -244,8 +246,9 @@ impl Kubernetes {
     }
 
     /// The plain pool's name: the plain image at the default memory cap.
-    /// Its pods start their program when the run comes, so they take
-    /// Python and shell runs with any environment and arguments.
+    /// Its pods take Python and shell runs with any environment and
+    /// arguments: their waiting Python takes a run without either, any
+    /// other gets a fresh program.
     fn plain_pool(&self) -> String {
         format!("python-{}mi", self.config().defaults.memory_bytes >> 20)
     }
@@ -598,7 +601,10 @@ impl Backend for Kubernetes {
         );
         let cluster = &self.inner.cluster;
         let claimed = self.warm_pool_for(&job, &request).and_then(|pool| {
-            let (delivery, expires) = job.delivery();
+            // The pod's waiting Python takes a run that would start it
+            // exactly so: Python without environment values or arguments.
+            let preloaded = request.language == Language::Python && request.env.is_empty() && request.args.is_empty();
+            let (delivery, expires) = job.delivery(preloaded);
             cluster.claim(&pool, expires, limit).map(|name| (name, delivery))
         });
         let ran = match claimed {
