@@ -177,9 +177,13 @@ impl Executor {
             .iter()
             .map(|b| {
                 let availability = b.availability();
-                let mut packages: Vec<String> =
-                    b.capabilities().languages.iter().flat_map(|l| b.packages(*l)).collect();
-                packages.dedup();
+                // Once each: a backend may offer one set to several languages.
+                let mut packages: Vec<String> = Vec::new();
+                for package in b.capabilities().languages.iter().flat_map(|l| b.packages(*l)) {
+                    if !packages.contains(&package) {
+                        packages.push(package);
+                    }
+                }
                 BackendStatus {
                     name: b.name().to_string(),
                     available: availability.is_ok(),

@@ -439,7 +439,7 @@ struct PoolGuard(u64);
 
 impl PoolGuard {
     /// The pods and ConfigMaps of the pools at this memory cap (the plain
-    /// one, `python-<MiB>mi`, and any package set's, `data-<hash>-<MiB>mi`).
+    /// one, `python-<hash>-<MiB>mi`, and any package set's, `data-<hash>-<MiB>mi`).
     fn objects(&self) -> Vec<String> {
         let listed = kubectl(&[
             "get",
@@ -522,7 +522,9 @@ fn warm_pods_run_once_each_and_an_empty_pool_falls_back_to_cold() {
 
 /// A plain warm pod's launcher has Python waiting; a run it does not fit
 /// (shell, Python with its own environment) gets a fresh program on the
-/// same warm pod, and the waiting Python is gone before it starts.
+/// same warm pod, and the waiting Python is gone before it starts. What
+/// the adversarial pass found a warm pod could not take (300 small files,
+/// a file named `out`) runs as it would cold.
 #[test]
 fn a_warm_pod_runs_shell_and_python_with_an_environment_as_fresh_programs() {
     let _pool = PoolGuard(232);
@@ -551,6 +553,21 @@ echo $n"#;
     let code = "import os, sys; print(os.path.isdir('/work/out'), os.environ['COLOUR'], sys.argv[1:])";
     let r = run(&warm, python(code).env("COLOUR", "red").arg("x").policy(policy()));
     assert_eq!((r.outcome, stdout(&r)), (Outcome::Ok, "True red ['x']\n".to_string()), "{r:?}");
+    // Many small files (a page each) fit a warm pod's /work: it is the
+    // memory cap's size, not the 1 MiB an empty cold job would have.
+    wait_ready();
+    let mut many = python("import os; print(len(os.listdir('/work')), os.path.isdir('/work/out'))").policy(policy());
+    for i in 0..300 {
+        many = many.input_file(ExecFile::new(format!("f{i}.txt"), "x"));
+    }
+    let r = run(&warm, many);
+    assert_eq!((r.outcome, stdout(&r)), (Outcome::Ok, "301 True\n".to_string()), "{r:?}");
+    // A file staged at `out` (not collecting) cannot share a warm pod's
+    // /work/out mount: the run goes cold, as it would without a pool.
+    wait_ready();
+    let staged_out = python("print(open('/work/out').read())").input_file(ExecFile::new("out", "data"));
+    let r = run(&warm, staged_out.policy(policy()));
+    assert_eq!((r.outcome, stdout(&r)), (Outcome::Ok, "data\n".to_string()), "{r:?}");
 }
 
 /// Whether pandas was imported before the code ran, and where it ran.
@@ -781,10 +798,10 @@ fn memory_filled_through_tmpfs_is_out_of_memory() {
 
 #[test]
 fn a_warm_pool_is_gone_with_its_backends_shutdown() {
-    let _pool = PoolGuard(216);
-    let Some(warm) = warm_backend(216, 2) else { return };
+    let pool = PoolGuard(248);
+    let Some(warm) = warm_backend(248, 2) else { return };
     warm.shutdown();
     std::thread::sleep(Duration::from_secs(3));
-    let left = kubectl(&["get", "pods,configmaps", "-l", "execbox.dev/pool=python-216mi", "-o", "name"]);
-    assert!(left.trim().is_empty(), "{left}");
+    let left = pool.objects();
+    assert!(left.is_empty(), "{left:?}");
 }

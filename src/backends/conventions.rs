@@ -194,7 +194,10 @@ pub(crate) const PYTHON_WARM_CONTAINER_FAST_EXIT_BOOTSTRAP: &str = concat!(
     if _execbox_code is None:
         _execbox_status = 0
     elif isinstance(_execbox_code, int):
-        _execbox_status = _execbox_code & 0xFF
+        # As CPython: the value as a C long (past its range, -1), then the
+        # kernel's low byte. int.__index__ reads a subclass's value as is.
+        _execbox_code = int.__index__(_execbox_code)
+        _execbox_status = _execbox_code & 0xFF if -2**63 <= _execbox_code < 2**63 else 0xFF
     else:
         try:
             sys.stderr.write(str(_execbox_code) + '\n')
@@ -211,7 +214,21 @@ else:
     _execbox_status = 0
 __import__('threading')._shutdown()
 __import__('atexit')._run_exitfuncs()
-for _execbox_f in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+# As CPython's finalization: a standard stream that cannot be flushed is
+# reported and makes the status 120.
+for _execbox_f in (sys.stdout, sys.stderr):
+    try:
+        if _execbox_f is not None and not _execbox_f.closed:
+            _execbox_f.flush()
+    except Exception as _execbox_e:
+        _execbox_status = 120
+        if _execbox_f is sys.stdout:
+            try:
+                sys.stderr.write('Exception ignored in: %r\n%s: %s\n' % (_execbox_f, type(_execbox_e).__name__, _execbox_e))
+                sys.stderr.flush()
+            except Exception:
+                pass
+for _execbox_f in (sys.__stdout__, sys.__stderr__):
     try:
         _execbox_f.flush()
     except Exception:
@@ -444,6 +461,46 @@ mod tests {
     use std::io::Write;
     #[cfg(all(feature = "wasm", feature = "container"))]
     use std::process::{Command, Stdio};
+
+    /// The warm container's fast exit ends with the status a cold run's
+    /// interpreter ends with, for exits CPython treats specially (the
+    /// host's `python3` runs both).
+    #[test]
+    #[cfg(feature = "container")]
+    fn the_fast_exit_gives_a_cold_runs_status() {
+        use std::io::Write as _;
+        use std::process::{Command, Stdio};
+        let status = |bootstrap: &str, stdin: &str| {
+            let mut python = Command::new("python3")
+                .args(["-c", bootstrap])
+                .args(if bootstrap == super::PYTHON_BOOTSTRAP { None } else { Some("") })
+                .stdin(Stdio::piped())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("python3 on the host");
+            python.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
+            let out = python.wait_with_output().unwrap();
+            // A signal's death is 128 + the signal in a container's status.
+            use std::os::unix::process::ExitStatusExt as _;
+            let code = out.status.code().or(out.status.signal().map(|signal| 128 + signal));
+            (code, String::from_utf8_lossy(&out.stderr).lines().next().map(str::to_string))
+        };
+        for code in [
+            "import sys; sys.exit(2**70)",
+            "import sys; sys.exit(-2**70)",
+            "import sys; sys.exit(2**40 + 3)",
+            "import sys; sys.exit(-1)",
+            "import sys\nclass I(int):\n    def __and__(self, other): raise ValueError\nsys.exit(I(3))",
+            "import os; print('x'); os.close(1)",
+            "import sys; sys.exit('bye')",
+            "raise KeyboardInterrupt",
+        ] {
+            let cold = status(super::PYTHON_BOOTSTRAP, code);
+            let warm = status(super::PYTHON_WARM_CONTAINER_FAST_EXIT_BOOTSTRAP, &format!("?\n{code}"));
+            assert_eq!(warm, cold, "{code}");
+        }
+    }
 
     /// Every program execbox assembles from the `conventions/*.py` files
     /// parses as Python (the host's `python3`, which CI's scripts need too).

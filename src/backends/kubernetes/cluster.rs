@@ -244,6 +244,10 @@ impl Cluster {
         };
         let inner = self.inner.clone();
         runtime.spawn(async move {
+            // Replicas that start together would each list an empty pool
+            // and fill it; a random start within a second lets most of
+            // them see the pods another has just created.
+            tokio::time::sleep(Duration::from_millis(crate::nonce::random_u64() % 1000)).await;
             let mut backoff = REFILL_BACKOFF;
             while !inner.stopped.load(Ordering::SeqCst) {
                 let wait = match inner.refill(&pool, &state, target, &template).await {
@@ -480,14 +484,9 @@ impl Inner {
         let pods: Api<Pod> = Api::namespaced(self.client().await.ok()?, &self.cfg.namespace);
         let selector = format!("{}={},{POOL_LABEL}={pool},{STATE_LABEL}=ready", MANAGED.0, MANAGED.1);
         let list = pods.list(&ListParams::default().labels(&selector)).await.ok()?;
-        let young = |pod: &Pod| {
-            pod.metadata.creation_timestamp.as_ref().is_some_and(|t| {
-                let age = SystemTime::now().duration_since(SystemTime::from(t.0)).unwrap_or_default();
-                age < self.cfg.warm_lifetime
-            })
-        };
         let running = |pod: &Pod| main_status(pod).and_then(|s| s.state.as_ref()).is_some_and(|s| s.running.is_some());
-        for pod in list.items.iter().filter(|p| p.metadata.deletion_timestamp.is_none() && running(p) && young(p)) {
+        for pod in list.items.iter().filter(|p| p.metadata.deletion_timestamp.is_none() && running(p) && self.young(p))
+        {
             let (Some(name), Some(version)) = (&pod.metadata.name, &pod.metadata.resource_version) else { continue };
             let claim = serde_json::json!({"metadata": {
                 "resourceVersion": version,
@@ -501,6 +500,15 @@ impl Inner {
             }
         }
         None
+    }
+
+    /// Whether warm `pod` may still be claimed: younger than `warm_lifetime`
+    /// (its deadline covers a whole run only until then).
+    fn young(&self, pod: &Pod) -> bool {
+        pod.metadata.creation_timestamp.as_ref().is_some_and(|t| {
+            let age = SystemTime::now().duration_since(SystemTime::from(t.0)).unwrap_or_default();
+            age < self.cfg.warm_lifetime
+        })
     }
 
     /// Hands a claimed warm pod its run on its stdin, then reads its log.
@@ -561,12 +569,15 @@ impl Inner {
             .await
             .map_err(|_| "the cluster did not answer".to_string())?
             .map_err(|e| e.to_string())?;
+        // Pods past `warm_lifetime` are never claimed: they do not count.
         let alive: Vec<&Pod> = list
             .items
             .iter()
             .filter(|p| {
                 let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
-                p.metadata.deletion_timestamp.is_none() && !matches!(phase, Some("Succeeded" | "Failed"))
+                p.metadata.deletion_timestamp.is_none()
+                    && !matches!(phase, Some("Succeeded" | "Failed"))
+                    && self.young(p)
             })
             .collect();
         let running = alive

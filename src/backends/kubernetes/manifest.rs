@@ -103,6 +103,12 @@ impl Job {
         Ok(())
     }
 
+    /// What the job's files take staged in a tmpfs (each rounded up to a
+    /// page, and room for the directories).
+    pub fn work_bytes(&self) -> u64 {
+        self.files.iter().map(|f| f.content.len() as u64 + 4096).sum::<u64>() + (1 << 20)
+    }
+
     /// The labels of both objects.
     fn labels(&self, owner: &str) -> Value {
         let mut labels = json!({MANAGED.0: MANAGED.1, OWNER_LABEL: owner, "execbox.dev/role": self.role});
@@ -205,7 +211,13 @@ impl Job {
             }
             context
         };
-        let work_bytes: u64 = self.files.iter().map(|f| f.content.len() as u64 + 4096).sum::<u64>() + (1 << 20);
+        // A warm pod's /work takes whatever run comes: its size is the
+        // pod's memory cap, which holds it anyway (a memory-backed emptyDir
+        // counts against it).
+        let work_bytes = match self.pool {
+            Some(_) => self.memory_bytes,
+            None => self.work_bytes(),
+        };
         let job = json!({"name": "job", "mountPath": JOB_DIR, "readOnly": true});
         let warm = self.pool.is_some();
         let mut main_mounts = vec![

@@ -250,7 +250,9 @@ impl Kubernetes {
     /// arguments: their waiting Python takes a run without either, any
     /// other gets a fresh program.
     fn plain_pool(&self) -> String {
-        format!("python-{}mi", self.config().defaults.memory_bytes >> 20)
+        let cfg = self.config();
+        let python = crate::backends::container::warm_python_argv(&[], true);
+        pool_name("python", &cfg.python_image, &python, cfg.defaults.memory_bytes)
     }
 
     /// The warm pool `job` (of `request`) may run on, if any: the pool's
@@ -265,24 +267,36 @@ impl Kubernetes {
         if cfg.warm_pods == 0 || job.memory_bytes != cfg.defaults.memory_bytes || job.limit > cfg.defaults.timeout {
             return None;
         }
+        // A warm pod mounts /work/out whether the run collects or not, and
+        // its /work is the memory cap's size.
+        let out = |f: &ExecFile| f.name == "out" || f.name.starts_with("out/");
+        if job.files.iter().any(out) || job.work_bytes() > job.memory_bytes {
+            return None;
+        }
         if job.image == cfg.python_image {
             return Some(self.plain_pool());
         }
         if request.language != Language::Python || !request.env.is_empty() || !request.args.is_empty() {
             return None;
         }
-        let mut packages = request.packages.clone();
+        // The names as the probe found them (admission matched them without
+        // regard to case), so `Pandas` and `pandas` are one set.
+        let found = self.probed().unwrap_or_default();
+        let mut packages: Vec<String> = request
+            .packages
+            .iter()
+            .map(|name| found.iter().find(|f| f.eq_ignore_ascii_case(name)).unwrap_or(name).clone())
+            .collect();
         packages.sort();
         packages.dedup();
-        let collects = job.outputs.is_some();
-        let pool = package_pool(&packages, collects, job.memory_bytes);
+        let preload = crate::backends::container::warm_python_argv(&packages, job.outputs.is_some());
+        let pool = pool_name("data", &cfg.python_data_image, &preload, job.memory_bytes);
         let mut kept = self.inner.package_pools.lock();
         if kept.contains(&pool) {
             return Some(pool);
         }
         if kept.len() < MAX_PACKAGE_POOLS {
             kept.insert(pool.clone());
-            let preload = crate::backends::container::warm_python_argv(&packages, collects);
             self.start_pool(pool, cfg.python_data_image.clone(), Some(preload));
         }
         None
@@ -537,19 +551,20 @@ fn warm_job(cfg: &KubernetesConfig, pool: &str, image: &str, preload: Option<Vec
     }
 }
 
-/// The name of the warm pool of a package set (sorted, without repeats),
-/// whether its runs collect files, and its memory cap: the same in every
-/// replica, and a valid label value.
-fn package_pool(packages: &[String], collects: bool, memory_bytes: u64) -> String {
+/// The name of a warm pool (`<kind>-<hash>-<MiB>mi`, a valid label
+/// value): its pods' image, their waiting program (`preload`: the
+/// bootstrap and the packages it imports), the launcher and the memory cap
+/// make it, so every replica of one build names the same pool, and pods of
+/// another build (a rolling upgrade, another image) are never claimed.
+fn pool_name(kind: &str, image: &str, preload: &[String], memory_bytes: u64) -> String {
     use sha2::{Digest, Sha256};
     let mut hash = Sha256::new();
-    for package in packages {
-        hash.update(package.as_bytes());
+    for part in [include_str!("launch.py"), image].into_iter().chain(preload.iter().map(String::as_str)) {
+        hash.update(part.as_bytes());
         hash.update([0]);
     }
-    hash.update([u8::from(collects)]);
     let digest = hash.finalize();
-    format!("data-{}-{}mi", hex::encode(&digest[..8]), memory_bytes >> 20)
+    format!("{kind}-{}-{}mi", hex::encode(&digest[..8]), memory_bytes >> 20)
 }
 
 /// A fresh object name `execbox-<pid>-<counter>-<nonce>`.
