@@ -21,13 +21,22 @@ use execbox::backends::{Container, Kubernetes, KubernetesConfig};
 use execbox::{Backend, ExecRequest, Executor, Language, SandboxPolicy};
 use serde_json::json;
 
+/// The memory cap of the warm backend's pools (its default), which a run
+/// must ask for to take one of their pods; of its own, so no other
+/// process's pods count toward the readiness the warm samples wait for.
+const WARM_MEMORY: u64 = 272 << 20;
+
+fn policy() -> SandboxPolicy {
+    SandboxPolicy::strict().timeout(Duration::from_secs(30)).memory_bytes(WARM_MEMORY)
+}
+
 fn python_print() -> ExecRequest {
-    let policy = SandboxPolicy::strict().timeout(Duration::from_secs(30));
+    let policy = policy();
     ExecRequest::source(Language::Python, "print(1+1)").policy(policy)
 }
 
 fn pandas_sum() -> ExecRequest {
-    let policy = SandboxPolicy::strict().timeout(Duration::from_secs(30));
+    let policy = policy();
     ExecRequest::source(Language::Python, "import pandas\nprint(int(pandas.Series([1, 2, 3]).sum()))")
         .packages(["pandas"])
         .policy(policy)
@@ -44,7 +53,9 @@ fn timed_warm(
 ) -> Duration {
     let mut total = Duration::ZERO;
     for _ in 0..iters {
+        let waiting = std::time::Instant::now();
         while !backend.readiness().is_some_and(|r| ready(r.ready)) {
+            assert!(waiting.elapsed() < Duration::from_secs(120), "no warm pod: {:?}", backend.readiness());
             std::thread::sleep(Duration::from_millis(50));
         }
         let started = std::time::Instant::now();
@@ -77,9 +88,7 @@ fn bench(c: &mut Criterion) {
             })
         });
     }
-    // A memory cap of its own names pools of its own: no other process's
-    // pods count toward the readiness below.
-    let defaults = execbox::RunDefaults::default().memory_bytes(272 << 20);
+    let defaults = execbox::RunDefaults::default().memory_bytes(WARM_MEMORY);
     let warm_cfg = KubernetesConfig::default().kubeconfig(kubeconfig_path()).defaults(defaults).warm_pods(2);
     let warm = Kubernetes::new(warm_cfg).expect("a backend");
     warm.availability().expect("available");
