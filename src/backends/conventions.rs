@@ -457,10 +457,22 @@ pub(crate) fn json_stdout(stdout: &CapturedStream) -> Option<serde_json::Value> 
 
 #[cfg(test)]
 mod tests {
-    #[cfg(all(feature = "wasm", feature = "container"))]
-    use std::io::Write;
-    #[cfg(all(feature = "wasm", feature = "container"))]
-    use std::process::{Command, Stdio};
+    /// The host's `python3` with `args`, `stdin` written to it; its stdout
+    /// discarded.
+    #[cfg(feature = "container")]
+    fn host_python(args: &[&str], stdin: &[u8]) -> std::process::Output {
+        use std::io::Write as _;
+        use std::process::{Command, Stdio};
+        let mut python = Command::new("python3")
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("python3 on the host");
+        python.stdin.take().unwrap().write_all(stdin).unwrap();
+        python.wait_with_output().unwrap()
+    }
 
     /// The warm container's fast exit ends with the status a cold run's
     /// interpreter ends with, for exits CPython treats specially (the
@@ -468,19 +480,11 @@ mod tests {
     #[test]
     #[cfg(feature = "container")]
     fn the_fast_exit_gives_a_cold_runs_status() {
-        use std::io::Write as _;
-        use std::process::{Command, Stdio};
         let status = |bootstrap: &str, stdin: &str| {
-            let mut python = Command::new("python3")
-                .args(["-c", bootstrap])
-                .args(if bootstrap == super::PYTHON_BOOTSTRAP { None } else { Some("") })
-                .stdin(Stdio::piped())
-                .stdout(Stdio::null())
-                .stderr(Stdio::piped())
-                .spawn()
-                .expect("python3 on the host");
-            python.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
-            let out = python.wait_with_output().unwrap();
+            // A warm bootstrap takes its (here: no) packages as argv[1].
+            let args: &[&str] =
+                if bootstrap == super::PYTHON_BOOTSTRAP { &["-c", bootstrap] } else { &["-c", bootstrap, ""] };
+            let out = host_python(args, stdin.as_bytes());
             // A signal's death is 128 + the signal in a container's status.
             use std::os::unix::process::ExitStatusExt as _;
             let code = out.status.code().or(out.status.signal().map(|signal| 128 + signal));
@@ -519,14 +523,7 @@ mod tests {
             ("PYTHON_WARM_BOOTSTRAP", super::PYTHON_WARM_BOOTSTRAP),
         ];
         for (name, text) in programs {
-            let mut python = Command::new("python3")
-                .args(["-I", "-c", "import ast, sys; ast.parse(sys.stdin.read())"])
-                .stdin(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .expect("python3 on the host");
-            python.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
-            let out = python.wait_with_output().unwrap();
+            let out = host_python(&["-I", "-c", "import ast, sys; ast.parse(sys.stdin.read())"], text.as_bytes());
             assert!(out.status.success(), "{name} is not Python: {}", String::from_utf8_lossy(&out.stderr));
         }
     }

@@ -596,14 +596,9 @@ impl Inner {
             .filter_map(|p| Some((p.metadata.name.as_deref()?, ended_early(p)?)))
             .collect();
         if let Some((_, why)) = failed.first() {
-            let now = DeleteParams { grace_period_seconds: Some(0), ..DeleteParams::default() };
-            let _ = tokio::time::timeout(API_TIMEOUT, async {
-                for (name, _) in &failed {
-                    let _ = pods.delete(name, &now).await;
-                    let _ = maps.delete(name, &now).await;
-                }
-            })
-            .await;
+            for (name, _) in &failed {
+                self.delete(name).await;
+            }
             return Err(format!("{} warm pod(s) ended before a run claimed them ({why})", failed.len()));
         }
         for _ in alive.len()..target {
@@ -638,7 +633,7 @@ impl Inner {
         handle: Option<tokio::runtime::Handle>,
     ) -> Result<JobEnd, JobError> {
         let Some(handle) = handle else {
-            self.delete(name).await;
+            self.delete(&name).await;
             return end;
         };
         *self.deleting.lock() += 1;
@@ -648,26 +643,26 @@ impl Inner {
             *inner.deleting.lock() -= 1;
             inner.deleted.notify_all();
         });
-        let cleanup = self.delete(name);
+        let inner = self.clone();
         drop(handle.spawn(async move {
             let _done = done;
-            cleanup.await;
+            inner.delete(&name).await;
         }));
         end
     }
 
     /// Deletes the pod (at once: no grace) and the ConfigMap named `name`.
-    async fn delete(self: Arc<Self>, name: String) {
+    async fn delete(&self, name: &str) {
         let Ok(client) = self.client().await else { return };
         let ns = &self.cfg.namespace;
         let now = DeleteParams { grace_period_seconds: Some(0), ..DeleteParams::default() };
         let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
         let maps: Api<ConfigMap> = Api::namespaced(client, ns);
         let _ = tokio::time::timeout(API_TIMEOUT, async {
-            if let Err(e) = pods.delete(&name, &now).await {
+            if let Err(e) = pods.delete(name, &now).await {
                 tracing::debug!(pod = %name, error = %e, "deleting a run's pod");
             }
-            if let Err(e) = maps.delete(&name, &now).await {
+            if let Err(e) = maps.delete(name, &now).await {
                 tracing::debug!(config_map = %name, error = %e, "deleting a run's ConfigMap");
             }
         })

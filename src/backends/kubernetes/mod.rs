@@ -120,6 +120,9 @@ struct Inner {
     sweeping: AtomicBool,
     /// The plain warm pool's refill was started.
     warming: AtomicBool,
+    /// The plain warm pool's name (see [`Kubernetes::plain_pool`]), hashed
+    /// once rather than on every run.
+    plain_pool: String,
     /// The package sets' warm pools started.
     package_pools: Mutex<std::collections::BTreeSet<String>>,
     shut_down: AtomicBool,
@@ -182,6 +185,12 @@ impl Kubernetes {
     pub fn new(cfg: KubernetesConfig) -> Result<Self, ConfigError> {
         cfg.check()?;
         let caps = capabilities(&cfg);
+        let plain_pool = pool_name(
+            "python",
+            &cfg.python_image,
+            &crate::backends::container::warm_python_argv(&[], true),
+            cfg.defaults.memory_bytes,
+        );
         let cluster = Cluster::new(cfg)
             .map_err(|e| ConfigError::Unsupported { reason: format!("cannot start the client's runtime: {e}") })?;
         let inner = Inner {
@@ -191,6 +200,7 @@ impl Kubernetes {
             probe: OneAtATime::new(),
             sweeping: AtomicBool::new(false),
             warming: AtomicBool::new(false),
+            plain_pool,
             package_pools: Mutex::new(Default::default()),
             shut_down: AtomicBool::new(false),
         };
@@ -250,9 +260,7 @@ impl Kubernetes {
     /// arguments: their waiting Python takes a run without either, any
     /// other gets a fresh program.
     fn plain_pool(&self) -> String {
-        let cfg = self.config();
-        let python = crate::backends::container::warm_python_argv(&[], true);
-        pool_name("python", &cfg.python_image, &python, cfg.defaults.memory_bytes)
+        self.inner.plain_pool.clone()
     }
 
     /// The warm pool `job` (of `request`) may run on, if any: the pool's
@@ -276,7 +284,7 @@ impl Kubernetes {
         if job.image == cfg.python_image {
             return Some(self.plain_pool());
         }
-        if request.language != Language::Python || !request.env.is_empty() || !request.args.is_empty() {
+        if !takes_waiting_python(request) {
             return None;
         }
         // The names as the probe found them (admission matched them without
@@ -567,6 +575,13 @@ fn pool_name(kind: &str, image: &str, preload: &[String], memory_bytes: u64) -> 
     format!("{kind}-{}-{}mi", hex::encode(&digest[..8]), memory_bytes >> 20)
 }
 
+/// Whether a warm pod's waiting Python can be `request`'s program: it was
+/// started exactly as the run's would be, Python without environment
+/// values or arguments.
+fn takes_waiting_python(request: &crate::request::ExecRequest) -> bool {
+    request.language == Language::Python && request.env.is_empty() && request.args.is_empty()
+}
+
 /// A fresh object name `execbox-<pid>-<counter>-<nonce>`.
 fn pod_name() -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -616,10 +631,7 @@ impl Backend for Kubernetes {
         );
         let cluster = &self.inner.cluster;
         let claimed = self.warm_pool_for(&job, &request).and_then(|pool| {
-            // The pod's waiting Python takes a run that would start it
-            // exactly so: Python without environment values or arguments.
-            let preloaded = request.language == Language::Python && request.env.is_empty() && request.args.is_empty();
-            let (delivery, expires) = job.delivery(preloaded);
+            let (delivery, expires) = job.delivery(takes_waiting_python(&request));
             cluster.claim(&pool, expires, limit).map(|name| (name, delivery))
         });
         let ran = match claimed {
