@@ -206,6 +206,8 @@ impl Cluster {
             if name.is_some()
                 && let Some(pool) = inner.pools.lock().get(&pool)
             {
+                // Not ready from now on, before the refill's next count.
+                let _ = pool.ready.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
                 pool.claimed.notify_one();
             }
             name
