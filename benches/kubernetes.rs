@@ -5,7 +5,10 @@
 //! a claimed warm pod (claim, attach and deliver, log, deletes; each
 //! sample waits, untimed, for the pool to have a pod). Then a pandas
 //! one-liner, cold and on a warm pod of its package set's pool (pandas
-//! imported before the run came).
+//! imported before the run came). Last, a Rust transform compiled and run
+//! (a fresh source each sample, so the docker backend's binary cache never
+//! hits): in a pod's compile init container, and in the docker backend's
+//! compile container.
 //!
 //! `cargo bench --features kubernetes --bench kubernetes`, with the cluster
 //! of `scripts/kube/up.sh` (`$EXECBOX_KUBECONFIG`, else
@@ -14,6 +17,7 @@
 
 use std::hint::black_box;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
@@ -67,7 +71,10 @@ fn timed_warm(
 }
 
 fn bench(c: &mut Criterion) {
-    let kubernetes = match Kubernetes::new(KubernetesConfig::default().kubeconfig(kubeconfig_path())) {
+    let rust_image =
+        std::env::var("EXECBOX_KUBE_RUST_IMAGE").unwrap_or_else(|_| "localhost/execbox-rust-toolchain:current".into());
+    let cfg = KubernetesConfig::default().kubeconfig(kubeconfig_path()).rust_image(rust_image);
+    let kubernetes = match Kubernetes::new(cfg) {
         Ok(backend) => backend,
         Err(e) => return eprintln!("skipping the kubernetes bench: {e}"),
     };
@@ -108,8 +115,29 @@ fn bench(c: &mut Criterion) {
     g.bench_function("python_pandas_warm_kubernetes", |b| {
         b.iter_custom(|iters| timed_warm(&warm, pandas_sum, |ready| ready >= 3, json!(6), iters))
     });
-    g.finish();
     warm.shutdown();
+    let unseen = AtomicU64::new(0);
+    for backend in [&kubernetes as &dyn Backend, &container] {
+        g.bench_function(format!("rust_transform_compiles_{}", backend.name()), |b| {
+            b.iter(|| {
+                let n = unseen.fetch_add(1, Ordering::Relaxed);
+                let r = Executor::run_on(backend, rust_transform(n)).expect("runs");
+                assert_eq!(r.output, Some(json!([2, 4, 6])), "{r:?}");
+                black_box(r);
+            })
+        });
+    }
+    g.finish();
+}
+
+/// A Rust transform no backend has compiled before (`n` and the process
+/// id in a comment).
+fn rust_transform(n: u64) -> ExecRequest {
+    let code = format!(
+        "// bench {} {n}\nfn run(input: Value) -> Value {{\n    let items = input[\"items\"].as_array().cloned().unwrap_or_default();\n    Value::from(items.iter().map(|x| x.as_i64().unwrap_or(0) * 2).collect::<Vec<_>>())\n}}\n",
+        std::process::id()
+    );
+    ExecRequest::source(Language::Rust, code).input(json!({"items": [1, 2, 3]})).policy(policy())
 }
 
 fn kubeconfig_path() -> PathBuf {

@@ -74,6 +74,12 @@ pub struct BackendsConfig {
     /// # Default
     /// 0.
     pub kubernetes_warm_pods: usize,
+    /// The image the Kubernetes backend compiles Rust in
+    /// (`KubernetesConfig::rust_image`): with it, the backend declares Rust.
+    ///
+    /// # Default
+    /// `None`: Rust is not run on the cluster.
+    pub kubernetes_rust_image: Option<String>,
 }
 
 /// How the Kubernetes backend reaches its cluster.
@@ -99,6 +105,7 @@ setters!(BackendsConfig {
     wasm_cache_dir: PathBuf,
     interpreters_dir: PathBuf,
     kubernetes: ClusterAccess,
+    kubernetes_rust_image: String,
 });
 
 impl Default for BackendsConfig {
@@ -112,6 +119,7 @@ impl Default for BackendsConfig {
             warm_containers: 0,
             kubernetes: None,
             kubernetes_warm_pods: 0,
+            kubernetes_rust_image: None,
         }
     }
 }
@@ -152,6 +160,7 @@ impl ExecutorBuilder {
         if let Some(access) = &cfg.kubernetes {
             use crate::backends::{Kubernetes, KubernetesConfig};
             let mut config = KubernetesConfig::default().warm_pods(cfg.kubernetes_warm_pods);
+            config.rust_image = cfg.kubernetes_rust_image.clone();
             config.kubeconfig = match access {
                 ClusterAccess::Kubeconfig(path) => Some(path.clone()),
                 ClusterAccess::Infer => None,

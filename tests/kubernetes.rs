@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 
 use execbox::backends::{Kubernetes, KubernetesConfig};
 use execbox::{
-    Access, Backend, ExecError, ExecFile, ExecRequest, ExecResult, Executor, Language, Outcome, SandboxPolicy,
+    Access, Backend, ExecError, ExecFile, ExecRequest, ExecResult, Executor, FailureKind, Language, Outcome,
+    SandboxPolicy,
 };
 use serde_json::{Value, json};
 
@@ -39,10 +40,25 @@ fn backend() -> Option<&'static Kubernetes> {
                 common::skip::available(REQUIRE, Err(format!("no kubeconfig at {}", path.display())));
                 return None;
             }
-            let backend = Kubernetes::new(KubernetesConfig::default().kubeconfig(path)).expect("a backend");
+            let config = KubernetesConfig::default().kubeconfig(path).rust_image(rust_image());
+            let backend = Kubernetes::new(config).expect("a backend");
             common::skip::available(REQUIRE, backend.availability()).then_some(backend)
         })
         .as_ref()
+}
+
+/// Another backend on the test cluster, `cfg` with its kubeconfig and the
+/// Rust image (its probe runs again); `None`: skipped.
+fn backend_with(cfg: KubernetesConfig) -> Option<Kubernetes> {
+    backend()?;
+    let backend = Kubernetes::new(cfg.kubeconfig(kubeconfig()).rust_image(rust_image())).expect("a backend");
+    backend.availability().expect("available");
+    Some(backend)
+}
+
+/// The image Rust compiles in (scripts/build-rust-toolchain-image.sh).
+fn rust_image() -> String {
+    std::env::var("EXECBOX_KUBE_RUST_IMAGE").unwrap_or_else(|_| "localhost/execbox-rust-toolchain:current".into())
 }
 
 /// The strict policy with room for a pod's start on a loaded 2-core node
@@ -129,6 +145,127 @@ print(json.dumps({"sum": sum(input["items"]), "file": open("data/a.txt").read(),
         Some(json!({"sum": 6, "file": "from the host", "greeting": "$(HOSTNAME) stays literal",
                     "args": ["one"], "cwd": "/work", "uid": 65534}))
     );
+}
+
+fn rust(code: &str) -> ExecRequest {
+    ExecRequest::source(Language::Rust, code).policy(patient())
+}
+
+/// The docker backend's Rust corpus (tests/library/container_backend.rs)
+/// with the same outcomes: compiled in the pod's `compile` init container,
+/// run by the launcher with the input on stdin.
+#[test]
+fn rust_compiles_in_its_pod_and_returns_its_value_files_and_warnings() {
+    let Some(k) = backend() else { return };
+    let code = "\
+use serde_json::{json, Value};
+
+fn run(input: Value) -> Value {
+    let unused = 1;
+    println!(\"working on {input}\");
+    let file = std::fs::read_to_string(\"data/a.txt\").unwrap();
+    std::fs::create_dir_all(\"/work/out/d\").unwrap();
+    std::fs::write(\"/work/out/d/r.txt\", \"from rust\").unwrap();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    json!({\"n\": input[\"n\"], \"file\": file, \"args\": args, \"uid\": std::fs::metadata(\"/proc/self\").map(|_| 0).unwrap_or(1)})
+}
+";
+    let request = rust(code)
+        .input(json!({"n": 7}))
+        .input_file(ExecFile::new("data/a.txt", "from the host"))
+        .arg("one")
+        .collect_output_files();
+    let r = run(k, request);
+    assert_eq!((r.outcome, r.backend.as_str()), (Outcome::Ok, "kubernetes"), "{r:?}");
+    assert_eq!(r.output, Some(json!({"n": 7, "file": "from the host", "args": ["one"], "uid": 0})), "{r:?}");
+    assert_eq!(stdout(&r), "working on {\"n\":7}\n", "{r:?}");
+    let warning = r.diagnostics.iter().find(|d| d.level == "warning").unwrap_or_else(|| panic!("{r:?}"));
+    assert!(warning.message.contains("unused"), "{warning:?}");
+    assert_eq!(warning.line, Some(4), "{warning:?}");
+    let files: Vec<(&str, &[u8])> = r.output_files.iter().map(|f| (f.name.as_str(), f.content.as_slice())).collect();
+    assert_eq!(files, [("d/r.txt", b"from rust".as_slice())]);
+    // A program that exits without returning gives no value; `Value` is in
+    // scope without a `use`.
+    let r = run(k, rust("fn run(_: Value) -> Value { println!(\"bye\"); std::process::exit(0) }\n"));
+    assert_eq!((r.outcome, r.output.clone(), stdout(&r).as_str()), (Outcome::Ok, None, "bye\n"), "{r:?}");
+}
+
+#[test]
+fn rust_compile_errors_are_located_and_the_compiler_reads_nothing_of_the_node() {
+    let Some(k) = backend() else { return };
+    let code = "use serde_json::Value;\n\nfn run(input: Value) -> Value {\n    let n: u32 = \"text\";\n    input\n}\n";
+    let r = run(k, rust(code));
+    assert_eq!((r.outcome, r.failure_kind), (Outcome::Failed, Some(FailureKind::CompileError)), "{r:?}");
+    let error = r.diagnostics.iter().find(|d| d.level == "error").expect("an error diagnostic");
+    assert_eq!(error.code.as_deref(), Some("E0308"));
+    assert_eq!((error.line, error.column), (Some(4), Some(18)), "{error:?}");
+    assert!(r.stderr.text().contains("main.rs:4:18"), "{}", r.stderr.text());
+    assert!(r.message.as_deref().unwrap_or_default().contains("line 4"), "{r:?}");
+    // A missing `run` points at the harness: no line in the caller's code.
+    let r = run(k, rust("fn not_run() {}\n"));
+    assert_eq!(r.failure_kind, Some(FailureKind::CompileError), "{r:?}");
+    assert_eq!(r.diagnostics.iter().find(|d| d.level == "error").and_then(|d| d.line), None, "{r:?}");
+    // The compile runs unprivileged in its own image: neither the node's
+    // files nor the job's secrets are there to include.
+    for path in ["/etc/shadow", "/var/run/secrets/kubernetes.io/serviceaccount/token", "/root/.bashrc"] {
+        let code = format!("const S: &str = include_str!({path:?});\nfn run(_: Value) -> Value {{ Value::from(S) }}\n");
+        let r = run(k, rust(&code));
+        assert_eq!(r.failure_kind, Some(FailureKind::CompileError), "{path}: {r:?}");
+        assert!(r.diagnostics.iter().any(|d| d.line == Some(1)), "{path}: {r:?}");
+    }
+    // What it can include of itself holds nothing of the cluster.
+    let code = "const S: &[u8] = include_bytes!(\"/proc/self/environ\");\nfn run(_: Value) -> Value { Value::from(String::from_utf8_lossy(S)) }\n";
+    let r = run(k, rust(code));
+    let environ = r.output.as_ref().and_then(Value::as_str).unwrap_or_else(|| panic!("{r:?}"));
+    assert!(environ.contains("PATH=") && !environ.contains("KUBERNETES") && !environ.contains("HOSTNAME"), "{environ}");
+}
+
+#[test]
+fn rust_panics_loops_bombs_floods_and_sockets_get_the_docker_backends_outcomes() {
+    let Some(k) = backend() else { return };
+    let r = run(k, rust("fn run(_: Value) -> Value { panic!(\"boom\") }\n"));
+    assert_eq!((r.outcome, r.exit_code), (Outcome::Failed, Some(101)), "{r:?}");
+    assert!(r.stderr.text().contains("boom"), "{r:?}");
+    let endless = rust("fn run(_: Value) -> Value { loop { std::hint::spin_loop() } }\n")
+        .policy(SandboxPolicy::strict().timeout(Duration::from_secs(12)));
+    let r = run(k, endless);
+    assert_eq!(r.outcome, Outcome::TimedOut, "{r:?}");
+    let bomb = "fn run(_: Value) -> Value {\n    let mut v: Vec<Vec<u8>> = Vec::new();\n    loop { v.push(vec![1u8; 16 << 20]); }\n}\n";
+    let r = run(k, rust(bomb).policy(patient().memory_bytes(96 << 20)));
+    assert_eq!(r.outcome, Outcome::OutOfMemory, "{r:?}");
+    let flood = "fn run(_: Value) -> Value { Value::String(\"x\".repeat(100_000)) }\n";
+    let r = run(k, rust(flood).policy(patient().max_output_bytes(1000)));
+    assert_eq!((r.outcome, r.output_truncated, r.output.is_none()), (Outcome::Failed, true, true), "{r:?}");
+    assert!(r.message.as_deref().unwrap_or_default().contains("max_stdout_bytes"), "{r:?}");
+    let socket = "fn run(_: Value) -> Value {\n    let r = std::net::TcpStream::connect_timeout(&\"10.0.0.1:80\".parse().unwrap(), std::time::Duration::from_secs(3));\n    Value::from(format!(\"{:?}\", r.err().map(|e| e.raw_os_error())))\n}\n";
+    let r = run(k, rust(socket));
+    // ENETUNREACH: no interface but lo.
+    assert_eq!(r.output, Some(json!("Some(Some(101))")), "{r:?}");
+}
+
+#[test]
+fn a_rust_compile_is_bounded_by_the_request_deadline_and_its_own_memory() {
+    let Some(k) = backend() else { return };
+    // An endless const evaluation: the compiler itself never finishes.
+    let code = "\
+#![allow(long_running_const_eval)]
+const N: u64 = { let mut i = 0u64; loop { i = i.wrapping_add(1); if i == 0 { break i; } } };
+fn run(_: Value) -> Value { Value::from(N) }
+";
+    let started = Instant::now();
+    let r = run(
+        k,
+        ExecRequest::source(Language::Rust, code).policy(SandboxPolicy::strict().timeout(Duration::from_secs(10))),
+    );
+    assert_eq!(r.outcome, Outcome::TimedOut, "{r:?}");
+    assert!(r.message.as_deref().unwrap_or_default().contains("before the program started"), "{r:?}");
+    assert!(started.elapsed() < Duration::from_secs(12), "{:?}", started.elapsed());
+    // A compiler out of its memory is out of memory, not a compile error.
+    let Some(small) = backend_with(KubernetesConfig::default().compile_memory_bytes(40 << 20)) else { return };
+    let r = run(&small, rust("fn run(i: Value) -> Value { i }\n"));
+    assert_eq!(r.outcome, Outcome::OutOfMemory, "{r:?}");
+    assert!(r.message.as_deref().unwrap_or_default().contains("compiler ran out"), "{r:?}");
+    nothing_left_of(std::process::id(), Duration::from_secs(20));
 }
 
 #[test]

@@ -230,6 +230,10 @@ pub(crate) struct BackendFlags {
     /// using its namespace (each used for one run, then deleted).
     #[arg(long, value_name = "N", env = "EXECBOX_KUBE_WARM_PODS", default_value_t = 0)]
     pub(crate) kube_warm_pods: usize,
+    /// Compile and run Rust on the kubernetes backend too, compiling in this image
+    /// (scripts/build-rust-toolchain-image.sh builds localhost/execbox-rust-toolchain:current).
+    #[arg(long, value_name = "IMAGE", env = "EXECBOX_KUBE_RUST_IMAGE")]
+    pub(crate) kube_rust_image: Option<String>,
 }
 
 impl BackendFlags {
@@ -246,6 +250,7 @@ impl BackendFlags {
             (None, false) => None,
         };
         config.kubernetes_warm_pods = self.kube_warm_pods;
+        config.kubernetes_rust_image = self.kube_rust_image.clone();
         config
     }
 }

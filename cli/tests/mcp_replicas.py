@@ -195,6 +195,16 @@ async def main():
     check(len(set(pods)) == len(pods), f"a pod ran twice: {pods}")
     print(json.dumps({"phase": "pods", "runs": len(pods), "distinct_pods": len(set(pods))}), flush=True)
 
+    # 3b. Rust, compiled in its pod's init container, through a replica
+    async with contextlib.AsyncExitStack() as stack:
+        session = await open_session(stack, SOURCES[0])
+        r = await asyncio.wait_for(session.call_tool("run_code", {
+            "language": "rust", "code": "fn run(input: Value) -> Value { input }", "input": {"n": 3},
+            "backend": "kubernetes", "timeout_ms": 30000}), CALL_TIMEOUT)
+        s = r.structured_content or {}
+        check(not r.is_error and s.get("outcome") == "ok" and s.get("output") == {"n": 3}, f"rust in a pod: {r}")
+    print(json.dumps({"phase": "rust", "outcome": s.get("outcome")}), flush=True)
+
     # 4. a replica deleted mid-load
     victim = replicas[SOURCES[0]]
     stale = await raw_initialize(SOURCES[0])

@@ -80,7 +80,7 @@ mod process;
 mod programs;
 mod reaper;
 mod runner;
-mod rust;
+pub(crate) mod rust;
 mod seccomp;
 mod session;
 mod staging;

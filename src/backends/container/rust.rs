@@ -62,6 +62,90 @@ const DEPS_GUEST: &str = "/opt/execbox/deps";
 /// tools) every call fails `not_granted`.
 const HARNESS: &str = concat!("\n", include_str!("rust/harness.rs"));
 
+/// `main.rs` of `source`: the caller's code, then the harness (so the
+/// code's line numbers stay the caller's); and how many lines are the
+/// caller's. Both backends compile this file.
+pub(crate) fn main_rs(source: &str) -> (String, u32) {
+    let user_lines = source.lines().count() as u32;
+    let mut program = source.to_string();
+    if !program.ends_with('\n') {
+        program.push('\n');
+    }
+    program.push_str(HARNESS);
+    (program, user_lines)
+}
+
+/// rustc's arguments after the binary's path, run in the directory of
+/// `main.rs`: the program against `deps` (where `serde_json` is that
+/// crate's rlib), written to `output`, messages as JSON on stderr.
+pub(crate) fn rustc_args(opt_level: u8, deps: &str, serde_json: &str, output: &str) -> Vec<String> {
+    let opt = format!("opt-level={opt_level}");
+    let serde_json = format!("serde_json={serde_json}");
+    let dependency = format!("dependency={deps}");
+    [
+        "--edition=2021",
+        "--crate-type=bin",
+        "--crate-name=program",
+        "-C",
+        &opt,
+        "-C",
+        "debuginfo=0",
+        "-C",
+        "strip=debuginfo",
+        "--error-format=json",
+        "-L",
+        &dependency,
+        "--extern",
+        &serde_json,
+        "-o",
+        output,
+        "main.rs",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+/// The warnings of a compile that succeeded, as the caller sees them:
+/// those in the caller's code (warnings about the harness, e.g. its
+/// prelude unused when the code imports `Value` itself, are not theirs).
+pub(crate) fn caller_warnings(diagnostics: Vec<Diagnostic>) -> Vec<Diagnostic> {
+    diagnostics.into_iter().filter(|d| d.level == "warning" && d.line.is_some()).collect()
+}
+
+/// The message of a compile that failed: its first error, where it is,
+/// and how many there were.
+pub(crate) fn compile_error_message(diagnostics: &[Diagnostic]) -> String {
+    let errors = diagnostics.iter().filter(|d| d.level == "error").count();
+    match diagnostics.iter().find(|d| d.level == "error") {
+        Some(d) => format!(
+            "compile error{}: {}{}",
+            if errors > 1 { format!(" (1 of {errors})") } else { String::new() },
+            d.message,
+            d.line.map(|l| format!(" at line {l}")).unwrap_or_default()
+        ),
+        None => "the compiler failed".into(),
+    }
+}
+
+/// A run's `output` from the harness's last line of stdout: the value
+/// `run` returned, taken out of stdout. A cut stdout is a cut value, so a
+/// failed run (never an `ok` one with no output); a run that did not end
+/// `ok` has none.
+pub(crate) fn take_output(result: &mut ExecResult, max_stdout_bytes: Option<u64>) {
+    if result.outcome == Outcome::Ok && result.stdout.truncated {
+        let max = max_stdout_bytes.unwrap_or(0);
+        result.outcome = Outcome::Failed;
+        result.output = None;
+        result.output_truncated = true;
+        result.message = Some(format!("the returned value is over the output cap of {max} bytes (max_stdout_bytes)"));
+    } else if result.outcome == Outcome::Ok {
+        result.output = take_returned_value(&mut result.stdout);
+    } else {
+        result.output = None;
+    }
+}
+
 /// The toolchain and crates a compile mounts.
 struct Toolchain {
     sysroot: PathBuf,
@@ -193,19 +277,7 @@ pub(super) fn execute(runner: &Runner, pipeline: &Pipeline, mut call: Admitted) 
     drop(socket);
     let mut result = runner.result(end, &deadline, staging)?;
     result.diagnostics = warnings;
-    // The harness prints `run`'s value last: a cut stdout is a cut value,
-    // never an `ok` run with no output.
-    if result.outcome == Outcome::Ok && result.stdout.truncated {
-        let max = request.policy.max_stdout_bytes.unwrap_or(0);
-        result.outcome = Outcome::Failed;
-        result.output = None;
-        result.output_truncated = true;
-        result.message = Some(format!("the returned value is over the output cap of {max} bytes (max_stdout_bytes)"));
-    } else if result.outcome == Outcome::Ok {
-        result.output = take_returned_value(&mut result.stdout);
-    } else {
-        result.output = None;
-    }
+    take_output(&mut result, request.policy.max_stdout_bytes);
     Ok(result)
 }
 
@@ -266,12 +338,7 @@ fn compile(
     hostfs::create_dirs(&src_dir, Path::new("target"), Some(0o755)).map_err(io)?;
     // Writable by the compiler's unprivileged user.
     let target_dir = hostfs::create_dirs(&handle, Path::new("target"), Some(0o777)).map_err(io)?;
-    let user_lines = source.lines().count() as u32;
-    let mut program = source.to_string();
-    if !program.ends_with('\n') {
-        program.push('\n');
-    }
-    program.push_str(HARNESS);
+    let (program, user_lines) = main_rs(source);
     hostfs::write_new(&src_dir, OsStr::new("main.rs"), program.as_bytes(), 0o644).map_err(io)?;
 
     // The request's deadline bounds the compile; compile_timeout caps it.
@@ -279,31 +346,10 @@ fn compile(
     let bound_by_request = request_left <= cfg.compile_timeout;
     let compile_deadline = Deadline::start(Some(request_left.min(cfg.compile_timeout)));
 
-    let serde_json = format!("serde_json={DEPS_GUEST}/{}", toolchain.serde_json);
-    let opt = format!("opt-level={}", cfg.opt_level);
-    let command: Vec<String> = [
-        &format!("{SYSROOT_GUEST}/bin/rustc"),
-        "--edition=2021",
-        "--crate-type=bin",
-        "--crate-name=program",
-        "-C",
-        &opt,
-        "-C",
-        "debuginfo=0",
-        "-C",
-        "strip=debuginfo",
-        "--error-format=json",
-        "-L",
-        &format!("dependency={DEPS_GUEST}"),
-        "--extern",
-        &serde_json,
-        "-o",
-        "/work/target/program",
-        "main.rs",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let serde_json = format!("{DEPS_GUEST}/{}", toolchain.serde_json);
+    let command: Vec<String> = std::iter::once(format!("{SYSROOT_GUEST}/bin/rustc"))
+        .chain(rustc_args(cfg.opt_level, DEPS_GUEST, &serde_json, "/work/target/program"))
+        .collect();
     let spec = RunSpec {
         name: container_name("execbox-rustc-"),
         image: runner.config().rust_image.clone(),
@@ -358,23 +404,15 @@ fn compiled(
         RunEnd::SpawnFailed(reason) => return Err(runner.unavailable(reason)),
     };
     let (diagnostics, rendered) = parse_diagnostics(&finished.stderr.bytes, user_lines);
-    let mut stderr = BoundedBuffer::new(request.policy.max_stderr_bytes);
-    stderr.write_str(&rendered);
     let failed = |outcome: Outcome, message: String, kind: Option<FailureKind>, diagnostics: Vec<Diagnostic>| {
-        let mut result = ExecResult::new(NAME, outcome);
-        result.stderr = stderr.clone().into_captured();
-        result.message = Some(message);
+        let mut result = compile_failed(NAME, outcome, message, diagnostics, &rendered, request);
         result.failure_kind = kind;
-        result.diagnostics = diagnostics;
         result.usage.duration = deadline.elapsed();
         Compiled::Failed(Box::new(result))
     };
     match finished.ended {
         process::Ended::Exited { exit_code: 0, .. } => {
-            // Warnings about the harness (e.g. its prelude unused when the
-            // code imports `Value` itself) are not the caller's to fix.
-            let warnings: Vec<Diagnostic> =
-                diagnostics.into_iter().filter(|d| d.level == "warning" && d.line.is_some()).collect();
+            let warnings = caller_warnings(diagnostics);
             store(target_dir, toolchain, key, cfg, &warnings)
                 .map_err(|e| ExecError::internal_caused(NAME, "cannot cache the compiled program", e))?;
             Ok(Compiled::Program { warnings })
@@ -386,17 +424,7 @@ fn compiled(
             diagnostics,
         )),
         process::Ended::Exited { .. } => {
-            let errors = diagnostics.iter().filter(|d| d.level == "error").count();
-            let first = diagnostics.iter().find(|d| d.level == "error");
-            let message = match first {
-                Some(d) => format!(
-                    "compile error{}: {}{}",
-                    if errors > 1 { format!(" (1 of {errors})") } else { String::new() },
-                    d.message,
-                    d.line.map(|l| format!(" at line {l}")).unwrap_or_default()
-                ),
-                None => "the compiler failed".into(),
-            };
+            let message = compile_error_message(&diagnostics);
             Ok(failed(Outcome::Failed, message, Some(FailureKind::CompileError), diagnostics))
         }
         process::Ended::TimedOut => {
@@ -414,9 +442,29 @@ fn compiled(
     }
 }
 
+/// The result of a compile that gave no program: the compiler's messages
+/// (`rendered`, as `cargo build` prints them) as stderr within the
+/// request's cap, and located in `diagnostics`.
+pub(crate) fn compile_failed(
+    backend: &str,
+    outcome: Outcome,
+    message: String,
+    diagnostics: Vec<Diagnostic>,
+    rendered: &str,
+    request: &ExecRequest,
+) -> ExecResult {
+    let mut stderr = BoundedBuffer::new(request.policy.max_stderr_bytes);
+    stderr.write_str(rendered);
+    let mut result = ExecResult::new(backend, outcome);
+    result.stderr = stderr.into_captured();
+    result.message = Some(message);
+    result.diagnostics = diagnostics;
+    result
+}
+
 /// rustc's JSON messages → errors and warnings located in the caller's code,
 /// plus their human-readable rendering (what `cargo build` would print).
-fn parse_diagnostics(stderr: &[u8], user_lines: u32) -> (Vec<Diagnostic>, String) {
+pub(crate) fn parse_diagnostics(stderr: &[u8], user_lines: u32) -> (Vec<Diagnostic>, String) {
     let mut diagnostics = Vec::new();
     let mut rendered = String::new();
     for line in String::from_utf8_lossy(stderr).lines() {

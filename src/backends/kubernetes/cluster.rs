@@ -29,6 +29,10 @@ pub(super) const API_TIMEOUT: Duration = Duration::from_secs(10);
 const REFILL_BACKOFF: Duration = Duration::from_secs(10);
 const MAX_REFILL_BACKOFF: Duration = Duration::from_secs(300);
 
+/// Most bytes of a compile's messages read (the docker backend's cap on
+/// a compile's stderr).
+const MAX_COMPILE_LOG: i64 = 16 << 20;
+
 /// How often the sweep of expired objects runs while the backend lives.
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
 
@@ -98,11 +102,16 @@ struct Pool {
 
 /// How a job ended, short of an error.
 pub(super) enum JobEnd {
-    /// The log was read to its end: the records, and whether the kernel's
-    /// OOM killer struck in the pod.
-    Read { records: Records, oom_killed: bool },
-    /// The deadline passed first (the pod is being deleted); what came so far.
-    TimedOut { records: Records },
+    /// The log was read to its end: the records, whether the kernel's
+    /// OOM killer struck in the pod, and a Rust run's compile messages.
+    Read { records: Records, oom_killed: bool, compile_log: Option<String> },
+    /// The deadline passed first (the pod is being deleted); what came so
+    /// far, and whether the program had started (not: the pod was starting
+    /// or compiling).
+    TimedOut { records: Records, started: bool },
+    /// A Rust run's compile ended without a program: its messages, its
+    /// exit code, and whether the OOM killer ended it.
+    CompileFailed { log: String, exit_code: i32, oom_killed: bool },
 }
 
 /// Why a job did not run to its end.
@@ -388,21 +397,42 @@ impl Inner {
         })
         .await;
         match created {
-            None => return Ok(JobEnd::TimedOut { records }),
+            None => return Ok(JobEnd::TimedOut { records, started: true }),
             Some(Err(e)) => return Err(JobError::Unavailable(api_unavailable(&self.cfg, "cannot create the run", &e))),
             Some(Ok(_)) => {}
         }
         let started = within(at, kube::runtime::wait::await_condition(pods.clone(), &job.name, main_started)).await;
         let pod = match started {
-            None => return Ok(JobEnd::TimedOut { records }),
+            None => return Ok(JobEnd::TimedOut { records, started: false }),
             Some(Err(e)) => return Err(JobError::Internal(format!("cannot watch the pod: {e}"))),
             Some(Ok(None)) => return Err(JobError::Internal("the pod was deleted before it started".into())),
             Some(Ok(Some(pod))) => pod,
         };
+        if let Some((exit_code, oom_killed)) = compile_failed(&pod) {
+            let log = self.compile_log(&pods, &job.name, at).await.unwrap_or_default();
+            return Ok(JobEnd::CompileFailed { log, exit_code, oom_killed });
+        }
         if let Some(why) = never_starts(&pod) {
             return Err(why);
         }
-        self.read_log(&pods, &job.name, records, at).await
+        if job.compile.is_none() {
+            return self.read_log(&pods, &job.name, records, at).await;
+        }
+        // The compile's warnings, read while the program runs.
+        let (compile_log, end) =
+            futures_util::join!(self.compile_log(&pods, &job.name, at), self.read_log(&pods, &job.name, records, at));
+        match end {
+            Ok(JobEnd::Read { records, oom_killed, .. }) => Ok(JobEnd::Read { records, oom_killed, compile_log }),
+            end => end,
+        }
+    }
+
+    /// The log of the pod's `compile` container (its messages, at most
+    /// [`MAX_COMPILE_LOG`] bytes), if it can be read before `at`.
+    async fn compile_log(&self, pods: &Api<Pod>, name: &str, at: Option<Instant>) -> Option<String> {
+        let params =
+            LogParams { container: Some("compile".into()), limit_bytes: Some(MAX_COMPILE_LOG), ..LogParams::default() };
+        within(at, pods.logs(name, &params)).await?.ok()
     }
 
     /// Reads the log of the running pod `name` to its end, then its end's
@@ -415,7 +445,7 @@ impl Inner {
         at: Option<Instant>,
     ) -> Result<JobEnd, JobError> {
         match within(at, pods.log_stream(name, &log_params())).await {
-            None => Ok(JobEnd::TimedOut { records }),
+            None => Ok(JobEnd::TimedOut { records, started: true }),
             Some(log) => self.read_opened_log(pods, name, log, records, at).await,
         }
     }
@@ -453,7 +483,7 @@ impl Inner {
         })
         .await;
         match read {
-            None => return Ok(JobEnd::TimedOut { records }),
+            None => return Ok(JobEnd::TimedOut { records, started: true }),
             Some(Err(e)) => return Err(JobError::Internal(format!("cannot read the run's log: {e}"))),
             Some(Ok(())) => {}
         }
@@ -462,11 +492,11 @@ impl Inner {
         // is the verdict the container's termination reason, set once the
         // kubelet saw it end (its next relist: about a second).
         if let Some(End::Exited { oom_killed: Some(oom_killed), .. }) = records.end {
-            return Ok(JobEnd::Read { records, oom_killed });
+            return Ok(JobEnd::Read { records, oom_killed, compile_log: None });
         }
         let ended = within(at, kube::runtime::wait::await_condition(pods.clone(), name, main_terminated)).await;
         let oom_killed = match ended {
-            None => return Ok(JobEnd::TimedOut { records }),
+            None => return Ok(JobEnd::TimedOut { records, started: true }),
             Some(Ok(Some(pod))) => {
                 let terminated = main_status(&pod).and_then(|s| s.state.as_ref()?.terminated.as_ref());
                 // Only the OOM killer (or the pod's deletion, not the case
@@ -476,7 +506,7 @@ impl Inner {
             }
             Some(_) => false,
         };
-        Ok(JobEnd::Read { records, oom_killed })
+        Ok(JobEnd::Read { records, oom_killed, compile_log: None })
     }
 
     /// Claims a ready, running pod of `pool` young enough to cover any run
@@ -533,7 +563,7 @@ impl Inner {
         let log_params = log_params();
         let opened =
             within(at, futures_util::future::join(pods.attach(name, &params), pods.log_stream(name, &log_params)));
-        let Some((attached, log)) = opened.await else { return Ok(JobEnd::TimedOut { records }) };
+        let Some((attached, log)) = opened.await else { return Ok(JobEnd::TimedOut { records, started: true }) };
         let mut attached = match attached {
             Err(e) => {
                 return Err(JobError::NotDelivered(format!("cannot attach the warm pod: {e}"), Box::new(records)));
@@ -549,7 +579,7 @@ impl Inner {
         })
         .await;
         let _stdin = match delivered {
-            None => return Ok(JobEnd::TimedOut { records }),
+            None => return Ok(JobEnd::TimedOut { records, started: true }),
             Some(Err(e)) => return Err(JobError::Internal(format!("cannot hand the warm pod its run: {e}"))),
             Some(Ok(())) => stdin,
         };
@@ -731,7 +761,19 @@ fn main_status(pod: &Pod) -> Option<&ContainerStatus> {
 fn main_started(pod: Option<&Pod>) -> bool {
     let Some(pod) = pod else { return true };
     let state = main_status(pod).and_then(|s| s.state.as_ref());
-    state.is_some_and(|s| s.running.is_some() || s.terminated.is_some()) || never_starts(pod).is_some()
+    state.is_some_and(|s| s.running.is_some() || s.terminated.is_some())
+        || compile_failed(pod).is_some()
+        || never_starts(pod).is_some()
+}
+
+/// The exit code of a Rust run's compile that failed, and whether the OOM
+/// killer ended it (the compiler is the container's only process: only
+/// the OOM killer sends it SIGKILL).
+fn compile_failed(pod: &Pod) -> Option<(i32, bool)> {
+    let status = pod.status.as_ref()?.init_container_statuses.as_ref()?.iter().find(|s| s.name == "compile")?;
+    let done = status.state.as_ref()?.terminated.as_ref()?;
+    (done.exit_code != 0)
+        .then(|| (done.exit_code, done.exit_code == 137 || done.reason.as_deref() == Some("OOMKilled")))
 }
 
 /// The main container's end is recorded (or the pod is gone).

@@ -39,6 +39,22 @@ pub struct KubernetesConfig {
     /// # Default
     /// numpy, pandas, matplotlib, scipy (what `scripts/build-images.sh` installs).
     pub data_packages: Vec<String>,
+    /// The image Rust is compiled in: rustc at `/opt/rust/bin/rustc`, a C
+    /// linker on `PATH`, and the harness's crates at `/opt/execbox/deps`
+    /// (`libserde_json.rlib` among them). The program then runs in
+    /// [`python_image`](Self::python_image) (glibc, and the launcher).
+    ///
+    /// # Default
+    /// `None`: Rust is not declared, and refused by name.
+    /// `scripts/build-rust-toolchain-image.sh` builds
+    /// `localhost/execbox-rust-toolchain:current` from the host's rustc.
+    pub rust_image: Option<String>,
+    /// The memory of a Rust run's compile (its init container's limit;
+    /// the run's own cap is the policy's).
+    ///
+    /// # Default
+    /// 1 GiB.
+    pub compile_memory_bytes: u64,
     /// The pods' `imagePullPolicy`.
     ///
     /// # Default
@@ -106,8 +122,10 @@ setters!(KubernetesConfig {
     data_packages: Vec<String>,
     warm_pods: usize,
     warm_lifetime: Duration,
+    compile_memory_bytes: u64,
 } some {
     kubeconfig: PathBuf,
+    rust_image: String,
 } into {
     namespace: String,
     python_image: String,
@@ -123,6 +141,8 @@ impl Default for KubernetesConfig {
             python_image: "localhost/execbox-python:3.11".into(),
             python_data_image: "localhost/execbox-python-data:3.11".into(),
             data_packages: ["numpy", "pandas", "matplotlib", "scipy"].map(String::from).to_vec(),
+            rust_image: None,
+            compile_memory_bytes: 1 << 30,
             image_pull_policy: "IfNotPresent".into(),
             defaults: RunDefaults::default().timeout(Duration::from_secs(60)).memory_bytes(256 << 20),
             cpu_millis: 1000,
@@ -168,6 +188,12 @@ impl KubernetesConfig {
             return Err(ConfigError::invalid(
                 "KubernetesConfig::defaults",
                 format!("a pod needs at least {MIN_MEMORY_BYTES} bytes of memory"),
+            ));
+        }
+        if self.compile_memory_bytes < MIN_MEMORY_BYTES {
+            return Err(ConfigError::invalid(
+                "KubernetesConfig::compile_memory_bytes",
+                format!("a compile needs at least {MIN_MEMORY_BYTES} bytes of memory"),
             ));
         }
         if self.cpu_millis == 0 {

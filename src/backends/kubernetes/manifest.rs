@@ -28,6 +28,15 @@ pub(super) const STATE_LABEL: &str = "execbox.dev/state";
 /// Where the job's ConfigMap is mounted in both containers.
 const JOB_DIR: &str = "/run/execbox/job";
 
+/// Where a Rust run's compile writes the program (and its temporary
+/// files), read-only to the main container.
+pub(super) const BUILD_DIR: &str = "/opt/execbox/build";
+
+/// Most bytes of a compiled program (and of each temporary file of its
+/// compile): the compile's `RLIMIT_FSIZE`; the build emptyDir holds twice
+/// that.
+const MAX_PROGRAM_BYTES: u64 = 64 << 20;
+
 /// Most bytes of a ConfigMap's keys and values: the API server's 1 MiB
 /// less room for its metadata.
 const MAX_CONFIG_MAP_BYTES: u64 = (1 << 20) - (8 << 10);
@@ -60,6 +69,47 @@ pub(super) struct Job {
     /// A warm pod's Python, started before its run (the warm bootstrap,
     /// with a package pool's packages imported).
     pub preload: Option<Vec<String>>,
+    /// A Rust run's compile, before the program (`argv`) starts.
+    pub compile: Option<Compile>,
+}
+
+/// A Rust run's compile: the `compile` init container, in the toolchain
+/// `image`, turns the ConfigMap's `main.rs` (the caller's code, then the
+/// harness) into `BUILD_DIR/program` with the docker backend's rustc
+/// arguments, under its own memory limit, unprivileged and (the pod's
+/// network being down by then) offline. Its messages are its log.
+pub(super) struct Compile {
+    pub image: String,
+    pub main_rs: String,
+    /// How many of `main_rs`'s lines are the caller's.
+    pub user_lines: u32,
+    pub memory_bytes: u64,
+    pub opt_level: u8,
+}
+
+impl Compile {
+    /// The container's command: rustc in the job's directory, each file it
+    /// writes capped, its status the container's, the linker's temporary
+    /// files beside the program.
+    fn command(&self) -> Vec<String> {
+        let rustc = std::iter::once("/opt/rust/bin/rustc".to_string())
+            .chain(crate::backends::container::rust::rustc_args(
+                self.opt_level,
+                "/opt/execbox/deps",
+                "/opt/execbox/deps/libserde_json.rlib",
+                &format!("{BUILD_DIR}/program"),
+            ))
+            .collect::<Vec<_>>()
+            .join(" ");
+        // dash counts RLIMIT_FSIZE in 512-byte blocks. The kubelet's
+        // variables (KUBERNETES_*, HOSTNAME) are not the compiler's: an
+        // `include_str!("/proc/self/environ")` would hand them to the code.
+        let script = format!(
+            "ulimit -f {} && exec /usr/bin/env -i PATH=/usr/bin:/bin TMPDIR={BUILD_DIR} {rustc}",
+            MAX_PROGRAM_BYTES / 512
+        );
+        vec!["/bin/sh".into(), "-c".into(), script]
+    }
 }
 
 /// A run's `/work/out`.
@@ -143,7 +193,7 @@ impl Job {
             None => self.spec(stop_at),
         };
         let outputs = self.pool.is_some() || self.outputs.is_some();
-        serde_json::from_value(json!({
+        let mut map: ConfigMap = serde_json::from_value(json!({
             "apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": self.name, "namespace": namespace, "labels": self.labels(owner),
                          "annotations": {EXPIRES: expires.to_string()}},
@@ -154,7 +204,11 @@ impl Job {
                 "files.json": json!({"files": names, "outputs": outputs}).to_string(),
             },
             "binaryData": binary,
-        }))
+        }))?;
+        if let (Some(compile), Some(data)) = (&self.compile, map.data.as_mut()) {
+            data.insert("main.rs".into(), compile.main_rs.clone());
+        }
+        Ok(map)
     }
 
     /// What the launcher runs: the program, its environment, caps, its own
@@ -226,20 +280,46 @@ impl Job {
             json!({"name": "tmp", "mountPath": "/tmp"}),
             json!({"name": "shm", "mountPath": "/dev/shm"}),
         ];
-        let memory = |bytes: u64| json!({"emptyDir": {"medium": "Memory", "sizeLimit": bytes.to_string()}});
+        let memory_volume = |bytes: u64| json!({"emptyDir": {"medium": "Memory", "sizeLimit": bytes.to_string()}});
         let mut volumes = vec![
             json!({"name": "job", "configMap": {"name": self.name, "defaultMode": 0o444}}),
-            json!({"name": "work"}).merged(memory(work_bytes)),
-            json!({"name": "tmp"}).merged(memory(cfg.tmp_bytes)),
-            json!({"name": "shm"}).merged(memory(cfg.tmp_bytes)),
+            json!({"name": "work"}).merged(memory_volume(work_bytes)),
+            json!({"name": "tmp"}).merged(memory_volume(cfg.tmp_bytes)),
+            json!({"name": "shm"}).merged(memory_volume(cfg.tmp_bytes)),
         ];
         if let Some(outputs) = &self.outputs {
             main_mounts.push(json!({"name": "out", "mountPath": "/work/out"}));
-            volumes.push(json!({"name": "out"}).merged(memory(outputs.tmpfs_bytes)));
+            volumes.push(json!({"name": "out"}).merged(memory_volume(outputs.tmpfs_bytes)));
         }
         if warm && self.outputs.is_none() {
             main_mounts.push(json!({"name": "out", "mountPath": "/work/out"}));
-            volumes.push(json!({"name": "out"}).merged(memory(cfg.max_output_total_bytes.max(4096))));
+            volumes.push(json!({"name": "out"}).merged(memory_volume(cfg.max_output_total_bytes.max(4096))));
+        }
+        let mut init = vec![json!({
+            "name": "setup", "image": self.image, "imagePullPolicy": cfg.image_pull_policy,
+            // Its refusal, if any, is the failure's message.
+            "terminationMessagePolicy": "FallbackToLogsOnError",
+            "command": ["/usr/bin/python3", "-I", "-S", format!("{JOB_DIR}/setup.py")],
+            "securityContext": locked(json!({"runAsUser": 0, "runAsGroup": 0, "runAsNonRoot": false,
+                "capabilities": {"drop": ["ALL"], "add": ["NET_ADMIN"]}})),
+            "resources": limits,
+            "volumeMounts": [job.clone(), {"name": "work", "mountPath": "/work"}],
+        })];
+        if let Some(compile) = &self.compile {
+            let memory = compile.memory_bytes.to_string();
+            init.push(json!({
+                "name": "compile", "image": compile.image, "imagePullPolicy": cfg.image_pull_policy,
+                "command": compile.command(),
+                "workingDir": JOB_DIR,
+                "securityContext": locked(json!({})),
+                "resources": {
+                    "limits": {"memory": memory, "cpu": format!("{}m", cfg.cpu_millis)},
+                    "requests": {"memory": memory, "cpu": format!("{}m", CPU_REQUEST_MILLIS.min(cfg.cpu_millis))},
+                },
+                "volumeMounts": [job.clone(), {"name": "build", "mountPath": BUILD_DIR}],
+            }));
+            main_mounts.push(json!({"name": "build", "mountPath": BUILD_DIR, "readOnly": true}));
+            volumes.push(json!({"name": "build"}).merged(memory_volume(2 * MAX_PROGRAM_BYTES)));
         }
         serde_json::from_value(json!({
             "apiVersion": "v1", "kind": "Pod",
@@ -253,16 +333,7 @@ impl Job {
                 "terminationGracePeriodSeconds": 0,
                 "securityContext": {"runAsNonRoot": true, "runAsUser": 65534, "runAsGroup": 65534,
                                     "seccompProfile": {"type": "RuntimeDefault"}},
-                "initContainers": [{
-                    "name": "setup", "image": self.image, "imagePullPolicy": cfg.image_pull_policy,
-                    // Its refusal, if any, is the failure's message.
-                    "terminationMessagePolicy": "FallbackToLogsOnError",
-                    "command": ["/usr/bin/python3", "-I", "-S", format!("{JOB_DIR}/setup.py")],
-                    "securityContext": locked(json!({"runAsUser": 0, "runAsGroup": 0, "runAsNonRoot": false,
-                        "capabilities": {"drop": ["ALL"], "add": ["NET_ADMIN"]}})),
-                    "resources": limits,
-                    "volumeMounts": [job, {"name": "work", "mountPath": "/work"}],
-                }],
+                "initContainers": init,
                 "containers": [{
                     "name": "main", "image": self.image, "imagePullPolicy": cfg.image_pull_policy,
                     "command": ["/usr/bin/python3", "-I", "-S", format!("{JOB_DIR}/launch.py")],
@@ -311,6 +382,7 @@ mod tests {
             limit: Duration::from_secs(5),
             pool: None,
             preload: None,
+            compile: None,
         }
     }
 
@@ -336,6 +408,38 @@ mod tests {
         let mounts = &spec["containers"][0]["volumeMounts"];
         assert!(mounts.as_array().expect("mounts").iter().any(|m| m["mountPath"] == "/work" && m["readOnly"] == true));
         assert_eq!(pod["metadata"]["labels"][MANAGED.0], MANAGED.1);
+    }
+
+    /// A Rust run's compile is as locked as the program, under its own
+    /// memory limit, with nothing of the kubelet's environment; the
+    /// program reads what it wrote, never writes it.
+    #[test]
+    fn a_rust_compile_is_locked_and_hands_the_program_read_only() {
+        let mut job = job();
+        job.compile = Some(Compile {
+            image: "toolchain".into(),
+            main_rs: "fn run() {}".into(),
+            user_lines: 1,
+            memory_bytes: 1 << 30,
+            opt_level: 1,
+        });
+        let pod = serde_json::to_value(job.pod(&KubernetesConfig::default(), "o").expect("a pod")).expect("json");
+        let init = pod["spec"]["initContainers"].as_array().expect("init containers");
+        let names: Vec<&str> = init.iter().filter_map(|c| c["name"].as_str()).collect();
+        assert_eq!(names, ["setup", "compile"], "the network is down before the compiler starts");
+        let compile = &init[1];
+        assert_eq!(compile["image"], "toolchain");
+        assert_eq!(compile["securityContext"]["capabilities"], json!({"drop": ["ALL"]}));
+        assert_eq!(compile["securityContext"]["readOnlyRootFilesystem"], true);
+        assert!(compile["securityContext"].get("runAsUser").is_none(), "the pod's uid 65534");
+        assert_eq!(compile["resources"]["limits"]["memory"], (1u64 << 30).to_string());
+        let script = compile["command"][2].as_str().expect("a script");
+        assert!(script.starts_with("ulimit -f 131072 && exec /usr/bin/env -i PATH="), "{script}");
+        let main_mounts = &pod["spec"]["containers"][0]["volumeMounts"];
+        let build = main_mounts.as_array().expect("mounts").iter().find(|m| m["name"] == "build").expect("build");
+        assert_eq!(build["readOnly"], true);
+        let map = job.config_map("ns", "o").expect("a config map");
+        assert_eq!(map.data.expect("data")["main.rs"], "fn run() {}");
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! The `kubernetes` backend: Python and shell in a fresh, locked-down pod
+//! The `kubernetes` backend: Python, shell and Rust in a fresh, locked-down pod
 //! per call, created through the Kubernetes API (kube-rs), on any cluster
 //! a kubeconfig names. Build one with [`Kubernetes::new`]; its settings
 //! are a [`KubernetesConfig`].
@@ -50,7 +50,14 @@
 //! set imported); a Python run without environment values or arguments is
 //! handed to it, any other run gets a fresh program.
 //!
-//! Not here (refused at admission, named): Rust, Code Mode tools (the pod
+//! **Rust** (with [`KubernetesConfig::rust_image`]): the pod's `compile`
+//! init container, in the toolchain image and as unprivileged as `main`,
+//! compiles the docker backend's `main.rs` (the code and the harness) with
+//! its rustc arguments; `main` runs the program with the input on stdin.
+//! The compiler's log gives the diagnostics; a failed compile ends the pod
+//! before `main` starts. Always cold, with no binary cache.
+//!
+//! Not here (refused at admission, named): Code Mode tools (the pod
 //! has no channel to the host), host path grants and workspaces (the
 //! cluster's nodes are not the host), per-request process caps (Kubernetes
 //! 1.20 has only the kubelet's node-wide `podPidsLimit`), sessions.
@@ -73,6 +80,7 @@ pub use config::KubernetesConfig;
 use crate::admission::Admitted;
 use crate::backend::{Backend, Readiness, Unavailable};
 use crate::backends::container::outputs::{self, OutputLimits};
+use crate::backends::container::rust;
 use crate::backends::conventions;
 use crate::capabilities::{
     BackendCapabilities, CostClass, Enforcement, IsolationKind, PayloadKind, RequestFeatures, SurfaceCapability,
@@ -81,7 +89,7 @@ use crate::error::{ConfigError, ExecError, InvalidRequest};
 use crate::file::ExecFile;
 use crate::language::Language;
 use crate::limits::deadline::Deadline;
-use crate::result::{ExecResult, Outcome, Usage};
+use crate::result::{ExecResult, FailureKind, Outcome, Usage};
 use cluster::{Cluster, JobEnd, JobError};
 use manifest::Job;
 use records::{End, Records};
@@ -96,6 +104,9 @@ const NEGATIVE_TTL: Duration = Duration::from_secs(2);
 /// Most package sets with a warm pool of their own (each holds
 /// `warm_pods` pods, each reserving the default memory on a node).
 const MAX_PACKAGE_POOLS: usize = 4;
+
+/// rustc's `opt-level` (the docker backend's default).
+const RUST_OPT_LEVEL: u8 = 1;
 
 /// The probe pod's deadline (a cold start on a busy node included).
 const PROBE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -272,7 +283,13 @@ impl Kubernetes {
     /// its set, which runs cold; at most [`MAX_PACKAGE_POOLS`] are kept.
     fn warm_pool_for(&self, job: &Job, request: &crate::request::ExecRequest) -> Option<String> {
         let cfg = self.config();
-        if cfg.warm_pods == 0 || job.memory_bytes != cfg.defaults.memory_bytes || job.limit > cfg.defaults.timeout {
+        // A Rust run's pod compiles before its program starts.
+        let cold_only = job.compile.is_some();
+        if cfg.warm_pods == 0
+            || cold_only
+            || job.memory_bytes != cfg.defaults.memory_bytes
+            || job.limit > cfg.defaults.timeout
+        {
             return None;
         }
         // A warm pod mounts /work/out whether the run collects or not, and
@@ -335,11 +352,12 @@ impl Kubernetes {
             limit: PROBE_TIMEOUT,
             pool: None,
             preload: None,
+            compile: None,
         };
         let records = Records::new(Some(64 << 10), Some(64 << 10), None, 0);
         let records = match self.inner.cluster.run(job, records, Some(PROBE_TIMEOUT)) {
             Ok(JobEnd::Read { records, .. }) => records,
-            Ok(JobEnd::TimedOut { .. }) => {
+            Ok(JobEnd::TimedOut { .. } | JobEnd::CompileFailed { .. }) => {
                 return Err(Unavailable::because(format!(
                     "the probe pod did not finish within {} s",
                     PROBE_TIMEOUT.as_secs()
@@ -370,10 +388,10 @@ impl Kubernetes {
         }
     }
 
-    /// The pod job of an admitted Python or shell request.
+    /// The pod job of an admitted request.
     fn job(&self, call: &mut Admitted, limit: Duration) -> Result<Job, ExecError> {
         let cfg = self.config();
-        let code = call.take_source(Self::NAME)?.into_bytes();
+        let source = call.take_source(Self::NAME)?;
         let input = call.take_input_json(cfg.defaults.max_input_nesting, Self::NAME)?;
         let request = call.request();
         let policy = &request.policy;
@@ -400,8 +418,28 @@ impl Kubernetes {
             }
             .into());
         }
-        let argv = crate::backends::container::script_argv(request.language, false, &request.args)
-            .ok_or_else(|| ExecError::internal(Self::NAME, format!("matching let {} through", request.language)))?;
+        // Python and shell read the code on stdin; a Rust program (compiled
+        // first) reads the JSON input there, as the docker backend's.
+        let (argv, code, compile) = match (request.language, &cfg.rust_image) {
+            (Language::Rust, Some(image)) => {
+                let (main_rs, user_lines) = rust::main_rs(&source);
+                let compile = manifest::Compile {
+                    image: image.clone(),
+                    main_rs,
+                    user_lines,
+                    memory_bytes: cfg.compile_memory_bytes,
+                    opt_level: RUST_OPT_LEVEL,
+                };
+                let program = format!("{}/program", manifest::BUILD_DIR);
+                let argv = std::iter::once(program).chain(request.args.iter().cloned()).collect();
+                (argv, input.clone().unwrap_or_default(), Some(compile))
+            }
+            (language, _) => {
+                let argv = crate::backends::container::script_argv(language, false, &request.args)
+                    .ok_or_else(|| ExecError::internal(Self::NAME, format!("matching let {language} through")))?;
+                (argv, source.into_bytes(), None)
+            }
+        };
         let mut files = Vec::with_capacity(request.input_files.len() + 1);
         if let Some(json) = input {
             files.push(ExecFile { name: "input.json".into(), content: json, mime_type: None });
@@ -430,6 +468,7 @@ impl Kubernetes {
             limit,
             pool: None,
             preload: None,
+            compile,
         };
         job.check_size()?;
         Ok(job)
@@ -437,9 +476,12 @@ impl Kubernetes {
 
     /// The result of a job that ran; `collects`: it collected output files.
     fn result(&self, end: JobEnd, deadline: &Deadline, collects: bool) -> Result<ExecResult, ExecError> {
-        let (records, oom_killed, timed_out) = match end {
-            JobEnd::Read { records, oom_killed } => (records, oom_killed, false),
-            JobEnd::TimedOut { records } => (records, false, true),
+        let (records, oom_killed, timed_out, started) = match end {
+            JobEnd::Read { records, oom_killed, .. } => (records, oom_killed, false, true),
+            JobEnd::TimedOut { records, started } => (records, false, true, started),
+            JobEnd::CompileFailed { .. } => {
+                return Err(ExecError::internal(Self::NAME, "a compile's end taken for a run's"));
+            }
         };
         let ended = if timed_out { Some(End::TimedOut) } else { records.end };
         let (outcome, exit_code, mut message) = match ended {
@@ -452,6 +494,14 @@ impl Kubernetes {
             Some(End::Exited { status, .. }) => {
                 (Outcome::Failed, Some(status), Some(format!("exited with code {status}")))
             }
+            Some(End::TimedOut) if !started => (
+                Outcome::TimedOut,
+                None,
+                Some(format!(
+                    "{} before the program started (the pod's start and any compile count)",
+                    deadline.exceeded_message()
+                )),
+            ),
             Some(End::TimedOut) => (Outcome::TimedOut, None, Some(deadline.exceeded_message())),
             None if oom_killed => {
                 (Outcome::OutOfMemory, None, Some("the pod was killed by the OOM killer at the memory cap".into()))
@@ -489,6 +539,48 @@ impl Kubernetes {
         result.message = message;
         result.output_files = output_files;
         result.usage = Usage { duration: deadline.elapsed(), ..Usage::default() };
+        Ok(result)
+    }
+    /// The result of a Rust job: a compile's failure as the docker
+    /// backend gives it; else the run's, with the compile's warnings (in
+    /// the caller's `user_lines`) and the returned value as `output`.
+    fn rust_result(
+        &self,
+        mut end: JobEnd,
+        deadline: &Deadline,
+        collects: bool,
+        user_lines: u32,
+        request: &crate::request::ExecRequest,
+    ) -> Result<ExecResult, ExecError> {
+        let compile_log = match &mut end {
+            JobEnd::Read { compile_log, .. } => compile_log.take(),
+            JobEnd::CompileFailed { log, exit_code, oom_killed } => {
+                let (diagnostics, rendered) = rust::parse_diagnostics(log.as_bytes(), user_lines);
+                let (outcome, message, kind) = if *oom_killed {
+                    let mib = self.config().compile_memory_bytes >> 20;
+                    let message =
+                        format!("the compiler ran out of its {mib} MiB (KubernetesConfig::compile_memory_bytes)");
+                    (Outcome::OutOfMemory, message, None)
+                } else if diagnostics.iter().any(|d| d.level == "error") {
+                    (Outcome::Failed, rust::compile_error_message(&diagnostics), Some(FailureKind::CompileError))
+                } else {
+                    (
+                        Outcome::Failed,
+                        format!("the compiler failed with code {exit_code}"),
+                        Some(FailureKind::CompileError),
+                    )
+                };
+                let mut result = rust::compile_failed(Self::NAME, outcome, message, diagnostics, &rendered, request);
+                result.failure_kind = kind;
+                result.usage.duration = deadline.elapsed();
+                return Ok(result);
+            }
+            JobEnd::TimedOut { .. } => None,
+        };
+        let mut result = self.result(end, deadline, collects)?;
+        let (diagnostics, _) = rust::parse_diagnostics(compile_log.unwrap_or_default().as_bytes(), user_lines);
+        result.diagnostics = rust::caller_warnings(diagnostics);
+        rust::take_output(&mut result, request.policy.max_stdout_bytes);
         Ok(result)
     }
 }
@@ -556,6 +648,7 @@ fn warm_job(cfg: &KubernetesConfig, pool: &str, image: &str, preload: Option<Vec
         limit: cfg.warm_lifetime.saturating_add(cfg.defaults.timeout),
         pool: Some(pool.to_string()),
         preload,
+        compile: None,
     }
 }
 
@@ -621,6 +714,7 @@ impl Backend for Kubernetes {
         let limit = deadline.remaining().unwrap_or(self.config().defaults.timeout);
         let job = self.job(&mut call, limit)?;
         let collects = job.outputs.is_some();
+        let compiles = job.compile.as_ref().map(|c| c.user_lines);
         let request = call.into_request();
         let listing_cap = job.outputs.as_ref().map_or(0, |o| o.listing_cap);
         let records = Records::new(
@@ -649,6 +743,9 @@ impl Backend for Kubernetes {
             None => cluster.run(job, records, deadline.remaining().or(Some(limit))),
         };
         match ran {
+            Ok(end) if compiles.is_some() => {
+                self.rust_result(end, &deadline, collects, compiles.unwrap_or_default(), &request)
+            }
             Ok(end) => self.result(end, &deadline, collects),
             Err(JobError::Unavailable(why)) => {
                 self.inner.reachable.forget();
@@ -702,7 +799,11 @@ fn capabilities(cfg: &KubernetesConfig) -> BackendCapabilities {
     BackendCapabilities {
         isolation: IsolationKind::ContainerEphemeral,
         cost: CostClass::High,
-        languages: vec![Language::Python, Language::Shell],
+        languages: if cfg.rust_image.is_some() {
+            vec![Language::Python, Language::Shell, Language::Rust]
+        } else {
+            vec![Language::Python, Language::Shell]
+        },
         payloads: vec![PayloadKind::Source],
         features: RequestFeatures { json_input: true, stdin: false, args: true, input_files: true, output_files: true },
         network: SurfaceCapability {
