@@ -80,6 +80,12 @@ pub struct BackendsConfig {
     /// # Default
     /// `None`: Rust is not run on the cluster.
     pub kubernetes_rust_image: Option<String>,
+    /// The `Localhost` seccomp profile the Kubernetes backend's programs
+    /// run under (`KubernetesConfig::seccomp_profile`).
+    ///
+    /// # Default
+    /// `None`: `RuntimeDefault`.
+    pub kubernetes_seccomp_profile: Option<String>,
 }
 
 /// How the Kubernetes backend reaches its cluster.
@@ -106,6 +112,7 @@ setters!(BackendsConfig {
     interpreters_dir: PathBuf,
     kubernetes: ClusterAccess,
     kubernetes_rust_image: String,
+    kubernetes_seccomp_profile: String,
 });
 
 impl Default for BackendsConfig {
@@ -120,6 +127,7 @@ impl Default for BackendsConfig {
             kubernetes: None,
             kubernetes_warm_pods: 0,
             kubernetes_rust_image: None,
+            kubernetes_seccomp_profile: None,
         }
     }
 }
@@ -161,6 +169,7 @@ impl ExecutorBuilder {
             use crate::backends::{Kubernetes, KubernetesConfig};
             let mut config = KubernetesConfig::default().warm_pods(cfg.kubernetes_warm_pods);
             config.rust_image = cfg.kubernetes_rust_image.clone();
+            config.seccomp_profile = cfg.kubernetes_seccomp_profile.clone();
             config.kubeconfig = match access {
                 ClusterAccess::Kubeconfig(path) => Some(path.clone()),
                 ClusterAccess::Infer => None,

@@ -40,7 +40,8 @@ fn backend() -> Option<&'static Kubernetes> {
                 common::skip::available(REQUIRE, Err(format!("no kubeconfig at {}", path.display())));
                 return None;
             }
-            let config = KubernetesConfig::default().kubeconfig(path).rust_image(rust_image());
+            let config =
+                KubernetesConfig::default().kubeconfig(path).rust_image(rust_image()).seccomp_profile(SECCOMP_PROFILE);
             let backend = Kubernetes::new(config).expect("a backend");
             common::skip::available(REQUIRE, backend.availability()).then_some(backend)
         })
@@ -51,10 +52,14 @@ fn backend() -> Option<&'static Kubernetes> {
 /// Rust image (its probe runs again); `None`: skipped.
 fn backend_with(cfg: KubernetesConfig) -> Option<Kubernetes> {
     backend()?;
-    let backend = Kubernetes::new(cfg.kubeconfig(kubeconfig()).rust_image(rust_image())).expect("a backend");
+    let cfg = cfg.kubeconfig(kubeconfig()).rust_image(rust_image()).seccomp_profile(SECCOMP_PROFILE);
+    let backend = Kubernetes::new(cfg).expect("a backend");
     backend.availability().expect("available");
     Some(backend)
 }
+
+/// execbox's seccomp profile as scripts/kube/up.sh installs it on the node.
+const SECCOMP_PROFILE: &str = "execbox.json";
 
 /// The image Rust compiles in (scripts/build-rust-toolchain-image.sh).
 fn rust_image() -> String {
@@ -299,6 +304,25 @@ print(os.path.exists("/var/run/secrets/kubernetes.io"))
 "#;
     let r = run(k, python(code));
     assert_eq!(stdout(&r), "ENETUNREACH\nFalse\n", "{r:?}");
+}
+
+/// The program runs under execbox's own seccomp profile (the docker
+/// backend's), not the runtime's default, which lets io_uring through; a
+/// backend told of a profile the nodes do not have is unavailable, naming
+/// why, before any run.
+#[test]
+fn programs_run_under_execboxs_seccomp_profile_or_not_at_all() {
+    let Some(k) = backend() else { return };
+    let code =
+        "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nprint(libc.syscall(425, 0, 0), ctypes.get_errno())";
+    let r = run(k, python(code));
+    assert_eq!(stdout(&r), "-1 1\n", "io_uring_setup is EPERM: {r:?}");
+    let missing = KubernetesConfig::default().kubeconfig(kubeconfig()).seccomp_profile("no-such-profile.json");
+    let missing = Kubernetes::new(missing).expect("a backend");
+    let why = missing.availability().expect_err("no such profile on the node");
+    assert!(why.to_string().contains("probe"), "{why}");
+    let refused = Executor::run_on(&missing, python("print(1)"));
+    assert!(matches!(refused, Err(ExecError::Refused { .. } | ExecError::BackendUnavailable { .. })), "{refused:?}");
 }
 
 #[test]
@@ -769,6 +793,57 @@ fn a_package_set_gets_warm_pods_with_its_packages_imported() {
     assert_eq!(with_env.output.as_ref().map(|o| o["preloaded"].clone()), Some(json!(false)), "{with_env:?}");
     let other_cap = run(&warm, pandas(336));
     assert_eq!(other_cap.output.as_ref().map(|o| o["preloaded"].clone()), Some(json!(false)), "{other_cap:?}");
+}
+
+/// A package set's pool that no run of this backend claims from for
+/// `warm_lifetime` is given up: no more refills, its waiting pods deleted,
+/// its place free; the set's next run is cold again and starts it anew.
+#[test]
+fn an_idle_package_pool_is_given_up_and_started_again() {
+    let _pool = PoolGuard(240);
+    let Some(_) = backend() else { return };
+    let defaults = execbox::RunDefaults::default().timeout(Duration::from_secs(60)).memory_bytes(240 << 20);
+    let cfg = KubernetesConfig::default()
+        .kubeconfig(kubeconfig())
+        .defaults(defaults)
+        .warm_pods(1)
+        .warm_lifetime(Duration::from_secs(20));
+    let warm = Kubernetes::new(cfg).expect("a backend");
+    warm.availability().expect("available");
+    let pandas = || {
+        python(PANDAS_PRELOADED)
+            .packages(["pandas"])
+            .input(json!({"items": [1, 2, 3]}))
+            .input_file(ExecFile::new("data.txt", "staged"))
+            .policy(SandboxPolicy::strict().timeout(Duration::from_secs(60)).memory_bytes(240 << 20))
+    };
+    let preloaded = |r: &ExecResult| r.output.as_ref().map(|o| o["preloaded"].clone());
+    let waiting_pandas_pods = || {
+        let pools = r#"jsonpath={range .items[*]}{.metadata.labels.execbox\.dev/pool}{"\n"}{end}"#;
+        kubectl(&["get", "pods", "-l", "execbox.dev/state=ready", "-o", pools])
+            .lines()
+            .filter(|pool| pool.starts_with("data-") && pool.ends_with("-240mi"))
+            .count()
+    };
+    let until = |what: &str, done: &dyn Fn() -> bool| {
+        let start = Instant::now();
+        while !done() {
+            assert!(start.elapsed() < Duration::from_secs(90), "{what}: {:?}", warm.readiness());
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    };
+    let first = run(&warm, pandas());
+    assert_eq!(preloaded(&first), Some(json!(false)), "the set's first run is cold: {first:?}");
+    until("the plain and the pandas pool fill", &|| warm.readiness().is_some_and(|r| r.target == 2 && r.ready >= 2));
+    let claimed = run(&warm, pandas());
+    assert_eq!(preloaded(&claimed), Some(json!(true)), "{claimed:?}");
+    // 20 s without a claim: only the plain pool is left, and the set's
+    // waiting pods are gone.
+    until("the idle pool is given up", &|| warm.readiness().is_some_and(|r| r.target == 1));
+    until("its waiting pods are deleted", &|| waiting_pandas_pods() == 0);
+    let again = run(&warm, pandas());
+    assert_eq!(preloaded(&again), Some(json!(false)), "cold once the pool is gone: {again:?}");
+    assert_eq!(warm.readiness().map(|r| r.target), Some(2), "started again");
 }
 
 /// A package pool whose Python cannot get ready (here its imports do not

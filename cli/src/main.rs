@@ -218,7 +218,7 @@ pub(crate) struct BackendFlags {
     /// Keep compiled wasm modules in this directory across runs.
     #[arg(long, value_name = "DIR", env = "EXECBOX_WASM_CACHE_DIR")]
     pub(crate) wasm_cache_dir: Option<PathBuf>,
-    /// Add the kubernetes backend (Python and shell in pods, namespace execbox) on the cluster
+    /// Add the kubernetes backend (Python and shell in pods, and Rust with --kube-rust-image; namespace execbox) on the cluster
     /// this kubeconfig names; needs execbox built with its `kubernetes` feature.
     #[arg(long, value_name = "FILE", env = "EXECBOX_KUBECONFIG")]
     pub(crate) kubeconfig: Option<PathBuf>,
@@ -234,6 +234,11 @@ pub(crate) struct BackendFlags {
     /// (scripts/build-rust-toolchain-image.sh builds localhost/execbox-rust-toolchain:current).
     #[arg(long, value_name = "IMAGE", env = "EXECBOX_KUBE_RUST_IMAGE")]
     pub(crate) kube_rust_image: Option<String>,
+    /// Run the kubernetes backend's programs under this Localhost seccomp profile: execbox's own
+    /// (src/backends/container/seccomp.json) installed on every node under this name
+    /// (scripts/kube/up.sh installs it as execbox.json). Default: RuntimeDefault.
+    #[arg(long, value_name = "NAME", env = "EXECBOX_KUBE_SECCOMP_PROFILE")]
+    pub(crate) kube_seccomp_profile: Option<String>,
 }
 
 impl BackendFlags {
@@ -251,6 +256,7 @@ impl BackendFlags {
         };
         config.kubernetes_warm_pods = self.kube_warm_pods;
         config.kubernetes_rust_image = self.kube_rust_image.clone();
+        config.kubernetes_seccomp_profile = self.kube_seccomp_profile.clone();
         config
     }
 }

@@ -252,8 +252,15 @@ evictionHard:
   nodefs.inodesFree: 1%
   imagefs.available: 1%
 EOF
+# execbox's own seccomp profile (the docker backend's), for pods that ask
+# for Localhost "execbox.json" (KubernetesConfig::seccomp_profile); copied
+# on every up, so a running node gets the repository's current one.
+mkdir -p "$run/kubelet/seccomp"
+cp "$(dirname "$here")/../src/backends/container/seccomp.json" "$run/kubelet/seccomp/execbox.json.tmp"
+mv "$run/kubelet/seccomp/execbox.json.tmp" "$run/kubelet/seccomp/execbox.json"
 start kubelet "$bin/kubelet" \
   --config="$run/kubelet-config.yaml" --kubeconfig="$run/kubelet.kubeconfig" \
+  --seccomp-profile-root="$run/kubelet/seccomp" \
   --hostname-override="$node" --root-dir="$run/kubelet" --cert-dir="$run/kubelet/pki" \
   --container-runtime=docker \
   --container-runtime-endpoint="unix://$run/dockershim.sock" \

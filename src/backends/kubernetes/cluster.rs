@@ -246,8 +246,17 @@ impl Cluster {
 
     /// Keeps `target` claimable pods of `pool`, each made by `template`,
     /// counting every replica's (off the request path; woken by claims).
-    /// A pool already kept is left as it is.
-    pub fn start_warm(&self, pool: String, target: usize, template: impl Fn() -> Job + Send + Sync + 'static) {
+    /// A pool already kept is left as it is. With `idle_after`, a pool this
+    /// backend has claimed nothing of for that long is given up: no more
+    /// refills, its waiting pods of this backend deleted, and
+    /// [`Cluster::keeps`] false, so a later run starts it again.
+    pub fn start_warm(
+        &self,
+        pool: String,
+        target: usize,
+        idle_after: Option<Duration>,
+        template: impl Fn() -> Job + Send + Sync + 'static,
+    ) {
         let Some(runtime) = &self.runtime else { return };
         let state = match self.inner.pools.lock().entry(pool.clone()) {
             std::collections::btree_map::Entry::Occupied(_) => return,
@@ -260,6 +269,7 @@ impl Cluster {
             // them see the pods another has just created.
             tokio::time::sleep(Duration::from_millis(crate::nonce::random_u64() % 1000)).await;
             let mut backoff = REFILL_BACKOFF;
+            let mut last_claim = Instant::now();
             while !inner.stopped.load(Ordering::SeqCst) {
                 let wait = match inner.refill(&pool, &state, target, &template).await {
                     Ok(()) => {
@@ -273,9 +283,22 @@ impl Cluster {
                         wait
                     }
                 };
-                let _ = tokio::time::timeout(wait, state.claimed.notified()).await;
+                if tokio::time::timeout(wait, state.claimed.notified()).await.is_ok() {
+                    last_claim = Instant::now();
+                }
+                if idle_after.is_some_and(|idle| last_claim.elapsed() >= idle) {
+                    inner.pools.lock().remove(&pool);
+                    let _ = tokio::time::timeout(API_TIMEOUT, inner.give_up(&pool)).await;
+                    tracing::info!(pool = %pool, "an idle kubernetes warm pool was given up");
+                    break;
+                }
             }
         });
+    }
+
+    /// Whether the warm pool `pool` is kept filled (not given up as idle).
+    pub fn keeps(&self, pool: &str) -> bool {
+        self.inner.pools.lock().contains_key(pool)
     }
 
     /// The warm pools kept: their claimable pods at the last count, and
@@ -716,6 +739,31 @@ impl Inner {
     }
 
     /// Deletes the pods and ConfigMaps of `selector` that `pick` picks.
+    /// Deletes this backend's waiting pods of the idle pool `pool` (and their
+    /// ConfigMaps), each only as it was listed: a pod claimed meanwhile has
+    /// another resourceVersion, and its run goes on.
+    async fn give_up(&self, pool: &str) {
+        let Ok(client) = self.client().await else { return };
+        let ns = &self.cfg.namespace;
+        let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+        let maps: Api<ConfigMap> = Api::namespaced(client, ns);
+        let selector =
+            format!("{}={},{OWNER_LABEL}={},{POOL_LABEL}={pool},{STATE_LABEL}=ready", MANAGED.0, MANAGED.1, self.owner);
+        let Ok(list) = pods.list(&ListParams::default().labels(&selector)).await else { return };
+        for pod in list.items {
+            let Some(name) = pod.metadata.name else { continue };
+            let unchanged = kube::api::Preconditions { resource_version: pod.metadata.resource_version, uid: None };
+            let now = DeleteParams {
+                grace_period_seconds: Some(0),
+                preconditions: Some(unchanged),
+                ..DeleteParams::default()
+            };
+            if pods.delete(&name, &now).await.is_ok() {
+                let _ = maps.delete(&name, &DeleteParams::default()).await;
+            }
+        }
+    }
+
     async fn delete_matching(&self, selector: &str, pick: impl Fn(&kube::api::ObjectMeta) -> bool) {
         let Ok(client) = self.client().await else { return };
         let ns = &self.cfg.namespace;

@@ -55,6 +55,17 @@ pub struct KubernetesConfig {
     /// # Default
     /// 1 GiB.
     pub compile_memory_bytes: u64,
+    /// The `Localhost` seccomp profile the program (and a Rust run's
+    /// compiler) runs under: a file under each node's kubelet seccomp root
+    /// holding execbox's own profile (`src/backends/container/seccomp.json`,
+    /// the docker backend's, narrower than the runtime's default: no
+    /// io_uring, `ptrace`, `userfaultfd`, ...). The availability probe
+    /// checks that it is in effect. `setup` keeps `RuntimeDefault`.
+    ///
+    /// # Default
+    /// `None`: `RuntimeDefault`. `scripts/kube/up.sh` installs the profile
+    /// as `execbox.json`.
+    pub seccomp_profile: Option<String>,
     /// The pods' `imagePullPolicy`.
     ///
     /// # Default
@@ -126,6 +137,7 @@ setters!(KubernetesConfig {
 } some {
     kubeconfig: PathBuf,
     rust_image: String,
+    seccomp_profile: String,
 } into {
     namespace: String,
     python_image: String,
@@ -142,6 +154,7 @@ impl Default for KubernetesConfig {
             python_data_image: "localhost/execbox-python-data:3.11".into(),
             data_packages: ["numpy", "pandas", "matplotlib", "scipy"].map(String::from).to_vec(),
             rust_image: None,
+            seccomp_profile: None,
             compile_memory_bytes: 1 << 30,
             image_pull_policy: "IfNotPresent".into(),
             defaults: RunDefaults::default().timeout(Duration::from_secs(60)).memory_bytes(256 << 20),

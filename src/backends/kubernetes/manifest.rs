@@ -272,6 +272,12 @@ impl Job {
             Some(_) => self.memory_bytes,
             None => self.work_bytes(),
         };
+        // What runs the caller's code (the program, the compiler) runs under
+        // execbox's own seccomp profile when the nodes have it.
+        let program = match &cfg.seccomp_profile {
+            Some(profile) => json!({"seccompProfile": {"type": "Localhost", "localhostProfile": profile}}),
+            None => json!({}),
+        };
         let job = json!({"name": "job", "mountPath": JOB_DIR, "readOnly": true});
         let warm = self.pool.is_some();
         let mut main_mounts = vec![
@@ -311,7 +317,7 @@ impl Job {
                 "name": "compile", "image": compile.image, "imagePullPolicy": cfg.image_pull_policy,
                 "command": compile.command(),
                 "workingDir": JOB_DIR,
-                "securityContext": locked(json!({})),
+                "securityContext": locked(program.clone()),
                 "resources": {
                     "limits": {"memory": memory, "cpu": format!("{}m", cfg.cpu_millis)},
                     "requests": {"memory": memory, "cpu": format!("{}m", CPU_REQUEST_MILLIS.min(cfg.cpu_millis))},
@@ -338,7 +344,7 @@ impl Job {
                     "name": "main", "image": self.image, "imagePullPolicy": cfg.image_pull_policy,
                     "command": ["/usr/bin/python3", "-I", "-S", format!("{JOB_DIR}/launch.py")],
                     "stdin": warm,
-                    "securityContext": locked(json!({})),
+                    "securityContext": locked(program.clone()),
                     "resources": limits,
                     "volumeMounts": main_mounts,
                 }],
@@ -440,6 +446,14 @@ mod tests {
         assert_eq!(build["readOnly"], true);
         let map = job.config_map("ns", "o").expect("a config map");
         assert_eq!(map.data.expect("data")["main.rs"], "fn run() {}");
+        // Under execbox's profile when configured; setup keeps the runtime's.
+        let cfg = KubernetesConfig::default().seccomp_profile("execbox.json");
+        let pod = serde_json::to_value(job.pod(&cfg, "o").expect("a pod")).expect("json");
+        let localhost = json!({"type": "Localhost", "localhostProfile": "execbox.json"});
+        assert_eq!(pod["spec"]["containers"][0]["securityContext"]["seccompProfile"], localhost);
+        assert_eq!(pod["spec"]["initContainers"][1]["securityContext"]["seccompProfile"], localhost);
+        assert!(pod["spec"]["initContainers"][0]["securityContext"].get("seccompProfile").is_none());
+        assert_eq!(pod["spec"]["securityContext"]["seccompProfile"]["type"], "RuntimeDefault");
     }
 
     #[test]

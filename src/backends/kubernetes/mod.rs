@@ -252,18 +252,19 @@ impl Kubernetes {
         self.probed()?;
         if self.config().warm_pods > 0 && !self.inner.warming.swap(true, Ordering::SeqCst) {
             let python = crate::backends::container::warm_python_argv(&[], true);
-            self.start_pool(self.plain_pool(), self.config().python_image.clone(), Some(python));
+            self.start_pool(self.plain_pool(), self.config().python_image.clone(), Some(python), None);
         }
         Ok(())
     }
 
-    /// Keeps warm pods of `pool` in `image`, their program `preload` if any.
-    fn start_pool(&self, pool: String, image: String, preload: Option<Vec<String>>) {
+    /// Keeps warm pods of `pool` in `image`, their program `preload` if any,
+    /// until the pool is idle for `idle_after`, if given.
+    fn start_pool(&self, pool: String, image: String, preload: Option<Vec<String>>, idle_after: Option<Duration>) {
         // The template holds the settings, never the backend: the refill
         // runs on the backend's runtime and must not keep it alive.
         let (cfg, name) = (self.config().clone(), pool.clone());
         let template = move || warm_job(&cfg, &name, &image, preload.clone());
-        self.inner.cluster.start_warm(pool, self.config().warm_pods, template);
+        self.inner.cluster.start_warm(pool, self.config().warm_pods, idle_after, template);
     }
 
     /// The plain pool's name: the plain image at the default memory cap.
@@ -280,7 +281,8 @@ impl Kubernetes {
     /// the pool of its package set, whose pods have imported them already
     /// (so it brings no environment values or arguments: the program has
     /// started without them). Such a pool is started by the first run of
-    /// its set, which runs cold; at most [`MAX_PACKAGE_POOLS`] are kept.
+    /// its set, which runs cold; at most [`MAX_PACKAGE_POOLS`] are kept,
+    /// each until nothing was claimed of it for `warm_lifetime`.
     fn warm_pool_for(&self, job: &Job, request: &crate::request::ExecRequest) -> Option<String> {
         let cfg = self.config();
         // A Rust run's pod compiles before its program starts.
@@ -317,12 +319,15 @@ impl Kubernetes {
         let preload = crate::backends::container::warm_python_argv(&packages, job.outputs.is_some());
         let pool = pool_name("data", &cfg.python_data_image, &preload, job.memory_bytes);
         let mut kept = self.inner.package_pools.lock();
+        // A pool given up as idle frees its place; its set's next run starts it again.
+        kept.retain(|pool| self.inner.cluster.keeps(pool));
         if kept.contains(&pool) {
             return Some(pool);
         }
         if kept.len() < MAX_PACKAGE_POOLS {
             kept.insert(pool.clone());
-            self.start_pool(pool, cfg.python_data_image.clone(), Some(preload));
+            let idle_after = Some(cfg.warm_lifetime);
+            self.start_pool(pool, cfg.python_data_image.clone(), Some(preload), idle_after);
         }
         None
     }
@@ -370,7 +375,7 @@ impl Kubernetes {
         };
         let stdout = records.stdout.into_captured().text().into_owned();
         match records.end {
-            Some(End::Exited { status: 0, .. }) => probe::judge(&stdout, cfg.tmp_bytes),
+            Some(End::Exited { status: 0, .. }) => probe::judge(&stdout, cfg.tmp_bytes, cfg.seccomp_profile.as_deref()),
             end => Err(Unavailable::because(format!(
                 "the probe pod ended {end:?}: {}",
                 crate::text::cap_message(format!("{}{}", records.stderr.into_captured().text(), records.noise))

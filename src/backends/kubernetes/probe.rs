@@ -25,11 +25,15 @@ struct Seen {
     tmp_bytes: u64,
     shm_bytes: u64,
     kubernetes_env: Vec<String>,
+    /// `io_uring_setup`'s errno: 1 (EPERM) under execbox's profile.
+    io_uring_errno: i32,
     packages: Vec<String>,
 }
 
 /// The packages found, if every control held; else what did not.
-pub(super) fn judge(stdout: &str, tmp_bytes: u64) -> Result<Vec<String>, Unavailable> {
+/// `localhost_profile`: the Localhost seccomp profile the program runs
+/// under (`KubernetesConfig::seccomp_profile`), which must be execbox's.
+pub(super) fn judge(stdout: &str, tmp_bytes: u64, localhost_profile: Option<&str>) -> Result<Vec<String>, Unavailable> {
     let seen: Seen = serde_json::from_str(stdout.trim()).map_err(|e| {
         Unavailable::because(format!(
             "the probe pod's report cannot be read ({e}): {}",
@@ -61,6 +65,15 @@ pub(super) fn judge(stdout: &str, tmp_bytes: u64) -> Result<Vec<String>, Unavail
             ),
         ),
         (seen.kubernetes_env.is_empty(), format!("sees the cluster's variables {:?}", seen.kubernetes_env)),
+        (
+            localhost_profile.is_none() || seen.io_uring_errno == 1,
+            format!(
+                "is not under execbox's seccomp profile {}: io_uring_setup answered errno {} where the profile \
+                 refuses it with EPERM (1)",
+                localhost_profile.unwrap_or_default(),
+                seen.io_uring_errno
+            ),
+        ),
     ];
     let failed: Vec<String> = checks.into_iter().filter(|(held, _)| !held).map(|(_, what)| what).collect();
     if failed.is_empty() {
@@ -68,8 +81,9 @@ pub(super) fn judge(stdout: &str, tmp_bytes: u64) -> Result<Vec<String>, Unavail
     }
     Err(Unavailable::new(
         format!("a pod of execbox's locked shape {}", failed.join("; ")),
-        "run a cluster whose kubelet honours the pod's securityContext, seccomp RuntimeDefault and memory \
-         emptyDir sizes (scripts/kube/up.sh starts one)",
+        "run a cluster whose kubelet honours the pod's securityContext, seccomp profiles and memory emptyDir \
+         sizes, with execbox's profile (src/backends/container/seccomp.json) on every node under the name \
+         KubernetesConfig::seccomp_profile gives (scripts/kube/up.sh starts one)",
     ))
 }
 
@@ -79,11 +93,18 @@ mod tests {
 
     const GOOD: &str = r#"{"uid": 65534, "cap_eff": "0000000000000000", "no_new_privs": "1", "seccomp": "2",
         "links_up": [], "routes": 0, "outside": "ENETUNREACH", "token": false, "root_writable": false,
-        "tmp_bytes": 65536, "shm_bytes": 65536, "kubernetes_env": [], "packages": ["numpy"]}"#;
+        "tmp_bytes": 65536, "shm_bytes": 65536, "kubernetes_env": [], "io_uring_errno": 1, "packages": ["numpy"]}"#;
 
     #[test]
     fn a_locked_pod_passes_and_each_gap_is_named() {
-        assert_eq!(judge(GOOD, 65536).expect("locked"), vec!["numpy".to_string()]);
+        let profile = Some("execbox.json");
+        assert_eq!(judge(GOOD, 65536, profile).expect("locked"), vec!["numpy".to_string()]);
+        // io_uring reached the kernel: RuntimeDefault, not execbox's profile
+        // (which only a backend told to use one requires).
+        let runtime_default = GOOD.replace(r#""io_uring_errno": 1"#, r#""io_uring_errno": 14"#);
+        assert!(judge(&runtime_default, 65536, None).is_ok());
+        let why = judge(&runtime_default, 65536, profile).expect_err("not execbox's profile").reason;
+        assert!(why.contains("execbox.json") && why.contains("errno 14"), "{why}");
         for (from, to, named) in [
             (r#""outside": "ENETUNREACH""#, r#""outside": "connected""#, "reaches the network"),
             (r#""routes": 0"#, r#""routes": 1"#, "reaches the network"),
@@ -95,9 +116,9 @@ mod tests {
             (r#""kubernetes_env": []"#, r#""kubernetes_env": ["KUBERNETES_SERVICE_HOST"]"#, "variables"),
         ] {
             let report = GOOD.replace(from, to);
-            let why = judge(&report, 65536).expect_err(named).reason;
+            let why = judge(&report, 65536, profile).expect_err(named).reason;
             assert!(why.contains(named), "{why}");
         }
-        assert!(judge("Traceback", 65536).is_err());
+        assert!(judge("Traceback", 65536, profile).is_err());
     }
 }
