@@ -271,6 +271,11 @@ fn run(_: Value) -> Value { Value::from(N) }
     assert_eq!(r.outcome, Outcome::OutOfMemory, "{r:?}");
     assert!(r.message.as_deref().unwrap_or_default().contains("compiler ran out"), "{r:?}");
     nothing_left_of(std::process::id(), Duration::from_secs(20));
+    // An image without rustc is the backend's configuration, not the code's.
+    let no_rustc = KubernetesConfig::default().kubeconfig(kubeconfig()).rust_image("localhost/execbox-rust:bookworm");
+    let no_rustc = Kubernetes::new(no_rustc).expect("a backend");
+    let r = Executor::run_on(&no_rustc, rust("fn run(i: Value) -> Value { i }\n"));
+    assert!(matches!(&r, Err(ExecError::BackendUnavailable { reason, .. }) if reason.contains("rustc")), "{r:?}");
 }
 
 #[test]

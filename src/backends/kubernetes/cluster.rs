@@ -455,7 +455,15 @@ impl Inner {
     async fn compile_log(&self, pods: &Api<Pod>, name: &str, at: Option<Instant>) -> Option<String> {
         let params =
             LogParams { container: Some("compile".into()), limit_bytes: Some(MAX_COMPILE_LOG), ..LogParams::default() };
-        within(at, pods.logs(name, &params)).await?.ok()
+        // Read as bytes: the cap may cut a character, which `logs` (a
+        // String) would turn into an error, losing every message.
+        let read = async {
+            let mut log = pods.log_stream(name, &params).await.ok()?;
+            let mut bytes = Vec::new();
+            log.read_to_end(&mut bytes).await.ok()?;
+            Some(String::from_utf8_lossy(&bytes).into_owned())
+        };
+        within(at, read).await?
     }
 
     /// Reads the log of the running pod `name` to its end, then its end's

@@ -560,6 +560,21 @@ impl Kubernetes {
         let compile_log = match &mut end {
             JobEnd::Read { compile_log, .. } => compile_log.take(),
             JobEnd::CompileFailed { log, exit_code, oom_killed } => {
+                // The shell could not start rustc: the image is not a toolchain.
+                if *exit_code == 127 {
+                    return Err(ExecError::BackendUnavailable {
+                        backend: Self::NAME.into(),
+                        reason: format!(
+                            "the Rust image {} has no /opt/rust/bin/rustc: {}",
+                            self.config().rust_image.as_deref().unwrap_or_default(),
+                            crate::text::cap_message(log.clone())
+                        ),
+                        fix: Some(
+                            "build it with scripts/build-rust-toolchain-image.sh, or set KubernetesConfig::rust_image"
+                                .into(),
+                        ),
+                    });
+                }
                 let (diagnostics, rendered) = rust::parse_diagnostics(log.as_bytes(), user_lines);
                 let (outcome, message, kind) = if *oom_killed {
                     let mib = self.config().compile_memory_bytes >> 20;
