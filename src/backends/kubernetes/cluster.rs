@@ -420,7 +420,7 @@ impl Inner {
         })
         .await;
         match created {
-            None => return Ok(JobEnd::TimedOut { records, started: true }),
+            None => return Ok(JobEnd::TimedOut { records, started: false }),
             Some(Err(e)) => return Err(JobError::Unavailable(api_unavailable(&self.cfg, "cannot create the run", &e))),
             Some(Ok(_)) => {}
         }
@@ -746,7 +746,6 @@ impl Inner {
         let _ = tokio::time::timeout(API_TIMEOUT, self.delete_matching(&selector, expired)).await;
     }
 
-    /// Deletes the pods and ConfigMaps of `selector` that `pick` picks.
     /// Deletes this backend's waiting pods of the idle pool `pool` (and their
     /// ConfigMaps), each only as it was listed: a pod claimed meanwhile has
     /// another resourceVersion, and its run goes on.
@@ -772,6 +771,7 @@ impl Inner {
         }
     }
 
+    /// Deletes the pods and ConfigMaps of `selector` that `pick` picks.
     async fn delete_matching(&self, selector: &str, pick: impl Fn(&kube::api::ObjectMeta) -> bool) {
         let Ok(client) = self.client().await else { return };
         let ns = &self.cfg.namespace;

@@ -105,7 +105,7 @@ const NEGATIVE_TTL: Duration = Duration::from_secs(2);
 /// `warm_pods` pods, each reserving the default memory on a node).
 const MAX_PACKAGE_POOLS: usize = 4;
 
-/// rustc's `opt-level` (the docker backend's default).
+/// rustc's `opt-level` (the docker backend's default, `RustConfig::opt_level`).
 const RUST_OPT_LEVEL: u8 = 1;
 
 /// The probe pod's deadline (a cold start on a busy node included).
@@ -546,6 +546,7 @@ impl Kubernetes {
         result.usage = Usage { duration: deadline.elapsed(), ..Usage::default() };
         Ok(result)
     }
+
     /// The result of a Rust job: a compile's failure as the docker
     /// backend gives it; else the run's, with the compile's warnings (in
     /// the caller's `user_lines`) and the returned value as `output`.
@@ -763,10 +764,10 @@ impl Backend for Kubernetes {
             None => cluster.run(job, records, deadline.remaining().or(Some(limit))),
         };
         match ran {
-            Ok(end) if compiles.is_some() => {
-                self.rust_result(end, &deadline, collects, compiles.unwrap_or_default(), &request)
-            }
-            Ok(end) => self.result(end, &deadline, collects),
+            Ok(end) => match compiles {
+                Some(user_lines) => self.rust_result(end, &deadline, collects, user_lines, &request),
+                None => self.result(end, &deadline, collects),
+            },
             Err(JobError::Unavailable(why)) => {
                 self.inner.reachable.forget();
                 Err(why.into_error(Self::NAME))
