@@ -103,22 +103,32 @@ fn kubectl(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// The objects of execbox in the namespace whose name holds `part`.
+/// The runs' objects of execbox in the namespace whose name holds `part`
+/// (warm pods, waiting for minutes, are not runs).
 fn objects(part: &str) -> Vec<String> {
-    kubectl(&["get", "pods,configmaps", "-l", "app.kubernetes.io/managed-by=execbox", "-o", "name"])
-        .lines()
-        .filter(|l| l.contains(part))
-        .map(str::to_string)
-        .collect()
+    kubectl(&[
+        "get",
+        "pods,configmaps",
+        "-l",
+        "app.kubernetes.io/managed-by=execbox,execbox.dev/role!=warm",
+        "-o",
+        "name",
+    ])
+    .lines()
+    .filter(|l| l.contains(part))
+    .map(str::to_string)
+    .collect()
 }
 
-/// Waits until no object of this process is left (a timed-out run's pod is
-/// deleted in the background).
+/// Waits until no object of this process's runs there now is left (a
+/// timed-out run's pod is deleted in the background; other tests' runs,
+/// started later, do not count).
 fn nothing_left_of(pid: u32, within: Duration) {
     let part = format!("execbox-{pid}-");
     let start = Instant::now();
+    let now = objects(&part);
     loop {
-        let left = objects(&part);
+        let left: Vec<String> = objects(&part).into_iter().filter(|o| now.contains(o)).collect();
         if left.is_empty() {
             return;
         }
@@ -415,7 +425,6 @@ fn what_a_pod_cannot_enforce_is_refused_by_name_before_anything_runs() {
         }
         other => panic!("{control}: {other:?}"),
     };
-    refused(python("1").policy(SandboxPolicy::strict().tools(["math.add"])), "tools");
     refused(python("1").policy(SandboxPolicy::strict().max_processes(10)), "processes");
     refused(python("1").policy(SandboxPolicy::strict().network(Access::Allow(vec!["example.com".into()]))), "network");
     let big = python(&"#".repeat(1 << 20)).policy(SandboxPolicy::strict().max_code_bytes(2 << 20));
@@ -1027,4 +1036,312 @@ fn a_warm_pool_is_gone_with_its_backends_shutdown() {
     std::thread::sleep(Duration::from_secs(3));
     let left = pool.objects();
     assert!(left.is_empty(), "{left:?}");
+}
+
+// ---- Code Mode: tools from pods ---------------------------------------------
+
+/// One Code Mode test at a time: each checks that no tool socket directory
+/// of this process is left.
+fn tools_serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// An executor on the shared backend with the tools every carrier's tests call.
+fn tools_executor(probe: &std::sync::Arc<common::tools::Probe>) -> Option<Executor> {
+    let k = backend()?;
+    Some(Executor::builder().backend(k.clone()).tools(common::tools::registry(probe)).build())
+}
+
+/// `code` granted `grants`, with room for a pod's start.
+fn granted(language: Language, code: &str, grants: &[&str]) -> ExecRequest {
+    common::tools::source(language, code, Duration::from_secs(60), grants)
+}
+
+/// This process's tool socket directories still on the host.
+fn socket_dirs() -> Vec<String> {
+    common::procfs::temp_dirs("execbox-tools-", execbox::backends::Container::owner_token())
+}
+
+#[test]
+fn python_in_a_pod_calls_tools_with_every_form_of_the_api_and_the_ledger() {
+    use common::tools::*;
+    let _serial = tools_serial();
+    let probe = std::sync::Arc::new(Probe::default());
+    let Some(exec) = tools_executor(&probe) else { return };
+    let request = granted(Language::Python, PYTHON_ROUND_TRIP, &["math.*", "echo.args"]).input(json!({"n": 1}));
+    let r = exec.execute_blocking(request).expect("runs");
+    assert_python_round_trip("pod", &r);
+    assert_eq!(r.backend, "kubernetes");
+    let r = exec.execute_blocking(granted(Language::Python, PYTHON_ERRORS, ERROR_GRANTS)).expect("runs");
+    assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
+    assert_eq!(r.output, Some(python_errors_output()), "{r:?}");
+    assert_error_ledger("pod", &r.tool_calls);
+    // Without a grant: no module, no socket, no variable (the job's
+    // directory is there, read-only, as in every pod).
+    let code = "\
+import json, os
+try:
+    import tools
+    found = True
+except ModuleNotFoundError:
+    found = False
+print(json.dumps([found, os.path.exists('/run/execbox/tools.sock'), 'EXECBOX_TOOLS' in os.environ]))";
+    let r = exec.execute_blocking(granted(Language::Python, code, &[])).expect("runs");
+    assert_eq!(r.output, Some(json!([false, false, false])), "{r:?}");
+    assert!(socket_dirs().is_empty(), "{:?}", socket_dirs());
+}
+
+#[test]
+fn shell_and_rust_in_pods_call_tools_with_their_tool_command_and_module() {
+    use common::tools::*;
+    use execbox::tools::{ToolCallOutcome, ToolErrorKind};
+    let _serial = tools_serial();
+    let probe = std::sync::Arc::new(Probe::default());
+    let Some(exec) = tools_executor(&probe) else { return };
+    let script = r#"
+set -u
+sum=$(tool math.add '{"a": 2, "b": 3}')
+piped=$(echo '{"a": 40, "b": 2}' | tool math.add -)
+failed=0
+tool fail.always 2>/tmp/err.json || failed=$?
+denied=0
+tool slow.sleep 2>/tmp/denied.json || denied=$?
+for n in 1 2 3 4; do tool pace.add "{\"a\": $n, \"b\": 10}" > /tmp/r$n & done; wait
+printf '{"sum": %s, "piped": %s, "failed": %s, "error": %s, "denied": [%s, %s], "env": "%s", "pace": [%s]}\n' \
+  "$sum" "$piped" "$failed" "$(cat /tmp/err.json)" "$denied" "$(cat /tmp/denied.json)" "$EXECBOX_TOOLS" \
+  "$(cat /tmp/r1 /tmp/r2 /tmp/r3 /tmp/r4 | paste -sd, -)"
+"#;
+    let r = exec.execute_blocking(granted(Language::Shell, script, &["math.*", "fail.*", "pace.*"])).expect("runs");
+    assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
+    assert_eq!(
+        r.output,
+        Some(json!({
+            "sum": 5, "piped": 42, "failed": 1,
+            "error": {"tool": "fail.always", "kind": "failed", "message": "it always fails"},
+            "denied": [1, {"tool": "slow.sleep", "kind": "not_granted",
+                           "message": "the run's policy does not grant this tool"}],
+            "env": "/run/execbox/tools.sock", "pace": [11, 12, 13, 14],
+        })),
+        "{r:?}"
+    );
+    assert_eq!(r.tool_calls.len(), 8, "{:?}", r.tool_calls);
+    // Without a grant there is no command.
+    let r = exec.execute_blocking(granted(Language::Shell, "command -v tool || echo none", &[])).expect("runs");
+    assert_eq!(stdout(&r), "none\n", "{r:?}");
+
+    let code = r#"
+use serde_json::json;
+
+fn run(input: Value) -> Value {
+    let sum = tools::call("math.add", json!({"a": input["a"], "b": 2})).unwrap();
+    let err = tools::call("fail.always", json!({})).unwrap_err();
+    json!({"sum": sum, "names": tools::list().unwrap(), "err": [err.tool, err.kind]})
+}
+"#;
+    let request = granted(Language::Rust, code, &["math.*", "fail.*"]).input(json!({"a": 40}));
+    let r = exec.execute_blocking(request).expect("runs");
+    assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
+    assert_eq!(
+        r.output,
+        Some(json!({"sum": 42, "names": ["fail.always", "math.add"], "err": ["fail.always", "failed"]})),
+        "{r:?}"
+    );
+    assert_eq!(
+        outcomes(&r.tool_calls),
+        [
+            ("math.add".into(), ToolCallOutcome::Ok, None),
+            ("fail.always".into(), ToolCallOutcome::Error, Some(ToolErrorKind::Failed)),
+        ]
+    );
+    assert!(socket_dirs().is_empty(), "{:?}", socket_dirs());
+}
+
+/// A hanging tool times out by its own limit; a run whose deadline comes
+/// mid-call ends by it with the call unknown and no longer running; a
+/// program that kills itself mid-call leaves the call unknown; and
+/// neither a pod nor a socket directory is left.
+#[test]
+fn tool_calls_from_pods_end_with_their_run_and_leave_nothing() {
+    use common::tools::*;
+    use execbox::tools::{ToolCallOutcome, ToolErrorKind, ToolLimits};
+    let _serial = tools_serial();
+    let probe = std::sync::Arc::new(Probe::default());
+    let Some(exec) = tools_executor(&probe) else { return };
+    let code = "\
+import json, tools
+try:
+    tools.slow.sleep()
+except tools.ToolError as e:
+    print(json.dumps(e.kind))";
+    let request = with_limits(granted(Language::Python, code, &["slow.*"]), |p| {
+        p.tool_limits(ToolLimits::default().call_timeout_ms(300))
+    });
+    let r = exec.execute_blocking(request).expect("runs");
+    assert_eq!((r.outcome, r.output.clone()), (Outcome::Ok, Some(json!("timed_out"))), "{r:?}");
+    assert_eq!(
+        outcomes(&r.tool_calls),
+        [("slow.sleep".into(), ToolCallOutcome::Unknown, Some(ToolErrorKind::TimedOut))]
+    );
+    let limit = Duration::from_secs(8);
+    let code = "import tools\ntools.slow.sleep()\nwhile True:\n    pass";
+    let request = with_limits(granted(Language::Python, code, &["slow.*"]), |p| p.timeout(limit));
+    let started = Instant::now();
+    let r = exec.execute_blocking(request).expect("runs");
+    assert_eq!(r.outcome, Outcome::TimedOut, "{r:?}");
+    assert!(started.elapsed() < limit + Duration::from_secs(3), "took {:?}", started.elapsed());
+    assert_eq!(r.tool_calls[0].outcome, ToolCallOutcome::Unknown, "{r:?}");
+    probe.assert_nothing_running();
+    // (The first call waits for the host to see the pod running, up to the
+    // kubelet's next look at it; the next take milliseconds.)
+    let code = "\
+import os, threading, time, tools
+tools.math.add(a=1, b=1)
+threading.Thread(target=tools.slow.sleep, daemon=True).start()
+time.sleep(1.5)
+os.kill(os.getpid(), 9)";
+    let r = exec.execute_blocking(granted(Language::Python, code, &["slow.*", "math.*"])).expect("runs");
+    assert_eq!((r.outcome, r.exit_code), (Outcome::Failed, Some(137)), "{r:?}");
+    assert_eq!(
+        outcomes(&r.tool_calls),
+        [("math.add".into(), ToolCallOutcome::Ok, None), ("slow.sleep".into(), ToolCallOutcome::Unknown, None)]
+    );
+    probe.assert_nothing_running();
+    assert!(socket_dirs().is_empty(), "{:?}", socket_dirs());
+}
+
+/// Code in a pod that floods its socket — garbage, a line of 8 MB, calls
+/// whose answers it never reads, far more connections than allowed — gets
+/// the docker backend's typed answers where it reads them, the `tools`
+/// module still works after, and the host's memory stays bounded.
+#[test]
+fn code_in_a_pod_that_floods_its_socket_gets_typed_answers_and_the_host_stays_bounded() {
+    use common::tools::*;
+    use execbox::tools::ToolLimits;
+    let _serial = tools_serial();
+    let probe = std::sync::Arc::new(Probe::default());
+    let Some(exec) = tools_executor(&probe) else { return };
+    let before = common::procfs::own_rss_bytes();
+    let request = with_limits(granted(Language::Python, FLOOD, &["math.*", "echo.*"]), |p| {
+        p.tool_limits(ToolLimits::default().max_calls(10_000)).timeout(Duration::from_secs(120))
+    });
+    let r = exec.execute_blocking(request).expect("runs");
+    assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
+    let out = r.output.clone().expect("JSON");
+    assert_eq!(out["garbage"], json!([[0, "protocol"], [0, "protocol"], [5, "protocol"]]), "{r:?}");
+    assert_eq!(out["huge"], json!([[9, "invalid_arguments"]]), "{r:?}");
+    assert_eq!(out["unread_dropped"], true, "{r:?}");
+    let served = out["served"].as_u64().unwrap();
+    assert!((1..=15).contains(&served), "{served} served at once: {r:?}");
+    assert_eq!(out["after"], 4, "{r:?}");
+    let grown = common::procfs::own_rss_bytes().saturating_sub(before);
+    assert!(grown < 256 << 20, "the host grew by {} MiB", grown >> 20);
+    assert!(socket_dirs().is_empty(), "{:?}", socket_dirs());
+}
+
+/// The flood of [`code_in_a_pod_that_floods_its_socket_gets_typed_answers_and_the_host_stays_bounded`].
+const FLOOD: &str = r#"
+import json, os, socket, time, tools
+path = os.environ['EXECBOX_TOOLS']
+def conn():
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(path)
+    return s
+def answers(s, n):
+    buf = b''
+    s.settimeout(30)
+    while buf.count(b'\n') < n:
+        chunk = s.recv(1 << 16)
+        if not chunk:
+            break
+        buf += chunk
+    return [json.loads(l)['tool_result'] for l in buf.split(b'\n')[:n] if l]
+seen = {}
+# Garbage, a blank line and a frame without a name: protocol errors, in order.
+s = conn()
+s.sendall(b'garbage\n\n[1,2]\n{"tool_call":{"id":5,"args":{}}}\n')
+seen['garbage'] = [(a['id'], a['error']['kind']) for a in answers(s, 3)]
+# A line of 8 MB: counted, not kept; refused by its head.
+head = b'{"tool_call":{"id":9,"name":"echo.args","args":{"s":"'
+s.sendall(head + b'x' * (8 << 20) + b'"}}}\n')
+seen['huge'] = [(a['id'], a['error']['kind']) for a in answers(s, 1)]
+# A line that never ends, 4 MB of it, then the connection closes.
+t = conn()
+t.sendall(b'y' * (4 << 20))
+t.close()
+# Calls whose answers are never read: the host drops that connection.
+# (Distinct ids: a call reusing the id of one in flight is refused at once.)
+u = conn()
+arg = b'z' * 60000
+dropped = False
+try:
+    u.settimeout(20)
+    for i in range(400):
+        u.sendall(b'{"tool_call":{"id":%d,"name":"echo.args","args":{"s":"%s"}}}\n' % (i, arg))
+except OSError:
+    dropped = True
+seen['unread_dropped'] = dropped
+u.close()
+# Many connections at once: those past the bound are closed at once.
+# One closed before its call is sent fails the send (EPIPE): closed too.
+held, closed = [], 0
+for _ in range(64):
+    c = conn()
+    c.settimeout(10)
+    try:
+        c.sendall(b'{"tool_call":{"id":1,"name":"tools.list","args":{}}}\n')
+    except OSError:
+        closed += 1
+        c.close()
+        continue
+    held.append(c)
+for c in held:
+    try:
+        if not c.recv(1 << 16):
+            closed += 1
+    except OSError:
+        closed += 1
+seen['served'] = 64 - closed
+for c in held:
+    c.close()
+s.close()
+time.sleep(0.5)
+seen['after'] = tools.math.add(a=2, b=2)
+print(json.dumps(seen))
+"#;
+
+/// A warm pod takes runs that call tools too (a fresh program, not the
+/// waiting Python, which has no `tools` module): its attachment, made to
+/// deliver the run, carries the answers, so no call waits for the pod's
+/// start to be seen.
+#[test]
+fn warm_pods_take_runs_that_call_tools() {
+    use common::tools::*;
+    let _serial = tools_serial();
+    let _pool = PoolGuard(264);
+    let Some(warm) = warm_backend(264, 1) else { return };
+    let probe = std::sync::Arc::new(Probe::default());
+    let exec = Executor::builder().backend(warm.clone()).tools(registry(&probe)).build();
+    let warm_policy = |p: SandboxPolicy| p.memory_bytes(264 << 20);
+    let code = "\
+import json, os, time, tools
+started = time.time()
+value = tools.math.add(a=2, b=3)
+print(json.dumps({'value': value, 'warm': os.path.isdir('/work/out'), 'ms': (time.time() - started) * 1000}))";
+    let r =
+        exec.execute_blocking(with_limits(granted(Language::Python, code, &["math.*"]), warm_policy)).expect("runs");
+    assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
+    let out = r.output.clone().expect("JSON");
+    assert_eq!((out["value"].clone(), out["warm"].clone()), (json!(5), json!(true)), "{r:?}");
+    eprintln!("a warm pod's first tool call took {} ms", out["ms"]);
+    let start = Instant::now();
+    while warm.readiness().is_none_or(|r| r.ready < 1) {
+        assert!(start.elapsed() < Duration::from_secs(90), "the warm pool never refilled");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let script = "tool math.add '{\"a\": 1, \"b\": 1}'; test -d /work/out && echo warm";
+    let r =
+        exec.execute_blocking(with_limits(granted(Language::Shell, script, &["math.*"]), warm_policy)).expect("runs");
+    assert_eq!((r.outcome, stdout(&r)), (Outcome::Ok, "2\nwarm\n".to_string()), "{r:?}");
+    assert!(socket_dirs().is_empty(), "{:?}", socket_dirs());
 }

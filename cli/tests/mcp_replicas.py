@@ -14,7 +14,9 @@ Checks, printing a JSON report line per phase and "ok" last:
    with their own result; runs per second through the Service.
 3. Python through the kubernetes backend from both replicas at once: every
    run is in a pod of its own (the warm pool is shared by the replicas and
-   a pod is never claimed twice: each run prints its pod's name).
+   a pod is never claimed twice: each run prints its pod's name); Rust
+   compiled in its pod; Code Mode: code in a pod saves and loads an
+   artifact through the replica's artifacts.* tools.
 4. One replica is deleted (force, no grace) while 200 calls are in flight:
    calls of the other replica's sessions are all answered; calls of the
    deleted replica's sessions are answered or fail, never hang or get
@@ -204,6 +206,23 @@ async def main():
         s = r.structured_content or {}
         check(not r.is_error and s.get("outcome") == "ok" and s.get("output") == {"n": 3}, f"rust in a pod: {r}")
     print(json.dumps({"phase": "rust", "outcome": s.get("outcome")}), flush=True)
+
+    # 3c. Code Mode: code in a pod calls the replica's artifacts.* tools
+    # through its tool socket (the launcher carries it to the replica)
+    async with contextlib.AsyncExitStack() as stack:
+        session = await open_session(stack, SOURCES[0])
+        code = ("import json, tools\n"
+                "saved = tools.artifacts.save(name='note.txt', content='from a pod')\n"
+                "loaded = tools.artifacts.load(name='note.txt')\n"
+                "print(json.dumps([saved['version'], loaded['content']]))")
+        r = await asyncio.wait_for(session.call_tool("run_code", {
+            "language": "python", "code": code, "backend": "kubernetes", "timeout_ms": 30000}), CALL_TIMEOUT)
+        s = r.structured_content or {}
+        check(not r.is_error and s.get("outcome") == "ok" and s.get("output") == [1, "from a pod"],
+              f"code mode in a pod: {r}")
+        calls = [c.get("tool") for c in s.get("tool_calls", [])]
+        check(calls == ["artifacts.save", "artifacts.load"], f"the ledger: {s}")
+    print(json.dumps({"phase": "code_mode", "tool_calls": calls}), flush=True)
 
     # 4. a replica deleted mid-load
     victim = replicas[SOURCES[0]]

@@ -111,7 +111,9 @@ use runner::Runner;
 #[cfg(feature = "kubernetes")]
 pub(crate) use runner::{script_argv, warm_python_argv};
 use staging::Staging;
-use tool_socket::ToolSocket;
+pub(crate) use tool_socket::ToolSocket;
+#[cfg(feature = "kubernetes")]
+pub(crate) use tool_socket::{TOOL_COMMAND_PATH, unread_limit};
 
 /// Python, shell and Rust in ephemeral containers. See the module docs.
 ///

@@ -69,7 +69,7 @@ use crate::tools::{ToolError, ToolErrorKind};
 pub(super) const TOOLS_ENV: &str = "EXECBOX_TOOLS";
 
 /// Where a shell run that may call tools finds the `tool` command.
-pub(super) const TOOL_COMMAND_PATH: &str = "/usr/local/bin/tool";
+pub(crate) const TOOL_COMMAND_PATH: &str = "/usr/local/bin/tool";
 
 /// Most connections open at once per run (or session). Python's `tools`
 /// module and a Rust program use one each; the shell's `tool` one per call.
@@ -84,7 +84,7 @@ const READ_CHUNK: usize = 64 << 10;
 const STOP_WAIT: Duration = Duration::from_millis(250);
 
 /// The host's end of a run's (or session's) tool socket; see the module docs.
-pub(super) struct ToolSocket {
+pub(crate) struct ToolSocket {
     dir: Option<tempfile::TempDir>,
     shared: Arc<Shared>,
     task: Option<tokio::task::AbortHandle>,
@@ -143,7 +143,7 @@ impl Shared {
 /// so only code that writes calls and ignores their answers gets here.
 /// Room for two of the largest answers (one answer alone, of any size, is
 /// always queued).
-fn unread_limit(bridge: Option<&ToolBridge>) -> u64 {
+pub(crate) fn unread_limit(bridge: Option<&ToolBridge>) -> u64 {
     bridge.map_or(0, |b| b.limits().max_result_bytes).saturating_add(FRAME_OVERHEAD).saturating_mul(2)
 }
 
@@ -151,7 +151,7 @@ impl ToolSocket {
     /// Makes the directory, binds the socket and starts listening (on
     /// execbox's tool runtime). Calls are refused `cancelled` until
     /// [`ToolSocket::begin`].
-    pub fn start() -> io::Result<Self> {
+    pub(crate) fn start() -> io::Result<Self> {
         let runtime = tool_runtime().ok_or_else(|| io::Error::other("execbox's tool runtime could not start"))?;
         let dir = crate::owner::temp_dir("tools")?;
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700))?;
@@ -176,6 +176,13 @@ impl ToolSocket {
     /// The host directory holding the socket and the command.
     fn dir(&self) -> PathBuf {
         self.dir.as_ref().map(|d| d.path().to_path_buf()).unwrap_or_default()
+    }
+
+    /// The socket's path on the host (where the kubernetes backend's relay
+    /// connects for its pod's connections).
+    #[cfg(feature = "kubernetes")]
+    pub(crate) fn path(&self) -> PathBuf {
+        self.dir().join("tools.sock")
     }
 
     /// Gives `spec` the socket (read-only, at [`TOOLS_SOCKET`]), its
@@ -204,7 +211,7 @@ impl ToolSocket {
 
     /// A run (or a session's cell) begins: its calls go to `bridge` (none:
     /// every call answers `not_granted`).
-    pub fn begin(&self, bridge: Option<Arc<ToolBridge>>) {
+    pub(crate) fn begin(&self, bridge: Option<Arc<ToolBridge>>) {
         let mut state = self.shared.state.lock();
         *state = State { generation: state.generation + 1, open: true, bridge };
     }

@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -191,13 +192,20 @@ impl Cluster {
 
     /// Runs `job` until its log ends or `deadline` passes; its objects are
     /// deleted either way (in the background once the deadline passed).
-    pub fn run(&self, job: Job, records: Records, deadline: Option<Duration>) -> Result<JobEnd, JobError> {
+    /// `tools`: the host's tool socket its tool calls are carried to.
+    pub fn run(
+        &self,
+        job: Job,
+        records: Records,
+        deadline: Option<Duration>,
+        tools: Option<PathBuf>,
+    ) -> Result<JobEnd, JobError> {
         let inner = self.inner.clone();
         let handle = self.runtime.as_ref().map(|r| r.handle().clone());
         self.block(async move {
             let at = deadline.map(|left| Instant::now() + left);
             let name = job.name.clone();
-            let end = inner.run(job, records, at).await;
+            let end = inner.run(job, records, at, tools).await;
             inner.delete_after(name, end, handle).await
         })
         .unwrap_or_else(|| Err(JobError::Unavailable(Unavailable::because("the backend is shutting down"))))
@@ -233,12 +241,13 @@ impl Cluster {
         delivery: Vec<u8>,
         records: Records,
         deadline: Duration,
+        tools: Option<PathBuf>,
     ) -> Result<JobEnd, JobError> {
         let inner = self.inner.clone();
         let handle = self.runtime.as_ref().map(|r| r.handle().clone());
         self.block(async move {
             let at = Instant::now() + deadline;
-            let end = inner.run_claimed(&name, delivery, records, Some(at)).await;
+            let end = inner.run_claimed(&name, delivery, records, Some(at), tools).await;
             inner.delete_after(name, end, handle).await
         })
         .unwrap_or_else(|| Err(JobError::Unavailable(Unavailable::because("the backend is shutting down"))))
@@ -369,6 +378,11 @@ impl Drop for Cluster {
     }
 }
 
+/// An attachment to the main container's stdin alone (its output is the log).
+fn stdin_only() -> AttachParams {
+    AttachParams::default().container("main").stdin(true).stdout(false).stderr(false)
+}
+
 /// Selects execbox's objects.
 fn managed() -> ListParams {
     ListParams::default().labels(&format!("{}={}", MANAGED.0, MANAGED.1))
@@ -404,7 +418,13 @@ impl Inner {
             .cloned()
     }
 
-    async fn run(&self, job: Job, records: Records, at: Option<Instant>) -> Result<JobEnd, JobError> {
+    async fn run(
+        &self,
+        job: Job,
+        records: Records,
+        at: Option<Instant>,
+        tools: Option<PathBuf>,
+    ) -> Result<JobEnd, JobError> {
         let client = self.client().await.map_err(JobError::Unavailable)?;
         let ns = &self.cfg.namespace;
         let maps: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
@@ -439,11 +459,13 @@ impl Inner {
             return Err(why);
         }
         if job.compile.is_none() {
-            return self.read_log(&pods, &job.name, records, at).await;
+            return self.read_log(&pods, &job.name, records, at, tools).await;
         }
         // The compile's warnings, read while the program runs.
-        let (compile_log, end) =
-            futures_util::join!(self.compile_log(&pods, &job.name, at), self.read_log(&pods, &job.name, records, at));
+        let (compile_log, end) = futures_util::join!(
+            self.compile_log(&pods, &job.name, at),
+            self.read_log(&pods, &job.name, records, at, tools)
+        );
         match end {
             Ok(JobEnd::Read { records, oom_killed, .. }) => Ok(JobEnd::Read { records, oom_killed, compile_log }),
             end => end,
@@ -467,17 +489,67 @@ impl Inner {
     }
 
     /// Reads the log of the running pod `name` to its end, then its end's
-    /// OOM verdict.
+    /// OOM verdict; with `tools`, the pod is attached and its tool calls
+    /// carried there meanwhile.
     async fn read_log(
         &self,
         pods: &Api<Pod>,
         name: &str,
-        records: Records,
+        mut records: Records,
         at: Option<Instant>,
+        tools: Option<PathBuf>,
     ) -> Result<JobEnd, JobError> {
-        match within(at, pods.log_stream(name, &log_params())).await {
-            None => Ok(JobEnd::TimedOut { records, started: true }),
-            Some(log) => self.read_opened_log(pods, name, log, records, at).await,
+        let Some(socket) = tools else {
+            return match within(at, pods.log_stream(name, &log_params())).await {
+                None => Ok(JobEnd::TimedOut { records, started: true }),
+                Some(log) => self.read_opened_log(pods, name, log, records, at).await,
+            };
+        };
+        let (attach_params, log_params) = (stdin_only(), log_params());
+        let opened = within(
+            at,
+            futures_util::future::join(pods.attach(name, &attach_params), pods.log_stream(name, &log_params)),
+        );
+        let Some((attached, log)) = opened.await else { return Ok(JobEnd::TimedOut { records, started: true }) };
+        match attached {
+            Ok(mut attached) => match attached.stdin() {
+                Some(stdin) => self.read_relaying(pods, name, log, records, at, stdin, socket).await,
+                None => {
+                    records.lose_tools("the attachment has no stdin");
+                    self.read_opened_log(pods, name, log, records, at).await
+                }
+            },
+            // A program that ended at once has ended its container too.
+            Err(e) => {
+                records.lose_tools(&format!("cannot attach the pod: {e}"));
+                self.read_opened_log(pods, name, log, records, at).await
+            }
+        }
+    }
+
+    /// [`Inner::read_opened_log`] while `relay.rs` carries the run's tool
+    /// calls to the host's `socket` and their answers to `stdin`.
+    #[allow(clippy::too_many_arguments)]
+    async fn read_relaying(
+        &self,
+        pods: &Api<Pod>,
+        name: &str,
+        log: Result<impl futures_util::AsyncRead + Unpin, kube::Error>,
+        mut records: Records,
+        at: Option<Instant>,
+        stdin: impl tokio::io::AsyncWrite + Unpin,
+        socket: PathBuf,
+    ) -> Result<JobEnd, JobError> {
+        let (calls, from_pod) = tokio::sync::mpsc::unbounded_channel();
+        records.carry_tools(calls);
+        // The relay ends with the log read (its connections closed).
+        let relay = async {
+            super::relay::carry(socket, from_pod, stdin).await;
+            std::future::pending().await
+        };
+        tokio::select! {
+            end = self.read_opened_log(pods, name, log, records, at) => end,
+            end = relay => end,
         }
     }
 
@@ -581,11 +653,12 @@ impl Inner {
         delivery: Vec<u8>,
         records: Records,
         at: Option<Instant>,
+        tools: Option<PathBuf>,
     ) -> Result<JobEnd, JobError> {
         use tokio::io::AsyncWriteExt as _;
         let client = self.client().await.map_err(JobError::Unavailable)?;
         let pods: Api<Pod> = Api::namespaced(client, &self.cfg.namespace);
-        let params = AttachParams::default().container("main").stdin(true).stdout(false).stderr(false);
+        let params = stdin_only();
         // Not a byte of the run has gone to the pod until the attachment
         // stands (the pod may have died, or an older Role lacks
         // pods/attach): then the run can still go to a cold pod. The log
@@ -609,14 +682,21 @@ impl Inner {
             stdin.flush().await
         })
         .await;
-        let _stdin = match delivered {
+        let stdin = match delivered {
             None => return Ok(JobEnd::TimedOut { records, started: true }),
             Some(Err(e)) => return Err(JobError::Internal(format!("cannot hand the warm pod its run: {e}"))),
             Some(Ok(())) => stdin,
         };
         // The attachment stays open until the log ends: closing it early
-        // could cut the delivery short inside the API server.
-        self.read_opened_log(&pods, name, log, records, at).await
+        // could cut the delivery short inside the API server. A run that
+        // may call tools has its answers come down the same stdin.
+        match tools {
+            Some(socket) => self.read_relaying(&pods, name, log, records, at, stdin, socket).await,
+            None => {
+                let _stdin = stdin;
+                self.read_opened_log(&pods, name, log, records, at).await
+            }
+        }
     }
 
     /// Creates pods of `pool` until `target` are ready (claimable or about

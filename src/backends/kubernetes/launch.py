@@ -17,11 +17,13 @@
 #   t       the deadline passed: everything was killed
 #   x       "<status> <stdout total> <stderr total> <OOM kills, -1: unknown>"
 #           in ASCII: the end
+#   k / K   Code Mode: "<connection> <bytes>" the program wrote to its tool
+#           socket / "<connection>": it wrote no more (see Relay)
 # The program cannot write records itself: this process is not dumpable,
 # so its stdout (/proc/1/fd/1) cannot be opened by the program's uid, and
 # pid 1 of a PID namespace gets no signal it does not handle (it handles
 # none: SIGINT is put back to the default below).
-import base64, ctypes, json, os, select, signal, sys, time
+import base64, ctypes, json, os, select, signal, socket, sys, time
 
 JOB = "/run/execbox/job"
 CHUNK = 8192
@@ -93,9 +95,196 @@ def forward(stream, chunk):
     stream[2] += len(chunk)
 
 
-def pump(streams, child, stop_at):
-    """Reads `streams` ({fd: [tag, cap, sent]}) to their ends; `child`'s
-    end (a pidfd) kills the rest of the program. Returns the status."""
+class Relay:
+    """Code Mode (the spec's "tools"): the program's connections to its
+    tool socket, carried to the host, which hands them to the run's tool
+    socket there (src/backends/kubernetes/relay.rs). What a connection
+    writes goes up as records in the log ("k <n> <bytes>", and "K <n>" when
+    it writes no more or is closed); what the host answers comes down on
+    stdin as frames "<n> <length>\n<bytes>" (length 0: the host closed the
+    connection), or "<n> +<count>\n": the host's socket took `count` more
+    bytes of connection n. Bounded whatever the program does: at most
+    MAX_TOOL_CONNECTIONS at once (one more is closed at once); a
+    connection is read only while the host's socket has taken all but
+    TOOL_WINDOW bytes of it (so a program whose calls are not taken is
+    held by its own socket, as on the host); at most `max_bytes` written
+    in all (then every connection is closed and no more are taken); a
+    connection leaving more than `max_unread` bytes of answers unread is
+    closed."""
+
+    def __init__(self, tools):
+        self.left = tools["max_bytes"]
+        self.max_unread = tools["max_unread"]
+        self.path = tools["socket"]
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(self.path)
+        self.listener.listen(MAX_TOOL_CONNECTIONS)
+        self.listener.setblocking(False)
+        self.conns = {}  # descriptor -> Connection
+        self.by_number = {}
+        self.numbered = 0
+        self.inbox = bytearray()
+        self.stdin = True
+
+    def readers(self):
+        fds = [c.fd for c in self.conns.values() if c.reading and c.unacked < TOOL_WINDOW]
+        if self.listener:
+            fds.append(self.listener.fileno())
+        return fds + ([0] if self.stdin else [])
+
+    def writers(self):
+        return [c.fd for c in self.conns.values() if c.pending]
+
+    def owns(self, fd):
+        return fd == 0 or fd in self.conns or bool(self.listener and fd == self.listener.fileno())
+
+    def readable(self, fd):
+        if fd == 0:
+            return self.answers()
+        if fd not in self.conns:
+            return self.accept()
+        conn = self.conns[fd]
+        try:
+            data = conn.sock.recv(CHUNK - 32)
+        except BlockingIOError:
+            # A descriptor closed and reused within one select's answers.
+            return
+        except OSError:
+            data = b""
+        if not data:
+            conn.reading = False
+            emit(b"K", b"%d" % conn.number)
+            if conn.closing and not conn.pending:
+                self.close(conn)
+        elif len(data) > self.left:
+            self.exhausted()
+        else:
+            self.left -= len(data)
+            conn.unacked += len(data)
+            emit(b"k", b"%d " % conn.number + data)
+
+    def writable(self, fd):
+        conn = self.conns.get(fd)
+        if not conn:
+            return
+        try:
+            del conn.pending[: conn.sock.send(conn.pending)]
+        except BlockingIOError:
+            return
+        except OSError:
+            return self.close(conn)
+        if conn.closing and not conn.pending:
+            self.close(conn)
+
+    def accept(self):
+        try:
+            sock, _ = self.listener.accept()
+        except OSError:
+            return
+        if len(self.conns) >= MAX_TOOL_CONNECTIONS:
+            return sock.close()
+        sock.setblocking(False)
+        self.numbered += 1
+        conn = Connection(sock, self.numbered)
+        self.conns[conn.fd] = conn
+        self.by_number[conn.number] = conn
+
+    def answers(self):
+        chunk = os.read(0, 1 << 16)
+        if not chunk:
+            self.stdin = False
+            return
+        self.inbox += chunk
+        while True:
+            end = self.inbox.find(b"\n", 0, 48)
+            if end < 0:
+                if len(self.inbox) >= 48:
+                    # Not the host's framing: nothing more is read.
+                    self.stdin = False
+                return
+            try:
+                number, length = self.inbox[:end].split()
+                if length.startswith(b"+"):
+                    del self.inbox[: end + 1]
+                    self.acked(int(number), int(length[1:]))
+                    continue
+                number, length = int(number), int(length)
+            except ValueError:
+                self.stdin = False
+                return
+            if len(self.inbox) < end + 1 + length:
+                return
+            data = bytes(self.inbox[end + 1 : end + 1 + length])
+            del self.inbox[: end + 1 + length]
+            self.deliver(number, data)
+
+    def acked(self, number, count):
+        conn = self.by_number.get(number)
+        if conn:
+            conn.unacked -= count
+
+    def deliver(self, number, data):
+        conn = self.by_number.get(number)
+        if not conn:
+            return
+        if not data:
+            conn.closing = True
+            if not conn.pending:
+                self.close(conn)
+            return
+        conn.pending += data
+        if len(conn.pending) > self.max_unread:
+            self.close(conn)
+
+    def close(self, conn):
+        del self.conns[conn.fd]
+        del self.by_number[conn.number]
+        if conn.reading:
+            emit(b"K", b"%d" % conn.number)
+        conn.sock.close()
+
+    def exhausted(self):
+        """The program wrote `max_bytes` to its tool socket: no more."""
+        self.left = 0
+        for conn in list(self.conns.values()):
+            self.close(conn)
+        self.stop_listening()
+
+    def stop_listening(self):
+        if self.listener:
+            self.listener.close()
+            self.listener = None
+            os.unlink(self.path)
+
+    def stop(self):
+        for conn in list(self.conns.values()):
+            conn.reading = False
+            self.close(conn)
+        self.stop_listening()
+
+
+class Connection:
+    def __init__(self, sock, number):
+        self.sock, self.fd, self.number = sock, sock.fileno(), number
+        self.pending = bytearray()
+        # Bytes sent up that the host's socket has not taken yet.
+        self.unacked = 0
+        # The program may still write (it has not shut its side).
+        self.reading = True
+        # The host closed it: it closes once its answers are written.
+        self.closing = False
+
+
+# The host's tool socket takes as many connections of a run at once.
+MAX_TOOL_CONNECTIONS = 16
+# Bytes of a connection sent up and not yet taken by the host's socket.
+TOOL_WINDOW = 1 << 20
+
+
+def pump(streams, child, stop_at, relay=None):
+    """Reads `streams` ({fd: [tag, cap, sent]}) to their ends, carrying
+    `relay`'s tool calls meanwhile; `child`'s end (a pidfd) kills the rest
+    of the program. Returns the status."""
     status = None
     pidfd = os.pidfd_open(child)
     while streams or status is None:
@@ -103,8 +292,16 @@ def pump(streams, child, stop_at):
         if left <= 0:
             timed_out()
         watch = list(streams) + ([pidfd] if status is None else [])
-        ready, _, _ = select.select(watch, [], [], min(left, 3600))  # a far deadline overflows select
+        tools = relay.readers() if relay else []
+        writers = relay.writers() if relay else []
+        ready, out, _ = select.select(watch + tools, writers, [], min(left, 3600))  # a far deadline overflows select
+        for fd in out:
+            relay.writable(fd)
         for fd in ready:
+            if relay and fd not in watch:
+                if relay.owns(fd):
+                    relay.readable(fd)
+                continue
             if fd == pidfd:
                 _, raw = os.waitpid(child, 0)
                 status = os.waitstatus_to_exitcode(raw)
@@ -260,6 +457,8 @@ def main():
         if preloaded and not spec.get("preloaded"):
             discard(preloaded)
             preloaded = None
+    # Its socket is there before the program starts.
+    relay = Relay(spec["tools"]) if spec.get("tools") else None
     if preloaded:
         # The run has no environment values or arguments (the host said
         # so): the waiting program started exactly as its own would.
@@ -290,7 +489,9 @@ def main():
     err = [b"e", spec["stderr_cap"], 0]
     if early:
         forward(err, early)
-    status = pump({out_r: out, err_r: err}, child, stop_at)
+    status = pump({out_r: out, err_r: err}, child, stop_at, relay)
+    if relay:
+        relay.stop()
     listing = spec.get("listing")
     if listing:
         list_r, list_w = os.pipe()

@@ -28,6 +28,13 @@ pub(super) const STATE_LABEL: &str = "execbox.dev/state";
 /// Where the job's ConfigMap is mounted in both containers.
 const JOB_DIR: &str = "/run/execbox/job";
 
+/// The directory of the pod's tool socket (`TOOLS_SOCKET`): a small
+/// emptyDir of its own, the launcher's to bind in (the root is read-only).
+const TOOLS_DIR: &str = "/run/execbox";
+
+/// Bytes of the tool socket's emptyDir (a socket takes none).
+const TOOLS_DIR_BYTES: u64 = 1 << 20;
+
 /// Where a Rust run's compile writes the program (and its temporary
 /// files), read-only to the main container.
 pub(super) const BUILD_DIR: &str = "/opt/execbox/build";
@@ -71,6 +78,16 @@ pub(super) struct Job {
     pub preload: Option<Vec<String>>,
     /// A Rust run's compile, before the program (`argv`) starts.
     pub compile: Option<Compile>,
+    /// The run may call tools: the launcher listens at the tool socket and
+    /// carries its connections to the host (see `relay.rs`).
+    pub tools: Option<Tools>,
+}
+
+/// A run's Code Mode in its pod.
+pub(super) struct Tools {
+    /// Most bytes of answers a connection may leave unread (the host
+    /// socket's own bound, `tool_socket::unread_limit`).
+    pub max_unread: u64,
 }
 
 /// A Rust run's compile: the `compile` init container, in the toolchain
@@ -208,6 +225,9 @@ impl Job {
         if let (Some(compile), Some(data)) = (&self.compile, map.data.as_mut()) {
             data.insert("main.rs".into(), compile.main_rs.clone());
         }
+        if let (true, Some(data)) = (self.may_call_tools(), map.data.as_mut()) {
+            data.insert("tool".into(), crate::backends::conventions::TOOL_COMMAND.into());
+        }
         Ok(map)
     }
 
@@ -215,6 +235,13 @@ impl Job {
     /// deadline (Unix seconds) and the listing.
     fn spec(&self, stop_at: f64) -> Value {
         let listing = self.outputs.as_ref().map(|o| json!({"argv": o.listing_argv, "cap": o.listing_cap}));
+        let tools = self.tools.as_ref().map(|t| {
+            json!({
+                "socket": crate::backends::conventions::TOOLS_SOCKET,
+                "max_bytes": super::records::MAX_TOOL_BYTES,
+                "max_unread": t.max_unread,
+            })
+        });
         json!({
             "argv": self.argv,
             "env": self.env,
@@ -222,7 +249,15 @@ impl Job {
             "stderr_cap": self.stderr_cap,
             "stop_at": stop_at,
             "listing": listing,
+            "tools": tools,
         })
+    }
+
+    /// Whether the pod is made for runs that call tools: its own run does,
+    /// or it is a warm pod (any run may claim it). Such a pod has stdin,
+    /// the tool socket's directory and the shell's `tool` command.
+    fn may_call_tools(&self) -> bool {
+        self.tools.is_some() || self.pool.is_some()
     }
 
     /// What the host writes to a claimed warm pod's stdin: the run's spec,
@@ -301,6 +336,16 @@ impl Job {
             main_mounts.push(json!({"name": "out", "mountPath": "/work/out"}));
             volumes.push(json!({"name": "out"}).merged(memory_volume(cfg.max_output_total_bytes.max(4096))));
         }
+        if self.may_call_tools() {
+            // The job's directory is mounted inside the socket's.
+            main_mounts.insert(0, json!({"name": "tools", "mountPath": TOOLS_DIR}));
+            volumes.push(json!({"name": "tools"}).merged(memory_volume(TOOLS_DIR_BYTES)));
+            main_mounts
+                .push(json!({"name": "tool-command", "mountPath": crate::backends::container::TOOL_COMMAND_PATH,
+                                    "subPath": "tool", "readOnly": true}));
+            volumes.push(json!({"name": "tool-command", "configMap": {"name": self.name,
+                                "items": [{"key": "tool", "path": "tool", "mode": 0o555}]}}));
+        }
         let mut init = vec![json!({
             "name": "setup", "image": self.image, "imagePullPolicy": cfg.image_pull_policy,
             // Its refusal, if any, is the failure's message.
@@ -343,7 +388,7 @@ impl Job {
                 "containers": [{
                     "name": "main", "image": self.image, "imagePullPolicy": cfg.image_pull_policy,
                     "command": ["/usr/bin/python3", "-I", "-S", format!("{JOB_DIR}/launch.py")],
-                    "stdin": warm,
+                    "stdin": self.may_call_tools(),
                     "securityContext": locked(program.clone()),
                     "resources": limits,
                     "volumeMounts": main_mounts,
@@ -389,6 +434,7 @@ mod tests {
             pool: None,
             preload: None,
             compile: None,
+            tools: None,
         }
     }
 
@@ -454,6 +500,43 @@ mod tests {
         assert_eq!(pod["spec"]["initContainers"][1]["securityContext"]["seccompProfile"], localhost);
         assert!(pod["spec"]["initContainers"][0]["securityContext"].get("seccompProfile").is_none());
         assert_eq!(pod["spec"]["securityContext"]["seccompProfile"]["type"], "RuntimeDefault");
+    }
+
+    /// Only a pod that may call tools (its run's grant, or a warm pod) has
+    /// stdin, the socket's directory and the `tool` command; the launcher
+    /// is told where to listen and the host socket's bound.
+    #[test]
+    fn only_a_run_that_may_call_tools_gets_stdin_and_the_socket() {
+        let cfg = KubernetesConfig::default();
+        let mounts = |job: &Job| {
+            let pod = serde_json::to_value(job.pod(&cfg, "o").expect("a pod")).expect("json");
+            let main = &pod["spec"]["containers"][0];
+            let paths: Vec<String> = main["volumeMounts"]
+                .as_array()
+                .expect("mounts")
+                .iter()
+                .filter_map(|m| m["mountPath"].as_str().map(str::to_string))
+                .collect();
+            (main["stdin"].as_bool().unwrap_or(false), paths)
+        };
+        let plain = job();
+        let (stdin, paths) = mounts(&plain);
+        assert!(!stdin && !paths.iter().any(|p| p == TOOLS_DIR || p.ends_with("/tool")), "{paths:?}");
+        assert!(!plain.config_map("ns", "o").expect("map").data.expect("data").contains_key("tool"));
+        let mut granted = job();
+        granted.tools = Some(Tools { max_unread: 1000 });
+        let (stdin, paths) = mounts(&granted);
+        assert!(stdin, "answers come down stdin");
+        assert!(paths.iter().any(|p| p == TOOLS_DIR) && paths.iter().any(|p| p == "/usr/local/bin/tool"), "{paths:?}");
+        let map = granted.config_map("ns", "o").expect("map");
+        let data = map.data.expect("data");
+        assert!(data["tool"].starts_with("#!/usr/bin/python3"));
+        let spec: Value = serde_json::from_str(&data["spec.json"]).expect("spec");
+        assert_eq!(spec["tools"]["socket"], "/run/execbox/tools.sock");
+        assert_eq!(spec["tools"]["max_unread"], 1000);
+        let mut warm = job();
+        warm.pool = Some("p".into());
+        assert!(mounts(&warm).0, "a warm pod may take a run that calls tools");
     }
 
     #[test]

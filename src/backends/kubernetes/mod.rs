@@ -57,16 +57,23 @@
 //! The compiler's log gives the diagnostics; a failed compile ends the pod
 //! before `main` starts. Always cold, with no binary cache.
 //!
-//! Not here (refused at admission, named): Code Mode tools (the pod
-//! has no channel to the host), host path grants and workspaces (the
-//! cluster's nodes are not the host), per-request process caps (Kubernetes
-//! 1.20 has only the kubelet's node-wide `podPidsLimit`), sessions.
+//! **Code Mode** (a run whose policy grants tools): the launcher listens at
+//! the docker backend's socket path in the pod and carries its connections
+//! up the log and down the pod's attached stdin to the run's host tool
+//! socket, the docker backend's (`relay.rs`), so every call meets the same
+//! bridge and bounds. A warm pod takes such a run with a fresh program.
+//!
+//! Not here (refused at admission, named): host path grants and workspaces
+//! (the cluster's nodes are not the host), per-request process caps
+//! (Kubernetes 1.20 has only the kubelet's node-wide `podPidsLimit`),
+//! sessions.
 
 mod cluster;
 mod config;
 mod manifest;
 mod probe;
 mod records;
+mod relay;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -80,7 +87,7 @@ pub use config::KubernetesConfig;
 use crate::admission::Admitted;
 use crate::backend::{Backend, Readiness, Unavailable};
 use crate::backends::container::outputs::{self, OutputLimits};
-use crate::backends::container::rust;
+use crate::backends::container::{ToolSocket, rust};
 use crate::backends::conventions;
 use crate::capabilities::{
     BackendCapabilities, CostClass, Enforcement, IsolationKind, PayloadKind, RequestFeatures, SurfaceCapability,
@@ -283,7 +290,9 @@ impl Kubernetes {
     /// started without them). Such a pool is started by the first run of
     /// its set, which runs cold; at most [`MAX_PACKAGE_POOLS`] are kept,
     /// each until nothing was claimed of it for `warm_lifetime`.
-    fn warm_pool_for(&self, job: &Job, request: &crate::request::ExecRequest) -> Option<String> {
+    /// `preloaded`: the run can be a waiting Python's (see
+    /// [`takes_waiting_python`]; not when it calls tools).
+    fn warm_pool_for(&self, job: &Job, request: &crate::request::ExecRequest, preloaded: bool) -> Option<String> {
         let cfg = self.config();
         // A Rust run's pod compiles before its program starts.
         let cold_only = job.compile.is_some();
@@ -303,7 +312,7 @@ impl Kubernetes {
         if job.image == cfg.python_image {
             return Some(self.plain_pool());
         }
-        if !takes_waiting_python(request) {
+        if !preloaded {
             return None;
         }
         // The names as the probe found them (admission matched them without
@@ -358,9 +367,10 @@ impl Kubernetes {
             pool: None,
             preload: None,
             compile: None,
+            tools: None,
         };
         let records = Records::new(Some(64 << 10), Some(64 << 10), None, 0);
-        let records = match self.inner.cluster.run(job, records, Some(PROBE_TIMEOUT)) {
+        let records = match self.inner.cluster.run(job, records, Some(PROBE_TIMEOUT), None) {
             Ok(JobEnd::Read { records, .. }) => records,
             Ok(JobEnd::TimedOut { .. } | JobEnd::CompileFailed { .. }) => {
                 return Err(Unavailable::because(format!(
@@ -423,6 +433,14 @@ impl Kubernetes {
             }
             .into());
         }
+        // A run that may call tools: the docker backend's program, header
+        // and variable; the launcher listens at the socket (`relay.rs`).
+        let bridge = call.tools();
+        let tools = bridge.map(|b| manifest::Tools { max_unread: crate::backends::container::unread_limit(Some(b)) });
+        let mut env = request.env.clone();
+        if tools.is_some() {
+            env.insert("EXECBOX_TOOLS".into(), conventions::TOOLS_SOCKET.into());
+        }
         // Python and shell read the code on stdin; a Rust program (compiled
         // first) reads the JSON input there, as the docker backend's.
         let (argv, code, compile) = match (request.language, &cfg.rust_image) {
@@ -440,9 +458,14 @@ impl Kubernetes {
                 (argv, input.clone().unwrap_or_default(), Some(compile))
             }
             (language, _) => {
-                let argv = crate::backends::container::script_argv(language, false, &request.args)
+                let argv = crate::backends::container::script_argv(language, tools.is_some(), &request.args)
                     .ok_or_else(|| ExecError::internal(Self::NAME, format!("matching let {language} through")))?;
-                (argv, source.into_bytes(), None)
+                let mut code = match bridge {
+                    Some(bridge) if language == Language::Python => crate::tools::wire::python_header("", bridge),
+                    _ => Vec::new(),
+                };
+                code.extend_from_slice(source.as_bytes());
+                (argv, code, None)
             }
         };
         let mut files = Vec::with_capacity(request.input_files.len() + 1);
@@ -465,7 +488,7 @@ impl Kubernetes {
             argv,
             code,
             files,
-            env: request.env.clone(),
+            env,
             memory_bytes,
             stdout_cap: policy.max_stdout_bytes.unwrap_or(UNCAPPED_STREAM_BYTES).min(UNCAPPED_STREAM_BYTES),
             stderr_cap: policy.max_stderr_bytes.unwrap_or(UNCAPPED_STREAM_BYTES).min(UNCAPPED_STREAM_BYTES),
@@ -474,6 +497,7 @@ impl Kubernetes {
             pool: None,
             preload: None,
             compile,
+            tools,
         };
         job.check_size()?;
         Ok(job)
@@ -519,6 +543,9 @@ impl Kubernetes {
         };
         if let Some(why) = records.broken {
             crate::text::add_note(&mut message, format!("the run's log was damaged ({why})"));
+        }
+        if let Some(why) = records.tools_lost() {
+            crate::text::add_note(&mut message, format!("the program's tool calls got no answer: {why}"));
         }
         let output_files = outputs::returned_files(
             collects,
@@ -670,6 +697,7 @@ fn warm_job(cfg: &KubernetesConfig, pool: &str, image: &str, preload: Option<Vec
         pool: Some(pool.to_string()),
         preload,
         compile: None,
+        tools: None,
     }
 }
 
@@ -728,12 +756,25 @@ impl Backend for Kubernetes {
 
     fn execute(&self, mut call: Admitted) -> Result<ExecResult, ExecError> {
         self.check().map_err(|why| why.into_error(Self::NAME))?;
-        if call.tools().is_some() || call.request().workspace.is_some() {
-            return Err(ExecError::internal(Self::NAME, "matching let tools or a workspace through"));
+        if call.request().workspace.is_some() {
+            return Err(ExecError::internal(Self::NAME, "matching let a workspace through"));
         }
         let deadline = call.deadline();
         let limit = deadline.remaining().unwrap_or(self.config().defaults.timeout);
         let job = self.job(&mut call, limit)?;
+        // The host's end of the run's tool calls (the docker backend's
+        // socket, bounds and bridge), closed before the result is made.
+        let socket = match call.tools() {
+            Some(bridge) => {
+                let socket = ToolSocket::start().map_err(|e| {
+                    Unavailable::because(format!("cannot open the run's tool socket: {e}")).into_error(Self::NAME)
+                })?;
+                socket.begin(Some(bridge.clone()));
+                Some(socket)
+            }
+            None => None,
+        };
+        let socket_path = socket.as_ref().map(ToolSocket::path);
         let collects = job.outputs.is_some();
         let compiles = job.compile.as_ref().map(|c| c.user_lines);
         let request = call.into_request();
@@ -745,24 +786,29 @@ impl Backend for Kubernetes {
             listing_cap,
         );
         let cluster = &self.inner.cluster;
-        let claimed = self.warm_pool_for(&job, &request).and_then(|pool| {
-            let (delivery, expires) = job.delivery(takes_waiting_python(&request));
+        // A run that calls tools gets a fresh program (the waiting one has
+        // no `tools` module).
+        let preloaded = takes_waiting_python(&request) && socket.is_none();
+        let claimed = self.warm_pool_for(&job, &request, preloaded).and_then(|pool| {
+            let (delivery, expires) = job.delivery(preloaded);
             cluster.claim(&pool, expires, limit).map(|name| (name, delivery))
         });
         let ran = match claimed {
             Some((name, delivery)) => {
-                match cluster.run_claimed(name, delivery, records, deadline.remaining().unwrap_or(limit)) {
+                let left = deadline.remaining().unwrap_or(limit);
+                match cluster.run_claimed(name, delivery, records, left, socket_path.clone()) {
                     // Nothing reached the warm pod: the run goes cold, as
                     // with an empty pool.
                     Err(JobError::NotDelivered(why, records)) => {
                         tracing::warn!(backend = Self::NAME, "{why}; running on a cold pod");
-                        cluster.run(job, *records, deadline.remaining().or(Some(limit)))
+                        cluster.run(job, *records, deadline.remaining().or(Some(limit)), socket_path)
                     }
                     ran => ran,
                 }
             }
-            None => cluster.run(job, records, deadline.remaining().or(Some(limit))),
+            None => cluster.run(job, records, deadline.remaining().or(Some(limit)), socket_path),
         };
+        drop(socket);
         match ran {
             Ok(end) => match compiles {
                 Some(user_lines) => self.rust_result(end, &deadline, collects, user_lines, &request),
@@ -867,8 +913,18 @@ fn capabilities(cfg: &KubernetesConfig) -> BackendCapabilities {
              (1024 on scripts/kube/up.sh's cluster)",
         ),
         tools: SurfaceCapability {
-            deny: E::by_omission("the pod has no channel to the host's tools"),
-            allow_list: E::not_enforced("Code Mode's tool socket is not carried to pods"),
+            deny: E::by_omission(
+                "a run whose policy grants no tools gets no tool socket, no stdin and no relay: its pod has no \
+                 channel to the host's tools",
+            ),
+            allow_list: E::enforced(
+                "a granted run's launcher listens at /run/execbox/tools.sock in the pod (also in $EXECBOX_TOOLS; \
+                 the pod stays off the network): Python's `tools` module, the shell's `tool` command and Rust's \
+                 `tools` module send each call there, the launcher carries the bytes up the pod's log and the \
+                 answers down its attached stdin, and the host hands them to the docker backend's tool socket, \
+                 whose bridge runs only granted tools within the run's tool budgets; at most 16 connections at \
+                 once and 64 MiB of calls a run; the socket closes when the run ends",
+            ),
         },
         workspace: E::not_enforced("workspaces are host directories, not on the cluster's nodes"),
         default_timeout_ms: u64::try_from(cfg.defaults.timeout.as_millis()).unwrap_or(u64::MAX),

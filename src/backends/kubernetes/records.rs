@@ -5,6 +5,9 @@
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 
+use tokio::sync::mpsc::UnboundedSender;
+
+use super::relay::FromPod;
 use crate::backends::container::outputs::Listing;
 use crate::limits::output::{BoundedBuffer, OutputTap, StreamKind};
 
@@ -28,6 +31,11 @@ pub(super) enum End {
     TimedOut,
 }
 
+/// Most bytes of Code Mode records (`k`) taken from one run's log: the
+/// launcher stops its tool socket there too (its `max_bytes`). The log is
+/// on the node's disk, as the output's cap says.
+pub(super) const MAX_TOOL_BYTES: u64 = 64 << 20;
+
 /// Everything read from a run's log.
 pub(super) struct Records {
     pub stdout: BoundedBuffer,
@@ -39,6 +47,13 @@ pub(super) struct Records {
     pub noise: String,
     /// Records that could not be read (a broken line): the first one's reason.
     pub broken: Option<&'static str>,
+    /// Where a run that may call tools hands its `k` and `K` records (see
+    /// `relay.rs`), and how many bytes of them it may still take.
+    tools: Option<(UnboundedSender<FromPod>, u64)>,
+    /// Why the run's tool calls could not be carried, if so.
+    tools_lost: Option<String>,
+    /// The program used its tool socket.
+    called_tools: bool,
 }
 
 impl Records {
@@ -53,7 +68,23 @@ impl Records {
             end: None,
             noise: String::new(),
             broken: None,
+            tools: None,
+            tools_lost: None,
+            called_tools: false,
         }
+    }
+
+    /// Hands this run's Code Mode records to `relay` from now on.
+    pub fn carry_tools(&mut self, relay: UnboundedSender<FromPod>) {
+        self.tools = Some((relay, MAX_TOOL_BYTES));
+    }
+
+    /// The run's tool calls cannot be carried (`why`): said in the result
+    /// if the program made any.
+    pub fn lose_tools(&mut self, why: &str) {
+        let (relay, _) = tokio::sync::mpsc::unbounded_channel();
+        self.tools = Some((relay, MAX_TOOL_BYTES));
+        self.tools_lost = Some(why.to_string());
     }
 
     /// Takes one line (without its `\n`). Nothing after the end record counts.
@@ -67,7 +98,7 @@ impl Records {
         };
         let Ok(bytes) = STANDARD.decode(rest) else {
             return match tag {
-                b'o' | b'e' | b'l' | b't' | b'x' => self.broke("a record's base64 is broken"),
+                b'o' | b'e' | b'l' | b't' | b'x' | b'k' | b'K' => self.broke("a record's base64 is broken"),
                 _ => self.noise(line),
             };
         };
@@ -86,8 +117,39 @@ impl Records {
                 Some(end) => self.end = Some(end),
                 None => self.broke("the end record is broken"),
             },
+            b'k' | b'K' => self.tool_record(tag, &bytes),
             _ => self.noise(line),
         }
+    }
+
+    /// `k`: "<connection> <bytes>", `K`: "<connection>"; dropped past
+    /// [`MAX_TOOL_BYTES`], or in a run that calls no tools.
+    fn tool_record(&mut self, tag: u8, bytes: &[u8]) {
+        let Some((relay, left)) = &mut self.tools else { return self.broke("a tool record in a run without tools") };
+        self.called_tools = true;
+        let (number, data) = match bytes.iter().position(|&b| b == b' ') {
+            Some(at) => (&bytes[..at], &bytes[at + 1..]),
+            None => (bytes, &[][..]),
+        };
+        let Some(number) = std::str::from_utf8(number).ok().and_then(|n| n.parse().ok()) else {
+            return self.broke("a tool record is broken");
+        };
+        let message = match tag {
+            b'K' => FromPod::Shut(number),
+            _ if data.len() as u64 > *left => return,
+            _ => {
+                *left -= data.len() as u64;
+                FromPod::Data(number, data.to_vec())
+            }
+        };
+        // The relay is gone only once the run is over.
+        let _ = relay.send(message);
+    }
+
+    /// Why the program's tool calls got no answer, if it made any and
+    /// they could not be carried.
+    pub fn tools_lost(&self) -> Option<&str> {
+        self.tools_lost.as_deref().filter(|_| self.called_tools)
     }
 
     /// A line longer than [`MAX_LINE`]: the log is not the launcher's.
@@ -220,6 +282,38 @@ mod tests {
         let out = records.stdout.into_captured();
         assert_eq!((out.bytes.as_slice(), out.truncated), (b"0123".as_slice(), true));
         assert!(records.stderr.into_captured().bytes.is_empty());
+    }
+
+    /// `k` and `K` go to the run's relay, up to [`MAX_TOOL_BYTES`] of
+    /// calls; in a run without tools they are a damaged log, never output.
+    #[test]
+    fn tool_records_reach_the_relay_within_their_cap() {
+        let mut records = Records::new(None, None, None, 0);
+        let (relay, mut from_pod) = tokio::sync::mpsc::unbounded_channel();
+        records.carry_tools(relay);
+        let mut lines = Lines::default();
+        lines.feed(&record(b'k', b"3 {\"tool_call\"\n"), &mut records);
+        lines.feed(&record(b'K', b"3"), &mut records);
+        lines.feed(&record(b'k', b"x y"), &mut records);
+        assert_eq!(from_pod.try_recv().ok(), Some(FromPod::Data(3, b"{\"tool_call\"\n".to_vec())));
+        assert_eq!(from_pod.try_recv().ok(), Some(FromPod::Shut(3)));
+        assert!(from_pod.try_recv().is_err());
+        assert_eq!(records.broken, Some("a tool record is broken"));
+        records.tools.as_mut().expect("tools").1 = 2;
+        lines.feed(&record(b'k', b"4 abc"), &mut records);
+        lines.feed(&record(b'k', b"4 ab"), &mut records);
+        assert_eq!(from_pod.try_recv().ok(), Some(FromPod::Data(4, b"ab".to_vec())), "past the cap: dropped");
+        assert_eq!(records.tools_lost(), None);
+        assert!(records.stdout.into_captured().bytes.is_empty());
+
+        let mut records = Records::new(None, None, None, 0);
+        Lines::default().feed(&record(b'k', b"1 {}"), &mut records);
+        assert_eq!(records.broken, Some("a tool record in a run without tools"));
+        let mut records = Records::new(None, None, None, 0);
+        records.lose_tools("no attachment");
+        assert_eq!(records.tools_lost(), None, "said only when the program called");
+        Lines::default().feed(&record(b'k', b"1 {}"), &mut records);
+        assert_eq!(records.tools_lost(), Some("no attachment"));
     }
 
     #[test]
