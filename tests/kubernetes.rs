@@ -1077,6 +1077,28 @@ fn python_in_a_pod_calls_tools_with_every_form_of_the_api_and_the_ledger() {
     assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
     assert_eq!(r.output, Some(python_errors_output()), "{r:?}");
     assert_error_ledger("pod", &r.tool_calls);
+    // A call loop stops at the budget; a 100 MiB result comes cut.
+    let code = "\
+import json, tools
+big = tools.big.blob()
+n = 0
+try:
+    while True:
+        tools.math.add(a=n, b=1)
+        n += 1
+except tools.ToolError as e:
+    print(json.dumps({'made': n, 'kind': e.kind, 'len': len(big), 'cut': big.endswith('…')}))";
+    let request = with_limits(granted(Language::Python, code, &["math.*", "big.*"]), |p| {
+        p.tool_limits(execbox::tools::ToolLimits::default().max_calls(4))
+    });
+    let r = exec.execute_blocking(request).expect("runs");
+    let out = r.output.clone().unwrap_or_else(|| panic!("JSON: {r:?}"));
+    assert_eq!(
+        (out["made"].clone(), out["kind"].clone(), out["cut"].clone()),
+        (json!(3), json!("budget_exhausted"), json!(true)),
+        "{r:?}"
+    );
+    assert!(out["len"].as_u64().unwrap() < 300 << 10, "{r:?}");
     // Without a grant: no module, no socket, no variable (the job's
     // directory is there, read-only, as in every pod).
     let code = "\
