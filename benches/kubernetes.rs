@@ -8,7 +8,10 @@
 //! imported before the run came). Last, a Rust transform compiled and run
 //! (a fresh source each sample, so the docker backend's binary cache never
 //! hits): in a pod's compile init container, and in the docker backend's
-//! compile container.
+//! compile container. And Code Mode: one no-op tool call's round trip
+//! from code in a pod (carried up the log and down the attachment) and in
+//! a container (its bind-mounted socket), timed inside the program after
+//! a first call (which in a cold pod waits for the pod's start to be seen).
 //!
 //! `cargo bench --features kubernetes --bench kubernetes`, with the cluster
 //! of `scripts/kube/up.sh` (`$EXECBOX_KUBECONFIG`, else
@@ -127,7 +130,34 @@ fn bench(c: &mut Criterion) {
             })
         });
     }
+    let with_tools = |builder: execbox::ExecutorBuilder| {
+        let tools = execbox::tools::ToolRegistry::builder()
+            .tool(execbox::tools::ToolSpec::new("bench.noop"), |_: serde_json::Value| async { Ok(json!(null)) })
+            .build()
+            .expect("a registry");
+        builder.tools(tools).build()
+    };
+    let executors = [
+        ("kubernetes", with_tools(Executor::builder().backend(kubernetes.clone()))),
+        ("container", with_tools(Executor::builder().backend(container.clone()))),
+    ];
+    for (name, exec) in &executors {
+        g.bench_function(format!("code_mode_call_{name}"), |b| b.iter_custom(|iters| tool_calls(exec, iters)));
+    }
     g.finish();
+}
+
+/// The time `iters` no-op tool calls take, one after another, timed in
+/// the program after a first, untimed one.
+fn tool_calls(exec: &Executor, iters: u64) -> Duration {
+    let code = format!(
+        "import time, tools\ntools.bench.noop()\nstarted = time.perf_counter_ns()\nfor _ in range({iters}):\n    tools.bench.noop()\nprint(time.perf_counter_ns() - started)"
+    );
+    let limits = execbox::tools::ToolLimits::default().max_calls(u32::try_from(iters + 1).unwrap_or(u32::MAX));
+    let policy = policy().timeout(Duration::from_secs(300)).tools(["bench.*"]).tool_limits(limits);
+    let r = exec.execute_blocking(ExecRequest::source(Language::Python, code).policy(policy)).expect("runs");
+    let nanos = r.output.as_ref().and_then(serde_json::Value::as_u64).unwrap_or_else(|| panic!("{r:?}"));
+    Duration::from_nanos(nanos)
 }
 
 /// A Rust transform no backend has compiled before (`n` and the process

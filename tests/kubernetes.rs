@@ -933,7 +933,63 @@ fn two_replicas_never_claim_one_warm_pod() {
     assert_eq!(distinct.len(), 6, "a pod ran two runs: {pods:?}");
 }
 
+/// Replicas whose claims empty a shared pool at once refill it once: they
+/// take turns at its refill lease and count again before creating (before
+/// the lease, each listed the emptied pool and filled it).
+#[test]
+fn replicas_refilling_at_once_fill_a_pool_once() {
+    let pool = PoolGuard(280);
+    let Some(a) = warm_backend(280, 2) else { return };
+    let Some(b) = warm_backend(280, 2) else { return };
+    let waiting = || {
+        let ready = kubectl(&["get", "pods", "-l", "execbox.dev/state=ready", "-o", "name"]);
+        let ours = pool.objects();
+        ready.lines().filter(|p| ours.iter().any(|o| o == p)).count()
+    };
+    for _ in 0..3 {
+        // Both claim at once, and both refills wake at once.
+        std::thread::scope(|scope| {
+            for replica in [&a, &b] {
+                scope.spawn(move || assert_eq!(where_am_i(replica, 280).0.outcome, Outcome::Ok));
+            }
+        });
+        let start = Instant::now();
+        while waiting() < 2 {
+            assert!(start.elapsed() < Duration::from_secs(90), "the pool never refilled");
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        // Every replica's refill has run a few rounds since.
+        std::thread::sleep(Duration::from_secs(3));
+        assert_eq!(waiting(), 2, "the pool was filled more than once: {:?}", pool.objects());
+    }
+}
+
 // ---- what the adversarial pass found (each class a test) --------------------
+
+/// A backend under execbox's seccomp profile never claims a warm pod made
+/// without it (an adversarial pass saw io_uring reach the kernel from a
+/// warm run: the pool's name had left the profile out).
+#[test]
+fn a_warm_pod_made_without_the_profile_is_never_claimed_by_a_backend_with_it() {
+    let _pool = PoolGuard(288);
+    let Some(unfiltered) = warm_backend(288, 2) else { return };
+    let defaults = execbox::RunDefaults::default().timeout(Duration::from_secs(60)).memory_bytes(288 << 20);
+    let cfg = KubernetesConfig::default()
+        .kubeconfig(kubeconfig())
+        .defaults(defaults)
+        .warm_pods(1)
+        .seccomp_profile(SECCOMP_PROFILE);
+    let filtered = Kubernetes::new(cfg).expect("a backend");
+    filtered.availability().expect("available");
+    let code =
+        "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nprint(libc.syscall(425, 0, 0), ctypes.get_errno())";
+    let policy = SandboxPolicy::strict().timeout(Duration::from_secs(30)).memory_bytes(288 << 20);
+    for _ in 0..3 {
+        let r = run(&filtered, python(code).policy(policy.clone()));
+        assert_eq!(stdout(&r), "-1 1\n", "io_uring_setup is EPERM on every run: {r:?}");
+    }
+    drop(unfiltered);
+}
 
 #[test]
 fn the_program_cannot_end_the_launcher_with_sigint_and_starts_with_default_signals() {

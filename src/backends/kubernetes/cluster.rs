@@ -34,6 +34,10 @@ const MAX_REFILL_BACKOFF: Duration = Duration::from_secs(300);
 /// a compile's stderr).
 const MAX_COMPILE_LOG: i64 = 16 << 20;
 
+/// Longest a replica holds a pool's refill lease (see [`Inner::lease`]):
+/// a holder that died mid-refill is overtaken after it.
+const REFILL_LEASE: Duration = Duration::from_secs(30);
+
 /// How often the sweep of expired objects runs while the backend lives.
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
 
@@ -273,10 +277,7 @@ impl Cluster {
         };
         let inner = self.inner.clone();
         runtime.spawn(async move {
-            // Replicas that start together would each list an empty pool
-            // and fill it; a random start within a second lets most of
-            // them see the pods another has just created.
-            tokio::time::sleep(Duration::from_millis(crate::nonce::random_u64() % 1000)).await;
+            // Replicas that start together take turns at the refill's lease.
             let mut backoff = REFILL_BACKOFF;
             let mut last_claim = Instant::now();
             while !inner.stopped.load(Ordering::SeqCst) {
@@ -707,22 +708,8 @@ impl Inner {
         let ns = &self.cfg.namespace;
         let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
         let maps: Api<ConfigMap> = Api::namespaced(client, ns);
-        let selector = format!("{}={},{POOL_LABEL}={pool},{STATE_LABEL}=ready", MANAGED.0, MANAGED.1);
-        let list = tokio::time::timeout(API_TIMEOUT, pods.list(&ListParams::default().labels(&selector)))
-            .await
-            .map_err(|_| "the cluster did not answer".to_string())?
-            .map_err(|e| e.to_string())?;
-        // Pods past `warm_lifetime` are never claimed: they do not count.
-        let alive: Vec<&Pod> = list
-            .items
-            .iter()
-            .filter(|p| {
-                let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
-                p.metadata.deletion_timestamp.is_none()
-                    && !matches!(phase, Some("Succeeded" | "Failed"))
-                    && self.young(p)
-            })
-            .collect();
+        let list = self.waiting_pods(&pods, pool).await?;
+        let alive = self.alive(&list);
         let running = alive
             .iter()
             .filter(|p| main_status(p).and_then(|s| s.state.as_ref()).is_some_and(|s| s.running.is_some()))
@@ -744,7 +731,104 @@ impl Inner {
             }
             return Err(format!("{} warm pod(s) ended before a run claimed them ({why})", failed.len()));
         }
-        for _ in alive.len()..target {
+        if alive.len() >= target {
+            return Ok(());
+        }
+        // One replica refills a pool at a time, counting again once it
+        // holds the lease: replicas that start together would otherwise
+        // each fill it.
+        let Some(lease) = self.lease(&maps, pool).await? else { return Ok(()) };
+        let list = self.waiting_pods(&pods, pool).await;
+        let created = match list {
+            Ok(list) => self.create_warm(&pods, &maps, self.alive(&list).len(), target, template).await,
+            Err(e) => Err(e),
+        };
+        let _ = tokio::time::timeout(API_TIMEOUT, maps.delete(&lease.0, &lease.1)).await;
+        created
+    }
+
+    /// The pods of warm `pool` not yet claimed (any phase).
+    async fn waiting_pods(&self, pods: &Api<Pod>, pool: &str) -> Result<kube::api::ObjectList<Pod>, String> {
+        let selector = format!("{}={},{POOL_LABEL}={pool},{STATE_LABEL}=ready", MANAGED.0, MANAGED.1);
+        tokio::time::timeout(API_TIMEOUT, pods.list(&ListParams::default().labels(&selector)))
+            .await
+            .map_err(|_| "the cluster did not answer".to_string())?
+            .map_err(|e| e.to_string())
+    }
+
+    /// Of a pool's waiting pods, those that count: not ended, not being
+    /// deleted, and younger than `warm_lifetime` (older ones are never
+    /// claimed).
+    fn alive<'a>(&self, list: &'a kube::api::ObjectList<Pod>) -> Vec<&'a Pod> {
+        list.items
+            .iter()
+            .filter(|p| {
+                let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+                p.metadata.deletion_timestamp.is_none()
+                    && !matches!(phase, Some("Succeeded" | "Failed"))
+                    && self.young(p)
+            })
+            .collect()
+    }
+
+    /// Takes warm `pool`'s refill lease: a ConfigMap
+    /// `execbox-refill-<pool>`, whose creation only one replica wins (the
+    /// others get 409 and leave this round to it); one past its time (its
+    /// holder died mid-refill) is deleted, checked by resourceVersion, and
+    /// taken. The lease (its name and a delete checked the same way) if
+    /// this backend holds it; `None` if another does.
+    async fn lease(&self, maps: &Api<ConfigMap>, pool: &str) -> Result<Option<(String, DeleteParams)>, String> {
+        let name = format!("execbox-refill-{pool}");
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+        let expires = now.saturating_add(REFILL_LEASE).as_secs();
+        let lease: ConfigMap = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": self.cfg.namespace,
+                         "labels": {MANAGED.0: MANAGED.1, OWNER_LABEL: self.owner, POOL_LABEL: pool,
+                                    "execbox.dev/role": "lease"},
+                         "annotations": {EXPIRES: expires.to_string()}},
+        }))
+        .map_err(|e| e.to_string())?;
+        let held = |made: ConfigMap| {
+            let only_ours = kube::api::Preconditions { resource_version: made.metadata.resource_version, uid: None };
+            Some((name.clone(), DeleteParams { preconditions: Some(only_ours), ..DeleteParams::default() }))
+        };
+        let post = PostParams::default();
+        let create = || tokio::time::timeout(API_TIMEOUT, maps.create(&post, &lease));
+        match create().await {
+            Ok(Ok(made)) => return Ok(held(made)),
+            Ok(Err(kube::Error::Api(status))) if status.is_already_exists() => {}
+            Ok(Err(e)) => return Err(e.to_string()),
+            Err(_) => return Err("the cluster did not answer".into()),
+        }
+        let Ok(Ok(other)) = tokio::time::timeout(API_TIMEOUT, maps.get(&name)).await else { return Ok(None) };
+        let ended =
+            other.metadata.annotations.as_ref().and_then(|a| a.get(EXPIRES)).and_then(|t| t.parse::<u64>().ok());
+        if ended.is_some_and(|t| t >= now.as_secs()) {
+            return Ok(None);
+        }
+        let stale = kube::api::Preconditions { resource_version: other.metadata.resource_version, uid: None };
+        let params = DeleteParams { preconditions: Some(stale), ..DeleteParams::default() };
+        if !matches!(tokio::time::timeout(API_TIMEOUT, maps.delete(&name, &params)).await, Ok(Ok(_))) {
+            return Ok(None);
+        }
+        match create().await {
+            Ok(Ok(made)) => Ok(held(made)),
+            _ => Ok(None),
+        }
+    }
+
+    /// Creates pods of a pool from `template` until `alive` of `target` are.
+    async fn create_warm(
+        &self,
+        pods: &Api<Pod>,
+        maps: &Api<ConfigMap>,
+        alive: usize,
+        target: usize,
+        template: &impl Fn() -> Job,
+    ) -> Result<(), String> {
+        let ns = &self.cfg.namespace;
+        for _ in alive..target {
             if self.stopped.load(Ordering::SeqCst) {
                 break;
             }

@@ -209,6 +209,18 @@ impl KubernetesConfig {
                 format!("a compile needs at least {MIN_MEMORY_BYTES} bytes of memory"),
             ));
         }
+        if let Some(profile) = &self.seccomp_profile {
+            // A name under the kubelet's seccomp root, as the API takes it.
+            let relative = std::path::Path::new(profile)
+                .components()
+                .all(|c| matches!(c, std::path::Component::Normal(_) | std::path::Component::CurDir));
+            if profile.trim().is_empty() || profile.len() > 255 || !relative {
+                return Err(ConfigError::invalid(
+                    "KubernetesConfig::seccomp_profile",
+                    "a file name under the kubelet's seccomp root (no `..`, not absolute, not empty)",
+                ));
+            }
+        }
         if self.cpu_millis == 0 {
             return Err(ConfigError::invalid("KubernetesConfig::cpu_millis", "a run needs some CPU"));
         }

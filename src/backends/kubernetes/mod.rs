@@ -188,6 +188,11 @@ impl<T: Clone> OneAtATime<T> {
         answer
     }
 
+    /// The last answer, if any, without checking.
+    fn answer(&self) -> Option<Result<T, Unavailable>> {
+        self.last.lock().as_ref().map(|(_, answer)| answer.clone())
+    }
+
     /// Forgets the last answer: the next caller checks again.
     fn forget(&self) {
         *self.last.lock() = None;
@@ -203,12 +208,8 @@ impl Kubernetes {
     pub fn new(cfg: KubernetesConfig) -> Result<Self, ConfigError> {
         cfg.check()?;
         let caps = capabilities(&cfg);
-        let plain_pool = pool_name(
-            "python",
-            &cfg.python_image,
-            &crate::backends::container::warm_python_argv(&[], true),
-            cfg.defaults.memory_bytes,
-        );
+        let plain_pool =
+            pool_name(&cfg, "python", &cfg.python_image, crate::backends::container::warm_python_argv(&[], true));
         let cluster = Cluster::new(cfg)
             .map_err(|e| ConfigError::Unsupported { reason: format!("cannot start the client's runtime: {e}") })?;
         let inner = Inner {
@@ -326,7 +327,7 @@ impl Kubernetes {
         packages.sort();
         packages.dedup();
         let preload = crate::backends::container::warm_python_argv(&packages, job.outputs.is_some());
-        let pool = pool_name("data", &cfg.python_data_image, &preload, job.memory_bytes);
+        let pool = pool_name(cfg, "data", &cfg.python_data_image, preload.clone());
         let mut kept = self.inner.package_pools.lock();
         // A pool given up as idle frees its place; its set's next run starts it again.
         kept.retain(|pool| self.inner.cluster.keeps(pool));
@@ -702,19 +703,26 @@ fn warm_job(cfg: &KubernetesConfig, pool: &str, image: &str, preload: Option<Vec
 }
 
 /// The name of a warm pool (`<kind>-<hash>-<MiB>mi`, a valid label
-/// value): its pods' image, their waiting program (`preload`: the
-/// bootstrap and the packages it imports), the launcher and the memory cap
-/// make it, so every replica of one build names the same pool, and pods of
-/// another build (a rolling upgrade, another image) are never claimed.
-fn pool_name(kind: &str, image: &str, preload: &[String], memory_bytes: u64) -> String {
+/// value): the hash of its pods' whole shape, the pod's spec and its
+/// ConfigMap's data as `cfg` makes them (image, waiting program `preload`,
+/// launcher, seccomp profile, limits, sizes, lifetime). Every replica with
+/// the same settings names the same pool; a pod made under any other
+/// setting (another profile, smaller caps, another build) is never
+/// claimed, since a claim trusts the pod's shape.
+fn pool_name(cfg: &KubernetesConfig, kind: &str, image: &str, preload: Vec<String>) -> String {
     use sha2::{Digest, Sha256};
+    let mut job = warm_job(cfg, "-", image, Some(preload));
+    // The one part of the shape that differs between a pool's pods.
+    job.name = "execbox-pool".into();
+    let spec = job.pod(cfg, "-").ok().and_then(|pod| serde_json::to_vec(&pod.spec).ok()).unwrap_or_default();
+    let data = job.config_map("-", "-").ok().and_then(|map| serde_json::to_vec(&map.data).ok()).unwrap_or_default();
     let mut hash = Sha256::new();
-    for part in [include_str!("launch.py"), image].into_iter().chain(preload.iter().map(String::as_str)) {
-        hash.update(part.as_bytes());
+    for part in [kind.as_bytes(), &spec, &data] {
+        hash.update(part);
         hash.update([0]);
     }
     let digest = hash.finalize();
-    format!("{kind}-{}-{}mi", hex::encode(&digest[..8]), memory_bytes >> 20)
+    format!("{kind}-{}-{}mi", hex::encode(&digest[..8]), cfg.defaults.memory_bytes >> 20)
 }
 
 /// Whether a warm pod's waiting Python can be `request`'s program: it was
@@ -851,9 +859,15 @@ impl Backend for Kubernetes {
 
     /// Those of [`KubernetesConfig::data_packages`] the probe found
     /// importable in the data image.
+    ///
+    /// Before the probe has answered (a fresh process's first seconds),
+    /// the configured list: a run asking for them is then told the backend
+    /// is being checked (`backend_unavailable`, to try again), not that the
+    /// packages are not there.
     fn packages(&self, language: Language) -> Vec<String> {
-        match language {
-            Language::Python | Language::Shell => self.probed().unwrap_or_default(),
+        match (language, self.inner.probe.answer()) {
+            (Language::Python | Language::Shell, Some(Ok(found))) => found,
+            (Language::Python | Language::Shell, None) => self.config().data_packages.clone(),
             _ => Vec::new(),
         }
     }
@@ -959,6 +973,43 @@ mod tests {
             release.wait();
             slow.join().unwrap()
         })
+    }
+
+    /// A warm pod is claimed only by a backend that would have made it
+    /// the same: its pool's name hashes the pod's whole shape (an
+    /// adversarial pass had a backend with execbox's seccomp profile claim
+    /// pods made without it).
+    #[test]
+    fn a_pool_is_named_by_its_pods_whole_shape() {
+        let base = KubernetesConfig::default();
+        let name = |cfg: &KubernetesConfig| pool_name(cfg, "python", &cfg.python_image, vec!["py".into()]);
+        assert_eq!(name(&base), name(&base.clone()), "replicas with one configuration share their pools");
+        assert!(name(&base).ends_with("-256mi"), "{}", name(&base));
+        let others = [
+            base.clone().seccomp_profile("execbox.json"),
+            base.clone().cpu_millis(500),
+            base.clone().tmp_bytes(32 << 20),
+            base.clone().defaults(base.defaults.clone().timeout(Duration::from_secs(90))),
+            base.clone().warm_lifetime(Duration::from_secs(60)),
+        ];
+        for other in &others {
+            assert_ne!(name(&base), name(other), "{other:?}");
+        }
+        assert_ne!(name(&base), pool_name(&base, "python", &base.python_image, vec!["other".into()]));
+    }
+
+    /// Before the probe has answered, the configured packages are declared
+    /// (a run asking for them is told the backend is being checked, not
+    /// that they are missing).
+    #[test]
+    fn packages_before_the_probe_are_the_configured_ones() {
+        let k = Kubernetes::new(KubernetesConfig::default().kubeconfig("/nonexistent")).expect("a backend");
+        assert_eq!(k.packages(Language::Python), KubernetesConfig::default().data_packages);
+        assert!(k.packages(Language::Rust).is_empty());
+        assert!(Kubernetes::new(KubernetesConfig::default().seccomp_profile("")).is_err());
+        assert!(Kubernetes::new(KubernetesConfig::default().seccomp_profile("../x.json")).is_err());
+        assert!(Kubernetes::new(KubernetesConfig::default().seccomp_profile("/etc/x.json")).is_err());
+        assert!(Kubernetes::new(KubernetesConfig::default().seccomp_profile("profiles/execbox.json")).is_ok());
     }
 
     /// While one caller checks, the others get the last answer at once,
