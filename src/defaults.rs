@@ -86,6 +86,13 @@ pub struct BackendsConfig {
     /// # Default
     /// `None`: `RuntimeDefault`.
     pub kubernetes_seccomp_profile: Option<String>,
+    /// The memory limit of a Rust compile on the Kubernetes backend
+    /// (`KubernetesConfig::compile_memory_bytes`; each Rust pod reserves
+    /// it on a node).
+    ///
+    /// # Default
+    /// `None`: 1 GiB.
+    pub kubernetes_compile_memory_bytes: Option<u64>,
 }
 
 /// How the Kubernetes backend reaches its cluster.
@@ -113,6 +120,7 @@ setters!(BackendsConfig {
     kubernetes: ClusterAccess,
     kubernetes_rust_image: String,
     kubernetes_seccomp_profile: String,
+    kubernetes_compile_memory_bytes: u64,
 });
 
 impl Default for BackendsConfig {
@@ -128,6 +136,7 @@ impl Default for BackendsConfig {
             kubernetes_warm_pods: 0,
             kubernetes_rust_image: None,
             kubernetes_seccomp_profile: None,
+            kubernetes_compile_memory_bytes: None,
         }
     }
 }
@@ -170,6 +179,9 @@ impl ExecutorBuilder {
             let mut config = KubernetesConfig::default().warm_pods(cfg.kubernetes_warm_pods);
             config.rust_image = cfg.kubernetes_rust_image.clone();
             config.seccomp_profile = cfg.kubernetes_seccomp_profile.clone();
+            if let Some(bytes) = cfg.kubernetes_compile_memory_bytes {
+                config.compile_memory_bytes = bytes;
+            }
             config.kubeconfig = match access {
                 ClusterAccess::Kubeconfig(path) => Some(path.clone()),
                 ClusterAccess::Infer => None,

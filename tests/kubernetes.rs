@@ -292,6 +292,15 @@ fn run(_: Value) -> Value { Value::from(N) }
     let no_rustc = Kubernetes::new(no_rustc).expect("a backend");
     let r = Executor::run_on(&no_rustc, rust("fn run(i: Value) -> Value { i }\n"));
     assert!(matches!(&r, Err(ExecError::BackendUnavailable { reason, .. }) if reason.contains("rustc")), "{r:?}");
+    // A toolchain image the node lacks names the script that builds it.
+    let absent =
+        KubernetesConfig::default().kubeconfig(kubeconfig()).rust_image("localhost/execbox-no-such-toolchain:0");
+    let absent = Kubernetes::new(absent).expect("a backend");
+    let r = Executor::run_on(&absent, rust("fn run(i: Value) -> Value { i }\n"));
+    assert!(
+        matches!(&r, Err(ExecError::BackendUnavailable { fix: Some(fix), .. }) if fix.contains("build-rust-toolchain-image.sh")),
+        "{r:?}"
+    );
 }
 
 #[test]

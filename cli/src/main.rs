@@ -239,6 +239,10 @@ pub(crate) struct BackendFlags {
     /// (scripts/kube/up.sh installs it as execbox.json). Default: RuntimeDefault.
     #[arg(long, value_name = "NAME", env = "EXECBOX_KUBE_SECCOMP_PROFILE")]
     pub(crate) kube_seccomp_profile: Option<String>,
+    /// The memory limit of a Rust compile on the kubernetes backend, in MiB (each Rust pod
+    /// reserves it on a node). Default: 1024.
+    #[arg(long, value_name = "MIB", env = "EXECBOX_KUBE_COMPILE_MEMORY_MB")]
+    pub(crate) kube_compile_memory_mb: Option<u64>,
 }
 
 impl BackendFlags {
@@ -257,6 +261,7 @@ impl BackendFlags {
         config.kubernetes_warm_pods = self.kube_warm_pods;
         config.kubernetes_rust_image = self.kube_rust_image.clone();
         config.kubernetes_seccomp_profile = self.kube_seccomp_profile.clone();
+        config.kubernetes_compile_memory_bytes = self.kube_compile_memory_mb.map(|mib| mib.saturating_mul(1 << 20));
         config
     }
 }

@@ -1017,8 +1017,13 @@ fn never_starts(pod: &Pod) -> Option<JobError> {
             let message = crate::text::cap_message(waiting.message.clone().unwrap_or_default());
             let what = format!("container {} cannot start: {reason} {message}", container.name);
             if IMAGE_MISSING.contains(&reason) {
-                let fix = "build and load execbox's images with scripts/build-images.sh (scripts/kube/up.sh's \
-                           cluster uses docker's images), or set KubernetesConfig's images";
+                let fix = if container.name == "compile" {
+                    "build the Rust toolchain image with scripts/build-rust-toolchain-image.sh (scripts/kube/up.sh's \
+                     cluster uses docker's images), or set KubernetesConfig::rust_image"
+                } else {
+                    "build and load execbox's images with scripts/build-images.sh (scripts/kube/up.sh's \
+                     cluster uses docker's images), or set KubernetesConfig's images"
+                };
                 return Some(JobError::Unavailable(Unavailable::new(what, fix)));
             }
             if REFUSED.contains(&reason) {
