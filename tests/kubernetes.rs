@@ -1432,3 +1432,60 @@ print(json.dumps({'value': value, 'warm': os.path.isdir('/work/out'), 'ms': (tim
     assert_eq!((r.outcome, stdout(&r)), (Outcome::Ok, "2\nwarm\n".to_string()), "{r:?}");
     assert!(socket_dirs().is_empty(), "{:?}", socket_dirs());
 }
+
+/// What the adversarial pass of Code Mode in pods found, each class a
+/// case: a program that removes its socket gets an ordinary result (the
+/// launcher had died removing it again); connections closed before a byte
+/// leave their places free (16 had used up the socket for the run); a
+/// call written just before the program exits still reaches the tools, as
+/// a container's; and writing past the run's cap of calls is said.
+#[test]
+fn code_mode_in_a_pod_survives_what_the_adversarial_pass_tried() {
+    use common::tools::*;
+    use execbox::tools::ToolLimits;
+    let _serial = tools_serial();
+    let probe = std::sync::Arc::new(Probe::default());
+    let Some(exec) = tools_executor(&probe) else { return };
+    let code = "import os\nos.unlink(os.environ['EXECBOX_TOOLS'])\nprint('unlinked')";
+    let r = exec.execute_blocking(granted(Language::Python, code, &["math.*"])).expect("runs");
+    assert_eq!((r.outcome, stdout(&r)), (Outcome::Ok, "unlinked\n".to_string()), "{r:?}");
+
+    let code = "\
+import os, socket, tools
+for _ in range(40):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(os.environ['EXECBOX_TOOLS'])
+    s.close()
+print(tools.math.add(a=1, b=2))";
+    let r = exec.execute_blocking(granted(Language::Python, code, &["math.*"])).expect("runs");
+    assert_eq!((r.outcome, stdout(&r)), (Outcome::Ok, "3\n".to_string()), "{r:?}");
+
+    let code = r#"
+import os, socket
+s = socket.socket(socket.AF_UNIX)
+s.connect(os.environ['EXECBOX_TOOLS'])
+s.sendall(b'{"tool_call":{"id":1,"name":"math.add","args":{"a":1,"b":1}}}\n')
+print('sent')"#;
+    let r = exec.execute_blocking(granted(Language::Python, code, &["math.*"])).expect("runs");
+    assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
+    assert_eq!(r.tool_calls.iter().map(|c| c.tool.as_str()).collect::<Vec<_>>(), ["math.add"], "{r:?}");
+
+    let code = "\
+import os, socket
+s = socket.socket(socket.AF_UNIX)
+s.connect(os.environ['EXECBOX_TOOLS'])
+try:
+    s.sendall(b'x' * (70 << 20))
+    print('all sent')
+except OSError:
+    print('closed')";
+    let request = with_limits(granted(Language::Python, code, &["math.*"]), |p| {
+        p.tool_limits(ToolLimits::default()).timeout(Duration::from_secs(120))
+    });
+    let started = Instant::now();
+    let r = exec.execute_blocking(request).expect("runs");
+    eprintln!("70 MiB to the socket took {:?}", started.elapsed());
+    assert_eq!((r.outcome, stdout(&r)), (Outcome::Ok, "closed\n".to_string()), "{r:?}");
+    assert!(r.message.as_deref().unwrap_or_default().contains("over 64 MiB to its tool socket"), "{r:?}");
+    assert!(socket_dirs().is_empty(), "{:?}", socket_dirs());
+}

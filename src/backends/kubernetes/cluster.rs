@@ -34,6 +34,10 @@ const MAX_REFILL_BACKOFF: Duration = Duration::from_secs(300);
 /// a compile's stderr).
 const MAX_COMPILE_LOG: i64 = 16 << 20;
 
+/// Longest a run's end waits for the tool calls its program wrote last to
+/// reach the host's socket.
+const FLUSH_WAIT: Duration = Duration::from_millis(250);
+
 /// Longest a replica holds a pool's refill lease (see [`Inner::lease`]):
 /// a holder that died mid-refill is overtaken after it.
 const REFILL_LEASE: Duration = Duration::from_secs(30);
@@ -117,6 +121,16 @@ pub(super) enum JobEnd {
     /// A Rust run's compile ended without a program: its messages, its
     /// exit code, and whether the OOM killer ended it.
     CompileFailed { log: String, exit_code: i32, oom_killed: bool },
+}
+
+impl JobEnd {
+    /// The records read, if any were.
+    fn records_mut(&mut self) -> Option<&mut Records> {
+        match self {
+            JobEnd::Read { records, .. } | JobEnd::TimedOut { records, .. } => Some(records),
+            JobEnd::CompileFailed { .. } => None,
+        }
+    }
 }
 
 /// Why a job did not run to its end.
@@ -512,18 +526,22 @@ impl Inner {
             futures_util::future::join(pods.attach(name, &attach_params), pods.log_stream(name, &log_params)),
         );
         let Some((attached, log)) = opened.await else { return Ok(JobEnd::TimedOut { records, started: true }) };
+        // Without an attachment (a program that ended at once has ended its
+        // container too; a Role without pods/attach) the calls still reach
+        // the host's socket, as a container's do; their answers go nowhere.
+        let unattached = "the pod could not be attached (its program had ended, or the Role lacks pods/attach)";
         match attached {
             Ok(mut attached) => match attached.stdin() {
                 Some(stdin) => self.read_relaying(pods, name, log, records, at, stdin, socket).await,
                 None => {
-                    records.lose_tools("the attachment has no stdin");
-                    self.read_opened_log(pods, name, log, records, at).await
+                    records.lose_tools(unattached);
+                    self.read_relaying(pods, name, log, records, at, tokio::io::sink(), socket).await
                 }
             },
-            // A program that ended at once has ended its container too.
             Err(e) => {
-                records.lose_tools(&format!("cannot attach the pod: {e}"));
-                self.read_opened_log(pods, name, log, records, at).await
+                tracing::debug!(pod = %name, error = %e, "cannot attach a pod for its tool calls' answers");
+                records.lose_tools(unattached);
+                self.read_relaying(pods, name, log, records, at, tokio::io::sink(), socket).await
             }
         }
     }
@@ -543,15 +561,28 @@ impl Inner {
     ) -> Result<JobEnd, JobError> {
         let (calls, from_pod) = tokio::sync::mpsc::unbounded_channel();
         records.carry_tools(calls);
-        // The relay ends with the log read (its connections closed).
-        let relay = async {
-            super::relay::carry(socket, from_pod, stdin).await;
-            std::future::pending().await
+        let relay = super::relay::carry(socket, from_pod, stdin);
+        let read = self.read_opened_log(pods, name, log, records, at);
+        tokio::pin!(relay, read);
+        // The relay ends early only if stdin fails: the log is read on.
+        let mut relay_done = false;
+        let mut end = loop {
+            tokio::select! {
+                end = &mut read => break end,
+                () = &mut relay, if !relay_done => relay_done = true,
+            }
         };
-        tokio::select! {
-            end = self.read_opened_log(pods, name, log, records, at) => end,
-            end = relay => end,
+        // What the program wrote before it ended reaches the host's socket
+        // (a container's calls are read as they are written), within a
+        // moment and the deadline; then the relay and its connections go.
+        if let Some(records) = end.as_mut().ok().and_then(JobEnd::records_mut) {
+            records.stop_tools();
         }
+        let flush = at.map_or(FLUSH_WAIT, |at| at.saturating_duration_since(Instant::now()).min(FLUSH_WAIT));
+        if !relay_done {
+            let _ = tokio::time::timeout(flush, &mut relay).await;
+        }
+        end
     }
 
     /// [`Inner::read_log`] from a log stream opened already.

@@ -19,6 +19,8 @@
 #           in ASCII: the end
 #   k / K   Code Mode: "<connection> <bytes>" the program wrote to its tool
 #           socket / "<connection>": it wrote no more (see Relay)
+#   q       Code Mode: the program wrote the run's most to its tool socket,
+#           which is closed
 # The program cannot write records itself: this process is not dumpable,
 # so its stdout (/proc/1/fd/1) cannot be opened by the program's uid, and
 # pid 1 of a PID namespace gets no signal it does not handle (it handles
@@ -153,6 +155,9 @@ class Relay:
             data = b""
         if not data:
             conn.reading = False
+            if not conn.sent:
+                # The host never heard of it: nothing to wait for.
+                return self.close(conn)
             emit(b"K", b"%d" % conn.number)
             if conn.closing and not conn.pending:
                 self.close(conn)
@@ -161,6 +166,7 @@ class Relay:
         else:
             self.left -= len(data)
             conn.unacked += len(data)
+            conn.sent = True
             emit(b"k", b"%d " % conn.number + data)
 
     def writable(self, fd):
@@ -239,13 +245,15 @@ class Relay:
     def close(self, conn):
         del self.conns[conn.fd]
         del self.by_number[conn.number]
-        if conn.reading:
+        if conn.reading and conn.sent:
             emit(b"K", b"%d" % conn.number)
         conn.sock.close()
 
     def exhausted(self):
-        """The program wrote `max_bytes` to its tool socket: no more."""
+        """The program wrote `max_bytes` to its tool socket: no more (the
+        host is told, for the result's message)."""
         self.left = 0
+        emit(b"q")
         for conn in list(self.conns.values()):
             self.close(conn)
         self.stop_listening()
@@ -254,7 +262,11 @@ class Relay:
         if self.listener:
             self.listener.close()
             self.listener = None
-            os.unlink(self.path)
+            # The program (same uid) may have removed or replaced it.
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
 
     def stop(self):
         for conn in list(self.conns.values()):
@@ -269,6 +281,8 @@ class Connection:
         self.pending = bytearray()
         # Bytes sent up that the host's socket has not taken yet.
         self.unacked = 0
+        # Any were sent up (the host has a connection for it).
+        self.sent = False
         # The program may still write (it has not shut its side).
         self.reading = True
         # The host closed it: it closes once its answers are written.

@@ -548,6 +548,15 @@ impl Kubernetes {
         if let Some(why) = records.tools_lost() {
             crate::text::add_note(&mut message, format!("the program's tool calls got no answer: {why}"));
         }
+        if records.tools_capped {
+            crate::text::add_note(
+                &mut message,
+                format!(
+                    "the program wrote over {} MiB to its tool socket, which was then closed",
+                    records::MAX_TOOL_BYTES >> 20
+                ),
+            );
+        }
         let output_files = outputs::returned_files(
             collects,
             records.listing.as_ref(),

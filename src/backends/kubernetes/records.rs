@@ -54,6 +54,8 @@ pub(super) struct Records {
     tools_lost: Option<String>,
     /// The program used its tool socket.
     called_tools: bool,
+    /// The launcher closed the tool socket at the run's cap of calls.
+    pub tools_capped: bool,
 }
 
 impl Records {
@@ -71,6 +73,7 @@ impl Records {
             tools: None,
             tools_lost: None,
             called_tools: false,
+            tools_capped: false,
         }
     }
 
@@ -79,11 +82,15 @@ impl Records {
         self.tools = Some((relay, MAX_TOOL_BYTES));
     }
 
-    /// The run's tool calls cannot be carried (`why`): said in the result
-    /// if the program made any.
+    /// The log is read: no more Code Mode records go to the relay (which
+    /// forwards what it has, then ends).
+    pub fn stop_tools(&mut self) {
+        self.tools = None;
+    }
+
+    /// The answers to the run's tool calls cannot be delivered (`why`):
+    /// said in the result if the program made any.
     pub fn lose_tools(&mut self, why: &str) {
-        let (relay, _) = tokio::sync::mpsc::unbounded_channel();
-        self.tools = Some((relay, MAX_TOOL_BYTES));
         self.tools_lost = Some(why.to_string());
     }
 
@@ -98,7 +105,7 @@ impl Records {
         };
         let Ok(bytes) = STANDARD.decode(rest) else {
             return match tag {
-                b'o' | b'e' | b'l' | b't' | b'x' | b'k' | b'K' => self.broke("a record's base64 is broken"),
+                b'o' | b'e' | b'l' | b't' | b'x' | b'k' | b'K' | b'q' => self.broke("a record's base64 is broken"),
                 _ => self.noise(line),
             };
         };
@@ -118,6 +125,7 @@ impl Records {
                 None => self.broke("the end record is broken"),
             },
             b'k' | b'K' => self.tool_record(tag, &bytes),
+            b'q' => self.tools_capped = true,
             _ => self.noise(line),
         }
     }
@@ -310,10 +318,14 @@ mod tests {
         Lines::default().feed(&record(b'k', b"1 {}"), &mut records);
         assert_eq!(records.broken, Some("a tool record in a run without tools"));
         let mut records = Records::new(None, None, None, 0);
+        let (relay, _from_pod) = tokio::sync::mpsc::unbounded_channel();
+        records.carry_tools(relay);
         records.lose_tools("no attachment");
         assert_eq!(records.tools_lost(), None, "said only when the program called");
         Lines::default().feed(&record(b'k', b"1 {}"), &mut records);
         assert_eq!(records.tools_lost(), Some("no attachment"));
+        Lines::default().feed(&record(b'q', b""), &mut records);
+        assert!(records.tools_capped);
     }
 
     #[test]

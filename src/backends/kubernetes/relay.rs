@@ -60,8 +60,9 @@ const CHUNK: usize = 64 << 10;
 const MAX_CONNECTIONS_A_RUN: usize = 1 << 16;
 
 /// Carries `from_pod`'s connections to the host's tool socket at `socket`
-/// and their answers to `stdin`, until `from_pod` closes or stdin fails;
-/// every connection is closed when this future is dropped.
+/// and their answers to `stdin`. Ends once `from_pod` has closed and every
+/// connection has written what came for it (or when stdin fails); every
+/// connection is closed when this future is dropped.
 pub(super) async fn carry(
     socket: PathBuf,
     mut from_pod: mpsc::UnboundedReceiver<FromPod>,
@@ -70,6 +71,8 @@ pub(super) async fn carry(
     let (answers, mut to_stdin) = mpsc::channel::<ToPod>(QUEUED);
     let mut connections: HashMap<u32, mpsc::UnboundedSender<Option<Vec<u8>>>> = HashMap::new();
     let mut tasks = tokio::task::JoinSet::new();
+    // Each connection holds a clone until it has written all its calls.
+    let (written, mut all_written) = mpsc::channel::<()>(1);
     // Connections that ended: bytes of theirs still in the log go nowhere,
     // never to a new connection. (The launcher numbers connections in the
     // order it accepts them, but they write in any order.)
@@ -90,13 +93,20 @@ pub(super) async fn carry(
                     continue;
                 }
                 let (calls, pending) = mpsc::unbounded_channel();
-                tasks.spawn(connection(socket.clone(), number, pending, answers.clone()));
+                tasks.spawn(connection(socket.clone(), number, pending, answers.clone(), written.clone()));
                 connections.insert(number, calls);
+            } else if bytes.is_none() && !connections.contains_key(&number) && !ended.contains(&number) {
+                // Shut before a byte of it came: the launcher's end closes.
+                let _ = answers.send(ToPod::Answer(number, Vec::new())).await;
             }
             if let Some(calls) = connections.get(&number) {
                 let _ = calls.send(bytes);
             }
         }
+        // The log is read: each connection writes what it has, then ends.
+        connections.clear();
+        drop(written);
+        while all_written.recv().await.is_some() {}
     };
     let write = async {
         while let Some(message) = to_stdin.recv().await {
@@ -112,10 +122,10 @@ pub(super) async fn carry(
             }
         }
     };
-    // The route ends with the log; the writer only with stdin (the
-    // connections hold its queue's senders).
+    // The route ends with the log and the last call written; the writer
+    // only with stdin (the connections hold its queue's senders).
     tokio::select! {
-        _ = async { route.await; std::future::pending::<()>().await } => {}
+        _ = route => {}
         _ = write => {}
     }
 }
@@ -128,6 +138,7 @@ async fn connection(
     number: u32,
     mut calls: mpsc::UnboundedReceiver<Option<Vec<u8>>>,
     answers: mpsc::Sender<ToPod>,
+    written: mpsc::Sender<()>,
 ) {
     let stream = match UnixStream::connect(&socket).await {
         Ok(stream) => stream,
@@ -146,6 +157,7 @@ async fn connection(
             }
         }
         let _ = writer.shutdown().await;
+        drop(written);
         // The answers still due come down; the connection ends with them.
         std::future::pending::<()>().await
     };
@@ -172,6 +184,7 @@ async fn connection(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
     use tokio::io::AsyncBufReadExt as _;
 
     /// An echoing "tool socket": answers every line with `got <line>`,
@@ -258,6 +271,25 @@ mod tests {
         assert_eq!(answers_of(&mut pod, 4, 5).await, b"got four\n");
         drop(tx);
         relay.abort();
+    }
+
+    /// Once the log is read, what came for each connection is written to
+    /// the host's socket before the relay ends (a call the program wrote
+    /// just before it exited still runs, as a container's does).
+    #[tokio::test]
+    async fn the_last_calls_reach_the_host_before_the_relay_ends() {
+        let dir = tempfile::tempdir().expect("a dir");
+        let path = dir.path().join("tools.sock");
+        let listener = tokio::net::UnixListener::bind(&path).expect("bind");
+        let (tx, rx) = mpsc::unbounded_channel();
+        let relay = tokio::spawn(carry(path, rx, tokio::io::sink()));
+        tx.send(FromPod::Data(1, b"last call\n".to_vec())).expect("send");
+        drop(tx);
+        tokio::time::timeout(Duration::from_secs(5), relay).await.expect("the relay ends").expect("joins");
+        let (mut stream, _) = listener.accept().await.expect("the connection");
+        let mut got = Vec::new();
+        stream.read_to_end(&mut got).await.expect("read");
+        assert_eq!(got, b"last call\n");
     }
 
     /// A host socket that is gone closes the pod's connection, nothing more.
