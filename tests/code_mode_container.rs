@@ -14,8 +14,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::tools::{
-    ERROR_GRANTS, PYTHON_ERRORS, PYTHON_ROUND_TRIP, Probe, assert_error_ledger, assert_python_round_trip,
-    assert_session_cells_call_tools, outcomes, python_errors_output, registry, source, with_limits,
+    ERROR_GRANTS, PYTHON_ERRORS, PYTHON_ROUND_TRIP, Probe, assert_error_ledger, assert_flood_answers,
+    assert_python_round_trip, assert_session_cells_call_tools, flood_code, outcomes, python_errors_output, registry,
+    source, with_limits,
 };
 use common::wait::wait_until;
 use common::{docker, procfs, skip};
@@ -351,89 +352,13 @@ fn code_that_floods_the_socket_gets_typed_answers_and_the_host_stays_bounded() {
     let _serial = serial();
     let probe = Arc::new(Probe::default());
     let Some((_container, exec)) = executor("cm-py-flood", &probe) else { return };
-    let code = r#"
-import json, os, socket, time, tools
-path = os.environ['EXECBOX_TOOLS']
-def conn():
-    s = socket.socket(socket.AF_UNIX)
-    s.connect(path)
-    return s
-def answers(s, n):
-    buf = b''
-    s.settimeout(20)
-    while buf.count(b'\n') < n:
-        chunk = s.recv(1 << 16)
-        if not chunk:
-            break
-        buf += chunk
-    return [json.loads(l)['tool_result'] for l in buf.split(b'\n')[:n] if l]
-seen = {}
-# Garbage, a blank line and a frame without a name: protocol errors, in order.
-s = conn()
-s.sendall(b'garbage\n\n[1,2]\n{"tool_call":{"id":5,"args":{}}}\n')
-seen['garbage'] = [(a['id'], a['error']['kind']) for a in answers(s, 3)]
-# A line of 50 MB: counted, not kept; refused by its head.
-head = b'{"tool_call":{"id":9,"name":"echo.args","args":{"s":"'
-s.sendall(head + b'x' * (50 << 20) + b'"}}}\n')
-seen['huge'] = [(a['id'], a['error']['kind']) for a in answers(s, 1)]
-# A line that never ends, 50 MB of it, then the connection closes.
-t = conn()
-t.sendall(b'y' * (50 << 20))
-t.close()
-# Calls whose answers are never read: the host drops that connection.
-# (Distinct ids: a call reusing the id of one in flight is refused at once.)
-u = conn()
-arg = b'z' * 60000
-dropped = False
-try:
-    u.settimeout(20)
-    for i in range(400):
-        u.sendall(b'{"tool_call":{"id":%d,"name":"echo.args","args":{"s":"%s"}}}\n' % (i, arg))
-except OSError:
-    dropped = True
-seen['unread_dropped'] = dropped
-u.close()
-# Many connections at once: those past the bound are closed at once.
-# One closed before its call is sent fails the send (EPIPE): closed too.
-held, closed = [], 0
-for _ in range(64):
-    c = conn()
-    c.settimeout(10)
-    try:
-        c.sendall(b'{"tool_call":{"id":1,"name":"tools.list","args":{}}}\n')
-    except OSError:
-        closed += 1
-        c.close()
-        continue
-    held.append(c)
-for c in held:
-    try:
-        if not c.recv(1 << 16):
-            closed += 1
-    except OSError:
-        closed += 1
-seen['served'] = 64 - closed
-for c in held:
-    c.close()
-s.close()
-time.sleep(0.5)
-seen['after'] = tools.math.add(a=2, b=2)
-print(json.dumps(seen))
-"#;
+    let code = flood_code(50, 50, 20);
     let before = procfs::own_rss_bytes();
-    let request = with_limits(python(code, &["math.*", "echo.*"]), |p| {
+    let request = with_limits(python(&code, &["math.*", "echo.*"]), |p| {
         p.tool_limits(ToolLimits::default().max_calls(10_000)).timeout(Duration::from_secs(120))
     });
     let r = run(&exec, request);
-    assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
-    let out = r.output.clone().expect("JSON");
-    assert_eq!(out["garbage"], json!([[0, "protocol"], [0, "protocol"], [5, "protocol"]]), "{r:?}");
-    assert_eq!(out["huge"], json!([[9, "invalid_arguments"]]), "{r:?}");
-    assert_eq!(out["unread_dropped"], true, "{r:?}");
-    // At most 16 at once, the first one among them (still open).
-    let served = out["served"].as_u64().unwrap();
-    assert!((1..=15).contains(&served), "{served} served at once: {r:?}");
-    assert_eq!(out["after"], 4, "{r:?}");
+    assert_flood_answers(&r);
     let grown = procfs::own_rss_bytes().saturating_sub(before);
     assert!(grown < 256 << 20, "the host grew by {} MiB", grown >> 20);
     // The host is alive and answers.

@@ -1112,10 +1112,21 @@ fn tools_serial() -> std::sync::MutexGuard<'static, ()> {
     LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// An executor on the shared backend with the tools every carrier's tests call.
-fn tools_executor(probe: &std::sync::Arc<common::tools::Probe>) -> Option<Executor> {
-    let k = backend()?;
-    Some(Executor::builder().backend(k.clone()).tools(common::tools::registry(probe)).build())
+/// A Code Mode test's turn (see [`tools_serial`]), and an executor on the
+/// shared backend with the tools every carrier's tests call (`slow.sleep`
+/// seen by `probe`).
+struct CodeMode {
+    _serial: std::sync::MutexGuard<'static, ()>,
+    probe: std::sync::Arc<common::tools::Probe>,
+    exec: Executor,
+}
+
+/// [`CodeMode`], or `None`: skipped.
+fn code_mode() -> Option<CodeMode> {
+    let _serial = tools_serial();
+    let probe = std::sync::Arc::new(common::tools::Probe::default());
+    let exec = Executor::builder().backend(backend()?.clone()).tools(common::tools::registry(&probe)).build();
+    Some(CodeMode { _serial, probe, exec })
 }
 
 /// `code` granted `grants`, with room for a pod's start.
@@ -1131,9 +1142,7 @@ fn socket_dirs() -> Vec<String> {
 #[test]
 fn python_in_a_pod_calls_tools_with_every_form_of_the_api_and_the_ledger() {
     use common::tools::*;
-    let _serial = tools_serial();
-    let probe = std::sync::Arc::new(Probe::default());
-    let Some(exec) = tools_executor(&probe) else { return };
+    let Some(CodeMode { _serial, probe: _, exec }) = code_mode() else { return };
     let request = granted(Language::Python, PYTHON_ROUND_TRIP, &["math.*", "echo.args"]).input(json!({"n": 1}));
     let r = exec.execute_blocking(request).expect("runs");
     assert_python_round_trip("pod", &r);
@@ -1183,9 +1192,7 @@ print(json.dumps([found, os.path.exists('/run/execbox/tools.sock'), 'EXECBOX_TOO
 fn shell_and_rust_in_pods_call_tools_with_their_tool_command_and_module() {
     use common::tools::*;
     use execbox::tools::{ToolCallOutcome, ToolErrorKind};
-    let _serial = tools_serial();
-    let probe = std::sync::Arc::new(Probe::default());
-    let Some(exec) = tools_executor(&probe) else { return };
+    let Some(CodeMode { _serial, probe: _, exec }) = code_mode() else { return };
     let script = r#"
 set -u
 sum=$(tool math.add '{"a": 2, "b": 3}')
@@ -1252,9 +1259,7 @@ fn run(input: Value) -> Value {
 fn tool_calls_from_pods_end_with_their_run_and_leave_nothing() {
     use common::tools::*;
     use execbox::tools::{ToolCallOutcome, ToolErrorKind, ToolLimits};
-    let _serial = tools_serial();
-    let probe = std::sync::Arc::new(Probe::default());
-    let Some(exec) = tools_executor(&probe) else { return };
+    let Some(CodeMode { _serial, probe, exec }) = code_mode() else { return };
     let code = "\
 import json, tools
 try:
@@ -1305,97 +1310,17 @@ os.kill(os.getpid(), 9)";
 fn code_in_a_pod_that_floods_its_socket_gets_typed_answers_and_the_host_stays_bounded() {
     use common::tools::*;
     use execbox::tools::ToolLimits;
-    let _serial = tools_serial();
-    let probe = std::sync::Arc::new(Probe::default());
-    let Some(exec) = tools_executor(&probe) else { return };
+    let Some(CodeMode { _serial, probe: _, exec }) = code_mode() else { return };
     let before = common::procfs::own_rss_bytes();
-    let request = with_limits(granted(Language::Python, FLOOD, &["math.*", "echo.*"]), |p| {
+    let request = with_limits(granted(Language::Python, &flood_code(8, 4, 30), &["math.*", "echo.*"]), |p| {
         p.tool_limits(ToolLimits::default().max_calls(10_000)).timeout(Duration::from_secs(120))
     });
     let r = exec.execute_blocking(request).expect("runs");
-    assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
-    let out = r.output.clone().expect("JSON");
-    assert_eq!(out["garbage"], json!([[0, "protocol"], [0, "protocol"], [5, "protocol"]]), "{r:?}");
-    assert_eq!(out["huge"], json!([[9, "invalid_arguments"]]), "{r:?}");
-    assert_eq!(out["unread_dropped"], true, "{r:?}");
-    let served = out["served"].as_u64().unwrap();
-    assert!((1..=15).contains(&served), "{served} served at once: {r:?}");
-    assert_eq!(out["after"], 4, "{r:?}");
+    assert_flood_answers(&r);
     let grown = common::procfs::own_rss_bytes().saturating_sub(before);
     assert!(grown < 256 << 20, "the host grew by {} MiB", grown >> 20);
     assert!(socket_dirs().is_empty(), "{:?}", socket_dirs());
 }
-
-/// The flood of [`code_in_a_pod_that_floods_its_socket_gets_typed_answers_and_the_host_stays_bounded`].
-const FLOOD: &str = r#"
-import json, os, socket, time, tools
-path = os.environ['EXECBOX_TOOLS']
-def conn():
-    s = socket.socket(socket.AF_UNIX)
-    s.connect(path)
-    return s
-def answers(s, n):
-    buf = b''
-    s.settimeout(30)
-    while buf.count(b'\n') < n:
-        chunk = s.recv(1 << 16)
-        if not chunk:
-            break
-        buf += chunk
-    return [json.loads(l)['tool_result'] for l in buf.split(b'\n')[:n] if l]
-seen = {}
-# Garbage, a blank line and a frame without a name: protocol errors, in order.
-s = conn()
-s.sendall(b'garbage\n\n[1,2]\n{"tool_call":{"id":5,"args":{}}}\n')
-seen['garbage'] = [(a['id'], a['error']['kind']) for a in answers(s, 3)]
-# A line of 8 MB: counted, not kept; refused by its head.
-head = b'{"tool_call":{"id":9,"name":"echo.args","args":{"s":"'
-s.sendall(head + b'x' * (8 << 20) + b'"}}}\n')
-seen['huge'] = [(a['id'], a['error']['kind']) for a in answers(s, 1)]
-# A line that never ends, 4 MB of it, then the connection closes.
-t = conn()
-t.sendall(b'y' * (4 << 20))
-t.close()
-# Calls whose answers are never read: the host drops that connection.
-# (Distinct ids: a call reusing the id of one in flight is refused at once.)
-u = conn()
-arg = b'z' * 60000
-dropped = False
-try:
-    u.settimeout(20)
-    for i in range(400):
-        u.sendall(b'{"tool_call":{"id":%d,"name":"echo.args","args":{"s":"%s"}}}\n' % (i, arg))
-except OSError:
-    dropped = True
-seen['unread_dropped'] = dropped
-u.close()
-# Many connections at once: those past the bound are closed at once.
-# One closed before its call is sent fails the send (EPIPE): closed too.
-held, closed = [], 0
-for _ in range(64):
-    c = conn()
-    c.settimeout(10)
-    try:
-        c.sendall(b'{"tool_call":{"id":1,"name":"tools.list","args":{}}}\n')
-    except OSError:
-        closed += 1
-        c.close()
-        continue
-    held.append(c)
-for c in held:
-    try:
-        if not c.recv(1 << 16):
-            closed += 1
-    except OSError:
-        closed += 1
-seen['served'] = 64 - closed
-for c in held:
-    c.close()
-s.close()
-time.sleep(0.5)
-seen['after'] = tools.math.add(a=2, b=2)
-print(json.dumps(seen))
-"#;
 
 /// A warm pod takes runs that call tools too (a fresh program, not the
 /// waiting Python, which has no `tools` module): its attachment, made to
@@ -1443,9 +1368,7 @@ print(json.dumps({'value': value, 'warm': os.path.isdir('/work/out'), 'ms': (tim
 fn code_mode_in_a_pod_survives_what_the_adversarial_pass_tried() {
     use common::tools::*;
     use execbox::tools::ToolLimits;
-    let _serial = tools_serial();
-    let probe = std::sync::Arc::new(Probe::default());
-    let Some(exec) = tools_executor(&probe) else { return };
+    let Some(CodeMode { _serial, probe: _, exec }) = code_mode() else { return };
     let code = "import os\nos.unlink(os.environ['EXECBOX_TOOLS'])\nprint('unlinked')";
     let r = exec.execute_blocking(granted(Language::Python, code, &["math.*"])).expect("runs");
     assert_eq!((r.outcome, stdout(&r)), (Outcome::Ok, "unlinked\n".to_string()), "{r:?}");

@@ -243,3 +243,99 @@ print(json.dumps([total, kinds]))";
     assert_eq!(r.tool_calls.len(), 21);
     first
 }
+
+/// Python that floods its run's tool socket (`$EXECBOX_TOOLS`) the ways a
+/// hostile program would, and prints what it saw as JSON (see
+/// [`assert_flood_answers`]): garbage, a line of `line_mib` MiB, a line of
+/// `endless_mib` MiB that never ends, 400 calls whose answers it never
+/// reads, 64 connections at once, then one ordinary call. `wait`: seconds
+/// it waits for an answer.
+pub fn flood_code(line_mib: u32, endless_mib: u32, wait: u32) -> String {
+    let wait_each = wait - 10;
+    format!(
+        r#"
+import json, os, socket, time, tools
+path = os.environ['EXECBOX_TOOLS']
+def conn():
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(path)
+    return s
+def answers(s, n):
+    buf = b''
+    s.settimeout({wait})
+    while buf.count(b'\n') < n:
+        chunk = s.recv(1 << 16)
+        if not chunk:
+            break
+        buf += chunk
+    return [json.loads(l)['tool_result'] for l in buf.split(b'\n')[:n] if l]
+seen = {{}}
+# Garbage, a blank line and a frame without a name: protocol errors, in order.
+s = conn()
+s.sendall(b'garbage\n\n[1,2]\n{{"tool_call":{{"id":5,"args":{{}}}}}}\n')
+seen['garbage'] = [(a['id'], a['error']['kind']) for a in answers(s, 3)]
+# A line of {line_mib} MiB: counted, not kept; refused by its head.
+head = b'{{"tool_call":{{"id":9,"name":"echo.args","args":{{"s":"'
+s.sendall(head + b'x' * ({line_mib} << 20) + b'"}}}}}}\n')
+seen['huge'] = [(a['id'], a['error']['kind']) for a in answers(s, 1)]
+# A line that never ends, {endless_mib} MiB of it, then the connection closes.
+t = conn()
+t.sendall(b'y' * ({endless_mib} << 20))
+t.close()
+# Calls whose answers are never read: the host drops that connection.
+# (Distinct ids: a call reusing the id of one in flight is refused at once.)
+u = conn()
+arg = b'z' * 60000
+dropped = False
+try:
+    u.settimeout({wait})
+    for i in range(400):
+        u.sendall(b'{{"tool_call":{{"id":%d,"name":"echo.args","args":{{"s":"%s"}}}}}}\n' % (i, arg))
+except OSError:
+    dropped = True
+seen['unread_dropped'] = dropped
+u.close()
+# Many connections at once: those past the bound are closed at once.
+# One closed before its call is sent fails the send (EPIPE): closed too.
+held, closed = [], 0
+for _ in range(64):
+    c = conn()
+    c.settimeout({wait_each})
+    try:
+        c.sendall(b'{{"tool_call":{{"id":1,"name":"tools.list","args":{{}}}}}}\n')
+    except OSError:
+        closed += 1
+        c.close()
+        continue
+    held.append(c)
+for c in held:
+    try:
+        if not c.recv(1 << 16):
+            closed += 1
+    except OSError:
+        closed += 1
+seen['served'] = 64 - closed
+for c in held:
+    c.close()
+s.close()
+time.sleep(0.5)
+seen['after'] = tools.math.add(a=2, b=2)
+print(json.dumps(seen))
+"#
+    )
+}
+
+/// What [`flood_code`] prints when every bound of the socket held: typed
+/// answers where it read them, the unread connection dropped, at most 16
+/// connections served at once, and the `tools` module working after.
+pub fn assert_flood_answers(r: &execbox::ExecResult) {
+    assert_eq!(r.outcome, execbox::Outcome::Ok, "{r:?}");
+    let out = r.output.clone().expect("JSON");
+    assert_eq!(out["garbage"], json!([[0, "protocol"], [0, "protocol"], [5, "protocol"]]), "{r:?}");
+    assert_eq!(out["huge"], json!([[9, "invalid_arguments"]]), "{r:?}");
+    assert_eq!(out["unread_dropped"], true, "{r:?}");
+    // At most 16 at once, the first one among them (still open).
+    let served = out["served"].as_u64().unwrap();
+    assert!((1..=15).contains(&served), "{served} served at once: {r:?}");
+    assert_eq!(out["after"], 4, "{r:?}");
+}

@@ -398,6 +398,20 @@ fn stdin_only() -> AttachParams {
     AttachParams::default().container("main").stdin(true).stdout(false).stderr(false)
 }
 
+/// Whether an object is past its `execbox.dev/expires` time (Unix
+/// seconds `now`), or carries none: garbage for any sweep.
+fn expired(meta: &kube::api::ObjectMeta, now: u64) -> bool {
+    meta.annotations.as_ref().and_then(|a| a.get(EXPIRES)).and_then(|t| t.parse::<u64>().ok()).is_none_or(|t| t < now)
+}
+
+/// A delete that takes effect only on the object as `meta` saw it (its
+/// resourceVersion): one changed meanwhile (a warm pod claimed, a lease
+/// taken over) stays.
+fn as_seen(meta: &kube::api::ObjectMeta) -> DeleteParams {
+    let unchanged = kube::api::Preconditions { resource_version: meta.resource_version.clone(), uid: None };
+    DeleteParams { preconditions: Some(unchanged), ..DeleteParams::default() }
+}
+
 /// Selects execbox's objects.
 fn managed() -> ListParams {
     ListParams::default().labels(&format!("{}={}", MANAGED.0, MANAGED.1))
@@ -529,18 +543,16 @@ impl Inner {
         // Without an attachment (a program that ended at once has ended its
         // container too; a Role without pods/attach) the calls still reach
         // the host's socket, as a container's do; their answers go nowhere.
-        let unattached = "the pod could not be attached (its program had ended, or the Role lacks pods/attach)";
-        match attached {
-            Ok(mut attached) => match attached.stdin() {
-                Some(stdin) => self.read_relaying(pods, name, log, records, at, stdin, socket).await,
-                None => {
-                    records.lose_tools(unattached);
-                    self.read_relaying(pods, name, log, records, at, tokio::io::sink(), socket).await
-                }
-            },
-            Err(e) => {
-                tracing::debug!(pod = %name, error = %e, "cannot attach a pod for its tool calls' answers");
-                records.lose_tools(unattached);
+        let mut attached = attached
+            .inspect_err(
+                |e| tracing::debug!(pod = %name, error = %e, "cannot attach a pod for its tool calls' answers"),
+            )
+            .ok();
+        match attached.as_mut().and_then(|a| a.stdin()) {
+            Some(stdin) => self.read_relaying(pods, name, log, records, at, stdin, socket).await,
+            None => {
+                records
+                    .lose_tools("the pod could not be attached (its program had ended, or the Role lacks pods/attach)");
                 self.read_relaying(pods, name, log, records, at, tokio::io::sink(), socket).await
             }
         }
@@ -820,10 +832,7 @@ impl Inner {
                          "annotations": {EXPIRES: expires.to_string()}},
         }))
         .map_err(|e| e.to_string())?;
-        let held = |made: ConfigMap| {
-            let only_ours = kube::api::Preconditions { resource_version: made.metadata.resource_version, uid: None };
-            Some((name.clone(), DeleteParams { preconditions: Some(only_ours), ..DeleteParams::default() }))
-        };
+        let held = |made: ConfigMap| Some((name.clone(), as_seen(&made.metadata)));
         let post = PostParams::default();
         let create = || tokio::time::timeout(API_TIMEOUT, maps.create(&post, &lease));
         match create().await {
@@ -833,14 +842,11 @@ impl Inner {
             Err(_) => return Err("the cluster did not answer".into()),
         }
         let Ok(Ok(other)) = tokio::time::timeout(API_TIMEOUT, maps.get(&name)).await else { return Ok(None) };
-        let ended =
-            other.metadata.annotations.as_ref().and_then(|a| a.get(EXPIRES)).and_then(|t| t.parse::<u64>().ok());
-        if ended.is_some_and(|t| t >= now.as_secs()) {
+        if !expired(&other.metadata, now.as_secs()) {
             return Ok(None);
         }
-        let stale = kube::api::Preconditions { resource_version: other.metadata.resource_version, uid: None };
-        let params = DeleteParams { preconditions: Some(stale), ..DeleteParams::default() };
-        if !matches!(tokio::time::timeout(API_TIMEOUT, maps.delete(&name, &params)).await, Ok(Ok(_))) {
+        let stale = as_seen(&other.metadata);
+        if !matches!(tokio::time::timeout(API_TIMEOUT, maps.delete(&name, &stale)).await, Ok(Ok(_))) {
             return Ok(None);
         }
         match create().await {
@@ -931,14 +937,7 @@ impl Inner {
     async fn sweep_expired(&self) {
         let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_secs();
         let selector = format!("{}={}", MANAGED.0, MANAGED.1);
-        let expired = |meta: &kube::api::ObjectMeta| {
-            meta.annotations
-                .as_ref()
-                .and_then(|a| a.get(EXPIRES))
-                .and_then(|t| t.parse::<u64>().ok())
-                .is_none_or(|t| t < now)
-        };
-        let _ = tokio::time::timeout(API_TIMEOUT, self.delete_matching(&selector, expired)).await;
+        let _ = tokio::time::timeout(API_TIMEOUT, self.delete_matching(&selector, |meta| expired(meta, now))).await;
     }
 
     /// Deletes this backend's waiting pods of the idle pool `pool` (and their
@@ -953,15 +952,10 @@ impl Inner {
             format!("{}={},{OWNER_LABEL}={},{POOL_LABEL}={pool},{STATE_LABEL}=ready", MANAGED.0, MANAGED.1, self.owner);
         let Ok(list) = pods.list(&ListParams::default().labels(&selector)).await else { return };
         for pod in list.items {
-            let Some(name) = pod.metadata.name else { continue };
-            let unchanged = kube::api::Preconditions { resource_version: pod.metadata.resource_version, uid: None };
-            let now = DeleteParams {
-                grace_period_seconds: Some(0),
-                preconditions: Some(unchanged),
-                ..DeleteParams::default()
-            };
-            if pods.delete(&name, &now).await.is_ok() {
-                let _ = maps.delete(&name, &DeleteParams::default()).await;
+            let Some(name) = &pod.metadata.name else { continue };
+            let now = DeleteParams { grace_period_seconds: Some(0), ..as_seen(&pod.metadata) };
+            if pods.delete(name, &now).await.is_ok() {
+                let _ = maps.delete(name, &DeleteParams::default()).await;
             }
         }
     }
